@@ -1,0 +1,204 @@
+package kernels
+
+// Op names one operation of the Ops interface: the unit a kernel spec selects
+// ("--kernels fused,attn_prefill=naive") and the profile counts.
+type Op string
+
+// Every op, in the order the profile lists them when times are equal.
+const (
+	OpEmbedding   Op = "embedding"
+	OpLinear      Op = "linear"
+	OpRMSNorm     Op = "rms_norm"
+	OpAdd         Op = "add"
+	OpRoPE        Op = "rope"
+	OpSwiGLU      Op = "swiglu"
+	OpAttnPrefill Op = "attn_prefill"
+	OpAttnDecode  Op = "attn_decode"
+	OpMLAPrefill  Op = "mla_prefill"
+	OpMLADecode   Op = "mla_decode"
+	OpMoERoute    Op = "moe_route"
+	OpMoEExperts  Op = "moe_experts"
+	OpArgmax      Op = "argmax"
+)
+
+// AllOps lists every op.
+var AllOps = allOpsArray[:]
+
+// OpGroups are names a kernel spec accepts for several ops at once, mirroring
+// TileGym's per-op patch flags (attn=, rms_norm=, rope=, swiglu=).
+var OpGroups = map[string][]Op{
+	"attn": {OpAttnPrefill, OpAttnDecode},
+	"mla":  {OpMLAPrefill, OpMLADecode},
+	"moe":  {OpMoERoute, OpMoEExperts},
+}
+
+// Ops is what a kernel set implements. Layers call it and never know which
+// set runs an op.
+//
+// Conventions for every method:
+//   - Tensors are rows of contiguous elements (see Tensor); an argument
+//     documented "pitched" may be a column slice of a wider matrix, the others
+//     are packed.
+//   - "act" is the device's activation type (Device.ActDType: f32 on the CPU,
+//     bf16 on CUDA); weights are f32, bf16 or f16 as loaded; indices are i32.
+//   - A batch is packed: the T new tokens of all B rows follow each other,
+//     row b's tokens at [Batch.Start[b], Batch.Start[b+1]).
+//   - Methods queue work and return; errors surface at Device.Sync. Shapes
+//     that do not fit are programming errors and panic.
+type Ops interface {
+	// Embedding gathers rows: out[i,:] = table[ids[i],:].
+	// out [N,D] act; table [V,D] weight or act; ids [N] i32.
+	Embedding(out, table, ids *Tensor)
+
+	// Linear is out = x · wᵀ + bias.
+	// out [N,M] act or f32, pitched; x [N,K] act, pitched; w [M,K] weight;
+	// bias [M] weight or nil.
+	Linear(out, x, w, bias *Tensor)
+
+	// RMSNorm is out = x / sqrt(mean(x²) + eps) · w over each row, computed in
+	// f32 and rounded to act before the multiply by w (as HF does).
+	// out, x [N,D] act, pitched, out may be x; w [D] weight.
+	RMSNorm(out, x, w *Tensor, eps float32)
+
+	// AddRMSNorm is resid += x, then out = RMSNorm(resid): the residual
+	// connection followed by the next norm.
+	// out, resid, x [N,D] act; out must not alias resid or x.
+	AddRMSNorm(out, resid, x, w *Tensor, eps float32)
+
+	// Add is out = a + b elementwise. out, a, b [N,D] act; out may be a or b.
+	Add(out, a, b *Tensor)
+
+	// RoPE rotates, in place, dims [offset, offset+r.Dim) of each of the
+	// heads of every token: head h of token t starts at column h*headStride
+	// of row t of x, and is rotated by the angles of position pos[t].
+	// x [T, ≥heads*headStride] act, pitched; pos [T] i32.
+	RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope)
+
+	// SwiGLU is out = silu(gate) · up with gate = gateUp[:, :I] and
+	// up = gateUp[:, I:]. out [N,I] act; gateUp [N,2I] act.
+	SwiGLU(out, gateUp *Tensor)
+
+	// AttentionPrefill is causal attention of a packed batch of new tokens
+	// against each row's KV cache, after appending the new keys and values to
+	// it (see AttnArgs).
+	AttentionPrefill(a *AttnArgs)
+
+	// AttentionDecode is AttentionPrefill for exactly one new token per row.
+	// It reads the row lengths from Batch.PastDev only, so that a CUDA graph
+	// can replay it while they change.
+	AttentionDecode(a *AttnArgs)
+
+	// MLAPrefill is DeepSeek-V2 multi-head latent attention of a packed batch
+	// against each row's latent cache, after appending the new latents to it
+	// (see MLAArgs).
+	MLAPrefill(a *MLAArgs)
+
+	// MLADecode is MLAPrefill for one new token per row, reading row lengths
+	// from Batch.PastDev only.
+	MLADecode(a *MLAArgs)
+
+	// MoERoute chooses each token's experts from the router logits (see
+	// Routing). idx [N,K] i32; weight [N,K] f32; logits [N,E] f32.
+	MoERoute(idx, weight, logits *Tensor, r *Routing)
+
+	// MoEExperts is out[t] = Σ_k weight[t,k] · down_e(silu(gate_e·x[t]) · up_e·x[t])
+	// with e = idx[t,k], gate_e = gateUp[e, :I], up_e = gateUp[e, I:].
+	// out, x [N,H] act; idx, weight [N,K]; gateUp [E,2I,H] weight;
+	// down [E,H,I] weight.
+	MoEExperts(out, x, idx, weight, gateUp, down *Tensor)
+
+	// Argmax is out[b] = the first index of the largest element of row b.
+	// out [B] i32; logits [B,V] f32 or act.
+	Argmax(out, logits *Tensor)
+}
+
+// Batch describes the packed rows of one forward step. Host fields drive
+// host-side decisions (launch shapes, the CPU set); the device mirrors are
+// what decode kernels read, so that a captured graph can replay with new
+// lengths.
+type Batch struct {
+	Rows   int   // B
+	Tokens int   // T, the number of new tokens of all rows
+	Start  []int // len B+1: row b's new tokens are packed at [Start[b], Start[b+1])
+	Past   []int // len B: tokens already in row b's cache before this step
+	MaxSeq int   // the cache's capacity per row
+
+	StartDev *Tensor // [B+1] i32, Start on the device
+	PastDev  *Tensor // [B] i32, Past on the device
+}
+
+// AttnArgs are the operands of grouped-query attention over a KV cache.
+//
+// For every row b and new token i of it (position p = Past[b]+i), every query
+// head h attends to keys 0..p of row b in kv head h / (Heads/KVHeads):
+// out = softmax(q·kᵀ·Scale) · v, with the softmax in f32.
+type AttnArgs struct {
+	Out    *Tensor // [T, Heads*HeadDim] act
+	Q      *Tensor // [T, Heads*HeadDim] act, pitched, already rotated
+	K, V   *Tensor // [T, KVHeads*HeadDim] act, pitched: the new keys (rotated) and values
+	KCache *Tensor // [B, KVHeads, MaxSeq, HeadDim] act; new keys are written at [b, :, Past[b]+i]
+	VCache *Tensor // as KCache
+
+	Batch   *Batch
+	Heads   int
+	KVHeads int
+	HeadDim int
+	Scale   float32
+}
+
+// MLAArgs are the operands of DeepSeek-V2 multi-head latent attention.
+//
+// The cache keeps, per token, the latent c (Rank values, already through
+// kv_a_layernorm) followed by the shared rotated key kr (RopeDim values). For
+// head h, with kv_b_proj split per head into W_UK[h] (NopeDim rows) and
+// W_UV[h] (VDim rows):
+//
+//	k_h[s] = (W_UK[h]·c[s], kr[s]), v_h[s] = W_UV[h]·c[s]
+//	out_h = softmax(q_h·k_hᵀ·Scale) · v_h over s = 0..p (causal)
+//
+// which is HF's DeepseekV2Attention; an implementation may instead absorb
+// W_UK into q and W_UV into the output.
+type MLAArgs struct {
+	Out   *Tensor // [T, Heads*VDim] act
+	Q     *Tensor // [T, Heads*(NopeDim+RopeDim)] act, pitched; per head nope then rope (rotated)
+	KV    *Tensor // [T, Rank+RopeDim] act, pitched: the new latents and rotated keys
+	Cache *Tensor // [B, MaxSeq, Rank+RopeDim] act; new entries written at [b, Past[b]+i]
+	WKVB  *Tensor // kv_b_proj.weight [Heads*(NopeDim+VDim), Rank]
+
+	Batch   *Batch
+	Heads   int
+	NopeDim int
+	RopeDim int
+	VDim    int
+	Rank    int
+	Scale   float32
+}
+
+// Rope holds the rotary angles of every position, computed by the model
+// (default, or YaRN with its scaling folded into the table).
+type Rope struct {
+	Dim         int     // rotated dims per head (even)
+	Interleaved bool    // pairs (2i, 2i+1) as DeepSeek-V2; else (i, i+Dim/2) as Qwen2's rotate_half
+	Cos, Sin    *Tensor // [MaxPos, Dim/2] f32
+}
+
+// RouteMethod is how MoERoute picks experts.
+type RouteMethod int
+
+// The routing methods of DeepSeek-V2 (config topk_method).
+const (
+	RouteGreedy       RouteMethod = iota // top-k of all experts
+	RouteGroupLimited                    // top-k within the TopKGroups groups whose best expert scores highest
+)
+
+// Routing is the MoE router's configuration: scores = softmax(logits) in f32;
+// choose TopK experts by Method; weights are the chosen scores, divided by
+// their sum when NormTopK (and TopK > 1), then multiplied by Scale.
+type Routing struct {
+	Method     RouteMethod
+	TopK       int
+	Groups     int // n_group, for RouteGroupLimited
+	TopKGroups int // topk_group, for RouteGroupLimited
+	NormTopK   bool
+	Scale      float32 // routed_scaling_factor
+}

@@ -1,0 +1,192 @@
+package kernels
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// SetInfo describes a kernel set: its name, the device kind it runs on and
+// how to build it for a device.
+type SetInfo struct {
+	Name   string // "cpu", "naive", "fused"
+	Device string // the device kind its tensors live on: "cpu" or "cuda"
+	// New builds the set's ops on dev. It is called once per run.
+	New func(dev Device) (Ops, error)
+}
+
+var (
+	regMu sync.Mutex
+	sets  = map[string]SetInfo{}
+)
+
+// Register adds a kernel set; sets register themselves from init.
+func Register(s SetInfo) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := sets[s.Name]; dup {
+		panic("kernels: set registered twice: " + s.Name)
+	}
+	sets[s.Name] = s
+}
+
+// Sets lists the registered kernel sets by name.
+func Sets() []SetInfo {
+	regMu.Lock()
+	defer regMu.Unlock()
+	out := make([]SetInfo, 0, len(sets))
+	for _, s := range sets {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// KnownSets are the set names a spec may use, registered in this build or
+// not: a spec naming one that is absent here fails when built, not parsed.
+var KnownSets = []string{"cpu", "naive", "fused"}
+
+// Spec is a parsed kernel selection: a base set and per-op overrides, e.g.
+// "fused,attn=naive,rope=naive".
+type Spec struct {
+	Base      string
+	Overrides map[Op]string
+}
+
+// ParseSpec parses "SET[,OP=SET...]", where OP is an op name or a group name
+// (attn, mla, moe) and SET a kernel set name.
+func ParseSpec(s string) (Spec, error) {
+	parts := strings.Split(strings.TrimSpace(s), ",")
+	spec := Spec{Base: strings.TrimSpace(parts[0]), Overrides: map[Op]string{}}
+	if spec.Base == "" {
+		return Spec{}, fmt.Errorf("kernel spec %q: no kernel set named (want one of %s)", s, strings.Join(KnownSets, ", "))
+	}
+	if err := checkSetName(spec.Base); err != nil {
+		return Spec{}, fmt.Errorf("kernel spec %q: %w", s, err)
+	}
+	for _, p := range parts[1:] {
+		op, set, ok := strings.Cut(strings.TrimSpace(p), "=")
+		op, set = strings.TrimSpace(op), strings.TrimSpace(set)
+		if !ok || op == "" || set == "" {
+			return Spec{}, fmt.Errorf("kernel spec %q: %q is not OP=SET", s, p)
+		}
+		if err := checkSetName(set); err != nil {
+			return Spec{}, fmt.Errorf("kernel spec %q: %w", s, err)
+		}
+		ops, err := opsNamed(op)
+		if err != nil {
+			return Spec{}, fmt.Errorf("kernel spec %q: %w", s, err)
+		}
+		for _, o := range ops {
+			spec.Overrides[o] = set
+		}
+	}
+	return spec, nil
+}
+
+func checkSetName(name string) error {
+	for _, k := range KnownSets {
+		if k == name {
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown kernel set %q (want one of %s)", name, strings.Join(KnownSets, ", "))
+}
+
+func opsNamed(name string) ([]Op, error) {
+	for _, o := range AllOps {
+		if string(o) == name {
+			return []Op{o}, nil
+		}
+	}
+	if g, ok := OpGroups[name]; ok {
+		return g, nil
+	}
+	names := make([]string, 0, len(AllOps)+len(OpGroups))
+	for _, o := range AllOps {
+		names = append(names, string(o))
+	}
+	for g := range OpGroups {
+		names = append(names, g)
+	}
+	sort.Strings(names)
+	return nil, fmt.Errorf("unknown op %q (want one of %s)", name, strings.Join(names, ", "))
+}
+
+// SetFor is the set that runs op under this spec.
+func (s Spec) SetFor(op Op) string {
+	if set, ok := s.Overrides[op]; ok {
+		return set
+	}
+	return s.Base
+}
+
+// String is the canonical form of the spec: the base set, then the ops that
+// differ from it in AllOps order.
+func (s Spec) String() string {
+	parts := []string{s.Base}
+	for _, o := range AllOps {
+		if set, ok := s.Overrides[o]; ok && set != s.Base {
+			parts = append(parts, string(o)+"="+set)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// DeviceKind is the device kind every set of the spec must run on.
+func (s Spec) DeviceKind() (string, error) {
+	kind := ""
+	for _, name := range s.names() {
+		info, ok := lookup(name)
+		if !ok {
+			return "", fmt.Errorf("kernel set %q is not built into this binary", name)
+		}
+		if kind != "" && info.Device != kind {
+			return "", fmt.Errorf("kernel spec %q mixes sets of different devices (%s and %s)", s, kind, info.Device)
+		}
+		kind = info.Device
+	}
+	return kind, nil
+}
+
+func (s Spec) names() []string {
+	seen := map[string]bool{s.Base: true}
+	out := []string{s.Base}
+	for _, o := range AllOps {
+		if set := s.SetFor(o); !seen[set] {
+			seen[set] = true
+			out = append(out, set)
+		}
+	}
+	return out
+}
+
+func lookup(name string) (SetInfo, bool) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	s, ok := sets[name]
+	return s, ok
+}
+
+// Build makes the Ops this spec selects on dev, with every call counted and
+// timed in prof (nil for no profiling).
+func (s Spec) Build(dev Device, prof *Profile) (Ops, error) {
+	if _, err := s.DeviceKind(); err != nil {
+		return nil, err
+	}
+	built := map[string]Ops{}
+	for _, name := range s.names() {
+		info, _ := lookup(name)
+		ops, err := info.New(dev)
+		if err != nil {
+			return nil, fmt.Errorf("kernel set %s: %w", name, err)
+		}
+		built[name] = ops
+	}
+	d := &dispatch{dev: dev, prof: prof}
+	for i, o := range AllOps {
+		d.pick[i] = built[s.SetFor(o)]
+	}
+	return d, nil
+}
