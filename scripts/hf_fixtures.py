@@ -229,9 +229,12 @@ def make_model(out, name, cls, cfg, family, shard=None, v4=False, hub_experts=Fa
     prompts = [torch.randint(0, VOCAB - 16, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
     rows = reference(loaded, prompts)
     # the same checkpoint before any rewrite must give the same numbers
-    base = reference(model.to(dev), prompts[:1])[0]["prefill_logits"]
-    diff = max(abs(a - b) for a, b in zip(base, rows[0]["prefill_logits"]))
-    assert diff < 1e-3, f"{name}: reloaded checkpoint differs from the saved model by {diff}"
+    # (up to the rounding of another attention implementation in bf16).
+    base = torch.tensor(reference(model.to(dev), prompts[:1])[0]["prefill_logits"])
+    diff = float((base - torch.tensor(rows[0]["prefill_logits"])).norm() / base.norm())
+    assert diff < (1e-5 if cfg.dtype == torch.float32 else 2e-2), \
+        f"{name}: reloaded checkpoint differs from the saved model by {diff} (relative)"
+    log(f"{name}: reloaded vs saved model: relative difference {diff:.2e}")
     json.dump({"prompts": prompts, "steps": STEPS, "dtype": str(cfg.dtype), "transformers": transformers.__version__,
                "rows": rows}, open(os.path.join(d, "reference.json"), "w"))
     files = sorted(os.listdir(d))

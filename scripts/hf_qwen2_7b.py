@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Write a full-size Qwen2-7B random-weight checkpoint and HF's reference logits for it.
+
+Run on the GPU machine:
+
+    python3 scripts/hf_qwen2_7b.py --out /tmp/qwen2-7b [--steps 10]
+
+The checkpoint has the real Qwen2-7B config (bf16, save_pretrained shards), HF's default
+initialisation from a fixed seed, and the real Qwen2 tokenizer. reference.json has the layout
+scripts/hf_fixtures.py documents: for each prompt (run alone, batch 1) the logits of the last
+prompt position and of `steps` greedy decode steps. The prompts are prefixes of TileGym's
+benchmark prompt of several lengths.
+"""
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import time
+
+import torch
+from tokenizers import Tokenizer
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+
+# Qwen/Qwen2-7B config.json as published on the hub.
+QWEN2_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+    "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+    "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 152064,
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+@torch.no_grad()
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--lengths", default="7,128,600,2048")
+    a = ap.parse_args()
+
+    t0 = time.time()
+    cfg = Qwen2Config(**{k: v for k, v in QWEN2_7B.items() if k not in ("torch_dtype", "rope_theta")},
+                      rope_parameters={"rope_type": "default", "rope_theta": QWEN2_7B["rope_theta"]},
+                      dtype=torch.bfloat16)
+    torch.manual_seed(2026)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    log(f"model built on the GPU in {time.time() - t0:.1f}s")
+
+    t0 = time.time()
+    shutil.rmtree(a.out, ignore_errors=True)
+    model.save_pretrained(a.out, max_shard_size="4GB")
+    # The hub's config.json, in the transformers 4.x dialect, next to the weights.
+    json.dump({**QWEN2_7B, "transformers_version": "4.37.2"}, open(os.path.join(a.out, "config.json"), "w"), indent=2)
+    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", "qwen2.tokenizer.json.gz"), "rb") as f:
+        tok_json = f.read()
+    open(os.path.join(a.out, "tokenizer.json"), "wb").write(tok_json)
+    shutil.copy(os.path.join(ROOT, "testdata", "tokenizer", "qwen2.tokenizer_config.json"),
+                os.path.join(a.out, "tokenizer_config.json"))
+    log(f"saved to {a.out} in {time.time() - t0:.1f}s: {sorted(os.listdir(a.out))}")
+
+    tok = Tokenizer.from_str(tok_json.decode("utf-8"))
+    text = open(os.path.join(ROOT, "bench", "prompts", "input_prompt_small.txt"), encoding="utf-8").read()
+    ids = tok.encode(text).ids
+    prompts = [ids[: int(n)] for n in a.lengths.split(",")]
+
+    t0 = time.time()
+    rows = []
+    for p in prompts:
+        out = model(input_ids=torch.tensor([p], device="cuda"), use_cache=True)
+        past = out.past_key_values
+        prefill = out.logits[0, -1].float()
+        tok_id = int(prefill.argmax())
+        tokens, dec = [], []
+        for _ in range(a.steps):
+            tokens.append(tok_id)
+            out = model(input_ids=torch.tensor([[tok_id]], device="cuda"), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].float()
+            dec.append(logits.tolist())
+            tok_id = int(logits.argmax())
+        rows.append({"prefill_logits": prefill.tolist(), "tokens": tokens, "decode_logits": dec})
+    json.dump({"prompts": prompts, "steps": a.steps, "dtype": "torch.bfloat16", "rows": rows},
+              open(os.path.join(a.out, "reference.json"), "w"))
+    log(f"reference for prompt lengths {a.lengths} x {a.steps} steps in {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
