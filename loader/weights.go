@@ -1,0 +1,523 @@
+package loader
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/nlpodyssey/safetensors"
+)
+
+// The weight files of a model directory.
+const (
+	SingleWeightsFile = "model.safetensors"
+	WeightsIndexFile  = "model.safetensors.index.json"
+)
+
+// NoDType is TensorInfo.DType for a tensor whose safetensors dtype has no
+// kernels.DType (I64, BOOL, F64, ...): see TensorInfo.SafeDType.
+const NoDType kernels.DType = 0xff
+
+// TensorInfo is one tensor of the checkpoint.
+type TensorInfo struct {
+	Name string
+	// DType is the element type; NoDType when the file's dtype (SafeDType)
+	// has no kernels.DType. Only BF16, F16 and F32 pass Weights.Check.
+	DType kernels.DType
+	// SafeDType is the dtype as the safetensors header spells it ("BF16",
+	// "I64", ...).
+	SafeDType string
+	Shape     []int
+	// Data is the little-endian, row-major tensor data, memory-mapped
+	// read-only from File: writing to it faults, and it is invalid after
+	// Weights.Close.
+	Data   []byte
+	File   string // the file, relative to the model directory
+	Offset int64  // where Data starts in File
+}
+
+// Weights is the safetensors checkpoint of a model directory, memory-mapped.
+// Its methods are safe for concurrent use, Close excepted.
+type Weights struct {
+	dir     string
+	maps    [][]byte // one mapping per file
+	tensors map[string]*TensorInfo
+	names   []string
+	total   int64
+}
+
+// Want is a tensor the model needs, with its expected shape.
+type Want struct {
+	Name  string
+	Shape []int
+}
+
+// OpenWeights maps the checkpoint of dir: model.safetensors when present
+// (as transformers does), else the shards named by
+// model.safetensors.index.json (then exactly the tensors of its weight_map).
+// Every header is validated before use; the errors name the file and, where
+// there is one, the tensor.
+func OpenWeights(dir string) (*Weights, error) {
+	w := &Weights{dir: dir, tensors: map[string]*TensorInfo{}}
+	var err error
+	if fi, e := os.Stat(filepath.Join(dir, SingleWeightsFile)); e == nil && !fi.IsDir() {
+		err = w.addFile(SingleWeightsFile, nil)
+	} else if _, e := os.Stat(filepath.Join(dir, WeightsIndexFile)); e == nil {
+		err = w.openIndexed()
+	} else {
+		err = stNoWeightsError(dir)
+	}
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	w.names = cfgSortedKeys(w.tensors)
+	return w, nil
+}
+
+func stNoWeightsError(dir string) error {
+	msg := fmt.Sprintf("loader: %s: no %s or %s", dir, SingleWeightsFile, WeightsIndexFile)
+	for _, pat := range []string{"*.safetensors", "pytorch_model*.bin", "*.gguf"} {
+		if m, _ := filepath.Glob(filepath.Join(dir, pat)); len(m) > 0 {
+			msg += fmt.Sprintf(" (found %s: ", filepath.Base(m[0]))
+			if pat == "*.safetensors" {
+				msg += "other safetensors names are not supported)"
+			} else {
+				msg += "only safetensors checkpoints are supported)"
+			}
+			break
+		}
+	}
+	return errors.New(msg)
+}
+
+// stIndex is model.safetensors.index.json.
+type stIndex struct {
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+func (w *Weights) openIndexed() error {
+	data, err := os.ReadFile(filepath.Join(w.dir, WeightsIndexFile))
+	if err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	var idx stIndex
+	if err := json.Unmarshal(data, &idx); err != nil {
+		return fmt.Errorf("loader: %s: bad JSON: %v", WeightsIndexFile, err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return fmt.Errorf("loader: %s: empty or missing weight_map", WeightsIndexFile)
+	}
+	byFile := map[string][]string{}
+	for _, name := range cfgSortedKeys(idx.WeightMap) {
+		file := idx.WeightMap[name]
+		if file == "" || !filepath.IsLocal(file) {
+			return fmt.Errorf("loader: %s: tensor %q: shard %q is not a file inside the model directory", WeightsIndexFile, name, file)
+		}
+		byFile[file] = append(byFile[file], name)
+	}
+	files := cfgSortedKeys(byFile)
+	// Every shard first, so that a missing one is reported before the
+	// mapping work.
+	for _, file := range files {
+		if fi, err := os.Stat(filepath.Join(w.dir, file)); err != nil || fi.IsDir() {
+			names := byFile[file]
+			more := ""
+			if len(names) > 1 {
+				more = fmt.Sprintf(" and %d more", len(names)-1)
+			}
+			return fmt.Errorf("loader: %s: shard missing (%s lists it for tensor %q%s)", file, WeightsIndexFile, names[0], more)
+		}
+	}
+	for _, file := range files {
+		if err := w.addFile(file, byFile[file]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addFile maps file and adds its tensors named in names (all when nil).
+func (w *Weights) addFile(file string, names []string) error {
+	f, err := os.Open(filepath.Join(w.dir, file))
+	if err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("loader: %w", err)
+	}
+	size := fi.Size()
+	if size < 8 {
+		return fmt.Errorf("loader: %s: file too short (%d bytes) for a safetensors header: truncated?", file, size)
+	}
+	if size > math.MaxInt {
+		return fmt.Errorf("loader: %s: file too large to map (%d bytes)", file, size)
+	}
+	data, err := stMap(f, size)
+	if err != nil {
+		return fmt.Errorf("loader: %s: mmap: %v", file, err)
+	}
+	w.maps = append(w.maps, data)
+
+	hdr, err := stParseHeader(data)
+	if err != nil {
+		return fmt.Errorf("loader: %s: %w", file, err)
+	}
+	st, err := stDeserialize(data)
+	if err != nil {
+		return fmt.Errorf("loader: %s: safetensors: %v", file, err)
+	}
+	if names == nil {
+		names = cfgSortedKeys(hdr.entries)
+	}
+	for _, name := range names {
+		e, ok := hdr.entries[name]
+		if !ok {
+			return fmt.Errorf("loader: %s: tensor %q: listed in %s but not in this file", file, name, WeightsIndexFile)
+		}
+		if _, dup := w.tensors[name]; dup {
+			return fmt.Errorf("loader: %s: tensor %q: already loaded from %s", file, name, w.tensors[name].File)
+		}
+		view, ok := st.Tensor(name)
+		start := hdr.dataStart + e.begin
+		if !ok || int64(len(view.Data())) != e.end-e.begin ||
+			(len(view.Data()) > 0 && unsafe.SliceData(view.Data()) != &data[start]) {
+			return fmt.Errorf("loader: %s: tensor %q: the safetensors library disagrees with the header checks", file, name)
+		}
+		w.tensors[name] = &TensorInfo{
+			Name:      name,
+			DType:     stKernelDType(e.dtype),
+			SafeDType: e.dtype,
+			Shape:     e.shape,
+			Data:      view.Data(),
+			File:      file,
+			Offset:    start,
+		}
+		w.total += e.end - e.begin
+	}
+	return nil
+}
+
+// stDeserialize runs the safetensors library over a whole file, turning a
+// panic into an error.
+func stDeserialize(data []byte) (st safetensors.SafeTensors, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return safetensors.Deserialize(data)
+}
+
+func stKernelDType(s string) kernels.DType {
+	switch s {
+	case "BF16":
+		return kernels.BF16
+	case "F16":
+		return kernels.F16
+	case "F32":
+		return kernels.F32
+	case "I32":
+		return kernels.I32
+	}
+	return NoDType
+}
+
+// stDTypeSizes are the element sizes of the dtypes the safetensors library
+// knows.
+var stDTypeSizes = map[string]int64{
+	"BOOL": 1, "U8": 1, "I8": 1,
+	"I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+	"I32": 4, "U32": 4, "F32": 4,
+	"F64": 8, "I64": 8, "U64": 8,
+}
+
+// stMaxHeader is the largest header the safetensors library accepts.
+const stMaxHeader = 100_000_000
+
+// stHeader is a validated safetensors header.
+type stHeader struct {
+	dataStart int64 // 8 + header length
+	entries   map[string]*stEntry
+}
+
+// stEntry is one tensor of a header; begin and end are relative to the data
+// section.
+type stEntry struct {
+	name       string
+	dtype      string
+	shape      []int
+	begin, end int64
+}
+
+// stParseHeader parses and validates the header of a whole safetensors
+// file: u64 little-endian header length, the JSON header, then the data,
+// every tensor's [begin, end) inside it, its length dtype size × elements,
+// tensors neither overlapping nor leaving holes, and no bytes after the last
+// (the rules of the reference implementation).
+func stParseHeader(data []byte) (*stHeader, error) {
+	size := int64(len(data))
+	n := binary.LittleEndian.Uint64(data[:8])
+	if n > uint64(size-8) {
+		return nil, fmt.Errorf("header length %d beyond end of file (%d bytes): truncated, or not a safetensors file?", n, size)
+	}
+	if n > stMaxHeader {
+		return nil, fmt.Errorf("header length %d too large (limit %d)", n, stMaxHeader)
+	}
+	raw := data[8 : 8+n]
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return nil, errors.New("bad JSON header: not an object: not a safetensors file?")
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return nil, fmt.Errorf("bad JSON header: %v", err)
+	}
+	h := &stHeader{dataStart: 8 + int64(n), entries: map[string]*stEntry{}}
+	dataLen := size - h.dataStart
+	sorted := make([]*stEntry, 0, len(top))
+	for _, name := range cfgSortedKeys(top) {
+		if name == "__metadata__" {
+			var md map[string]string
+			if err := json.Unmarshal(top[name], &md); err != nil {
+				return nil, fmt.Errorf("bad JSON header: __metadata__: want an object of strings: %v", err)
+			}
+			continue
+		}
+		e, err := stParseEntry(name, top[name])
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		h.entries[name] = e
+		sorted = append(sorted, e)
+	}
+	sort.Slice(sorted, func(i, j int) bool {
+		a, b := sorted[i], sorted[j]
+		if a.begin != b.begin {
+			return a.begin < b.begin
+		}
+		if a.end != b.end {
+			return a.end < b.end
+		}
+		return a.name < b.name
+	})
+	abs := func(off int64) int64 { return h.dataStart + off }
+	var prev *stEntry
+	for _, e := range sorted {
+		if e.begin > e.end {
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d,%d): begin after end", e.name, e.begin, e.end)
+		}
+		if e.end > dataLen {
+			return nil, fmt.Errorf("tensor %q: data [%d,%d) beyond end of file (%d bytes): truncated?", e.name, abs(e.begin), abs(e.end), size)
+		}
+		need, ok := stByteLen(e)
+		if !ok {
+			return nil, fmt.Errorf("tensor %q: shape %v overflows", e.name, e.shape)
+		}
+		if got := e.end - e.begin; got != need {
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d,%d) hold %d bytes, but %s %v needs %d", e.name, e.begin, e.end, got, e.dtype, e.shape, need)
+		}
+		switch {
+		case prev == nil && e.begin != 0:
+			return nil, fmt.Errorf("tensor %q: data starts at offset %d, leaving a hole at the start of the data", e.name, e.begin)
+		case prev != nil && e.begin < prev.end:
+			return nil, fmt.Errorf("tensor %q: data [%d,%d) overlaps tensor %q [%d,%d)", e.name, e.begin, e.end, prev.name, prev.begin, prev.end)
+		case prev != nil && e.begin > prev.end:
+			return nil, fmt.Errorf("tensor %q: data starts at offset %d, leaving a hole after tensor %q (ends at %d)", e.name, e.begin, prev.name, prev.end)
+		}
+		prev = e
+	}
+	end := int64(0)
+	if prev != nil {
+		end = prev.end
+	}
+	if end != dataLen {
+		last := ""
+		if prev != nil {
+			last = fmt.Sprintf(" (tensor %q)", prev.name)
+		}
+		return nil, fmt.Errorf("%d bytes after the last tensor's data%s: file size %d, expected %d", dataLen-end, last, size, h.dataStart+end)
+	}
+	return h, nil
+}
+
+// stParseEntry parses {"dtype", "shape", "data_offsets"} of one tensor.
+func stParseEntry(name string, raw json.RawMessage) (*stEntry, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, fmt.Errorf("bad header entry %s: want an object", cfgShort(raw))
+	}
+	for k := range fields {
+		if k != "dtype" && k != "shape" && k != "data_offsets" {
+			return nil, fmt.Errorf("bad header entry: unknown key %q", k)
+		}
+	}
+	e := &stEntry{name: name}
+	if err := json.Unmarshal(fields["dtype"], &e.dtype); err != nil || e.dtype == "" {
+		return nil, fmt.Errorf("bad or missing dtype %s", cfgShort(fields["dtype"]))
+	}
+	if _, ok := stDTypeSizes[e.dtype]; !ok {
+		return nil, fmt.Errorf("unknown dtype %q", e.dtype)
+	}
+	var shape, offs []json.Number
+	if err := json.Unmarshal(fields["shape"], &shape); err != nil || shape == nil {
+		return nil, fmt.Errorf("bad or missing shape %s", cfgShort(fields["shape"]))
+	}
+	e.shape = make([]int, len(shape))
+	for i, s := range shape {
+		v, err := strconv.ParseInt(s.String(), 10, 64)
+		if err != nil || v < 0 || v > math.MaxInt {
+			return nil, fmt.Errorf("bad shape %s", cfgShort(fields["shape"]))
+		}
+		e.shape[i] = int(v)
+	}
+	if err := json.Unmarshal(fields["data_offsets"], &offs); err != nil || len(offs) != 2 {
+		return nil, fmt.Errorf("bad or missing data_offsets %s: want [begin, end]", cfgShort(fields["data_offsets"]))
+	}
+	for i, o := range offs {
+		v, err := strconv.ParseInt(o.String(), 10, 64)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("bad data_offsets %s", cfgShort(fields["data_offsets"]))
+		}
+		if i == 0 {
+			e.begin = v
+		} else {
+			e.end = v
+		}
+	}
+	return e, nil
+}
+
+// stByteLen is the data length of e from its dtype and shape; false on
+// overflow.
+func stByteLen(e *stEntry) (int64, bool) {
+	n := uint64(stDTypeSizes[e.dtype])
+	for _, d := range e.shape {
+		hi, lo := bits.Mul64(n, uint64(d))
+		if hi != 0 || lo > math.MaxInt64 {
+			return 0, false
+		}
+		n = lo
+	}
+	return int64(n), true
+}
+
+// Get returns the tensor called name. The TensorInfo is shared: do not
+// modify it.
+func (w *Weights) Get(name string) (*TensorInfo, bool) {
+	t, ok := w.tensors[name]
+	return t, ok
+}
+
+// Names returns the names of all tensors, sorted.
+func (w *Weights) Names() []string {
+	return append([]string(nil), w.names...)
+}
+
+// TotalBytes is the size of all tensors' data.
+func (w *Weights) TotalBytes() int64 { return w.total }
+
+// Dir is the model directory the weights come from.
+func (w *Weights) Dir() string { return w.dir }
+
+// CheckError is what Weights.Check returns: every problem found, one line
+// each.
+type CheckError struct {
+	Dir      string
+	Problems []string
+}
+
+// checkErrorShown is how many problems CheckError.Error lists.
+const checkErrorShown = 10
+
+func (e *CheckError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "loader: weights in %s: %d problem", e.Dir, len(e.Problems))
+	if len(e.Problems) != 1 {
+		b.WriteString("s")
+	}
+	b.WriteString(":")
+	for i, p := range e.Problems {
+		if i == checkErrorShown {
+			fmt.Fprintf(&b, "\n\tand %d more", len(e.Problems)-checkErrorShown)
+			break
+		}
+		b.WriteString("\n\t")
+		b.WriteString(p)
+	}
+	return b.String()
+}
+
+// Check verifies that every wanted tensor is there, with its shape and a
+// BF16, F16 or F32 dtype. It reports all problems in one *CheckError (nil
+// when there are none). Tensors not wanted are no problem.
+func (w *Weights) Check(want []Want) error {
+	var problems []string
+	for _, wt := range want {
+		t, ok := w.tensors[wt.Name]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("tensor %q: missing", wt.Name))
+			continue
+		}
+		switch t.DType {
+		case kernels.BF16, kernels.F16, kernels.F32:
+		default:
+			problems = append(problems, fmt.Sprintf("tensor %q (%s): dtype %s not supported (want BF16, F16 or F32)", wt.Name, t.File, t.SafeDType))
+		}
+		if !stSameShape(t.Shape, wt.Shape) {
+			problems = append(problems, fmt.Sprintf("tensor %q (%s): shape %v, want %v", wt.Name, t.File, t.Shape, wt.Shape))
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return &CheckError{Dir: w.dir, Problems: problems}
+}
+
+func stSameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Prefetch asks the kernel to start reading every file in (madvise
+// WILLNEED); it does not wait.
+func (w *Weights) Prefetch() {
+	for _, m := range w.maps {
+		stWillNeed(m)
+	}
+}
+
+// Close unmaps the files; every TensorInfo.Data becomes invalid. Calling it
+// again does nothing.
+func (w *Weights) Close() error {
+	var first error
+	for _, m := range w.maps {
+		if err := stUnmap(m); err != nil && first == nil {
+			first = fmt.Errorf("loader: munmap: %w", err)
+		}
+	}
+	w.maps = nil
+	w.tensors = map[string]*TensorInfo{}
+	w.names = nil
+	w.total = 0
+	return first
+}
