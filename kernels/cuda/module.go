@@ -1,0 +1,259 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// Module is compiled CUDA code loaded on a device.
+type Module struct {
+	d     *Device
+	h     uintptr // CUmodule
+	name  string
+	key   string
+	image []byte
+	funcs map[string]*Func
+}
+
+// Func is a kernel of a Module.
+type Func struct {
+	d    *Device
+	h    uintptr // CUfunction
+	name string
+}
+
+// ModuleStats counts how Module calls were served.
+type ModuleStats struct {
+	Compiled    int           // NVRTC compiles
+	DiskHits    int           // modules loaded from the disk cache
+	MemHits     int           // modules already loaded on the device
+	CompileTime time.Duration // spent in NVRTC
+	CacheErrors int           // disk cache files that could not be written or loaded
+}
+
+// ModuleStats reports how Module calls were served so far.
+func (d *Device) ModuleStats() ModuleStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.modStats
+}
+
+// CacheDir is where compiled kernels are cached ("" when the cache is off).
+func (d *Device) CacheDir() string { return d.cacheDir }
+
+// CompileOptions are the NVRTC options every Module gets before its own:
+// the architecture, -std=c++17, -default-device and the include path of the
+// CUDA headers (cuda_bf16.h, cuda_fp16.h) when one was found.
+func (d *Device) CompileOptions() []string { return append([]string(nil), d.ccOpts...) }
+
+// Module compiles CUDA C++ source src named name, with NVRTC options opts
+// after CompileOptions, for the device's exact architecture; or loads it
+// from the disk cache (see cacheDirFrom) or from the modules already loaded
+// by the same call. A compile error carries NVRTC's log.
+func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
+	all := append(d.CompileOptions(), opts...)
+	key := cacheKey(name, src, all, d.props.Arch, d.nvrtc.version())
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return nil, errClosed
+	}
+	if m := d.modules[key]; m != nil {
+		d.modStats.MemHits++
+		return m, nil
+	}
+	var path string
+	if d.cacheDir != "" {
+		path = cachePath(d.cacheDir, key, d.cubin)
+		if img, err := os.ReadFile(path); err == nil && len(img) > 0 {
+			if !d.cubin {
+				img = append(img, 0) // PTX is loaded as a C string
+			}
+			m, err := d.load(name, key, img)
+			if err == nil {
+				d.modStats.DiskHits++
+				return m, nil
+			}
+			d.modStats.CacheErrors++ // a stale or damaged file: compile again and replace it
+		}
+	}
+	start := time.Now()
+	img, err := d.nvrtc.compile(name, src, all, d.cubin)
+	d.modStats.CompileTime += time.Since(start)
+	if err != nil {
+		return nil, err
+	}
+	d.modStats.Compiled++
+	if path != "" {
+		if err := writeFileAtomic(path, img); err != nil {
+			d.modStats.CacheErrors++
+		}
+	}
+	if !d.cubin {
+		img = append(img, 0)
+	}
+	return d.load(name, key, img)
+}
+
+// load loads a module image on the device; the lock is held.
+func (d *Device) load(name, key string, img []byte) (*Module, error) {
+	var h uintptr
+	err := d.drv.check(ccall(d.drv.cuModuleLoadData, uintptr(unsafe.Pointer(&h)), uintptr(unsafe.Pointer(&img[0]))), fmt.Sprintf("cuModuleLoadData(%s, %s)", name, d.props.Arch))
+	runtime.KeepAlive(img)
+	if err != nil {
+		return nil, err
+	}
+	m := &Module{d: d, h: h, name: name, key: key, image: img, funcs: map[string]*Func{}}
+	d.modules[key] = m
+	return m, nil
+}
+
+// Func finds the kernel name (declared extern "C" __global__) in m.
+func (m *Module) Func(name string) (*Func, error) {
+	d := m.d
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return nil, errClosed
+	}
+	if f := m.funcs[name]; f != nil {
+		return f, nil
+	}
+	var h uintptr
+	cname := cStr(name)
+	if err := d.drv.check(ccall(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(&h)), m.h, uintptr(unsafe.Pointer(&cname[0]))), fmt.Sprintf("cuModuleGetFunction(%s, %q)", m.name, name)); err != nil {
+		return nil, err
+	}
+	f := &Func{d: d, h: h, name: name}
+	m.funcs[name] = f
+	return f, nil
+}
+
+// Name is the kernel's name.
+func (f *Func) Name() string { return f.name }
+
+// SetMaxDynamicShared lets launches of f use up to bytes of dynamic shared
+// memory (above 48 KiB needs this; the limit is Props.MaxSharedOptin less
+// the kernel's static shared memory).
+func (f *Func) SetMaxDynamicShared(bytes int) error {
+	d := f.d
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return errClosed
+	}
+	return d.drv.check(ccall(d.drv.cuFuncSetAttribute, f.h, cuFuncAttrMaxDynamicSharedSizeBytes, uintptr(bytes)),
+		fmt.Sprintf("cuFuncSetAttribute(%s, MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)", f.name, bytes))
+}
+
+// FuncAttrs are what the compiler made of a kernel.
+type FuncAttrs struct {
+	MaxThreadsPerBlock int // the most threads a block of it can have
+	Regs               int // registers per thread
+	StaticShared       int // bytes of static shared memory
+	LocalBytes         int // bytes of local memory per thread (spills, indexed arrays)
+}
+
+// Attrs reads f's attributes from the driver.
+func (f *Func) Attrs() (FuncAttrs, error) {
+	d := f.d
+	d.enter()
+	defer d.leave()
+	var a FuncAttrs
+	if d.closed {
+		return a, errClosed
+	}
+	for _, x := range []struct {
+		dst  *int
+		attr int
+	}{
+		{&a.MaxThreadsPerBlock, cuFuncAttrMaxThreadsPerBlock},
+		{&a.Regs, cuFuncAttrNumRegs},
+		{&a.StaticShared, cuFuncAttrSharedSizeBytes},
+		{&a.LocalBytes, cuFuncAttrLocalSizeBytes},
+	} {
+		var v int32
+		if err := d.drv.check(ccall(d.drv.cuFuncGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(x.attr), f.h), fmt.Sprintf("cuFuncGetAttribute(%s, %d)", f.name, x.attr)); err != nil {
+			return a, err
+		}
+		*x.dst = int(v)
+	}
+	return a, nil
+}
+
+// argBits is a kernel argument's value as the low bytes of a 64-bit slot:
+// uintptr, int64, uint64, float64 and *kernels.Tensor (its device address)
+// take 8 bytes; int32, uint32, float32 and int (as a C int, which it must
+// fit) 4; bool 1.
+func (d *Device) argBits(a any) (uint64, bool) {
+	switch v := a.(type) {
+	case uintptr:
+		return uint64(v), true
+	case int32:
+		return uint64(uint32(v)), true
+	case uint32:
+		return uint64(v), true
+	case int64:
+		return uint64(v), true
+	case uint64:
+		return v, true
+	case float32:
+		return uint64(math.Float32bits(v)), true
+	case float64:
+		return math.Float64bits(v), true
+	case int:
+		if v < math.MinInt32 || v > math.MaxInt32 {
+			return 0, false
+		}
+		return uint64(uint32(int32(v))), true
+	case bool:
+		if v {
+			return 1, true
+		}
+		return 0, true
+	case *kernels.Tensor:
+		return uint64(d.Ptr(v)), true
+	}
+	return 0, false
+}
+
+func dim(v uint32) uintptr { return uintptr(max(v, 1)) }
+
+// Launch queues f on the device stream with a grid of blocks, sharedBytes
+// of dynamic shared memory and args, each passed by address as the
+// kernel's parameters: uintptr (device pointers), int32, uint32, int64,
+// float32 (also uint64, float64, bool, int as a C int, and *kernels.Tensor
+// as its device address). Errors are recorded with Fail.
+func (d *Device) Launch(f *Func, grid, block Dim3, sharedBytes int, args ...any) {
+	if len(args) > maxKernelArgs {
+		panic(fmt.Sprintf("cuda: Launch(%s) with %d arguments (at most %d)", f.name, len(args), maxKernelArgs))
+	}
+	if f.d != d {
+		panic(fmt.Sprintf("cuda: Launch(%s) of a kernel loaded on another device", f.name))
+	}
+	d.enter()
+	defer d.leave()
+	if !d.usable() {
+		return
+	}
+	for i, a := range args {
+		v, ok := d.argBits(a)
+		if !ok {
+			panic(fmt.Sprintf("cuda: Launch(%s): argument %d is %T %v, which no kernel parameter takes", f.name, i, a, a))
+		}
+		d.argVals[i] = v
+	}
+	r := ccall(d.drv.cuLaunchKernel, f.h,
+		dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z),
+		uintptr(sharedBytes), d.stream, uintptr(unsafe.Pointer(&d.argPtrs[0])), 0)
+	if uint32(r) != 0 {
+		d.failLocked(d.drv.errorOf(uint32(r), fmt.Sprintf("cuLaunchKernel(%s, grid %dx%dx%d, block %dx%dx%d, shared %d)",
+			f.name, dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z), sharedBytes)))
+	}
+}

@@ -1,0 +1,327 @@
+package cuda
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"sync"
+	"unsafe"
+)
+
+// nvrtcAPI is libnvrtc's entry points.
+type nvrtcAPI struct {
+	lib          *library
+	major, minor int
+	archs        []int // nvrtcGetSupportedArchs: 75, 80, ... (nil when unknown)
+
+	nvrtcVersion, nvrtcGetErrorString, nvrtcCreateProgram, nvrtcDestroyProgram uintptr
+	nvrtcCompileProgram, nvrtcGetProgramLogSize, nvrtcGetProgramLog            uintptr
+	nvrtcGetCUBINSize, nvrtcGetCUBIN, nvrtcGetPTXSize, nvrtcGetPTX             uintptr
+	nvrtcGetNumSupportedArchs, nvrtcGetSupportedArchs                          uintptr
+}
+
+var (
+	nvrtcOnce sync.Once
+	nvrtc     *nvrtcAPI
+	nvrtcErr  error
+)
+
+// majorsFor is the order of CUDA major versions to try for the toolkit
+// libraries: the driver's own first, as a newer toolkit's output may not
+// load on an older driver.
+func majorsFor(driverVersion int) []int {
+	if driverVersion >= 13000 {
+		return []int{13, 12}
+	}
+	return []int{12, 13}
+}
+
+// loadNVRTC opens libnvrtc once per process. A library opened by full path
+// has its libnvrtc-builtins from the same directory loaded first, since
+// NVRTC opens that by soname.
+func loadNVRTC(driverVersion int) (*nvrtcAPI, error) {
+	nvrtcOnce.Do(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				nvrtc, nvrtcErr = nil, fmt.Errorf("cuda: loading NVRTC: %v", r)
+			}
+		}()
+		f := osFinder()
+		var sonames []string
+		for _, m := range majorsFor(driverVersion) {
+			sonames = append(sonames, fmt.Sprintf("libnvrtc.so.%d", m))
+		}
+		preload := func(dir, soname string) {
+			major := soname[len("libnvrtc.so."):]
+			m, _ := f.glob(filepath.Join(dir, "libnvrtc-builtins.so."+major+"*"))
+			sort.Slice(m, func(i, j int) bool { return len(m[i]) < len(m[j]) })
+			for _, p := range m {
+				if _, err := f.open(p); err == nil {
+					return
+				}
+			}
+		}
+		lib, err := f.find("libnvrtc", sonames, preload)
+		if err != nil {
+			nvrtcErr = err
+			return
+		}
+		n := &nvrtcAPI{lib: lib}
+		err = lib.resolve([]symbol{
+			sym(&n.nvrtcVersion, "nvrtcVersion"),
+			sym(&n.nvrtcGetErrorString, "nvrtcGetErrorString"),
+			sym(&n.nvrtcCreateProgram, "nvrtcCreateProgram"),
+			sym(&n.nvrtcDestroyProgram, "nvrtcDestroyProgram"),
+			sym(&n.nvrtcCompileProgram, "nvrtcCompileProgram"),
+			sym(&n.nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize"),
+			sym(&n.nvrtcGetProgramLog, "nvrtcGetProgramLog"),
+			sym(&n.nvrtcGetCUBINSize, "nvrtcGetCUBINSize"),
+			sym(&n.nvrtcGetCUBIN, "nvrtcGetCUBIN"),
+			sym(&n.nvrtcGetPTXSize, "nvrtcGetPTXSize"),
+			sym(&n.nvrtcGetPTX, "nvrtcGetPTX"),
+			optSym(&n.nvrtcGetNumSupportedArchs, "nvrtcGetNumSupportedArchs"),
+			optSym(&n.nvrtcGetSupportedArchs, "nvrtcGetSupportedArchs"),
+		})
+		if err != nil {
+			nvrtcErr = err
+			return
+		}
+		var major, minor int32
+		if err := n.check(ccall(n.nvrtcVersion, uintptr(unsafe.Pointer(&major)), uintptr(unsafe.Pointer(&minor))), "nvrtcVersion", ""); err != nil {
+			nvrtcErr = err
+			return
+		}
+		n.major, n.minor = int(major), int(minor)
+		if n.nvrtcGetNumSupportedArchs != 0 && n.nvrtcGetSupportedArchs != 0 {
+			var cnt int32
+			if ccall(n.nvrtcGetNumSupportedArchs, uintptr(unsafe.Pointer(&cnt))) == 0 && cnt > 0 && cnt < 1024 {
+				a := make([]int32, cnt)
+				if uint32(ccall(n.nvrtcGetSupportedArchs, uintptr(unsafe.Pointer(&a[0])))) == 0 {
+					for _, v := range a {
+						n.archs = append(n.archs, int(v))
+					}
+				}
+			}
+		}
+		nvrtc = n
+	})
+	return nvrtc, nvrtcErr
+}
+
+// version is NVRTC's version as 1000*major + 10*minor.
+func (n *nvrtcAPI) version() int { return n.major*1000 + n.minor*10 }
+
+func (n *nvrtcAPI) check(r uintptr, call, log string) error {
+	code := uint32(r)
+	if code == 0 {
+		return nil
+	}
+	name := cString(ccall(n.nvrtcGetErrorString, uintptr(code)))
+	if name == "" {
+		name = fmt.Sprintf("NVRTC_ERROR_%d", code)
+	}
+	return &Error{Call: call, Code: int(code), Name: name, Log: log}
+}
+
+// chooseArch picks NVRTC's target for a device of compute capability
+// major.minor: the exact SASS (sm_XY, with the "a" suffix on 9.0 and 10.0,
+// whose architecture-specific instructions need it) when NVRTC supports the
+// device, else PTX for the newest architecture it supports below it, which
+// the driver compiles at load. supported is NVRTC's list (nil: unknown,
+// assume the device is supported).
+func chooseArch(major, minor, nvrtcMajor int, supported []int) (arch string, cubin bool) {
+	cc := major*10 + minor
+	has := supported == nil
+	best := 0
+	for _, s := range supported {
+		if s == cc {
+			has = true
+		}
+		if s <= cc && s > best {
+			best = s
+		}
+	}
+	if has || best == 0 {
+		suffix := ""
+		if (cc == 90 && nvrtcMajor >= 12) || (cc == 100 && (nvrtcMajor >= 13 || supported != nil)) {
+			suffix = "a"
+		}
+		return fmt.Sprintf("sm_%d%s", cc, suffix), true
+	}
+	return fmt.Sprintf("compute_%d", best), false
+}
+
+// includeDirFor finds a directory holding cuda_bf16.h for NVRTC: the
+// toolkit's include directory beside the loaded libnvrtc (lib64/../include,
+// targets/<arch>/lib/../include, a wheel's nvidia/cu13/lib/../include), the
+// CUDA runtime wheel of CUDA 12, then CUDA_HOME, CUDA_PATH, /usr/local/cuda.
+func includeDirFor(libPath string, getenv func(string) string, isFile func(string) bool) string {
+	var cands []string
+	if filepath.IsAbs(libPath) {
+		dir := filepath.Dir(libPath)
+		cands = append(cands, filepath.Join(dir, "..", "include"),
+			filepath.Join(dir, "..", "..", "cuda_runtime", "include"))
+	} else {
+		p := loadedPath(libPath)
+		if filepath.IsAbs(p) {
+			cands = append(cands, filepath.Join(filepath.Dir(p), "..", "include"))
+		}
+	}
+	for _, root := range []string{getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"} {
+		if root != "" {
+			cands = append(cands, filepath.Join(root, "include"))
+		}
+	}
+	for _, c := range cands {
+		if isFile(filepath.Join(c, "cuda_bf16.h")) {
+			return filepath.Clean(c)
+		}
+	}
+	return ""
+}
+
+// cacheFormat changes when what the disk cache stores changes.
+const cacheFormat = "fuselm-kernel-cache-v1"
+
+// cacheKey names a compiled module: sha256 of the source, its name, every
+// option given to NVRTC, the target architecture and NVRTC's version.
+func cacheKey(name, src string, opts []string, arch string, nvrtcVersion int) string {
+	h := sha256.New()
+	field := func(s string) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	field(cacheFormat)
+	field(name)
+	field(src)
+	field(fmt.Sprint(len(opts)))
+	for _, o := range opts {
+		field(o)
+	}
+	field(arch)
+	field(fmt.Sprint(nvrtcVersion))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// cacheDirFrom is where compiled kernels are kept: FUSELM_KERNEL_CACHE
+// ("off" for nowhere), else fuselm/kernels in the user's cache directory
+// (falling back to the temporary directory).
+func cacheDirFrom(getenv func(string) string, userCacheDir func() (string, error)) string {
+	if v := getenv("FUSELM_KERNEL_CACHE"); v != "" {
+		if v == "off" {
+			return ""
+		}
+		return v
+	}
+	base, err := userCacheDir()
+	if err != nil || base == "" {
+		base = os.TempDir()
+	}
+	return filepath.Join(base, "fuselm", "kernels")
+}
+
+// cachePath is the file of key in dir; cubins and PTX differ in extension.
+func cachePath(dir, key string, cubin bool) string {
+	ext := ".ptx"
+	if cubin {
+		ext = ".cubin"
+	}
+	return filepath.Join(dir, key+ext)
+}
+
+// writeFileAtomic writes data to path through a temporary file in the same
+// directory and a rename, so a reader sees the whole file or none.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// compile runs NVRTC on src with opts and returns the cubin (or PTX when
+// cubin is false). A failed compile's error carries NVRTC's log.
+func (n *nvrtcAPI) compile(name, src string, opts []string, cubin bool) ([]byte, error) {
+	csrc, cname := cStr(src), cStr(name)
+	var prog uintptr
+	if err := n.check(ccall(n.nvrtcCreateProgram, uintptr(unsafe.Pointer(&prog)),
+		uintptr(unsafe.Pointer(&csrc[0])), uintptr(unsafe.Pointer(&cname[0])), 0, 0, 0),
+		fmt.Sprintf("nvrtcCreateProgram(%s)", name), ""); err != nil {
+		return nil, err
+	}
+	defer func() { ccall(n.nvrtcDestroyProgram, uintptr(unsafe.Pointer(&prog))) }()
+
+	copts := make([][]byte, len(opts))
+	ptrs := make([]unsafe.Pointer, len(opts)+1) // +1: never empty
+	for i, o := range opts {
+		copts[i] = cStr(o)
+		ptrs[i] = unsafe.Pointer(&copts[i][0])
+	}
+	r := ccall(n.nvrtcCompileProgram, prog, uintptr(len(opts)), uintptr(unsafe.Pointer(&ptrs[0])))
+	runtime.KeepAlive(copts)
+	runtime.KeepAlive(ptrs)
+	if uint32(r) != 0 {
+		return nil, n.check(r, fmt.Sprintf("nvrtcCompileProgram(%s, %v)", name, opts), n.log(prog))
+	}
+	sizeFn, getFn, what := n.nvrtcGetCUBINSize, n.nvrtcGetCUBIN, "CUBIN"
+	if !cubin {
+		sizeFn, getFn, what = n.nvrtcGetPTXSize, n.nvrtcGetPTX, "PTX"
+	}
+	var size uint64
+	if err := n.check(ccall(sizeFn, prog, uintptr(unsafe.Pointer(&size))), "nvrtcGet"+what+"Size("+name+")", ""); err != nil {
+		return nil, err
+	}
+	if size == 0 {
+		return nil, fmt.Errorf("cuda: nvrtcGet%sSize(%s): empty output (is --gpu-architecture a real sm_XY?)", what, name)
+	}
+	img := make([]byte, size)
+	if err := n.check(ccall(getFn, prog, uintptr(unsafe.Pointer(&img[0]))), "nvrtcGet"+what+"("+name+")", ""); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// log returns the program's compile log.
+func (n *nvrtcAPI) log(prog uintptr) string {
+	var size uint64
+	if ccall(n.nvrtcGetProgramLogSize, prog, uintptr(unsafe.Pointer(&size))) != 0 || size <= 1 || size > 64<<20 {
+		return ""
+	}
+	b := make([]byte, size)
+	if ccall(n.nvrtcGetProgramLog, prog, uintptr(unsafe.Pointer(&b[0]))) != 0 {
+		return ""
+	}
+	for len(b) > 0 && b[len(b)-1] == 0 {
+		b = b[:len(b)-1]
+	}
+	return string(b)
+}
