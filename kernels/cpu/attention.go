@@ -1,0 +1,237 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// rowSpans are the new tokens of each batch row for one step: row b's tokens
+// are [start[b], start[b+1]) at positions past[b], past[b]+1, ...
+type rowSpans struct {
+	start, past []int
+	row         []int // row[t] is the batch row of token t
+	ok          []bool
+}
+
+// prefillSpans takes the rows from the batch's host fields; rows that do not
+// fit the cache are programming errors.
+func prefillSpans(op kernels.Op, bt *kernels.Batch, tokens int) rowSpans {
+	check(len(bt.Start) == bt.Rows+1 && len(bt.Past) == bt.Rows && bt.Start[0] == 0 && bt.Start[bt.Rows] == tokens,
+		op, "batch of %d rows with Start %v, Past %v for %d tokens", bt.Rows, bt.Start, bt.Past, tokens)
+	for b := range bt.Rows {
+		check(bt.Start[b] <= bt.Start[b+1] && bt.Past[b] >= 0 && bt.Past[b]+bt.Start[b+1]-bt.Start[b] <= bt.MaxSeq,
+			op, "row %d: %d new tokens after %d in a cache of %d", b, bt.Start[b+1]-bt.Start[b], bt.Past[b], bt.MaxSeq)
+	}
+	return newSpans(bt.Start, bt.Past)
+}
+
+// decodeSpans is one token per row, at the lengths in Batch.PastDev (as a
+// GPU decode kernel reads them); a length that does not fit the cache is
+// reported at Sync and its row skipped.
+func (o *ops) decodeSpans(op kernels.Op, bt *kernels.Batch, tokens int) rowSpans {
+	check(bt.PastDev != nil && bt.PastDev.Numel() == bt.Rows && tokens == bt.Rows, op,
+		"decode of %d tokens for %d rows with PastDev %v", tokens, bt.Rows, bt.PastDev)
+	dev := ints(op, "Batch.PastDev", bt.PastDev)
+	start, past := make([]int, bt.Rows+1), make([]int, bt.Rows)
+	for b := range bt.Rows {
+		start[b+1] = b + 1
+		past[b] = int(dev[b])
+	}
+	s := newSpans(start, past)
+	for b, p := range past {
+		if p < 0 || p >= bt.MaxSeq {
+			o.dev.fail("%s: row %d has %d cached tokens, the cache holds %d", op, b, p, bt.MaxSeq)
+			s.ok[b] = false
+		}
+	}
+	return s
+}
+
+func newSpans(start, past []int) rowSpans {
+	s := rowSpans{start: start, past: past, row: make([]int, start[len(start)-1]), ok: make([]bool, len(past))}
+	for b := range past {
+		s.ok[b] = true
+		for t := start[b]; t < start[b+1]; t++ {
+			s.row[t] = b
+		}
+	}
+	return s
+}
+
+// pos is the cache position of token t.
+func (s rowSpans) pos(t int) int { b := s.row[t]; return s.past[b] + t - s.start[b] }
+
+// AttentionPrefill appends the new keys and values to the caches, then runs
+// causal grouped-query attention of every new token over its row's cache.
+func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
+	o.attention(kernels.OpAttnPrefill, a, prefillSpans(kernels.OpAttnPrefill, a.Batch, a.Q.Rows()))
+}
+
+// AttentionDecode is AttentionPrefill for one token per row, at the row
+// lengths in Batch.PastDev.
+func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
+	o.attention(kernels.OpAttnDecode, a, o.decodeSpans(kernels.OpAttnDecode, a.Batch, a.Q.Rows()))
+}
+
+// attention: Out, Q [T, Heads·D]; K, V [T, KVHeads·D]; caches
+// [B, KVHeads, MaxSeq, D], all f32. Query head h reads kv head
+// h/(Heads/KVHeads); token t at position p attends to cache positions 0..p.
+func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
+	out, q, k, v := act(op, "Out", a.Out), act(op, "Q", a.Q), act(op, "K", a.K), act(op, "V", a.V)
+	kc, vc := act(op, "KCache", a.KCache), act(op, "VCache", a.VCache)
+	d, hq, hkv, maxSeq, nb := a.HeadDim, a.Heads, a.KVHeads, a.Batch.MaxSeq, a.Batch.Rows
+	n := q.rows
+	check(hkv > 0 && hq%hkv == 0 && q.cols == hq*d && out.cols == hq*d && k.cols == hkv*d && v.cols == hkv*d &&
+		out.rows == n && k.rows == n && v.rows == n, op,
+		"%d heads, %d kv heads of %d: Out %v, Q %v, K %v, V %v", hq, hkv, d, a.Out, a.Q, a.K, a.V)
+	check(kc.cols == d && vc.cols == d && kc.rows == nb*hkv*maxSeq && vc.rows == kc.rows, op,
+		"caches %v, %v for %d rows, %d kv heads, %d positions of %d", a.KCache, a.VCache, nb, hkv, maxSeq, d)
+	cacheRow := func(b, kvh, p int) int { return (b*hkv+kvh)*maxSeq + p }
+
+	for t := range n {
+		b := sp.row[t]
+		if !sp.ok[b] {
+			continue
+		}
+		p := sp.pos(t)
+		for g := range hkv {
+			copy(kc.row(cacheRow(b, g, p)), k.row(t)[g*d:(g+1)*d])
+			copy(vc.row(cacheRow(b, g, p)), v.row(t)[g*d:(g+1)*d])
+		}
+	}
+
+	group := hq / hkv
+	parallel(n*hq, grainFor(d*(maxSeq/2+1)), func(lo, hi int) {
+		scores := make([]float32, maxSeq)
+		acc := make([]float32, d)
+		for task := lo; task < hi; task++ {
+			t, h := task/hq, task%hq
+			b := sp.row[t]
+			dst := out.row(t)[h*d : (h+1)*d]
+			if !sp.ok[b] {
+				clear(dst)
+				continue
+			}
+			qh := q.row(t)[h*d : (h+1)*d]
+			base := cacheRow(b, h/group, 0)
+			s := scores[:sp.pos(t)+1]
+			for j := range s {
+				s[j] = dot(qh, kc.row(base+j)) * a.Scale
+			}
+			softmax(s)
+			clear(acc)
+			for j, w := range s {
+				axpy(w, vc.row(base+j), acc)
+			}
+			copy(dst, acc)
+		}
+	})
+}
+
+// softmax replaces s by exp(s - max)/Σ, the sum taken in float64.
+func softmax(s []float32) {
+	m := float32(math.Inf(-1))
+	for _, v := range s {
+		m = max(m, v)
+	}
+	var sum float64
+	for j, v := range s {
+		e := math.Exp(float64(v - m))
+		s[j] = float32(e)
+		sum += e
+	}
+	inv := float32(1 / sum)
+	for j := range s {
+		s[j] *= inv
+	}
+}
+
+// MLAPrefill appends the new latents to the cache, then runs DeepSeek-V2
+// multi-head latent attention of every new token over its row's cache.
+func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
+	o.mla(kernels.OpMLAPrefill, a, prefillSpans(kernels.OpMLAPrefill, a.Batch, a.Q.Rows()))
+}
+
+// MLADecode is MLAPrefill for one token per row, at the row lengths in
+// Batch.PastDev.
+func (o *ops) MLADecode(a *kernels.MLAArgs) {
+	o.mla(kernels.OpMLADecode, a, o.decodeSpans(kernels.OpMLADecode, a.Batch, a.Q.Rows()))
+}
+
+// mla: Out [T, Heads·VDim]; Q [T, Heads·(Nope+Rope)]; KV [T, Rank+Rope];
+// Cache [B, MaxSeq, Rank+Rope], all f32; WKVB [Heads·(Nope+VDim), Rank] any
+// float type. It uses the absorbed form, equal to decompressing the cache:
+// with W_UK, W_UV the head's rows of WKVB,
+//
+//	q_nope·(W_UK·c) = (W_UKᵀ·q_nope)·c   and   Σ_s p_s·W_UV·c_s = W_UV·(Σ_s p_s·c_s)
+//
+// so a token costs O(Rank) per cached position instead of O((Nope+V)·Rank).
+func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
+	out, q, kv, cache := act(op, "Out", a.Out), act(op, "Q", a.Q), act(op, "KV", a.KV), act(op, "Cache", a.Cache)
+	w := weightArg(op, "WKVB", a.WKVB)
+	nh, dn, dr, dv, rank, maxSeq := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank, a.Batch.MaxSeq
+	n, dq := q.rows, dn+dr
+	check(q.cols == nh*dq && out.cols == nh*dv && kv.cols == rank+dr && out.rows == n && kv.rows == n, op,
+		"%d heads of nope %d, rope %d, v %d, rank %d: Out %v, Q %v, KV %v", nh, dn, dr, dv, rank, a.Out, a.Q, a.KV)
+	check(cache.cols == rank+dr && cache.rows == a.Batch.Rows*maxSeq && w.rows == nh*(dn+dv) && w.cols == rank, op,
+		"Cache %v for %d rows of %d positions, WKVB %v", a.Cache, a.Batch.Rows, maxSeq, a.WKVB)
+
+	for t := range n {
+		if b := sp.row[t]; sp.ok[b] {
+			copy(cache.row(b*maxSeq+sp.pos(t)), kv.row(t))
+		}
+	}
+
+	// Tasks are (head, block of tokens): the head's WKVB rows are widened
+	// once per task.
+	tb := max(1, min(n, 64))
+	blocks := (n + tb - 1) / tb
+	parallel(nh*blocks, grainFor(dq*rank+(maxSeq/2)*2*rank), func(lo, hi int) {
+		var scratch []float32
+		if w.u16 != nil {
+			scratch = make([]float32, (dn+dv)*rank)
+		}
+		wh := make([][]float32, dn+dv)
+		qa, ctx := make([]float32, rank), make([]float32, rank)
+		scores := make([]float32, maxSeq)
+		for task := lo; task < hi; task++ {
+			h, blk := task/blocks, task%blocks
+			for j := range wh {
+				var dst []float32
+				if scratch != nil {
+					dst = scratch[j*rank:]
+				}
+				wh[j] = w.row(h*(dn+dv)+j, dst)
+			}
+			wuk, wuv := wh[:dn], wh[dn:]
+			for t := blk * tb; t < min(n, (blk+1)*tb); t++ {
+				b := sp.row[t]
+				dst := out.row(t)[h*dv : (h+1)*dv]
+				if !sp.ok[b] {
+					clear(dst)
+					continue
+				}
+				qh := q.row(t)[h*dq : (h+1)*dq]
+				clear(qa)
+				for j, x := range qh[:dn] {
+					axpy(x, wuk[j], qa)
+				}
+				qpe := qh[dn:]
+				s := scores[:sp.pos(t)+1]
+				for j := range s {
+					c := cache.row(b*maxSeq + j)
+					s[j] = (dot(qa, c[:rank]) + dot(qpe, c[rank:])) * a.Scale
+				}
+				softmax(s)
+				clear(ctx)
+				for j, p := range s {
+					axpy(p, cache.row(b*maxSeq + j)[:rank], ctx)
+				}
+				for j := range dst {
+					dst[j] = dot(wuv[j], ctx)
+				}
+			}
+		}
+	})
+}

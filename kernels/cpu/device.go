@@ -1,0 +1,254 @@
+// Package cpu is the pure-Go reference kernel set: every op of kernels.Ops in
+// plain float32 arithmetic on host memory. It is the oracle the CUDA sets are
+// tested against and the path that runs where there is no GPU.
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// Device is host memory. Ops run when they are called, spread over
+// GOMAXPROCS goroutines, and are done when they return; Sync only reports
+// the errors they found in device data (an out-of-range token id, say).
+type Device struct {
+	mu  sync.Mutex
+	err error
+}
+
+// NewDevice returns the CPU device.
+func NewDevice() *Device { return &Device{} }
+
+// buffer holds the elements of one allocation in the slice of its dtype:
+// f32 for F32, i32 for I32, u16 (raw bits) for BF16 and F16.
+type buffer struct {
+	f32   []float32
+	i32   []int32
+	u16   []uint16
+	freed bool
+}
+
+func (b *buffer) Bytes() int { return 4*(len(b.f32)+len(b.i32)) + 2*len(b.u16) }
+
+// Name says how many goroutines the ops use, e.g. "cpu (16 threads)".
+func (d *Device) Name() string { return fmt.Sprintf("cpu (%d threads)", runtime.GOMAXPROCS(0)) }
+
+// ActDType is F32: activations and caches are float32 on the CPU.
+func (d *Device) ActDType() kernels.DType { return kernels.F32 }
+
+// Alloc returns a zeroed packed tensor.
+func (d *Device) Alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
+	n := 1
+	for _, s := range shape {
+		if s < 0 {
+			panic(fmt.Sprintf("cpu: alloc of %s with shape %v", dt, shape))
+		}
+		n *= s
+	}
+	b := &buffer{}
+	switch dt {
+	case kernels.F32:
+		b.f32 = make([]float32, n)
+	case kernels.I32:
+		b.i32 = make([]int32, n)
+	case kernels.BF16, kernels.F16:
+		b.u16 = make([]uint16, n)
+	default:
+		panic(fmt.Sprintf("cpu: alloc of unknown dtype %s", dt))
+	}
+	return kernels.NewTensor(b, dt, 0, shape...)
+}
+
+// Free drops the tensor's storage; any later use of a view of it fails.
+func (d *Device) Free(t *kernels.Tensor) {
+	if b, ok := t.Buf.(*buffer); ok {
+		*b = buffer{freed: true}
+	}
+}
+
+// Upload converts raw little-endian elements of type src into t's dtype:
+// any of f32, bf16, f16 into any of them (rounding to nearest even when
+// narrowing), i32 into i32 only.
+func (d *Device) Upload(t *kernels.Tensor, data []byte, src kernels.DType) error {
+	b, err := hostBuffer(t)
+	if err != nil {
+		return fmt.Errorf("cpu: upload: %w", err)
+	}
+	if !t.Packed() {
+		return fmt.Errorf("cpu: upload into pitched tensor %v", t)
+	}
+	n := t.Numel()
+	if len(data) != n*src.Size() {
+		return fmt.Errorf("cpu: upload of %d bytes of %s into %v, want %d", len(data), src, t, n*src.Size())
+	}
+	if (src == kernels.I32) != (t.DType == kernels.I32) {
+		return fmt.Errorf("cpu: upload of %s into %v: no conversion between integers and floats", src, t)
+	}
+	switch t.DType {
+	case kernels.I32:
+		dst := b.i32[t.Offset : t.Offset+n]
+		for i := range dst {
+			dst[i] = int32(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+	case kernels.F32:
+		dst := b.f32[t.Offset : t.Offset+n]
+		for i := range dst {
+			dst[i] = rawF32(data, src, i)
+		}
+	case kernels.BF16, kernels.F16:
+		dst := b.u16[t.Offset : t.Offset+n]
+		if src == t.DType {
+			for i := range dst {
+				dst[i] = binary.LittleEndian.Uint16(data[2*i:])
+			}
+			return nil
+		}
+		enc := f32ToBF16
+		if t.DType == kernels.F16 {
+			enc = f32ToF16
+		}
+		for i := range dst {
+			dst[i] = enc(rawF32(data, src, i))
+		}
+	}
+	return nil
+}
+
+// rawF32 is element i of little-endian float data of type src, as float32.
+func rawF32(data []byte, src kernels.DType, i int) float32 {
+	switch src {
+	case kernels.F32:
+		return math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+	case kernels.BF16:
+		return bf16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
+	default:
+		return f16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
+	}
+}
+
+// ReadF32 returns the elements of a float tensor (packed or pitched) as
+// float32, row after row.
+func (d *Device) ReadF32(t *kernels.Tensor) ([]float32, error) {
+	if _, err := hostBuffer(t); err != nil {
+		return nil, fmt.Errorf("cpu: read: %w", err)
+	}
+	if t.DType == kernels.I32 {
+		return nil, fmt.Errorf("cpu: ReadF32 of %v: use ReadI32", t)
+	}
+	w := weight(t)
+	out := make([]float32, 0, t.Numel())
+	row := make([]float32, t.Cols())
+	for r := 0; r < w.rows; r++ {
+		out = append(out, w.row(r, row)...)
+	}
+	return out, nil
+}
+
+// ReadI32 returns the elements of an I32 tensor, row after row.
+func (d *Device) ReadI32(t *kernels.Tensor) ([]int32, error) {
+	if _, err := hostBuffer(t); err != nil {
+		return nil, fmt.Errorf("cpu: read: %w", err)
+	}
+	if t.DType != kernels.I32 {
+		return nil, fmt.Errorf("cpu: ReadI32 of %v", t)
+	}
+	v := I32(t)
+	out := make([]int32, 0, t.Numel())
+	for r := 0; r < t.Rows(); r++ {
+		out = append(out, v[r*t.Pitch:r*t.Pitch+t.Cols()]...)
+	}
+	return out, nil
+}
+
+// WriteI32 copies v into a packed I32 tensor.
+func (d *Device) WriteI32(t *kernels.Tensor, v []int32) error {
+	if _, err := hostBuffer(t); err != nil {
+		return fmt.Errorf("cpu: write: %w", err)
+	}
+	if t.DType != kernels.I32 || !t.Packed() || len(v) != t.Numel() {
+		return fmt.Errorf("cpu: WriteI32 of %d values into %v", len(v), t)
+	}
+	copy(I32(t), v)
+	return nil
+}
+
+// Sync returns, and forgets, the first error an op found since the last
+// Sync; all work is already done.
+func (d *Device) Sync() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := d.err
+	d.err = nil
+	return err
+}
+
+// fail records an error found in device data, for Sync to return.
+func (d *Device) fail(format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err == nil {
+		d.err = fmt.Errorf("cpu: "+format, args...)
+	}
+}
+
+// Mark is the wall-clock time.
+func (d *Device) Mark() kernels.Mark { return time.Now() }
+
+// Elapsed is the wall time between two marks in milliseconds.
+func (d *Device) Elapsed(from, to kernels.Mark) (float64, error) {
+	f, ok1 := from.(time.Time)
+	t, ok2 := to.(time.Time)
+	if !ok1 || !ok2 {
+		return 0, fmt.Errorf("cpu: elapsed between marks %T and %T of another device", from, to)
+	}
+	return float64(t.Sub(f).Nanoseconds()) / 1e6, nil
+}
+
+// Close does nothing: memory goes with the garbage collector.
+func (d *Device) Close() error { return nil }
+
+func hostBuffer(t *kernels.Tensor) (*buffer, error) {
+	b, ok := t.Buf.(*buffer)
+	if !ok {
+		return nil, fmt.Errorf("tensor %v is not on the cpu device", t)
+	}
+	if b.freed {
+		return nil, fmt.Errorf("tensor %v was freed", t)
+	}
+	return b, nil
+}
+
+// span is the number of elements from the start of t's first row to the end
+// of its last.
+func span(t *kernels.Tensor) int {
+	if t.Numel() == 0 {
+		return 0
+	}
+	return (t.Rows()-1)*t.Pitch + t.Cols()
+}
+
+// F32 returns the elements behind an F32 tensor view of the CPU device: row
+// r of t is F32(t)[r*t.Pitch : r*t.Pitch+t.Cols()]. It panics for a tensor
+// of another dtype or device.
+func F32(t *kernels.Tensor) []float32 {
+	b, err := hostBuffer(t)
+	if err != nil || t.DType != kernels.F32 {
+		panic(fmt.Sprintf("cpu: F32 of %v (%T)", t, t.Buf))
+	}
+	return b.f32[t.Offset : t.Offset+span(t)]
+}
+
+// I32 is F32 for an I32 tensor.
+func I32(t *kernels.Tensor) []int32 {
+	b, err := hostBuffer(t)
+	if err != nil || t.DType != kernels.I32 {
+		panic(fmt.Sprintf("cpu: I32 of %v (%T)", t, t.Buf))
+	}
+	return b.i32[t.Offset : t.Offset+span(t)]
+}

@@ -1,0 +1,132 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// MoERoute picks each token's TopK experts: scores = softmax(logits) in f32;
+// RouteGreedy takes the top-K scores; RouteGroupLimited splits the E experts
+// into Groups equal groups, keeps the TopKGroups groups with the highest
+// best score, zeroes the other experts' scores and takes the top-K of all.
+// weight = the chosen (masked) scores, divided by their sum + 1e-20 when
+// NormTopK and TopK > 1, times Scale. idx [N,K] i32; weight [N,K] f32;
+// logits [N,E] f32.
+//
+// A token's K entries are in descending score order, ties to the lower
+// expert index (as every choice here); consumers must not rely on the order.
+func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
+	const op = kernels.OpMoERoute
+	ix, wm, lm := ints(op, "idx", idx), act(op, "weight", weight), act(op, "logits", logits)
+	e, k := lm.cols, r.TopK
+	check(k > 0 && k <= e && len(ix) == lm.rows*k && wm.rows == lm.rows && wm.cols == k, op,
+		"top %d of logits %v into idx %v, weight %v", k, logits, idx, weight)
+	if r.Method == kernels.RouteGroupLimited {
+		check(r.Groups > 0 && e%r.Groups == 0 && r.TopKGroups > 0 && r.TopKGroups <= r.Groups, op,
+			"%d experts in %d groups, top %d groups", e, r.Groups, r.TopKGroups)
+	} else {
+		check(r.Method == kernels.RouteGreedy, op, "unknown routing method %d", r.Method)
+	}
+	parallel(lm.rows, grainFor(e*k), func(lo, hi int) {
+		scores := make([]float32, e)
+		var groupBest []float32
+		var taken []bool
+		if r.Method == kernels.RouteGroupLimited {
+			groupBest, taken = make([]float32, r.Groups), make([]bool, r.Groups)
+		}
+		for t := lo; t < hi; t++ {
+			copy(scores, lm.row(t))
+			softmax(scores)
+			if r.Method == kernels.RouteGroupLimited {
+				size := e / r.Groups
+				for g := range groupBest {
+					groupBest[g] = float32(math.Inf(-1))
+					for _, s := range scores[g*size : (g+1)*size] {
+						groupBest[g] = max(groupBest[g], s)
+					}
+				}
+				clear(taken)
+				for range r.TopKGroups {
+					g := argmax(groupBest)
+					taken[g], groupBest[g] = true, float32(math.Inf(-1))
+				}
+				for g, keep := range taken {
+					if !keep {
+						clear(scores[g*size : (g+1)*size])
+					}
+				}
+			}
+			ti, tw := ix[t*k:(t+1)*k], wm.row(t)
+			var sum float32
+			for j := range k {
+				c := argmax(scores)
+				ti[j], tw[j] = int32(c), scores[c]
+				sum += scores[c]
+				scores[c] = float32(math.Inf(-1))
+			}
+			for j := range tw {
+				if r.NormTopK && k > 1 {
+					tw[j] /= sum + 1e-20
+				}
+				tw[j] *= r.Scale
+			}
+		}
+	})
+}
+
+// MoEExperts is out[t] = Σ_k weight[t,k] · down_e(silu(gate_e·x[t]) · up_e·x[t])
+// with e = idx[t,k]: out, x [N,H] f32; idx [N,K] i32; weight [N,K] f32;
+// gateUp [E,2I,H] (gate rows first); down [E,H,I], any float type. Tokens are
+// grouped by expert so that each expert's weights are read once; an index
+// outside [0,E) contributes nothing and is reported at Sync.
+func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
+	const op = kernels.OpMoEExperts
+	om, xm, ix, wm := act(op, "out", out), act(op, "x", x), ints(op, "idx", idx), act(op, "weight", weight)
+	gu, dw := weightArg(op, "gateUp", gateUp), weightArg(op, "down", down)
+	n, h, k, inter := xm.rows, xm.cols, wm.cols, dw.cols
+	check(inter > 0 && gu.cols == h && gu.rows%(2*inter) == 0, op, "gateUp %v for x %v and down %v", gateUp, x, down)
+	e := gu.rows / (2 * inter)
+	check(dw.rows == e*h && om.rows == n && om.cols == h && wm.rows == n && len(ix) == n*k, op,
+		"out %v, x %v, idx %v, weight %v, gateUp %v, down %v", out, x, idx, weight, gateUp, down)
+
+	// slots[e] lists the (token, k) pairs routed to expert e as t·K+k.
+	slots := make([][]int, e)
+	for s, v := range ix {
+		if v < 0 || int(v) >= e {
+			o.dev.fail("%s: token %d routed to expert %d of %d", op, s/k, v, e)
+			continue
+		}
+		slots[v] = append(slots[v], s)
+	}
+	y := newMat(n*k, h) // y[t·K+k] = expert idx[t,k]'s output for token t
+	for ex, ss := range slots {
+		if len(ss) == 0 {
+			continue
+		}
+		xe := newMat(len(ss), h)
+		for i, s := range ss {
+			copy(xe.row(i), xm.row(s/k))
+		}
+		g := newMat(len(ss), 2*inter)
+		gemm(g, xe, gu.sub(ex*2*inter, (ex+1)*2*inter), nil)
+		a := newMat(len(ss), inter)
+		for i := range ss {
+			swiglu(a.row(i), g.row(i))
+		}
+		ye := newMat(len(ss), h)
+		gemm(ye, a, dw.sub(ex*h, (ex+1)*h), nil)
+		for i, s := range ss {
+			copy(y.row(s), ye.row(i))
+		}
+	}
+	parallel(n, grainFor(k*h), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			dst := om.row(t)
+			clear(dst)
+			for j, w := range wm.row(t) {
+				axpy(w, y.row(t*k+j), dst)
+			}
+		}
+	})
+}

@@ -1,0 +1,165 @@
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// mat is a float32 matrix: row i is d[i*pitch : i*pitch+cols].
+type mat struct {
+	d                 []float32
+	rows, cols, pitch int
+}
+
+func (m mat) row(i int) []float32 {
+	o := i * m.pitch
+	return m.d[o : o+m.cols : o+m.cols]
+}
+
+// newMat is a packed matrix of fresh memory.
+func newMat(rows, cols int) mat {
+	return mat{d: make([]float32, rows*cols), rows: rows, cols: cols, pitch: cols}
+}
+
+// act is the float32 view of an activation (or other f32) tensor; it panics,
+// naming the op and argument, when t is not an f32 tensor of this device.
+func act(op kernels.Op, arg string, t *kernels.Tensor) mat {
+	if t == nil {
+		panic(fmt.Sprintf("cpu: %s: %s is nil", op, arg))
+	}
+	if _, err := hostBuffer(t); err != nil || t.DType != kernels.F32 {
+		panic(fmt.Sprintf("cpu: %s: %s is %v (%T), want an f32 tensor of the cpu device", op, arg, t, t.Buf))
+	}
+	return mat{d: F32(t), rows: t.Rows(), cols: t.Cols(), pitch: t.Pitch}
+}
+
+// ints is the i32 view of an index tensor, row after row of its columns.
+func ints(op kernels.Op, arg string, t *kernels.Tensor) []int32 {
+	if t == nil {
+		panic(fmt.Sprintf("cpu: %s: %s is nil", op, arg))
+	}
+	if _, err := hostBuffer(t); err != nil || t.DType != kernels.I32 || !t.Packed() {
+		panic(fmt.Sprintf("cpu: %s: %s is %v (%T), want a packed i32 tensor of the cpu device", op, arg, t, t.Buf))
+	}
+	return I32(t)
+}
+
+// wmat is a matrix of f32, bf16 or f16 weights, read a row at a time.
+type wmat struct {
+	f32               []float32 // F32 elements, or
+	u16               []uint16  // BF16 or F16 bits
+	bf16              bool
+	rows, cols, pitch int
+}
+
+// weight is the view of a float tensor of any of the three float dtypes.
+func weight(t *kernels.Tensor) wmat {
+	b, err := hostBuffer(t)
+	if err != nil {
+		panic("cpu: " + err.Error())
+	}
+	w := wmat{rows: t.Rows(), cols: t.Cols(), pitch: t.Pitch}
+	n := span(t)
+	switch t.DType {
+	case kernels.F32:
+		w.f32 = b.f32[t.Offset : t.Offset+n]
+	case kernels.BF16, kernels.F16:
+		w.u16 = b.u16[t.Offset : t.Offset+n]
+		w.bf16 = t.DType == kernels.BF16
+	default:
+		panic(fmt.Sprintf("cpu: %v is not a float tensor", t))
+	}
+	return w
+}
+
+// weightArg is weight with the op and argument named in a panic.
+func weightArg(op kernels.Op, arg string, t *kernels.Tensor) wmat {
+	if t == nil || t.DType == kernels.I32 {
+		panic(fmt.Sprintf("cpu: %s: %s is %v, want f32, bf16 or f16 weights", op, arg, t))
+	}
+	if _, err := hostBuffer(t); err != nil {
+		panic(fmt.Sprintf("cpu: %s: %s: %v", op, arg, err))
+	}
+	return weight(t)
+}
+
+// row returns row i as float32: the stored row itself for f32 weights, else
+// the row decoded into scratch (which needs w.cols elements).
+func (w wmat) row(i int, scratch []float32) []float32 {
+	o := i * w.pitch
+	if w.f32 != nil || w.u16 == nil {
+		return w.f32[o : o+w.cols : o+w.cols]
+	}
+	dst := scratch[:w.cols:w.cols]
+	decode16(dst, w.u16[o:o+w.cols], w.bf16)
+	return dst
+}
+
+// raw is row i of 16-bit weights as stored.
+func (w wmat) raw(i int) []uint16 { return w.u16[i*w.pitch : i*w.pitch+w.cols] }
+
+// sub is the view of rows [r0, r1).
+func (w wmat) sub(r0, r1 int) wmat {
+	v := w
+	v.rows = r1 - r0
+	if w.f32 != nil {
+		v.f32 = w.f32[r0*w.pitch:]
+	} else {
+		v.u16 = w.u16[r0*w.pitch:]
+	}
+	return v
+}
+
+// vector is a whole weight vector (a norm weight, a bias) as float32.
+func (w wmat) vector() []float32 {
+	if w.rows != 1 {
+		panic(fmt.Sprintf("cpu: weight vector with %d rows", w.rows))
+	}
+	return w.row(0, make([]float32, w.cols))
+}
+
+// check panics with the op's name when a shape does not fit.
+func check(ok bool, op kernels.Op, format string, args ...any) {
+	if !ok {
+		panic(fmt.Sprintf("cpu: %s: ", op) + fmt.Sprintf(format, args...))
+	}
+}
+
+// parallel calls f on consecutive chunks [lo, hi) covering [0, n), at least
+// grain items each, from up to GOMAXPROCS goroutines that take chunks in turn
+// (several per goroutine, so that uneven chunks still balance). With a
+// single chunk f runs on the calling goroutine.
+func parallel(n, grain int, f func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	procs := runtime.GOMAXPROCS(0)
+	chunks := min(4*procs, (n+max(grain, 1)-1)/max(grain, 1))
+	if chunks <= 1 {
+		f(0, n)
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(procs, chunks) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
+				f(n*c/chunks, n*(c+1)/chunks)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// grainFor is how many items of cost work each a chunk of parallel needs to
+// be worth a goroutine.
+func grainFor(work int) int {
+	const chunkWork = 1 << 15 // multiply-adds worth a goroutine start
+	return max(1, chunkWork/max(1, work))
+}

@@ -1,0 +1,606 @@
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// cases is the table Run walks: every op at sizes that are multiples of no
+// tile (rows 1, 3, 17, 129; head dims 64, 96, 128; cache lengths 1 to 300),
+// with pitched views where the op allows them. Feature dims are multiples of
+// 8, so a row of 16-bit values always starts on a 16-byte boundary; ops
+// taking weights run once per weight dtype in wdts.
+func cases(wdts []kernels.DType) []opCase {
+	var cs []opCase
+	add := func(op kernels.Op, name string, run func(e *env)) {
+		cs = append(cs, opCase{op: op, name: name, wdt: kernels.BF16, run: run})
+	}
+	addW := func(op kernels.Op, name string, run func(e *env)) {
+		for _, w := range wdts {
+			cs = append(cs, opCase{op: op, name: name + ",w=" + w.String(), wdt: w, run: run})
+		}
+	}
+
+	for _, s := range []struct{ n, d, v int }{{1, 64, 37}, {3, 96, 1000}, {17, 200, 1000}, {129, 128, 50}} {
+		addW(kernels.OpEmbedding, fmt.Sprintf("N=%d,D=%d,V=%d", s.n, s.d, s.v), func(e *env) { embedding(e, s.n, s.d, s.v) })
+	}
+	for _, s := range []linearCase{
+		{n: 1, k: 64, m: 96},
+		{n: 3, k: 128, m: 200, bias: true},
+		{n: 17, k: 96, m: 72, pitchedX: true, pitchedOut: true},
+		{n: 129, k: 200, m: 264, bias: true, pitchedX: true},
+		{n: 64, k: 512, m: 136, pitchedOut: true},
+		{n: 17, k: 128, m: 1000, f32Out: true},
+		{n: 5, k: 64, m: 40, bias: true, pitchedX: true, pitchedOut: true, f32Out: true},
+	} {
+		addW(kernels.OpLinear, s.String(), func(e *env) { linear(e, s) })
+	}
+	for _, s := range []struct {
+		n, d int
+		mode string
+	}{{1, 64, "out"}, {3, 96, "in-place"}, {17, 200, "pitched"}, {129, 128, "out"}, {33, 512, "pitched"}, {17, 96, "add"}, {1, 128, "add"}, {129, 200, "add"}} {
+		addW(kernels.OpRMSNorm, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
+	}
+	for _, s := range []struct {
+		n, d int
+		mode string
+	}{{1, 64, "out"}, {3, 96, "out=a"}, {17, 200, "out=b"}, {129, 128, "out"}} {
+		add(kernels.OpAdd, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { addOp(e, s.n, s.d, s.mode) })
+	}
+	for _, s := range []ropeCase{
+		{name: "qwen2 q of qkv", t: 17, heads: 4, stride: 128, dim: 128, width: 8 * 128, col: 0},
+		{name: "qwen2 k of qkv", t: 3, heads: 2, stride: 128, dim: 128, width: 8 * 128, col: 4 * 128},
+		{name: "D=64", t: 1, heads: 3, stride: 64, dim: 64, width: 3 * 64},
+		{name: "D=96 partial", t: 129, heads: 2, stride: 96, dim: 32, width: 2 * 96},
+		{name: "interleaved D=64", t: 3, heads: 2, stride: 64, dim: 64, width: 2 * 64, interleaved: true},
+		{name: "deepseek q_pe", t: 17, heads: 3, stride: 192, offset: 128, dim: 64, width: 3 * 192, interleaved: true},
+		{name: "deepseek k_pe", t: 129, heads: 1, stride: 576, offset: 512, dim: 64, width: 576, interleaved: true},
+	} {
+		add(kernels.OpRoPE, fmt.Sprintf("%s,T=%d", s.name, s.t), func(e *env) { rope(e, s) })
+	}
+	for _, s := range []struct{ n, i int }{{1, 64}, {3, 96}, {17, 200}, {129, 1408}} {
+		add(kernels.OpSwiGLU, fmt.Sprintf("N=%d,I=%d", s.n, s.i), func(e *env) { swiGLU(e, s.n, s.i) })
+	}
+	for _, s := range []attnCase{
+		{name: "one token, cache 1", lens: []int{1}, past: []int{0}, heads: 2, kv: 2, d: 64, maxSeq: 1},
+		{name: "gqa 2", lens: []int{5, 17, 1}, past: []int{0, 3, 130}, heads: 4, kv: 2, d: 128, maxSeq: 160, fused: true},
+		{name: "gqa 7", lens: []int{129, 40}, past: []int{0, 260}, heads: 7, kv: 1, d: 96, maxSeq: 300, fused: true},
+		{name: "qwen2-7b heads", lens: []int{33, 2}, past: []int{64, 298}, heads: 28, kv: 4, d: 128, maxSeq: 300, fused: true},
+		{name: "row without new tokens", lens: []int{0, 9}, past: []int{12, 0}, heads: 4, kv: 4, d: 64, maxSeq: 24},
+	} {
+		add(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
+	}
+	for _, s := range []attnCase{
+		{name: "cache 1", past: []int{0}, heads: 2, kv: 2, d: 64, maxSeq: 1},
+		{name: "gqa 2", past: []int{0, 7, 299}, heads: 4, kv: 2, d: 128, maxSeq: 300},
+		{name: "gqa 7", past: []int{1, 150}, heads: 7, kv: 1, d: 96, maxSeq: 200, fused: true},
+		{name: "qwen2-7b batch 16", past: spread(16, 300), heads: 28, kv: 4, d: 128, maxSeq: 300, fused: true},
+	} {
+		s.lens = ones(len(s.past))
+		add(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
+	}
+	for _, s := range []mlaCase{
+		{name: "small", lens: []int{3, 1}, past: []int{0, 5}, heads: 2, nope: 16, rope: 8, v: 16, rank: 32, maxSeq: 8},
+		{name: "odd", lens: []int{17, 5, 1}, past: []int{0, 40, 130}, heads: 3, nope: 32, rope: 16, v: 24, rank: 96, maxSeq: 160, pitched: true},
+		{name: "v2-lite dims", lens: []int{33, 2}, past: []int{0, 298}, heads: 2, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300},
+		{name: "v2-lite heads", lens: []int{129}, past: []int{0}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 129, pitched: true},
+	} {
+		addW(kernels.OpMLAPrefill, s.String(), func(e *env) { mla(e, s, false) })
+	}
+	for _, s := range []mlaCase{
+		{name: "small", past: []int{0, 7}, heads: 2, nope: 16, rope: 8, v: 16, rank: 32, maxSeq: 8},
+		{name: "odd", past: []int{0, 1, 159}, heads: 3, nope: 32, rope: 16, v: 24, rank: 96, maxSeq: 160, pitched: true},
+		{name: "v2-lite batch 16", past: spread(16, 300), heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300},
+	} {
+		s.lens = ones(len(s.past))
+		addW(kernels.OpMLADecode, s.String(), func(e *env) { mla(e, s, true) })
+	}
+	for _, s := range []routeCase{
+		{name: "greedy E=64 K=6", n: 17, e: 64, r: kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Scale: 1}},
+		{name: "greedy norm E=8 K=2", n: 129, e: 8, r: kernels.Routing{Method: kernels.RouteGreedy, TopK: 2, NormTopK: true, Scale: 1}},
+		{name: "greedy norm E=7 K=1", n: 3, e: 7, r: kernels.Routing{Method: kernels.RouteGreedy, TopK: 1, NormTopK: true, Scale: 1.5}},
+		{name: "group-limited E=160 8 groups top 3 K=6", n: 17, e: 160, r: kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, Scale: 16}},
+		{name: "group-limited norm E=12 4 groups top 2 K=4", n: 129, e: 12, r: kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 4, Groups: 4, TopKGroups: 2, NormTopK: true, Scale: 2.5}},
+		{name: "group-limited E=64 8 groups top 3 K=6", n: 1, e: 64, r: kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 1}},
+	} {
+		add(kernels.OpMoERoute, fmt.Sprintf("%s,N=%d", s.name, s.n), func(e *env) { moeRoute(e, s) })
+	}
+	for _, s := range []expertsCase{
+		{n: 1, h: 64, inter: 32, e: 4, k: 2},
+		{n: 3, h: 96, inter: 72, e: 8, k: 2},
+		{n: 17, h: 128, inter: 200, e: 16, k: 6},
+		{n: 129, h: 200, inter: 96, e: 64, k: 6},
+		{n: 9, h: 512, inter: 352, e: 8, k: 6},
+	} {
+		addW(kernels.OpMoEExperts, fmt.Sprintf("N=%d,H=%d,I=%d,E=%d,K=%d", s.n, s.h, s.inter, s.e, s.k), func(e *env) { moeExperts(e, s) })
+	}
+	for _, s := range []struct {
+		b, v int
+		k    kind
+		ties bool
+	}{{1, 37, f32K, false}, {3, 1000, actK, false}, {16, 32003, f32K, false}, {2, 151936, actK, false}, {5, 100, f32K, true}, {4, 1001, actK, true}} {
+		dt := "f32"
+		if s.k == actK {
+			dt = "act"
+		}
+		name := fmt.Sprintf("B=%d,V=%d,%s", s.b, s.v, dt)
+		if s.ties {
+			name += ",ties"
+		}
+		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties) })
+	}
+	return cs
+}
+
+func embedding(e *env, n, d, v int) {
+	table := e.random(weightK, 1, v, d)
+	ids := make([]int32, n)
+	for i := range ids {
+		ids[i] = int32(e.rng.Intn(v))
+	}
+	ids[0] = int32(v - 1)
+	if n > 1 {
+		ids[1] = 0
+	}
+	id := e.ints(ids, n)
+	out := e.poisoned(actK, n, d)
+	e.run(func(o kernels.Ops, s int) { o.Embedding(out[s], table[s], id[s]) })
+	e.check("out", out, all)
+}
+
+type linearCase struct {
+	n, k, m                    int
+	bias, pitchedX, pitchedOut bool
+	f32Out                     bool // out is f32 whatever the activation dtype (the lm_head's logits)
+}
+
+func (c linearCase) String() string {
+	s := fmt.Sprintf("N=%d,K=%d,M=%d", c.n, c.k, c.m)
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{c.bias, "bias"}, {c.pitchedX, "pitched x"}, {c.pitchedOut, "pitched out"}, {c.f32Out, "f32 out"}} {
+		if f.on {
+			s += "," + f.name
+		}
+	}
+	return s
+}
+
+// Column slices are taken at these offsets of wider matrices.
+const (
+	xCol   = 8
+	outCol = 16
+)
+
+func linear(e *env, c linearCase) {
+	x := e.random(actK, 1, c.n, c.k)
+	if c.pitchedX {
+		x = e.random(actK, 1, c.n, c.k+24).cols(xCol, xCol+c.k)
+	}
+	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), c.m, c.k)
+	var b pair
+	if c.bias {
+		b = e.random(weightK, 0.5, c.m)
+	}
+	ok := actK
+	if c.f32Out {
+		ok = f32K
+	}
+	whole := e.poisoned(ok, c.n, c.m)
+	out, written := whole, all
+	if c.pitchedOut {
+		whole = e.poisoned(ok, c.n, c.m+32)
+		out = whole.cols(outCol, outCol+c.m)
+		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
+	}
+	e.run(func(o kernels.Ops, s int) { o.Linear(out[s], x[s], w[s], b[s]) })
+	e.check("out", whole, written)
+}
+
+func rmsNorm(e *env, n, d int, mode string) {
+	const eps = 1e-6
+	g := e.normal(d, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	w := e.tensor(weightK, g, d)
+	x := e.random(actK, 3, n, d)
+	switch mode {
+	case "out":
+		out := e.poisoned(actK, n, d)
+		e.run(func(o kernels.Ops, s int) { o.RMSNorm(out[s], x[s], w[s], eps) })
+		e.check("out", out, all)
+		e.check("x", x, all)
+	case "in-place":
+		e.run(func(o kernels.Ops, s int) { o.RMSNorm(x[s], x[s], w[s], eps) })
+		e.check("x", x, all)
+	case "pitched": // the latent part of a [N, d+64] kv_a output, into a column slice
+		xs := e.random(actK, 3, n, d+64)
+		whole := e.poisoned(actK, n, d+32)
+		out := whole.cols(outCol, outCol+d)
+		e.run(func(o kernels.Ops, s int) { o.RMSNorm(out[s], xs.cols(0, d)[s], w[s], eps) })
+		e.check("out", whole, func(r, c int) bool { return c >= outCol && c < outCol+d })
+		e.check("x", xs, all)
+	case "add":
+		resid := e.random(actK, 1, n, d)
+		out := e.poisoned(actK, n, d)
+		e.run(func(o kernels.Ops, s int) { o.AddRMSNorm(out[s], resid[s], x[s], w[s], eps) })
+		e.check("out", out, all)
+		e.check("resid", resid, all)
+	default:
+		panic(mode)
+	}
+}
+
+func addOp(e *env, n, d int, mode string) {
+	a, b := e.random(actK, 1, n, d), e.random(actK, 1, n, d)
+	out := e.poisoned(actK, n, d)
+	switch mode {
+	case "out=a":
+		out = a
+	case "out=b":
+		out = b
+	}
+	e.run(func(o kernels.Ops, s int) { o.Add(out[s], a[s], b[s]) })
+	e.check("out", out, all)
+}
+
+type ropeCase struct {
+	name                          string
+	t, heads, stride, offset, dim int
+	width, col                    int // x is columns [col, col+heads·stride) of a [t, width] matrix
+	interleaved                   bool
+}
+
+// ropePositions is the size of the angle tables.
+const ropePositions = 4096
+
+func rope(e *env, c ropeCase) {
+	half := c.dim / 2
+	cos, sin := make([]float32, ropePositions*half), make([]float32, ropePositions*half)
+	// An attention factor (as YaRN folds into the tables): kernels must use
+	// the tables, not recompute the angles.
+	const factor = 1.07
+	for p := range ropePositions {
+		for i := range half {
+			a := float64(p) * math.Pow(10000, -2*float64(i)/float64(c.dim))
+			cos[p*half+i] = float32(math.Cos(a) * factor)
+			sin[p*half+i] = float32(math.Sin(a) * factor)
+		}
+	}
+	r := [2]*kernels.Rope{}
+	ct, st := e.tensor(f32K, cos, ropePositions, half), e.tensor(f32K, sin, ropePositions, half)
+	for s := range 2 {
+		r[s] = &kernels.Rope{Dim: c.dim, Interleaved: c.interleaved, Cos: ct[s], Sin: st[s]}
+	}
+	pos := make([]int32, c.t)
+	for i := range pos {
+		pos[i] = int32(e.rng.Intn(ropePositions))
+	}
+	pos[0] = ropePositions - 1
+	ps := e.ints(pos, c.t)
+	whole := e.random(actK, 1, c.t, c.width)
+	x := whole.cols(c.col, c.col+c.heads*c.stride)
+	e.run(func(o kernels.Ops, s int) { o.RoPE(x[s], c.heads, c.stride, c.offset, ps[s], r[s]) })
+	e.check("x", whole, all)
+}
+
+func swiGLU(e *env, n, i int) {
+	gu := e.random(actK, 2, n, 2*i)
+	out := e.poisoned(actK, n, i)
+	e.run(func(o kernels.Ops, s int) { o.SwiGLU(out[s], gu[s]) })
+	e.check("out", out, all)
+}
+
+type attnCase struct {
+	name         string
+	lens, past   []int // new tokens and cached tokens of each row
+	heads, kv, d int
+	maxSeq       int
+	fused        bool // q, k, v are column slices of one qkv matrix
+}
+
+func (c attnCase) String() string {
+	s := fmt.Sprintf("%s,H=%d,KV=%d,D=%d,past=%v", c.name, c.heads, c.kv, c.d, clip(c.past))
+	if slices.Max(c.lens) > 1 {
+		s += fmt.Sprintf(",new=%v", clip(c.lens))
+	}
+	if c.fused {
+		s += ",qkv"
+	}
+	return s
+}
+
+func attention(e *env, c attnCase, decode bool) {
+	nb, t := len(c.lens), sum(c.lens)
+	hq, hkv, d := c.heads, c.kv, c.d
+	var q, k, v pair
+	if c.fused {
+		qkv := e.random(actK, 1, t, (hq+2*hkv)*d)
+		q, k, v = qkv.cols(0, hq*d), qkv.cols(hq*d, (hq+hkv)*d), qkv.cols((hq+hkv)*d, (hq+2*hkv)*d)
+	} else {
+		q, k, v = e.random(actK, 1, t, hq*d), e.random(actK, 1, t, hkv*d), e.random(actK, 1, t, hkv*d)
+	}
+	// Cached positions hold numbers, the rest NaN: a kernel that lets a
+	// position beyond a row's length into its result, or writes one, shows.
+	cacheVals := func() []float32 {
+		vals := e.normal(nb*hkv*c.maxSeq*d, 1)
+		for b := range nb {
+			for g := range hkv {
+				for p := c.past[b]; p < c.maxSeq; p++ {
+					row := (b*hkv+g)*c.maxSeq + p
+					for j := range d {
+						vals[row*d+j] = nan
+					}
+				}
+			}
+		}
+		return vals
+	}
+	kc := e.tensor(actK, cacheVals(), nb, hkv, c.maxSeq, d)
+	vc := e.tensor(actK, cacheVals(), nb, hkv, c.maxSeq, d)
+	out := e.poisoned(actK, t, hq*d)
+	bt := e.batch(c.lens, c.past, c.maxSeq, decode)
+	e.run(func(o kernels.Ops, s int) {
+		a := &kernels.AttnArgs{Out: out[s], Q: q[s], K: k[s], V: v[s], KCache: kc[s], VCache: vc[s],
+			Batch: bt[s], Heads: hq, KVHeads: hkv, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d)))}
+		if decode {
+			o.AttentionDecode(a)
+		} else {
+			o.AttentionPrefill(a)
+		}
+	})
+	e.check("out", out, all)
+	written := func(r, _ int) bool {
+		b, p := r/(hkv*c.maxSeq), r%c.maxSeq
+		return p < c.past[b]+c.lens[b]
+	}
+	e.check("k cache", kc, written)
+	e.check("v cache", vc, written)
+}
+
+// batch describes rows of lens new tokens after past cached ones, on both
+// sides. For decode the host Past is stale (as in a replayed CUDA graph):
+// decode kernels must read PastDev.
+func (e *env) batch(lens, past []int, maxSeq int, decode bool) [2]*kernels.Batch {
+	start := make([]int, len(lens)+1)
+	for b, n := range lens {
+		start[b+1] = start[b] + n
+	}
+	hostPast := slices.Clone(past)
+	if decode {
+		for b := range hostPast {
+			hostPast[b] = max(0, hostPast[b]-3)
+		}
+	}
+	sd, pd := e.ints(int32s(start), len(start)), e.ints(int32s(past), len(past))
+	var bt [2]*kernels.Batch
+	for s := range 2 {
+		bt[s] = &kernels.Batch{Rows: len(lens), Tokens: start[len(lens)], Start: start, Past: hostPast,
+			MaxSeq: maxSeq, StartDev: sd[s], PastDev: pd[s]}
+	}
+	return bt
+}
+
+type mlaCase struct {
+	name                       string
+	lens, past                 []int
+	heads, nope, rope, v, rank int
+	maxSeq                     int
+	pitched                    bool // KV is a column slice of a wider matrix
+}
+
+func (c mlaCase) String() string {
+	s := fmt.Sprintf("%s,H=%d,nope=%d,rope=%d,v=%d,rank=%d,past=%v", c.name, c.heads, c.nope, c.rope, c.v, c.rank, clip(c.past))
+	if slices.Max(c.lens) > 1 {
+		s += fmt.Sprintf(",new=%v", clip(c.lens))
+	}
+	if c.pitched {
+		s += ",pitched kv"
+	}
+	return s
+}
+
+func mla(e *env, c mlaCase, decode bool) {
+	nb, t := len(c.lens), sum(c.lens)
+	width := c.rank + c.rope
+	q := e.random(actK, 1, t, c.heads*(c.nope+c.rope))
+	kv := e.random(actK, 1, t, width)
+	if c.pitched {
+		kv = e.random(actK, 1, t, width+16).cols(xCol, xCol+width)
+	}
+	wkvb := e.random(weightK, 1/math.Sqrt(float64(c.rank)), c.heads*(c.nope+c.v), c.rank)
+	vals := e.normal(nb*c.maxSeq*width, 1)
+	for b := range nb {
+		for i := c.past[b] * width; i < c.maxSeq*width; i++ {
+			vals[b*c.maxSeq*width+i] = nan
+		}
+	}
+	cache := e.tensor(actK, vals, nb, c.maxSeq, width)
+	out := e.poisoned(actK, t, c.heads*c.v)
+	bt := e.batch(c.lens, c.past, c.maxSeq, decode)
+	e.run(func(o kernels.Ops, s int) {
+		a := &kernels.MLAArgs{Out: out[s], Q: q[s], KV: kv[s], Cache: cache[s], WKVB: wkvb[s], Batch: bt[s],
+			Heads: c.heads, NopeDim: c.nope, RopeDim: c.rope, VDim: c.v, Rank: c.rank,
+			Scale: float32(1 / math.Sqrt(float64(c.nope+c.rope)))}
+		if decode {
+			o.MLADecode(a)
+		} else {
+			o.MLAPrefill(a)
+		}
+	})
+	e.check("out", out, all)
+	e.check("cache", cache, func(r, _ int) bool {
+		b, p := r/c.maxSeq, r%c.maxSeq
+		return p < c.past[b]+c.lens[b]
+	})
+}
+
+type routeCase struct {
+	name string
+	n, e int
+	r    kernels.Routing
+}
+
+// routeGap is the spacing of a token's router logits: neighbouring scores
+// differ by about 10%, far beyond any rounding, so the choice is exact.
+const routeGap = 0.1
+
+func moeRoute(e *env, c routeCase) {
+	logits := make([]float32, c.n*c.e)
+	for t := range c.n {
+		for j, rank := range e.rng.Perm(c.e) {
+			logits[t*c.e+j] = float32((float64(rank)-float64(c.e)/2)*routeGap + (e.rng.Float64()-0.5)*routeGap/5)
+		}
+	}
+	lg := e.tensor(f32K, logits, c.n, c.e)
+	k := c.r.TopK
+	idx := e.ints(filled(c.n*k, -1), c.n, k)
+	w := e.poisoned(f32K, c.n, k)
+	e.run(func(o kernels.Ops, s int) { o.MoERoute(idx[s], w[s], lg[s], &c.r) })
+
+	ids := e.readInts(idx)
+	var ws [2][]float32
+	for s := range 2 {
+		v, err := e.devs[s].ReadF32(w[s])
+		if err != nil {
+			e.t.Fatalf("%s: reading weights: %v", sideName[s], err)
+		}
+		ws[s] = v
+	}
+	// The order of a token's K entries is free: compare them sorted by expert.
+	for t := range c.n {
+		for s := range 2 {
+			sortByExpert(ids[s][t*k:(t+1)*k], ws[s][t*k:(t+1)*k])
+		}
+		if !slices.Equal(ids[dut][t*k:(t+1)*k], ids[ref][t*k:(t+1)*k]) {
+			e.t.Errorf("token %d: experts %v, want %v", t, ids[dut][t*k:(t+1)*k], ids[ref][t*k:(t+1)*k])
+		}
+	}
+	e.compare("weight", ws[ref], ws[dut], k, all)
+}
+
+func sortByExpert(idx []int32, w []float32) {
+	sort.Sort(byExpert{idx, w})
+}
+
+type byExpert struct {
+	idx []int32
+	w   []float32
+}
+
+func (b byExpert) Len() int           { return len(b.idx) }
+func (b byExpert) Less(i, j int) bool { return b.idx[i] < b.idx[j] }
+func (b byExpert) Swap(i, j int) {
+	b.idx[i], b.idx[j] = b.idx[j], b.idx[i]
+	b.w[i], b.w[j] = b.w[j], b.w[i]
+}
+
+type expertsCase struct{ n, h, inter, e, k int }
+
+func moeExperts(e *env, c expertsCase) {
+	x := e.random(actK, 1, c.n, c.h)
+	ids := make([]int32, 0, c.n*c.k)
+	ws := make([]float32, 0, c.n*c.k)
+	for range c.n {
+		for _, ex := range e.rng.Perm(c.e)[:c.k] {
+			ids = append(ids, int32(ex))
+			ws = append(ws, float32(0.05+0.95*e.rng.Float64()))
+		}
+	}
+	idx, w := e.ints(ids, c.n, c.k), e.tensor(f32K, ws, c.n, c.k)
+	gateUp := e.random(weightK, 1/math.Sqrt(float64(c.h)), c.e, 2*c.inter, c.h)
+	down := e.random(weightK, 1/math.Sqrt(float64(c.inter)), c.e, c.h, c.inter)
+	out := e.poisoned(actK, c.n, c.h)
+	e.run(func(o kernels.Ops, s int) { o.MoEExperts(out[s], x[s], idx[s], w[s], gateUp[s], down[s]) })
+	e.check("out", out, all)
+}
+
+// argmax checks rows whose largest element is 1 above the next (so that
+// rounding to the device's dtype keeps it), or, with ties, rows of quarter
+// steps (exact in every dtype) whose largest value appears 2 or 3 times.
+func argmax(e *env, b, v int, k kind, ties bool) {
+	vals := e.normal(b*v, 1)
+	want := make([]int32, b)
+	for r := range b {
+		row := vals[r*v : (r+1)*v]
+		if ties {
+			for j := range row {
+				row[j] = float32(math.Round(float64(row[j])*4) / 4)
+			}
+		}
+		top := slices.Max(row) + 1
+		at := e.rng.Perm(v)[:1+e.rng.Intn(3)]
+		if !ties {
+			at = at[:1]
+		}
+		for _, j := range at {
+			row[j] = top
+		}
+		want[r] = int32(slices.Min(at))
+	}
+	logits := e.tensor(k, vals, b, v)
+	out := e.ints(filled(b, -7), b)
+	e.run(func(o kernels.Ops, s int) { o.Argmax(out[s], logits[s]) })
+	got := e.readInts(out)
+	if !slices.Equal(got[ref], want) {
+		e.t.Fatalf("the reference chose %v, want %v", got[ref], want)
+	}
+	if !slices.Equal(got[dut], want) {
+		e.t.Errorf("argmax %v, want %v", got[dut], want)
+	}
+}
+
+func sum(v []int) int {
+	n := 0
+	for _, x := range v {
+		n += x
+	}
+	return n
+}
+
+func ones(n int) []int {
+	v := make([]int, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
+}
+
+// spread is n cache lengths from 0 to maxSeq-1, evenly apart.
+func spread(n, maxSeq int) []int {
+	v := make([]int, n)
+	for i := range v {
+		v[i] = i * (maxSeq - 1) / (n - 1)
+	}
+	return v
+}
+
+func filled(n int, x int32) []int32 {
+	v := make([]int32, n)
+	for i := range v {
+		v[i] = x
+	}
+	return v
+}
+
+func int32s(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// clip shortens a long list for a case name.
+func clip(v []int) string {
+	if len(v) <= 4 {
+		return fmt.Sprint(v)
+	}
+	return fmt.Sprintf("[%d %d ... %d](%d)", v[0], v[1], v[len(v)-1], len(v))
+}
