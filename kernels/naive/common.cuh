@@ -1,0 +1,124 @@
+// Shared by every module of the naive set: element types, vector access and
+// block reductions. Each module is compiled as this header followed by its
+// own source (see naive.go).
+//
+// Conventions of every kernel:
+//   - Matrices are rows of contiguous elements, row r at base + r*pitch
+//     (pitch in elements); a pitch of 0 repeats row 0 for every row.
+//   - VEC is the number of elements one thread moves per access: 8 (16 bytes
+//     of bf16) when the host found every row start aligned for it, else 1.
+//   - Arithmetic is f32; results are rounded to bf16 with round-to-nearest-even.
+//   - Block sizes are multiples of 32 (the reductions use full-warp shuffles).
+
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+
+// f16 weights are read through PTX conversions, so that no fp16 header is
+// needed: half is their raw bits.
+struct half_bits {
+	unsigned short x;
+};
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(half_bits v) {
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+	return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+// round_bf16 is v rounded to bf16 and back: the value a bf16 tensor would hold.
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Vec is N consecutive elements loaded or stored in one access.
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
+	T v[N];
+};
+
+template <typename T, int N> __device__ __forceinline__ Vec<T, N> load(const T* p) {
+	return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N> __device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
+	*reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// Grid-stride loop over the n items of a 1-D launch.
+#define GRID_STRIDE(i, n)                                                      \
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+	     i += (long long)gridDim.x * blockDim.x)
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000u)
+
+struct SumOp {
+	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+	__device__ __forceinline__ static float identity() { return 0.0f; }
+};
+
+struct MaxOp {
+	__device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+	__device__ __forceinline__ static float identity() { return NEG_INF; }
+};
+
+template <typename Op> __device__ __forceinline__ float warp_reduce(float v) {
+	Op op;
+	for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
+	return v;
+}
+
+// block_reduce combines v over the block and returns the result to every
+// thread. Every warp reduces the per-warp partials itself, in the same order,
+// so all threads see the same value. Safe to call repeatedly.
+template <typename Op> __device__ float block_reduce(float v) {
+	__shared__ float part[32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	v = warp_reduce<Op>(v);
+	if (lane == 0) part[warp] = v;
+	__syncthreads();
+	v = lane < (int)(blockDim.x >> 5) ? part[lane] : Op::identity();
+	v = warp_reduce<Op>(v);
+	__syncthreads(); // part is free for the next call
+	return v;
+}
+
+// better orders (value, index) pairs for argmax: larger value, then lower index.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+	return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(FULL_MASK, v, o);
+		int oi = __shfl_xor_sync(FULL_MASK, i, o);
+		if (better(ov, oi, v, i)) {
+			v = ov;
+			i = oi;
+		}
+	}
+}
+
+#define NO_INDEX 0x7fffffff
+
+// block_argmax leaves in every thread's (v, i) the best pair of the block.
+__device__ void block_argmax(float& v, int& i) {
+	__shared__ float pv[32];
+	__shared__ int pi[32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	warp_argmax(v, i);
+	if (lane == 0) {
+		pv[warp] = v;
+		pi[warp] = i;
+	}
+	__syncthreads();
+	const bool have = lane < (int)(blockDim.x >> 5);
+	v = have ? pv[lane] : NEG_INF;
+	i = have ? pi[lane] : NO_INDEX;
+	warp_argmax(v, i);
+	__syncthreads();
+}

@@ -1,0 +1,220 @@
+// Row gathers, elementwise ops, RMSNorm, RoPE and argmax of the naive set:
+// one simple kernel per torch eager op. Pitches are in elements.
+
+// copy_rows converts and moves whole rows:
+//   dst[drow(r), :cols] = src[srow(r), :cols] for r < rows, with
+//   drow(r) = didx ? didx[r] : r and srow(r) = sidx ? sidx[r] : r / sdiv.
+// dst TO [*, dpitch]; src TI [srows, spitch], spitch 0 repeats row 0 (a bias
+// broadcast); didx, sidx i32 [rows] or null. An index sidx[r] outside
+// [0, srows) traps, as torch's device-side assert does for a bad index.
+// Serves Embedding (sidx = ids), Linear's bias (spitch 0) and the MoE token
+// gather (sdiv = K, didx = slots). Launch: 1-D grid-stride over rows*cols/VEC.
+template <typename TO, typename TI, int VEC>
+__device__ void copy_rows(TO* dst, int dpitch, const int* didx, const TI* src, int spitch, const int* sidx,
+                          int sdiv, int srows, int rows, int cols) {
+	const int cv = cols / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const int r = (int)(i / cv);
+		const int c = (int)(i - (long long)r * cv) * VEC;
+		const int sr = sidx ? sidx[r] : r / sdiv;
+		if (sidx && (sr < 0 || sr >= srows)) __trap();
+		const int dr = didx ? didx[r] : r;
+		const Vec<TI, VEC> in = load<TI, VEC>(src + (long long)sr * spitch + c);
+		Vec<TO, VEC> out;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) out.v[j] = from_f32<TO>(to_f32(in.v[j]));
+		store<TO, VEC>(dst + (long long)dr * dpitch + c, out);
+	}
+}
+
+#define COPY_ROWS(NO, TO, NI, TI, V)                                                                         \
+	extern "C" __global__ void copy_rows_##NO##_##NI##_v##V(TO* dst, int dpitch, const int* didx,      \
+	                                                         const TI* src, int spitch, const int* sidx, \
+	                                                         int sdiv, int srows, int rows, int cols) {  \
+		copy_rows<TO, TI, V>(dst, dpitch, didx, src, spitch, sidx, sdiv, srows, rows, cols);              \
+	}
+#define COPY_ROWS_FROM(NI, TI, V) \
+	COPY_ROWS(bf16, bf16, NI, TI, V) COPY_ROWS(f32, float, NI, TI, V)
+#define COPY_ROWS_ALL(V) \
+	COPY_ROWS_FROM(bf16, bf16, V) COPY_ROWS_FROM(f16, half_bits, V) COPY_ROWS_FROM(f32, float, V)
+COPY_ROWS_ALL(1)
+COPY_ROWS_ALL(8)
+
+struct AddOp {
+	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MulOp {
+	__device__ __forceinline__ float operator()(float a, float b) const { return a * b; }
+};
+
+// binary is out = op(a, b) elementwise, rounded to bf16.
+// out, a, b bf16 [rows, cols] with pitches outp, ap, bp; out may be a or b.
+// Launch: 1-D grid-stride over rows*cols/VEC.
+template <typename Op, int VEC>
+__device__ void binary(bf16* out, int outp, const bf16* a, int ap, const bf16* b, int bp, int rows, int cols) {
+	Op op;
+	const int cv = cols / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const long long r = i / cv;
+		const int c = (int)(i - r * cv) * VEC;
+		const Vec<bf16, VEC> x = load<bf16, VEC>(a + r * ap + c);
+		const Vec<bf16, VEC> y = load<bf16, VEC>(b + r * bp + c);
+		Vec<bf16, VEC> z;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) z.v[j] = __float2bfloat16_rn(op(to_f32(x.v[j]), to_f32(y.v[j])));
+		store<bf16, VEC>(out + r * outp + c, z);
+	}
+}
+
+#define BINARY(NAME, OP, V)                                                                              \
+	extern "C" __global__ void NAME##_v##V(bf16* out, int outp, const bf16* a, int ap, const bf16* b, int bp, \
+	                                       int rows, int cols) {                                         \
+		binary<OP, V>(out, outp, a, ap, b, bp, rows, cols);                                              \
+	}
+BINARY(add, AddOp, 1)
+BINARY(add, AddOp, 8)
+BINARY(mul, MulOp, 1)
+BINARY(mul, MulOp, 8)
+
+// silu is out = x * sigmoid(x) in f32, rounded to bf16 (torch's silu on bf16).
+// out, x bf16 [rows, cols] with pitches outp, xp; out may be x.
+// Launch: 1-D grid-stride over rows*cols/VEC.
+template <int VEC> __device__ void silu(bf16* out, int outp, const bf16* x, int xp, int rows, int cols) {
+	const int cv = cols / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const long long r = i / cv;
+		const int c = (int)(i - r * cv) * VEC;
+		const Vec<bf16, VEC> in = load<bf16, VEC>(x + r * xp + c);
+		Vec<bf16, VEC> y;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) {
+			const float v = to_f32(in.v[j]);
+			y.v[j] = __float2bfloat16_rn(v / (1.0f + expf(-v)));
+		}
+		store<bf16, VEC>(out + r * outp + c, y);
+	}
+}
+
+#define SILU(V)                                                                                          \
+	extern "C" __global__ void silu_v##V(bf16* out, int outp, const bf16* x, int xp, int rows, int cols) { \
+		silu<V>(out, outp, x, xp, rows, cols);                                                           \
+	}
+SILU(1)
+SILU(8)
+
+// rms_rstd is the first half of RMSNorm: rstd[r] = 1/sqrt(mean(x[r]²) + eps)
+// in f32. x bf16 [rows, cols] with pitch xp; rstd f32 [rows].
+// Launch: grid.x = rows (one block per row), any multiple of 32 threads.
+template <int VEC> __device__ void rms_rstd(float* rstd, const bf16* x, int xp, int cols, float eps) {
+	const bf16* row = x + (long long)blockIdx.x * xp;
+	float ss = 0.0f;
+	for (int c = threadIdx.x * VEC; c < cols; c += blockDim.x * VEC) {
+		const Vec<bf16, VEC> in = load<bf16, VEC>(row + c);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) {
+			const float v = to_f32(in.v[j]);
+			ss += v * v;
+		}
+	}
+	ss = block_reduce<SumOp>(ss);
+	if (threadIdx.x == 0) rstd[blockIdx.x] = rsqrtf(ss / (float)cols + eps);
+}
+
+#define RMS_RSTD(V)                                                                                       \
+	extern "C" __global__ void rms_rstd_v##V(float* rstd, const bf16* x, int xp, int cols, float eps) { \
+		rms_rstd<V>(rstd, x, xp, cols, eps);                                                              \
+	}
+RMS_RSTD(1)
+RMS_RSTD(8)
+
+// rms_scale is the second half of RMSNorm, as HF writes it:
+// out = w * bf16(x * rstd[r]), rounded to bf16.
+// out, x bf16 [rows, cols] with pitches outp, xp (out may be x); rstd f32
+// [rows]; w TW [cols]. Launch: 1-D grid-stride over rows*cols/VEC.
+template <typename TW, int VEC>
+__device__ void rms_scale(bf16* out, int outp, const bf16* x, int xp, const float* rstd, const TW* w, int rows,
+                          int cols) {
+	const int cv = cols / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const long long r = i / cv;
+		const int c = (int)(i - r * cv) * VEC;
+		const float s = rstd[r];
+		const Vec<bf16, VEC> in = load<bf16, VEC>(x + r * xp + c);
+		const Vec<TW, VEC> wv = load<TW, VEC>(w + c);
+		Vec<bf16, VEC> y;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) y.v[j] = __float2bfloat16_rn(to_f32(wv.v[j]) * round_bf16(to_f32(in.v[j]) * s));
+		store<bf16, VEC>(out + r * outp + c, y);
+	}
+}
+
+#define RMS_SCALE(NW, TW, V)                                                                          \
+	extern "C" __global__ void rms_scale_##NW##_v##V(bf16* out, int outp, const bf16* x, int xp,      \
+	                                                 const float* rstd, const TW* w, int rows, int cols) { \
+		rms_scale<TW, V>(out, outp, x, xp, rstd, w, rows, cols);                                      \
+	}
+#define RMS_SCALE_ALL(V) RMS_SCALE(bf16, bf16, V) RMS_SCALE(f16, half_bits, V) RMS_SCALE(f32, float, V)
+RMS_SCALE_ALL(1)
+RMS_SCALE_ALL(8)
+
+// rope rotates, in place, dims [offset, offset+dim) of every head of every
+// token. Head h of token t starts at x + t*pitch + h*hstride; x bf16. The
+// angle of pair i (i < dim/2) at position pos[t] is (cos, sin)[pos[t]*cspitch + i],
+// f32 tables [maxPos, cspitch]; pos i32 [T]. Pair i is the dims (i, i+dim/2)
+// (rotate_half, Qwen2) or (2i, 2i+1) (INTERLEAVED, DeepSeek-V2):
+//   x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin, in f32, stored as bf16.
+// A position outside [0, maxPos) traps. Launch: 1-D grid-stride over T*heads*dim/2.
+template <bool INTERLEAVED>
+__device__ void rope(bf16* x, int pitch, int T, int heads, int hstride, int offset, const int* pos,
+                     const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) {
+	const int half = dim / 2;
+	const long long perToken = (long long)heads * half;
+	GRID_STRIDE(i, (long long)T * perToken) {
+		const long long t = i / perToken;
+		const int rem = (int)(i - t * perToken);
+		const int h = rem / half, j = rem - h * half;
+		const int p = pos[t];
+		if (p < 0 || p >= maxPos) __trap();
+		const float c = cosT[(long long)p * cspitch + j], s = sinT[(long long)p * cspitch + j];
+		bf16* head = x + t * pitch + (long long)h * hstride + offset;
+		const int i1 = INTERLEAVED ? 2 * j : j, i2 = INTERLEAVED ? 2 * j + 1 : j + half;
+		const float x1 = to_f32(head[i1]), x2 = to_f32(head[i2]);
+		head[i1] = __float2bfloat16_rn(x1 * c - x2 * s);
+		head[i2] = __float2bfloat16_rn(x2 * c + x1 * s);
+	}
+}
+
+#define ROPE(NAME, INTERLEAVED)                                                                               \
+	extern "C" __global__ void NAME(bf16* x, int pitch, int T, int heads, int hstride, int offset, const int* pos, \
+	                                const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) {     \
+		rope<INTERLEAVED>(x, pitch, T, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);             \
+	}
+ROPE(rope_half, false)
+ROPE(rope_interleaved, true)
+
+// argmax is out[r] = the first index of the largest element of row r; NaN
+// counts as the largest, as in torch.argmax. x T [rows, cols] with pitch xp;
+// out i32 [rows]. Launch: grid.x = rows (one block per row), any multiple of
+// 32 threads.
+template <typename T> __device__ void argmax(int* out, const T* x, int xp, int cols) {
+	const T* row = x + (long long)blockIdx.x * xp;
+	float bv = NEG_INF;
+	int bi = NO_INDEX;
+	for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+		float v = to_f32(row[c]);
+		if (v != v) v = __int_as_float(0x7f800000u);
+		if (better(v, c, bv, bi)) {
+			bv = v;
+			bi = c;
+		}
+	}
+	block_argmax(bv, bi);
+	if (threadIdx.x == 0) out[blockIdx.x] = bi;
+}
+
+#define ARGMAX(N, T)                                                                       \
+	extern "C" __global__ void argmax_##N(int* out, const T* x, int xp, int cols) {   \
+		argmax<T>(out, x, xp, cols);                                                       \
+	}
+ARGMAX(bf16, bf16)
+ARGMAX(f32, float)
