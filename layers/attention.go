@@ -1,0 +1,72 @@
+package layers
+
+import "github.com/fuselm/fuselm/kernels"
+
+// Workspace buffers of Attention.
+const (
+	bufQKV  = "attn.qkv" // [T, (Heads+2·KVHeads)·HeadDim] act
+	bufAttn = "attn.out" // [T, Heads·HeadDim] act, the attention output before o_proj
+)
+
+// Attention is grouped-query attention with rotary embeddings over a KV
+// cache, as HF's Qwen2Attention:
+//
+//	q, k, v = q_proj(x), k_proj(x), v_proj(x)      (one Linear: QKVProj)
+//	q, k = rope(q), rope(k)                         (one RoPE call over the q and k heads)
+//	out = o_proj(softmax(q·kᵀ·Scale) · v)           (keys and values from the cache)
+type Attention struct {
+	// QKVProj is q_proj, k_proj and v_proj stacked: weight
+	// [(Heads+2·KVHeads)·HeadDim, hidden], rows q then k then v (and the
+	// biases likewise).
+	QKVProj Linear
+	OProj   Linear // o_proj: [hidden, Heads·HeadDim]
+
+	Heads   int
+	KVHeads int
+	HeadDim int
+	Scale   float32 // head_dim^-0.5
+	Rope    *kernels.Rope
+
+	// KCache and VCache are this layer's cache, [MaxRows, KVHeads, MaxSeq,
+	// HeadDim] act each.
+	KCache, VCache *kernels.Tensor
+}
+
+// Reserve asks ws for the buffers Forward uses.
+func (a *Attention) Reserve(ws *Workspace, act kernels.DType) {
+	ws.Reserve(bufQKV, act, a.QKVProj.OutFeatures())
+	ws.Reserve(bufAttn, act, a.Heads*a.HeadDim)
+}
+
+// Forward computes out [T, hidden] from x [T, hidden], appending the new
+// keys and values to the cache.
+func (a *Attention) Forward(s *Step, out, x *kernels.Tensor) {
+	T := s.Tokens()
+	qDim, kvDim := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+	qkv := s.WS.Get(bufQKV, T, qDim+2*kvDim)
+	a.QKVProj.Forward(s, qkv, x)
+	// q and k heads are contiguous at the start of each row: rotate them all
+	// at once.
+	s.Ops.RoPE(qkv, a.Heads+a.KVHeads, a.HeadDim, 0, s.Pos, a.Rope)
+
+	attn := s.WS.Get(bufAttn, T, qDim)
+	args := &kernels.AttnArgs{
+		Out:     attn,
+		Q:       qkv.ColSlice(0, qDim),
+		K:       qkv.ColSlice(qDim, qDim+kvDim),
+		V:       qkv.ColSlice(qDim+kvDim, qDim+2*kvDim),
+		KCache:  s.CacheRows(a.KCache),
+		VCache:  s.CacheRows(a.VCache),
+		Batch:   s.Batch,
+		Heads:   a.Heads,
+		KVHeads: a.KVHeads,
+		HeadDim: a.HeadDim,
+		Scale:   a.Scale,
+	}
+	if s.Decode {
+		s.Ops.AttentionDecode(args)
+	} else {
+		s.Ops.AttentionPrefill(args)
+	}
+	a.OProj.Forward(s, out, attn)
+}

@@ -1,0 +1,88 @@
+package layers
+
+import "github.com/fuselm/fuselm/kernels"
+
+// Workspace buffers of MLP and MoE.
+const (
+	bufGateUp       = "mlp.gate_up"       // [T, 2·intermediate] act
+	bufAct          = "mlp.act"           // [T, intermediate] act: silu(gate)·up
+	bufRouterLogits = "moe.router_logits" // [T, n_routed_experts] f32
+	bufTopkIdx      = "moe.topk_idx"      // [T, num_experts_per_tok] i32
+	bufTopkWeight   = "moe.topk_weight"   // [T, num_experts_per_tok] f32
+	bufShared       = "moe.shared_out"    // [T, hidden] act
+)
+
+// MLP is the SwiGLU feed-forward block, as HF's Qwen2MLP and DeepseekV2MLP:
+// down_proj(silu(gate_proj(x)) · up_proj(x)).
+type MLP struct {
+	// GateUpProj is gate_proj and up_proj stacked: weight
+	// [2·intermediate, hidden], the gate rows first.
+	GateUpProj Linear
+	DownProj   Linear // down_proj [hidden, intermediate]
+}
+
+// IntermediateSize is the width of the hidden activation.
+func (m *MLP) IntermediateSize() int { return m.GateUpProj.OutFeatures() / 2 }
+
+// Reserve asks ws for the buffers Forward uses.
+func (m *MLP) Reserve(ws *Workspace, act kernels.DType) {
+	ws.Reserve(bufGateUp, act, 2*m.IntermediateSize())
+	ws.Reserve(bufAct, act, m.IntermediateSize())
+}
+
+// Forward computes out [T, hidden] from x [T, hidden].
+func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
+	T, I := s.Tokens(), m.IntermediateSize()
+	gateUp := s.WS.Get(bufGateUp, T, 2*I)
+	m.GateUpProj.Forward(s, gateUp, x)
+	act := s.WS.Get(bufAct, T, I)
+	s.Ops.SwiGLU(act, gateUp)
+	m.DownProj.Forward(s, out, act)
+}
+
+// MoE is DeepSeek-V2's mixture of experts, as HF's DeepseekV2Moe:
+//
+//	logits = x·gateᵀ in f32                       (DeepseekV2TopkRouter)
+//	idx, w = route(softmax(logits))               (Routing)
+//	out = Σ_k w_k · expert_{idx_k}(x) + shared_experts(x)
+type MoE struct {
+	// Gate is the router, mlp.gate.weight [n_routed_experts, hidden]; its
+	// output is f32, as HF computes router logits in float32.
+	Gate    Linear
+	Routing kernels.Routing
+	// Experts are the routed experts' weights stacked as in transformers
+	// 5.x's DeepseekV2Experts: GateUp [E, 2·moe_intermediate, hidden] (gate
+	// rows first) and Down [E, hidden, moe_intermediate].
+	ExpertsGateUp *kernels.Tensor
+	ExpertsDown   *kernels.Tensor
+	// SharedExperts is the always-on MLP of width moe_intermediate ·
+	// n_shared_experts; nil when n_shared_experts is 0.
+	SharedExperts *MLP
+}
+
+// Reserve asks ws for the buffers Forward uses.
+func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
+	ws.Reserve(bufRouterLogits, kernels.F32, m.Gate.OutFeatures())
+	ws.Reserve(bufTopkIdx, kernels.I32, m.Routing.TopK)
+	ws.Reserve(bufTopkWeight, kernels.F32, m.Routing.TopK)
+	if m.SharedExperts != nil {
+		m.SharedExperts.Reserve(ws, act)
+		ws.Reserve(bufShared, act, m.ExpertsDown.Shape[1])
+	}
+}
+
+// Forward computes out [T, hidden] from x [T, hidden].
+func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
+	T, K := s.Tokens(), m.Routing.TopK
+	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
+	m.Gate.Forward(s, logits, x)
+	idx := s.WS.Get(bufTopkIdx, T, K)
+	weight := s.WS.Get(bufTopkWeight, T, K)
+	s.Ops.MoERoute(idx, weight, logits, &m.Routing)
+	s.Ops.MoEExperts(out, x, idx, weight, m.ExpertsGateUp, m.ExpertsDown)
+	if m.SharedExperts != nil {
+		shared := s.WS.Get(bufShared, T, out.Cols())
+		m.SharedExperts.Forward(s, shared, x)
+		s.Ops.Add(out, out, shared)
+	}
+}

@@ -1,0 +1,375 @@
+package model
+
+import (
+	"fmt"
+	"log"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// GenerateOptions say how many tokens to generate and how to choose them.
+type GenerateOptions struct {
+	// MaxNewTokens is the most tokens generated per row (at least 1).
+	MaxNewTokens int
+	// MinNewTokens keeps a row from ending before it has this many new
+	// tokens: until then its end-of-sequence tokens are never chosen (their
+	// logits are set to -inf, as HF's min_new_tokens does).
+	MinNewTokens int
+	// Sampling chooses tokens; the zero value is greedy.
+	Sampling Sampling
+	// EOS are the end-of-sequence token ids; nil means the config's
+	// eos_token_id. A row ends when it generates one of them.
+	EOS []int
+	// NoGraphs turns off the CUDA graph replay of decode steps on devices
+	// that can record graphs (kernels.Grapher).
+	NoGraphs bool
+	// Profile is the profile the model's ops were built with, or nil: its
+	// phase is set to "prefill" and "decode", it is disabled while a graph
+	// is captured, and it is flushed at the end.
+	Profile *kernels.Profile
+	// OnStep, when set, is called after every step with the token each row
+	// got.
+	OnStep func(StepEvent)
+	// Logf reports what the caller may want to know (a graph capture that
+	// failed); nil means log.Printf.
+	Logf func(format string, args ...any)
+}
+
+// Sampling is how tokens are chosen from the logits: greedy when
+// Temperature is 0, else sampled on the host from softmax(logits /
+// Temperature) restricted to the TopK most likely tokens (0: all) and then
+// to the smallest set whose probability reaches TopP (0 or 1: all), HF's
+// warper order. Each row draws from its own stream, seeded by Seed and the
+// row's index, so a row's tokens depend only on its logits, Seed and index.
+type Sampling struct {
+	Temperature float64
+	TopK        int
+	TopP        float64
+	Seed        uint64
+}
+
+// StepEvent is what OnStep receives: Step is the number of tokens each
+// running row has now (1 after the prefill); Tokens[b] is row b's new token,
+// or -1 when the row had already ended; Done[b] says whether row b has ended
+// (its new token may be the end-of-sequence one).
+type StepEvent struct {
+	Step   int
+	Tokens []int
+	Done   []bool
+}
+
+// StopReason says why a row ended.
+type StopReason string
+
+// The reasons a row ends.
+const (
+	StopEOS    StopReason = "eos"    // it generated an end-of-sequence token
+	StopLength StopReason = "length" // it reached MaxNewTokens
+)
+
+// Generation is the result of Generate.
+type Generation struct {
+	// Tokens are the new tokens of every row, the end-of-sequence token
+	// that ended a row included.
+	Tokens [][]int
+	Stop   []StopReason
+
+	PromptTokens int // all rows' prompt tokens
+	NewTokens    int // all rows' new tokens
+	// DecodeSteps is the number of decode steps run (the batch runs until
+	// its last row ends); GraphReplays of them were CUDA graph replays.
+	DecodeSteps  int
+	GraphReplays int
+	// Graph says why decode steps were not replayed as a graph: "" when
+	// they were (or there were too few steps to try), else the reason.
+	Graph string
+
+	// WallMs is the whole generation, prefill included; PrefillMs runs
+	// until the first new token of every row is known; DecodeMs is the
+	// rest.
+	WallMs, PrefillMs, DecodeMs float64
+}
+
+// Generate runs the prompts as one batch: a prefill of all of them, then
+// decode steps, each giving every row one new token, until every row has
+// ended (an end-of-sequence token, or MaxNewTokens). Rows that end early are
+// still run (their tokens discarded) so that the step stays the same.
+func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error) {
+	e := m.base()
+	if err := e.checkGenerate(prompts, opt); err != nil {
+		return nil, err
+	}
+	logf := opt.Logf
+	if logf == nil {
+		logf = log.Printf
+	}
+	prof := opt.Profile
+	greedy := opt.Sampling.Temperature == 0
+	eos := opt.EOS
+	if eos == nil {
+		eos = e.cfg.EOS
+	}
+	B := len(prompts)
+	g := &Generation{Tokens: make([][]int, B), Stop: make([]StopReason, B)}
+	past := make([]int, B)
+	for b, p := range prompts {
+		g.PromptTokens += len(p)
+		past[b] = len(p)
+	}
+	ch := &chooser{e: e, B: B, greedy: greedy, eos: eos, minNew: opt.MinNewTokens, tokens: g.Tokens}
+	if !greedy {
+		ch.samplers = make([]*sampler, B)
+		for b := range B {
+			ch.samplers[b] = newSampler(opt.Sampling, b)
+		}
+	}
+	done := make([]bool, B)
+	steps := 0
+	record := func(next []int) {
+		steps++
+		for b, t := range next {
+			if done[b] {
+				next[b] = -1
+				continue
+			}
+			g.Tokens[b] = append(g.Tokens[b], t)
+			switch {
+			case slices.Contains(eos, t) && len(g.Tokens[b]) >= opt.MinNewTokens:
+				done[b], g.Stop[b] = true, StopEOS
+			case len(g.Tokens[b]) == opt.MaxNewTokens:
+				done[b], g.Stop[b] = true, StopLength
+			}
+		}
+		if opt.OnStep != nil {
+			opt.OnStep(StepEvent{Step: steps, Tokens: next, Done: slices.Clone(done)})
+		}
+	}
+
+	setPhase(prof, "prefill")
+	t0 := time.Now()
+	if err := prefill(e, prompts); err != nil {
+		return nil, err
+	}
+	if greedy {
+		e.ops.Argmax(vec(e.next, B), e.logits.Slice(0, B))
+	}
+	next, err := ch.choose()
+	if err != nil {
+		return nil, err
+	}
+	record(next)
+	tPrefill := time.Now()
+
+	setPhase(prof, "decode")
+	grapher, canGraph := e.dev.(kernels.Grapher)
+	switch {
+	case opt.NoGraphs:
+		g.Graph = "off (NoGraphs)"
+	case !canGraph:
+		g.Graph = "off (the device records no graphs)"
+	}
+	var graph kernels.Graph
+	defer func() {
+		if graph != nil {
+			graph.Close()
+		}
+	}()
+	tokens := make([][]int, B)
+	for !allTrue(done) {
+		for b := range B {
+			tokens[b] = []int{g.Tokens[b][len(g.Tokens[b])-1]}
+			if !done[b] {
+				past[b] = len(prompts[b]) + len(g.Tokens[b]) - 1
+			}
+		}
+		s, err := e.newStep(0, tokens, past, true, B)
+		if err != nil {
+			return nil, err
+		}
+		// The first decode step runs eagerly (profiled, and warming up
+		// whatever the kernels set up on first use); the second is captured
+		// and every later one replays it.
+		if graph == nil && g.Graph == "" && g.DecodeSteps >= 1 {
+			graph, err = capture(grapher, prof, func() { decodeOne(e, s, greedy) })
+			if err != nil {
+				g.Graph = "off (capture failed: " + err.Error() + ")"
+				logf("model: decode runs without CUDA graphs: capture failed: %v", err)
+			}
+		}
+		if graph != nil {
+			if err := graph.Replay(); err != nil {
+				return nil, fmt.Errorf("model: replaying the decode graph: %w", err)
+			}
+			g.GraphReplays++
+		} else {
+			decodeOne(e, s, greedy)
+		}
+		g.DecodeSteps++
+		next, err := ch.choose()
+		if err != nil {
+			return nil, err
+		}
+		record(next)
+	}
+	if err := e.dev.Sync(); err != nil {
+		return nil, err
+	}
+	tEnd := time.Now()
+	if prof != nil {
+		if err := prof.Flush(); err != nil {
+			return nil, err
+		}
+	}
+	for _, t := range g.Tokens {
+		g.NewTokens += len(t)
+	}
+	g.WallMs = ms(tEnd.Sub(t0))
+	g.PrefillMs = ms(tPrefill.Sub(t0))
+	g.DecodeMs = ms(tEnd.Sub(tPrefill))
+	return g, nil
+}
+
+// checkGenerate rejects what the model cannot run, naming the prompt and
+// token at fault.
+func (e *engine) checkGenerate(prompts [][]int, opt GenerateOptions) error {
+	if e.closed {
+		return fmt.Errorf("model: Generate on a closed model")
+	}
+	if len(prompts) == 0 {
+		return fmt.Errorf("model: no prompts")
+	}
+	if len(prompts) > e.maxRows {
+		return fmt.Errorf("model: %d prompts, but the model was loaded for at most %d (LoadOptions.MaxRows)", len(prompts), e.maxRows)
+	}
+	if opt.MaxNewTokens < 1 {
+		return fmt.Errorf("model: MaxNewTokens is %d, want at least 1", opt.MaxNewTokens)
+	}
+	if opt.MinNewTokens < 0 {
+		return fmt.Errorf("model: MinNewTokens %d is negative", opt.MinNewTokens)
+	}
+	if sp := opt.Sampling; sp.Temperature < 0 || math.IsNaN(sp.Temperature) || sp.TopK < 0 || !(sp.TopP >= 0 && sp.TopP <= 1) {
+		return fmt.Errorf("model: sampling temperature %g, top-k %d, top-p %g: want temperature ≥ 0, top-k ≥ 0, top-p in [0, 1]",
+			sp.Temperature, sp.TopK, sp.TopP)
+	}
+	V := e.cfg.VocabSize
+	for i, p := range prompts {
+		if len(p) == 0 {
+			return fmt.Errorf("model: prompt %d is empty", i)
+		}
+		for j, t := range p {
+			if t < 0 || t >= V {
+				return fmt.Errorf("model: prompt %d: token %d at position %d is outside the vocabulary [0, %d)", i, t, j, V)
+			}
+		}
+		n := len(p) + opt.MaxNewTokens
+		if n > e.cfg.MaxPositions {
+			return fmt.Errorf("model: prompt %d: %d tokens + %d new ones exceed max_position_embeddings (%d)",
+				i, len(p), opt.MaxNewTokens, e.cfg.MaxPositions)
+		}
+		if n > e.maxSeq {
+			return fmt.Errorf("model: prompt %d: %d tokens + %d new ones exceed the cache's %d per row (LoadOptions.MaxSeq)",
+				i, len(p), opt.MaxNewTokens, e.maxSeq)
+		}
+	}
+	// The last new token is never fed back: a row holds at most
+	// len(p) + MaxNewTokens - 1 tokens in the cache.
+	return nil
+}
+
+// capture records run as a graph, with the profile off.
+func capture(gr kernels.Grapher, prof *kernels.Profile, run func()) (kernels.Graph, error) {
+	if prof != nil {
+		prof.SetEnabled(false)
+		defer prof.SetEnabled(true)
+	}
+	if err := gr.BeginCapture(); err != nil {
+		return nil, err
+	}
+	run()
+	return gr.EndCapture()
+}
+
+// chooser picks every row's next token from the logits of the last step.
+type chooser struct {
+	e        *engine
+	B        int
+	greedy   bool
+	samplers []*sampler // per row, when not greedy
+	eos      []int
+	minNew   int
+	tokens   [][]int // the tokens generated so far, per row
+}
+
+// suppressEOS reports whether row b may not end with its next token: it has
+// fewer than MinNewTokens (HF's MinNewTokensLengthLogitsProcessor masks the
+// end-of-sequence tokens while new_tokens_length < min_new_tokens).
+func (c *chooser) suppressEOS(b int) bool {
+	return len(c.eos) > 0 && len(c.tokens[b]) < c.minNew
+}
+
+// choose returns the next token of every row. Greedy reads back the
+// device's argmax (e.next), and re-picks on the host only for a row whose
+// argmax is an end-of-sequence token it may not choose yet; sampling reads
+// back the logits.
+func (c *chooser) choose() ([]int, error) {
+	e, V := c.e, c.e.cfg.VocabSize
+	next := make([]int, c.B)
+	if c.greedy {
+		ids, err := e.dev.ReadI32(vec(e.next, c.B))
+		if err != nil {
+			return nil, err
+		}
+		for b, id := range ids {
+			next[b] = int(id)
+			if c.suppressEOS(b) && slices.Contains(c.eos, next[b]) {
+				row, err := e.dev.ReadF32(e.logits.Slice(b, b+1))
+				if err != nil {
+					return nil, err
+				}
+				c.maskEOS(row)
+				next[b] = argmax(row)
+			}
+		}
+		return next, nil
+	}
+	logits, err := e.dev.ReadF32(e.logits.Slice(0, c.B))
+	if err != nil {
+		return nil, err
+	}
+	for b := range c.B {
+		row := logits[b*V : (b+1)*V]
+		if c.suppressEOS(b) {
+			c.maskEOS(row)
+		}
+		next[b] = c.samplers[b].sample(row)
+	}
+	return next, nil
+}
+
+func (c *chooser) maskEOS(row []float32) {
+	for _, t := range c.eos {
+		if t >= 0 && t < len(row) {
+			row[t] = float32(math.Inf(-1))
+		}
+	}
+}
+
+func setPhase(p *kernels.Profile, phase string) {
+	if p != nil {
+		p.SetPhase(phase)
+	}
+}
+
+func allTrue(v []bool) bool {
+	for _, x := range v {
+		if !x {
+			return false
+		}
+	}
+	return true
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

@@ -1,0 +1,445 @@
+// Package model builds the Qwen2 and DeepSeek-V2 causal LMs from the layers,
+// holds their KV caches, and runs generation: a batched prefill of prompts of
+// different lengths, then one decode step per new token (replayed as a CUDA
+// graph where the device can), with greedy or sampled token choice.
+//
+// The CLI's path:
+//
+//	m, err := model.Load(cfg, weights, dev, ops, model.LoadOptions{MaxRows: len(prompts), MaxSeq: longest + maxNew})
+//	gen, err := model.Generate(m, prompts, model.GenerateOptions{MaxNewTokens: maxNew})
+//	m.Close()
+package model
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/layers"
+	"github.com/fuselm/fuselm/loader"
+)
+
+// Model is a loaded causal LM: *Qwen2 or *DeepseekV2.
+type Model interface {
+	// Config is the model's config.json.
+	Config() *loader.Config
+	// Device is where its weights and cache live.
+	Device() kernels.Device
+	// Capacity is the most prompts a Generate call takes (rows) and the most
+	// tokens, prompt and new ones, a row holds (seq): LoadOptions' MaxRows
+	// and MaxSeq.
+	Capacity() (rows, seq int)
+	// Memory says how much device memory the model holds.
+	Memory() Memory
+	// Close frees the model's device memory.
+	Close() error
+
+	base() *engine
+}
+
+// LoadOptions size what Load allocates once: the cache and the work buffers.
+type LoadOptions struct {
+	// MaxRows is the most prompts one Generate call runs together.
+	MaxRows int
+	// MaxSeq is the cache capacity of a row: its prompt plus its new tokens.
+	// The rotary tables cover these positions only.
+	MaxSeq int
+	// PrefillChunk is the most tokens one prefill step runs (prompts longer
+	// in total are run in several steps); it sizes the work buffers. 0 means
+	// MaxRows·MaxSeq: every prefill in one step.
+	PrefillChunk int
+	// Progress, when set, is called after each weight upload with the bytes
+	// of checkpoint data uploaded so far and in all.
+	Progress func(done, total int64)
+}
+
+// Memory is the device memory a model holds, in bytes.
+type Memory struct {
+	Weights int64 // weights and rotary tables
+	Cache   int64 // the KV cache
+	Work    int64 // activations, step inputs, logits
+}
+
+// Load uploads the checkpoint w of the model cfg describes to dev and
+// allocates its cache and work buffers, for ops (built for dev) to run. It
+// checks every tensor's presence and shape before uploading any.
+func Load(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions) (Model, error) {
+	if cfg == nil || w == nil || dev == nil || ops == nil {
+		return nil, fmt.Errorf("model: Load needs a config, weights, a device and its ops")
+	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	if opt.MaxRows < 1 || opt.MaxSeq < 1 {
+		return nil, fmt.Errorf("model: MaxRows (%d) and MaxSeq (%d) must be at least 1", opt.MaxRows, opt.MaxSeq)
+	}
+	if opt.PrefillChunk < 0 {
+		return nil, fmt.Errorf("model: PrefillChunk %d is negative", opt.PrefillChunk)
+	}
+	switch cfg.Arch {
+	case loader.ArchQwen2:
+		return loadQwen2(cfg, w, dev, ops, opt)
+	case loader.ArchDeepseekV2:
+		return loadDeepseekV2(cfg, w, dev, ops, opt)
+	}
+	return nil, fmt.Errorf("model: architecture %q is not supported (want %s or %s)", cfg.Arch, loader.ArchQwen2, loader.ArchDeepseekV2)
+}
+
+// checkConfig rejects configs the models cannot run, with the field at fault.
+func checkConfig(cfg *loader.Config) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("model: %s config: %s", cfg.Arch, fmt.Sprintf(format, args...))
+	}
+	if cfg.NumLayers < 1 || cfg.HiddenSize < 1 || cfg.VocabSize < 1 || cfg.NumHeads < 1 {
+		return bad("num_hidden_layers, hidden_size, vocab_size and num_attention_heads must be positive")
+	}
+	switch cfg.Arch {
+	case loader.ArchQwen2:
+		if cfg.Qwen2 == nil {
+			return bad("no Qwen2 section")
+		}
+		if cfg.NumKVHeads < 1 || cfg.NumHeads%cfg.NumKVHeads != 0 {
+			return bad("num_attention_heads %d is not a multiple of num_key_value_heads %d", cfg.NumHeads, cfg.NumKVHeads)
+		}
+	case loader.ArchDeepseekV2:
+		d := cfg.DeepSeek
+		if d == nil {
+			return bad("no DeepSeek-V2 section")
+		}
+		if d.FirstKDenseReplace < cfg.NumLayers {
+			if d.NRoutedExperts < 1 || d.NumExpertsPerTok < 1 || d.NumExpertsPerTok > d.NRoutedExperts {
+				return bad("n_routed_experts %d and num_experts_per_tok %d do not make an MoE", d.NRoutedExperts, d.NumExpertsPerTok)
+			}
+			switch d.TopkMethod {
+			case loader.TopkGreedy:
+			case loader.TopkGroupLimitedGreedy:
+				if d.NGroup < 1 || d.NRoutedExperts%d.NGroup != 0 || d.TopkGroup < 1 || d.TopkGroup > d.NGroup {
+					return bad("n_group %d and topk_group %d do not split %d experts", d.NGroup, d.TopkGroup, d.NRoutedExperts)
+				}
+			default:
+				return bad("topk_method %q is not supported (want %s or %s)", d.TopkMethod, loader.TopkGreedy, loader.TopkGroupLimitedGreedy)
+			}
+		}
+	}
+	return nil
+}
+
+// ParamCount is the number of parameters of the model cfg describes, as
+// HF's num_parameters() counts them (tied embeddings once).
+func ParamCount(cfg *loader.Config) int64 {
+	if checkConfig(cfg) != nil {
+		return 0
+	}
+	s := &weightSet{}
+	switch cfg.Arch {
+	case loader.ArchQwen2:
+		buildQwen2(cfg, s, newKVCache(nil, cfg, 0, 0), nil)
+	case loader.ArchDeepseekV2:
+		buildDeepseekV2(cfg, s, newLatentCache(nil, cfg, 0, 0), nil)
+	}
+	var n int64
+	for _, w := range s.want {
+		n += int64(numel(w.Shape))
+	}
+	return n
+}
+
+// KVBytesPerToken is the cache memory one token of one row takes with
+// activations of type act (the device's ActDType).
+func KVBytesPerToken(cfg *loader.Config, act kernels.DType) int64 {
+	switch cfg.Arch {
+	case loader.ArchQwen2:
+		return int64(2*cfg.NumLayers*cfg.NumKVHeads*cfg.HeadDim) * int64(act.Size())
+	case loader.ArchDeepseekV2:
+		return int64(cfg.NumLayers*(cfg.DeepSeek.KVLoraRank+cfg.DeepSeek.QKRopeHeadDim)) * int64(act.Size())
+	}
+	return 0
+}
+
+// decoder is what both architectures are made of: HF's *Model
+// (embed_tokens, layers, norm) and lm_head.
+type decoder struct {
+	embedTokens layers.Embedding
+	layers      []*layers.DecoderLayer
+	norm        layers.RMSNorm
+	lmHead      layers.Linear // its weight is embed_tokens' when tie_word_embeddings
+}
+
+// lmHead is lm_head, or embed_tokens when the embeddings are tied (then
+// lm_head.weight is not read even when present, as HF ties it).
+func lmHead(cfg *loader.Config, s *weightSet, embed layers.Embedding) layers.Linear {
+	if cfg.TieWordEmbeddings {
+		return layers.Linear{Weight: embed.Weight}
+	}
+	return s.linear("lm_head", cfg.VocabSize, cfg.HiddenSize, false)
+}
+
+// Workspace buffers of the decoder itself.
+const (
+	bufHidden = "model.hidden" // [T, H] act: the residual stream
+	bufNormed = "model.normed" // [T, H] act: the current norm's output
+	bufOut    = "model.out"    // [T, H] act: the current block's output
+)
+
+// engine is the state both architectures share: the decoder, the device
+// and its ops, the step inputs and the work buffers.
+type engine struct {
+	decoder
+	cfg       *loader.Config
+	dev       kernels.Device
+	ops       kernels.Ops
+	maxRows   int
+	maxSeq    int
+	maxTokens int // the largest step: PrefillChunk, and at least maxRows
+
+	rope    *kernels.Rope
+	weights *weightSet
+	ws      *layers.Workspace
+
+	// Step inputs, i32; a step uses views of their first entries.
+	ids, pos    *kernels.Tensor // [maxTokens]: token ids, positions
+	start, past *kernels.Tensor // [maxRows+1], [maxRows]: Batch.StartDev, Batch.PastDev
+	last        *kernels.Tensor // [maxRows]: the index of each row's last new token
+	// Outputs.
+	lastHidden *kernels.Tensor // [maxRows, H] act: the last new token of each row, after the final norm
+	logits     *kernels.Tensor // [maxRows, V] f32
+	next       *kernels.Tensor // [maxRows] i32: argmax of logits
+
+	cacheTensors, workTensors []*kernels.Tensor
+	closed                    bool
+}
+
+func (e *engine) base() *engine { return e }
+
+// Config is the model's config.
+func (e *engine) Config() *loader.Config { return e.cfg }
+
+// Device is where the model lives.
+func (e *engine) Device() kernels.Device { return e.dev }
+
+// Capacity is LoadOptions' MaxRows and MaxSeq.
+func (e *engine) Capacity() (rows, seq int) { return e.maxRows, e.maxSeq }
+
+// Memory says how much device memory the model holds.
+func (e *engine) Memory() Memory {
+	sum := func(ts []*kernels.Tensor) int64 {
+		var n int64
+		for _, t := range ts {
+			n += int64(t.Numel() * t.DType.Size())
+		}
+		return n
+	}
+	return Memory{Weights: sum(e.weights.owned), Cache: sum(e.cacheTensors), Work: sum(e.workTensors)}
+}
+
+// Close frees the model's device memory; the model is unusable after.
+func (e *engine) Close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	for _, ts := range [][]*kernels.Tensor{e.weights.owned, e.cacheTensors, e.workTensors} {
+		for _, t := range ts {
+			e.dev.Free(t)
+		}
+	}
+	return nil
+}
+
+// newEngine checks the checkpoint against the tensors plan asks for, then
+// returns an engine whose weightSet uploads, with the rotary tables of dim
+// dimensions made. plan runs the architecture's constructor on a planning
+// weightSet.
+func newEngine(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions,
+	ropeDim int, interleaved bool, plan func(*weightSet)) (*engine, error) {
+	planned := &weightSet{w: w}
+	plan(planned)
+	if err := w.Check(planned.want); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	e := &engine{cfg: cfg, dev: dev, ops: ops, maxRows: opt.MaxRows, maxSeq: opt.MaxSeq}
+	e.maxTokens = opt.PrefillChunk
+	if e.maxTokens == 0 {
+		e.maxTokens = opt.MaxRows * opt.MaxSeq
+	}
+	e.maxTokens = max(e.maxTokens, opt.MaxRows)
+	e.weights = &weightSet{w: w, dev: dev, progress: opt.Progress}
+	for _, want := range planned.want {
+		info, _ := w.Get(want.Name)
+		e.weights.total += int64(len(info.Data))
+	}
+	rope, owned, err := newRope(dev, &cfg.Rope, ropeDim, opt.MaxSeq, interleaved)
+	e.weights.owned = append(e.weights.owned, owned...)
+	if err != nil {
+		e.Close()
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	e.rope = rope
+	return e, nil
+}
+
+// finish checks the weight uploads and allocates the work buffers of the
+// built decoder.
+func (e *engine) finish() error {
+	if err := errors.Join(e.weights.err, e.dev.Sync()); err != nil {
+		return err
+	}
+	act, H := e.dev.ActDType(), e.cfg.HiddenSize
+	e.ws = layers.NewWorkspace()
+	for _, name := range []string{bufHidden, bufNormed, bufOut} {
+		e.ws.Reserve(name, act, H)
+	}
+	for _, l := range e.layers {
+		l.SelfAttn.Reserve(e.ws, act)
+		l.MLP.Reserve(e.ws, act)
+	}
+	e.workTensors = e.ws.Alloc(e.dev, e.maxTokens)
+	alloc := func(dt kernels.DType, shape ...int) *kernels.Tensor {
+		t := e.dev.Alloc(dt, shape...)
+		e.workTensors = append(e.workTensors, t)
+		return t
+	}
+	e.ids = alloc(kernels.I32, e.maxTokens)
+	e.pos = alloc(kernels.I32, e.maxTokens)
+	e.start = alloc(kernels.I32, e.maxRows+1)
+	e.past = alloc(kernels.I32, e.maxRows)
+	e.last = alloc(kernels.I32, e.maxRows)
+	e.lastHidden = alloc(act, e.maxRows, H)
+	e.logits = alloc(kernels.F32, e.maxRows, e.cfg.VocabSize)
+	e.next = alloc(kernels.I32, e.maxRows)
+	return nil
+}
+
+// vec is the view of the first n entries of the 1-D tensor t.
+func vec(t *kernels.Tensor, n int) *kernels.Tensor {
+	return kernels.NewTensor(t.Buf, t.DType, t.Offset, n)
+}
+
+// newStep writes the inputs of a forward step to the device and describes
+// it: cache rows [row0, row0+len(tokens)), row i getting the new tokens
+// tokens[i] after past[i] cached ones. The first nLogits rows end their
+// prompt (or are decoding): the step computes their logits.
+//
+// It waits for the device first, since the previous step may still read the
+// input tensors; it queues nothing, so a decode step's work (decodeOne) can
+// be captured in a graph and replayed after each newStep.
+func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLogits int) (*layers.Step, error) {
+	if err := e.dev.Sync(); err != nil {
+		return nil, err
+	}
+	B := len(tokens)
+	start := make([]int, B+1)
+	start32 := make([]int32, B+1)
+	past32 := make([]int32, B)
+	var ids, pos []int32
+	for b, toks := range tokens {
+		for i, t := range toks {
+			ids = append(ids, int32(t))
+			pos = append(pos, int32(past[b]+i))
+		}
+		start[b+1] = start[b] + len(toks)
+		start32[b+1] = int32(start[b+1])
+		past32[b] = int32(past[b])
+	}
+	last := make([]int32, nLogits)
+	for b := range last {
+		last[b] = int32(start[b+1] - 1)
+	}
+	T := start[B]
+	batch := &kernels.Batch{
+		Rows: B, Tokens: T, Start: start, Past: append([]int(nil), past...), MaxSeq: e.maxSeq,
+		StartDev: vec(e.start, B+1), PastDev: vec(e.past, B),
+	}
+	s := &layers.Step{Ops: e.ops, WS: e.ws, Batch: batch, Row0: row0, Pos: vec(e.pos, T), Decode: decode}
+	err := errors.Join(
+		e.dev.WriteI32(vec(e.ids, T), ids),
+		e.dev.WriteI32(s.Pos, pos),
+		e.dev.WriteI32(batch.StartDev, start32),
+		e.dev.WriteI32(batch.PastDev, past32),
+	)
+	if nLogits > 0 {
+		err = errors.Join(err, e.dev.WriteI32(vec(e.last, nLogits), last))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("model: writing step inputs: %w", err)
+	}
+	return s, nil
+}
+
+// forward runs the decoder over the step's new tokens, as HF's *Model then
+// lm_head, and writes the logits of the last new token of the step's first
+// nLogits rows to rows [Row0, Row0+nLogits) of e.logits.
+//
+// The residual additions are fused with the norm that follows them:
+// AddRMSNorm(h, x, y) is x += y; h = norm(x).
+func (e *engine) forward(s *layers.Step, nLogits int) {
+	T, H := s.Tokens(), e.cfg.HiddenSize
+	x := e.ws.Get(bufHidden, T, H)
+	h := e.ws.Get(bufNormed, T, H)
+	y := e.ws.Get(bufOut, T, H)
+	e.embedTokens.Forward(s, x, vec(e.ids, T))
+	e.layers[0].InputLayernorm.Forward(s, h, x)
+	for i, l := range e.layers {
+		l.SelfAttn.Forward(s, y, h)
+		l.PostAttentionLayernorm.AddForward(s, h, x, y)
+		l.MLP.Forward(s, y, h)
+		next := &e.norm
+		if i+1 < len(e.layers) {
+			next = &e.layers[i+1].InputLayernorm
+		}
+		next.AddForward(s, h, x, y)
+	}
+	if nLogits == 0 {
+		return
+	}
+	// Only the last new token of each row needs logits: gather those rows.
+	last := e.lastHidden.Slice(0, nLogits)
+	e.ops.Embedding(last, h, vec(e.last, nLogits))
+	e.lmHead.Forward(s, e.logits.Slice(s.Row0, s.Row0+nLogits), last)
+}
+
+// prefill runs the prompts through the model, in steps of at most
+// e.maxTokens tokens (a step covers consecutive rows; a prompt too long for
+// one step continues in the next), filling cache rows [0, len(prompts)) and
+// leaving the logits of each prompt's last token in rows [0, len(prompts))
+// of e.logits.
+func prefill(e *engine, prompts [][]int) error {
+	done := make([]int, len(prompts))
+	for b0 := 0; b0 < len(prompts); {
+		var tokens [][]int
+		var past []int
+		budget := e.maxTokens
+		for b := b0; b < len(prompts) && budget > 0; b++ {
+			n := min(len(prompts[b])-done[b], budget)
+			tokens = append(tokens, prompts[b][done[b]:done[b]+n])
+			past = append(past, done[b])
+			budget -= n
+		}
+		complete := len(tokens)
+		if lastRow := b0 + complete - 1; done[lastRow]+len(tokens[complete-1]) < len(prompts[lastRow]) {
+			complete--
+		}
+		s, err := e.newStep(b0, tokens, past, false, complete)
+		if err != nil {
+			return err
+		}
+		e.forward(s, complete)
+		for i, t := range tokens {
+			done[b0+i] += len(t)
+		}
+		b0 += complete
+	}
+	return nil
+}
+
+// decodeOne is one decode step, whose inputs newStep wrote: one token
+// through the model for every row of s, leaving the logits in rows [0, B) of
+// e.logits and, when greedy, their argmax in e.next. It only queues device
+// work, so a CUDA graph can capture it.
+func decodeOne(e *engine, s *layers.Step, greedy bool) {
+	B := s.Batch.Rows
+	e.forward(s, B)
+	if greedy {
+		e.ops.Argmax(vec(e.next, B), e.logits.Slice(0, B))
+	}
+}

@@ -1,0 +1,148 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/layers"
+	"github.com/fuselm/fuselm/loader"
+)
+
+// weightSet is where a model's constructor takes its weights from. The same
+// constructor runs twice: first with a planning set, which only records the
+// tensors it asks for (names and shapes, for Weights.Check and ParamCount)
+// and returns nil tensors; then with an uploading set, which allocates
+// device tensors and copies the checkpoint into them.
+type weightSet struct {
+	w   *loader.Weights // nil when planning without a checkpoint (ParamCount)
+	dev kernels.Device  // nil when planning
+
+	want []loader.Want
+
+	progress    func(done, total int64)
+	done, total int64
+	owned       []*kernels.Tensor // every tensor allocated, for Model.Close
+	err         error             // the first upload error
+}
+
+// part is one checkpoint tensor of a device tensor.
+type part struct {
+	name  string
+	shape []int
+}
+
+func (s *weightSet) planning() bool { return s.dev == nil }
+
+// has reports whether the checkpoint holds a tensor called name.
+func (s *weightSet) has(name string) bool {
+	if s.w == nil {
+		return false
+	}
+	_, ok := s.w.Get(name)
+	return ok
+}
+
+// storageDType is the element type a weight whose checkpoint type is src is
+// kept in on dev: bf16 on a device whose activations are bf16 (CUDA), else
+// the checkpoint's own type (the cpu set reads f32, bf16 and f16 weights, and
+// keeping bf16 halves the memory).
+func storageDType(dev kernels.Device, src kernels.DType) kernels.DType {
+	if dev.ActDType() == kernels.BF16 {
+		return kernels.BF16
+	}
+	return src
+}
+
+// load returns a device tensor of the given shape made of the parts laid one
+// after the other (a stack along the first dimension: the parts of fused
+// q/k/v or gate/up weights, the experts of an MoE layer). norm says the
+// tensor is a norm weight, kept as f32 where the checkpoint types are kept.
+func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor {
+	n := 0
+	for _, p := range parts {
+		s.want = append(s.want, loader.Want{Name: p.name, Shape: p.shape})
+		n += numel(p.shape)
+	}
+	if numel(shape) != n {
+		panic(fmt.Sprintf("model: %v does not hold its parts (%d elements)", shape, n))
+	}
+	if s.planning() {
+		return nil
+	}
+	first, _ := s.w.Get(parts[0].name)
+	src := first.DType
+	if norm {
+		src = kernels.F32
+	}
+	dt := storageDType(s.dev, src)
+	t := s.dev.Alloc(dt, shape...)
+	s.owned = append(s.owned, t)
+	off := 0
+	for _, p := range parts {
+		info, _ := s.w.Get(p.name)
+		view := kernels.NewTensor(t.Buf, dt, t.Offset+off, p.shape...)
+		if err := s.dev.Upload(view, info.Data, info.DType); err != nil && s.err == nil {
+			s.err = fmt.Errorf("model: uploading %s: %w", p.name, err)
+		}
+		off += numel(p.shape)
+		s.done += int64(len(info.Data))
+		if s.progress != nil {
+			s.progress(s.done, s.total)
+		}
+	}
+	return t
+}
+
+// matrix is the weight called name, of the given shape.
+func (s *weightSet) matrix(name string, shape ...int) *kernels.Tensor {
+	return s.load(false, shape, part{name, shape})
+}
+
+// linear is nn.Linear prefix (prefix.weight [out, in], and prefix.bias [out]
+// when bias).
+func (s *weightSet) linear(prefix string, out, in int, bias bool) layers.Linear {
+	return s.stackedLinear(prefix, []string{""}, []int{out}, in, bias)
+}
+
+// stackedLinear is the nn.Linear modules prefix+names[i] (outs[i] outputs
+// each, in inputs) fused into one whose output is theirs concatenated.
+func (s *weightSet) stackedLinear(prefix string, names []string, outs []int, in int, bias bool) layers.Linear {
+	var w, b []part
+	total := 0
+	for i, name := range names {
+		p := prefix + name
+		if name != "" {
+			p = prefix + "." + name
+		}
+		w = append(w, part{p + ".weight", []int{outs[i], in}})
+		b = append(b, part{p + ".bias", []int{outs[i]}})
+		total += outs[i]
+	}
+	l := layers.Linear{Weight: s.load(false, []int{total, in}, w...)}
+	if bias {
+		l.Bias = s.load(false, []int{total}, b...)
+	}
+	return l
+}
+
+// rmsNorm is the RMSNorm prefix (prefix.weight [n]).
+func (s *weightSet) rmsNorm(prefix string, n int, eps float64) layers.RMSNorm {
+	shape := []int{n}
+	return layers.RMSNorm{Weight: s.load(true, shape, part{prefix + ".weight", shape}), Eps: float32(eps)}
+}
+
+// mlp is a SwiGLU MLP prefix with gate_proj and up_proj fused.
+func (s *weightSet) mlp(prefix string, hidden, intermediate int) *layers.MLP {
+	return &layers.MLP{
+		GateUpProj: s.stackedLinear(prefix, []string{"gate_proj", "up_proj"}, []int{intermediate, intermediate}, hidden, false),
+		DownProj:   s.linear(prefix+".down_proj", hidden, intermediate, false),
+	}
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
