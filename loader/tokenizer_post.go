@@ -1,0 +1,178 @@
+package loader
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// tokPostProcessor is a tokenizer.json post-processor: it puts special
+// tokens around an encoding when special tokens are asked for.
+type tokPostProcessor interface {
+	process(ids []int, addSpecial bool) []int
+}
+
+func tokParsePostProcessor(raw json.RawMessage) (tokPostProcessor, error) {
+	if tokIsNull(raw) {
+		return nil, nil
+	}
+	typ, err := tokTyped("post_processor", raw)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "ByteLevel":
+		// It only trims offsets; the ids stay as they are.
+		return tokTemplate{}, nil
+	case "TemplateProcessing":
+		return tokParseTemplate(raw)
+	case "RobertaProcessing", "BertProcessing":
+		var p struct {
+			Sep []json.RawMessage `json:"sep"`
+			Cls []json.RawMessage `json:"cls"`
+		}
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, fmt.Errorf("post_processor %s: %w", typ, err)
+		}
+		cls, err := tokSpecialPair(p.Cls)
+		if err != nil {
+			return nil, fmt.Errorf("post_processor %s: cls: %w", typ, err)
+		}
+		sep, err := tokSpecialPair(p.Sep)
+		if err != nil {
+			return nil, fmt.Errorf("post_processor %s: sep: %w", typ, err)
+		}
+		return tokTemplate{before: []int{cls}, after: []int{sep}}, nil
+	case "Sequence":
+		var s struct {
+			Processors []json.RawMessage `json:"processors"`
+		}
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("post_processor Sequence: %w", err)
+		}
+		var seq tokPostSeq
+		for i, r := range s.Processors {
+			p, err := tokParsePostProcessor(r)
+			if err != nil {
+				return nil, fmt.Errorf("post_processor Sequence[%d]: %w", i, err)
+			}
+			if p != nil {
+				seq = append(seq, p)
+			}
+		}
+		return seq, nil
+	}
+	return nil, fmt.Errorf("post_processor type %q not supported", typ)
+}
+
+// tokSpecialPair reads a ["token", id] pair.
+func tokSpecialPair(p []json.RawMessage) (int, error) {
+	var id int
+	if len(p) != 2 || json.Unmarshal(p[1], &id) != nil {
+		return 0, fmt.Errorf("want [\"token\", id]")
+	}
+	return id, nil
+}
+
+// tokTemplate puts fixed ids before and after the sequence (TemplateProcessing's
+// "single" template; its "pair" template is for two sequences, never used here).
+type tokTemplate struct{ before, after []int }
+
+func (p tokTemplate) process(ids []int, addSpecial bool) []int {
+	if !addSpecial || len(p.before)+len(p.after) == 0 {
+		return ids
+	}
+	out := make([]int, 0, len(p.before)+len(ids)+len(p.after))
+	out = append(out, p.before...)
+	out = append(out, ids...)
+	return append(out, p.after...)
+}
+
+func tokParseTemplate(raw json.RawMessage) (tokPostProcessor, error) {
+	var p struct {
+		Single        json.RawMessage `json:"single"`
+		SpecialTokens map[string]struct {
+			IDs []int `json:"ids"`
+		} `json:"special_tokens"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("post_processor TemplateProcessing: %w", err)
+	}
+	pieces, err := tokTemplatePieces(p.Single)
+	if err != nil {
+		return nil, fmt.Errorf("post_processor TemplateProcessing: single: %w", err)
+	}
+	var t tokTemplate
+	seen := false // the sequence has been placed
+	for _, pc := range pieces {
+		if pc.sequence {
+			if seen {
+				return nil, fmt.Errorf("post_processor TemplateProcessing: single: the sequence appears twice")
+			}
+			seen = true
+			continue
+		}
+		st, ok := p.SpecialTokens[pc.special]
+		if !ok {
+			return nil, fmt.Errorf("post_processor TemplateProcessing: special token %q missing from special_tokens", pc.special)
+		}
+		if seen {
+			t.after = append(t.after, st.IDs...)
+		} else {
+			t.before = append(t.before, st.IDs...)
+		}
+	}
+	if !seen {
+		return nil, fmt.Errorf("post_processor TemplateProcessing: single: no $A")
+	}
+	return t, nil
+}
+
+// tokTemplatePiece is a piece of a template: the sequence, or a special token.
+type tokTemplatePiece struct {
+	sequence bool
+	special  string
+}
+
+// tokTemplatePieces reads a template: a list of {"SpecialToken": {"id": ...}}
+// and {"Sequence": {"id": "A"}} objects. (HF's Python API also takes strings
+// like "[CLS] $A [SEP]", but tokenizer.json holds the objects, and HF fails
+// to load strings there.)
+func tokTemplatePieces(raw json.RawMessage) ([]tokTemplatePiece, error) {
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, fmt.Errorf("want a list of pieces, got %s", tokShort(raw))
+	}
+	out := make([]tokTemplatePiece, 0, len(items))
+	for _, it := range items {
+		var obj struct {
+			SpecialToken *struct {
+				ID string `json:"id"`
+			} `json:"SpecialToken"`
+			Sequence *struct {
+				ID string `json:"id"`
+			} `json:"Sequence"`
+		}
+		if err := json.Unmarshal(it, &obj); err != nil {
+			return nil, fmt.Errorf("bad piece %s", tokShort(it))
+		}
+		switch {
+		case obj.Sequence != nil:
+			out = append(out, tokTemplatePiece{sequence: true})
+		case obj.SpecialToken != nil:
+			out = append(out, tokTemplatePiece{special: obj.SpecialToken.ID})
+		default:
+			return nil, fmt.Errorf("bad piece %s", tokShort(it))
+		}
+	}
+	return out, nil
+}
+
+// tokPostSeq applies post-processors in order.
+type tokPostSeq []tokPostProcessor
+
+func (seq tokPostSeq) process(ids []int, addSpecial bool) []int {
+	for _, p := range seq {
+		ids = p.process(ids, addSpecial)
+	}
+	return ids
+}

@@ -1,0 +1,535 @@
+package loader
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dlclark/regexp2"
+)
+
+// tokPreTokenizer is a tokenizer.json pre-tokenizer: it cuts pieces of
+// normalized text into the words BPE encodes one by one (and may rewrite
+// them, as ByteLevel does). Empty words are dropped, as in HF.
+type tokPreTokenizer interface {
+	preTokenize(words []string) []string
+}
+
+func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
+	if tokIsNull(raw) {
+		return nil, nil
+	}
+	typ, err := tokTyped("pre_tokenizer", raw)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "Sequence":
+		var s struct {
+			PreTokenizers []json.RawMessage `json:"pretokenizers"`
+		}
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("pre_tokenizer Sequence: %w", err)
+		}
+		seq := make(tokPreTokenizerSeq, 0, len(s.PreTokenizers))
+		for i, r := range s.PreTokenizers {
+			p, err := tokParsePreTokenizer(r)
+			if err != nil {
+				return nil, fmt.Errorf("pre_tokenizer Sequence[%d]: %w", i, err)
+			}
+			if p != nil {
+				seq = append(seq, p)
+			}
+		}
+		return seq, nil
+	case "Split":
+		var s struct {
+			Pattern  json.RawMessage `json:"pattern"`
+			Behavior string          `json:"behavior"`
+			Invert   bool            `json:"invert"`
+		}
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
+		}
+		re, err := tokParsePattern(s.Pattern)
+		if err != nil {
+			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
+		}
+		b, err := tokParseBehavior(s.Behavior)
+		if err != nil {
+			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
+		}
+		return &tokSplit{re: re, behavior: b, invert: s.Invert}, nil
+	case "Digits":
+		var d struct {
+			IndividualDigits bool `json:"individual_digits"`
+		}
+		if err := json.Unmarshal(raw, &d); err != nil {
+			return nil, fmt.Errorf("pre_tokenizer Digits: %w", err)
+		}
+		return tokDigits{individual: d.IndividualDigits}, nil
+	case "ByteLevel":
+		// HF's defaults: add_prefix_space and use_regex true.
+		b := struct {
+			AddPrefixSpace *bool `json:"add_prefix_space"`
+			UseRegex       *bool `json:"use_regex"`
+		}{}
+		if err := json.Unmarshal(raw, &b); err != nil {
+			return nil, fmt.Errorf("pre_tokenizer ByteLevel: %w", err)
+		}
+		p := tokByteLevel{addPrefixSpace: true, useRegex: true}
+		if b.AddPrefixSpace != nil {
+			p.addPrefixSpace = *b.AddPrefixSpace
+		}
+		if b.UseRegex != nil {
+			p.useRegex = *b.UseRegex
+		}
+		return p, nil
+	}
+	return nil, fmt.Errorf("pre_tokenizer type %q not supported", typ)
+}
+
+// tokPreTokenizerSeq applies pre-tokenizers in order, each to every word the
+// one before produced.
+type tokPreTokenizerSeq []tokPreTokenizer
+
+func (seq tokPreTokenizerSeq) preTokenize(words []string) []string {
+	for _, p := range seq {
+		words = p.preTokenize(words)
+	}
+	return words
+}
+
+// tokBehavior is what a split does with the matched delimiters (HF's
+// SplitDelimiterBehavior).
+type tokBehavior int
+
+const (
+	tokRemoved            tokBehavior = iota // matches are dropped
+	tokIsolated                              // matches are words of their own
+	tokMergedWithPrevious                    // a match joins the word before it
+	tokMergedWithNext                        // a match joins the word after it
+	tokContiguous                            // adjacent matches form one word
+)
+
+func tokParseBehavior(s string) (tokBehavior, error) {
+	switch s {
+	case "Removed":
+		return tokRemoved, nil
+	case "Isolated":
+		return tokIsolated, nil
+	case "MergedWithPrevious":
+		return tokMergedWithPrevious, nil
+	case "MergedWithNext":
+		return tokMergedWithNext, nil
+	case "Contiguous":
+		return tokContiguous, nil
+	}
+	return 0, fmt.Errorf("behavior %q not supported", s)
+}
+
+// tokSpan is a part of a word: its byte range and whether the pattern
+// matched it.
+type tokSpan struct {
+	start, end int
+	match      bool
+}
+
+// tokApplyBehavior appends the words that w's spans give under behavior b
+// (HF's NormalizedString::split); empty words are dropped.
+func tokApplyBehavior(w string, spans []tokSpan, b tokBehavior, out []string) []string {
+	type part struct {
+		start, end int
+		remove     bool
+	}
+	parts := make([]part, 0, len(spans))
+	switch b {
+	case tokIsolated:
+		for _, s := range spans {
+			parts = append(parts, part{s.start, s.end, false})
+		}
+	case tokRemoved:
+		for _, s := range spans {
+			parts = append(parts, part{s.start, s.end, s.match})
+		}
+	case tokContiguous:
+		prev := false
+		for _, s := range spans {
+			if s.match == prev && len(parts) > 0 {
+				parts[len(parts)-1].end = s.end
+			} else {
+				parts = append(parts, part{s.start, s.end, false})
+			}
+			prev = s.match
+		}
+	case tokMergedWithPrevious:
+		prev := false
+		for _, s := range spans {
+			if s.match && !prev && len(parts) > 0 {
+				parts[len(parts)-1].end = s.end
+			} else {
+				parts = append(parts, part{s.start, s.end, false})
+			}
+			prev = s.match
+		}
+	case tokMergedWithNext:
+		prev := false
+		for i := len(spans) - 1; i >= 0; i-- {
+			s := spans[i]
+			if s.match && !prev && len(parts) > 0 {
+				parts[len(parts)-1].start = s.start
+			} else {
+				parts = append(parts, part{s.start, s.end, false})
+			}
+			prev = s.match
+		}
+		for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
+			parts[i], parts[j] = parts[j], parts[i]
+		}
+	}
+	for _, p := range parts {
+		if !p.remove && p.end > p.start {
+			out = append(out, w[p.start:p.end])
+		}
+	}
+	return out
+}
+
+// tokMatchSpans covers w with the matches of re and the gaps between them.
+func tokMatchSpans(w string, re *tokRegex) []tokSpan {
+	if w == "" {
+		return []tokSpan{{0, 0, false}}
+	}
+	var spans []tokSpan
+	prev := 0
+	for _, m := range re.findAll(w) {
+		if m[0] != prev {
+			spans = append(spans, tokSpan{prev, m[0], false})
+		}
+		spans = append(spans, tokSpan{m[0], m[1], true})
+		prev = m[1]
+	}
+	if prev != len(w) {
+		spans = append(spans, tokSpan{prev, len(w), false})
+	}
+	return spans
+}
+
+// tokSplit is the Split pre-tokenizer: a regex or a literal string, what to
+// do with its matches, and invert (then the gaps count as the matches).
+type tokSplit struct {
+	re       *tokRegex
+	behavior tokBehavior
+	invert   bool
+}
+
+func (p *tokSplit) preTokenize(words []string) []string {
+	out := make([]string, 0, len(words))
+	for _, w := range words {
+		spans := tokMatchSpans(w, p.re)
+		if p.invert {
+			for i := range spans {
+				spans[i].match = !spans[i].match
+			}
+		}
+		out = tokApplyBehavior(w, spans, p.behavior, out)
+	}
+	return out
+}
+
+// tokDigits is the Digits pre-tokenizer: numeric characters (categories Nd,
+// Nl, No) split from the rest, each alone with individual_digits, else in
+// runs.
+type tokDigits struct{ individual bool }
+
+func (p tokDigits) preTokenize(words []string) []string {
+	b := tokContiguous
+	if p.individual {
+		b = tokIsolated
+	}
+	out := make([]string, 0, len(words))
+	for _, w := range words {
+		var spans []tokSpan
+		last := 0
+		for i, r := range w {
+			if unicode.IsNumber(r) {
+				if last < i {
+					spans = append(spans, tokSpan{last, i, false})
+				}
+				last = i + utf8.RuneLen(r)
+				spans = append(spans, tokSpan{i, last, true})
+			}
+		}
+		if last < len(w) || len(spans) == 0 {
+			spans = append(spans, tokSpan{last, len(w), false})
+		}
+		out = tokApplyBehavior(w, spans, b, out)
+	}
+	return out
+}
+
+// tokByteLevel is the ByteLevel pre-tokenizer: an optional space before each
+// piece, an optional split by the GPT-2 regex, then every byte mapped to the
+// printable character that stands for it in the vocabulary.
+type tokByteLevel struct{ addPrefixSpace, useRegex bool }
+
+// tokGPT2Pattern is the regex ByteLevel splits by when use_regex is set.
+const tokGPT2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+
+var tokGPT2Regex = sync.OnceValue(func() *tokRegex {
+	re, err := tokCompileRegex(tokGPT2Pattern)
+	if err != nil {
+		panic(err) // a constant pattern
+	}
+	return re
+})
+
+func (p tokByteLevel) preTokenize(words []string) []string {
+	out := make([]string, 0, len(words))
+	for _, w := range words {
+		if p.addPrefixSpace && !strings.HasPrefix(w, " ") {
+			w = " " + w
+		}
+		start := len(out)
+		if p.useRegex {
+			out = tokApplyBehavior(w, tokMatchSpans(w, tokGPT2Regex()), tokIsolated, out)
+		} else if w != "" {
+			out = append(out, w)
+		}
+		for i := start; i < len(out); i++ {
+			out[i] = tokToByteLevel(out[i])
+		}
+	}
+	return out
+}
+
+// tokByteRune maps each byte to the character standing for it in byte-level
+// vocabularies (GPT-2's bytes_to_unicode): printable Latin-1 bytes stand for
+// themselves, the others for U+0100 onwards in byte order.
+var tokByteRune, tokRuneByte = func() ([256]rune, map[rune]byte) {
+	var b2r [256]rune
+	r2b := make(map[rune]byte, 256)
+	n := 0
+	for b := 0; b < 256; b++ {
+		if ('!' <= b && b <= '~') || (0xA1 <= b && b <= 0xAC) || (0xAE <= b && b <= 0xFF) {
+			b2r[b] = rune(b)
+		} else {
+			b2r[b] = rune(256 + n)
+			n++
+		}
+		r2b[b2r[b]] = byte(b)
+	}
+	return b2r, r2b
+}()
+
+func tokToByteLevel(s string) string {
+	var b strings.Builder
+	b.Grow(2 * len(s))
+	for i := 0; i < len(s); i++ {
+		b.WriteRune(tokByteRune[s[i]])
+	}
+	return b.String()
+}
+
+// tokRegex is a Split or Replace pattern. HF compiles patterns with
+// Oniguruma; regexp2 has the same backtracking semantics, lookahead included,
+// and the same \s, \p{L} and \p{N}.
+type tokRegex struct {
+	re      *regexp2.Regexp // nil for a literal
+	literal string
+}
+
+// tokParsePattern reads {"Regex": "..."} or {"String": "..."}.
+func tokParsePattern(raw json.RawMessage) (*tokRegex, error) {
+	var p struct {
+		Regex  *string `json:"Regex"`
+		String *string `json:"String"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("pattern: want {\"Regex\": ...} or {\"String\": ...}, got %s", tokShort(raw))
+	}
+	switch {
+	case p.Regex != nil:
+		return tokCompileRegex(*p.Regex)
+	case p.String != nil && *p.String != "":
+		return &tokRegex{literal: *p.String}, nil
+	case p.String != nil:
+		return tokCompileRegex("")
+	}
+	return nil, errors.New("pattern: want {\"Regex\": ...} or {\"String\": ...}")
+}
+
+func tokCompileRegex(pattern string) (*tokRegex, error) {
+	// Oniguruma's ^ and $ match at line boundaries, as regexp2's do with
+	// Multiline.
+	re, err := regexp2.Compile(tokFoldLongS(pattern), regexp2.Multiline)
+	if err != nil {
+		return nil, fmt.Errorf("regex %q: %w", pattern, err)
+	}
+	return &tokRegex{re: re}, nil
+}
+
+// findAll is the byte ranges of the successive non-overlapping matches in s
+// (valid UTF-8).
+func (r *tokRegex) findAll(s string) [][2]int {
+	var out [][2]int
+	if r.re == nil {
+		for i := 0; ; {
+			j := strings.Index(s[i:], r.literal)
+			if j < 0 {
+				return out
+			}
+			out = append(out, [2]int{i + j, i + j + len(r.literal)})
+			i += j + len(r.literal)
+		}
+	}
+	runes := []rune(s)
+	m, _ := r.re.FindRunesMatch(runes)
+	ri, bi := 0, 0 // a rune index and its byte offset
+	offset := func(k int) int {
+		for ; ri < k; ri++ {
+			bi += utf8.RuneLen(runes[ri])
+		}
+		return bi
+	}
+	for m != nil {
+		start := offset(m.Index)
+		end := offset(m.Index + m.Length)
+		out = append(out, [2]int{start, end})
+		m, _ = r.re.FindNextMatch(m)
+	}
+	return out
+}
+
+// tokFoldLongS rewrites the case-insensitive parts of a pattern so that s
+// also matches U+017F (ſ, long s), as it does in Oniguruma, which folds case
+// by Unicode case folding: regexp2 compares lowercased characters, and ſ is
+// already lowercase. (The Kelvin sign, the other ASCII fold, lowercases to k
+// and needs nothing.) Outside a character class a literal s or S becomes
+// [sSſ]; a class holding s or S (alone or in a range) gets ſ added first.
+func tokFoldLongS(pattern string) string {
+	if !strings.Contains(pattern, "(?") {
+		return pattern
+	}
+	rs := []rune(pattern)
+	var b strings.Builder
+	fold := false    // case-insensitive here
+	var outer []bool // fold of each enclosing group
+	for i := 0; i < len(rs); i++ {
+		c := rs[i]
+		switch {
+		case c == '\\':
+			i = tokCopyEscape(&b, rs, i)
+		case c == '[':
+			j, hasS := tokScanClass(rs, i)
+			if j < 0 { // unterminated: the compiler will say so
+				b.WriteString(string(rs[i:]))
+				return b.String()
+			}
+			// Put ſ first, past a '^' and a leading literal ']' or '-'.
+			p := i + 1
+			if rs[p] == '^' {
+				p++
+			}
+			if rs[p] == ']' || rs[p] == '-' {
+				p++
+			}
+			b.WriteString(string(rs[i:p]))
+			if fold && hasS {
+				b.WriteRune('ſ')
+			}
+			b.WriteString(string(rs[p : j+1]))
+			i = j
+		case c == '(':
+			outer = append(outer, fold)
+			b.WriteRune(c)
+			if i+1 < len(rs) && rs[i+1] == '?' {
+				// (?flags) or (?flags:...): letters and '-', then ')' or ':'.
+				j := i + 2
+				on := true
+				f := fold
+				for ; j < len(rs) && (rs[j] == '-' || ('a' <= rs[j] && rs[j] <= 'z')); j++ {
+					switch rs[j] {
+					case '-':
+						on = false
+					case 'i':
+						f = on
+					}
+				}
+				if j > i+2 && j < len(rs) && (rs[j] == ':' || rs[j] == ')') {
+					b.WriteString(string(rs[i+1 : j+1]))
+					if rs[j] == ')' { // applies to the rest of the enclosing group
+						outer = outer[:len(outer)-1]
+					}
+					fold = f
+					i = j
+				}
+			}
+		case c == ')':
+			b.WriteRune(c)
+			if n := len(outer); n > 0 {
+				fold, outer = outer[n-1], outer[:n-1]
+			}
+		case fold && (c == 's' || c == 'S'):
+			b.WriteString("[sSſ]")
+		default:
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
+}
+
+// tokCopyEscape copies the escape at rs[i] ('\\') and returns the index of
+// its last rune.
+func tokCopyEscape(b *strings.Builder, rs []rune, i int) int {
+	j := i + 1
+	if j < len(rs) && (rs[j] == 'p' || rs[j] == 'P' || rs[j] == 'x') && j+1 < len(rs) && rs[j+1] == '{' {
+		for j < len(rs) && rs[j] != '}' {
+			j++
+		}
+	}
+	j = min(j, len(rs)-1)
+	b.WriteString(string(rs[i : j+1]))
+	return j
+}
+
+// tokScanClass finds the ']' closing the class that opens at rs[i] (-1 if
+// none) and reports whether the class holds s or S, alone or in a range.
+func tokScanClass(rs []rune, i int) (end int, hasS bool) {
+	j := i + 1
+	if j < len(rs) && rs[j] == '^' {
+		j++
+	}
+	first := true
+	var prev rune = -1 // the last single character, for ranges
+	for ; j < len(rs); j++ {
+		c := rs[j]
+		if c == ']' && !first {
+			return j, hasS
+		}
+		first = false
+		if c == '\\' {
+			k := j + 1
+			if k < len(rs) && (rs[k] == 'p' || rs[k] == 'P' || rs[k] == 'x') && k+1 < len(rs) && rs[k+1] == '{' {
+				for k < len(rs) && rs[k] != '}' {
+					k++
+				}
+			}
+			j, prev = min(k, len(rs)-1), -1
+			continue
+		}
+		if c == '-' && prev >= 0 && j+1 < len(rs) && rs[j+1] != ']' && rs[j+1] != '\\' {
+			hi := rs[j+1]
+			hasS = hasS || (prev <= 's' && 's' <= hi) || (prev <= 'S' && 'S' <= hi)
+			j, prev = j+1, -1
+			continue
+		}
+		hasS = hasS || c == 's' || c == 'S'
+		prev = c
+	}
+	return -1, hasS
+}

@@ -1,0 +1,158 @@
+package loader
+
+import (
+	"compress/gzip"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// tokVariants is testdata/tokenizer/variants_golden.json.gz, written by
+// testdata/tokenizer/hf_variants.py with HF `tokenizers`: tokenizer.json
+// variants (a real file with some top-level keys replaced, or a small BPE
+// given whole) and HF's output for each over a fuzz corpus.
+type tokVariants struct {
+	Version  string   `json:"tokenizers_version"`
+	Texts    []string `json:"texts"`
+	Variants []struct {
+		Name      string                     `json:"name"`
+		Base      *string                    `json:"base"`
+		Set       map[string]json.RawMessage `json:"set"`
+		Error     string                     `json:"error"`
+		VocabSize int                        `json:"vocab_size"`
+		Results   []tokGoldenRow             `json:"results"`
+	} `json:"variants"`
+}
+
+// tokVariantsPath may be overridden with FUSELM_TOKENIZER_VARIANTS (a
+// larger run of hf_variants.py, say).
+func tokVariantsPath() string {
+	if p := os.Getenv("FUSELM_TOKENIZER_VARIANTS"); p != "" {
+		return p
+	}
+	return filepath.Join("..", "testdata", "tokenizer", "variants_golden.json.gz")
+}
+
+func TestTokenizerVariants(t *testing.T) {
+	path := tokVariantsPath()
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		t.Skipf("%s absent: run testdata/tokenizer/hf_variants.py where HF tokenizers is installed", path)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	var g tokVariants
+	if err := json.NewDecoder(zr).Decode(&g); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	bases := map[string]map[string]json.RawMessage{}
+	for _, v := range g.Variants {
+		t.Run(v.Name, func(t *testing.T) {
+			top := map[string]json.RawMessage{}
+			if v.Base != nil {
+				if bases[*v.Base] == nil {
+					var m map[string]json.RawMessage
+					if err := json.Unmarshal(tokTestJSON(t, *v.Base), &m); err != nil {
+						t.Fatal(err)
+					}
+					bases[*v.Base] = m
+				}
+				for k, raw := range bases[*v.Base] {
+					top[k] = raw
+				}
+			}
+			for k, raw := range v.Set {
+				top[k] = raw
+			}
+			if v.Name == "merges-as-pairs" { // the file names the change, too large to hold
+				top["model"] = tokMergesAsPairs(t, bases[*v.Base]["model"])
+			}
+			data, err := json.Marshal(top)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok, err := ParseTokenizer(data)
+			if v.Error != "" {
+				if err == nil {
+					t.Errorf("HF fails to load it (%s); ParseTokenizer does not", v.Error)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tok.VocabSize() != v.VocabSize {
+				t.Errorf("VocabSize = %d, HF %d", tok.VocabSize(), v.VocabSize)
+			}
+			bad := 0
+			for i, r := range v.Results {
+				text := g.Texts[i]
+				label := tokLabel(i, text)
+				if got := tok.Encode(text); !slices.Equal(got, r.IDs) {
+					t.Errorf("%s: Encode\n got %v\nwant %v", label, tokHead(got), tokHead(r.IDs))
+					bad++
+				}
+				if got := tok.EncodeNoSpecial(text); !slices.Equal(got, r.IDsNoSpecial) {
+					t.Errorf("%s: EncodeNoSpecial\n got %v\nwant %v", label, tokHead(got), tokHead(r.IDsNoSpecial))
+					bad++
+				}
+				if got := tok.Decode(r.IDs, false); got != *r.Decoded {
+					t.Errorf("%s: Decode(ids, false) = %q, want %q", label, tokCut(got), tokCut(*r.Decoded))
+					bad++
+				}
+				if got := tok.Decode(r.IDs, true); got != *r.DecodedSkipSpecial {
+					t.Errorf("%s: Decode(ids, true) = %q, want %q", label, tokCut(got), tokCut(*r.DecodedSkipSpecial))
+					bad++
+				}
+				for _, skip := range []bool{false, true} {
+					s := tok.NewStreamDecoder(skip)
+					var b strings.Builder
+					for _, id := range r.IDs {
+						b.WriteString(s.Next(id))
+					}
+					b.WriteString(s.Flush())
+					if got, want := b.String(), tok.Decode(r.IDs, skip); got != want {
+						t.Errorf("%s: stream decoding (skip %v) = %q, Decode %q", label, skip, tokCut(got), tokCut(want))
+						bad++
+					}
+				}
+				if bad > 20 {
+					t.Fatal("too many differences")
+				}
+			}
+		})
+	}
+}
+
+// tokMergesAsPairs rewrites a BPE model's "a b" merges as ["a", "b"] pairs.
+func tokMergesAsPairs(t *testing.T, raw json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	var merges []string
+	if err := json.Unmarshal(m["merges"], &merges); err != nil {
+		t.Fatal(err)
+	}
+	pairs := make([][]string, len(merges))
+	for i, s := range merges {
+		pairs[i] = strings.SplitN(s, " ", 2)
+	}
+	var err error
+	if m["merges"], err = json.Marshal(pairs); err != nil {
+		t.Fatal(err)
+	}
+	if raw, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
