@@ -11,7 +11,7 @@ import (
 )
 
 // tokVariants is testdata/tokenizer/variants_golden.json.gz, written by
-// testdata/tokenizer/hf_variants.py with HF `tokenizers`: tokenizer.json
+// scripts/hf_tokenizer_variants.py with HF `tokenizers`: tokenizer.json
 // variants (a real file with some top-level keys replaced, or a small BPE
 // given whole) and HF's output for each over a fuzz corpus.
 type tokVariants struct {
@@ -28,7 +28,7 @@ type tokVariants struct {
 }
 
 // tokVariantsPath may be overridden with FUSELM_TOKENIZER_VARIANTS (a
-// larger run of hf_variants.py, say).
+// larger run of hf_tokenizer_variants.py, say).
 func tokVariantsPath() string {
 	if p := os.Getenv("FUSELM_TOKENIZER_VARIANTS"); p != "" {
 		return p
@@ -40,7 +40,7 @@ func TestTokenizerVariants(t *testing.T) {
 	path := tokVariantsPath()
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
-		t.Skipf("%s absent: run testdata/tokenizer/hf_variants.py where HF tokenizers is installed", path)
+		t.Skipf("%s absent: run scripts/hf_tokenizer_variants.py where HF tokenizers is installed", path)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ options (unk, fuse_unk, byte_fallback, prefixes, ignore_merges).
 
 Run where HF `tokenizers` is installed (the GPU machine):
 
-    python3 testdata/tokenizer/hf_variants.py testdata/tokenizer/variants_golden.json.gz [--random N]
+    python3 scripts/hf_tokenizer_variants.py testdata/tokenizer/variants_golden.json.gz [--random N]
 
 --random sets how many random texts join the fragments (default 150; the
 committed file was written with the default by tokenizers 0.23.2, and a run

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fuselm/fuselm/kernels"
+	_ "github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	_ "github.com/fuselm/fuselm/kernels/naive"
+	"github.com/fuselm/fuselm/loader"
+	"github.com/fuselm/fuselm/model"
+)
+
+// genFlags are the flags of the generate command (the root command).
+type genFlags struct {
+	model, prompt, promptFile string
+	batch, maxNew, minNew     int
+	kernels, device, profile  string
+	seed                      uint64
+	temperature, topP         float64
+	topK                      int
+	quiet, jsonOut, noGraphs  bool
+}
+
+func newRootCmd() *cobra.Command {
+	var f genFlags
+	cmd := &cobra.Command{
+		Use:   "infer --model M [--prompt S | --prompt-file F] [flags]",
+		Short: "Generate text with Qwen2 / DeepSeek-V2 checkpoints and time every op",
+		Long: `infer generates text from a Hugging Face checkpoint of the Qwen2 or DeepSeek-V2
+family and reports tokens/s and the time of every op, for the kernel set chosen
+with --kernels: "naive", "fused", or a base set with per-op overrides such as
+"fused,attn=naive,rope=naive". --device cpu runs the pure-Go "cpu" set.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runGenerate(cmd, &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
+	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
+	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
+	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
+	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
+	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+	fl.StringVar(&f.kernels, "kernels", "", `kernel spec: SET[,OP=SET...] (default: "cpu" on the CPU, "naive" on CUDA)`)
+	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
+	fl.StringVar(&f.profile, "profile", "", "write the per-op profile and timings as JSON to this file")
+	fl.Uint64Var(&f.seed, "seed", 0, "sampling seed")
+	fl.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
+	fl.IntVar(&f.topK, "top-k", 0, "sample among the k most likely tokens (0: all)")
+	fl.Float64Var(&f.topP, "top-p", 0, "sample among the most likely tokens whose probability reaches p (0 or 1: all)")
+	fl.BoolVar(&f.quiet, "quiet", false, "no progress bars or logs on stderr")
+	fl.BoolVar(&f.jsonOut, "json", false, "stdout is one JSON document: ids, text and timings of every row, and the profile")
+	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph")
+	return silence(cmd)
+}
+
+// check rejects flag values that cannot run, before anything is loaded.
+func (f *genFlags) check(cmd *cobra.Command) error {
+	bad := func(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+	switch {
+	case f.model == "":
+		return bad("--model is required")
+	case (f.prompt != "" || cmd.Flags().Changed("prompt")) == (f.promptFile != ""):
+		return bad("give exactly one of --prompt or --prompt-file")
+	case f.batch < 1:
+		return bad("--batch must be at least 1, not %d", f.batch)
+	case f.maxNew < 1:
+		return bad("--max-new-tokens must be at least 1, not %d", f.maxNew)
+	case f.minNew < 0:
+		return bad("--min-new-tokens must not be negative (%d)", f.minNew)
+	case f.minNew > f.maxNew:
+		return bad("--min-new-tokens (%d) is more than --max-new-tokens (%d)", f.minNew, f.maxNew)
+	case f.temperature < 0:
+		return bad("--temperature must not be negative (%g)", f.temperature)
+	case f.topK < 0:
+		return bad("--top-k must not be negative (%d)", f.topK)
+	case f.topP < 0 || f.topP > 1:
+		return bad("--top-p must be in [0, 1], not %g", f.topP)
+	case f.device != "" && f.device != "cpu" && f.device != "cuda":
+		return bad("--device must be cpu or cuda, not %q", f.device)
+	}
+	return nil
+}
+
+// openDevice picks the device and the kernel spec: --device, else CUDA when
+// a GPU is found; --kernels, else the device's default set.
+func openDevice(f *genFlags) (kernels.Device, kernels.Spec, error) {
+	specText := f.kernels
+	var spec kernels.Spec
+	if specText != "" {
+		var err error
+		if spec, err = kernels.ParseSpec(specText); err != nil {
+			return nil, spec, usageError{err}
+		}
+	}
+	kind := f.device
+	if kind == "" {
+		kind = "cpu"
+		if specText != "" {
+			if k, err := spec.DeviceKind(); err == nil {
+				kind = k
+			}
+		} else if cuda.Available() {
+			kind = "cuda"
+		}
+	}
+	if specText == "" {
+		specText = map[string]string{"cpu": "cpu", "cuda": "naive"}[kind]
+		spec, _ = kernels.ParseSpec(specText)
+	}
+	setKind, err := spec.DeviceKind()
+	if err != nil {
+		return nil, spec, usageError{err}
+	}
+	if setKind != kind {
+		return nil, spec, usageError{fmt.Errorf("kernel spec %q runs on %s, not on --device %s", spec, setKind, kind)}
+	}
+	if kind == "cpu" {
+		return cpuDevice(), spec, nil
+	}
+	if err := cuda.Probe(); err != nil {
+		return nil, spec, fmt.Errorf("--device cuda: no usable CUDA device: %w", err)
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return nil, spec, err
+	}
+	return dev, spec, nil
+}
+
+func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
+	if err := f.check(cmd); err != nil {
+		return err
+	}
+	logw := io.Writer(os.Stderr)
+	if f.quiet {
+		logw = io.Discard
+	}
+	logf := func(format string, a ...any) { fmt.Fprintf(logw, format+"\n", a...) }
+
+	text := f.prompt
+	if f.promptFile != "" {
+		if text, err = readPromptFile(f.promptFile); err != nil {
+			return err
+		}
+	}
+	if strings.TrimSpace(text) == "" {
+		return usageError{errors.New("the prompt is empty")}
+	}
+	// The spec is checked before anything heavy is loaded.
+	if f.kernels != "" {
+		if _, err := kernels.ParseSpec(f.kernels); err != nil {
+			return usageError{err}
+		}
+	}
+	dir, err := loader.Resolve(f.model)
+	if err != nil {
+		return err
+	}
+	cfg, err := loader.LoadConfig(dir)
+	if err != nil {
+		return err
+	}
+	tok, err := loader.LoadTokenizer(dir)
+	if err != nil {
+		return err
+	}
+	ids := tok.Encode(text)
+	if len(ids) == 0 {
+		return usageError{errors.New("the prompt encodes to no tokens")}
+	}
+	if n := len(ids) + f.maxNew; n > cfg.MaxPositions {
+		return usageError{fmt.Errorf("prompt (%d tokens) + --max-new-tokens (%d) = %d is more than the model's max_position_embeddings (%d)",
+			len(ids), f.maxNew, n, cfg.MaxPositions)}
+	}
+	weights, err := loader.OpenWeights(dir)
+	if err != nil {
+		return err
+	}
+	defer weights.Close()
+
+	dev, spec, err := openDevice(f)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	prof := kernels.NewProfile(dev)
+	ops, err := spec.Build(dev, prof)
+	if err != nil {
+		return err
+	}
+	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
+
+	tLoad := time.Now()
+	weights.Prefetch()
+	bar := newProgress(f.quiet, weights.TotalBytes(), "loading weights", true)
+	m, err := model.Load(cfg, weights, dev, ops, model.LoadOptions{
+		MaxRows:  f.batch,
+		MaxSeq:   len(ids) + f.maxNew,
+		Progress: func(done, _ int64) { bar.Set(done) },
+	})
+	bar.Done()
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	loadS := time.Since(tLoad).Seconds()
+	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, memoryLine(m.Memory()))
+
+	prompts := make([][]int, f.batch)
+	for i := range prompts {
+		prompts[i] = ids
+	}
+	steps := newProgress(f.quiet, int64(f.maxNew), "generating", false)
+	gen, err := model.Generate(m, prompts, model.GenerateOptions{
+		MaxNewTokens: f.maxNew,
+		MinNewTokens: f.minNew,
+		Sampling:     model.Sampling{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed},
+		EOS:          tok.EOS(),
+		NoGraphs:     f.noGraphs,
+		Profile:      prof,
+		OnStep:       func(e model.StepEvent) { steps.Set(int64(e.Step)) },
+		Logf:         logf,
+	})
+	steps.Done()
+	if err != nil {
+		return err
+	}
+
+	rep := &runReport{
+		Model:   modelName(f.model, dir),
+		Kernels: spec.String(),
+		Device:  dev.Name(),
+		DType:   dev.ActDType().String(),
+		Batch:   f.batch,
+		Profile: prof.Table(),
+	}
+	for i := range rep.Profile {
+		rep.Profile[i].Set = spec.SetFor(rep.Profile[i].Op)
+	}
+	for b := range prompts {
+		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
+	}
+	rep.Timings = timings{
+		NewTokens:    gen.NewTokens,
+		TokensPerSec: float64(gen.NewTokens) / (gen.WallMs / 1000),
+		WallS:        gen.WallMs / 1000,
+		PrefillMs:    gen.PrefillMs,
+		DecodeMs:     gen.DecodeMs,
+		ComputeMs:    prof.TotalMs(),
+		LoadS:        loadS,
+		GraphSteps:   gen.GraphReplays,
+	}
+	if gen.GraphReplays > 0 {
+		rep.ProfileNote = fmt.Sprintf("%d of %d decode steps were CUDA graph replays: their ops are not in the table (--no-graphs times every step)",
+			gen.GraphReplays, gen.DecodeSteps)
+	} else if gen.Graph != "" && dev.ActDType() != kernels.F32 {
+		logf("infer: CUDA graphs %s", gen.Graph)
+	}
+
+	if f.profile != "" {
+		profOnly := *rep
+		profOnly.Rows = nil
+		b, err := marshalJSON(&profOnly)
+		if err != nil {
+			return err
+		}
+		if err := writeFileAtomic(f.profile, b); err != nil {
+			return fmt.Errorf("--profile: %w", err)
+		}
+	}
+	out := cmd.OutOrStdout()
+	if f.jsonOut {
+		b, err := marshalJSON(rep)
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(b)
+		return err
+	}
+	rep.writeText(out)
+	return nil
+}
+
+// modelName is the model's short name for the summary line: the hub id's
+// name, or the checkpoint directory's.
+func modelName(arg, dir string) string {
+	if fi, err := os.Stat(arg); err == nil && fi.IsDir() {
+		return filepath.Base(filepath.Clean(arg))
+	}
+	if _, name, ok := strings.Cut(arg, "/"); ok {
+		return name
+	}
+	return filepath.Base(dir)
+}
+
+func memoryLine(m model.Memory) string {
+	gib := func(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+	return fmt.Sprintf("weights %s, KV cache %s, work %s", gib(m.Weights), gib(m.Cache), gib(m.Work))
+}

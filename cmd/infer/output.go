@@ -1,0 +1,135 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// runReport is what one generation run reports: the --json document, and the
+// content of the --profile file.
+type runReport struct {
+	Model       string           `json:"model"`
+	Kernels     string           `json:"kernels"`
+	Device      string           `json:"device"`
+	DType       string           `json:"dtype"`
+	Batch       int              `json:"batch"`
+	Rows        []rowReport      `json:"rows,omitempty"`
+	Timings     timings          `json:"timings"`
+	Profile     []kernels.OpStat `json:"profile"`
+	ProfileNote string           `json:"profile_note,omitempty"`
+}
+
+type rowReport struct {
+	PromptIDs    []int  `json:"prompt_ids"`
+	GeneratedIDs []int  `json:"generated_ids"`
+	Text         string `json:"text"`
+}
+
+type timings struct {
+	NewTokens    int     `json:"new_tokens"`
+	TokensPerSec float64 `json:"tokens_per_s"`
+	WallS        float64 `json:"wall_s"`
+	PrefillMs    float64 `json:"prefill_ms"`
+	DecodeMs     float64 `json:"decode_ms"`
+	ComputeMs    float64 `json:"compute_ms"`
+	LoadS        float64 `json:"load_s"`
+	GraphSteps   int     `json:"graph_replays"`
+}
+
+// summaryLine is TileGym's one-line result:
+// <model>_<kernels>_<dtype> | X tokens/s | Y s | Z ms compute.
+func (r *runReport) summaryLine() string {
+	return fmt.Sprintf("%s_%s_%s | %.2f tokens/s | %.3f s | %.1f ms compute",
+		r.Model, r.Kernels, r.DType, r.Timings.TokensPerSec, r.Timings.WallS, r.Timings.ComputeMs)
+}
+
+// writeText prints each distinct generated text once, the summary line and
+// the per-op table.
+func (r *runReport) writeText(w io.Writer) {
+	seen := map[string][]int{}
+	var order []string
+	for i, row := range r.Rows {
+		if _, ok := seen[row.Text]; !ok {
+			order = append(order, row.Text)
+		}
+		seen[row.Text] = append(seen[row.Text], i)
+	}
+	for _, text := range order {
+		rows := seen[text]
+		if len(r.Rows) > 1 {
+			fmt.Fprintf(w, "--- %s\n", rowsLabel(rows, len(r.Rows)))
+		}
+		fmt.Fprintln(w, text)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, r.summaryLine())
+	fmt.Fprintln(w)
+	writeProfileTable(w, r.Profile)
+	if r.ProfileNote != "" {
+		fmt.Fprintln(w, r.ProfileNote)
+	}
+}
+
+func rowsLabel(rows []int, n int) string {
+	if len(rows) == n {
+		return fmt.Sprintf("all %d rows", n)
+	}
+	parts := make([]string, len(rows))
+	for i, r := range rows {
+		parts[i] = fmt.Sprint(r)
+	}
+	if len(rows) == 1 {
+		return "row " + parts[0]
+	}
+	return "rows " + strings.Join(parts, ",")
+}
+
+func writeProfileTable(w io.Writer, rows []kernels.OpStat) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tset\tcalls\ttotal ms\tprefill ms\tdecode ms\tshare\t")
+	var calls int
+	var total, pre, dec float64
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f%%\t\n", r.Op, r.Set, r.Calls, r.Ms,
+			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share)
+		calls += r.Calls
+		total += r.Ms
+		pre += r.PhaseMs["prefill"]
+		dec += r.PhaseMs["decode"]
+	}
+	fmt.Fprintf(tw, "total\t\t%d\t%.3f\t%.3f\t%.3f\t100.0%%\t\n", calls, total, pre, dec)
+	tw.Flush()
+}
+
+// writeFileAtomic writes data to path through a temporary file in the same
+// directory, so that a failed run leaves no half-written file behind.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func marshalJSON(v any) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}

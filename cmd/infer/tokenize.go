@@ -1,0 +1,62 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fuselm/fuselm/loader"
+)
+
+func newTokenizeCmd() *cobra.Command {
+	var model, text, file string
+	var noSpecial bool
+	cmd := &cobra.Command{
+		Use:   "tokenize --model M (--text S | --file F)",
+		Short: "Print the token ids of a text as a JSON array",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if model == "" {
+				return usageError{fmt.Errorf("--model is required")}
+			}
+			if cmd.Flags().Changed("text") == (file != "") {
+				return usageError{fmt.Errorf("give exactly one of --text or --file")}
+			}
+			if file != "" {
+				b, err := os.ReadFile(file)
+				if err != nil {
+					return err
+				}
+				text = string(b)
+			}
+			dir, err := loader.Resolve(model)
+			if err != nil {
+				return err
+			}
+			tok, err := loader.LoadTokenizer(dir)
+			if err != nil {
+				return err
+			}
+			ids := tok.Encode(text)
+			if noSpecial {
+				ids = tok.EncodeNoSpecial(text)
+			}
+			if ids == nil {
+				ids = []int{}
+			}
+			b, err := json.Marshal(ids)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&model, "model", "", "checkpoint directory or HF cache id Org/Name")
+	cmd.Flags().StringVar(&text, "text", "", "text to encode")
+	cmd.Flags().StringVar(&file, "file", "", "file whose whole content is encoded")
+	cmd.Flags().BoolVar(&noSpecial, "no-special", false, "leave out the special tokens the post-processor adds (BOS)")
+	return silence(cmd)
+}
