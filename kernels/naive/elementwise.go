@@ -28,7 +28,7 @@ func (o *ops) copyRows(dst mat, didx uintptr, src mat, sidx uintptr, sdiv, srows
 func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	n, k, m := x.Rows(), x.Cols(), w.Rows()
 	need(isAct(x), kernels.OpLinear, "x is %v", x)
-	need(isFloat(w) && w.Cols() == k, kernels.OpLinear, "w %v for x %v", w, x)
+	need(isAct(w) && w.Cols() == k, kernels.OpLinear, "w %v for x %v (cuBLAS multiplies bf16 by bf16)", w, x)
 	need((isAct(out) || out.DType == kernels.F32) && out.Rows() == n && out.Cols() == m, kernels.OpLinear,
 		"out %v for x %v, w %v", out, x, w)
 	beta := float32(0)

@@ -15,8 +15,8 @@ func checkMLA(op kernels.Op, a *kernels.MLAArgs, prefill bool) {
 	need(isAct(a.Out) && a.Out.Rows() == b.Tokens && a.Out.Cols() == a.Heads*a.VDim, op, "out %v", a.Out)
 	need(isAct(a.Cache) && a.Cache.Packed() && a.Cache.Cols() == width && cacheFits(a.Cache, b, 1), op,
 		"cache %v for %d rows × %d positions", a.Cache, b.Rows, b.MaxSeq)
-	need(isFloat(a.WKVB) && a.WKVB.Rows() == a.Heads*(a.NopeDim+a.VDim) && a.WKVB.Cols() == a.Rank, op,
-		"kv_b_proj %v", a.WKVB)
+	need(isAct(a.WKVB) && a.WKVB.Rows() == a.Heads*(a.NopeDim+a.VDim) && a.WKVB.Cols() == a.Rank, op,
+		"kv_b_proj %v (bf16, as cuBLAS multiplies the bf16 latents by it)", a.WKVB)
 }
 
 // MLAPrefill is HF's DeepseekV2Attention, eager: per row, the latents of

@@ -48,10 +48,10 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	need(isAct(x) && isAct(out) && out.Rows() == n && out.Cols() == hidden, op, "out %v, x %v", out, x)
 	need(idx.DType == kernels.I32 && idx.Rows() == n && weight.DType == kernels.F32 && weight.Rows() == n &&
 		weight.Cols() == k, op, "idx %v, weight %v for %d tokens", idx, weight, n)
-	need(isFloat(gateUp) && len(gateUp.Shape) == 3 && gateUp.Shape[2] == hidden && gateUp.Shape[1]%2 == 0, op,
-		"gateUp %v for hidden size %d", gateUp, hidden)
+	need(isAct(gateUp) && len(gateUp.Shape) == 3 && gateUp.Shape[2] == hidden && gateUp.Shape[1]%2 == 0, op,
+		"gateUp %v for hidden size %d (bf16, as x for cuBLAS)", gateUp, hidden)
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	need(isFloat(down) && len(down.Shape) == 3 && down.Shape[0] == experts && down.Shape[1] == hidden &&
+	need(isAct(down) && len(down.Shape) == 3 && down.Shape[0] == experts && down.Shape[1] == hidden &&
 		down.Shape[2] == inter, op, "down %v for gateUp %v", down, gateUp)
 	need(gateUp.Packed() && down.Packed(), op, "expert weights must be packed")
 	if n == 0 {

@@ -137,7 +137,15 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			o.fn[name] = f
 		}
 	}
-	if err := o.fn["softmax_mask_smem"].SetMaxDynamicShared(o.maxShared); err != nil {
+	// The dynamic shared memory softmax_mask_smem may have: what a block may
+	// opt in to, less the kernel's own static shared memory.
+	sm := o.fn["softmax_mask_smem"]
+	attrs, err := sm.Attrs()
+	if err == nil {
+		o.maxShared -= attrs.StaticShared
+		err = sm.SetMaxDynamicShared(o.maxShared)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("naive: softmax_mask_smem: %w", err)
 	}
 	return o, nil
@@ -148,7 +156,7 @@ type ops struct {
 	d         *cuda.Device
 	fn        map[string]*cuda.Func
 	sms       int // multiprocessors
-	maxShared int // bytes of dynamic shared memory a block may have
+	maxShared int // bytes of dynamic shared memory softmax_mask_smem may have
 
 	// moeMeta holds MoE's per-expert counts, offsets and cursors (see
 	// MoEExperts); allocated at the first call, grown with the expert count.
@@ -288,7 +296,8 @@ func need(ok bool, op kernels.Op, format string, args ...any) {
 	}
 }
 
-// isAct reports whether t holds activations of the CUDA device (bf16).
+// isAct reports whether t holds activations of the CUDA device (bf16), or
+// weights a GEMM multiplies them by: cuBLAS needs both operands alike.
 func isAct(t *kernels.Tensor) bool { return t != nil && t.DType == kernels.BF16 }
 
 // isFloat reports whether t is a weight of one of the float types.
