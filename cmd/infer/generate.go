@@ -89,6 +89,11 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 	case f.device != "" && f.device != "cpu" && f.device != "cuda":
 		return bad("--device must be cpu or cuda, not %q", f.device)
 	}
+	if f.profile != "" {
+		if fi, err := os.Stat(filepath.Dir(f.profile)); err != nil || !fi.IsDir() {
+			return bad("--profile %s: no directory %s to write it in", f.profile, filepath.Dir(f.profile))
+		}
+	}
 	return nil
 }
 
