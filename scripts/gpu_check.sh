@@ -27,10 +27,10 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
 step cuda bin/cuda.test -test.v
 step naive bin/naive.test -test.v
-step model-fixtures env FUSELM_TEST_DEVICE=cuda bin/model.test -test.v -test.run 'TestHF'
+step model-fixtures env FUSELM_TEST_KERNELS=naive bin/model.test -test.v -test.run TestHFReference
 if [ "${1:-}" != quick ]; then
 	[ -f "$QWEN2_7B/reference.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"
-	step qwen2-7b-vs-hf env FUSELM_TEST_DEVICE=cuda FUSELM_HF_CHECKPOINT="$QWEN2_7B" \
+	step qwen2-7b-vs-hf env FUSELM_TEST_KERNELS=naive FUSELM_HF_CHECKPOINT="$QWEN2_7B" \
 		bin/model.test -test.v -test.run 'TestHFCheckpoint' -test.timeout 20m
 fi
 tar czf "$out/gpu_check_logs.tgz" -C "$logs" .

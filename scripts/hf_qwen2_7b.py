@@ -7,9 +7,10 @@ Run on the GPU machine:
 
 The checkpoint has the real Qwen2-7B config (bf16, save_pretrained shards), HF's default
 initialisation from a fixed seed, and the real Qwen2 tokenizer. reference.json has the layout
-scripts/hf_fixtures.py documents: for each prompt (run alone, batch 1) the logits of the last
-prompt position and of `steps` greedy decode steps. The prompts are prefixes of TileGym's
-benchmark prompt of several lengths.
+scripts/hf_fixtures.py documents (for each prompt, run alone at batch 1: the logits of the last
+prompt position, then of `steps` greedy decode steps fed HF's own tokens), except that the logits
+are in reference_logits.f32 (float32 little-endian, [rows][1 + steps][vocab]) named by
+"logits_file". The prompts are prefixes of TileGym's benchmark prompt of several lengths.
 """
 import argparse
 import gzip
@@ -45,8 +46,8 @@ def log(*a):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--lengths", default="7,128,600,2048")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--lengths", default="7,64,128,300,600,1000,2048,4096")
     a = ap.parse_args()
 
     t0 = time.time()
@@ -76,22 +77,22 @@ def main():
     prompts = [ids[: int(n)] for n in a.lengths.split(",")]
 
     t0 = time.time()
-    rows = []
+    rows, logits = [], []
     for p in prompts:
         out = model(input_ids=torch.tensor([p], device="cuda"), use_cache=True)
         past = out.past_key_values
-        prefill = out.logits[0, -1].float()
-        tok_id = int(prefill.argmax())
-        tokens, dec = [], []
+        step_logits = [out.logits[0, -1].float()]
+        tokens = []
         for _ in range(a.steps):
-            tokens.append(tok_id)
-            out = model(input_ids=torch.tensor([[tok_id]], device="cuda"), past_key_values=past, use_cache=True)
+            tokens.append(int(step_logits[-1].argmax()))
+            out = model(input_ids=torch.tensor([[tokens[-1]]], device="cuda"), past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = out.logits[0, -1].float()
-            dec.append(logits.tolist())
-            tok_id = int(logits.argmax())
-        rows.append({"prefill_logits": prefill.tolist(), "tokens": tokens, "decode_logits": dec})
-    json.dump({"prompts": prompts, "steps": a.steps, "dtype": "torch.bfloat16", "rows": rows},
+            step_logits.append(out.logits[0, -1].float())
+        rows.append({"tokens": tokens})
+        logits.append(torch.stack(step_logits))
+    torch.stack(logits).cpu().numpy().astype("<f4").tofile(os.path.join(a.out, "reference_logits.f32"))
+    json.dump({"prompts": prompts, "steps": a.steps, "dtype": "torch.bfloat16", "vocab": cfg.vocab_size,
+               "logits_file": "reference_logits.f32", "rows": rows},
               open(os.path.join(a.out, "reference.json"), "w"))
     log(f"reference for prompt lengths {a.lengths} x {a.steps} steps in {time.time() - t0:.1f}s")
 
