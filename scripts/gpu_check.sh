@@ -25,13 +25,14 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
-step cuda bin/cuda.test -test.v
-step naive bin/naive.test -test.v
-step model-fixtures env FUSELM_TEST_KERNELS=naive bin/model.test -test.v -test.run TestHFReference
+# Test binaries run in their package directory, as go test runs them.
+step cuda sh -c "cd kernels/cuda && ../../bin/cuda.test -test.v"
+step naive sh -c "cd kernels/naive && ../../bin/naive.test -test.v"
+step model-fixtures sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v -test.run TestHFReference"
 if [ "${1:-}" != quick ]; then
-	[ -f "$QWEN2_7B/reference.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"
-	step qwen2-7b-vs-hf env FUSELM_TEST_KERNELS=naive FUSELM_HF_CHECKPOINT="$QWEN2_7B" \
-		bin/model.test -test.v -test.run 'TestHFCheckpoint' -test.timeout 20m
+	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"
+	step qwen2-7b-vs-hf sh -c "cd model && FUSELM_TEST_KERNELS=naive FUSELM_HF_CHECKPOINT=$QWEN2_7B \
+		../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 fi
 tar czf "$out/gpu_check_logs.tgz" -C "$logs" .
 cat "$logs/gpu.txt"

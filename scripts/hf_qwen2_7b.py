@@ -11,6 +11,10 @@ scripts/hf_fixtures.py documents (for each prompt, run alone at batch 1: the log
 prompt position, then of `steps` greedy decode steps fed HF's own tokens), except that the logits
 are in reference_logits.f32 (float32 little-endian, [rows][1 + steps][vocab]) named by
 "logits_file". The prompts are prefixes of TileGym's benchmark prompt of several lengths.
+
+reference_f32.json (logits in reference_logits_f32.f32) holds the same positions computed by HF
+with the weights upcast to float32, fed the same tokens: exact math, against which both HF's
+bf16 logits and fuselm's can be measured. The script prints how far HF's bf16 logits are from it.
 """
 import argparse
 import gzip
@@ -77,24 +81,50 @@ def main():
     prompts = [ids[: int(n)] for n in a.lengths.split(",")]
 
     t0 = time.time()
-    rows, logits = [], []
+    rows, bf16 = [], []
     for p in prompts:
+        step_logits, tokens = [], []
         out = model(input_ids=torch.tensor([p], device="cuda"), use_cache=True)
         past = out.past_key_values
-        step_logits = [out.logits[0, -1].float()]
-        tokens = []
+        step_logits.append(out.logits[0, -1].float())
         for _ in range(a.steps):
             tokens.append(int(step_logits[-1].argmax()))
             out = model(input_ids=torch.tensor([[tokens[-1]]], device="cuda"), past_key_values=past, use_cache=True)
             past = out.past_key_values
             step_logits.append(out.logits[0, -1].float())
         rows.append({"tokens": tokens})
-        logits.append(torch.stack(step_logits))
-    torch.stack(logits).cpu().numpy().astype("<f4").tofile(os.path.join(a.out, "reference_logits.f32"))
-    json.dump({"prompts": prompts, "steps": a.steps, "dtype": "torch.bfloat16", "vocab": cfg.vocab_size,
-               "logits_file": "reference_logits.f32", "rows": rows},
-              open(os.path.join(a.out, "reference.json"), "w"))
-    log(f"reference for prompt lengths {a.lengths} x {a.steps} steps in {time.time() - t0:.1f}s")
+        bf16.append(torch.stack(step_logits))
+    bf16 = torch.stack(bf16)
+    ref = {"prompts": prompts, "steps": a.steps, "vocab": cfg.vocab_size, "rows": rows}
+    write_reference(a.out, "reference", {**ref, "dtype": "torch.bfloat16"}, bf16)
+    log(f"bf16 reference for prompt lengths {a.lengths} x {a.steps} steps in {time.time() - t0:.1f}s")
+
+    t0 = time.time()
+    model = model.float()
+    exact = torch.stack([teacher_forced(model, p, r["tokens"]) for p, r in zip(prompts, rows)])
+    write_reference(a.out, "reference_f32", {**ref, "dtype": "torch.float32"}, exact)
+    err = (bf16 - exact).norm(dim=-1) / exact.norm(dim=-1)
+    agree = (bf16.argmax(-1) == exact.argmax(-1)).float().mean().item()
+    log(f"f32 reference in {time.time() - t0:.1f}s. HF bf16 vs HF f32: relative error per prompt (mean over "
+        f"positions) {[round(x, 4) for x in err.mean(1).tolist()]}, largest {err.max().item():.4f}, "
+        f"argmax agreement {100 * agree:.1f}%")
+
+
+@torch.no_grad()
+def teacher_forced(model, prompt, tokens):
+    """The logits of the last prompt position, then of each of tokens fed in turn."""
+    out = model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+    past, steps = out.past_key_values, [out.logits[0, -1].float()]
+    for tok in tokens:
+        out = model(input_ids=torch.tensor([[tok]], device="cuda"), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        steps.append(out.logits[0, -1].float())
+    return torch.stack(steps)
+
+
+def write_reference(out, name, meta, logits):
+    logits.cpu().numpy().astype("<f4").tofile(os.path.join(out, f"{name}_logits.f32"))
+    json.dump({**meta, "logits_file": f"{name}_logits.f32"}, open(os.path.join(out, f"{name}.json"), "w"))
 
 
 if __name__ == "__main__":
