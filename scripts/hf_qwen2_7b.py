@@ -80,6 +80,14 @@ def main():
     ids = tok.encode(text).ids
     prompts = [ids[: int(n)] for n in a.lengths.split(",")]
 
+    # The references come from the checkpoint as HF loads it back from disk
+    # (the hub's config.json), which is what fuselm reads too.
+    built = model.config.rope_parameters
+    del model
+    torch.cuda.empty_cache()
+    model = Qwen2ForCausalLM.from_pretrained(a.out, dtype=torch.bfloat16).cuda().eval()
+    log(f"rope parameters: built with {built}, loaded back with {model.config.rope_parameters}")
+
     t0 = time.time()
     rows, bf16 = [], []
     for p in prompts:
@@ -100,7 +108,9 @@ def main():
     log(f"bf16 reference for prompt lengths {a.lengths} x {a.steps} steps in {time.time() - t0:.1f}s")
 
     t0 = time.time()
-    model = model.float()
+    del model
+    torch.cuda.empty_cache()
+    model = Qwen2ForCausalLM.from_pretrained(a.out, dtype=torch.float32).cuda().eval()
     exact = torch.stack([teacher_forced(model, p, r["tokens"]) for p, r in zip(prompts, rows)])
     write_reference(a.out, "reference_f32", {**ref, "dtype": "torch.float32"}, exact)
     err = (bf16 - exact).norm(dim=-1) / exact.norm(dim=-1)
