@@ -74,6 +74,14 @@ func (p *Profile) end(op Op, from Mark) {
 	p.mu.Unlock()
 }
 
+// Reset forgets every recorded call, so that the next run is counted alone.
+func (p *Profile) Reset() {
+	p.mu.Lock()
+	p.pending = nil
+	p.stats = map[Op]*OpStat{}
+	p.mu.Unlock()
+}
+
 // Add counts time measured outside the op calls, such as a graph replay, under
 // op in the current phase.
 func (p *Profile) Add(op Op, calls int, ms float64) {

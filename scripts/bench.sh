@@ -2,7 +2,9 @@
 # On the GPU machine, after scripts/gpu_build.sh here: the benchmark workloads
 # of DESIGN.md on a Qwen2-7B checkpoint ($QWEN2_7B, written by
 # scripts/hf_qwen2_7b.py when absent), for the kernel sets named on the
-# command line (default: naive). Raw JSON goes to $OUT; a table is printed last.
+# command line (default: naive). Each is one warm-up generation, then three
+# timed ones of which infer reports the median. Raw JSON goes to $OUT; a table
+# is printed last.
 #
 #   scripts/bench.sh [SPEC...]
 set -uo pipefail
@@ -26,12 +28,13 @@ for spec in "${specs[@]}"; do
 		IFS='|' read -r name prompt batch new <<<"$w"
 		log="$out/bench_${name}_${spec//[^a-z0-9]/_}.json"
 		if ./bin/infer --model "$QWEN2_7B" --prompt-file "$prompt" --batch "$batch" \
-			--max-new-tokens "$new" --min-new-tokens "$new" --kernels "$spec" --json --quiet >"$log" 2>"$log.err"; then
+			--max-new-tokens "$new" --min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet >"$log" 2>"$log.err"; then
 			rows+=("$(python3 - "$log" "$name" "$spec" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); t = r["timings"]
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {r['batch']} | {len(r['rows'][0]['prompt_ids'])} | {t['new_tokens']} | "
-      f"{t['tokens_per_s']:.1f} | {t['wall_s']:.2f} | {t['prefill_ms']:.0f} | {t['decode_ms']:.0f} | {t['graph_replays']} |")
+      f"{t['tokens_per_s']:.1f} | {t['wall_s']:.3f} | {' '.join(f'{x:.3f}' for x in t['runs_wall_s'])} | "
+      f"{t['prefill_ms']:.0f} | {t['decode_ms']:.0f} | {t['graph_replays']} |")
 PY
 )")
 		else
@@ -40,6 +43,6 @@ PY
 	done
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-echo "| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s | prefill ms | decode ms | graph replays |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s (median) | runs (s) | prefill ms | decode ms | graph replays |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"

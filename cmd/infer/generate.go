@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 type genFlags struct {
 	model, prompt, promptFile string
 	batch, maxNew, minNew     int
+	warmup, repeat            int
 	kernels, device, profile  string
 	seed                      uint64
 	temperature, topP         float64
@@ -61,6 +63,8 @@ with --kernels: "naive", "fused", or a base set with per-op overrides such as
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bars or logs on stderr")
 	fl.BoolVar(&f.jsonOut, "json", false, "stdout is one JSON document: ids, text and timings of every row, and the profile")
 	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph")
+	fl.IntVar(&f.warmup, "warmup", 0, "untimed generations first (kernel loading, cuBLAS set-up)")
+	fl.IntVar(&f.repeat, "repeat", 1, "timed generations; the one of median wall time is reported")
 	return silence(cmd)
 }
 
@@ -86,6 +90,10 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 		return bad("--top-k must not be negative (%d)", f.topK)
 	case f.topP < 0 || f.topP > 1:
 		return bad("--top-p must be in [0, 1], not %g", f.topP)
+	case f.warmup < 0:
+		return bad("--warmup must not be negative (%d)", f.warmup)
+	case f.repeat < 1:
+		return bad("--repeat must be at least 1, not %d", f.repeat)
 	case f.device != "" && f.device != "cpu" && f.device != "cuda":
 		return bad("--device must be cpu or cuda, not %q", f.device)
 	}
@@ -226,21 +234,49 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	for i := range prompts {
 		prompts[i] = ids
 	}
-	steps := newProgress(f.quiet, int64(f.maxNew), "generating", false)
-	gen, err := model.Generate(m, prompts, model.GenerateOptions{
+	opts := model.GenerateOptions{
 		MaxNewTokens: f.maxNew,
 		MinNewTokens: f.minNew,
 		Sampling:     model.Sampling{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed},
 		EOS:          tok.EOS(),
 		NoGraphs:     f.noGraphs,
 		Profile:      prof,
-		OnStep:       func(e model.StepEvent) { steps.Set(int64(e.Step)) },
 		Logf:         logf,
-	})
-	steps.Done()
-	if err != nil {
-		return err
 	}
+	// Warm-up runs are not profiled; every timed run is profiled alone and
+	// the run of median wall time is the one reported.
+	type run struct {
+		gen     *model.Generation
+		profile []kernels.OpStat
+		compute float64
+	}
+	var runs []run
+	for i := range f.warmup + f.repeat {
+		timed := i >= f.warmup
+		desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
+		if !timed {
+			desc = fmt.Sprintf("warm-up %d/%d", i+1, f.warmup)
+		}
+		prof.Reset()
+		prof.SetEnabled(timed)
+		steps := newProgress(f.quiet, int64(f.maxNew), desc, false)
+		opts.OnStep = func(e model.StepEvent) { steps.Set(int64(e.Step)) }
+		gen, err := model.Generate(m, prompts, opts)
+		steps.Done()
+		if err != nil {
+			return err
+		}
+		if timed {
+			runs = append(runs, run{gen: gen, profile: prof.Table(), compute: prof.TotalMs()})
+		}
+	}
+	walls := make([]float64, len(runs))
+	for i, r := range runs {
+		walls[i] = r.gen.WallMs / 1000
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].gen.WallMs < runs[j].gen.WallMs })
+	med := runs[len(runs)/2]
+	gen := med.gen
 
 	rep := &runReport{
 		Model:   modelName(f.model, dir),
@@ -248,7 +284,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Device:  dev.Name(),
 		DType:   dev.ActDType().String(),
 		Batch:   f.batch,
-		Profile: prof.Table(),
+		Profile: med.profile,
 	}
 	for i := range rep.Profile {
 		rep.Profile[i].Set = spec.SetFor(rep.Profile[i].Op)
@@ -262,9 +298,11 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		WallS:        gen.WallMs / 1000,
 		PrefillMs:    gen.PrefillMs,
 		DecodeMs:     gen.DecodeMs,
-		ComputeMs:    prof.TotalMs(),
+		ComputeMs:    med.compute,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
+		Warmup:       f.warmup,
+		RunsWallS:    walls,
 	}
 	if gen.GraphReplays > 0 {
 		rep.ProfileNote = fmt.Sprintf("%d of %d decode steps were CUDA graph replays: their ops are not in the table (--no-graphs times every step)",

@@ -33,14 +33,16 @@ type rowReport struct {
 }
 
 type timings struct {
-	NewTokens    int     `json:"new_tokens"`
-	TokensPerSec float64 `json:"tokens_per_s"`
-	WallS        float64 `json:"wall_s"`
-	PrefillMs    float64 `json:"prefill_ms"`
-	DecodeMs     float64 `json:"decode_ms"`
-	ComputeMs    float64 `json:"compute_ms"`
-	LoadS        float64 `json:"load_s"`
-	GraphSteps   int     `json:"graph_replays"`
+	NewTokens    int       `json:"new_tokens"`
+	TokensPerSec float64   `json:"tokens_per_s"`
+	WallS        float64   `json:"wall_s"`
+	PrefillMs    float64   `json:"prefill_ms"`
+	DecodeMs     float64   `json:"decode_ms"`
+	ComputeMs    float64   `json:"compute_ms"`
+	LoadS        float64   `json:"load_s"`
+	GraphSteps   int       `json:"graph_replays"`
+	Warmup       int       `json:"warmup_runs"`
+	RunsWallS    []float64 `json:"runs_wall_s"`
 }
 
 // summaryLine is TileGym's one-line result:
