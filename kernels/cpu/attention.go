@@ -75,11 +75,15 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 }
 
 // attention: Out, Q [T, Heads·D]; K, V [T, KVHeads·D]; caches
-// [B, KVHeads, MaxSeq, D], all f32. Query head h reads kv head
+// [B, KVHeads, MaxSeq, D], all act. Query head h reads kv head
 // h/(Heads/KVHeads); token t at position p attends to cache positions 0..p.
+// Scores, softmax and the weighted sum of values are f32 (with bf16
+// activations, as SDPA computes them: see weightedSum); the output is
+// rounded to the activation type.
 func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
-	out, q, k, v := act(op, "Out", a.Out), act(op, "Q", a.Q), act(op, "K", a.K), act(op, "V", a.V)
-	kc, vc := act(op, "KCache", a.KCache), act(op, "VCache", a.VCache)
+	q, k, v := o.in(op, "Q", a.Q), o.in(op, "K", a.K), o.in(op, "V", a.V)
+	out, commit := o.out(op, "Out", a.Out)
+	kc, vc := o.actArg(op, "KCache", a.KCache), o.actArg(op, "VCache", a.VCache)
 	d, hq, hkv, maxSeq, nb := a.HeadDim, a.Heads, a.KVHeads, a.Batch.MaxSeq, a.Batch.Rows
 	n := q.rows
 	check(hkv > 0 && hq%hkv == 0 && q.cols == hq*d && out.cols == hq*d && k.cols == hkv*d && v.cols == hkv*d &&
@@ -96,15 +100,17 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 		}
 		p := sp.pos(t)
 		for g := range hkv {
-			copy(kc.row(cacheRow(b, g, p)), k.row(t)[g*d:(g+1)*d])
-			copy(vc.row(cacheRow(b, g, p)), v.row(t)[g*d:(g+1)*d])
+			kc.put(cacheRow(b, g, p), k.row(t)[g*d:(g+1)*d])
+			vc.put(cacheRow(b, g, p), v.row(t)[g*d:(g+1)*d])
 		}
 	}
 
 	group := hq / hkv
+	roundP := o.bf16 && fusedSDPA(d, d)
 	parallel(n*hq, grainFor(d*(maxSeq/2+1)), func(lo, hi int) {
 		scores := make([]float32, maxSeq)
 		acc := make([]float32, d)
+		kRow, vRow := make([]float32, d), make([]float32, d) // 16-bit cache rows, widened
 		for task := lo; task < hi; task++ {
 			t, h := task/hq, task%hq
 			b := sp.row[t]
@@ -117,16 +123,56 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 			base := cacheRow(b, h/group, 0)
 			s := scores[:sp.pos(t)+1]
 			for j := range s {
-				s[j] = dot(qh, kc.row(base+j)) * a.Scale
+				s[j] = dot(qh, kc.row(base+j, kRow)) * a.Scale
 			}
-			softmax(s)
-			clear(acc)
-			for j, w := range s {
-				axpy(w, vc.row(base+j), acc)
-			}
+			weightedSum(acc, s, func(j int) []float32 { return vc.row(base+j, vRow) }, roundP)
 			copy(dst, acc)
 		}
 	})
+	commit()
+}
+
+// fusedSDPA reports whether torch's scaled_dot_product_attention on CUDA
+// runs attention of bf16 heads with query/key dim dqk and value dim dv in a
+// fused kernel: flash attention (dqk == dv ≤ 256), memory-efficient or
+// cuDNN attention (both multiples of 8); otherwise in its math backend,
+// which computes in f32 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
+func fusedSDPA(dqk, dv int) bool { return dqk == dv && dqk <= 256 || dqk%8 == 0 && dv%8 == 0 }
+
+// weightedSum sets acc to Σ_j softmax(s)_j · value(j) for the scores s
+// (which it overwrites). Plain, the softmax is f32 with its sum in float64
+// and the weighted sum is f32: SDPA's math backend, which computes bf16
+// inputs in f32. With roundP it is what SDPA's fused kernels do with bf16
+// inputs: the numerators e_j = exp(s_j − max) are rounded to bf16 for the
+// P·V product, and their f32 sum divides the result,
+//
+//	acc = (Σ_j bf16(e_j)·value(j)) · (1 / Σ_j e_j).
+//
+// The kernels take the max over the blocks of keys seen so far (64 to 256
+// keys a block) and rescale; this is their result for up to one block.
+func weightedSum(acc, s []float32, value func(j int) []float32, roundP bool) {
+	clear(acc)
+	if !roundP {
+		softmax(s)
+		for j, p := range s {
+			axpy(p, value(j), acc)
+		}
+		return
+	}
+	m := float32(math.Inf(-1))
+	for _, v := range s {
+		m = max(m, v)
+	}
+	var sum float32
+	for j, v := range s {
+		e := float32(math.Exp(float64(v - m)))
+		sum += e
+		axpy(roundBF16(e), value(j), acc)
+	}
+	inv := 1 / sum
+	for i := range acc {
+		acc[i] *= inv
+	}
 }
 
 // softmax replaces s by exp(s - max)/Σ, the sum taken in float64.
@@ -160,16 +206,19 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 }
 
 // mla: Out [T, Heads·VDim]; Q [T, Heads·(Nope+Rope)]; KV [T, Rank+Rope];
-// Cache [B, MaxSeq, Rank+Rope], all f32; WKVB [Heads·(Nope+VDim), Rank] any
-// float type. It uses the absorbed form, equal to decompressing the cache:
-// with W_UK, W_UV the head's rows of WKVB,
+// Cache [B, MaxSeq, Rank+Rope], all act; WKVB [Heads·(Nope+VDim), Rank] any
+// float type. With f32 activations it uses the absorbed form, equal to
+// decompressing the cache: with W_UK, W_UV the head's rows of WKVB,
 //
 //	q_nope·(W_UK·c) = (W_UKᵀ·q_nope)·c   and   Σ_s p_s·W_UV·c_s = W_UV·(Σ_s p_s·c_s)
 //
 // so a token costs O(Rank) per cached position instead of O((Nope+V)·Rank).
+// With bf16 activations it decompresses (mlaExpanded): HF rounds
+// k_nope = W_UK·c and v = W_UV·c to bf16, which the absorbed form cannot.
 func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
-	out, q, kv, cache := act(op, "Out", a.Out), act(op, "Q", a.Q), act(op, "KV", a.KV), act(op, "Cache", a.Cache)
-	w := weightArg(op, "WKVB", a.WKVB)
+	q, kv := o.in(op, "Q", a.Q), o.in(op, "KV", a.KV)
+	out, commit := o.out(op, "Out", a.Out)
+	cache, w := o.actArg(op, "Cache", a.Cache), weightArg(op, "WKVB", a.WKVB)
 	nh, dn, dr, dv, rank, maxSeq := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank, a.Batch.MaxSeq
 	n, dq := q.rows, dn+dr
 	check(q.cols == nh*dq && out.cols == nh*dv && kv.cols == rank+dr && out.rows == n && kv.rows == n, op,
@@ -179,8 +228,13 @@ func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
 
 	for t := range n {
 		if b := sp.row[t]; sp.ok[b] {
-			copy(cache.row(b*maxSeq+sp.pos(t)), kv.row(t))
+			cache.put(b*maxSeq+sp.pos(t), kv.row(t))
 		}
+	}
+	defer commit()
+	if o.bf16 {
+		mlaExpanded(out, q, cache, w, a, sp)
+		return
 	}
 
 	// Tasks are (head, block of tokens): the head's WKVB rows are widened
@@ -195,6 +249,7 @@ func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
 		wh := make([][]float32, dn+dv)
 		qa, ctx := make([]float32, rank), make([]float32, rank)
 		scores := make([]float32, maxSeq)
+		cRow := make([]float32, rank+dr) // a 16-bit cache row, widened
 		for task := lo; task < hi; task++ {
 			h, blk := task/blocks, task%blocks
 			for j := range wh {
@@ -220,17 +275,77 @@ func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
 				qpe := qh[dn:]
 				s := scores[:sp.pos(t)+1]
 				for j := range s {
-					c := cache.row(b*maxSeq + j)
+					c := cache.row(b*maxSeq+j, cRow)
 					s[j] = (dot(qa, c[:rank]) + dot(qpe, c[rank:])) * a.Scale
 				}
-				softmax(s)
-				clear(ctx)
-				for j, p := range s {
-					axpy(p, cache.row(b*maxSeq + j)[:rank], ctx)
-				}
+				weightedSum(ctx, s, func(j int) []float32 { return cache.row(b*maxSeq+j, cRow)[:rank] }, false)
 				for j := range dst {
 					dst[j] = dot(wuv[j], ctx)
 				}
+			}
+		}
+	})
+}
+
+// mlaExpanded is mla as HF's DeepseekV2Attention computes it in bf16: every
+// cached latent c decompressed into k_nope = W_UK·c and v = W_UV·c, each
+// rounded to bf16 (kv_b_proj's output, which HF caches), then SDPA over
+// (q_nope, q_pe) · (k_nope, k_pe) and v as weightedSum computes it. A task
+// decompresses each row's positions once for all its tokens of that row.
+func mlaExpanded(out, q mat, cache, w wmat, a *kernels.MLAArgs, sp rowSpans) {
+	nh, dn, dr, dv, rank, maxSeq := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank, a.Batch.MaxSeq
+	n, dq := q.rows, dn+dr
+	roundP := fusedSDPA(dq, dv)
+	tb := max(1, min(n, 64))
+	blocks := (n + tb - 1) / tb
+	parallel(nh*blocks, grainFor((dn+dv)*rank*(maxSeq/2+1)), func(lo, hi int) {
+		var scratch []float32
+		if w.u16 != nil {
+			scratch = make([]float32, (dn+dv)*rank)
+		}
+		wh := make([][]float32, dn+dv)
+		kNope, kPE, v := make([]float32, maxSeq*dn), make([]float32, maxSeq*dr), make([]float32, maxSeq*dv)
+		cRow, scores, acc := make([]float32, rank+dr), make([]float32, maxSeq), make([]float32, dv)
+		for task := lo; task < hi; task++ {
+			h, blk := task/blocks, task%blocks
+			for j := range wh {
+				var dst []float32
+				if scratch != nil {
+					dst = scratch[j*rank:]
+				}
+				wh[j] = w.row(h*(dn+dv)+j, dst)
+			}
+			wuk, wuv := wh[:dn], wh[dn:]
+			row, done := -1, 0 // kNope, kPE, v hold positions [0, done) of batch row `row`
+			for t := blk * tb; t < min(n, (blk+1)*tb); t++ {
+				b := sp.row[t]
+				dst := out.row(t)[h*dv : (h+1)*dv]
+				if !sp.ok[b] {
+					clear(dst)
+					continue
+				}
+				if b != row {
+					row, done = b, 0
+				}
+				p := sp.pos(t)
+				for ; done <= p; done++ {
+					c := cache.row(b*maxSeq+done, cRow)
+					kn, vj := kNope[done*dn:(done+1)*dn], v[done*dv:(done+1)*dv]
+					for i := range kn {
+						kn[i] = roundBF16(dot(wuk[i], c[:rank]))
+					}
+					for i := range vj {
+						vj[i] = roundBF16(dot(wuv[i], c[:rank]))
+					}
+					copy(kPE[done*dr:(done+1)*dr], c[rank:])
+				}
+				qh := q.row(t)[h*dq : (h+1)*dq]
+				s := scores[:p+1]
+				for j := range s {
+					s[j] = (dot(qh[:dn], kNope[j*dn:(j+1)*dn]) + dot(qh[dn:], kPE[j*dr:(j+1)*dr])) * a.Scale
+				}
+				weightedSum(acc, s, func(j int) []float32 { return v[j*dv : (j+1)*dv] }, roundP)
+				copy(dst, acc)
 			}
 		}
 	})

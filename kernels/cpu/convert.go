@@ -86,3 +86,22 @@ func decode16(dst []float32, src []uint16, bf16 bool) {
 		dst[i] = f16ToF32(h)
 	}
 }
+
+// roundBF16 is f rounded to the nearest bfloat16, as a float32: what a bf16
+// tensor holds after torch writes f into it.
+func roundBF16(f float32) float32 { return bf16ToF32(f32ToBF16(f)) }
+
+// roundRowBF16 rounds every element of v to bfloat16 in place.
+func roundRowBF16(v []float32) {
+	for i, x := range v {
+		v[i] = roundBF16(x)
+	}
+}
+
+// encodeBF16 rounds src to bfloat16 bits into dst (len(src) elements).
+func encodeBF16(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = f32ToBF16(x)
+	}
+}

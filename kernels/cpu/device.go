@@ -1,6 +1,11 @@
 // Package cpu is the pure-Go reference kernel set: every op of kernels.Ops in
 // plain float32 arithmetic on host memory. It is the oracle the CUDA sets are
 // tested against and the path that runs where there is no GPU.
+//
+// Its activations are f32 (NewDevice), or bf16 (NewDeviceAct): then every op
+// still computes in float32, from its inputs widened, and rounds to bf16
+// where PyTorch's eager bf16 path through HF transformers' modeling code
+// rounds, so that it reproduces HF's bf16 numerics (see ops).
 package cpu
 
 import (
@@ -20,10 +25,20 @@ import (
 type Device struct {
 	mu  sync.Mutex
 	err error
+	act kernels.DType
 }
 
-// NewDevice returns the CPU device.
-func NewDevice() *Device { return &Device{} }
+// NewDevice returns the CPU device with f32 activations.
+func NewDevice() *Device { return &Device{act: kernels.F32} }
+
+// NewDeviceAct returns a CPU device whose activations and caches are of
+// type act: F32 (as NewDevice) or BF16.
+func NewDeviceAct(act kernels.DType) (*Device, error) {
+	if act != kernels.F32 && act != kernels.BF16 {
+		return nil, fmt.Errorf("cpu: activations of type %s: want f32 or bf16", act)
+	}
+	return &Device{act: act}, nil
+}
 
 // buffer holds the elements of one allocation in the slice of its dtype:
 // f32 for F32, i32 for I32, u16 (raw bits) for BF16 and F16.
@@ -36,11 +51,18 @@ type buffer struct {
 
 func (b *buffer) Bytes() int { return 4*(len(b.f32)+len(b.i32)) + 2*len(b.u16) }
 
-// Name says how many goroutines the ops use, e.g. "cpu (16 threads)".
-func (d *Device) Name() string { return fmt.Sprintf("cpu (%d threads)", runtime.GOMAXPROCS(0)) }
+// Name says how many goroutines the ops use, and the activation type when it
+// is not f32: "cpu (16 threads)", "cpu (16 threads, bf16 activations)".
+func (d *Device) Name() string {
+	if d.act != kernels.F32 {
+		return fmt.Sprintf("cpu (%d threads, %s activations)", runtime.GOMAXPROCS(0), d.act)
+	}
+	return fmt.Sprintf("cpu (%d threads)", runtime.GOMAXPROCS(0))
+}
 
-// ActDType is F32: activations and caches are float32 on the CPU.
-func (d *Device) ActDType() kernels.DType { return kernels.F32 }
+// ActDType is the type of activations and caches: F32, or what
+// NewDeviceAct was given.
+func (d *Device) ActDType() kernels.DType { return d.act }
 
 // Alloc returns a zeroed packed tensor.
 func (d *Device) Alloc(dt kernels.DType, shape ...int) *kernels.Tensor {

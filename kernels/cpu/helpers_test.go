@@ -20,7 +20,16 @@ type fixture struct {
 
 func newFixture(t *testing.T, seed int64) *fixture {
 	t.Helper()
-	dev := cpu.NewDevice()
+	return newFixtureAct(t, seed, kernels.F32)
+}
+
+// newFixtureAct is newFixture on a device with activations of type act.
+func newFixtureAct(t *testing.T, seed int64, act kernels.DType) *fixture {
+	t.Helper()
+	dev, err := cpu.NewDeviceAct(act)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ops, err := cpu.New(dev)
 	if err != nil {
 		t.Fatal(err)

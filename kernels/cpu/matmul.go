@@ -6,11 +6,14 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 )
 
-// Linear is out = x · wᵀ + bias: out [N,M] f32, pitched; x [N,K] f32,
-// pitched; w [M,K] f32/bf16/f16; bias [M] or nil.
+// Linear is out = x · wᵀ + bias: out [N,M] act or f32, pitched; x [N,K]
+// act, pitched; w [M,K] f32/bf16/f16; bias [M] or nil. The sums and the bias
+// are f32; a bf16 out is rounded once, after the bias, as cuBLAS's addmm
+// with a bf16 output.
 func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	const op = kernels.OpLinear
-	om, xm, wm := act(op, "out", out), act(op, "x", x), weightArg(op, "w", w)
+	xm, wm := o.in(op, "x", x), weightArg(op, "w", w)
+	om, commit := o.out(op, "out", out)
 	check(xm.cols == wm.cols && om.rows == xm.rows && om.cols == wm.rows, op,
 		"out %v = x %v · wᵀ with w %v", out, x, w)
 	var b []float32
@@ -20,6 +23,7 @@ func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 		b = bm.vector()
 	}
 	gemm(om, xm, wm, b)
+	commit()
 }
 
 // Block sizes of gemm: a task is gemmN rows of x against gemmM rows of w.

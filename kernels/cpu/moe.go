@@ -18,7 +18,7 @@ import (
 // expert index (as every choice here); consumers must not rely on the order.
 func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	const op = kernels.OpMoERoute
-	ix, wm, lm := ints(op, "idx", idx), act(op, "weight", weight), act(op, "logits", logits)
+	ix, wm, lm := ints(op, "idx", idx), floats(op, "weight", weight), floats(op, "logits", logits)
 	e, k := lm.cols, r.TopK
 	check(k > 0 && k <= e && len(ix) == lm.rows*k && wm.rows == lm.rows && wm.cols == k, op,
 		"top %d of logits %v into idx %v, weight %v", k, logits, idx, weight)
@@ -76,13 +76,20 @@ func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) 
 }
 
 // MoEExperts is out[t] = Σ_k weight[t,k] · down_e(silu(gate_e·x[t]) · up_e·x[t])
-// with e = idx[t,k]: out, x [N,H] f32; idx [N,K] i32; weight [N,K] f32;
+// with e = idx[t,k]: out, x [N,H] act; idx [N,K] i32; weight [N,K] f32;
 // gateUp [E,2I,H] (gate rows first); down [E,H,I], any float type. Tokens are
 // grouped by expert so that each expert's weights are read once; an index
 // outside [0,E) contributes nothing and is reported at Sync.
+//
+// With bf16 activations each expert's projections and SwiGLU round as
+// Linear and SwiGLU do, and the weighted sum over a token's experts is f32,
+// rounded once: transformers' grouped_mm experts, which multiply the bf16
+// expert outputs by the f32 weights (an f32 product), sum them over top_k
+// in f32 and cast the sum to bf16.
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	const op = kernels.OpMoEExperts
-	om, xm, ix, wm := act(op, "out", out), act(op, "x", x), ints(op, "idx", idx), act(op, "weight", weight)
+	xm, ix, wm := o.in(op, "x", x), ints(op, "idx", idx), floats(op, "weight", weight)
+	om, commit := o.out(op, "out", out)
 	gu, dw := weightArg(op, "gateUp", gateUp), weightArg(op, "down", down)
 	n, h, k, inter := xm.rows, xm.cols, wm.cols, dw.cols
 	check(inter > 0 && gu.cols == h && gu.rows%(2*inter) == 0, op, "gateUp %v for x %v and down %v", gateUp, x, down)
@@ -110,12 +117,15 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 		}
 		g := newMat(len(ss), 2*inter)
 		gemm(g, xe, gu.sub(ex*2*inter, (ex+1)*2*inter), nil)
+		o.round(g.d)
 		a := newMat(len(ss), inter)
 		for i := range ss {
-			swiglu(a.row(i), g.row(i))
+			swiglu(a.row(i), g.row(i), o.bf16)
 		}
+		o.round(a.d)
 		ye := newMat(len(ss), h)
 		gemm(ye, a, dw.sub(ex*h, (ex+1)*h), nil)
+		o.round(ye.d)
 		for i, s := range ss {
 			copy(y.row(s), ye.row(i))
 		}
@@ -129,4 +139,5 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			}
 		}
 	})
+	commit()
 }

@@ -17,21 +17,56 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if !ok {
 		return nil, fmt.Errorf("the cpu kernel set runs on the cpu device, not on %s", dev.Name())
 	}
-	return &ops{dev: d}, nil
+	return &ops{dev: d, bf16: d.act == kernels.BF16}, nil
 }
 
 // ops implements kernels.Ops on a Device. Activations are f32 tensors of the
-// device, weights f32, bf16 or f16 (widened to f32 a row at a time).
+// device, or bf16 ones on a device made so; weights are f32, bf16 or f16
+// (widened to f32 a row at a time).
+//
+// Every op computes in float32. With bf16 activations it widens its inputs
+// and rounds its outputs to bf16 (round to nearest even), and rounds in
+// between where torch's eager bf16 path through HF's modeling code (Qwen2,
+// DeepseekV2, on CUDA) does. Its results are then HF's bit for bit, except
+// where an f32 value computed another way (a sum in another order, exp,
+// cos) falls on the other side of a bf16 rounding boundary, or attention
+// spans more keys than a fused kernel's block (see weightedSum):
+//
+//   - Linear: once, after the bias. An f32 out is not rounded: the router's
+//     logits are f32 in HF too, the model's logits are not (lm_head returns
+//     bf16), which differs from HF by that last rounding.
+//   - RMSNorm: the normalised x before the multiply by w, then the product.
+//     AddRMSNorm also rounds resid + x, which is the next norm's input.
+//   - Add: the sum.
+//   - RoPE with rotate_half pairs (Qwen2's apply_rotary_pos_emb in bf16):
+//     cos and sin, each product and the sum; with interleaved pairs
+//     (DeepSeek-V2's apply_rotary_emb, in f32): the result only.
+//   - SwiGLU: silu(gate), then the product with up.
+//   - Attention: as torch's scaled_dot_product_attention on CUDA (HF's
+//     default "sdpa"): scores, softmax and the weighted sum of values in
+//     f32, the output rounded; where SDPA would run a fused kernel (flash,
+//     memory-efficient or cuDNN: fusedSDPA) the softmax numerators are
+//     rounded too before they weigh the values, as those kernels do.
+//   - MLA: k_nope = W_UK·c and v = W_UV·c (kv_b_proj's bf16 output, which
+//     HF caches), then attention as above; so no absorbed form.
+//   - MoEExperts: each expert's gate/up and down projection and its SwiGLU
+//     as above; the routing-weighted sum over a token's experts in f32, then
+//     once (transformers' grouped_mm experts).
+//
+// Embedding copies rows (rounding an f32 table); Argmax reads widened
+// values; MoERoute is f32 as HF's router.
 type ops struct {
-	dev *Device
+	dev  *Device
+	bf16 bool // the activations are bf16
 }
 
-// Embedding is out[i,:] = table[ids[i],:]: out [N,D] f32; table [V,D] any
+// Embedding is out[i,:] = table[ids[i],:]: out [N,D] act; table [V,D] any
 // float type; ids [N] i32. A row whose id is out of range is zeroed and
 // reported at Sync.
 func (o *ops) Embedding(out, table, ids *kernels.Tensor) {
 	const op = kernels.OpEmbedding
-	om, tw, id := act(op, "out", out), weightArg(op, "table", table), ints(op, "ids", ids)
+	om, commit := o.out(op, "out", out)
+	tw, id := weightArg(op, "table", table), ints(op, "ids", ids)
 	check(len(id) == om.rows && tw.cols == om.cols, op, "out %v from table %v by ids %v", out, table, ids)
 	parallel(len(id), grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -44,27 +79,32 @@ func (o *ops) Embedding(out, table, ids *kernels.Tensor) {
 			copy(dst, tw.row(int(v), dst))
 		}
 	})
+	commit()
 }
 
-// RMSNorm is out = x / sqrt(mean(x²) + eps) · w per row: out, x [N,D] f32,
+// RMSNorm is out = x / sqrt(mean(x²) + eps) · w per row: out, x [N,D] act,
 // pitched, out may be x; w [D].
 func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 	const op = kernels.OpRMSNorm
-	om, xm, wv := act(op, "out", out), act(op, "x", x), weightArg(op, "w", w)
+	xm, wv := o.in(op, "x", x), weightArg(op, "w", w)
+	om, commit := o.out(op, "out", out)
 	check(om.rows == xm.rows && om.cols == xm.cols && wv.rows == 1 && wv.cols == xm.cols, op,
 		"out %v = norm(x %v) · w %v", out, x, w)
 	g := wv.vector()
 	parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			normRow(om.row(i), xm.row(i), g, eps)
+			normRow(om.row(i), xm.row(i), g, eps, o.bf16)
 		}
 	})
+	commit()
 }
 
 // AddRMSNorm is resid += x, then out = RMSNorm(resid).
 func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 	const op = kernels.OpRMSNorm
-	om, rm, xm, wv := act(op, "out", out), act(op, "resid", resid), act(op, "x", x), weightArg(op, "w", w)
+	xm, wv := o.in(op, "x", x), weightArg(op, "w", w)
+	rm, commitResid := o.inout(op, "resid", resid)
+	om, commit := o.out(op, "out", out)
 	check(om.rows == xm.rows && rm.rows == xm.rows && om.cols == xm.cols && rm.cols == xm.cols &&
 		wv.rows == 1 && wv.cols == xm.cols, op, "out %v = norm(resid %v += x %v) · w %v", out, resid, x, w)
 	g := wv.vector()
@@ -74,14 +114,19 @@ func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 			for j, v := range xm.row(i) {
 				r[j] += v
 			}
-			normRow(om.row(i), r, g, eps)
+			o.round(r)
+			normRow(om.row(i), r, g, eps, o.bf16)
 		}
 	})
+	commitResid()
+	commit()
 }
 
 // normRow is out = x·rsqrt(mean(x²)+eps)·w, the mean taken in float64 and
-// rounded to float32 like HF's f32 variance.
-func normRow(out, x, w []float32, eps float32) {
+// rounded to float32 like HF's f32 variance. With bf16, x·rsqrt(...) is
+// rounded to bf16 before the multiply by w, as HF's
+// `self.weight * hidden_states.to(input_dtype)`.
+func normRow(out, x, w []float32, eps float32, bf16 bool) {
 	var ss float64
 	for _, v := range x {
 		ss += float64(v) * float64(v)
@@ -91,14 +136,19 @@ func normRow(out, x, w []float32, eps float32) {
 	w = w[:len(x)]
 	out = out[:len(x)]
 	for j, v := range x {
-		out[j] = (v * inv) * w[j]
+		h := v * inv
+		if bf16 {
+			h = roundBF16(h)
+		}
+		out[j] = h * w[j]
 	}
 }
 
-// Add is out = a + b: all [N,D] f32; out may be a or b.
+// Add is out = a + b: all [N,D] act; out may be a or b.
 func (o *ops) Add(out, a, b *kernels.Tensor) {
 	const op = kernels.OpAdd
-	om, am, bm := act(op, "out", out), act(op, "a", a), act(op, "b", b)
+	am, bm := o.in(op, "a", a), o.in(op, "b", b)
+	om, commit := o.out(op, "out", out)
 	check(om.rows == am.rows && om.rows == bm.rows && om.cols == am.cols && om.cols == bm.cols, op,
 		"out %v = a %v + b %v", out, a, b)
 	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
@@ -109,17 +159,26 @@ func (o *ops) Add(out, a, b *kernels.Tensor) {
 			}
 		}
 	})
+	commit()
 }
 
 // RoPE rotates dims [offset, offset+r.Dim) of each head of every token of x
 // in place by the angles of the token's position: pairs (2i, 2i+1) when
-// r.Interleaved, else (i, i+Dim/2); x [T, ≥heads·headStride] f32, pitched;
+// r.Interleaved, else (i, i+Dim/2); x [T, ≥heads·headStride] act, pitched;
 // pos [T] i32; r.Cos, r.Sin [MaxPos, Dim/2] f32. A token whose position is
 // outside the tables is left as it is and reported at Sync.
+//
+// With bf16 activations, rotate_half pairs round as Qwen2's
+// apply_rotary_pos_emb in bf16, q·cos + rotate_half(q)·sin with cos and sin
+// cast to bf16: every product and sum; interleaved pairs rotate in f32 and
+// round once, as DeepSeek-V2's apply_rotary_emb (x.float() times freqs_cis,
+// then .type_as(x)).
 func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
 	const op = kernels.OpRoPE
-	xm, ps := act(op, "x", x), ints(op, "pos", pos)
-	cos, sin := act(op, "cos", r.Cos), act(op, "sin", r.Sin)
+	ps := ints(op, "pos", pos)
+	xm, commit := o.inout(op, "x", x)
+	cos, sin := floats(op, "cos", r.Cos), floats(op, "sin", r.Sin)
+	halfBF16 := o.bf16 && !r.Interleaved
 	half := r.Dim / 2
 	check(r.Dim%2 == 0 && len(ps) == xm.rows && heads*headStride <= xm.cols && offset+r.Dim <= headStride &&
 		cos.cols == half && sin.cols == half && sin.rows == cos.rows, op,
@@ -144,33 +203,48 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 						a, b = i, i+half
 					}
 					x0, x1 := v[a], v[b]
+					if halfBF16 {
+						cb, sb := roundBF16(c[i]), roundBF16(s[i])
+						v[a] = roundBF16(roundBF16(x0*cb) - roundBF16(x1*sb))
+						v[b] = roundBF16(roundBF16(x1*cb) + roundBF16(x0*sb))
+						continue
+					}
 					v[a] = x0*c[i] - x1*s[i]
 					v[b] = x1*c[i] + x0*s[i]
 				}
 			}
 		}
 	})
+	commit()
 }
 
 // SwiGLU is out = silu(gate)·up with gate = gateUp[:, :I], up = gateUp[:, I:];
-// out [N,I] f32; gateUp [N,2I] f32.
+// out [N,I] act; gateUp [N,2I] act.
 func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {
 	const op = kernels.OpSwiGLU
-	om, gm := act(op, "out", out), act(op, "gateUp", gateUp)
+	gm := o.in(op, "gateUp", gateUp)
+	om, commit := o.out(op, "out", out)
 	check(om.rows == gm.rows && gm.cols == 2*om.cols, op, "out %v from gateUp %v", out, gateUp)
 	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			swiglu(om.row(i), gm.row(i))
+			swiglu(om.row(i), gm.row(i), o.bf16)
 		}
 	})
+	commit()
 }
 
-// swiglu is out[j] = silu(gu[j]) · gu[I+j] with I = len(out).
-func swiglu(out, gu []float32) {
+// swiglu is out[j] = silu(gu[j]) · gu[I+j] with I = len(out); with bf16,
+// silu's result is rounded to bf16 before the multiply, as HF's
+// `act_fn(gate) * up` on bf16 tensors.
+func swiglu(out, gu []float32, bf16 bool) {
 	n := len(out)
 	g, u := gu[:n], gu[n:2*n]
 	for j := range out {
-		out[j] = silu(g[j]) * u[j]
+		s := silu(g[j])
+		if bf16 {
+			s = roundBF16(s)
+		}
+		out[j] = s * u[j]
 	}
 }
 
@@ -178,10 +252,10 @@ func swiglu(out, gu []float32) {
 func silu(g float32) float32 { return g / (1 + float32(math.Exp(float64(-g)))) }
 
 // Argmax is out[b] = the lowest index of the largest element of logits row
-// b: out [B] i32; logits [B,V] f32. NaNs are never the largest.
+// b: out [B] i32; logits [B,V] f32 or act. NaNs are never the largest.
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	const op = kernels.OpArgmax
-	res, lm := ints(op, "out", out), act(op, "logits", logits)
+	res, lm := ints(op, "out", out), o.in(op, "logits", logits)
 	check(len(res) == lm.rows && lm.cols > 0, op, "out %v for logits %v", out, logits)
 	parallel(lm.rows, grainFor(lm.cols), func(lo, hi int) {
 		for b := lo; b < hi; b++ {

@@ -25,9 +25,10 @@ func newMat(rows, cols int) mat {
 	return mat{d: make([]float32, rows*cols), rows: rows, cols: cols, pitch: cols}
 }
 
-// act is the float32 view of an activation (or other f32) tensor; it panics,
-// naming the op and argument, when t is not an f32 tensor of this device.
-func act(op kernels.Op, arg string, t *kernels.Tensor) mat {
+// floats is the view of an f32 tensor that is f32 whatever the activation
+// type (rotary tables, router logits and weights); it panics, naming the op
+// and argument, when t is not an f32 tensor of this device.
+func floats(op kernels.Op, arg string, t *kernels.Tensor) mat {
 	if t == nil {
 		panic(fmt.Sprintf("cpu: %s: %s is nil", op, arg))
 	}
@@ -35,6 +36,79 @@ func act(op kernels.Op, arg string, t *kernels.Tensor) mat {
 		panic(fmt.Sprintf("cpu: %s: %s is %v (%T), want an f32 tensor of the cpu device", op, arg, t, t.Buf))
 	}
 	return mat{d: F32(t), rows: t.Rows(), cols: t.Cols(), pitch: t.Pitch}
+}
+
+// actArg is the view of an activation: an f32 tensor, or one of the
+// device's activation type; it panics, naming the op and argument, for
+// anything else.
+func (o *ops) actArg(op kernels.Op, arg string, t *kernels.Tensor) wmat {
+	if t == nil {
+		panic(fmt.Sprintf("cpu: %s: %s is nil", op, arg))
+	}
+	if _, err := hostBuffer(t); err != nil || t.DType != kernels.F32 && t.DType != o.dev.act {
+		want := "an f32"
+		if o.dev.act != kernels.F32 {
+			want = "an f32 or " + o.dev.act.String()
+		}
+		panic(fmt.Sprintf("cpu: %s: %s is %v (%T), want %s tensor of the cpu device", op, arg, t, t.Buf, want))
+	}
+	return weight(t)
+}
+
+// in returns activation t as float32: t's own elements when t is f32, else
+// a packed copy widened from bf16.
+func (o *ops) in(op kernels.Op, arg string, t *kernels.Tensor) mat {
+	w := o.actArg(op, arg, t)
+	if t.DType == kernels.F32 {
+		return mat{d: w.f32, rows: w.rows, cols: w.cols, pitch: w.pitch}
+	}
+	m := newMat(w.rows, w.cols)
+	for i := range m.rows {
+		w.row(i, m.row(i))
+	}
+	return m
+}
+
+// out returns the float32 matrix an op writes activation t through, and
+// commit, which completes the write: for an f32 t, t's own elements and
+// nothing to do; for a bf16 t, a packed scratch matrix that commit rounds
+// into t. Every op's outputs are rounded so, once, at the end.
+func (o *ops) out(op kernels.Op, arg string, t *kernels.Tensor) (m mat, commit func()) {
+	return o.writable(op, arg, t, false)
+}
+
+// inout is out for an activation the op updates in place: the scratch
+// matrix starts with t's values.
+func (o *ops) inout(op kernels.Op, arg string, t *kernels.Tensor) (m mat, commit func()) {
+	return o.writable(op, arg, t, true)
+}
+
+// writable is out, with the scratch matrix loaded from t when load.
+func (o *ops) writable(op kernels.Op, arg string, t *kernels.Tensor, load bool) (mat, func()) {
+	w := o.actArg(op, arg, t)
+	if t.DType == kernels.F32 {
+		return mat{d: w.f32, rows: w.rows, cols: w.cols, pitch: w.pitch}, func() {}
+	}
+	m := newMat(w.rows, w.cols)
+	if load {
+		for i := range m.rows {
+			w.row(i, m.row(i))
+		}
+	}
+	return m, func() {
+		for i := range m.rows {
+			w.put(i, m.row(i))
+		}
+	}
+}
+
+// round rounds v in place to the activation type: to bf16 on a bf16 device,
+// not at all on an f32 one. Ops call it where HF's bf16 path rounds a
+// result that the op then computes with.
+func (o *ops) round(v []float32) {
+	if o.bf16 {
+		roundRowBF16(v)
+	}
 }
 
 // ints is the i32 view of an index tensor, row after row of its columns.
@@ -48,7 +122,8 @@ func ints(op kernels.Op, arg string, t *kernels.Tensor) []int32 {
 	return I32(t)
 }
 
-// wmat is a matrix of f32, bf16 or f16 weights, read a row at a time.
+// wmat is a matrix of f32, bf16 or f16 elements (weights, or an activation
+// cache), read and written a row at a time.
 type wmat struct {
 	f32               []float32 // F32 elements, or
 	u16               []uint16  // BF16 or F16 bits
@@ -97,6 +172,23 @@ func (w wmat) row(i int, scratch []float32) []float32 {
 	dst := scratch[:w.cols:w.cols]
 	decode16(dst, w.u16[o:o+w.cols], w.bf16)
 	return dst
+}
+
+// put stores v as row i, rounded to nearest even for 16-bit elements.
+func (w wmat) put(i int, v []float32) {
+	o := i * w.pitch
+	if w.u16 == nil {
+		copy(w.f32[o:o+w.cols], v)
+		return
+	}
+	dst := w.u16[o : o+w.cols]
+	if w.bf16 {
+		encodeBF16(dst, v)
+		return
+	}
+	for j, x := range v[:w.cols] {
+		dst[j] = f32ToF16(x)
+	}
 }
 
 // raw is row i of 16-bit weights as stored.
