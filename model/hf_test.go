@@ -36,13 +36,29 @@ type reference struct {
 
 func (r *reference) bf16() bool { return strings.Contains(r.DType, "bfloat16") }
 
+// step returns HF's logits of row b at step i (0: after the prompt, i: after
+// feeding Tokens[i-1]) and the token HF chose from them (-1 after the last
+// step).
+func (r *reference) step(b, i int) ([]float32, int) {
+	row := r.Rows[b]
+	logits := row.PrefillLogits
+	if i > 0 {
+		logits = row.DecodeLogits[i-1]
+	}
+	if i >= r.Steps {
+		return logits, -1
+	}
+	return logits, row.Tokens[i]
+}
+
 // tolerance is the relative error allowed against HF on a device with
-// activations of type act. An f32 checkpoint on an f32 device runs HF's math.
-// HF ran the bf16 checkpoints with bf16 activations, rounding every op's
-// output to 8 bits of mantissa: a bf16 device repeats that within 1e-2,
-// while f32 activations (the CPU) differ from HF by HF's own rounding,
-// measured up to 2.1% on the fixtures; an f32 checkpoint on a bf16 device
-// is the same difference the other way.
+// activations of type act. An f32 checkpoint on an f32 device runs HF's math
+// (1e-4). HF ran the bf16 checkpoints with bf16 activations, rounding to 8
+// bits of mantissa where torch's eager ops do: a bf16 device repeats that
+// within the bound, 1e-2 (the cpu set rounds where HF does; see
+// TestHFReferenceBF16OnF32 for what f32 activations give instead). An f32
+// checkpoint on a bf16 device (the CUDA sets) adds bf16's rounding to HF's
+// f32 math: 3e-2.
 func (r *reference) tolerance(act kernels.DType) float64 {
 	switch {
 	case !r.bf16() && act == kernels.F32:
@@ -53,17 +69,10 @@ func (r *reference) tolerance(act kernels.DType) float64 {
 	return 3e-2
 }
 
-// nearTie reports whether HF's logits of tokens a and b are closer than the
-// error allowed (tol relative to their norm): then HF's logits cannot order
-// them for us, and our argmax may be either.
-func nearTie(want []float32, a, b int, tol float64) bool {
-	var n float64
-	for _, x := range want {
-		n += float64(x) * float64(x)
-	}
-	rms := math.Sqrt(n / float64(len(want)))
-	return math.Abs(float64(want[a])-float64(want[b])) <= 2*tol*rms
-}
+// tie reports whether HF's logits of tokens a and b are equal, which bf16
+// logits (8 bits of mantissa) can be: then HF's argmax, the lower index,
+// cannot order them for us, and ours may be either.
+func tie(want []float32, a, b int) bool { return want[a] == want[b] }
 
 func fixtureDir(name string) string { return filepath.Join("..", "testdata", "models", name) }
 
@@ -95,7 +104,16 @@ func openFixture(t *testing.T, name string) (*loader.Config, *loader.Weights, *r
 // as the CLI builds it.
 func cpuOps(t *testing.T) (kernels.Device, kernels.Ops) {
 	t.Helper()
-	dev := cpu.NewDevice()
+	return cpuOpsAct(t, kernels.F32)
+}
+
+// cpuOpsAct is cpuOps with activations of type act.
+func cpuOpsAct(t *testing.T, act kernels.DType) (kernels.Device, kernels.Ops) {
+	t.Helper()
+	dev, err := cpu.NewDeviceAct(act)
+	if err != nil {
+		t.Fatal(err)
+	}
 	spec, err := kernels.ParseSpec("cpu")
 	if err != nil {
 		t.Fatal(err)
@@ -170,6 +188,17 @@ func load(t *testing.T, cfg *loader.Config, w *loader.Weights, opt LoadOptions) 
 	return loadOn(t, dev, ops, cfg, w, opt)
 }
 
+// hfOps returns the device and ops a fixture is held against HF on: the
+// test backend, whose cpu set runs a bf16 checkpoint with bf16 activations,
+// as HF does.
+func hfOps(t *testing.T, ref *reference) (kernels.Device, kernels.Ops) {
+	t.Helper()
+	if text := os.Getenv("FUSELM_TEST_KERNELS"); (text == "" || text == "cpu") && ref.bf16() {
+		return cpuOpsAct(t, kernels.BF16)
+	}
+	return backendOps(t)
+}
+
 // loadCPU loads a model on the CPU: for the tests of the generation loop,
 // which want exactly reproducible logits.
 func loadCPU(t *testing.T, cfg *loader.Config, w *loader.Weights, opt LoadOptions) Model {
@@ -215,6 +244,32 @@ func readLogits(t *testing.T, m Model, B int) [][]float32 {
 	return rows
 }
 
+// teacherForce runs ref's prompts through m as one batch of different
+// lengths, then ref.Steps decode steps fed HF's greedy tokens, and calls
+// visit with every row's logits after the prefill (step 0) and after each
+// decode step.
+func teacherForce(t *testing.T, m Model, ref *reference, visit func(step int, got [][]float32)) {
+	t.Helper()
+	e, B := m.base(), len(ref.Prompts)
+	if err := prefill(e, ref.Prompts); err != nil {
+		t.Fatal(err)
+	}
+	visit(0, readLogits(t, m, B))
+	tokens, past := make([][]int, B), make([]int, B)
+	for i := range ref.Steps {
+		for b, p := range ref.Prompts {
+			tokens[b] = []int{ref.Rows[b].Tokens[i]}
+			past[b] = len(p) + i
+		}
+		s, err := e.newStep(0, tokens, past, true, B)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decodeOne(e, s, false)
+		visit(i+1, readLogits(t, m, B))
+	}
+}
+
 // TestHFReference holds every fixture's model against HF: all prompts as one
 // batch of different lengths through prefill, then decode steps fed HF's
 // greedy tokens (teacher forcing), comparing every step's logits; then free
@@ -229,66 +284,42 @@ func TestHFReference(t *testing.T) {
 			for _, p := range ref.Prompts {
 				longest = max(longest, len(p))
 			}
+			dev, ops := hfOps(t, ref)
 			for _, chunk := range []int{0, 4} {
-				m := load(t, cfg, w, LoadOptions{MaxRows: B, MaxSeq: longest + steps, PrefillChunk: chunk})
+				m := loadOn(t, dev, ops, cfg, w, LoadOptions{MaxRows: B, MaxSeq: longest + steps, PrefillChunk: chunk})
 				e := m.base()
 				tol := ref.tolerance(e.dev.ActDType())
 				// agree[b] is how many of HF's greedy tokens row b must
-				// reproduce: all, unless a bf16 near-tie let its argmax
-				// differ from HF's (then the continuations part there).
+				// reproduce: all, unless a tie in HF's bf16 logits let its
+				// argmax differ from HF's (then the continuations part
+				// there).
 				agree := make([]int, B)
 				for b := range agree {
 					agree[b] = steps
 				}
 
-				if err := prefill(e, ref.Prompts); err != nil {
-					t.Fatal(err)
-				}
 				worst := 0.0
-				check := func(step int, got [][]float32, want func(b int) []float32, wantTok func(b int) int) {
+				teacherForce(t, m, ref, func(step int, got [][]float32) {
 					for b := range B {
-						re := relErr(got[b], want(b))
+						want, tok := ref.step(b, step)
+						re := relErr(got[b], want)
 						worst = max(worst, re)
 						if re > tol || math.IsNaN(re) {
 							t.Errorf("chunk %d, row %d, step %d: relative error %.3g > %g", chunk, b, step, re, tol)
 						}
-						tok, our := wantTok(b), argmax(got[b])
-						switch {
+						switch our := argmax(got[b]); {
 						case tok < 0 || our == tok:
-						case nearTie(want(b), our, tok, tol):
-							t.Logf("chunk %d, row %d, step %d: argmax %d, HF %d: a near tie in HF's logits", chunk, b, step, our, tok)
+						case tie(want, our, tok):
+							t.Logf("chunk %d, row %d, step %d: argmax %d, HF %d: tied in HF's logits", chunk, b, step, our, tok)
 							agree[b] = min(agree[b], step)
 						default:
-							t.Errorf("chunk %d, row %d, step %d: argmax %d, HF %d", chunk, b, step, our, tok)
+							t.Errorf("chunk %d, row %d, step %d: argmax %d, HF %d (HF's logits %g and %g)",
+								chunk, b, step, our, tok, want[our], want[tok])
 						}
 					}
-				}
-				check(0, readLogits(t, m, B),
-					func(b int) []float32 { return ref.Rows[b].PrefillLogits },
-					func(b int) int { return ref.Rows[b].Tokens[0] })
+				})
 
-				tokens, past := make([][]int, B), make([]int, B)
-				for i := range steps {
-					for b, p := range ref.Prompts {
-						tokens[b] = []int{ref.Rows[b].Tokens[i]}
-						past[b] = len(p) + i
-					}
-					s, err := e.newStep(0, tokens, past, true, B)
-					if err != nil {
-						t.Fatal(err)
-					}
-					decodeOne(e, s, false)
-					check(i+1, readLogits(t, m, B),
-						func(b int) []float32 { return ref.Rows[b].DecodeLogits[i] },
-						func(b int) int {
-							if i+1 < steps {
-								return ref.Rows[b].Tokens[i+1]
-							}
-							return -1
-						})
-				}
-
-				t.Logf("chunk %d: largest relative error %.3g (tolerance %g)", chunk, worst, tol)
+				t.Logf("chunk %d on %s: largest relative error %.3g (tolerance %g)", chunk, e.dev.Name(), worst, tol)
 
 				gen, err := Generate(m, ref.Prompts, GenerateOptions{MaxNewTokens: steps, EOS: []int{}})
 				if err != nil {
@@ -305,6 +336,37 @@ func TestHFReference(t *testing.T) {
 					}
 				}
 			}
+		})
+	}
+}
+
+// TestHFReferenceBF16OnF32 measures what f32 activations (NewDevice, the
+// CLI's) give on the bf16 checkpoints, which HF ran with bf16 activations:
+// HF's own rounding, which TestHFReference's bf16 activations reproduce.
+// It is logged, not bounded.
+func TestHFReferenceBF16OnF32(t *testing.T) {
+	for _, name := range hfFixtures {
+		t.Run(name, func(t *testing.T) {
+			cfg, w, ref := openFixture(t, name)
+			if !ref.bf16() {
+				t.Skip("an f32 checkpoint: TestHFReference holds it on f32 activations")
+			}
+			longest := 0
+			for _, p := range ref.Prompts {
+				longest = max(longest, len(p))
+			}
+			m := loadCPU(t, cfg, w, LoadOptions{MaxRows: len(ref.Prompts), MaxSeq: longest + ref.Steps})
+			worst, differ := 0.0, 0
+			teacherForce(t, m, ref, func(step int, got [][]float32) {
+				for b := range got {
+					want, tok := ref.step(b, step)
+					worst = max(worst, relErr(got[b], want))
+					if tok >= 0 && argmax(got[b]) != tok {
+						differ++
+					}
+				}
+			})
+			t.Logf("f32 activations against HF's bf16 run: largest relative error %.3g; %d of HF's greedy tokens not our argmax", worst, differ)
 		})
 	}
 }
