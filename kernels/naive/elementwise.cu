@@ -162,7 +162,10 @@ RMS_SCALE_ALL(8)
 // angle of pair i (i < dim/2) at position pos[t] is (cos, sin)[pos[t]*cspitch + i],
 // f32 tables [maxPos, cspitch]; pos i32 [T]. Pair i is the dims (i, i+dim/2)
 // (rotate_half, Qwen2) or (2i, 2i+1) (INTERLEAVED, DeepSeek-V2):
-//   x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin, in f32, stored as bf16.
+//   x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin.
+// Each is computed as HF's bf16 eager code does it: DeepSeek-V2's complex
+// product in f32, rounded once; Qwen2's q*cos + rotate_half(q)*sin in bf16,
+// with cos and sin cast to bf16 and each product and the sum rounded.
 // A position outside [0, maxPos) traps. Launch: 1-D grid-stride over T*heads*dim/2.
 template <bool INTERLEAVED>
 __device__ void rope(bf16* x, int pitch, int T, int heads, int hstride, int offset, const int* pos,
@@ -179,8 +182,14 @@ __device__ void rope(bf16* x, int pitch, int T, int heads, int hstride, int offs
 		bf16* head = x + t * pitch + (long long)h * hstride + offset;
 		const int i1 = INTERLEAVED ? 2 * j : j, i2 = INTERLEAVED ? 2 * j + 1 : j + half;
 		const float x1 = to_f32(head[i1]), x2 = to_f32(head[i2]);
-		head[i1] = __float2bfloat16_rn(x1 * c - x2 * s);
-		head[i2] = __float2bfloat16_rn(x2 * c + x1 * s);
+		if (INTERLEAVED) {
+			head[i1] = __float2bfloat16_rn(x1 * c - x2 * s);
+			head[i2] = __float2bfloat16_rn(x2 * c + x1 * s);
+		} else {
+			const float cb = round_bf16(c), sb = round_bf16(s);
+			head[i1] = __float2bfloat16_rn(round_bf16(x1 * cb) + round_bf16(-x2 * sb));
+			head[i2] = __float2bfloat16_rn(round_bf16(x2 * cb) + round_bf16(x1 * sb));
+		}
 	}
 }
 
