@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >
 # Test binaries run in their package directory, as go test runs them.
 step cuda sh -c "cd kernels/cuda && ../../bin/cuda.test -test.v"
 step naive sh -c "cd kernels/naive && ../../bin/naive.test -test.v"
-step model-fixtures sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v -test.run TestHFReference"
+step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
 if [ "${1:-}" != quick ]; then
 	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"
 	step qwen2-7b-vs-hf sh -c "cd model && FUSELM_TEST_KERNELS=naive FUSELM_HF_CHECKPOINT=$QWEN2_7B \
