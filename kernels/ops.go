@@ -202,3 +202,14 @@ type Routing struct {
 	NormTopK   bool
 	Scale      float32 // routed_scaling_factor
 }
+
+// SDPAFused reports whether HF's default attention, torch's
+// scaled_dot_product_attention on CUDA with bf16 inputs, runs heads with
+// query/key dim dqk and value dim dv in a fused kernel (flash attention when
+// dqk == dv ≤ 256; memory-efficient or cuDNN attention when both are
+// multiples of 8) or else in its math backend. The two round differently:
+// the fused kernels round the softmax numerators exp(s − max) to bf16 before
+// P·V and divide by their f32 sum; the math backend computes in f32 and
+// rounds only the output. Kernel sets that mean to match HF's logits in bf16
+// follow the same split.
+func SDPAFused(dqk, dv int) bool { return dqk == dv && dqk <= 256 || dqk%8 == 0 && dv%8 == 0 }

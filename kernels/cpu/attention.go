@@ -106,7 +106,7 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 	}
 
 	group := hq / hkv
-	roundP := o.bf16 && fusedSDPA(d, d)
+	roundP := o.bf16 && kernels.SDPAFused(d, d)
 	parallel(n*hq, grainFor(d*(maxSeq/2+1)), func(lo, hi int) {
 		scores := make([]float32, maxSeq)
 		acc := make([]float32, d)
@@ -131,13 +131,6 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 	})
 	commit()
 }
-
-// fusedSDPA reports whether torch's scaled_dot_product_attention on CUDA
-// runs attention of bf16 heads with query/key dim dqk and value dim dv in a
-// fused kernel: flash attention (dqk == dv ≤ 256), memory-efficient or
-// cuDNN attention (both multiples of 8); otherwise in its math backend,
-// which computes in f32 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
-func fusedSDPA(dqk, dv int) bool { return dqk == dv && dqk <= 256 || dqk%8 == 0 && dv%8 == 0 }
 
 // weightedSum sets acc to Σ_j softmax(s)_j · value(j) for the scores s
 // (which it overwrites). Plain, the softmax is f32 with its sum in float64
@@ -295,7 +288,7 @@ func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
 func mlaExpanded(out, q mat, cache, w wmat, a *kernels.MLAArgs, sp rowSpans) {
 	nh, dn, dr, dv, rank, maxSeq := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank, a.Batch.MaxSeq
 	n, dq := q.rows, dn+dr
-	roundP := fusedSDPA(dq, dv)
+	roundP := kernels.SDPAFused(dq, dv)
 	tb := max(1, min(n, 64))
 	blocks := (n + tb - 1) / tb
 	parallel(nh*blocks, grainFor((dn+dv)*rank*(maxSeq/2+1)), func(lo, hi int) {

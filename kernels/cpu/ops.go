@@ -45,7 +45,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //   - Attention: as torch's scaled_dot_product_attention on CUDA (HF's
 //     default "sdpa"): scores, softmax and the weighted sum of values in
 //     f32, the output rounded; where SDPA would run a fused kernel (flash,
-//     memory-efficient or cuDNN: fusedSDPA) the softmax numerators are
+//     memory-efficient or cuDNN: kernels.SDPAFused) the softmax numerators are
 //     rounded too before they weigh the values, as those kernels do.
 //   - MLA: k_nope = W_UK·c and v = W_UV·c (kv_b_proj's bf16 output, which
 //     HF caches), then attention as above; so no absorbed form.

@@ -82,24 +82,32 @@ __device__ void kv_masked_copy(bf16* dst, const bf16* src, const int* start, con
 KV_MASKED_COPY(1)
 KV_MASKED_COPY(8)
 
-// softmax_mask turns scaled attention scores into causally masked
-// probabilities, as eager attention's softmax(dtype=f32).to(bf16):
-// p[r, j] = exp(s[r, j] - max) / sum for j < valid(r), 0 beyond, with max and
-// sum over the valid columns. s f32 [rows, cols] packed; p bf16 [rows, cols]
-// packed. Row r is query r % nq of a sequence whose first query sits at
-// position first = past ? past[r / rowsPerSeq] : base (device lengths for
-// decode, a host value for prefill), so valid(r) = min(cols, first + r % nq + 1).
-// With SMEM the row is read from memory once, into cols floats of dynamic
-// shared memory (torch's cunn_SoftMaxForwardSmem); else each pass reads it.
+// softmax_mask turns scaled attention scores into causally masked softmax
+// numerators, rounded as HF's default attention (SDPA's fused kernels on
+// bf16) rounds them: p[r, j] = bf16(exp(s[r, j] - max)) for j < valid(r), 0
+// beyond, and sums[r] = the f32 sum of the unrounded numerators, by which
+// attn_normalize divides P·V. (Eager attention's softmax(dtype=f32).to(bf16)
+// rounds the normalized probabilities instead; on the bf16 HF fixtures that
+// lands 1.4% from HF's logits where this lands 0.18%.) With P = float the
+// numerators are not rounded: SDPA's math backend, which HF's attention
+// takes for head dims its fused kernels refuse (kernels.SDPAFused).
+// s f32 [rows, cols] packed; p P [rows, cols] packed; sums f32 [rows].
+// Row r is query r % nq of a sequence whose first query sits at position
+// first = past ? past[r / rowsPerSeq] : base (device lengths for decode, a
+// host value for prefill), so valid(r) = min(cols, first + r % nq + 1), and
+// max is over the valid columns. With SMEM the row is read from memory once,
+// into cols floats of dynamic shared memory (torch's cunn_SoftMaxForwardSmem);
+// else each pass reads it.
 // Launch: grid.x = rows (one block per row), any multiple of 32 threads.
-template <bool SMEM>
-__device__ void softmax_mask(bf16* p, const float* s, int cols, int nq, const int* past, int rowsPerSeq, int base) {
+template <bool SMEM, typename P>
+__device__ void softmax_mask(P* p, float* sums, const float* s, int cols, int nq, const int* past,
+                             int rowsPerSeq, int base) {
 	extern __shared__ float cached[];
 	const long long r = blockIdx.x;
 	const int first = past ? past[r / rowsPerSeq] : base;
 	const int valid = min(cols, first + (int)(r % nq) + 1);
 	const float* row = s + r * cols;
-	bf16* prow = p + r * cols;
+	P* prow = p + r * cols;
 
 	float m = NEG_INF;
 	for (int j = threadIdx.x; j < valid; j += blockDim.x) {
@@ -110,18 +118,36 @@ __device__ void softmax_mask(bf16* p, const float* s, int cols, int nq, const in
 	m = block_reduce<MaxOp>(m); // its barriers also publish cached
 	if (SMEM) row = cached;
 	float sum = 0.0f;
-	for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(row[j] - m);
+	for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+		const float e = j < valid ? expf(row[j] - m) : 0.0f;
+		sum += e;
+		prow[j] = from_f32<P>(e);
+	}
 	sum = block_reduce<SumOp>(sum);
-	for (int j = threadIdx.x; j < cols; j += blockDim.x)
-		prow[j] = __float2bfloat16_rn(j < valid ? expf(row[j] - m) / sum : 0.0f);
+	if (threadIdx.x == 0) sums[r] = sum;
 }
 
-extern "C" __global__ void softmax_mask_global(bf16* p, const float* s, int cols, int nq, const int* past,
-                                               int rowsPerSeq, int base) {
-	softmax_mask<false>(p, s, cols, nq, past, rowsPerSeq, base);
-}
+#define SOFTMAX_MASK(NAME, SMEM, P)                                                                   \
+	extern "C" __global__ void NAME(P* p, float* sums, const float* s, int cols, int nq, const int* past, \
+	                                int rowsPerSeq, int base) {                                          \
+		softmax_mask<SMEM, P>(p, sums, s, cols, nq, past, rowsPerSeq, base);                             \
+	}
+SOFTMAX_MASK(softmax_mask_global_bf16, false, bf16)
+SOFTMAX_MASK(softmax_mask_smem_bf16, true, bf16)
+SOFTMAX_MASK(softmax_mask_global_f32, false, float)
+SOFTMAX_MASK(softmax_mask_smem_f32, true, float)
 
-extern "C" __global__ void softmax_mask_smem(bf16* p, const float* s, int cols, int nq, const int* past,
-                                             int rowsPerSeq, int base) {
-	softmax_mask<true>(p, s, cols, nq, past, rowsPerSeq, base);
+// attn_normalize divides the P·V products of softmax_mask's numerators by
+// their sums and rounds: out[t, h*dim + d] = bf16(acc[t, h*dim + d] /
+// sums[t*lt + h*lh]). out bf16 [T, heads*dim] with pitch op; acc f32 [T,
+// heads*dim] with pitch ap; sums f32, indexed by the strides lt (tokens) and
+// lh (heads) of the scores' row order. Launch: 1-D grid-stride over T*heads*dim.
+extern "C" __global__ void attn_normalize(bf16* out, int op, const float* acc, int ap, const float* sums, int lt,
+                                          int lh, int T, int heads, int dim) {
+	const long long width = (long long)heads * dim;
+	GRID_STRIDE(i, (long long)T * width) {
+		const long long t = i / width;
+		const int c = (int)(i - t * width), h = c / dim;
+		out[t * op + c] = __float2bfloat16_rn(acc[t * ap + c] / sums[t * lt + (long long)h * lh]);
+	}
 }

@@ -13,16 +13,25 @@ type mask struct {
 	base       int
 }
 
-// softmax launches softmax_mask: probs = masked softmax of scores, both
-// packed [rows, cols], row r being query r % nq of its sequence. A row that
-// fits in shared memory is read once.
-func (o *ops) softmax(probs, scores mat, rows, cols, nq int, m mask) {
-	kernel, shared := "softmax_mask_global", 0
+// softmax launches softmax_mask: probs (bf16, or f32 for the math backend's
+// rounding) = the masked softmax numerators of scores, both packed [rows,
+// cols], row r being query r % nq of its sequence, and sums [rows] their f32
+// sums. A row that fits in shared memory is read once.
+func (o *ops) softmax(probs, sums, scores mat, rows, cols, nq int, m mask) {
+	kernel, shared := "softmax_mask_global_"+probs.dt.String(), 0
 	if row := cols * kernels.F32.Size(); row <= o.maxShared {
-		kernel, shared = "softmax_mask_smem", row
+		kernel, shared = "softmax_mask_smem_"+probs.dt.String(), row
 	}
 	o.launchShared(kernel, rows, threadsFor(cols), shared,
-		probs.p, scores.p, int32(cols), int32(nq), m.past, int32(max(1, m.rowsPerSeq)), int32(m.base))
+		probs.p, sums.p, scores.p, int32(cols), int32(nq), m.past, int32(max(1, m.rowsPerSeq)), int32(m.base))
+}
+
+// normalize launches attn_normalize: out (bf16, pitched [T, heads*dim]) =
+// acc (f32 P·V of the numerators, same layout) / the sum of the scores row
+// of token t and head h, sums[t*lt + h*lh].
+func (o *ops) normalize(out, acc, sums mat, T, heads, dim, lt, lh int) {
+	o.launchItems("attn_normalize", int64(T)*int64(heads)*int64(dim), out.p, int32(out.pitch), acc.p,
+		int32(acc.pitch), sums.p, int32(lt), int32(lh), int32(T), int32(heads), int32(dim))
 }
 
 // appendKV launches kv_append: the new rows of src (and vsrc) go into cache
@@ -99,7 +108,8 @@ func checkAttn(op kernels.Op, a *kernels.AttnArgs, prefill bool) {
 // AttentionPrefill is eager GQA attention, one row at a time and in chunks of
 // queries whose scores fit chunkBudget: per kv head g, S = Q·Kᵀ·Scale over
 // its group's query heads (one strided-batched GEMM, stride 0 on the shared
-// K), the masked softmax, then O = P·V written into Out.
+// K), the masked softmax numerators, P·V in f32, then its division by the
+// numerators' sums written into Out (see softmax_mask for why).
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	op := kernels.OpAttnPrefill
 	checkAttn(op, a, true)
@@ -121,14 +131,17 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 			t0 := b.Start[r] + i0
 			scores := o.scratch(slotScores, kernels.F32, group*nq, keys)
 			probs := o.scratch(slotProbs, kernels.BF16, group*nq, keys)
+			sums := o.scratch(slotAttnSum, kernels.F32, group*nq, 1)
+			acc := o.scratch(slotAttnAcc, kernels.F32, nq, group*dim)
 			qkv := int64(nq) * int64(keys) // scores of one head
 			for g := range a.KVHeads {
 				cache := (r*a.KVHeads + g) * b.MaxSeq
 				o.gemmBatched(true, nq, keys, dim, a.Scale, q.sub(t0, g*group*dim), int64(dim),
 					kc.sub(cache, 0), 0, 0, scores, qkv, group)
-				o.softmax(probs, scores, group*nq, keys, nq, mask{base: past + i0})
+				o.softmax(probs, sums, scores, group*nq, keys, nq, mask{base: past + i0})
 				o.gemmBatched(false, nq, dim, keys, 1, probs, qkv, vc.sub(cache, 0), 0,
-					0, out.sub(t0, g*group*dim), int64(dim), group)
+					0, acc, int64(dim), group)
+				o.normalize(out.sub(t0, g*group*dim), acc, sums, nq, group, dim, 1, nq)
 			}
 		}
 	}
@@ -150,6 +163,8 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	q, out := o.mat(a.Q), o.mat(a.Out)
 	scores := o.scratch(slotScores, kernels.F32, b.Rows*a.Heads, seq)
 	probs := o.scratch(slotProbs, kernels.BF16, b.Rows*a.Heads, seq)
+	sums := o.scratch(slotAttnSum, kernels.F32, b.Rows*a.Heads, 1)
+	acc := o.scratch(slotAttnAcc, kernels.F32, b.Rows, a.Heads*dim)
 	// Problem (row i, kv head j): the group's query heads are group
 	// consecutive vectors of row i of q (lda = dim), its cache is
 	// [i, j] of [B, KVHeads, MaxSeq, dim], its scores rows i*Heads + j*group.
@@ -159,9 +174,10 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	vs := batch2{m: o.maskedCache(a.VCache, b, a.KVHeads, dim), si: cacheRow, sj: cacheHead}
 	ss := batch2{m: scores, si: int64(a.Heads * seq), sj: int64(group * seq)}
 	ps := batch2{m: probs, si: ss.si, sj: ss.sj}
-	outs := batch2{m: mat{p: out.p, pitch: dim, dt: out.dt}, si: int64(out.pitch), sj: int64(group * dim)}
+	accs := batch2{m: mat{p: acc.p, pitch: dim, dt: acc.dt}, si: int64(a.Heads * dim), sj: int64(group * dim)}
 
 	o.gemmBatch2(true, group, seq, dim, a.Scale, qs, ks, 0, ss, b.Rows, a.KVHeads)
-	o.softmax(probs, scores, b.Rows*a.Heads, seq, 1, mask{past: o.d.Ptr(b.PastDev), rowsPerSeq: a.Heads})
-	o.gemmBatch2(false, group, dim, seq, 1, ps, vs, 0, outs, b.Rows, a.KVHeads)
+	o.softmax(probs, sums, scores, b.Rows*a.Heads, seq, 1, mask{past: o.d.Ptr(b.PastDev), rowsPerSeq: a.Heads})
+	o.gemmBatch2(false, group, dim, seq, 1, ps, vs, 0, accs, b.Rows, a.KVHeads)
+	o.normalize(out, acc, sums, b.Rows, a.Heads, dim, a.Heads, 1)
 }

@@ -24,7 +24,8 @@ func checkMLA(op kernels.Op, a *kernels.MLAArgs, prefill bool) {
 // head's k_nope and v (bf16, as torch keeps them); then, in chunks of
 // queries whose scores fit chunkBudget, the scores of all heads are
 // q_nope·k_nopeᵀ plus q_pe·k_peᵀ (two strided-batched GEMMs, the second
-// accumulating, stride 0 on the shared k_pe), the masked softmax and P·V.
+// accumulating, stride 0 on the shared k_pe), the masked softmax numerators,
+// P·V in f32 and its division by their sums (see softmax_mask).
 func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	op := kernels.OpMLAPrefill
 	checkMLA(op, a, true)
@@ -84,13 +85,23 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 // the cache).
 func (o *ops) mlaAttend(a *kernels.MLAArgs, t0, nq, keys int, kv, kpe mat, m mask) {
 	heads, nope, vdim := a.Heads, a.NopeDim, a.VDim
+	// HF's attention rounds the numerators for these head dims, or (its math
+	// backend) computes P·V in f32 from the bf16 values.
+	pType, values := kernels.BF16, kv
+	if !kernels.SDPAFused(nope+a.RopeDim, vdim) {
+		perPos := heads * (nope + vdim)
+		pType, values = kernels.F32, o.scratch(slotLatentF32, kernels.F32, keys, perPos)
+		o.copyRows(values, 0, kv, 0, 1, keys, keys, perPos)
+	}
 	scores := o.scratch(slotScores, kernels.F32, heads*nq, keys)
-	probs := o.scratch(slotProbs, kernels.BF16, heads*nq, keys)
+	probs := o.scratch(slotProbs, pType, heads*nq, keys)
+	sums := o.scratch(slotAttnSum, kernels.F32, heads*nq, 1)
+	acc := o.scratch(slotAttnAcc, kernels.F32, nq, heads*vdim)
 	q := o.mat(a.Q).sub(t0, 0)
 	qStride, kvStride, sStride := int64(nope+a.RopeDim), int64(nope+vdim), int64(nq)*int64(keys)
 	o.gemmBatched(true, nq, keys, nope, a.Scale, q, qStride, kv, kvStride, 0, scores, sStride, heads)
 	o.gemmBatched(true, nq, keys, a.RopeDim, a.Scale, q.sub(0, nope), qStride, kpe, 0, 1, scores, sStride, heads)
-	o.softmax(probs, scores, heads*nq, keys, nq, m)
-	o.gemmBatched(false, nq, vdim, keys, 1, probs, sStride, kv.sub(0, nope), kvStride,
-		0, o.mat(a.Out).sub(t0, 0), int64(vdim), heads)
+	o.softmax(probs, sums, scores, heads*nq, keys, nq, m)
+	o.gemmBatched(false, nq, vdim, keys, 1, probs, sStride, values.sub(0, nope), kvStride, 0, acc, int64(vdim), heads)
+	o.normalize(o.mat(a.Out).sub(t0, 0), acc, sums, nq, heads, vdim, 1, nq)
 }

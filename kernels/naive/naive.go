@@ -67,15 +67,18 @@ var (
 // Scratch slots. Ops run one after another on the device's stream, so ops
 // share slots; within one op each temporary has a slot of its own.
 const (
-	slotRstd     = 0 // RMSNorm: rstd f32 [N]
-	slotScores   = 0 // attention: scores f32 [heads*queries, keys]
-	slotProbs    = 1 // attention: probabilities bf16 [heads*queries, keys]
-	slotLatentKV = 2 // MLA: decompressed keys and values bf16 [positions, Heads*(NopeDim+VDim)]
-	slotMaskedKV = 3 // decode: the cache with unused positions zeroed
-	slotMoESlot  = 0 // MoE: sorted row of every choice i32 [N*K]
-	slotMoEX     = 1 // MoE: gathered tokens, then expert outputs bf16 [rows, H]
-	slotMoEH     = 2 // MoE: gate and up projections bf16 [rows, 2I]
-	slotMoEAct   = 3 // MoE: SwiGLU activations bf16 [rows, I]
+	slotRstd      = 0 // RMSNorm: rstd f32 [N]
+	slotScores    = 0 // attention: scores f32 [heads*queries, keys]
+	slotProbs     = 1 // attention: probabilities bf16 [heads*queries, keys]
+	slotLatentKV  = 2 // MLA: decompressed keys and values bf16 [positions, Heads*(NopeDim+VDim)]
+	slotMaskedKV  = 3 // decode: the cache with unused positions zeroed
+	slotAttnAcc   = 4 // attention: P·V of the softmax numerators f32 [queries, heads*dim]
+	slotAttnSum   = 5 // attention: the numerators' sums f32 [heads*queries]
+	slotLatentF32 = 6 // MLA, math-backend dims: the decompressed keys and values as f32
+	slotMoESlot   = 0 // MoE: sorted row of every choice i32 [N*K]
+	slotMoEX      = 1 // MoE: gathered tokens, then expert outputs bf16 [rows, H]
+	slotMoEH      = 2 // MoE: gate and up projections bf16 [rows, 2I]
+	slotMoEAct    = 3 // MoE: SwiGLU activations bf16 [rows, I]
 )
 
 func init() {
@@ -108,7 +111,10 @@ func modules() []module {
 		moe = append(moe, vname("moe_combine", v))
 	}
 	ew = append(ew, "rope_half", "rope_interleaved", "argmax_bf16", "argmax_f32")
-	at = append(at, "softmax_mask_global", "softmax_mask_smem")
+	for _, p := range []string{"bf16", "f32"} {
+		at = append(at, "softmax_mask_global_"+p, "softmax_mask_smem_"+p)
+	}
+	at = append(at, "attn_normalize")
 	moe = append(moe, "moe_route", "iota_i32", "moe_count", "moe_offsets", "moe_assign")
 	return []module{
 		{file: "elementwise.cu", src: elementwiseSrc, funcs: ew},
@@ -146,14 +152,17 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	}
 	// The dynamic shared memory softmax_mask_smem may have: what a block may
 	// opt in to, less the kernel's own static shared memory.
-	sm := o.fn["softmax_mask_smem"]
-	attrs, err := sm.Attrs()
-	if err == nil {
-		o.maxShared -= attrs.StaticShared
-		err = sm.SetMaxDynamicShared(o.maxShared)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("naive: softmax_mask_smem: %w", err)
+	max0 := o.maxShared
+	for _, name := range []string{"softmax_mask_smem_bf16", "softmax_mask_smem_f32"} {
+		sm := o.fn[name]
+		attrs, err := sm.Attrs()
+		if err == nil {
+			o.maxShared = min(o.maxShared, max0-attrs.StaticShared)
+			err = sm.SetMaxDynamicShared(max0 - attrs.StaticShared)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("naive: %s: %w", name, err)
+		}
 	}
 	return o, nil
 }
