@@ -39,8 +39,10 @@ var OpGroups = map[string][]Op{
 //   - Tensors are rows of contiguous elements (see Tensor); an argument
 //     documented "pitched" may be a column slice of a wider matrix, the others
 //     are packed.
-//   - "act" is the device's activation type (Device.ActDType: f32 on the CPU,
-//     bf16 on CUDA); weights are f32, bf16 or f16 as loaded; indices are i32.
+//   - "act" is the device's activation type (Device.ActDType: f32 on the CPU
+//     unless made with bf16 activations, bf16 on CUDA); weights are f32, bf16
+//     or f16 as loaded; indices are i32. With bf16 activations, sets round
+//     where HF's bf16 path rounds (see SDPAFused for attention).
 //   - A batch is packed: the T new tokens of all B rows follow each other,
 //     row b's tokens at [Batch.Start[b], Batch.Start[b+1]).
 //   - Methods queue work and return; errors surface at Device.Sync. Shapes
