@@ -12,57 +12,51 @@ import (
 	"github.com/fuselm/fuselm/loader"
 )
 
-// checkpointReference is the reference.json scripts/hf_qwen2_7b.py writes
-// beside a full-size checkpoint: HF's greedy tokens per prompt, with the
-// logits of the last prompt position and of every decode step in a float32
-// file ([rows][1+steps][vocab]).
-type checkpointReference struct {
-	Prompts    [][]int `json:"prompts"`
-	Steps      int     `json:"steps"`
-	Vocab      int     `json:"vocab"`
-	LogitsFile string  `json:"logits_file"`
-	Rows       []struct {
-		Tokens []int `json:"tokens"`
-	} `json:"rows"`
-	logits []float32
-}
-
-// at returns HF's logits of row b at step i (0: the last prompt position).
-func (r *checkpointReference) at(b, i int) []float32 {
-	off := (b*(r.Steps+1) + i) * r.Vocab
-	return r.logits[off : off+r.Vocab]
-}
-
 // The issue's bounds against HF's bf16 logits, reported by TestHFCheckpoint.
 const (
 	checkpointMaxRelErr = 2e-2
 	checkpointMinAgree  = 0.99
 )
 
-// readCheckpointReference reads dir/name and the logits file it names.
-func readCheckpointReference(t *testing.T, dir, name string) *checkpointReference {
+// readCheckpointReference reads dir/name, a reference.json of
+// scripts/hf_qwen2_7b.py: HF's greedy tokens per prompt, with the logits of
+// the last prompt position and of every decode step in the float32 file it
+// names ([rows][1+steps][vocab]).
+func readCheckpointReference(t *testing.T, dir, name string) *reference {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ref checkpointReference
-	if err := json.Unmarshal(data, &ref); err != nil {
+	var meta struct {
+		reference
+		Vocab      int    `json:"vocab"`
+		LogitsFile string `json:"logits_file"`
+	}
+	if err := json.Unmarshal(data, &meta); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, ref.LogitsFile))
+	raw, err := os.ReadFile(filepath.Join(dir, meta.LogitsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
+	ref, V := &meta.reference, meta.Vocab
 	B, steps := len(ref.Prompts), ref.Steps
-	if len(raw) != 4*B*(steps+1)*ref.Vocab {
-		t.Fatalf("%s: %d bytes, want %d rows × %d positions × %d logits", ref.LogitsFile, len(raw), B, steps+1, ref.Vocab)
+	if len(raw) != 4*B*(steps+1)*V || len(ref.Rows) != B {
+		t.Fatalf("%s: %d bytes and %d rows, want %d rows × %d positions × %d logits", meta.LogitsFile, len(raw), len(ref.Rows), B, steps+1, V)
 	}
-	ref.logits = make([]float32, len(raw)/4)
-	for i := range ref.logits {
-		ref.logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+	logits := make([]float32, len(raw)/4)
+	for i := range logits {
+		logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
-	return &ref
+	for b := range ref.Rows {
+		at := func(i int) []float32 { off := (b*(steps+1) + i) * V; return logits[off : off+V] }
+		ref.Rows[b].PrefillLogits = at(0)
+		for i := 1; i <= steps; i++ {
+			ref.Rows[b].DecodeLogits = append(ref.Rows[b].DecodeLogits, at(i))
+		}
+	}
+	return ref
 }
 
 // agreement accumulates how far one set of logits is from another over
@@ -136,35 +130,19 @@ func TestHFCheckpoint(t *testing.T) {
 	t.Logf("%s on %s: %d prompts of %d..%d tokens, %d decode steps", cfg.Arch, e.dev.Name(), B, len(hf.Prompts[0]), longest, steps)
 
 	var vsHF, vsExact, hfVsExact agreement
-	check := func(step int) {
-		got := readLogits(t, m, B)
+	teacherForce(t, m, hf, func(step int, got [][]float32) {
 		for b := range B {
-			vsHF.add(got[b], hf.at(b, step))
-			ours := vsExact.add(got[b], exact.at(b, step))
-			theirs := hfVsExact.add(hf.at(b, step), exact.at(b, step))
+			want, _ := hf.step(b, step)
+			truth, _ := exact.step(b, step)
+			vsHF.add(got[b], want)
+			ours := vsExact.add(got[b], truth)
+			theirs := hfVsExact.add(want, truth)
 			if bound := max(checkpointMaxRelErr, 2*theirs); ours > bound || math.IsNaN(ours) {
 				t.Errorf("row %d (%d prompt tokens), step %d: relative error to exact math %.3g > %.3g (HF bf16's: %.3g)",
 					b, len(hf.Prompts[b]), step, ours, bound, theirs)
 			}
 		}
-	}
-	if err := prefill(e, hf.Prompts); err != nil {
-		t.Fatal(err)
-	}
-	check(0)
-	tokens, past := make([][]int, B), make([]int, B)
-	for i := range steps {
-		for b, p := range hf.Prompts {
-			tokens[b] = []int{hf.Rows[b].Tokens[i]}
-			past[b] = len(p) + i
-		}
-		s, err := e.newStep(0, tokens, past, true, B)
-		if err != nil {
-			t.Fatal(err)
-		}
-		decodeOne(e, s, false)
-		check(i + 1)
-	}
+	})
 	t.Logf("fuselm vs HF bf16:        %v (issue bounds: %g, %.0f%%)", &vsHF, checkpointMaxRelErr, 100*checkpointMinAgree)
 	t.Logf("fuselm vs exact math:     %v", &vsExact)
 	t.Logf("HF bf16 vs exact math:    %v", &hfVsExact)

@@ -24,14 +24,17 @@ var hfFixtures = []string{"qwen2-tiny", "qwen2-tiny-bf16", "deepseek-v2-tiny", "
 
 // reference is a fixture's reference.json.
 type reference struct {
-	Prompts [][]int `json:"prompts"`
-	Steps   int     `json:"steps"`
-	DType   string  `json:"dtype"`
-	Rows    []struct {
-		PrefillLogits []float32   `json:"prefill_logits"`
-		Tokens        []int       `json:"tokens"`
-		DecodeLogits  [][]float32 `json:"decode_logits"`
-	} `json:"rows"`
+	Prompts [][]int        `json:"prompts"`
+	Steps   int            `json:"steps"`
+	DType   string         `json:"dtype"`
+	Rows    []referenceRow `json:"rows"`
+}
+
+// referenceRow is HF's run of one prompt.
+type referenceRow struct {
+	PrefillLogits []float32   `json:"prefill_logits"`
+	Tokens        []int       `json:"tokens"`
+	DecodeLogits  [][]float32 `json:"decode_logits"`
 }
 
 func (r *reference) bf16() bool { return strings.Contains(r.DType, "bfloat16") }
