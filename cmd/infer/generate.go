@@ -105,21 +105,21 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 	return nil
 }
 
-// openDevice picks the device and the kernel spec: --device, else CUDA when
-// a GPU is found; --kernels, else the device's default set.
-func openDevice(f *genFlags) (kernels.Device, kernels.Spec, error) {
-	specText := f.kernels
+// chooseSpec picks the device kind and the kernel spec: --device, else the
+// kind of the --kernels sets, else CUDA when a GPU is found; --kernels, else
+// the device kind's default set. It loads nothing, so a bad spec fails first.
+func chooseSpec(f *genFlags) (string, kernels.Spec, error) {
 	var spec kernels.Spec
-	if specText != "" {
+	if f.kernels != "" {
 		var err error
-		if spec, err = kernels.ParseSpec(specText); err != nil {
-			return nil, spec, usageError{err}
+		if spec, err = kernels.ParseSpec(f.kernels); err != nil {
+			return "", spec, usageError{err}
 		}
 	}
 	kind := f.device
 	if kind == "" {
 		kind = "cpu"
-		if specText != "" {
+		if f.kernels != "" {
 			if k, err := spec.DeviceKind(); err == nil {
 				kind = k
 			}
@@ -127,28 +127,28 @@ func openDevice(f *genFlags) (kernels.Device, kernels.Spec, error) {
 			kind = "cuda"
 		}
 	}
-	if specText == "" {
-		specText = map[string]string{"cpu": "cpu", "cuda": "naive"}[kind]
-		spec, _ = kernels.ParseSpec(specText)
+	if f.kernels == "" {
+		spec, _ = kernels.ParseSpec(map[string]string{"cpu": "cpu", "cuda": "naive"}[kind])
 	}
 	setKind, err := spec.DeviceKind()
 	if err != nil {
-		return nil, spec, usageError{err}
+		return "", spec, usageError{err}
 	}
 	if setKind != kind {
-		return nil, spec, usageError{fmt.Errorf("kernel spec %q runs on %s, not on --device %s", spec, setKind, kind)}
+		return "", spec, usageError{fmt.Errorf("kernel spec %q runs on %s, not on --device %s", spec, setKind, kind)}
 	}
+	return kind, spec, nil
+}
+
+// openDevice opens device 0 of a kind chooseSpec picked.
+func openDevice(kind string) (kernels.Device, error) {
 	if kind == "cpu" {
-		return cpuDevice(), spec, nil
+		return cpuDevice(), nil
 	}
 	if err := cuda.Probe(); err != nil {
-		return nil, spec, fmt.Errorf("--device cuda: no usable CUDA device: %w", err)
+		return nil, fmt.Errorf("--device cuda: no usable CUDA device: %w", err)
 	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		return nil, spec, err
-	}
-	return dev, spec, nil
+	return cuda.Open(0)
 }
 
 func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
@@ -170,11 +170,9 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if strings.TrimSpace(text) == "" {
 		return usageError{errors.New("the prompt is empty")}
 	}
-	// The spec is checked before anything heavy is loaded.
-	if f.kernels != "" {
-		if _, err := kernels.ParseSpec(f.kernels); err != nil {
-			return usageError{err}
-		}
+	kind, spec, err := chooseSpec(f)
+	if err != nil {
+		return err
 	}
 	dir, err := loader.Resolve(f.model)
 	if err != nil {
@@ -202,7 +200,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	defer weights.Close()
 
-	dev, spec, err := openDevice(f)
+	dev, err := openDevice(kind)
 	if err != nil {
 		return err
 	}
