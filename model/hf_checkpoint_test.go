@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/fuselm/fuselm/loader"
 )
 
 // The bounds against HF's bf16 logits, reported by TestHFCheckpoint.
@@ -112,15 +110,7 @@ func TestHFCheckpoint(t *testing.T) {
 	exact := readCheckpointReference(t, dir, "reference_f32.json")
 	B, steps := len(hf.Prompts), hf.Steps
 
-	cfg, err := loader.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := loader.OpenWeights(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	cfg, w := openCheckpoint(t, dir)
 	longest := 0
 	for _, p := range hf.Prompts {
 		longest = max(longest, len(p))

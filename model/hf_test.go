@@ -106,6 +106,14 @@ func openFixture(t *testing.T, name string) (*loader.Config, *loader.Weights, *r
 	if err := json.Unmarshal(data, &ref); err != nil {
 		t.Fatal(err)
 	}
+	cfg, w := openCheckpoint(t, dir)
+	return cfg, w, &ref
+}
+
+// openCheckpoint reads a checkpoint's config and opens its weights, closed at
+// the end of the test.
+func openCheckpoint(t *testing.T, dir string) (*loader.Config, *loader.Weights) {
+	t.Helper()
 	cfg, err := loader.LoadConfig(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +123,7 @@ func openFixture(t *testing.T, name string) (*loader.Config, *loader.Weights, *r
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Close() })
-	return cfg, w, &ref
+	return cfg, w
 }
 
 // cpuOps returns a CPU device and the cpu kernel set, through the registry
