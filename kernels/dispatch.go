@@ -1,41 +1,19 @@
 package kernels
 
 // dispatch routes every op to the set the spec chose for it and records the
-// call in the profile.
+// call in the profile under that set's name.
 type dispatch struct {
-	dev  Device
-	prof *Profile
-	pick [len(allOpsArray)]Ops
+	dev   Device
+	prof  *Profile
+	pick  [numOps]Ops
+	names [numOps]string // the set that runs each op
 }
-
-// allOpsArray fixes the op count at compile time for dispatch.pick.
-var allOpsArray = [...]Op{
-	OpEmbedding, OpLinear, OpRMSNorm, OpAdd, OpRoPE, OpSwiGLU,
-	OpAttnPrefill, OpAttnDecode, OpMLAPrefill, OpMLADecode,
-	OpMoERoute, OpMoEExperts, OpArgmax,
-}
-
-const (
-	iEmbedding = iota
-	iLinear
-	iRMSNorm
-	iAdd
-	iRoPE
-	iSwiGLU
-	iAttnPrefill
-	iAttnDecode
-	iMLAPrefill
-	iMLADecode
-	iMoERoute
-	iMoEExperts
-	iArgmax
-)
 
 func (d *dispatch) timed(i int, f func(Ops)) {
 	m, on := d.prof.begin()
 	f(d.pick[i])
 	if on {
-		d.prof.end(allOpsArray[i], m)
+		d.prof.end(opTable[i].Op, d.names[i], m)
 	}
 }
 
@@ -52,7 +30,7 @@ func (d *dispatch) RMSNorm(out, x, w *Tensor, eps float32) {
 }
 
 func (d *dispatch) AddRMSNorm(out, resid, x, w *Tensor, eps float32) {
-	d.timed(iRMSNorm, func(o Ops) { o.AddRMSNorm(out, resid, x, w, eps) })
+	d.timed(iAddRMSNorm, func(o Ops) { o.AddRMSNorm(out, resid, x, w, eps) })
 }
 
 func (d *dispatch) Add(out, a, b *Tensor) {

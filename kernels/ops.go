@@ -4,11 +4,12 @@ package kernels
 // ("--kernels fused,attn_prefill=naive") and the profile counts.
 type Op string
 
-// Every op, in the order the profile lists them when times are equal.
+// Every op, in the order of opTable.
 const (
 	OpEmbedding   Op = "embedding"
 	OpLinear      Op = "linear"
 	OpRMSNorm     Op = "rms_norm"
+	OpAddRMSNorm  Op = "add_rms_norm"
 	OpAdd         Op = "add"
 	OpRoPE        Op = "rope"
 	OpSwiGLU      Op = "swiglu"
@@ -21,15 +22,84 @@ const (
 	OpArgmax      Op = "argmax"
 )
 
-// AllOps lists every op.
-var AllOps = allOpsArray[:]
+// OpInfo describes an op: its name, the group a kernel spec may name it by
+// (TileGym's per-op patch flags attn=, rms_norm=, ...), and what it does.
+type OpInfo struct {
+	Op    Op
+	Group string // "" when the op belongs to no group
+	Doc   string
+}
 
-// OpGroups are names a kernel spec accepts for several ops at once, mirroring
-// TileGym's per-op patch flags (attn=, rms_norm=, rope=, swiglu=).
-var OpGroups = map[string][]Op{
-	"attn": {OpAttnPrefill, OpAttnDecode},
-	"mla":  {OpMLAPrefill, OpMLADecode},
-	"moe":  {OpMoERoute, OpMoEExperts},
+// Positions of the ops in opTable; the dispatch indexes by them.
+const (
+	iEmbedding = iota
+	iLinear
+	iRMSNorm
+	iAddRMSNorm
+	iAdd
+	iRoPE
+	iSwiGLU
+	iAttnPrefill
+	iAttnDecode
+	iMLAPrefill
+	iMLADecode
+	iMoERoute
+	iMoEExperts
+	iArgmax
+	numOps
+)
+
+// opTable is the one list of ops: the op list, spec parsing, the dispatch
+// and the profile's order all come from it.
+var opTable = [numOps]OpInfo{
+	iEmbedding:   {OpEmbedding, "", "gather rows of the embedding table"},
+	iLinear:      {OpLinear, "", "dense projection x·wᵀ + bias (cuBLAS)"},
+	iRMSNorm:     {OpRMSNorm, "", "RMSNorm of each row"},
+	iAddRMSNorm:  {OpAddRMSNorm, "", "residual add, then RMSNorm of the sum"},
+	iAdd:         {OpAdd, "", "elementwise sum"},
+	iRoPE:        {OpRoPE, "", "rotary embedding of the q and k heads, in place"},
+	iSwiGLU:      {OpSwiGLU, "", "silu(gate)·up"},
+	iAttnPrefill: {OpAttnPrefill, "attn", "causal GQA attention of new tokens over the KV cache"},
+	iAttnDecode:  {OpAttnDecode, "attn", "GQA attention of one new token per row over the KV cache"},
+	iMLAPrefill:  {OpMLAPrefill, "mla", "DeepSeek-V2 latent attention of new tokens"},
+	iMLADecode:   {OpMLADecode, "mla", "DeepSeek-V2 latent attention of one new token per row"},
+	iMoERoute:    {OpMoERoute, "moe", "MoE router: softmax and top-k of the router logits"},
+	iMoEExperts:  {OpMoEExperts, "moe", "MoE routed experts, weighted and summed"},
+	iArgmax:      {OpArgmax, "", "index of each row's largest logit"},
+}
+
+// OpTable lists every op with its group and description.
+func OpTable() []OpInfo { return opTable[:] }
+
+// AllOps lists every op, in opTable's order.
+var AllOps = func() []Op {
+	ops := make([]Op, numOps)
+	for i, info := range opTable {
+		ops[i] = info.Op
+	}
+	return ops
+}()
+
+// OpGroups are names a kernel spec accepts for several ops at once,
+// mirroring TileGym's per-op patch flags (attn=, rms_norm=, rope=, swiglu=).
+var OpGroups = func() map[string][]Op {
+	g := map[string][]Op{}
+	for _, info := range opTable {
+		if info.Group != "" {
+			g[info.Group] = append(g[info.Group], info.Op)
+		}
+	}
+	return g
+}()
+
+// opIndex is op's position in opTable, or -1.
+func opIndex(op Op) int {
+	for i, info := range opTable {
+		if info.Op == op {
+			return i
+		}
+	}
+	return -1
 }
 
 // Ops is what a kernel set implements. Layers call it and never know which

@@ -30,6 +30,7 @@ type OpStat struct {
 
 type span struct {
 	op       Op
+	set      string
 	phase    string
 	from, to Mark
 }
@@ -67,10 +68,10 @@ func (p *Profile) begin() (Mark, bool) {
 	return p.dev.Mark(), true
 }
 
-func (p *Profile) end(op Op, from Mark) {
+func (p *Profile) end(op Op, set string, from Mark) {
 	to := p.dev.Mark()
 	p.mu.Lock()
-	p.pending = append(p.pending, span{op: op, phase: p.phase, from: from, to: to})
+	p.pending = append(p.pending, span{op: op, set: set, phase: p.phase, from: from, to: to})
 	p.mu.Unlock()
 }
 
@@ -115,6 +116,7 @@ func (p *Profile) Flush() error {
 		}
 		p.mu.Lock()
 		st := p.statLocked(s.op)
+		st.Set = s.set
 		st.Calls++
 		st.Ms += ms
 		st.PhaseMs[s.phase] += ms
@@ -144,15 +146,11 @@ func (p *Profile) Table() []OpStat {
 			rows[i].Share = rows[i].Ms / total
 		}
 	}
-	order := map[Op]int{}
-	for i, o := range AllOps {
-		order[o] = i
-	}
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].Ms != rows[j].Ms {
 			return rows[i].Ms > rows[j].Ms
 		}
-		return order[rows[i].Op] < order[rows[j].Op]
+		return opIndex(rows[i].Op) < opIndex(rows[j].Op)
 	})
 	return rows
 }

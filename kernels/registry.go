@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -12,9 +13,20 @@ import (
 type SetInfo struct {
 	Name   string // "cpu", "naive", "fused"
 	Device string // the device kind its tensors live on: "cpu" or "cuda"
+	// Own lists the ops the set has kernels of its own for; nil means every
+	// op. A spec that picks the set for another op runs Fallback's kernel
+	// for it, and the profile names Fallback.
+	Own      []Op
+	Fallback string
+	// Rank orders the sets of one device kind: the registered set of
+	// highest rank is the kind's default.
+	Rank int
 	// New builds the set's ops on dev. It is called once per run.
 	New func(dev Device) (Ops, error)
 }
+
+// Owns reports whether the set has a kernel of its own for op.
+func (s SetInfo) Owns(op Op) bool { return s.Own == nil || slices.Contains(s.Own, op) }
 
 var (
 	regMu sync.Mutex
@@ -27,6 +39,9 @@ func Register(s SetInfo) {
 	defer regMu.Unlock()
 	if _, dup := sets[s.Name]; dup {
 		panic("kernels: set registered twice: " + s.Name)
+	}
+	if s.Own != nil && s.Fallback == "" {
+		panic("kernels: set " + s.Name + " owns some ops and names no fallback for the others")
 	}
 	sets[s.Name] = s
 }
@@ -41,6 +56,18 @@ func Sets() []SetInfo {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// DefaultSet is the registered set of highest rank on device kind, "" when
+// none is registered.
+func DefaultSet(kind string) string {
+	best, rank := "", 0
+	for _, s := range Sets() {
+		if s.Device == kind && (best == "" || s.Rank > rank) {
+			best, rank = s.Name, s.Rank
+		}
+	}
+	return best
 }
 
 // KnownSets are the set names a spec may use, registered in this build or
@@ -114,12 +141,30 @@ func opsNamed(name string) ([]Op, error) {
 	return nil, fmt.Errorf("unknown op %q (want one of %s)", name, strings.Join(names, ", "))
 }
 
-// SetFor is the set that runs op under this spec.
+// SetFor is the set this spec asks to run op.
 func (s Spec) SetFor(op Op) string {
 	if set, ok := s.Overrides[op]; ok {
 		return set
 	}
 	return s.Base
+}
+
+// Runner is the set that runs op under this spec: SetFor(op), or the set it
+// falls back to when that set has no kernel of its own for op (see
+// SetInfo.Own). It is "" when a set is not registered in this build.
+func (s Spec) Runner(op Op) string {
+	name := s.SetFor(op)
+	for range len(KnownSets) + 1 { // a fallback chain visits each set at most once
+		info, ok := lookup(name)
+		if !ok {
+			return ""
+		}
+		if info.Owns(op) {
+			return name
+		}
+		name = info.Fallback
+	}
+	return ""
 }
 
 // String is the canonical form of the spec: the base set, then the ops that
@@ -150,13 +195,21 @@ func (s Spec) DeviceKind() (string, error) {
 	return kind, nil
 }
 
+// names lists the sets the spec names and the sets they fall back to.
 func (s Spec) names() []string {
-	seen := map[string]bool{s.Base: true}
-	out := []string{s.Base}
+	seen := map[string]bool{}
+	var out []string
+	add := func(name string) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	add(s.Base)
 	for _, o := range AllOps {
-		if set := s.SetFor(o); !seen[set] {
-			seen[set] = true
-			out = append(out, set)
+		add(s.SetFor(o))
+		if r := s.Runner(o); r != "" {
+			add(r)
 		}
 	}
 	return out
@@ -186,7 +239,8 @@ func (s Spec) Build(dev Device, prof *Profile) (Ops, error) {
 	}
 	d := &dispatch{dev: dev, prof: prof}
 	for i, o := range AllOps {
-		d.pick[i] = built[s.SetFor(o)]
+		d.names[i] = s.Runner(o)
+		d.pick[i] = built[d.names[i]]
 	}
 	return d, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 )
 
@@ -57,13 +58,58 @@ func TestSpecDevices(t *testing.T) {
 	if _, err := s.DeviceKind(); err == nil || !strings.Contains(err.Error(), "mixes sets of different devices") {
 		t.Errorf("cpu with a naive op: %v, want an error about mixed devices", err)
 	}
-	s, _ = kernels.ParseSpec("fused")
-	if _, err := s.DeviceKind(); err == nil || !strings.Contains(err.Error(), "not built into this binary") {
-		t.Errorf("fused, absent from this test binary: %v, want not built", err)
+	for spec, want := range map[string]string{"cpu": "cpu", "fused": "cuda", "naive,rope=fused": "cuda"} {
+		s, _ = kernels.ParseSpec(spec)
+		if k, err := s.DeviceKind(); err != nil || k != want {
+			t.Errorf("%s: %q, %v, want %s", spec, k, err, want)
+		}
 	}
-	s, _ = kernels.ParseSpec("cpu")
-	if k, err := s.DeviceKind(); err != nil || k != "cpu" {
-		t.Errorf("cpu: %q, %v", k, err)
+}
+
+// TestRunners checks which set runs each op: the one the spec names, or its
+// fallback for the ops it has no kernel of its own for.
+func TestRunners(t *testing.T) {
+	for _, c := range []struct {
+		spec string
+		want map[kernels.Op]string
+	}{
+		{"fused", map[kernels.Op]string{kernels.OpRoPE: "fused", kernels.OpAddRMSNorm: "fused",
+			kernels.OpAttnDecode: "fused", kernels.OpLinear: "naive", kernels.OpEmbedding: "naive", kernels.OpArgmax: "naive"}},
+		{"fused,attn=naive", map[kernels.Op]string{kernels.OpAttnPrefill: "naive", kernels.OpAttnDecode: "naive",
+			kernels.OpSwiGLU: "fused"}},
+		{"naive,add_rms_norm=fused,linear=fused", map[kernels.Op]string{kernels.OpAddRMSNorm: "fused",
+			kernels.OpRMSNorm: "naive", kernels.OpLinear: "naive"}},
+		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpMoEExperts: "cpu"}},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for op, want := range c.want {
+			if got := s.Runner(op); got != want {
+				t.Errorf("%s: %s runs on %q, want %q", c.spec, op, got, want)
+			}
+		}
+	}
+	for kind, want := range map[string]string{"cpu": "cpu", "cuda": "fused", "tpu": ""} {
+		if got := kernels.DefaultSet(kind); got != want {
+			t.Errorf("DefaultSet(%s) = %q, want %q", kind, got, want)
+		}
+	}
+}
+
+// TestOpTable checks that the op list, the groups and the profile's order
+// all come from one table that names every op once.
+func TestOpTable(t *testing.T) {
+	seen := map[kernels.Op]bool{}
+	for i, info := range kernels.OpTable() {
+		if seen[info.Op] || info.Doc == "" || kernels.AllOps[i] != info.Op {
+			t.Errorf("op table row %d: %+v", i, info)
+		}
+		seen[info.Op] = true
+	}
+	if g := kernels.OpGroups["attn"]; len(g) != 2 || g[0] != kernels.OpAttnPrefill || g[1] != kernels.OpAttnDecode {
+		t.Errorf("group attn = %v", g)
 	}
 }
 

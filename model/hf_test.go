@@ -14,6 +14,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 )

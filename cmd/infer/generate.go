@@ -15,6 +15,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	_ "github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
@@ -40,7 +41,9 @@ func newRootCmd() *cobra.Command {
 		Long: `infer generates text from a Hugging Face checkpoint of the Qwen2 or DeepSeek-V2
 family and reports tokens/s and the time of every op, for the kernel set chosen
 with --kernels: "naive", "fused", or a base set with per-op overrides such as
-"fused,attn=naive,rope=naive". --device cpu runs the pure-Go "cpu" set.`,
+"fused,attn=naive,rope=naive". --device cpu runs the pure-Go "cpu" set.
+
+` + opList(),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runGenerate(cmd, &f)
@@ -53,7 +56,7 @@ with --kernels: "naive", "fused", or a base set with per-op overrides such as
 	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
 	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
 	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
-	fl.StringVar(&f.kernels, "kernels", "", `kernel spec: SET[,OP=SET...] (default: "cpu" on the CPU, "naive" on CUDA)`)
+	fl.StringVar(&f.kernels, "kernels", "", `kernel spec: SET[,OP=SET...] (default: the device's best set; ops and sets above)`)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
 	fl.StringVar(&f.profile, "profile", "", "write the per-op profile and timings as JSON to this file")
 	fl.Uint64Var(&f.seed, "seed", 0, "sampling seed")
@@ -128,7 +131,11 @@ func chooseSpec(f *genFlags) (string, kernels.Spec, error) {
 		}
 	}
 	if f.kernels == "" {
-		spec, _ = kernels.ParseSpec(map[string]string{"cpu": "cpu", "cuda": "naive"}[kind])
+		def := kernels.DefaultSet(kind)
+		if def == "" {
+			return "", spec, fmt.Errorf("no kernel set for %s devices is built into this binary", kind)
+		}
+		spec, _ = kernels.ParseSpec(def)
 	}
 	setKind, err := spec.DeviceKind()
 	if err != nil {
@@ -283,9 +290,6 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		DType:   dev.ActDType().String(),
 		Batch:   f.batch,
 		Profile: med.profile,
-	}
-	for i := range rep.Profile {
-		rep.Profile[i].Set = spec.SetFor(rep.Profile[i].Op)
 	}
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})

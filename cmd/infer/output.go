@@ -135,3 +135,37 @@ func marshalJSON(v any) ([]byte, error) {
 	}
 	return append(b, '\n'), nil
 }
+
+// opList is the --help table of ops: each op's group, what it does, and the
+// set that runs it under each CUDA set's name (a set that has no kernel of
+// its own for an op runs its fallback's, named in parentheses).
+func opList() string {
+	var b strings.Builder
+	var cudaSets []kernels.SetInfo
+	for _, s := range kernels.Sets() {
+		if s.Device == "cuda" {
+			cudaSets = append(cudaSets, s)
+		}
+	}
+	b.WriteString("Ops (a group name, such as attn, selects all its ops):\n")
+	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "  op\tgroup")
+	for _, s := range cudaSets {
+		fmt.Fprintf(tw, "\t%s", s.Name)
+	}
+	fmt.Fprint(tw, "\twhat it does\n")
+	for _, info := range kernels.OpTable() {
+		fmt.Fprintf(tw, "  %s\t%s", info.Op, info.Group)
+		for _, s := range cudaSets {
+			spec := kernels.Spec{Base: s.Name}
+			runner := spec.Runner(info.Op)
+			if runner != s.Name {
+				runner = "(" + runner + ")"
+			}
+			fmt.Fprintf(tw, "\t%s", runner)
+		}
+		fmt.Fprintf(tw, "\t%s\n", info.Doc)
+	}
+	tw.Flush()
+	return strings.TrimRight(b.String(), "\n")
+}

@@ -14,24 +14,14 @@ type rowSpans struct {
 	ok          []bool
 }
 
-// prefillSpans takes the rows from the batch's host fields; rows that do not
-// fit the cache are programming errors.
-func prefillSpans(op kernels.Op, bt *kernels.Batch, tokens int) rowSpans {
-	check(len(bt.Start) == bt.Rows+1 && len(bt.Past) == bt.Rows && bt.Start[0] == 0 && bt.Start[bt.Rows] == tokens,
-		op, "batch of %d rows with Start %v, Past %v for %d tokens", bt.Rows, bt.Start, bt.Past, tokens)
-	for b := range bt.Rows {
-		check(bt.Start[b] <= bt.Start[b+1] && bt.Past[b] >= 0 && bt.Past[b]+bt.Start[b+1]-bt.Start[b] <= bt.MaxSeq,
-			op, "row %d: %d new tokens after %d in a cache of %d", b, bt.Start[b+1]-bt.Start[b], bt.Past[b], bt.MaxSeq)
-	}
-	return newSpans(bt.Start, bt.Past)
-}
+// prefillSpans takes the rows from the batch's host fields (checked by the
+// op's contract check).
+func prefillSpans(bt *kernels.Batch) rowSpans { return newSpans(bt.Start, bt.Past) }
 
 // decodeSpans is one token per row, at the lengths in Batch.PastDev (as a
 // GPU decode kernel reads them); a length that does not fit the cache is
 // reported at Sync and its row skipped.
-func (o *ops) decodeSpans(op kernels.Op, bt *kernels.Batch, tokens int) rowSpans {
-	check(bt.PastDev != nil && bt.PastDev.Numel() == bt.Rows && tokens == bt.Rows, op,
-		"decode of %d tokens for %d rows with PastDev %v", tokens, bt.Rows, bt.PastDev)
+func (o *ops) decodeSpans(op kernels.Op, bt *kernels.Batch) rowSpans {
 	dev := ints(op, "Batch.PastDev", bt.PastDev)
 	start, past := make([]int, bt.Rows+1), make([]int, bt.Rows)
 	for b := range bt.Rows {
@@ -65,13 +55,15 @@ func (s rowSpans) pos(t int) int { b := s.row[t]; return s.past[b] + t - s.start
 // AttentionPrefill appends the new keys and values to the caches, then runs
 // causal grouped-query attention of every new token over its row's cache.
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
-	o.attention(kernels.OpAttnPrefill, a, prefillSpans(kernels.OpAttnPrefill, a.Batch, a.Q.Rows()))
+	a.Check(kernels.OpAttnPrefill, o.dev.ActDType(), true)
+	o.attention(kernels.OpAttnPrefill, a, prefillSpans(a.Batch))
 }
 
 // AttentionDecode is AttentionPrefill for one token per row, at the row
 // lengths in Batch.PastDev.
 func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
-	o.attention(kernels.OpAttnDecode, a, o.decodeSpans(kernels.OpAttnDecode, a.Batch, a.Q.Rows()))
+	a.Check(kernels.OpAttnDecode, o.dev.ActDType(), false)
+	o.attention(kernels.OpAttnDecode, a, o.decodeSpans(kernels.OpAttnDecode, a.Batch))
 }
 
 // attention: Out, Q [T, Heads·D]; K, V [T, KVHeads·D]; caches
@@ -84,13 +76,8 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 	q, k, v := o.in(op, "Q", a.Q), o.in(op, "K", a.K), o.in(op, "V", a.V)
 	out, commit := o.out(op, "Out", a.Out)
 	kc, vc := o.actArg(op, "KCache", a.KCache), o.actArg(op, "VCache", a.VCache)
-	d, hq, hkv, maxSeq, nb := a.HeadDim, a.Heads, a.KVHeads, a.Batch.MaxSeq, a.Batch.Rows
+	d, hq, hkv, maxSeq := a.HeadDim, a.Heads, a.KVHeads, a.Batch.MaxSeq
 	n := q.rows
-	check(hkv > 0 && hq%hkv == 0 && q.cols == hq*d && out.cols == hq*d && k.cols == hkv*d && v.cols == hkv*d &&
-		out.rows == n && k.rows == n && v.rows == n, op,
-		"%d heads, %d kv heads of %d: Out %v, Q %v, K %v, V %v", hq, hkv, d, a.Out, a.Q, a.K, a.V)
-	check(kc.cols == d && vc.cols == d && kc.rows == nb*hkv*maxSeq && vc.rows == kc.rows, op,
-		"caches %v, %v for %d rows, %d kv heads, %d positions of %d", a.KCache, a.VCache, nb, hkv, maxSeq, d)
 	cacheRow := func(b, kvh, p int) int { return (b*hkv+kvh)*maxSeq + p }
 
 	for t := range n {
@@ -189,13 +176,15 @@ func softmax(s []float32) {
 // MLAPrefill appends the new latents to the cache, then runs DeepSeek-V2
 // multi-head latent attention of every new token over its row's cache.
 func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
-	o.mla(kernels.OpMLAPrefill, a, prefillSpans(kernels.OpMLAPrefill, a.Batch, a.Q.Rows()))
+	a.Check(kernels.OpMLAPrefill, o.dev.ActDType(), true)
+	o.mla(kernels.OpMLAPrefill, a, prefillSpans(a.Batch))
 }
 
 // MLADecode is MLAPrefill for one token per row, at the row lengths in
 // Batch.PastDev.
 func (o *ops) MLADecode(a *kernels.MLAArgs) {
-	o.mla(kernels.OpMLADecode, a, o.decodeSpans(kernels.OpMLADecode, a.Batch, a.Q.Rows()))
+	a.Check(kernels.OpMLADecode, o.dev.ActDType(), false)
+	o.mla(kernels.OpMLADecode, a, o.decodeSpans(kernels.OpMLADecode, a.Batch))
 }
 
 // mla: Out [T, Heads·VDim]; Q [T, Heads·(Nope+Rope)]; KV [T, Rank+Rope];
@@ -214,10 +203,6 @@ func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
 	cache, w := o.actArg(op, "Cache", a.Cache), weightArg(op, "WKVB", a.WKVB)
 	nh, dn, dr, dv, rank, maxSeq := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank, a.Batch.MaxSeq
 	n, dq := q.rows, dn+dr
-	check(q.cols == nh*dq && out.cols == nh*dv && kv.cols == rank+dr && out.rows == n && kv.rows == n, op,
-		"%d heads of nope %d, rope %d, v %d, rank %d: Out %v, Q %v, KV %v", nh, dn, dr, dv, rank, a.Out, a.Q, a.KV)
-	check(cache.cols == rank+dr && cache.rows == a.Batch.Rows*maxSeq && w.rows == nh*(dn+dv) && w.cols == rank, op,
-		"Cache %v for %d rows of %d positions, WKVB %v", a.Cache, a.Batch.Rows, maxSeq, a.WKVB)
 
 	for t := range n {
 		if b := sp.row[t]; sp.ok[b] {

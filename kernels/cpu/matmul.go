@@ -12,15 +12,12 @@ import (
 // with a bf16 output.
 func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	const op = kernels.OpLinear
+	kernels.CheckLinear(o.dev.ActDType(), out, x, w, bias)
 	xm, wm := o.in(op, "x", x), weightArg(op, "w", w)
 	om, commit := o.out(op, "out", out)
-	check(xm.cols == wm.cols && om.rows == xm.rows && om.cols == wm.rows, op,
-		"out %v = x %v · wᵀ with w %v", out, x, w)
 	var b []float32
 	if bias != nil {
-		bm := weightArg(op, "bias", bias)
-		check(bm.rows == 1 && bm.cols == wm.rows, op, "bias %v for w %v", bias, w)
-		b = bm.vector()
+		b = weightArg(op, "bias", bias).vector()
 	}
 	gemm(om, xm, wm, b)
 	commit()

@@ -18,16 +18,9 @@ import (
 // expert index (as every choice here); consumers must not rely on the order.
 func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	const op = kernels.OpMoERoute
+	kernels.CheckMoERoute(idx, weight, logits, r)
 	ix, wm, lm := ints(op, "idx", idx), floats(op, "weight", weight), floats(op, "logits", logits)
 	e, k := lm.cols, r.TopK
-	check(k > 0 && k <= e && len(ix) == lm.rows*k && wm.rows == lm.rows && wm.cols == k, op,
-		"top %d of logits %v into idx %v, weight %v", k, logits, idx, weight)
-	if r.Method == kernels.RouteGroupLimited {
-		check(r.Groups > 0 && e%r.Groups == 0 && r.TopKGroups > 0 && r.TopKGroups <= r.Groups, op,
-			"%d experts in %d groups, top %d groups", e, r.Groups, r.TopKGroups)
-	} else {
-		check(r.Method == kernels.RouteGreedy, op, "unknown routing method %d", r.Method)
-	}
 	parallel(lm.rows, grainFor(e*k), func(lo, hi int) {
 		scores := make([]float32, e)
 		var groupBest []float32
@@ -88,14 +81,12 @@ func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) 
 // in f32 and cast the sum to bf16.
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	const op = kernels.OpMoEExperts
+	kernels.CheckMoEExperts(o.dev.ActDType(), out, x, idx, weight, gateUp, down)
 	xm, ix, wm := o.in(op, "x", x), ints(op, "idx", idx), floats(op, "weight", weight)
 	om, commit := o.out(op, "out", out)
 	gu, dw := weightArg(op, "gateUp", gateUp), weightArg(op, "down", down)
 	n, h, k, inter := xm.rows, xm.cols, wm.cols, dw.cols
-	check(inter > 0 && gu.cols == h && gu.rows%(2*inter) == 0, op, "gateUp %v for x %v and down %v", gateUp, x, down)
 	e := gu.rows / (2 * inter)
-	check(dw.rows == e*h && om.rows == n && om.cols == h && wm.rows == n && len(ix) == n*k, op,
-		"out %v, x %v, idx %v, weight %v, gateUp %v, down %v", out, x, idx, weight, gateUp, down)
 
 	// slots[e] lists the (token, k) pairs routed to expert e as t·K+k.
 	slots := make([][]int, e)

@@ -65,9 +65,9 @@ type ops struct {
 // reported at Sync.
 func (o *ops) Embedding(out, table, ids *kernels.Tensor) {
 	const op = kernels.OpEmbedding
+	kernels.CheckEmbedding(o.dev.ActDType(), out, table, ids)
 	om, commit := o.out(op, "out", out)
 	tw, id := weightArg(op, "table", table), ints(op, "ids", ids)
-	check(len(id) == om.rows && tw.cols == om.cols, op, "out %v from table %v by ids %v", out, table, ids)
 	parallel(len(id), grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			dst, v := om.row(i), id[i]
@@ -86,10 +86,9 @@ func (o *ops) Embedding(out, table, ids *kernels.Tensor) {
 // pitched, out may be x; w [D].
 func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 	const op = kernels.OpRMSNorm
+	kernels.CheckRMSNorm(o.dev.ActDType(), out, x, w)
 	xm, wv := o.in(op, "x", x), weightArg(op, "w", w)
 	om, commit := o.out(op, "out", out)
-	check(om.rows == xm.rows && om.cols == xm.cols && wv.rows == 1 && wv.cols == xm.cols, op,
-		"out %v = norm(x %v) · w %v", out, x, w)
 	g := wv.vector()
 	parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -101,12 +100,11 @@ func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 
 // AddRMSNorm is resid += x, then out = RMSNorm(resid).
 func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
-	const op = kernels.OpRMSNorm
+	const op = kernels.OpAddRMSNorm
+	kernels.CheckAddRMSNorm(o.dev.ActDType(), out, resid, x, w)
 	xm, wv := o.in(op, "x", x), weightArg(op, "w", w)
 	rm, commitResid := o.inout(op, "resid", resid)
 	om, commit := o.out(op, "out", out)
-	check(om.rows == xm.rows && rm.rows == xm.rows && om.cols == xm.cols && rm.cols == xm.cols &&
-		wv.rows == 1 && wv.cols == xm.cols, op, "out %v = norm(resid %v += x %v) · w %v", out, resid, x, w)
 	g := wv.vector()
 	parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -147,10 +145,9 @@ func normRow(out, x, w []float32, eps float32, bf16 bool) {
 // Add is out = a + b: all [N,D] act; out may be a or b.
 func (o *ops) Add(out, a, b *kernels.Tensor) {
 	const op = kernels.OpAdd
+	kernels.CheckAdd(o.dev.ActDType(), out, a, b)
 	am, bm := o.in(op, "a", a), o.in(op, "b", b)
 	om, commit := o.out(op, "out", out)
-	check(om.rows == am.rows && om.rows == bm.rows && om.cols == am.cols && om.cols == bm.cols, op,
-		"out %v = a %v + b %v", out, a, b)
 	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			dst, y := om.row(i), bm.row(i)
@@ -175,14 +172,12 @@ func (o *ops) Add(out, a, b *kernels.Tensor) {
 // then .type_as(x)).
 func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
 	const op = kernels.OpRoPE
+	kernels.CheckRoPE(o.dev.ActDType(), x, heads, headStride, offset, pos, r)
 	ps := ints(op, "pos", pos)
 	xm, commit := o.inout(op, "x", x)
 	cos, sin := floats(op, "cos", r.Cos), floats(op, "sin", r.Sin)
 	halfBF16 := o.bf16 && !r.Interleaved
 	half := r.Dim / 2
-	check(r.Dim%2 == 0 && len(ps) == xm.rows && heads*headStride <= xm.cols && offset+r.Dim <= headStride &&
-		cos.cols == half && sin.cols == half && sin.rows == cos.rows, op,
-		"x %v, %d heads %d apart, dims [%d,%d), pos %v, tables %v", x, heads, headStride, offset, offset+r.Dim, pos, r.Cos)
 	for t, p := range ps {
 		if p < 0 || int(p) >= cos.rows {
 			o.dev.fail("%s: position %d of token %d is outside the %d-position table", op, p, t, cos.rows)
@@ -222,9 +217,9 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 // out [N,I] act; gateUp [N,2I] act.
 func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {
 	const op = kernels.OpSwiGLU
+	kernels.CheckSwiGLU(o.dev.ActDType(), out, gateUp)
 	gm := o.in(op, "gateUp", gateUp)
 	om, commit := o.out(op, "out", out)
-	check(om.rows == gm.rows && gm.cols == 2*om.cols, op, "out %v from gateUp %v", out, gateUp)
 	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			swiglu(om.row(i), gm.row(i), o.bf16)
@@ -255,8 +250,8 @@ func silu(g float32) float32 { return g / (1 + float32(math.Exp(float64(-g)))) }
 // b: out [B] i32; logits [B,V] f32 or act. NaNs are never the largest.
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	const op = kernels.OpArgmax
+	kernels.CheckArgmax(o.dev.ActDType(), out, logits)
 	res, lm := ints(op, "out", out), o.in(op, "logits", logits)
-	check(len(res) == lm.rows && lm.cols > 0, op, "out %v for logits %v", out, logits)
 	parallel(lm.rows, grainFor(lm.cols), func(lo, hi int) {
 		for b := lo; b < hi; b++ {
 			res[b] = int32(argmax(lm.row(b)))

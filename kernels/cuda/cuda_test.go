@@ -828,15 +828,15 @@ func TestLaunchOverhead(t *testing.T) {
 
 func TestScratch(t *testing.T) {
 	d := openDevice(t)
-	p := d.Scratch(0, 100)
-	if p == 0 || d.Scratch(0, 50) != p || d.Scratch(0, 512) != p {
+	p := d.Scratch("a", 100)
+	if p == 0 || d.Scratch("a", 50) != p || d.Scratch("a", 512) != p {
 		t.Fatal("a slot moved without growing")
 	}
-	q := d.Scratch(1, 100)
+	q := d.Scratch("b", 100)
 	if q == 0 || q == p {
 		t.Fatal("two slots share memory")
 	}
-	if big := d.Scratch(0, 10<<20); big == 0 || big == p {
+	if big := d.Scratch("a", 10<<20); big == 0 || big == p {
 		t.Fatal("slot did not grow")
 	}
 	mustSync(t, d)
@@ -844,10 +844,10 @@ func TestScratch(t *testing.T) {
 	if err := d.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
-	if d.Scratch(0, 1<<20) == 0 {
+	if d.Scratch("a", 1<<20) == 0 {
 		t.Error("a slot that fits returned nothing during capture")
 	}
-	if d.Scratch(0, 100<<20) != 0 {
+	if d.Scratch("a", 100<<20) != 0 {
 		t.Error("a slot grew during capture")
 	}
 	if _, err := d.EndCapture(); err == nil || !strings.Contains(err.Error(), "size it before BeginCapture") {

@@ -88,7 +88,7 @@ type Device struct {
 	evClosed bool
 
 	graphs  map[*Graph]struct{}
-	scratch map[int]*buffer
+	scratch map[string]*buffer // by owner's key
 }
 
 // maxKernelArgs is the most arguments Launch passes.
@@ -156,7 +156,7 @@ func Open(ordinal int) (dev *Device, err error) {
 		drv:     drv,
 		modules: map[string]*Module{},
 		graphs:  map[*Graph]struct{}{},
-		scratch: map[int]*buffer{},
+		scratch: map[string]*buffer{},
 	}
 	for i := range d.argPtrs {
 		d.argPtrs[i] = uintptr(unsafe.Pointer(&d.argVals[i]))
@@ -382,16 +382,17 @@ func (d *Device) Ptr(t *kernels.Tensor) uintptr {
 	return b.ptr + uintptr(t.Offset*t.DType.Size())
 }
 
-// Scratch returns device memory of at least n bytes that stays valid until
-// the next Scratch call with the same slot, for kernel temporaries. A slot
-// grows when asked for more; growing it while a graph is captured is an
-// error (the graph would keep the old address), so size every slot before
+// Scratch returns device memory of at least n bytes for kernel temporaries,
+// kept under key ("naive.attn.scores": the owner, then what it holds) and
+// valid until the next Scratch call with the same key. A buffer grows when
+// asked for more; growing it while a graph is captured is an error (the
+// graph would keep the old address), so size every buffer before
 // BeginCapture.
-func (d *Device) Scratch(slot int, n int) uintptr {
+func (d *Device) Scratch(key string, n int) uintptr {
 	d.enter()
 	defer d.leave()
 	n = max(n, 1)
-	b := d.scratch[slot]
+	b := d.scratch[key]
 	if b != nil && b.size >= n {
 		return b.ptr
 	}
@@ -399,19 +400,19 @@ func (d *Device) Scratch(slot int, n int) uintptr {
 		return 0
 	}
 	if d.capturing {
-		d.failLocked(fmt.Errorf("cuda: Scratch(%d, %d bytes) grows the slot while a graph is captured; size it before BeginCapture", slot, n))
+		d.failLocked(fmt.Errorf("cuda: Scratch(%q, %d bytes) grows the buffer while a graph is captured; size it before BeginCapture", key, n))
 		return 0
 	}
 	if b != nil {
 		d.alloc.release(b.ptr)
-		delete(d.scratch, slot)
+		delete(d.scratch, key)
 	}
 	p, c, err := d.alloc.alloc(n)
 	if err != nil {
 		d.failLocked(err)
 		return 0
 	}
-	d.scratch[slot] = &buffer{dev: d, ptr: p, size: c, class: c}
+	d.scratch[key] = &buffer{dev: d, ptr: p, size: c, class: c}
 	return p
 }
 

@@ -19,6 +19,9 @@ func cases(wdts []kernels.DType) []opCase {
 	add := func(op kernels.Op, name string, run func(e *env)) {
 		cs = append(cs, opCase{op: op, name: name, wdt: kernels.BF16, run: run})
 	}
+	addLong := func(op kernels.Op, name string, run func(e *env)) {
+		cs = append(cs, opCase{op: op, name: name, wdt: kernels.BF16, run: run, long: true})
+	}
 	addW := func(op kernels.Op, name string, run func(e *env)) {
 		for _, w := range wdts {
 			cs = append(cs, opCase{op: op, name: name + ",w=" + w.String(), wdt: w, run: run})
@@ -42,8 +45,14 @@ func cases(wdts []kernels.DType) []opCase {
 	for _, s := range []struct {
 		n, d int
 		mode string
-	}{{1, 64, "out"}, {3, 96, "in-place"}, {17, 200, "pitched"}, {129, 128, "out"}, {33, 512, "pitched"}, {17, 96, "add"}, {1, 128, "add"}, {129, 200, "add"}} {
+	}{{1, 64, "out"}, {3, 96, "in-place"}, {17, 200, "pitched"}, {129, 128, "out"}, {33, 512, "pitched"}, {5, 3584, "out"}, {3, 2048, "in-place"}} {
 		addW(kernels.OpRMSNorm, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
+	}
+	for _, s := range []struct {
+		n, d int
+		mode string
+	}{{17, 96, "add"}, {1, 128, "add"}, {129, 200, "add"}, {5, 3584, "add"}, {33, 2048, "add"}, {17, 520, "add, pitched"}} {
+		addW(kernels.OpAddRMSNorm, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
 	}
 	for _, s := range []struct {
 		n, d int
@@ -71,17 +80,33 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "gqa 7", lens: []int{129, 40}, past: []int{0, 260}, heads: 7, kv: 1, d: 96, maxSeq: 300, fused: true},
 		{name: "qwen2-7b heads", lens: []int{33, 2}, past: []int{64, 298}, heads: 28, kv: 4, d: 128, maxSeq: 300, fused: true},
 		{name: "row without new tokens", lens: []int{0, 9}, past: []int{12, 0}, heads: 4, kv: 4, d: 64, maxSeq: 24},
+		{name: "tiles", lens: []int{300, 129, 1}, past: []int{0, 77, 511}, heads: 8, kv: 2, d: 128, maxSeq: 520, fused: true},
+		{name: "D=64 past", lens: []int{200, 65}, past: []int{50, 0}, heads: 4, kv: 4, d: 64, maxSeq: 256},
 	} {
 		add(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
+	}
+	for _, s := range []attnCase{
+		{name: "long past", lens: []int{40, 3}, past: []int{16400, 70}, heads: 7, kv: 1, d: 128, maxSeq: 16440, fused: true},
+		{name: "2K prompt", lens: []int{2049}, past: []int{0}, heads: 4, kv: 1, d: 128, maxSeq: 2100},
+	} {
+		addLong(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
 	}
 	for _, s := range []attnCase{
 		{name: "cache 1", past: []int{0}, heads: 2, kv: 2, d: 64, maxSeq: 1},
 		{name: "gqa 2", past: []int{0, 7, 299}, heads: 4, kv: 2, d: 128, maxSeq: 300},
 		{name: "gqa 7", past: []int{1, 150}, heads: 7, kv: 1, d: 96, maxSeq: 200, fused: true},
 		{name: "qwen2-7b batch 16", past: spread(16, 300), heads: 28, kv: 4, d: 128, maxSeq: 300, fused: true},
+		{name: "D=64 ragged", past: []int{1023, 4, 600, 1}, heads: 8, kv: 2, d: 64, maxSeq: 1030},
 	} {
 		s.lens = ones(len(s.past))
 		add(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
+	}
+	for _, s := range []attnCase{
+		{name: "qwen2-7b 16K", past: []int{16383, 9000, 1, 16500}, heads: 28, kv: 4, d: 128, maxSeq: 16501, fused: true},
+		{name: "qwen2-7b 32K batch 1", past: []int{32760}, heads: 28, kv: 4, d: 128, maxSeq: 32768, fused: true},
+	} {
+		s.lens = ones(len(s.past))
+		addLong(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
 	}
 	for _, s := range []mlaCase{
 		{name: "small", lens: []int{3, 1}, past: []int{0, 5}, heads: 2, nope: 16, rope: 8, v: 16, rank: 32, maxSeq: 8},
@@ -230,6 +255,13 @@ func rmsNorm(e *env, n, d int, mode string) {
 		resid := e.random(actK, 1, n, d)
 		out := e.poisoned(actK, n, d)
 		e.run(func(o kernels.Ops, s int) { o.AddRMSNorm(out[s], resid[s], x[s], w[s], eps) })
+		e.check("out", out, all)
+		e.check("resid", resid, all)
+	case "add, pitched": // x a column slice of a wider matrix, as the attention output may be
+		xs := e.random(actK, 3, n, d+24)
+		resid := e.random(actK, 1, n, d)
+		out := e.poisoned(actK, n, d)
+		e.run(func(o kernels.Ops, s int) { o.AddRMSNorm(out[s], resid[s], xs.cols(8, 8+d)[s], w[s], eps) })
 		e.check("out", out, all)
 		e.check("resid", resid, all)
 	default:

@@ -49,28 +49,35 @@ func (tol Tolerances) For(dt kernels.DType) float64 {
 	return tol.F32
 }
 
-// Run checks every op of the kernel set named set, built on dev, against the
-// cpu set on a host device. Inputs are made on the host, uploaded to dev, and
-// read back, so that both sets see exactly the values dev holds (rounded to
-// its activation dtype). Ops that take weights run once with bf16 weights (as
-// checkpoints ship them) and once with weights of dev's activation dtype
-// when that differs.
+// Run checks every op the kernel set named set has a kernel of its own for
+// (kernels.SetInfo.Own), built on dev, against the cpu set on a host device.
+// Inputs are made on the host, uploaded to dev, and read back, so that both
+// sets see exactly the values dev holds (rounded to its activation dtype).
+// Ops that take weights run once with bf16 weights (as checkpoints ship
+// them) and once with weights of dev's activation dtype when that differs.
+// The long cases (attention over 16K keys and more) run on GPUs only: on a
+// cpu device they would take minutes and hold the reference against itself.
 func Run(t *testing.T, dev kernels.Device, set string, tol Tolerances) {
 	t.Helper()
-	var info *kernels.SetInfo
-	for _, s := range kernels.Sets() {
-		if s.Name == set {
-			info = &s
-		}
-	}
-	if info == nil {
-		t.Fatalf("kernel set %q is not registered in this build", set)
-	}
+	info := setInfo(t, set)
 	ops, err := info.New(dev)
 	if err != nil {
 		t.Fatalf("building kernel set %s on %s: %v", set, dev.Name(), err)
 	}
-	runOps(testingT{t}, dev, ops, tol, "")
+	_, onCPU := dev.(*cpu.Device)
+	runOps(testingT{t}, dev, ops, tol, info.Owns, !onCPU)
+}
+
+// setInfo is the registered set named set.
+func setInfo(t *testing.T, set string) kernels.SetInfo {
+	t.Helper()
+	for _, s := range kernels.Sets() {
+		if s.Name == set {
+			return s
+		}
+	}
+	t.Fatalf("kernel set %q is not registered in this build", set)
+	return kernels.SetInfo{}
 }
 
 // tester is the part of *testing.T the harness uses, so that its own test
@@ -88,9 +95,9 @@ func (t testingT) Run(name string, f func(t tester)) bool {
 	return t.T.Run(name, func(t *testing.T) { f(testingT{t}) })
 }
 
-// runOps runs the cases of op (every case when op is "") on ops, built on
-// dev, and on the cpu reference.
-func runOps(t tester, dev kernels.Device, ops kernels.Ops, tol Tolerances, op kernels.Op) {
+// runOps runs the cases of the ops that only accepts (and the long ones
+// when long) on ops, built on dev, and on the cpu reference.
+func runOps(t tester, dev kernels.Device, ops kernels.Ops, tol Tolerances, only func(kernels.Op) bool, long bool) {
 	host := cpu.NewDevice()
 	ref, err := cpu.New(host)
 	if err != nil {
@@ -103,7 +110,7 @@ func runOps(t tester, dev kernels.Device, ops kernels.Ops, tol Tolerances, op ke
 	covered := map[kernels.Op]bool{}
 	for _, c := range cases(wdts) {
 		covered[c.op] = true
-		if op != "" && c.op != op {
+		if !only(c.op) || c.long && !long {
 			continue
 		}
 		name := string(c.op) + "/" + c.name
@@ -133,6 +140,7 @@ func runOps(t tester, dev kernels.Device, ops kernels.Ops, tol Tolerances, op ke
 type opCase struct {
 	op   kernels.Op
 	name string
+	long bool          // minutes on a cpu device: run on GPUs only
 	wdt  kernels.DType // the weights' dtype, for ops that take weights
 	run  func(e *env)
 }

@@ -199,6 +199,7 @@ func TestHarnessFails(t *testing.T) {
 		{kernels.OpEmbedding, "embedding off by one", always},
 		{kernels.OpLinear, "linear ignores the output pitch", has("pitched out")},
 		{kernels.OpRMSNorm, "rms_norm eps 1", always},
+		{kernels.OpAddRMSNorm, "rms_norm eps 1", always},
 		{kernels.OpRoPE, "rope pairs the other way", always},
 		{kernels.OpAttnPrefill, "prefill reads one position too many", not(has("one token, cache 1"))},
 		{kernels.OpAttnDecode, "decode reads the host Past", not(has("cache 1"))},
@@ -220,14 +221,15 @@ func TestHarnessFails(t *testing.T) {
 			log := &failures{msg: map[string][]string{}}
 			top := &recorder{name: "", log: log}
 			top.Run("harness", func(r tester) {
-				runOps(r, dev, &faulty{Ops: ops, dev: dev, fault: c.fault}, DefaultTolerances(), c.op)
+				only := func(o kernels.Op) bool { return o == c.op }
+				runOps(r, dev, &faulty{Ops: ops, dev: dev, fault: c.fault}, DefaultTolerances(), only, false)
 			})
 			if msgs := log.msg["harness"]; len(msgs) > 0 {
 				t.Fatalf("harness failed outside a case: %v", msgs)
 			}
 			ran := 0
 			for _, oc := range cases([]kernels.DType{kernels.BF16, kernels.F32}) {
-				if oc.op != c.op {
+				if oc.op != c.op || oc.long {
 					continue
 				}
 				ran++

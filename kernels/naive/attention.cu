@@ -1,51 +1,7 @@
-// The non-GEMM parts of materialized (eager) attention: appending to the KV
-// cache and the masked softmax. Q·Kᵀ and P·V are cuBLAS calls made by the host
-// (attention.go, mla.go). Pitches are in elements.
-
-// row_of is the row b of token t in a packed batch: the last b < B with
-// start[b] <= t (start i32 [B+1], ascending; empty rows are skipped).
-__device__ __forceinline__ int row_of(const int* start, int B, int t) {
-	int lo = 0, hi = B - 1;
-	while (lo < hi) {
-		const int mid = (lo + hi + 1) / 2;
-		if (start[mid] <= t) lo = mid;
-		else hi = mid - 1;
-	}
-	return lo;
-}
-
-// kv_append writes the new keys and values of a packed batch into the cache.
-// kc, vc bf16 [B, heads, maxSeq, dim]; vc (and vs) may be null for a single
-// cache (MLA's latents: heads 1, dim = rank+ropeDim). ks, vs bf16 [T, ≥heads*dim]
-// with pitches kp, vp: head h of token t at t*pitch + h*dim. start i32 [B+1]
-// and past i32 [B] are the device row tables: token t of row b goes to
-// position past[b] + t - start[b]. Positions outside [0, maxSeq) are not
-// written (the host checks prefill; decode lengths are the caller's duty).
-// Launch: grid.x = T (one block per token), threads loop over heads*dim/VEC.
-template <int VEC>
-__device__ void kv_append(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16* vs, int vp, const int* start,
-                          const int* past, int B, int heads, int dim, int maxSeq) {
-	const int t = blockIdx.x;
-	const int b = row_of(start, B, t);
-	const int pos = past[b] + t - start[b];
-	if (pos < 0 || pos >= maxSeq) return;
-	const int n = heads * dim / VEC;
-	for (int v = threadIdx.x; v < n; v += blockDim.x) {
-		const int c = v * VEC, h = c / dim, d = c - h * dim;
-		const long long dst = (((long long)b * heads + h) * maxSeq + pos) * dim + d;
-		store<bf16, VEC>(kc + dst, load<bf16, VEC>(ks + (long long)t * kp + c));
-		if (vc) store<bf16, VEC>(vc + dst, load<bf16, VEC>(vs + (long long)t * vp + c));
-	}
-}
-
-#define KV_APPEND(V)                                                                                     \
-	extern "C" __global__ void kv_append_v##V(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16* vs, \
-	                                          int vp, const int* start, const int* past, int B, int heads, \
-	                                          int dim, int maxSeq) {                                     \
-		kv_append<V>(kc, vc, ks, kp, vs, vp, start, past, B, heads, dim, maxSeq);                        \
-	}
-KV_APPEND(1)
-KV_APPEND(8)
+// The non-GEMM parts of materialized (eager) attention: the masked cache copy
+// of decode and the masked softmax. Q·Kᵀ and P·V are cuBLAS calls made by the
+// host (attention.go, mla.go); appending to the cache is cudaset's kv_append.
+// Pitches are in elements.
 
 // kv_masked_copy copies a cache with the positions past each row's length
 // past[b] + start[b+1] - start[b] zeroed, as a zero-initialized static cache

@@ -1,44 +1,5 @@
-// Row gathers, elementwise ops, RMSNorm, RoPE and argmax of the naive set:
-// one simple kernel per torch eager op. Pitches are in elements.
-
-// copy_rows converts and moves whole rows:
-//   dst[drow(r), :cols] = src[srow(r), :cols] for r < rows, with
-//   drow(r) = didx ? didx[r] : r and srow(r) = sidx ? sidx[r] : r / sdiv.
-// dst TO [*, dpitch]; src TI [srows, spitch], spitch 0 repeats row 0 (a bias
-// broadcast); didx, sidx i32 [rows] or null. An index sidx[r] outside
-// [0, srows) traps, as torch's device-side assert does for a bad index.
-// Serves Embedding (sidx = ids), Linear's bias (spitch 0) and the MoE token
-// gather (sdiv = K, didx = slots). Launch: 1-D grid-stride over rows*cols/VEC.
-template <typename TO, typename TI, int VEC>
-__device__ void copy_rows(TO* dst, int dpitch, const int* didx, const TI* src, int spitch, const int* sidx,
-                          int sdiv, int srows, int rows, int cols) {
-	const int cv = cols / VEC;
-	GRID_STRIDE(i, (long long)rows * cv) {
-		const int r = (int)(i / cv);
-		const int c = (int)(i - (long long)r * cv) * VEC;
-		const int sr = sidx ? sidx[r] : r / sdiv;
-		if (sidx && (sr < 0 || sr >= srows)) __trap();
-		const int dr = didx ? didx[r] : r;
-		const Vec<TI, VEC> in = load<TI, VEC>(src + (long long)sr * spitch + c);
-		Vec<TO, VEC> out;
-#pragma unroll
-		for (int j = 0; j < VEC; j++) out.v[j] = from_f32<TO>(to_f32(in.v[j]));
-		store<TO, VEC>(dst + (long long)dr * dpitch + c, out);
-	}
-}
-
-#define COPY_ROWS(NO, TO, NI, TI, V)                                                                         \
-	extern "C" __global__ void copy_rows_##NO##_##NI##_v##V(TO* dst, int dpitch, const int* didx,      \
-	                                                         const TI* src, int spitch, const int* sidx, \
-	                                                         int sdiv, int srows, int rows, int cols) {  \
-		copy_rows<TO, TI, V>(dst, dpitch, didx, src, spitch, sidx, sdiv, srows, rows, cols);              \
-	}
-#define COPY_ROWS_FROM(NI, TI, V) \
-	COPY_ROWS(bf16, bf16, NI, TI, V) COPY_ROWS(f32, float, NI, TI, V)
-#define COPY_ROWS_ALL(V) \
-	COPY_ROWS_FROM(bf16, bf16, V) COPY_ROWS_FROM(f16, half_bits, V) COPY_ROWS_FROM(f32, float, V)
-COPY_ROWS_ALL(1)
-COPY_ROWS_ALL(8)
+// Elementwise ops, RMSNorm, RoPE and argmax of the naive set: one simple
+// kernel per torch eager op. Pitches are in elements.
 
 struct AddOp {
 	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }

@@ -2,23 +2,19 @@ package naive
 
 import (
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
 // MoERoute is one block per token (moe_route).
 func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	op := kernels.OpMoERoute
+	kernels.CheckMoERoute(idx, weight, logits, r)
 	n, experts, k := logits.Rows(), logits.Cols(), r.TopK
-	need(logits.DType == kernels.F32, op, "logits are %v", logits)
-	need(experts <= routeThreads, op, "%d experts, at most %d", experts, routeThreads)
-	need(k > 0 && k <= maxTopK && k <= experts, op, "top-%d of %d experts (at most %d)", k, experts, maxTopK)
-	need(idx.DType == kernels.I32 && idx.Rows() == n && idx.Cols() == k, op, "idx %v for top-%d of %v", idx, k, logits)
-	need(weight.DType == kernels.F32 && weight.Rows() == n && weight.Cols() == k, op, "weight %v for top-%d of %v",
-		weight, k, logits)
+	o.Need(experts <= routeThreads, op, "%d experts, at most %d", experts, routeThreads)
+	o.Need(k <= maxTopK, op, "top-%d, at most %d", k, maxTopK)
 	limited := r.Method == kernels.RouteGroupLimited
-	need(!limited || (r.Groups > 0 && experts%r.Groups == 0 && r.TopKGroups > 0 && r.TopKGroups <= r.Groups), op,
-		"%d experts in %d groups, top %d groups", experts, r.Groups, r.TopKGroups)
-	o.launch("moe_route", n, routeThreads, o.d.Ptr(idx), int32(idx.Pitch), o.d.Ptr(weight), int32(weight.Pitch),
-		o.d.Ptr(logits), int32(logits.Pitch), int32(experts), int32(k), b32(limited), int32(r.Groups),
+	o.Launch("moe_route", n, routeThreads, o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight), int32(weight.Pitch),
+		o.D.Ptr(logits), int32(logits.Pitch), int32(experts), int32(k), b32(limited), int32(r.Groups),
 		int32(r.TopKGroups), b32(r.NormTopK), r.Scale)
 }
 
@@ -44,23 +40,17 @@ func b32(b bool) int32 {
 // counts are read back (a sync) for per-expert GEMMs of exact sizes.
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	op := kernels.OpMoEExperts
+	kernels.CheckMoEExperts(o.D.ActDType(), out, x, idx, weight, gateUp, down)
+	o.Need(cudaset.IsBF16(gateUp) && cudaset.IsBF16(down), op, "expert weights %v, %v (bf16, as x for cuBLAS)", gateUp, down)
 	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
-	need(isAct(x) && isAct(out) && out.Rows() == n && out.Cols() == hidden, op, "out %v, x %v", out, x)
-	need(idx.DType == kernels.I32 && idx.Rows() == n && weight.DType == kernels.F32 && weight.Rows() == n &&
-		weight.Cols() == k, op, "idx %v, weight %v for %d tokens", idx, weight, n)
-	need(isAct(gateUp) && len(gateUp.Shape) == 3 && gateUp.Shape[2] == hidden && gateUp.Shape[1]%2 == 0, op,
-		"gateUp %v for hidden size %d (bf16, as x for cuBLAS)", gateUp, hidden)
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	need(isAct(down) && len(down.Shape) == 3 && down.Shape[0] == experts && down.Shape[1] == hidden &&
-		down.Shape[2] == inter, op, "down %v for gateUp %v", down, gateUp)
-	need(gateUp.Packed() && down.Packed(), op, "expert weights must be packed")
 	if n == 0 {
 		return
 	}
 
 	meta := o.moeMetaFor(experts)
-	counts, offsets := meta.p, meta.skip(int64(experts)).p
-	cursor := meta.skip(int64(2*experts + 1)).p
+	counts, offsets := meta.P, meta.Skip(int64(experts)).P
+	cursor := meta.Skip(int64(2*experts + 1)).P
 	choices := n * k
 	ip := int32(idx.Pitch)
 	padded := n <= moeGraphTokens
@@ -68,59 +58,59 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	var first []int32 // exact layout: expert e's rows are [first[e], first[e+1])
 	if padded {
 		rows = experts * n
-		o.launchItems("iota_i32", int64(experts), cursor, int32(experts), int32(n))
+		o.LaunchItems("iota_i32", int64(experts), cursor, int32(experts), int32(n))
 	} else {
-		o.launchItems("iota_i32", int64(experts), counts, int32(experts), int32(0))
-		o.launchItems("moe_count", int64(choices), counts, o.d.Ptr(idx), ip, int32(n), int32(k), int32(experts))
-		o.launch("moe_offsets", 1, 1, offsets, cursor, counts, int32(experts))
-		all, err := o.d.ReadI32(o.moeMeta)
+		o.LaunchItems("iota_i32", int64(experts), counts, int32(experts), int32(0))
+		o.LaunchItems("moe_count", int64(choices), counts, o.D.Ptr(idx), ip, int32(n), int32(k), int32(experts))
+		o.Launch("moe_offsets", 1, 1, offsets, cursor, counts, int32(experts))
+		all, err := o.D.ReadI32(o.moeMeta)
 		if err != nil {
-			o.d.Fail(err)
+			o.D.Fail(err)
 			return
 		}
 		first = all[experts : 2*experts+1]
 	}
-	slots := o.scratch(slotMoESlot, kernels.I32, choices, 1)
-	o.launchItems("moe_assign", int64(choices), slots.p, cursor, o.d.Ptr(idx), ip, int32(n), int32(k), int32(experts))
-	xs := o.scratch(slotMoEX, kernels.BF16, rows, hidden)
-	o.copyRows(xs, slots.p, o.mat(x), 0, k, n, choices, hidden)
+	slots := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
+	o.LaunchItems("moe_assign", int64(choices), slots.P, cursor, o.D.Ptr(idx), ip, int32(n), int32(k), int32(experts))
+	xs := o.Scratch(scrMoEX, kernels.BF16, rows, hidden)
+	o.CopyRows(xs, slots.P, o.Mat(x), 0, k, n, choices, hidden)
 
-	h := o.scratch(slotMoEH, kernels.BF16, rows, 2*inter)
-	act := o.scratch(slotMoEAct, kernels.BF16, rows, inter)
+	h := o.Scratch(scrMoEH, kernels.BF16, rows, 2*inter)
+	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
 	ys := xs // the gathered tokens are spent once gate_up has read them
-	gu, dn := o.mat(gateUp), o.mat(down)
+	gu, dn := o.Mat(gateUp), o.Mat(down)
 	guSize, dnSize := int64(2*inter)*int64(hidden), int64(hidden)*int64(inter)
 	if padded {
-		o.gemmBatched(true, n, 2*inter, hidden, 1, xs, int64(n*hidden), gu, guSize, 0, h, int64(n*2*inter), experts)
+		o.GemmBatched(true, n, 2*inter, hidden, 1, xs, int64(n*hidden), gu, guSize, 0, h, int64(n*2*inter), experts)
 		o.swiglu(act, h, rows, inter)
-		o.gemmBatched(true, n, hidden, inter, 1, act, int64(n*inter), dn, dnSize, 0, ys, int64(n*hidden), experts)
+		o.GemmBatched(true, n, hidden, inter, 1, act, int64(n*inter), dn, dnSize, 0, ys, int64(n*hidden), experts)
 	} else {
 		for e := range experts {
 			r0, m := int(first[e]), int(first[e+1]-first[e])
-			o.gemm(true, m, 2*inter, hidden, 1, xs.sub(r0, 0), gu.skip(int64(e)*guSize), 0, h.sub(r0, 0))
+			o.Gemm(true, m, 2*inter, hidden, 1, xs.Sub(r0, 0), gu.Skip(int64(e)*guSize), 0, h.Sub(r0, 0))
 		}
 		o.swiglu(act, h, rows, inter)
 		for e := range experts {
 			r0, m := int(first[e]), int(first[e+1]-first[e])
-			o.gemm(true, m, hidden, inter, 1, act.sub(r0, 0), dn.skip(int64(e)*dnSize), 0, ys.sub(r0, 0))
+			o.Gemm(true, m, hidden, inter, 1, act.Sub(r0, 0), dn.Skip(int64(e)*dnSize), 0, ys.Sub(r0, 0))
 		}
 	}
-	om := o.mat(out)
-	v := vecFor(hidden, om, ys)
-	o.launchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.p, int32(om.pitch), ys.p, slots.p,
-		o.d.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
+	om := o.Mat(out)
+	v := cudaset.VecFor(hidden, om, ys)
+	o.LaunchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.P, int32(om.Pitch), ys.P, slots.P,
+		o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
 }
 
 // moeMetaFor is the i32 device array [counts E | offsets E+1 | cursor E],
 // allocated at the first MoE call (before any graph capture) and regrown for
 // more experts.
-func (o *ops) moeMetaFor(experts int) mat {
+func (o *ops) moeMetaFor(experts int) cudaset.Mat {
 	size := 3*experts + 1
 	if o.moeMeta == nil || o.moeMeta.Numel() != size {
 		if o.moeMeta != nil {
-			o.d.Free(o.moeMeta)
+			o.D.Free(o.moeMeta)
 		}
-		o.moeMeta = o.d.Alloc(kernels.I32, size)
+		o.moeMeta = o.D.Alloc(kernels.I32, size)
 	}
-	return o.mat(o.moeMeta)
+	return o.Mat(o.moeMeta)
 }

@@ -1,9 +1,7 @@
 package naive
 
 import (
-	"encoding/binary"
 	"math"
-	"math/rand"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -25,11 +23,6 @@ func openDevice(t *testing.T) *cuda.Device {
 	return dev
 }
 
-// TestOps holds every op of the naive set against the cpu reference.
-func TestOps(t *testing.T) {
-	kerneltest.Run(t, openDevice(t), "naive", kerneltest.DefaultTolerances())
-}
-
 // TestOpsEveryPath runs the harness again with the sizes that choose code
 // paths shrunk or raised, so that its small shapes take the paths big ones
 // take: attention in many query chunks, MLA decode one row per pass, and
@@ -47,150 +40,6 @@ func TestOpsEveryPath(t *testing.T) {
 		moeGraphTokens = math.MaxInt32
 		kerneltest.Run(t, dev, "naive", kerneltest.DefaultTolerances())
 	})
-}
-
-// TestDecodeGraph captures the decode ops in a CUDA graph and replays it
-// with new row lengths and routes: each replay must give what the ops give
-// when called directly.
-func TestDecodeGraph(t *testing.T) {
-	dev := openDevice(t)
-	info := setInfo(t)
-	ops, err := info.New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewSource(1))
-	bf := kernels.BF16
-	random := func(dt kernels.DType, shape ...int) *kernels.Tensor {
-		x := dev.Alloc(dt, shape...)
-		v := make([]float32, x.Numel())
-		for i := range v {
-			v[i] = float32(rng.NormFloat64())
-		}
-		if err := dev.Upload(x, f32Bytes(v), kernels.F32); err != nil {
-			t.Fatal(err)
-		}
-		return x
-	}
-	ints := func(v []int32) *kernels.Tensor {
-		x := dev.Alloc(kernels.I32, len(v))
-		if err := dev.WriteI32(x, v); err != nil {
-			t.Fatal(err)
-		}
-		return x
-	}
-
-	const rows, seq = 3, 24
-	b := &kernels.Batch{Rows: rows, Tokens: rows, Start: []int{0, 1, 2, 3}, Past: make([]int, rows), MaxSeq: seq,
-		StartDev: ints([]int32{0, 1, 2, 3}), PastDev: ints([]int32{0, 5, 20})}
-
-	const heads, kvHeads, dim = 4, 2, 64
-	attn := &kernels.AttnArgs{Out: dev.Alloc(bf, rows, heads*dim), Q: random(bf, rows, heads*dim),
-		K: random(bf, rows, kvHeads*dim), V: random(bf, rows, kvHeads*dim),
-		KCache: random(bf, rows, kvHeads, seq, dim), VCache: random(bf, rows, kvHeads, seq, dim),
-		Batch: b, Heads: heads, KVHeads: kvHeads, HeadDim: dim, Scale: 0.125}
-
-	const mh, nope, ropeDim, vdim, rank = 2, 16, 8, 16, 32
-	mla := &kernels.MLAArgs{Out: dev.Alloc(bf, rows, mh*vdim), Q: random(bf, rows, mh*(nope+ropeDim)),
-		KV: random(bf, rows, rank+ropeDim), Cache: random(bf, rows, seq, rank+ropeDim),
-		WKVB: random(bf, mh*(nope+vdim), rank), Batch: b, Heads: mh, NopeDim: nope, RopeDim: ropeDim,
-		VDim: vdim, Rank: rank, Scale: 0.2}
-
-	const tokens, hidden, inter, experts, topK = 5, 64, 32, 8, 2
-	moeOut, moeX := dev.Alloc(bf, tokens, hidden), random(bf, tokens, hidden)
-	moeIdx, moeW := dev.Alloc(kernels.I32, tokens, topK), random(kernels.F32, tokens, topK)
-	gateUp, down := random(bf, experts, 2*inter, hidden), random(bf, experts, hidden, inter)
-	route := func() {
-		var v []int32
-		for range tokens {
-			for _, e := range rng.Perm(experts)[:topK] {
-				v = append(v, int32(e))
-			}
-		}
-		if err := dev.WriteI32(moeIdx, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	route()
-
-	step := func() {
-		ops.AttentionDecode(attn)
-		ops.MLADecode(mla)
-		ops.MoEExperts(moeOut, moeX, moeIdx, moeW, gateUp, down)
-	}
-	outs := []*kernels.Tensor{attn.Out, mla.Out, moeOut}
-	read := func() [][]float32 {
-		var r [][]float32
-		for _, o := range outs {
-			v, err := dev.ReadF32(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r = append(r, v)
-		}
-		return r
-	}
-
-	step() // sizes the scratch slots before the capture
-	if err := dev.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.BeginCapture(); err != nil {
-		t.Fatal(err)
-	}
-	step()
-	g, err := dev.EndCapture()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-
-	for i, past := range [][]int32{{1, 6, 21}, {23, 0, 12}} {
-		if err := dev.WriteI32(b.PastDev, past); err != nil {
-			t.Fatal(err)
-		}
-		route()
-		if err := g.Replay(); err != nil {
-			t.Fatal(err)
-		}
-		replayed := read()
-		step()
-		direct := read()
-		for j, name := range []string{"attention", "mla", "moe"} {
-			if d := relDiff(replayed[j], direct[j]); !(d <= 1e-3) {
-				t.Errorf("replay %d (lengths %v): %s output differs from a direct call by %.3g", i, past, name, d)
-			}
-		}
-	}
-}
-
-func setInfo(t *testing.T) kernels.SetInfo {
-	for _, s := range kernels.Sets() {
-		if s.Name == "naive" {
-			return s
-		}
-	}
-	t.Fatal("naive set not registered")
-	return kernels.SetInfo{}
-}
-
-// relDiff is ‖a − b‖/‖b‖ (NaN when either holds a NaN).
-func relDiff(a, b []float32) float64 {
-	var d2, b2 float64
-	for i := range a {
-		d := float64(a[i]) - float64(b[i])
-		d2 += d * d
-		b2 += float64(b[i]) * float64(b[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(b2), 1e-30)
-}
-
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, f := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
-	}
-	return b
 }
 
 // benchDevice is openDevice for benchmarks.

@@ -1,6 +1,6 @@
-// Shared by every module of the naive set: element types, vector access and
-// block reductions. Each module is compiled as this header followed by its
-// own source (see naive.go).
+// Shared by every module of every CUDA kernel set: element types, vector
+// access, block reductions and the packed batch's row lookup. Each module is
+// compiled as this header followed by its own source (see cudaset.go).
 //
 // Conventions of every kernel:
 //   - Matrices are rows of contiguous elements, row r at base + r*pitch
@@ -121,4 +121,16 @@ __device__ void block_argmax(float& v, int& i) {
 	i = have ? pi[lane] : NO_INDEX;
 	warp_argmax(v, i);
 	__syncthreads();
+}
+
+// row_of is the row b of token t in a packed batch: the last b < B with
+// start[b] <= t (start i32 [B+1], ascending; empty rows are skipped).
+__device__ __forceinline__ int row_of(const int* start, int B, int t) {
+	int lo = 0, hi = B - 1;
+	while (lo < hi) {
+		const int mid = (lo + hi + 1) / 2;
+		if (start[mid] <= t) lo = mid;
+		else hi = mid - 1;
+	}
+	return lo;
 }

@@ -1,0 +1,204 @@
+package kernels
+
+import "fmt"
+
+// The contract checks of the Ops methods: the shapes and dtypes every kernel
+// set accepts, checked once here and called by every set (the cpu set's and
+// the CUDA sets' alike), so that no two sets disagree on what an op takes.
+// act is the device's activation dtype (Device.ActDType). A set may accept
+// less (cuBLAS multiplies bf16 only), never more. A failed check is a
+// programming error and panics with a message naming the op.
+
+// need panics, naming op, when a check fails.
+func need(ok bool, op Op, format string, args ...any) {
+	if !ok {
+		panic(fmt.Sprintf("kernels: %s: %s", op, fmt.Sprintf(format, args...)))
+	}
+}
+
+// IsFloat reports whether t holds one of the float types weights come in.
+func IsFloat(t *Tensor) bool {
+	return t != nil && (t.DType == F32 || t.DType == BF16 || t.DType == F16)
+}
+
+func isAct(t *Tensor, act DType) bool { return t != nil && t.DType == act }
+
+// needActs checks that every named tensor holds activations.
+func needActs(op Op, act DType, named ...any) {
+	for i := 0; i < len(named); i += 2 {
+		t := named[i+1].(*Tensor)
+		need(isAct(t, act), op, "%s is %v, want %s activations", named[i], t, act)
+	}
+}
+
+func isInts(t *Tensor, n int) bool { return t != nil && t.DType == I32 && t.Packed() && t.Numel() == n }
+
+// rowsCols reports whether t is a matrix of rows × cols elements.
+func rowsCols(t *Tensor, rows, cols int) bool { return t.Rows() == rows && t.Cols() == cols }
+
+// same reports whether two views start at the same element of one buffer.
+func same(a, b *Tensor) bool { return a.Buf == b.Buf && a.Offset == b.Offset }
+
+// CheckEmbedding: out [N,D] act; table [V,D] float; ids [N] i32.
+func CheckEmbedding(act DType, out, table, ids *Tensor) {
+	op := OpEmbedding
+	needActs(op, act, "out", out)
+	need(IsFloat(table) && table.Cols() == out.Cols(), op, "table %v for out %v", table, out)
+	need(isInts(ids, out.Rows()), op, "ids %v for out %v", ids, out)
+}
+
+// CheckLinear: out [N,M] act or f32; x [N,K] act; w [M,K] float; bias [M]
+// float or nil.
+func CheckLinear(act DType, out, x, w, bias *Tensor) {
+	op := OpLinear
+	needActs(op, act, "x", x)
+	need(IsFloat(w) && w.Cols() == x.Cols(), op, "w %v for x %v", w, x)
+	need((isAct(out, act) || out.DType == F32) && rowsCols(out, x.Rows(), w.Rows()), op,
+		"out %v for x %v, w %v", out, x, w)
+	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
+}
+
+// CheckRMSNorm: out, x [N,D] act; w [D] float.
+func CheckRMSNorm(act DType, out, x, w *Tensor) {
+	op := OpRMSNorm
+	needActs(op, act, "out", out, "x", x)
+	need(rowsCols(out, x.Rows(), x.Cols()), op, "out %v, x %v", out, x)
+	need(IsFloat(w) && w.Numel() == x.Cols(), op, "w %v for x %v", w, x)
+}
+
+// CheckAddRMSNorm: out, resid, x [N,D] act, out aliasing neither; w [D] float.
+func CheckAddRMSNorm(act DType, out, resid, x, w *Tensor) {
+	op := OpAddRMSNorm
+	n, d := resid.Rows(), resid.Cols()
+	needActs(op, act, "out", out, "resid", resid, "x", x)
+	need(rowsCols(out, n, d) && rowsCols(x, n, d), op, "out %v, resid %v, x %v", out, resid, x)
+	need(!same(out, resid) && !same(out, x), op, "out aliases resid or x")
+	need(IsFloat(w) && w.Numel() == d, op, "w %v for rows of %d", w, d)
+}
+
+// CheckAdd: out, a, b [N,D] act.
+func CheckAdd(act DType, out, a, b *Tensor) {
+	op := OpAdd
+	needActs(op, act, "out", out, "a", a, "b", b)
+	need(rowsCols(a, out.Rows(), out.Cols()) && rowsCols(b, out.Rows(), out.Cols()), op, "out %v, a %v, b %v", out, a, b)
+}
+
+// CheckRoPE: x [T, ≥heads·headStride] act with each head's rotated dims
+// [offset, offset+r.Dim) inside it; pos [T] i32; r.Cos, r.Sin [MaxPos,
+// ≥Dim/2] f32 of one pitch.
+func CheckRoPE(act DType, x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	op := OpRoPE
+	needActs(op, act, "x", x)
+	need(r != nil && r.Dim > 0 && r.Dim%2 == 0, op, "rotated dims %v", r)
+	need(heads >= 0 && offset >= 0 && offset+r.Dim <= headStride && heads*headStride <= x.Cols(), op,
+		"%d heads %d apart, rotated at [%d,%d), do not fit x %v", heads, headStride, offset, offset+r.Dim, x)
+	need(isInts(pos, x.Rows()), op, "pos %v for x %v", pos, x)
+	c, s := r.Cos, r.Sin
+	need(c != nil && s != nil && c.DType == F32 && s.DType == F32 && c.Cols() >= r.Dim/2 && c.Cols() == s.Cols() &&
+		c.Pitch == s.Pitch && c.Rows() == s.Rows(), op, "tables cos %v, sin %v for %d dims", c, s, r.Dim)
+}
+
+// CheckSwiGLU: out [N,I] act; gateUp [N,2I] act.
+func CheckSwiGLU(act DType, out, gateUp *Tensor) {
+	needActs(OpSwiGLU, act, "out", out, "gateUp", gateUp)
+	need(rowsCols(gateUp, out.Rows(), 2*out.Cols()), OpSwiGLU, "out %v, gateUp %v", out, gateUp)
+}
+
+// Check checks the batch's host tables and device mirrors for a step of
+// tokens new tokens; a prefill also checks that every row's new tokens fit
+// its cache (decode lengths live on the device: kernels check them there).
+func (b *Batch) Check(op Op, tokens int, prefill bool) {
+	need(b != nil && b.Rows >= 0 && len(b.Start) == b.Rows+1 && len(b.Past) == b.Rows && b.Start[0] == 0 &&
+		b.Start[b.Rows] == b.Tokens && b.Tokens == tokens, op, "batch tables do not describe %d tokens", tokens)
+	need(isInts(b.StartDev, b.Rows+1) && isInts(b.PastDev, b.Rows), op, "batch device tables missing or of the wrong size")
+	if !prefill {
+		need(b.Tokens == b.Rows, op, "decode of %d tokens for %d rows", b.Tokens, b.Rows)
+		return
+	}
+	for r := range b.Rows {
+		n := b.Start[r+1] - b.Start[r]
+		need(n >= 0 && b.Past[r] >= 0 && b.Past[r]+n <= b.MaxSeq, op,
+			"row %d: %d cached + %d new tokens exceed the cache's %d", r, b.Past[r], n, b.MaxSeq)
+	}
+}
+
+// cacheFor reports whether cache is a packed [B, heads, MaxSeq, dim] act
+// tensor for batch b.
+func cacheFor(cache *Tensor, act DType, b *Batch, heads, dim int) bool {
+	return isAct(cache, act) && cache.Packed() && cache.Cols() == dim && cache.Rows() == b.Rows*heads*b.MaxSeq
+}
+
+// Check checks the operands of an attention op (see AttnArgs).
+func (a *AttnArgs) Check(op Op, act DType, prefill bool) {
+	b := a.Batch
+	b.Check(op, a.Q.Rows(), prefill)
+	need(a.KVHeads > 0 && a.Heads%a.KVHeads == 0 && a.HeadDim > 0, op,
+		"%d heads over %d kv heads of %d dims", a.Heads, a.KVHeads, a.HeadDim)
+	qw, kw := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+	needActs(op, act, "Q", a.Q, "Out", a.Out, "K", a.K, "V", a.V)
+	need(a.Q.Cols() == qw, op, "q %v", a.Q)
+	need(rowsCols(a.Out, b.Tokens, qw), op, "out %v", a.Out)
+	for _, t := range []*Tensor{a.K, a.V} {
+		need(rowsCols(t, b.Tokens, kw), op, "new keys or values %v", t)
+	}
+	for _, t := range []*Tensor{a.KCache, a.VCache} {
+		need(cacheFor(t, act, b, a.KVHeads, a.HeadDim), op, "cache %v for %d rows × %d kv heads × %d positions × %d",
+			t, b.Rows, a.KVHeads, b.MaxSeq, a.HeadDim)
+	}
+}
+
+// Check checks the operands of an MLA op (see MLAArgs).
+func (a *MLAArgs) Check(op Op, act DType, prefill bool) {
+	b := a.Batch
+	b.Check(op, a.Q.Rows(), prefill)
+	need(a.Heads > 0 && a.NopeDim > 0 && a.RopeDim > 0 && a.VDim > 0 && a.Rank > 0, op,
+		"%d heads, dims nope %d rope %d v %d rank %d", a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank)
+	width := a.Rank + a.RopeDim
+	needActs(op, act, "Q", a.Q, "KV", a.KV, "Out", a.Out)
+	need(a.Q.Cols() == a.Heads*(a.NopeDim+a.RopeDim), op, "q %v", a.Q)
+	need(rowsCols(a.KV, b.Tokens, width), op, "new latents %v", a.KV)
+	need(rowsCols(a.Out, b.Tokens, a.Heads*a.VDim), op, "out %v", a.Out)
+	need(cacheFor(a.Cache, act, b, 1, width), op, "cache %v for %d rows × %d positions × %d", a.Cache, b.Rows, b.MaxSeq, width)
+	need(IsFloat(a.WKVB) && rowsCols(a.WKVB, a.Heads*(a.NopeDim+a.VDim), a.Rank), op, "kv_b_proj %v", a.WKVB)
+}
+
+// CheckMoERoute: logits [N,E] f32; idx [N,K] i32; weight [N,K] f32; the
+// routing fits E experts.
+func CheckMoERoute(idx, weight, logits *Tensor, r *Routing) {
+	op := OpMoERoute
+	n, e, k := logits.Rows(), logits.Cols(), r.TopK
+	need(logits.DType == F32, op, "logits are %v, want f32", logits)
+	need(k > 0 && k <= e, op, "top-%d of %d experts", k, e)
+	need(idx.DType == I32 && rowsCols(idx, n, k), op, "idx %v for top-%d of %v", idx, k, logits)
+	need(weight.DType == F32 && rowsCols(weight, n, k), op, "weight %v for top-%d of %v", weight, k, logits)
+	switch r.Method {
+	case RouteGreedy:
+	case RouteGroupLimited:
+		need(r.Groups > 0 && e%r.Groups == 0 && r.TopKGroups > 0 && r.TopKGroups <= r.Groups, op,
+			"%d experts in %d groups, top %d groups", e, r.Groups, r.TopKGroups)
+	default:
+		need(false, op, "unknown routing method %d", r.Method)
+	}
+}
+
+// CheckMoEExperts: out, x [N,H] act; idx [N,K] i32; weight [N,K] f32;
+// gateUp [E,2I,H] and down [E,H,I] packed float.
+func CheckMoEExperts(act DType, out, x, idx, weight, gateUp, down *Tensor) {
+	op := OpMoEExperts
+	n, h := x.Rows(), x.Cols()
+	needActs(op, act, "out", out, "x", x)
+	need(rowsCols(out, n, h), op, "out %v, x %v", out, x)
+	need(idx.DType == I32 && idx.Rows() == n && weight.DType == F32 && rowsCols(weight, n, idx.Cols()), op,
+		"idx %v, weight %v for %d tokens", idx, weight, n)
+	need(IsFloat(gateUp) && gateUp.Packed() && len(gateUp.Shape) == 3 && gateUp.Shape[2] == h &&
+		gateUp.Shape[1] > 0 && gateUp.Shape[1]%2 == 0, op, "gateUp %v for hidden size %d", gateUp, h)
+	e, inter := gateUp.Shape[0], gateUp.Shape[1]/2
+	need(IsFloat(down) && down.Packed() && len(down.Shape) == 3 && down.Shape[0] == e && down.Shape[1] == h &&
+		down.Shape[2] == inter, op, "down %v for gateUp %v", down, gateUp)
+}
+
+// CheckArgmax: out [B] i32; logits [B,V] f32 or act, V > 0.
+func CheckArgmax(act DType, out, logits *Tensor) {
+	need(logits.DType == F32 || logits.DType == act, OpArgmax, "logits are %v", logits)
+	need(logits.Cols() > 0 && isInts(out, logits.Rows()), OpArgmax, "out %v for logits %v", out, logits)
+}

@@ -1,0 +1,226 @@
+// Package cudaset is what every CUDA kernel set is built from, so that the
+// sets hold only their own kernels and launchers: compiling a set's embedded
+// .cu sources (each behind common.cuh, with #line so that NVRTC's messages
+// point into the .cu file), its kernel table and launch helpers, typed views
+// of device matrices (Mat), scratch memory kept under its owner's name, the
+// cuBLAS products, and the row movers both sets share (copy_rows, kv_append).
+package cudaset
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+)
+
+var (
+	//go:embed common.cuh
+	commonSrc string
+	//go:embed rows.cu
+	rowsSrc string
+)
+
+// Launch shapes every set uses.
+const (
+	// BlockThreads is the block size of the 1-D grid-stride kernels and the
+	// most threads of the per-row ones.
+	BlockThreads = 256
+	// BlocksPerSM is how many blocks of BlockThreads an SM holds at once
+	// (2048 resident threads on Hopper); grid-stride launches fill one wave.
+	BlocksPerSM = 8
+	// VecWidth is the elements one thread moves per access when every row
+	// start allows it: 16 bytes of bf16.
+	VecWidth = 8
+	// warp is the threads of a warp.
+	warp = 32
+)
+
+// Module is one NVRTC compilation unit of a set: common.cuh followed by Src.
+type Module struct {
+	File  string   // the .cu file's name, for NVRTC's messages and the kernel cache
+	Src   string   // its source
+	Opts  []string // NVRTC options after the device's
+	Funcs []string // its extern "C" kernels
+}
+
+// rowsModule holds the shared row movers.
+func rowsModule() Module {
+	var fs []string
+	floats := []kernels.DType{kernels.BF16, kernels.F16, kernels.F32}
+	for _, v := range []int{1, VecWidth} {
+		for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
+			for _, in := range floats {
+				fs = append(fs, fmt.Sprintf("copy_rows_%s_%s_v%d", out, in, v))
+			}
+		}
+		fs = append(fs, VName("kv_append", v))
+	}
+	return Module{File: "rows.cu", Src: rowsSrc, Funcs: fs}
+}
+
+// VName is the name of the VEC-wide instance of a kernel.
+func VName(kernel string, vec int) string { return fmt.Sprintf("%s_v%d", kernel, vec) }
+
+// Kit is one kernel set's compiled kernels on one device, with the helpers
+// its launchers use.
+type Kit struct {
+	D         *cuda.Device
+	Set       string // the set's name: kernel cache names and scratch keys start with it
+	SMs       int    // multiprocessors
+	MaxShared int    // bytes of shared memory a block may opt in to
+	fn        map[string]*cuda.Func
+}
+
+// New compiles the set's modules, and the shared row movers, for dev, which
+// must be a *cuda.Device.
+func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
+	d, ok := dev.(*cuda.Device)
+	if !ok {
+		return nil, fmt.Errorf("%s: needs a cuda device, got %T (%s)", set, dev, dev.Name())
+	}
+	p := d.Props()
+	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}}
+	for _, m := range append([]Module{rowsModule()}, mods...) {
+		src := commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src
+		owner := set
+		if m.File == "rows.cu" {
+			owner = "cudaset"
+		}
+		mod, err := d.Module(owner+"_"+m.File, src, m.Opts...)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", set, m.File, err)
+		}
+		for _, name := range m.Funcs {
+			f, err := mod.Func(name)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", set, m.File, err)
+			}
+			k.fn[name] = f
+		}
+	}
+	return k, nil
+}
+
+// Func is the compiled kernel name; it panics when the set has none.
+func (k *Kit) Func(name string) *cuda.Func {
+	f, ok := k.fn[name]
+	if !ok {
+		panic(k.Set + ": no kernel " + name)
+	}
+	return f
+}
+
+// Need panics with a message naming the set and op when a check the set
+// adds to the ops' contract fails (see kernels.Ops).
+func (k *Kit) Need(ok bool, op kernels.Op, format string, args ...any) {
+	if !ok {
+		panic(fmt.Sprintf("%s: %s: ", k.Set, op) + fmt.Sprintf(format, args...))
+	}
+}
+
+// Launch runs kernel name on a 1-D grid of 1-D blocks.
+func (k *Kit) Launch(name string, blocks, threads int, args ...any) {
+	k.LaunchShared(name, blocks, threads, 0, args...)
+}
+
+// LaunchShared is Launch with shared bytes of dynamic shared memory per block.
+func (k *Kit) LaunchShared(name string, blocks, threads, shared int, args ...any) {
+	k.LaunchGrid(name, cuda.Dim3{X: uint32(blocks)}, cuda.Dim3{X: uint32(threads)}, shared, args...)
+}
+
+// LaunchGrid runs kernel name on grid blocks of block threads (a zero Y or
+// Z counts as 1); a grid whose X is 0 launches nothing.
+func (k *Kit) LaunchGrid(name string, grid, block cuda.Dim3, shared int, args ...any) {
+	f := k.Func(name)
+	if grid.X == 0 {
+		return
+	}
+	k.D.Launch(f, grid, block, shared, args...)
+}
+
+// LaunchItems runs a grid-stride kernel over n items: one wave of
+// BlockThreads blocks, fewer when n is small.
+func (k *Kit) LaunchItems(name string, n int64, args ...any) {
+	blocks := min((n+BlockThreads-1)/BlockThreads, int64(k.SMs*BlocksPerSM))
+	k.Launch(name, int(blocks), BlockThreads, args...)
+}
+
+// ThreadsFor is the block for n items of per-block work: n rounded up to
+// whole warps, at most BlockThreads.
+func ThreadsFor(n int) int {
+	t := (n + warp - 1) / warp * warp
+	return max(warp, min(t, BlockThreads))
+}
+
+// Mat is a pitched matrix in device memory: element (r, c) at P + (r*Pitch
+// + c) elements of DT.
+type Mat struct {
+	P     uintptr
+	Pitch int
+	DT    kernels.DType
+}
+
+// Mat is t's view as a Mat.
+func (k *Kit) Mat(t *kernels.Tensor) Mat { return Mat{P: k.D.Ptr(t), Pitch: t.Pitch, DT: t.DType} }
+
+// Sub is the matrix starting at element (r, c) of m, with m's pitch.
+func (m Mat) Sub(r, c int) Mat {
+	m.P += uintptr((int64(r)*int64(m.Pitch) + int64(c)) * int64(m.DT.Size()))
+	return m
+}
+
+// Skip is m advanced by n elements.
+func (m Mat) Skip(n int64) Mat {
+	m.P += uintptr(n * int64(m.DT.Size()))
+	return m
+}
+
+// Scratch is a packed [rows, cols] matrix of dt in the scratch buffer the
+// set keeps under name (see cuda.Device.Scratch).
+func (k *Kit) Scratch(name string, dt kernels.DType, rows, cols int) Mat {
+	return Mat{P: k.D.Scratch(k.Set+"."+name, rows*cols*dt.Size()), Pitch: cols, DT: dt}
+}
+
+// VecFor is the widest access (VecWidth or 1 elements) that every row start
+// of the matrices allows when rows of cols elements are moved.
+func VecFor(cols int, ms ...Mat) int {
+	if cols%VecWidth != 0 {
+		return 1
+	}
+	for _, m := range ms {
+		if m.P%uintptr(VecWidth*m.DT.Size()) != 0 || m.Pitch%VecWidth != 0 {
+			return 1
+		}
+	}
+	return VecWidth
+}
+
+// IsBF16 reports whether t holds bf16: the CUDA sets' activations, and the
+// only weights cuBLAS multiplies them by.
+func IsBF16(t *kernels.Tensor) bool { return t != nil && t.DType == kernels.BF16 }
+
+// CopyRows launches copy_rows: dst[didx[r] or r] = src[sidx[r] or r/sdiv]
+// for r < rows (index pointers 0 when absent); srows bounds sidx.
+func (k *Kit) CopyRows(dst Mat, didx uintptr, src Mat, sidx uintptr, sdiv, srows, rows, cols int) {
+	v := VecFor(cols, dst, src)
+	k.LaunchItems(fmt.Sprintf("copy_rows_%s_%s_v%d", dst.DT, src.DT, v), int64(rows)*int64(cols/v),
+		dst.P, int32(dst.Pitch), didx, src.P, int32(src.Pitch), sidx, int32(sdiv), int32(srows), int32(rows), int32(cols))
+}
+
+// AppendKV launches kv_append: the new rows of src (and vsrc) go into cache
+// (and vcache), [B, heads, MaxSeq, dim], at the positions the device tables
+// Batch.StartDev and Batch.PastDev give. vcache and vsrc may be nil.
+func (k *Kit) AppendKV(cache, vcache, src, vsrc *kernels.Tensor, b *kernels.Batch, heads, dim int) {
+	c, s := k.Mat(cache), k.Mat(src)
+	var vc, vs Mat
+	ms := []Mat{c, s}
+	if vcache != nil {
+		vc, vs = k.Mat(vcache), k.Mat(vsrc)
+		ms = append(ms, vc, vs)
+	}
+	v := VecFor(dim, ms...)
+	k.Launch(VName("kv_append", v), b.Tokens, ThreadsFor(heads*dim/v),
+		c.P, vc.P, s.P, int32(s.Pitch), vs.P, int32(vs.Pitch), k.D.Ptr(b.StartDev), k.D.Ptr(b.PastDev),
+		int32(b.Rows), int32(heads), int32(dim), int32(b.MaxSeq))
+}

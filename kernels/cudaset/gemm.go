@@ -1,0 +1,45 @@
+package cudaset
+
+// Gemm is c = alpha·a·op(b) + beta·c through cuBLAS, for row-major a [m,k],
+// c [m,n] and b [k,n], or [n,k] used transposed when transB; leading
+// dimensions are the pitches.
+func (k *Kit) Gemm(transB bool, m, n, kk int, alpha float32, a, b Mat, beta float32, c Mat) {
+	if m == 0 || n == 0 {
+		return
+	}
+	k.D.Gemm(transB, m, n, kk, alpha, a.P, a.DT, a.Pitch, b.P, b.DT, b.Pitch, beta, c.P, c.DT, c.Pitch)
+}
+
+// GemmBatched is Gemm over batch problems, problem i's matrices sA, sB, sC
+// elements after problem i-1's (0 shares one matrix).
+func (k *Kit) GemmBatched(transB bool, m, n, kk int, alpha float32, a Mat, sA int64, b Mat, sB int64,
+	beta float32, c Mat, sC int64, batch int) {
+	if m == 0 || n == 0 || batch == 0 {
+		return
+	}
+	k.D.GemmStridedBatched(false, transB, m, n, kk, alpha, a.P, a.DT, a.Pitch, sA, b.P, b.DT, b.Pitch, sB,
+		beta, c.P, c.DT, c.Pitch, sC, batch)
+}
+
+// Batch2 is a two-level batch of matrices: matrix (i, j) starts Si*i + Sj*j
+// elements after M.
+type Batch2 struct {
+	M      Mat
+	Si, Sj int64
+}
+
+// GemmBatch2 is Gemm over the ni×nj problems of two-level batches, as
+// strided-batched calls along the longer level, one per index of the shorter.
+func (k *Kit) GemmBatch2(transB bool, m, n, kk int, alpha float32, a, b Batch2, beta float32, c Batch2, ni, nj int) {
+	if nj <= ni {
+		for j := range nj {
+			k.GemmBatched(transB, m, n, kk, alpha, a.M.Skip(a.Sj*int64(j)), a.Si, b.M.Skip(b.Sj*int64(j)), b.Si,
+				beta, c.M.Skip(c.Sj*int64(j)), c.Si, ni)
+		}
+		return
+	}
+	for i := range ni {
+		k.GemmBatched(transB, m, n, kk, alpha, a.M.Skip(a.Si*int64(i)), a.Sj, b.M.Skip(b.Si*int64(i)), b.Sj,
+			beta, c.M.Skip(c.Si*int64(i)), c.Sj, nj)
+	}
+}

@@ -1,0 +1,74 @@
+// The row movers every CUDA set uses: gathers and conversions of whole rows,
+// and appending new keys and values to a KV cache. Pitches are in elements.
+
+// copy_rows converts and moves whole rows:
+//   dst[drow(r), :cols] = src[srow(r), :cols] for r < rows, with
+//   drow(r) = didx ? didx[r] : r and srow(r) = sidx ? sidx[r] : r / sdiv.
+// dst TO [*, dpitch]; src TI [srows, spitch], spitch 0 repeats row 0 (a bias
+// broadcast); didx, sidx i32 [rows] or null. An index sidx[r] outside
+// [0, srows) traps, as torch's device-side assert does for a bad index.
+// Serves Embedding (sidx = ids), Linear's bias (spitch 0) and the MoE token
+// gather (sdiv = K, didx = slots). Launch: 1-D grid-stride over rows*cols/VEC.
+template <typename TO, typename TI, int VEC>
+__device__ void copy_rows(TO* dst, int dpitch, const int* didx, const TI* src, int spitch, const int* sidx,
+                          int sdiv, int srows, int rows, int cols) {
+	const int cv = cols / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const int r = (int)(i / cv);
+		const int c = (int)(i - (long long)r * cv) * VEC;
+		const int sr = sidx ? sidx[r] : r / sdiv;
+		if (sidx && (sr < 0 || sr >= srows)) __trap();
+		const int dr = didx ? didx[r] : r;
+		const Vec<TI, VEC> in = load<TI, VEC>(src + (long long)sr * spitch + c);
+		Vec<TO, VEC> out;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) out.v[j] = from_f32<TO>(to_f32(in.v[j]));
+		store<TO, VEC>(dst + (long long)dr * dpitch + c, out);
+	}
+}
+
+#define COPY_ROWS(NO, TO, NI, TI, V)                                                                         \
+	extern "C" __global__ void copy_rows_##NO##_##NI##_v##V(TO* dst, int dpitch, const int* didx,      \
+	                                                         const TI* src, int spitch, const int* sidx, \
+	                                                         int sdiv, int srows, int rows, int cols) {  \
+		copy_rows<TO, TI, V>(dst, dpitch, didx, src, spitch, sidx, sdiv, srows, rows, cols);              \
+	}
+#define COPY_ROWS_FROM(NI, TI, V) \
+	COPY_ROWS(bf16, bf16, NI, TI, V) COPY_ROWS(f32, float, NI, TI, V)
+#define COPY_ROWS_ALL(V) \
+	COPY_ROWS_FROM(bf16, bf16, V) COPY_ROWS_FROM(f16, half_bits, V) COPY_ROWS_FROM(f32, float, V)
+COPY_ROWS_ALL(1)
+COPY_ROWS_ALL(8)
+
+// kv_append writes the new keys and values of a packed batch into the cache.
+// kc, vc bf16 [B, heads, maxSeq, dim]; vc (and vs) may be null for a single
+// cache (MLA's latents: heads 1, dim = rank+ropeDim). ks, vs bf16 [T, ≥heads*dim]
+// with pitches kp, vp: head h of token t at t*pitch + h*dim. start i32 [B+1]
+// and past i32 [B] are the device row tables: token t of row b goes to
+// position past[b] + t - start[b]. Positions outside [0, maxSeq) are not
+// written (the host checks prefill; decode lengths are the caller's duty).
+// Launch: grid.x = T (one block per token), threads loop over heads*dim/VEC.
+template <int VEC>
+__device__ void kv_append(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16* vs, int vp, const int* start,
+                          const int* past, int B, int heads, int dim, int maxSeq) {
+	const int t = blockIdx.x;
+	const int b = row_of(start, B, t);
+	const int pos = past[b] + t - start[b];
+	if (pos < 0 || pos >= maxSeq) return;
+	const int n = heads * dim / VEC;
+	for (int v = threadIdx.x; v < n; v += blockDim.x) {
+		const int c = v * VEC, h = c / dim, d = c - h * dim;
+		const long long dst = (((long long)b * heads + h) * maxSeq + pos) * dim + d;
+		store<bf16, VEC>(kc + dst, load<bf16, VEC>(ks + (long long)t * kp + c));
+		if (vc) store<bf16, VEC>(vc + dst, load<bf16, VEC>(vs + (long long)t * vp + c));
+	}
+}
+
+#define KV_APPEND(V)                                                                                     \
+	extern "C" __global__ void kv_append_v##V(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16* vs, \
+	                                          int vp, const int* start, const int* past, int B, int heads, \
+	                                          int dim, int maxSeq) {                                     \
+		kv_append<V>(kc, vc, ks, kp, vs, vp, start, past, B, heads, dim, maxSeq);                        \
+	}
+KV_APPEND(1)
+KV_APPEND(8)

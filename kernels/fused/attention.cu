@@ -1,0 +1,497 @@
+// Flash attention on tensor cores (mma.sync m16n8k16, bf16 in, f32
+// accumulate) for prefill, and flash-decoding for decode, over the KV cache
+// [B, KVH, maxSeq, D] bf16. Scores never leave registers: each warp keeps
+// 16 query rows per m-tile, their running max m and sum l, and the f32
+// output O; a new key tile rescales O by exp2(m_old - m_new). Softmax runs
+// in base 2 with scale·log2(e) folded into the scores. As SDPA's fused
+// kernels on bf16, the numerators p = exp2(s - m) are rounded to bf16 for
+// P·V and summed unrounded in f32; O / l is rounded once at the end.
+//
+// Shared memory tiles hold rows of D bf16 as 16-byte chunks; chunk c of row
+// r sits at slot c ^ (r & 7) of a row of ROWC slots (D/8 rounded up to 8),
+// so that the 8 rows one ldmatrix phase reads fall in 8 different banks.
+// Keys past the valid range are zero-filled by cp.async and masked to -inf,
+// so a cache position nobody wrote (NaN) never reaches a result.
+
+#define BN 64 // keys per tile
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// cp16 copies 16 bytes from global src to shared dst, or zeroes dst when
+// !valid (src is then not read).
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(addr));
+}
+
+// mma16816 is c += a·b for a 16×16 bf16 A (row-major fragment), a 16×8 bf16
+// B (column-major fragment) and a 16×8 f32 C.
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+	             "{%0,%1,%2,%3};\n"
+	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// pack2 rounds two floats to a bf16 pair, lo in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<unsigned*>(&v);
+}
+
+// Tile is the shared-memory layout of row-major tiles of D-wide bf16 rows.
+template <int D> struct Tile {
+	static constexpr int CHUNKS = D / 8;                     // 16-byte chunks of a row
+	static constexpr int ROWC = (CHUNKS + 7) / 8 * 8;        // slots of a row
+	static constexpr int ROW_BYTES = ROWC * 16;              //
+	__device__ static unsigned at(unsigned base, int r, int c) { // address of chunk c of row r
+		return base + r * ROW_BYTES + ((c ^ (r & 7)) << 4);
+	}
+	// load copies rows [0, n) of a tile from global rows src + r*pitch
+	// (bf16 elements), zeroing rows at or past valid, with nthreads threads.
+	template <int ROWS>
+	__device__ static void load(unsigned base, const bf16* src, long long pitch, int valid, int tid, int nthreads) {
+		for (int i = tid; i < ROWS * CHUNKS; i += nthreads) {
+			const int r = i / CHUNKS, c = i - r * CHUNKS;
+			const bool ok = r < valid;
+			cp16(at(base, r, c), ok ? src + r * pitch + c * 8 : src, ok);
+		}
+	}
+};
+
+// row_max and row_sum combine a value over the 4 threads of a quad, which
+// hold one row of an mma C fragment between them.
+__device__ __forceinline__ float quad_max(float v) {
+	v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
+	return fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+	v += __shfl_xor_sync(FULL_MASK, v, 1);
+	return v + __shfl_xor_sync(FULL_MASK, v, 2);
+}
+
+// Softmax state of one query row held by a thread: running max (scaled
+// scores, base 2) and its share of the running sum.
+struct RowState {
+	float m, l;
+};
+
+// rescale folds a tile's scores s[NT][2] (this thread's two columns of
+// each of NT n-tiles, one row) into the row state: returns the factor the
+// row's O must be multiplied by, and leaves p = exp2(s - m_new) in s.
+template <int NT> __device__ __forceinline__ float online_softmax(float (&s)[NT][2], RowState& st) {
+	float mx = NEG_INF;
+#pragma unroll
+	for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][0], s[n][1]));
+	mx = quad_max(mx);
+	const float m_new = fmaxf(st.m, mx);
+	const float base = m_new == NEG_INF ? 0.0f : m_new; // a row that has seen no key yet
+	const float alpha = exp2f(st.m - base);
+	float sum = 0.0f;
+#pragma unroll
+	for (int n = 0; n < NT; n++) {
+		s[n][0] = exp2f(s[n][0] - base);
+		s[n][1] = exp2f(s[n][1] - base);
+		sum += s[n][0] + s[n][1];
+	}
+	st.m = m_new;
+	st.l = st.l * alpha + sum;
+	return alpha;
+}
+
+// flash_prefill is attention of a packed batch's new tokens over its KV
+// cache (the new keys and values already appended by kv_append), causal
+// unless causal is 0 (then every new token sees all its row's keys: the
+// kernel benchmarks' non-causal case).
+//   out bf16 [T, heads·D], pitch op; q bf16 [T, heads·D] (rotated), pitch qp;
+//   kc, vc bf16 [B, kvh, maxSeq, D]; start i32 [B+1], past i32 [B]: token
+//   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
+//   0..past[b]+i of kv head h / (heads/kvh).
+// A block takes BM = WARPS·16·MT queries of one row and one head, a warp MT
+// m-tiles of 16 of them. Keys come in tiles of BN, double-buffered through
+// cp.async; tiles wholly above the diagonal are never loaded, only the ones
+// crossing it are masked. Blocks of the latest queries (the most keys)
+// start first. Q stays in registers when MT = 1, else it is re-read from
+// shared memory for each key tile.
+// Launch: grid (ceil(max new tokens / BM), heads, B), WARPS·32 threads,
+// shared (BM + 4·BN)·Tile<D>::ROW_BYTES bytes.
+template <int D, int WARPS, int MT>
+__device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf16* kc, const bf16* vc,
+                              const int* start, const int* past, int heads, int kvh, int maxSeq, float scale_log2,
+                              int causal) {
+	constexpr int BM = WARPS * 16 * MT, KS = D / 16, NS = BN / 8, NO = D / 8, THREADS = WARPS * 32;
+	constexpr bool QREGS = MT == 1;
+	typedef Tile<D> T;
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int b = blockIdx.z, h = blockIdx.y;
+	const int t0 = start[b], n = start[b + 1] - t0, p0 = past[b];
+	const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
+	if (q0 >= n) return;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const long long kvBase = ((long long)b * kvh + h / (heads / kvh)) * maxSeq * D;
+	const bf16* K = kc + kvBase;
+	const bf16* V = vc + kvBase;
+	const int kend = p0 + (causal ? min(q0 + BM, n) : n); // keys [0, kend) are read
+	const int ntiles = (kend + BN - 1) / BN;
+
+	const unsigned sQ = smem_addr(smem);
+	const unsigned sKV = sQ + BM * T::ROW_BYTES; // stage s: K at sKV + 2s·BN rows, V after it
+	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
+	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
+	auto loadKV = [&](int j) {
+		const int k0 = j * BN;
+		T::template load<BN>(sK(j & 1), K + (long long)k0 * D, D, kend - k0, tid, THREADS);
+		T::template load<BN>(sV(j & 1), V + (long long)k0 * D, D, kend - k0, tid, THREADS);
+	};
+	T::template load<BM>(sQ, q + (long long)(t0 + q0) * qp + h * D, qp, n - q0, tid, THREADS);
+	loadKV(0);
+	cp_commit();
+
+	const int wr = warp * 16 * MT; // the warp's first row in the block
+	unsigned qa[QREGS ? MT : 1][QREGS ? KS : 1][4];
+	float o[MT][NO][4];
+	RowState st[MT][2];
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+		for (int i = 0; i < 2; i++) st[mt][i] = RowState{NEG_INF, 0.0f};
+#pragma unroll
+		for (int d = 0; d < NO; d++) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.0f;
+	}
+	// Query position of row i (0, 1) of m-tile mt of this thread.
+	const int qpos0 = p0 + q0 + wr + (lane >> 2);
+
+	for (int j = 0; j < ntiles; j++) {
+		if (j + 1 < ntiles) loadKV(j + 1);
+		cp_commit();
+		cp_wait<1>();
+		__syncthreads();
+		if (QREGS && j == 0) {
+#pragma unroll
+			for (int ks = 0; ks < KS; ks++)
+				ldsm_x4(qa[0][ks], T::at(sQ, wr + (lane & 15), ks * 2 + (lane >> 4)));
+		}
+		const unsigned kT = sK(j & 1), vT = sV(j & 1);
+		float s[MT][NS][4];
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+			for (int nt = 0; nt < NS; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			unsigned a[MT][4];
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) {
+				if (QREGS) {
+#pragma unroll
+					for (int x = 0; x < 4; x++) a[mt][x] = qa[0][ks][x];
+				} else {
+					ldsm_x4(a[mt], T::at(sQ, wr + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+				}
+			}
+#pragma unroll
+			for (int np = 0; np < NS / 2; np++) {
+				unsigned kb[4];
+				ldsm_x4(kb, T::at(kT, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++) {
+					mma16816(s[mt][2 * np], a[mt], kb[0], kb[1]);
+					mma16816(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
+				}
+			}
+		}
+		// Scale, and mask the keys past a row's position (or past kend) on
+		// the tiles that cross the block's diagonal.
+		const int k0 = j * BN;
+		const bool edge = causal && k0 + BN - 1 > p0 + q0 + wr || k0 + BN > kend;
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				const int qpos = qpos0 + mt * 16 + i * 8;
+				float r[NS][2];
+#pragma unroll
+				for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						float v = s[mt][nt][2 * i + e] * scale_log2;
+						const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
+						if (edge && (causal && key > qpos || key >= kend)) v = NEG_INF;
+						r[nt][e] = v;
+					}
+				}
+				const float alpha = online_softmax<NS>(r, st[mt][i]);
+#pragma unroll
+				for (int nt = 0; nt < NS; nt++) {
+					s[mt][nt][2 * i] = r[nt][0];
+					s[mt][nt][2 * i + 1] = r[nt][1];
+				}
+#pragma unroll
+				for (int d = 0; d < NO; d++) {
+					o[mt][d][2 * i] *= alpha;
+					o[mt][d][2 * i + 1] *= alpha;
+				}
+			}
+		}
+		// O += P·V, P's C fragments reused as A fragments.
+#pragma unroll
+		for (int kk = 0; kk < NS / 2; kk++) {
+			unsigned pa[MT][4];
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) {
+				pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+				pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+				pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+				pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+			}
+#pragma unroll
+			for (int dp = 0; dp < NO / 2; dp++) {
+				unsigned vb[4];
+				ldsm_x4_t(vb, T::at(vT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++) {
+					mma16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+					mma16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+				}
+			}
+		}
+		__syncthreads(); // the stage is free for tile j+2
+	}
+	cp_wait<0>();
+
+	// out = O / l, rows of the block that are new tokens of the row.
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int row = q0 + wr + mt * 16 + (lane >> 2) + i * 8;
+			const float inv = 1.0f / quad_sum(st[mt][i].l);
+			if (row >= n) continue;
+			bf16* dst = out + (long long)(t0 + row) * op + h * D + 2 * (lane & 3);
+#pragma unroll
+			for (int d = 0; d < NO; d++) {
+				const unsigned v = pack2(o[mt][d][2 * i] * inv, o[mt][d][2 * i + 1] * inv);
+				*reinterpret_cast<unsigned*>(dst + d * 8) = v;
+			}
+		}
+	}
+}
+
+#define FLASH_PREFILL(D, W, MT)                                                                                   \
+	extern "C" __global__ void __launch_bounds__(W * 32) flash_prefill_d##D##_w##W##_m##MT(                     \
+	    bf16* out, int op, const bf16* q, int qp, const bf16* kc, const bf16* vc, const int* start,             \
+	    const int* past, int heads, int kvh, int maxSeq, float scale_log2, int causal) {                         \
+		flash_prefill<D, W, MT>(out, op, q, qp, kc, vc, start, past, heads, kvh, maxSeq, scale_log2, causal);   \
+	}
+#define FLASH_PREFILL_D(D) FLASH_PREFILL(D, 4, 2) FLASH_PREFILL(D, 4, 1) FLASH_PREFILL(D, 8, 1)
+FLASH_PREFILL_D(64)
+FLASH_PREFILL_D(96)
+FLASH_PREFILL_D(128)
+
+// flash_decode is one split of flash-decoding: the query heads of one kv
+// head (its group of at most 16, the rows of one m-tile) of one row's single
+// new token, over keys [split·chunk, (split+1)·chunk) ∩ [0, past[b]+1) of
+// the cache. Each of the 4 warps takes 16 keys of every BN-key tile (STAGES
+// tiles in flight, through cp.async), keeping its own softmax state; the
+// warps merge in shared memory and the block writes its unnormalised
+// output, scaled to its max M, and (M, L):
+//   part f32 [B·heads, splits, D]; stats f32 [B·heads, splits, 2]
+// (l = 0 for a split with no keys). attn_merge combines the splits.
+//   q bf16 [B, heads·D] (the new tokens, rotated), pitch qp; kc, vc bf16
+//   [B, kvh, maxSeq, D]; past i32 [B]: tokens cached before this one, whose
+//   key and value are already appended. A length past maxSeq traps.
+// Launch: grid (splits, kvh, B), 128 threads, shared
+// (16 + 2·STAGES·BN)·Tile<D>::ROW_BYTES bytes.
+#define DEC_WARPS 4
+#define DEC_STAGES 3
+template <int D>
+__device__ void flash_decode(float* part, float* stats, const bf16* q, int qp, const bf16* kc, const bf16* vc,
+                             const int* past, int heads, int kvh, int maxSeq, int chunk, float scale_log2) {
+	constexpr int KS = D / 16, NO = D / 8, THREADS = DEC_WARPS * 32;
+	typedef Tile<D> T;
+	extern __shared__ __align__(128) unsigned char smem[];
+	const int b = blockIdx.z, g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
+	const int group = heads / kvh;
+	const int len = past[b] + 1;
+	if (len < 1 || len > maxSeq) __trap();
+	const int k0 = split * chunk, k1 = min(k0 + chunk, len);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const long long rowHead = (long long)b * heads + g * group; // first of the group's [B·heads] rows
+	if (k0 >= len) {
+		for (int r = tid; r < group; r += THREADS) {
+			stats[((rowHead + r) * splits + split) * 2] = NEG_INF;
+			stats[((rowHead + r) * splits + split) * 2 + 1] = 0.0f;
+		}
+		return;
+	}
+	const long long kvBase = ((long long)b * kvh + g) * maxSeq * D;
+	const bf16* K = kc + kvBase + (long long)k0 * D;
+	const bf16* V = vc + kvBase + (long long)k0 * D;
+	const int nkeys = k1 - k0, ntiles = (nkeys + BN - 1) / BN;
+
+	const unsigned sQ = smem_addr(smem);
+	const unsigned sKV = sQ + 16 * T::ROW_BYTES;
+	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
+	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
+	auto loadKV = [&](int j) {
+		const int s = j % DEC_STAGES;
+		T::template load<BN>(sK(s), K + (long long)j * BN * D, D, nkeys - j * BN, tid, THREADS);
+		T::template load<BN>(sV(s), V + (long long)j * BN * D, D, nkeys - j * BN, tid, THREADS);
+	};
+	T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
+#pragma unroll
+	for (int j = 0; j < DEC_STAGES - 1; j++) {
+		if (j < ntiles) loadKV(j);
+		cp_commit();
+	}
+
+	unsigned qa[KS][4];
+	float o[NO][4];
+	RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
+#pragma unroll
+	for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+	for (int j = 0; j < ntiles; j++) {
+		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
+		cp_commit();
+		cp_wait<DEC_STAGES - 1>();
+		__syncthreads();
+		if (j == 0) {
+#pragma unroll
+			for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], T::at(sQ, lane & 15, ks * 2 + (lane >> 4)));
+		}
+		const unsigned kT = sK(j % DEC_STAGES), vT = sV(j % DEC_STAGES);
+		const int kw = warp * 16; // the warp's keys in the tile
+		float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			unsigned kb[4];
+			ldsm_x4(kb, T::at(kT, kw + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+			mma16816(s[0], qa[ks], kb[0], kb[1]);
+			mma16816(s[1], qa[ks], kb[2], kb[3]);
+		}
+		const int kbase = j * BN + kw;
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			float r[2][2];
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const int key = kbase + nt * 8 + 2 * (lane & 3) + e;
+					r[nt][e] = key < nkeys ? s[nt][2 * i + e] * scale_log2 : NEG_INF;
+				}
+			const float alpha = online_softmax<2>(r, st[i]);
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				s[nt][2 * i] = r[nt][0];
+				s[nt][2 * i + 1] = r[nt][1];
+			}
+#pragma unroll
+			for (int d = 0; d < NO; d++) {
+				o[d][2 * i] *= alpha;
+				o[d][2 * i + 1] *= alpha;
+			}
+		}
+		unsigned pa[4] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3]), pack2(s[1][0], s[1][1]),
+		                  pack2(s[1][2], s[1][3])};
+#pragma unroll
+		for (int dp = 0; dp < NO / 2; dp++) {
+			unsigned vb[4];
+			ldsm_x4_t(vb, T::at(vT, kw + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+			mma16816(o[2 * dp], pa, vb[0], vb[1]);
+			mma16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+		}
+		__syncthreads(); // the stage is free for tile j+STAGES
+	}
+	cp_wait<0>();
+	__syncthreads();
+
+	// Merge the warps: each writes its rows' (m, l) and O to shared memory.
+	float* sm = reinterpret_cast<float*>(smem + 16 * T::ROW_BYTES); // [warp][16] m, l; then O [warp][16][D]
+	float* sl = sm + DEC_WARPS * 16;
+	float* so = sl + DEC_WARPS * 16;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int r = (lane >> 2) + i * 8;
+		const float l = quad_sum(st[i].l);
+		if ((lane & 3) == 0) {
+			sm[warp * 16 + r] = st[i].m;
+			sl[warp * 16 + r] = l;
+		}
+#pragma unroll
+		for (int d = 0; d < NO; d++) {
+			float* dst = so + (warp * 16 + r) * D + d * 8 + 2 * (lane & 3);
+			dst[0] = o[d][2 * i];
+			dst[1] = o[d][2 * i + 1];
+		}
+	}
+	__syncthreads();
+	for (int i = tid; i < group * D; i += THREADS) {
+		const int r = i / D, d = i - r * D;
+		float M = NEG_INF;
+#pragma unroll
+		for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm[w * 16 + r]);
+		float L = 0.0f, acc = 0.0f;
+#pragma unroll
+		for (int w = 0; w < DEC_WARPS; w++) {
+			if (sl[w * 16 + r] == 0.0f) continue; // a warp that saw no key
+			const float f = exp2f(sm[w * 16 + r] - M);
+			L += sl[w * 16 + r] * f;
+			acc += so[(w * 16 + r) * D + d] * f;
+		}
+		const long long at = (rowHead + r) * splits + split;
+		part[at * D + d] = acc;
+		if (d == 0) {
+			stats[at * 2] = M;
+			stats[at * 2 + 1] = L;
+		}
+	}
+}
+
+#define FLASH_DECODE(D)                                                                                         \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) flash_decode_d##D(                            \
+	    float* part, float* stats, const bf16* q, int qp, const bf16* kc, const bf16* vc, const int* past,     \
+	    int heads, int kvh, int maxSeq, int chunk, float scale_log2) {                                         \
+		flash_decode<D>(part, stats, q, qp, kc, vc, past, heads, kvh, maxSeq, chunk, scale_log2);              \
+	}
+FLASH_DECODE(64)
+FLASH_DECODE(96)
+FLASH_DECODE(128)
+
+// attn_merge combines the splits of flash_decode by their log-sum-exp:
+// out[b, h·D + d] = Σ_s part[s, d]·2^(M_s - M) / Σ_s L_s·2^(M_s - M), over the
+// splits with L_s > 0, rounded to bf16. out bf16 [B, heads·D], pitch op.
+// Launch: grid.x = B·heads (one block per row and head), D threads or more.
+extern "C" __global__ void attn_merge(bf16* out, int op, const float* part, const float* stats, int heads, int splits,
+                                      int D) {
+	const long long bh = blockIdx.x;
+	const float* st = stats + bh * splits * 2;
+	float M = NEG_INF;
+	for (int s = 0; s < splits; s++)
+		if (st[2 * s + 1] > 0.0f) M = fmaxf(M, st[2 * s]);
+	const int b = (int)(bh / heads), h = (int)(bh - (long long)b * heads);
+	for (int d = threadIdx.x; d < D; d += blockDim.x) {
+		float L = 0.0f, acc = 0.0f;
+		for (int s = 0; s < splits; s++) {
+			const float l = st[2 * s + 1];
+			if (l <= 0.0f) continue;
+			const float f = exp2f(st[2 * s] - M);
+			L += l * f;
+			acc += part[(bh * splits + s) * D + d] * f;
+		}
+		out[(long long)b * op + h * D + d] = __float2bfloat16_rn(acc / L);
+	}
+}

@@ -1,0 +1,105 @@
+package fused
+
+import (
+	"math"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// Scratch buffers (cudaset.Kit.Scratch), by what they hold.
+const (
+	scrPart  = "attn.part"  // flash_decode: each split's unnormalised output f32 [B·heads·splits, D]
+	scrStats = "attn.stats" // flash_decode: each split's (max, sum) f32 [B·heads·splits, 2]
+)
+
+// checkAttn is the ops' contract plus what the kernels need: a head dim
+// they are instantiated for, and rows that allow 16-byte loads.
+func (o *ops) checkAttn(op kernels.Op, a *kernels.AttnArgs, prefill bool) {
+	a.Check(op, o.D.ActDType(), prefill)
+	o.Need(slices.Contains(headDims, a.HeadDim), op, "head dim %d: the fused kernels take %v (attn=naive runs any)", a.HeadDim, headDims)
+	for _, t := range []*kernels.Tensor{a.Q, a.KCache, a.VCache} {
+		o.Need(t.Pitch%cudaset.VecWidth == 0 && o.D.Ptr(t)%16 == 0, op, "%v does not start its rows on 16-byte boundaries", t)
+	}
+	o.Need(a.Out.Pitch%2 == 0 && o.D.Ptr(a.Out)%4 == 0, op, "out %v does not start its rows on 4-byte boundaries", a.Out)
+}
+
+// scaleLog2 is the softmax scale for base-2 exponentials.
+func scaleLog2(scale float32) float32 { return scale * math.Log2E }
+
+// AttentionPrefill appends the new keys and values to the cache
+// (kv_append), then runs flash_prefill over every row's new tokens at once:
+// a block per prefillConfig.rows() queries of one row and head.
+func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
+	op := kernels.OpAttnPrefill
+	o.checkAttn(op, a, true)
+	b := a.Batch
+	o.AppendKV(a.KCache, a.VCache, a.K, a.V, b, a.KVHeads, a.HeadDim)
+	longest := 0
+	for r := range b.Rows {
+		longest = max(longest, b.Start[r+1]-b.Start[r])
+	}
+	o.flashPrefill(prefillConfig, a, longest, true)
+}
+
+// flashPrefill launches flash_prefill with tiling c for rows of at most
+// longest new tokens.
+func (o *ops) flashPrefill(c flashConfig, a *kernels.AttnArgs, longest int, causal bool) {
+	b := a.Batch
+	blocks := (longest + c.rows() - 1) / c.rows()
+	if blocks == 0 || b.Rows == 0 {
+		return
+	}
+	causalArg := int32(0)
+	if causal {
+		causalArg = 1
+	}
+	o.LaunchGrid(prefillKernel(a.HeadDim, c),
+		cuda.Dim3{X: uint32(blocks), Y: uint32(a.Heads), Z: uint32(b.Rows)}, cuda.Dim3{X: uint32(c.Warps * 32)},
+		prefillShared(a.HeadDim, c),
+		o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache),
+		o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev), int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq),
+		scaleLog2(a.Scale), causalArg)
+}
+
+// AttentionDecode appends the new keys and values, then runs flash-decoding:
+// flash_decode over splits of every row's cache, as many as fill one wave
+// of the GPU, then attn_merge. Split sizes come from the cache's capacity
+// and the row lengths are read on the device, so a graph replays it as the
+// rows grow.
+func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
+	op := kernels.OpAttnDecode
+	o.checkAttn(op, a, false)
+	group := a.Heads / a.KVHeads
+	o.Need(group <= maxGroup, op, "%d query heads per kv head: flash_decode takes at most %d", group, maxGroup)
+	b := a.Batch
+	o.AppendKV(a.KCache, a.VCache, a.K, a.V, b, a.KVHeads, a.HeadDim)
+	if b.Rows == 0 {
+		return
+	}
+	wave := max(1, o.D.Props().MaxSharedPerSM/decodeShared(a.HeadDim)) * o.SMs
+	splits, chunk := decodeSplits(b.Rows*a.KVHeads, b.MaxSeq, wave)
+	rows := b.Rows * a.Heads * splits
+	part := o.Scratch(scrPart, kernels.F32, rows, a.HeadDim)
+	stats := o.Scratch(scrStats, kernels.F32, rows, 2)
+	o.LaunchGrid(decodeKernel(a.HeadDim),
+		cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32},
+		decodeShared(a.HeadDim),
+		part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
+		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale))
+	o.Launch("attn_merge", b.Rows*a.Heads, cudaset.ThreadsFor(a.HeadDim),
+		o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, int32(a.Heads), int32(splits), int32(a.HeadDim))
+}
+
+// decodeSplits is how flash-decoding cuts a capacity of maxSeq keys for
+// pairs (row, kv head) pairs: splits per pair so that all blocks make about
+// one wave of the GPU, wave blocks (as many per SM as shared memory allows),
+// in chunks of whole key tiles.
+func decodeSplits(pairs, maxSeq, wave int) (splits, chunk int) {
+	tiles := (maxSeq + keyTile - 1) / keyTile
+	splits = min(tiles, max(1, (wave+pairs/2)/pairs))
+	chunk = (tiles + splits - 1) / splits * keyTile
+	return (maxSeq + chunk - 1) / chunk, chunk
+}

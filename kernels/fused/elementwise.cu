@@ -1,0 +1,157 @@
+// The fused set's memory-bound kernels: each reads its inputs once and writes
+// its outputs once, with 16-byte accesses where the host found every row
+// start aligned for them (VEC 8), rounding where HF's bf16 code rounds.
+// Pitches are in elements.
+
+// rms_norm is RMSNorm of each row, with the residual add before it when ADD:
+//   ADD:  r = bf16(resid + x); resid = r; out = bf16(w · bf16(r · rstd))
+//   else: r = x;                          out = bf16(w · bf16(r · rstd))
+// with rstd = 1/sqrt(mean(r²) + eps) in f32 over the rounded r, as HF's
+// decoder layer adds in bf16 and its RMSNorm normalises in f32.
+// out, x, resid bf16 [rows, cols] with pitches op, xp, rp (out may be x when
+// !ADD; out must not alias resid or x when ADD); w TW [cols].
+// Launch: grid.x = rows (one block per row); a block of T threads holds the
+// row in registers, NV accesses of VEC elements per thread, so the row is
+// read once: T·NV·VEC >= cols.
+template <bool ADD, typename TW, int VEC, int NV>
+__device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, int xp, const TW* w, int cols,
+                         float eps) {
+	const long long r = blockIdx.x;
+	const bf16* xrow = x + r * xp;
+	bf16* rrow = ADD ? resid + r * rp : nullptr;
+	float v[NV][VEC];
+	float ss = 0.0f;
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		const int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < cols) {
+			const Vec<bf16, VEC> a = load<bf16, VEC>(xrow + c);
+			Vec<bf16, VEC> s;
+			if (ADD) s = load<bf16, VEC>(rrow + c);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				float e = to_f32(a.v[j]);
+				if (ADD) {
+					s.v[j] = __float2bfloat16_rn(e + to_f32(s.v[j]));
+					e = to_f32(s.v[j]);
+				}
+				v[i][j] = e;
+				ss += e * e;
+			}
+			if (ADD) store<bf16, VEC>(rrow + c, s);
+		}
+	}
+	ss = block_reduce<SumOp>(ss);
+	const float rstd = rsqrtf(ss / (float)cols + eps);
+	bf16* orow = out + r * op;
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		const int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < cols) {
+			const Vec<TW, VEC> wv = load<TW, VEC>(w + c);
+			Vec<bf16, VEC> y;
+#pragma unroll
+			for (int j = 0; j < VEC; j++) y.v[j] = __float2bfloat16_rn(to_f32(wv.v[j]) * round_bf16(v[i][j] * rstd));
+			store<bf16, VEC>(orow + c, y);
+		}
+	}
+}
+
+#define RMS_NORM(NAME, ADD, NW, TW, V, NV)                                                                \
+	extern "C" __global__ void NAME##_##NW##_v##V##_n##NV(bf16* out, int op, bf16* resid, int rp,          \
+	                                                         const bf16* x, int xp, const TW* w, int cols, \
+	                                                         float eps) {                                   \
+		rms_norm<ADD, TW, V, NV>(out, op, resid, rp, x, xp, w, cols, eps);                                 \
+	}
+#define RMS_NORM_NV(NW, TW, V, NV) RMS_NORM(rms_norm, false, NW, TW, V, NV) RMS_NORM(add_rms_norm, true, NW, TW, V, NV)
+#define RMS_NORM_W(NW, TW, V) \
+	RMS_NORM_NV(NW, TW, V, 1) RMS_NORM_NV(NW, TW, V, 2) RMS_NORM_NV(NW, TW, V, 4) RMS_NORM_NV(NW, TW, V, 8)
+#define RMS_NORM_ALL(V) RMS_NORM_W(bf16, bf16, V) RMS_NORM_W(f16, half_bits, V) RMS_NORM_W(f32, float, V)
+RMS_NORM_ALL(1)
+RMS_NORM_ALL(8)
+
+// rope rotates, in place, dims [offset, offset+dim) of every head of one
+// token per block: head h of token t starts at x + t*pitch + h*hstride. The
+// angle of pair i at position pos[t] is (cos, sin)[pos[t]*cspitch + i], f32
+// tables [maxPos, cspitch]. Pairs are (i, i+dim/2) (rotate_half, Qwen2) or
+// (2i, 2i+1) (INTERLEAVED, DeepSeek-V2): x1' = x1·cos − x2·sin,
+// x2' = x2·cos + x1·sin, rounded as HF's bf16 code (naive's rope says how).
+// A thread takes VEC consecutive pairs: VEC elements of each half (half
+// layout) or 2·VEC consecutive elements (interleaved). A position outside
+// [0, maxPos) traps.
+// Launch: grid.x = T (one block per token), threads loop over heads·dim/2/VEC.
+template <bool INTERLEAVED, int VEC>
+__device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, const float* cosT,
+                     const float* sinT, int cspitch, int maxPos, int dim) {
+	const long long t = blockIdx.x;
+	const int p = pos[t];
+	if (p < 0 || p >= maxPos) __trap();
+	const int half = dim / 2, groups = half / VEC;
+	const float* cs = cosT + (long long)p * cspitch;
+	const float* sn = sinT + (long long)p * cspitch;
+	for (int g = threadIdx.x; g < heads * groups; g += blockDim.x) {
+		const int h = g / groups, i0 = (g - h * groups) * VEC;
+		bf16* head = x + t * pitch + (long long)h * hstride + offset;
+		const Vec<float, VEC> c = load<float, VEC>(cs + i0), s = load<float, VEC>(sn + i0);
+		if (INTERLEAVED) {
+			Vec<bf16, 2 * VEC> v = load<bf16, 2 * VEC>(head + 2 * i0);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				const float x1 = to_f32(v.v[2 * j]), x2 = to_f32(v.v[2 * j + 1]);
+				v.v[2 * j] = __float2bfloat16_rn(x1 * c.v[j] - x2 * s.v[j]);
+				v.v[2 * j + 1] = __float2bfloat16_rn(x2 * c.v[j] + x1 * s.v[j]);
+			}
+			store<bf16, 2 * VEC>(head + 2 * i0, v);
+		} else {
+			Vec<bf16, VEC> a = load<bf16, VEC>(head + i0), b = load<bf16, VEC>(head + half + i0);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				const float x1 = to_f32(a.v[j]), x2 = to_f32(b.v[j]);
+				const float cb = round_bf16(c.v[j]), sb = round_bf16(s.v[j]);
+				a.v[j] = __float2bfloat16_rn(round_bf16(x1 * cb) + round_bf16(-x2 * sb));
+				b.v[j] = __float2bfloat16_rn(round_bf16(x2 * cb) + round_bf16(x1 * sb));
+			}
+			store<bf16, VEC>(head + i0, a);
+			store<bf16, VEC>(head + half + i0, b);
+		}
+	}
+}
+
+#define ROPE(NAME, INTERLEAVED, V)                                                                             \
+	extern "C" __global__ void NAME##_v##V(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, \
+	                                       const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \
+		rope<INTERLEAVED, V>(x, pitch, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);              \
+	}
+ROPE(rope_half, false, 1)
+ROPE(rope_half, false, 4)
+ROPE(rope_interleaved, true, 1)
+ROPE(rope_interleaved, true, 4)
+
+// swiglu is out = bf16(bf16(silu(gate)) · up) with gate = gu[:, :inter] and
+// up = gu[:, inter:], as HF's act_fn(gate_proj(x)) * up_proj(x) in bf16: one
+// pass where eager torch makes two.
+// out bf16 [rows, inter] with pitch op; gu bf16 [rows, 2·inter] with pitch gp.
+// Launch: 1-D grid-stride over rows·inter/VEC.
+template <int VEC> __device__ void swiglu(bf16* out, int op, const bf16* gu, int gp, int rows, int inter) {
+	const int cv = inter / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const long long r = i / cv;
+		const int c = (int)(i - r * cv) * VEC;
+		const Vec<bf16, VEC> g = load<bf16, VEC>(gu + r * gp + c);
+		const Vec<bf16, VEC> u = load<bf16, VEC>(gu + r * gp + inter + c);
+		Vec<bf16, VEC> y;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) {
+			const float v = to_f32(g.v[j]);
+			y.v[j] = __float2bfloat16_rn(round_bf16(v / (1.0f + expf(-v))) * to_f32(u.v[j]));
+		}
+		store<bf16, VEC>(out + r * op + c, y);
+	}
+}
+
+#define SWIGLU(V)                                                                                            \
+	extern "C" __global__ void swiglu_v##V(bf16* out, int op, const bf16* gu, int gp, int rows, int inter) { \
+		swiglu<V>(out, op, gu, gp, rows, inter);                                                             \
+	}
+SWIGLU(1)
+SWIGLU(8)

@@ -1,0 +1,147 @@
+// Package fused is the optimized CUDA kernel set: flash attention on tensor
+// cores for prefill, flash-decoding for decode, and one-pass RMSNorm (with
+// the residual add), RoPE and SwiGLU kernels. The ops it has no kernel of its
+// own for (embedding, the cuBLAS projections, add, argmax, and DeepSeek-V2's
+// MLA and MoE for now) run the naive set's, and the profile says so. The .cu
+// sources are embedded and compiled by NVRTC (through cudaset) when the set
+// is built for a device.
+package fused
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+	_ "github.com/fuselm/fuselm/kernels/naive" // the fallback of the ops fused does not own
+)
+
+var (
+	//go:embed elementwise.cu
+	elementwiseSrc string
+	//go:embed attention.cu
+	attentionSrc string
+)
+
+// owned are the ops fused has kernels of its own for.
+var owned = []kernels.Op{
+	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
+	kernels.OpAttnPrefill, kernels.OpAttnDecode,
+}
+
+func init() {
+	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Fallback: "naive", Rank: 2, New: New})
+}
+
+// Tile shapes of the kernels, named as in the .cu sources.
+const (
+	// keyTile is BN: the keys of one tile of flash_prefill and flash_decode.
+	keyTile = 64
+	// decodeWarps and decodeStages are flash_decode's DEC_WARPS (each takes
+	// 16 keys of a tile) and DEC_STAGES (tiles in flight).
+	decodeWarps  = 4
+	decodeStages = 3
+	// maxGroup is the most query heads per kv head flash_decode takes: the
+	// 16 rows of one mma m-tile.
+	maxGroup = 16
+	// maxNormThreads is the largest block of rms_norm.
+	maxNormThreads = 1024
+	// ropeVec is the pairs one thread of rope rotates when rows allow it.
+	ropeVec = 4
+)
+
+// headDims are the head dims the attention kernels are instantiated for.
+var headDims = []int{64, 96, 128}
+
+// normItems are rms_norm's NV instances: vector accesses per thread.
+var normItems = []int{1, 2, 4, 8}
+
+// flashConfig is a tiling of flash_prefill: Warps warps of MTiles m-tiles of
+// 16 query rows each.
+type flashConfig struct{ Warps, MTiles int }
+
+// rows is the queries of one block (BM).
+func (c flashConfig) rows() int { return c.Warps * 16 * c.MTiles }
+
+func (c flashConfig) String() string { return fmt.Sprintf("w%d_m%d", c.Warps, c.MTiles) }
+
+// flashConfigs are the flash_prefill tilings compiled; prefillConfig is the
+// one AttentionPrefill launches (a variable, so that tests and benchmarks
+// can run the others).
+var (
+	flashConfigs  = []flashConfig{{4, 1}, {8, 1}, {4, 2}}
+	prefillConfig = flashConfig{4, 1}
+)
+
+func prefillKernel(d int, c flashConfig) string { return fmt.Sprintf("flash_prefill_d%d_%s", d, c) }
+func decodeKernel(d int) string                 { return fmt.Sprintf("flash_decode_d%d", d) }
+
+// rowBytes is a shared-memory tile row of head dim d: Tile<D>::ROW_BYTES.
+func rowBytes(d int) int { return (d/8 + 7) / 8 * 8 * 16 }
+
+// prefillShared and decodeShared are the kernels' dynamic shared memory.
+func prefillShared(d int, c flashConfig) int { return (c.rows() + 4*keyTile) * rowBytes(d) }
+func decodeShared(d int) int                 { return (16 + 2*decodeStages*keyTile) * rowBytes(d) }
+
+func modules() []cudaset.Module {
+	var ew, at []string
+	for _, v := range []int{1, cudaset.VecWidth} {
+		for _, w := range []string{"bf16", "f16", "f32"} {
+			for _, n := range normItems {
+				ew = append(ew, fmt.Sprintf("rms_norm_%s_v%d_n%d", w, v, n), fmt.Sprintf("add_rms_norm_%s_v%d_n%d", w, v, n))
+			}
+		}
+		ew = append(ew, vname("swiglu", v))
+	}
+	for _, v := range []int{1, ropeVec} {
+		ew = append(ew, vname("rope_half", v), vname("rope_interleaved", v))
+	}
+	for _, d := range headDims {
+		for _, c := range flashConfigs {
+			at = append(at, prefillKernel(d, c))
+		}
+		at = append(at, decodeKernel(d))
+	}
+	at = append(at, "attn_merge")
+	return []cudaset.Module{
+		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
+		{File: "attention.cu", Src: attentionSrc, Funcs: at},
+	}
+}
+
+var vname = cudaset.VName
+
+// New compiles the set's kernels for dev, which must be a *cuda.Device.
+func New(dev kernels.Device) (kernels.Ops, error) {
+	kit, err := cudaset.New(dev, "fused", modules())
+	if err != nil {
+		return nil, err
+	}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}}
+	for _, d := range headDims {
+		sizes := map[string]int{decodeKernel(d): decodeShared(d)}
+		for _, c := range flashConfigs {
+			sizes[prefillKernel(d, c)] = prefillShared(d, c)
+		}
+		for name, bytes := range sizes {
+			f := o.Func(name)
+			attrs, err := f.Attrs()
+			if err == nil && bytes+attrs.StaticShared > kit.MaxShared {
+				err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", bytes+attrs.StaticShared, kit.MaxShared)
+			}
+			if err == nil {
+				err = f.SetMaxDynamicShared(bytes)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("fused: %s: %w", name, err)
+			}
+		}
+	}
+	return o, nil
+}
+
+// ops is the fused set on one device.
+type ops struct {
+	*cudaset.Kit
+	kernels.NotOwned
+}

@@ -1,0 +1,265 @@
+package kerneltest
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand"
+	"testing"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// RunDecodeGraph records the ops of a decode step that the kernel set named
+// set has kernels of its own for, built on dev, as one graph and replays it
+// with new row lengths, positions and routes: each replay must give what the
+// ops give when called directly. A decode kernel that reads a length on the
+// host, or grows a buffer after the capture, fails it. dev must record
+// graphs (kernels.Grapher); the test is skipped, saying so, when it does not.
+func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
+	t.Helper()
+	gr, ok := dev.(kernels.Grapher)
+	if !ok {
+		t.Skipf("%s records no graphs", dev.Name())
+	}
+	info := setInfo(t, set)
+	ops, err := info.New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &graphCase{t: t, dev: dev, rng: rand.New(rand.NewSource(1))}
+	defer g.free()
+	act := dev.ActDType()
+
+	const rows, seq = 3, 300
+	b := &kernels.Batch{Rows: rows, Tokens: rows, Start: []int{0, 1, 2, 3}, Past: make([]int, rows), MaxSeq: seq,
+		StartDev: g.ints(0, 1, 2, 3), PastDev: g.ints(0, 5, 20)}
+	pos := g.ints(0, 5, 20)
+	lengths := [][]int32{{1, 260, 21}, {298, 0, 130}}
+
+	var steps []func()          // the step's ops, in order
+	var outs []*kernels.Tensor  // what the step writes
+	var state []*kernels.Tensor // what it changes in place: reset before each run
+	var names []string
+	add := func(op kernels.Op, run func(), out ...*kernels.Tensor) {
+		if info.Owns(op) {
+			steps = append(steps, run)
+			outs = append(outs, out...)
+			for range out {
+				names = append(names, string(op))
+			}
+		}
+	}
+
+	const hidden, inter = 256, 192
+	w := g.random(kernels.BF16, 1, hidden)
+	x, resid := g.random(act, rows, hidden), g.random(act, rows, hidden)
+	normed := g.alloc(act, rows, hidden)
+	state = append(state, resid)
+	add(kernels.OpRMSNorm, func() { ops.RMSNorm(normed, x, w, 1e-6) }, normed)
+	add(kernels.OpAddRMSNorm, func() { ops.AddRMSNorm(normed, resid, x, w, 1e-6) }, normed, resid)
+
+	const heads, kvHeads, dim = 8, 2, 128
+	qkv := g.random(act, rows, (heads+2*kvHeads)*dim)
+	state = append(state, qkv)
+	cos, sin := g.random(kernels.F32, seq, dim/2), g.random(kernels.F32, seq, dim/2)
+	rope := &kernels.Rope{Dim: dim, Cos: cos, Sin: sin}
+	add(kernels.OpRoPE, func() { ops.RoPE(qkv, heads+kvHeads, dim, 0, pos, rope) }, qkv)
+
+	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
+	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
+
+	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
+	state = append(state, kc, vc)
+	attn := &kernels.AttnArgs{Out: g.alloc(act, rows, heads*dim), Q: qkv.ColSlice(0, heads*dim),
+		K: qkv.ColSlice(heads*dim, (heads+kvHeads)*dim), V: qkv.ColSlice((heads+kvHeads)*dim, (heads+2*kvHeads)*dim),
+		KCache: kc, VCache: vc, Batch: b, Heads: heads, KVHeads: kvHeads, HeadDim: dim, Scale: 0.088}
+	add(kernels.OpAttnDecode, func() { ops.AttentionDecode(attn) }, attn.Out)
+
+	const mh, nope, ropeDim, vdim, rank = 4, 64, 32, 64, 256
+	cache := g.random(act, rows, seq, rank+ropeDim)
+	state = append(state, cache)
+	mla := &kernels.MLAArgs{Out: g.alloc(act, rows, mh*vdim), Q: g.random(act, rows, mh*(nope+ropeDim)),
+		KV: g.random(act, rows, rank+ropeDim), Cache: cache, WKVB: g.random(kernels.BF16, mh*(nope+vdim), rank),
+		Batch: b, Heads: mh, NopeDim: nope, RopeDim: ropeDim, VDim: vdim, Rank: rank, Scale: 0.1}
+	add(kernels.OpMLADecode, func() { ops.MLADecode(mla) }, mla.Out)
+
+	const experts, topK = 16, 4
+	logits := g.random(kernels.F32, rows, experts)
+	idx, weight := g.alloc(kernels.I32, rows, topK), g.random(kernels.F32, rows, topK)
+	routing := &kernels.Routing{Method: kernels.RouteGreedy, TopK: topK, NormTopK: true, Scale: 1}
+	add(kernels.OpMoERoute, func() { ops.MoERoute(idx, weight, logits, routing) }, idx, weight)
+	if !info.Owns(kernels.OpMoERoute) {
+		// Routes for the experts, rewritten before every run.
+		state = append(state, idx, weight)
+	}
+	moeOut, moeX := g.alloc(act, rows, hidden), g.random(act, rows, hidden)
+	moeGU, moeDown := g.random(kernels.BF16, experts, 2*inter, hidden), g.random(kernels.BF16, experts, hidden, inter)
+	add(kernels.OpMoEExperts, func() { ops.MoEExperts(moeOut, moeX, idx, weight, moeGU, moeDown) }, moeOut)
+
+	next := g.alloc(kernels.I32, rows)
+	add(kernels.OpArgmax, func() { ops.Argmax(next, logits) }, next)
+
+	if len(steps) == 0 {
+		t.Skipf("set %s has no decode ops of its own", set)
+	}
+	step := func() {
+		for _, s := range steps {
+			s()
+		}
+	}
+	// Every in-place tensor is reset to one fixed value before each run, and
+	// the routes (when the set does not make them) to fixed distinct experts.
+	saved := make([][]float32, len(state))
+	for i, s := range state {
+		if s.DType == kernels.I32 {
+			continue
+		}
+		saved[i] = g.read(s)
+	}
+	reset := func(lens []int32) {
+		g.write(b.PastDev, lens)
+		g.write(pos, lens)
+		for i, s := range state {
+			if s == idx {
+				var v []int32
+				for r := range rows {
+					for k := range topK {
+						v = append(v, int32((r*5+k*3)%experts))
+					}
+				}
+				g.write(idx, v)
+				continue
+			}
+			g.upload(s, saved[i])
+		}
+	}
+
+	reset([]int32{0, 5, 20})
+	step() // sizes every buffer the ops keep before the capture
+	g.sync()
+	if err := gr.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	graph, err := gr.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+
+	for i, lens := range lengths {
+		reset(lens)
+		if err := graph.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		replayed := g.readAll(outs)
+		reset(lens)
+		step()
+		direct := g.readAll(outs)
+		for j := range outs {
+			if d := relDiff(replayed[j], direct[j]); !(d <= 1e-3) {
+				t.Errorf("replay %d (lengths %v): %s output %d differs from a direct call by %.3g", i, lens, names[j], j, d)
+			}
+		}
+	}
+}
+
+// graphCase allocates and fills the tensors of RunDecodeGraph.
+type graphCase struct {
+	t     *testing.T
+	dev   kernels.Device
+	rng   *rand.Rand
+	owned []*kernels.Tensor
+}
+
+func (g *graphCase) alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
+	x := g.dev.Alloc(dt, shape...)
+	g.owned = append(g.owned, x)
+	return x
+}
+
+func (g *graphCase) free() {
+	for _, x := range g.owned {
+		g.dev.Free(x)
+	}
+}
+
+func (g *graphCase) random(dt kernels.DType, shape ...int) *kernels.Tensor {
+	x := g.alloc(dt, shape...)
+	v := make([]float32, x.Numel())
+	for i := range v {
+		v[i] = float32(g.rng.NormFloat64())
+	}
+	g.upload(x, v)
+	return x
+}
+
+func (g *graphCase) upload(x *kernels.Tensor, v []float32) {
+	g.t.Helper()
+	b := make([]byte, 4*len(v))
+	for i, f := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+	}
+	if err := g.dev.Upload(x, b, kernels.F32); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+func (g *graphCase) ints(v ...int32) *kernels.Tensor {
+	x := g.alloc(kernels.I32, len(v))
+	g.write(x, v)
+	return x
+}
+
+func (g *graphCase) write(x *kernels.Tensor, v []int32) {
+	g.t.Helper()
+	if err := g.dev.WriteI32(x, v); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+func (g *graphCase) read(x *kernels.Tensor) []float32 {
+	g.t.Helper()
+	if x.DType == kernels.I32 {
+		v, err := g.dev.ReadI32(x)
+		if err != nil {
+			g.t.Fatal(err)
+		}
+		f := make([]float32, len(v))
+		for i, n := range v {
+			f[i] = float32(n)
+		}
+		return f
+	}
+	v, err := g.dev.ReadF32(x)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return v
+}
+
+func (g *graphCase) readAll(xs []*kernels.Tensor) [][]float32 {
+	out := make([][]float32, len(xs))
+	for i, x := range xs {
+		out[i] = g.read(x)
+	}
+	return out
+}
+
+func (g *graphCase) sync() {
+	g.t.Helper()
+	if err := g.dev.Sync(); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// relDiff is ‖a − b‖/‖b‖ (NaN when either holds a NaN).
+func relDiff(a, b []float32) float64 {
+	var d2, b2 float64
+	for i := range a {
+		d := float64(a[i]) - float64(b[i])
+		d2 += d * d
+		b2 += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(d2) / math.Max(math.Sqrt(b2), 1e-30)
+}
