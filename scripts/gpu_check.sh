@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after scripts/gpu_build.sh here:
-# every GPU test, then fuselm against HF transformers on a full-size random
-# Qwen2-7B (written once to $QWEN2_7B by scripts/hf_qwen2_7b.py). Logs go to
-# $OUT (or out/); a short table is printed last.
+# every GPU test (the shared kernel test over every set, each set's own tests,
+# the model tests on each set), then fuselm against HF transformers on a
+# full-size random Qwen2-7B (written once to $QWEN2_7B by
+# scripts/hf_qwen2_7b.py) for naive, fused and every single-op ablation.
+# Logs go to $OUT (or out/); a short table is printed last.
 #
-#   scripts/gpu_check.sh [quick]     # quick: skip the 7B checkpoint
+#   scripts/gpu_check.sh [quick] [kbench]
+#     quick:  skip the 7B checkpoint
+#     kbench: also run the kernel benchmarks (kernels/fused TestKernelBench),
+#             their rows in $OUT/kernel_bench.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 out=${OUT:-out}
 logs=$(mktemp -d)
 mkdir -p "$out"
 QWEN2_7B=${QWEN2_7B:-/tmp/qwen2-7b}
+quick=false kbench=false
+for a in "$@"; do
+	case $a in
+	quick) quick=true ;;
+	kbench) kbench=true ;;
+	*) echo "gpu_check.sh: unknown argument $a" >&2; exit 2 ;;
+	esac
+done
 rows=()
 
 step() {
@@ -20,22 +34,44 @@ step() {
 	if "$@" >"$logs/$name.log" 2>&1; then st=ok; else st=FAIL; fi
 	local summary
 	summary=$(grep -E '^(--- (FAIL|SKIP)|ok|FAIL|PASS)' "$logs/$name.log" | tail -3 | tr '\n' ' ' | cut -c1-110)
-	rows+=("$(printf '%-18s %-5s %5ds  %s' "$name" "$st" $((SECONDS - t0)) "$summary")")
+	rows+=("$(printf '%-26s %-5s %5ds  %s' "$name" "$st" $((SECONDS - t0)) "$summary")")
 	echo "== $name: $st ($((SECONDS - t0))s)" >&2
 }
 
+# pkgtest runs a package's test binary in its directory, as go test does.
+pkgtest() {
+	local pkg=$1
+	shift
+	(cd "kernels/$pkg" && "$root/bin/$pkg.test" -test.v "$@")
+}
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
-# Test binaries run in their package directory, as go test runs them.
-step cuda sh -c "cd kernels/cuda && ../../bin/cuda.test -test.v"
-step naive sh -c "cd kernels/naive && ../../bin/naive.test -test.v"
+step cuda pkgtest cuda
+step kerneltest pkgtest kerneltest -test.timeout 20m
+step naive pkgtest naive
+step fused pkgtest fused
 step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
-if [ "${1:-}" != quick ]; then
+step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v"
+if $kbench; then
+	step kernel-bench sh -c "cd kernels/fused && FUSELM_KERNEL_BENCH=1 FUSELM_KERNEL_BENCH_OUT=$(realpath "$out")/kernel_bench.json \
+		../../bin/fused.test -test.v -test.run TestKernelBench -test.timeout 20m"
+fi
+if ! $quick; then
 	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"
-	step qwen2-7b-vs-hf sh -c "cd model && FUSELM_TEST_KERNELS=naive FUSELM_HF_CHECKPOINT=$QWEN2_7B \
-		../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
+	# naive, fused, then fused with one op on naive and naive with one op
+	# on fused: every op fused owns, alone.
+	specs=(naive fused)
+	for op in attn add_rms_norm rms_norm rope swiglu; do
+		specs+=("fused,$op=naive" "naive,$op=fused")
+	done
+	for spec in "${specs[@]}"; do
+		step "7b-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$QWEN2_7B \
+			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
+	done
 fi
 tar czf "$out/gpu_check_logs.tgz" -C "$logs" .
+cp "$logs"/kernel-bench.log "$out/" 2>/dev/null
 cat "$logs/gpu.txt"
-for f in "$logs"/*.log; do echo "---- $(basename "$f") (tail)"; tail -15 "$f"; done
+for f in "$logs"/*.log; do echo "---- $(basename "$f") (tail)"; tail -12 "$f"; done
 echo
 printf '%s\n' "${rows[@]}"

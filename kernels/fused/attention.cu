@@ -296,7 +296,10 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 		flash_prefill<D, W, MT>(out, op, q, qp, kc, vc, start, past, heads, kvh, maxSeq, scale_log2, causal);   \
 	}
 #define FLASH_PREFILL_D(D) FLASH_PREFILL(D, 4, 2) FLASH_PREFILL(D, 4, 1) FLASH_PREFILL(D, 8, 1)
+FLASH_PREFILL_D(16)
+FLASH_PREFILL_D(32)
 FLASH_PREFILL_D(64)
+FLASH_PREFILL_D(80)
 FLASH_PREFILL_D(96)
 FLASH_PREFILL_D(128)
 
@@ -467,7 +470,10 @@ __device__ void flash_decode(float* part, float* stats, const bf16* q, int qp, c
 	    int heads, int kvh, int maxSeq, int chunk, float scale_log2) {                                         \
 		flash_decode<D>(part, stats, q, qp, kc, vc, past, heads, kvh, maxSeq, chunk, scale_log2);              \
 	}
+FLASH_DECODE(16)
+FLASH_DECODE(32)
 FLASH_DECODE(64)
+FLASH_DECODE(80)
 FLASH_DECODE(96)
 FLASH_DECODE(128)
 

@@ -50,8 +50,9 @@ const (
 	ropeVec = 4
 )
 
-// headDims are the head dims the attention kernels are instantiated for.
-var headDims = []int{64, 96, 128}
+// headDims are the head dims the attention kernels are instantiated for
+// (multiples of the mma's k of 16, up to what registers hold).
+var headDims = []int{16, 32, 64, 80, 96, 128}
 
 // normItems are rms_norm's NV instances: vector accesses per thread.
 var normItems = []int{1, 2, 4, 8}

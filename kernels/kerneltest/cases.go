@@ -82,6 +82,8 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "row without new tokens", lens: []int{0, 9}, past: []int{12, 0}, heads: 4, kv: 4, d: 64, maxSeq: 24},
 		{name: "tiles", lens: []int{300, 129, 1}, past: []int{0, 77, 511}, heads: 8, kv: 2, d: 128, maxSeq: 520, fused: true},
 		{name: "D=64 past", lens: []int{200, 65}, past: []int{50, 0}, heads: 4, kv: 4, d: 64, maxSeq: 256},
+		{name: "tiny heads", lens: []int{5, 17}, past: []int{3, 0}, heads: 4, kv: 2, d: 16, maxSeq: 24, fused: true},
+		{name: "D=80", lens: []int{70}, past: []int{10}, heads: 2, kv: 1, d: 80, maxSeq: 90},
 	} {
 		add(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
 	}
@@ -97,6 +99,8 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "gqa 7", past: []int{1, 150}, heads: 7, kv: 1, d: 96, maxSeq: 200, fused: true},
 		{name: "qwen2-7b batch 16", past: spread(16, 300), heads: 28, kv: 4, d: 128, maxSeq: 300, fused: true},
 		{name: "D=64 ragged", past: []int{1023, 4, 600, 1}, heads: 8, kv: 2, d: 64, maxSeq: 1030},
+		{name: "D=32", past: []int{0, 9, 20}, heads: 4, kv: 2, d: 32, maxSeq: 24},
+		{name: "D=80 group 5", past: []int{77, 130}, heads: 10, kv: 2, d: 80, maxSeq: 131},
 	} {
 		s.lens = ones(len(s.past))
 		add(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
