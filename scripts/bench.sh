@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# On the GPU machine, after scripts/gpu_build.sh here: the benchmark workloads
-# of DESIGN.md on a Qwen2-7B checkpoint ($QWEN2_7B, written by
-# scripts/hf_qwen2_7b.py when absent), for the kernel sets named on the
-# command line (default: naive). Each is one warm-up generation, then three
-# timed ones of which infer reports the median. Raw JSON goes to $OUT; a table
-# is printed last.
+# On the GPU machine, after scripts/gpu_build.sh here: the Qwen2-7B workloads
+# of DESIGN.md (W1, W2) on a checkpoint at $QWEN2_7B (written by
+# scripts/hf_qwen2_7b.py when absent), for the kernel specs named on the
+# command line (default: naive fused). Each is one warm-up generation, then
+# three timed ones of which infer reports the median.
+#
+# Writes to $OUT (or out/): bench_runs.json, one record per run in the form
+# bench/runs/ keeps (command, commit, date, GPU, driver, workload, kernels,
+# tokens/s, wall times, per-op times; no token ids), and the raw infer JSON
+# of each run with its ids stripped. Prints a table last.
 #
 #   scripts/bench.sh [SPEC...]
 set -uo pipefail
@@ -14,7 +18,10 @@ mkdir -p "$out"
 QWEN2_7B=${QWEN2_7B:-/tmp/qwen2-7b}
 [ -f "$QWEN2_7B/config.json" ] || python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B" >&2 || exit 1
 specs=("$@")
-[ ${#specs[@]} -gt 0 ] || specs=(naive)
+[ ${#specs[@]} -gt 0 ] || specs=(naive fused)
+commit=$(cat bin/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
+raw=$(mktemp -d)
 
 # name | prompt file | batch | new tokens
 workloads=(
@@ -22,27 +29,62 @@ workloads=(
 	"W2-b16|bench/prompts/prompt_128.txt|16|50"
 	"W2-b1|bench/prompts/prompt_128.txt|1|100"
 )
-rows=()
 for spec in "${specs[@]}"; do
 	for w in "${workloads[@]}"; do
 		IFS='|' read -r name prompt batch new <<<"$w"
-		log="$out/bench_${name}_${spec//[^a-z0-9]/_}.json"
-		if ./bin/infer --model "$QWEN2_7B" --prompt-file "$prompt" --batch "$batch" \
-			--max-new-tokens "$new" --min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet >"$log" 2>"$log.err"; then
-			rows+=("$(python3 - "$log" "$name" "$spec" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1])); t = r["timings"]
-print(f"| {sys.argv[2]} | {sys.argv[3]} | {r['batch']} | {len(r['rows'][0]['prompt_ids'])} | {t['new_tokens']} | "
-      f"{t['tokens_per_s']:.1f} | {t['wall_s']:.3f} | {' '.join(f'{x:.3f}' for x in t['runs_wall_s'])} | "
-      f"{t['prefill_ms']:.0f} | {t['decode_ms']:.0f} | {t['graph_replays']} |")
-PY
-)")
-		else
-			rows+=("| $name | $spec | FAILED: $(tail -1 "$log.err") |")
-		fi
+		log="$raw/${name}_${spec//[^a-z0-9_]/-}.json"
+		cmd=(./bin/infer --model "$QWEN2_7B" --prompt-file "$prompt" --batch "$batch" --max-new-tokens "$new"
+			--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
+		"${cmd[@]}" >"$log" 2>"$log.err" || echo "{\"failed\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-400:]))' "$log.err")}" >"$log"
+		printf '%s\n' "$name" "$spec" "$batch" "$new" "${cmd[*]}" >"$log.meta"
 	done
 done
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-echo "| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s (median) | runs (s) | prefill ms | decode ms | graph replays |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
-printf '%s\n' "${rows[@]}"
+
+python3 - "$raw" "$out" "$commit" "$gpu" <<'PY'
+import glob, json, os, sys, datetime
+raw, out, commit, gpu = sys.argv[1:5]
+name, driver = [s.strip() for s in gpu.split(",")]
+date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+records, table = [], []
+for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
+    workload, spec, batch, new, cmd = open(path + ".meta").read().splitlines()
+    r = json.load(open(path))
+    rec = {"command": cmd, "commit": commit, "date": date, "gpu": name, "driver": driver,
+           "machine": "device tool, nvidia-h200", "workload": workload, "kernels": spec,
+           "batch": int(batch), "new_tokens_per_row": int(new)}
+    if "failed" in r:
+        rec["failed"] = r["failed"]
+        table.append(f"| {workload} | {spec} | FAILED: {r['failed'][-120:]!r} |")
+    else:
+        t = r["timings"]
+        rec.update({"model": r.get("model"), "device": r.get("device"), "kernels": r.get("kernels", spec),
+                    "prompt_tokens": len(r["rows"][0]["prompt_ids"]), "new_tokens": t["new_tokens"],
+                    "tokens_per_s": t["tokens_per_s"], "wall_s": t["wall_s"], "runs_wall_s": t["runs_wall_s"],
+                    "prefill_ms": t["prefill_ms"], "decode_ms": t["decode_ms"], "graph_replays": t["graph_replays"],
+                    "load_s": t.get("load_s"), "compute_ms": t.get("compute_ms"),
+                    "profile_note": r.get("profile_note"), "per_op": r.get("profile", [])})
+        rec["_first_ids"] = r["rows"][0]["generated_ids"][:20]
+        table.append(f"| {workload} | {rec['kernels']} | {batch} | {rec['prompt_tokens']} | {t['new_tokens']} | "
+                     f"{t['tokens_per_s']:.1f} | {t['wall_s']:.3f} | {' '.join(f'{x:.3f}' for x in t['runs_wall_s'])} | "
+                     f"{t['prefill_ms']:.0f} | {t['decode_ms']:.0f} | {t['graph_replays']} |")
+    records.append(rec)
+# How many leading greedy tokens of row 0 each spec shares with the first
+# spec's run of the workload (a speedup must not come from a wrong result).
+first = {}
+for rec in records:
+    ids = rec.pop("_first_ids", None)
+    if ids is None:
+        continue
+    ref = first.setdefault(rec["workload"], ids)
+    same = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
+    rec["leading_tokens_as_first_spec"] = same
+json.dump(records, open(os.path.join(out, "bench_runs.json"), "w"), indent=1)
+print(gpu)
+print("| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s (median) | runs (s) | prefill ms | decode ms | graph replays |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("\n".join(table))
+for rec in records:
+    if "per_op" in rec:
+        ops = " ".join(f"{o['op']}={o['total_ms']:.0f}" for o in rec["per_op"][:8])
+        print(f"{rec['workload']} {rec['kernels']}: same first tokens {rec.get('leading_tokens_as_first_spec')}/20; {ops}")
+PY

@@ -45,6 +45,14 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// exp2_ftz is 2^x by the special-function unit, subnormal results flushed
+// to zero (a p that small is 0 to every bf16 sum), as fast-math exp2f.
+__device__ __forceinline__ float exp2_ftz(float x) {
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+
 // pack2 rounds two floats to a bf16 pair, lo in the low half.
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -82,33 +90,46 @@ __device__ __forceinline__ float quad_sum(float v) {
 	return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
-// Softmax state of one query row held by a thread: running max (scaled
-// scores, base 2) and its share of the running sum.
+// Softmax state of one query row held by a thread: the running max of its
+// raw scores and its share of the running sum.
 struct RowState {
 	float m, l;
 };
 
-// rescale folds a tile's scores s[NT][2] (this thread's two columns of
-// each of NT n-tiles, one row) into the row state: returns the factor the
-// row's O must be multiplied by, and leaves p = exp2(s - m_new) in s.
-template <int NT> __device__ __forceinline__ float online_softmax(float (&s)[NT][2], RowState& st) {
-	float mx = NEG_INF;
+// softmax_tile folds one m-tile's scores s[NT][4] (C fragments: this
+// thread's columns of rows g and g+8, masked ones -inf) into the rows'
+// states: it leaves p = exp2(s·scale - m_new·scale) in s, one FFMA and one
+// exp2 per score, and each row's factor for rescaling O in alpha.
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], RowState (&st)[2], float scale, float (&alpha)[2]) {
 #pragma unroll
-	for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][0], s[n][1]));
-	mx = quad_max(mx);
-	const float m_new = fmaxf(st.m, mx);
-	const float base = m_new == NEG_INF ? 0.0f : m_new; // a row that has seen no key yet
-	const float alpha = exp2f(st.m - base);
-	float sum = 0.0f;
+	for (int i = 0; i < 2; i++) {
+		float mx = NEG_INF;
 #pragma unroll
-	for (int n = 0; n < NT; n++) {
-		s[n][0] = exp2f(s[n][0] - base);
-		s[n][1] = exp2f(s[n][1] - base);
-		sum += s[n][0] + s[n][1];
+		for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+		mx = quad_max(mx);
+		const float m_new = fmaxf(st[i].m, mx);
+		const float base = m_new == NEG_INF ? 0.0f : m_new * scale; // a row that has seen no key yet
+		alpha[i] = exp2_ftz(fmaf(st[i].m, scale, -base));
+		float sum = 0.0f;
+#pragma unroll
+		for (int n = 0; n < NT; n++) {
+			s[n][2 * i] = exp2_ftz(fmaf(s[n][2 * i], scale, -base));
+			s[n][2 * i + 1] = exp2_ftz(fmaf(s[n][2 * i + 1], scale, -base));
+			sum += s[n][2 * i] + s[n][2 * i + 1];
+		}
+		st[i].m = m_new;
+		st[i].l = st[i].l * alpha[i] + sum;
 	}
-	st.m = m_new;
-	st.l = st.l * alpha + sum;
-	return alpha;
+}
+
+// p_frag is the A fragment of P for keys [16kk, 16kk+16) of an m-tile whose
+// p = exp2(...) sit in C fragments s: two n-tiles of C make one k-step of A.
+template <int NT> __device__ __forceinline__ void p_frag(unsigned (&a)[4], const float (&s)[NT][4], int kk) {
+	a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+	a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+	a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+	a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
 // flash_prefill is attention of a packed batch's new tokens over its KV
@@ -212,37 +233,32 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 				}
 			}
 		}
-		// Scale, and mask the keys past a row's position (or past kend) on
-		// the tiles that cross the block's diagonal.
+		// Mask the keys past a row's position (or past kend) on the tiles
+		// that cross the block's diagonal, then the online softmax.
 		const int k0 = j * BN;
-		const bool edge = causal && k0 + BN - 1 > p0 + q0 + wr || k0 + BN > kend;
+		if (causal && k0 + BN - 1 > p0 + q0 + wr || k0 + BN > kend) {
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+				for (int i = 0; i < 2; i++)
+#pragma unroll
+					for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+						for (int e = 0; e < 2; e++) {
+							const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
+							if (causal && key > qpos0 + mt * 16 + i * 8 || key >= kend) s[mt][nt][2 * i + e] = NEG_INF;
+						}
+		}
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++) {
+			float alpha[2];
+			softmax_tile<NS>(s[mt], st[mt], scale_log2, alpha);
 #pragma unroll
-			for (int i = 0; i < 2; i++) {
-				const int qpos = qpos0 + mt * 16 + i * 8;
-				float r[NS][2];
-#pragma unroll
-				for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-					for (int e = 0; e < 2; e++) {
-						float v = s[mt][nt][2 * i + e] * scale_log2;
-						const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
-						if (edge && (causal && key > qpos || key >= kend)) v = NEG_INF;
-						r[nt][e] = v;
-					}
-				}
-				const float alpha = online_softmax<NS>(r, st[mt][i]);
-#pragma unroll
-				for (int nt = 0; nt < NS; nt++) {
-					s[mt][nt][2 * i] = r[nt][0];
-					s[mt][nt][2 * i + 1] = r[nt][1];
-				}
-#pragma unroll
-				for (int d = 0; d < NO; d++) {
-					o[mt][d][2 * i] *= alpha;
-					o[mt][d][2 * i + 1] *= alpha;
-				}
+			for (int d = 0; d < NO; d++) {
+				o[mt][d][0] *= alpha[0];
+				o[mt][d][1] *= alpha[0];
+				o[mt][d][2] *= alpha[1];
+				o[mt][d][3] *= alpha[1];
 			}
 		}
 		// O += P·V, P's C fragments reused as A fragments.
@@ -250,12 +266,7 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 		for (int kk = 0; kk < NS / 2; kk++) {
 			unsigned pa[MT][4];
 #pragma unroll
-			for (int mt = 0; mt < MT; mt++) {
-				pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-				pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-				pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-				pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-			}
+			for (int mt = 0; mt < MT; mt++) p_frag<NS>(pa[mt], s[mt], kk);
 #pragma unroll
 			for (int dp = 0; dp < NO / 2; dp++) {
 				unsigned vb[4];
@@ -295,7 +306,7 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 	    const int* past, int heads, int kvh, int maxSeq, float scale_log2, int causal) {                         \
 		flash_prefill<D, W, MT>(out, op, q, qp, kc, vc, start, past, heads, kvh, maxSeq, scale_log2, causal);   \
 	}
-#define FLASH_PREFILL_D(D) FLASH_PREFILL(D, 4, 2) FLASH_PREFILL(D, 4, 1) FLASH_PREFILL(D, 8, 1)
+#define FLASH_PREFILL_D(D) FLASH_PREFILL(D, 4, 2) FLASH_PREFILL(D, 4, 1) FLASH_PREFILL(D, 8, 1) FLASH_PREFILL(D, 8, 2)
 FLASH_PREFILL_D(16)
 FLASH_PREFILL_D(32)
 FLASH_PREFILL_D(64)
@@ -303,55 +314,69 @@ FLASH_PREFILL_D(80)
 FLASH_PREFILL_D(96)
 FLASH_PREFILL_D(128)
 
-// flash_decode is one split of flash-decoding: the query heads of one kv
-// head (its group of at most 16, the rows of one m-tile) of one row's single
-// new token, over keys [split·chunk, (split+1)·chunk) ∩ [0, past[b]+1) of
-// the cache. Each of the 4 warps takes 16 keys of every BN-key tile (STAGES
-// tiles in flight, through cp.async), keeping its own softmax state; the
-// warps merge in shared memory and the block writes its unnormalised
-// output, scaled to its max M, and (M, L):
-//   part f32 [B·heads, splits, D]; stats f32 [B·heads, splits, 2]
-// (l = 0 for a split with no keys). attn_merge combines the splits.
-//   q bf16 [B, heads·D] (the new tokens, rotated), pitch qp; kc, vc bf16
-//   [B, kvh, maxSeq, D]; past i32 [B]: tokens cached before this one, whose
-//   key and value are already appended. A length past maxSeq traps.
-// Launch: grid (splits, kvh, B), 128 threads, shared
-// (16 + 2·STAGES·BN)·Tile<D>::ROW_BYTES bytes.
+// flash_decode is flash-decoding: one block per split of one row's cache
+// for one kv head, its query heads (a group of at most 16, the rows of one
+// m-tile) and the row's single new token, over keys [split·chunk,
+// (split+1)·chunk) ∩ [0, past[b]+1). Key tiles of BN come through cp.async,
+// STAGES in flight. Every warp computes the tile's scores for all its keys
+// (so all share one running max, as a single-block softmax would) and P·V
+// for its own slice of the output dims. The block writes its unnormalised
+// output and (max, sum) to part and stats; the last block of a (row, kv
+// head) to finish, counted in counter (left at 0 again), merges the splits
+// by their log-sum-exp into out. The new token's key and value are read
+// from kn, vn and appended to the cache by the block whose split holds
+// them, so no other kernel runs first.
+//   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D];
+//   stats f32 [B·heads, splits, 2]; counter i32 [B·kvh], zero between calls;
+//   q bf16 [B, heads·D] (rotated), pitch qp; kn, vn bf16 [B, kvh·D], pitches
+//   kp, vp; kc, vc bf16 [B, kvh, maxSeq, D]; past i32 [B]: tokens cached
+//   before the new one. A length past maxSeq traps.
+// Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
+// (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
 #define DEC_WARPS 4
 #define DEC_STAGES 3
 template <int D>
-__device__ void flash_decode(float* part, float* stats, const bf16* q, int qp, const bf16* kc, const bf16* vc,
-                             const int* past, int heads, int kvh, int maxSeq, int chunk, float scale_log2) {
-	constexpr int KS = D / 16, NO = D / 8, THREADS = DEC_WARPS * 32;
+__device__ void flash_decode(bf16* out, int op, float* part, float* stats, int* counter, const bf16* q, int qp,
+                             const bf16* kn, int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past,
+                             int heads, int kvh, int maxSeq, int chunk, float scale_log2) {
+	constexpr int KS = D / 16, NS = BN / 8, DP = D / 16, THREADS = DEC_WARPS * 32;
+	constexpr int DPW = (DP + DEC_WARPS - 1) / DEC_WARPS; // dim pairs (16 dims) of one warp
 	typedef Tile<D> T;
 	extern __shared__ __align__(128) unsigned char smem[];
+	__shared__ int last;
 	const int b = blockIdx.z, g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
 	const int group = heads / kvh;
 	const int len = past[b] + 1;
 	if (len < 1 || len > maxSeq) __trap();
 	const int k0 = split * chunk, k1 = min(k0 + chunk, len);
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const long long rowHead = (long long)b * heads + g * group; // first of the group's [B·heads] rows
-	if (k0 >= len) {
-		for (int r = tid; r < group; r += THREADS) {
-			stats[((rowHead + r) * splits + split) * 2] = NEG_INF;
-			stats[((rowHead + r) * splits + split) * 2 + 1] = 0.0f;
-		}
-		return;
-	}
+	const long long rowHead = (long long)b * heads + g * group; // the group's first row of [B·heads]
 	const long long kvBase = ((long long)b * kvh + g) * maxSeq * D;
-	const bf16* K = kc + kvBase + (long long)k0 * D;
-	const bf16* V = vc + kvBase + (long long)k0 * D;
-	const int nkeys = k1 - k0, ntiles = (nkeys + BN - 1) / BN;
+	const bf16* kNew = kn + (long long)b * kp + g * D;
+	const bf16* vNew = vn + (long long)b * vp + g * D;
+	const int nkeys = max(0, k1 - k0), ntiles = (nkeys + BN - 1) / BN;
+	const int newAt = len - 1 - k0; // the new token's key in this split, when in [0, nkeys)
+	if (newAt >= 0 && newAt < nkeys) {
+		for (int i = tid; i < D / 8; i += THREADS) {
+			store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
+			store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
+		}
+	}
 
 	const unsigned sQ = smem_addr(smem);
 	const unsigned sKV = sQ + 16 * T::ROW_BYTES;
 	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
 	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
+	// loadKV brings tile j of the split, the new token's row from kn, vn.
 	auto loadKV = [&](int j) {
-		const int s = j % DEC_STAGES;
-		T::template load<BN>(sK(s), K + (long long)j * BN * D, D, nkeys - j * BN, tid, THREADS);
-		T::template load<BN>(sV(s), V + (long long)j * BN * D, D, nkeys - j * BN, tid, THREADS);
+		const int s = j % DEC_STAGES, first = j * BN;
+		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
+			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
+			const bool ok = key < nkeys;
+			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
+			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
+			cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
+		}
 	};
 	T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
 #pragma unroll
@@ -361,10 +386,10 @@ __device__ void flash_decode(float* part, float* stats, const bf16* q, int qp, c
 	}
 
 	unsigned qa[KS][4];
-	float o[NO][4];
+	float o[2 * DPW][4];
 	RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
 #pragma unroll
-	for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+	for (int d = 0; d < 2 * DPW; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
 	for (int j = 0; j < ntiles; j++) {
 		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
@@ -376,99 +401,113 @@ __device__ void flash_decode(float* part, float* stats, const bf16* q, int qp, c
 			for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], T::at(sQ, lane & 15, ks * 2 + (lane >> 4)));
 		}
 		const unsigned kT = sK(j % DEC_STAGES), vT = sV(j % DEC_STAGES);
-		const int kw = warp * 16; // the warp's keys in the tile
-		float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+		float s[NS][4];
+#pragma unroll
+		for (int nt = 0; nt < NS; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
 		for (int ks = 0; ks < KS; ks++) {
-			unsigned kb[4];
-			ldsm_x4(kb, T::at(kT, kw + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-			mma16816(s[0], qa[ks], kb[0], kb[1]);
-			mma16816(s[1], qa[ks], kb[2], kb[3]);
-		}
-		const int kbase = j * BN + kw;
 #pragma unroll
-		for (int i = 0; i < 2; i++) {
-			float r[2][2];
-#pragma unroll
-			for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					const int key = kbase + nt * 8 + 2 * (lane & 3) + e;
-					r[nt][e] = key < nkeys ? s[nt][2 * i + e] * scale_log2 : NEG_INF;
-				}
-			const float alpha = online_softmax<2>(r, st[i]);
-#pragma unroll
-			for (int nt = 0; nt < 2; nt++) {
-				s[nt][2 * i] = r[nt][0];
-				s[nt][2 * i + 1] = r[nt][1];
-			}
-#pragma unroll
-			for (int d = 0; d < NO; d++) {
-				o[d][2 * i] *= alpha;
-				o[d][2 * i + 1] *= alpha;
+			for (int np = 0; np < NS / 2; np++) {
+				unsigned kb[4];
+				ldsm_x4(kb, T::at(kT, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+				mma16816(s[2 * np], qa[ks], kb[0], kb[1]);
+				mma16816(s[2 * np + 1], qa[ks], kb[2], kb[3]);
 			}
 		}
-		unsigned pa[4] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3]), pack2(s[1][0], s[1][1]),
-		                  pack2(s[1][2], s[1][3])};
+		if ((j + 1) * BN > nkeys) {
 #pragma unroll
-		for (int dp = 0; dp < NO / 2; dp++) {
-			unsigned vb[4];
-			ldsm_x4_t(vb, T::at(vT, kw + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-			mma16816(o[2 * dp], pa, vb[0], vb[1]);
-			mma16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+			for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					if (j * BN + nt * 8 + 2 * (lane & 3) + (e & 1) >= nkeys) s[nt][e] = NEG_INF;
+		}
+		float alpha[2];
+		softmax_tile<NS>(s, st, scale_log2, alpha);
+#pragma unroll
+		for (int d = 0; d < 2 * DPW; d++) {
+			o[d][0] *= alpha[0];
+			o[d][1] *= alpha[0];
+			o[d][2] *= alpha[1];
+			o[d][3] *= alpha[1];
+		}
+#pragma unroll
+		for (int kk = 0; kk < NS / 2; kk++) {
+			unsigned pa[4];
+			p_frag<NS>(pa, s, kk);
+#pragma unroll
+			for (int x = 0; x < DPW; x++) {
+				const int dp = warp * DPW + x;
+				if (dp >= DP) break;
+				unsigned vb[4];
+				ldsm_x4_t(vb, T::at(vT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+				mma16816(o[2 * x], pa, vb[0], vb[1]);
+				mma16816(o[2 * x + 1], pa, vb[2], vb[3]);
+			}
 		}
 		__syncthreads(); // the stage is free for tile j+STAGES
 	}
 	cp_wait<0>();
-	__syncthreads();
 
-	// Merge the warps: each writes its rows' (m, l) and O to shared memory.
-	float* sm = reinterpret_cast<float*>(smem + 16 * T::ROW_BYTES); // [warp][16] m, l; then O [warp][16][D]
-	float* sl = sm + DEC_WARPS * 16;
-	float* so = sl + DEC_WARPS * 16;
+	// This split's unnormalised output and (max, sum) of every group row.
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		const int r = (lane >> 2) + i * 8;
 		const float l = quad_sum(st[i].l);
-		if ((lane & 3) == 0) {
-			sm[warp * 16 + r] = st[i].m;
-			sl[warp * 16 + r] = l;
+		if (r >= group) continue;
+		const long long at = (rowHead + r) * splits + split;
+		if (warp == 0 && (lane & 3) == 0) {
+			stats[at * 2] = st[i].m * scale_log2;
+			stats[at * 2 + 1] = l;
 		}
 #pragma unroll
-		for (int d = 0; d < NO; d++) {
-			float* dst = so + (warp * 16 + r) * D + d * 8 + 2 * (lane & 3);
-			dst[0] = o[d][2 * i];
-			dst[1] = o[d][2 * i + 1];
+		for (int x = 0; x < DPW; x++) {
+			const int dp = warp * DPW + x;
+			if (dp >= DP) break;
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				float* dst = part + at * D + dp * 16 + h * 8 + 2 * (lane & 3);
+				dst[0] = o[2 * x + h][2 * i];
+				dst[1] = o[2 * x + h][2 * i + 1];
+			}
 		}
 	}
+	// The last split of (b, g) to finish merges them all.
+	__threadfence();
 	__syncthreads();
+	if (tid == 0) {
+		int* c = counter + (long long)b * kvh + g;
+		last = atomicAdd(c, 1) == splits - 1;
+		if (last) *c = 0;
+	}
+	__syncthreads();
+	if (!last) return;
+	__threadfence();
 	for (int i = tid; i < group * D; i += THREADS) {
 		const int r = i / D, d = i - r * D;
+		const float* sts = stats + (rowHead + r) * splits * 2;
+		const float* pt = part + (rowHead + r) * splits * D + d;
 		float M = NEG_INF;
-#pragma unroll
-		for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm[w * 16 + r]);
+		for (int sp = 0; sp < splits; sp++)
+			if (sts[2 * sp + 1] > 0.0f) M = fmaxf(M, sts[2 * sp]);
 		float L = 0.0f, acc = 0.0f;
-#pragma unroll
-		for (int w = 0; w < DEC_WARPS; w++) {
-			if (sl[w * 16 + r] == 0.0f) continue; // a warp that saw no key
-			const float f = exp2f(sm[w * 16 + r] - M);
-			L += sl[w * 16 + r] * f;
-			acc += so[(w * 16 + r) * D + d] * f;
+		for (int sp = 0; sp < splits; sp++) {
+			const float l = sts[2 * sp + 1];
+			if (l <= 0.0f) continue; // a split with no keys
+			const float f = exp2f(sts[2 * sp] - M);
+			L += l * f;
+			acc += pt[(long long)sp * D] * f;
 		}
-		const long long at = (rowHead + r) * splits + split;
-		part[at * D + d] = acc;
-		if (d == 0) {
-			stats[at * 2] = M;
-			stats[at * 2 + 1] = L;
-		}
+		out[(long long)b * op + (g * group + r) * D + d] = __float2bfloat16_rn(acc / L);
 	}
 }
 
-#define FLASH_DECODE(D)                                                                                         \
-	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) flash_decode_d##D(                            \
-	    float* part, float* stats, const bf16* q, int qp, const bf16* kc, const bf16* vc, const int* past,     \
-	    int heads, int kvh, int maxSeq, int chunk, float scale_log2) {                                         \
-		flash_decode<D>(part, stats, q, qp, kc, vc, past, heads, kvh, maxSeq, chunk, scale_log2);              \
+#define FLASH_DECODE(D)                                                                                        \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) flash_decode_d##D(                           \
+	    bf16* out, int op, float* part, float* stats, int* counter, const bf16* q, int qp, const bf16* kn,    \
+	    int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, \
+	    int chunk, float scale_log2) {                                                                    \
+		flash_decode<D>(out, op, part, stats, counter, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, \
+		                chunk, scale_log2);                                                                   \
 	}
 FLASH_DECODE(16)
 FLASH_DECODE(32)
@@ -476,28 +515,3 @@ FLASH_DECODE(64)
 FLASH_DECODE(80)
 FLASH_DECODE(96)
 FLASH_DECODE(128)
-
-// attn_merge combines the splits of flash_decode by their log-sum-exp:
-// out[b, h·D + d] = Σ_s part[s, d]·2^(M_s - M) / Σ_s L_s·2^(M_s - M), over the
-// splits with L_s > 0, rounded to bf16. out bf16 [B, heads·D], pitch op.
-// Launch: grid.x = B·heads (one block per row and head), D threads or more.
-extern "C" __global__ void attn_merge(bf16* out, int op, const float* part, const float* stats, int heads, int splits,
-                                      int D) {
-	const long long bh = blockIdx.x;
-	const float* st = stats + bh * splits * 2;
-	float M = NEG_INF;
-	for (int s = 0; s < splits; s++)
-		if (st[2 * s + 1] > 0.0f) M = fmaxf(M, st[2 * s]);
-	const int b = (int)(bh / heads), h = (int)(bh - (long long)b * heads);
-	for (int d = threadIdx.x; d < D; d += blockDim.x) {
-		float L = 0.0f, acc = 0.0f;
-		for (int s = 0; s < splits; s++) {
-			const float l = st[2 * s + 1];
-			if (l <= 0.0f) continue;
-			const float f = exp2f(st[2 * s] - M);
-			L += l * f;
-			acc += part[(bh * splits + s) * D + d] * f;
-		}
-		out[(long long)b * op + h * D + d] = __float2bfloat16_rn(acc / L);
-	}
-}

@@ -15,12 +15,25 @@ const (
 	scrStats = "attn.stats" // flash_decode: each split's (max, sum) f32 [B·heads·splits, 2]
 )
 
+// decodeCounters is flash_decode's count of finished splits per (row, kv
+// head), i32, zeroed when allocated; the kernel leaves it at 0 again.
+func (o *ops) decodeCounters(n int) uintptr {
+	if o.counters == nil || o.counters.Numel() < n {
+		if o.counters != nil {
+			o.D.Free(o.counters)
+		}
+		o.counters = o.D.Alloc(kernels.I32, n)
+		o.D.Zero(o.counters)
+	}
+	return o.D.Ptr(o.counters)
+}
+
 // checkAttn is the ops' contract plus what the kernels need: a head dim
 // they are instantiated for, and rows that allow 16-byte loads.
 func (o *ops) checkAttn(op kernels.Op, a *kernels.AttnArgs, prefill bool) {
 	a.Check(op, o.D.ActDType(), prefill)
 	o.Need(slices.Contains(headDims, a.HeadDim), op, "head dim %d: the fused kernels take %v (attn=naive runs any)", a.HeadDim, headDims)
-	for _, t := range []*kernels.Tensor{a.Q, a.KCache, a.VCache} {
+	for _, t := range []*kernels.Tensor{a.Q, a.K, a.V, a.KCache, a.VCache} {
 		o.Need(t.Pitch%cudaset.VecWidth == 0 && o.D.Ptr(t)%16 == 0, op, "%v does not start its rows on 16-byte boundaries", t)
 	}
 	o.Need(a.Out.Pitch%2 == 0 && o.D.Ptr(a.Out)%4 == 0, op, "out %v does not start its rows on 4-byte boundaries", a.Out)
@@ -64,18 +77,18 @@ func (o *ops) flashPrefill(c flashConfig, a *kernels.AttnArgs, longest int, caus
 		scaleLog2(a.Scale), causalArg)
 }
 
-// AttentionDecode appends the new keys and values, then runs flash-decoding:
-// flash_decode over splits of every row's cache, as many as fill one wave
-// of the GPU, then attn_merge. Split sizes come from the cache's capacity
-// and the row lengths are read on the device, so a graph replays it as the
-// rows grow.
+// AttentionDecode is one launch of flash_decode: splits of every row's
+// cache, as many as fill one wave of the GPU, the new keys and values
+// appended by the blocks whose splits hold them, and the splits merged by the
+// last block of each row and kv head. Split sizes come from the cache's
+// capacity and the row lengths are read on the device, so a graph replays it
+// as the rows grow.
 func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	op := kernels.OpAttnDecode
 	o.checkAttn(op, a, false)
 	group := a.Heads / a.KVHeads
 	o.Need(group <= maxGroup, op, "%d query heads per kv head: flash_decode takes at most %d", group, maxGroup)
 	b := a.Batch
-	o.AppendKV(a.KCache, a.VCache, a.K, a.V, b, a.KVHeads, a.HeadDim)
 	if b.Rows == 0 {
 		return
 	}
@@ -87,10 +100,10 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	o.LaunchGrid(decodeKernel(a.HeadDim),
 		cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32},
 		decodeShared(a.HeadDim),
-		part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
+		o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.decodeCounters(b.Rows*a.KVHeads),
+		o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K), int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch),
+		o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
 		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale))
-	o.Launch("attn_merge", b.Rows*a.Heads, cudaset.ThreadsFor(a.HeadDim),
-		o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, int32(a.Heads), int32(splits), int32(a.HeadDim))
 }
 
 // decodeSplits is how flash-decoding cuts a capacity of maxSeq keys for

@@ -38,7 +38,7 @@ const (
 	// keyTile is BN: the keys of one tile of flash_prefill and flash_decode.
 	keyTile = 64
 	// decodeWarps and decodeStages are flash_decode's DEC_WARPS (each takes
-	// 16 keys of a tile) and DEC_STAGES (tiles in flight).
+	// a slice of the output dims) and DEC_STAGES (tiles in flight).
 	decodeWarps  = 4
 	decodeStages = 3
 	// maxGroup is the most query heads per kv head flash_decode takes: the
@@ -70,8 +70,8 @@ func (c flashConfig) String() string { return fmt.Sprintf("w%d_m%d", c.Warps, c.
 // one AttentionPrefill launches (a variable, so that tests and benchmarks
 // can run the others).
 var (
-	flashConfigs  = []flashConfig{{4, 1}, {8, 1}, {4, 2}}
-	prefillConfig = flashConfig{4, 1}
+	flashConfigs  = []flashConfig{{4, 1}, {8, 1}, {4, 2}, {8, 2}}
+	prefillConfig = flashConfig{4, 2}
 )
 
 func prefillKernel(d int, c flashConfig) string { return fmt.Sprintf("flash_prefill_d%d_%s", d, c) }
@@ -103,7 +103,6 @@ func modules() []cudaset.Module {
 		}
 		at = append(at, decodeKernel(d))
 	}
-	at = append(at, "attn_merge")
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: attentionSrc, Funcs: at},
@@ -145,4 +144,6 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 type ops struct {
 	*cudaset.Kit
 	kernels.NotOwned
+
+	counters *kernels.Tensor // see decodeCounters
 }
