@@ -15,6 +15,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 )
@@ -245,15 +246,7 @@ func loadOn(t *testing.T, dev kernels.Device, ops kernels.Ops, cfg *loader.Confi
 }
 
 // relErr is ‖got − want‖ / ‖want‖.
-func relErr(got, want []float32) float64 {
-	var d, n float64
-	for i := range want {
-		e := float64(got[i]) - float64(want[i])
-		d += e * e
-		n += float64(want[i]) * float64(want[i])
-	}
-	return math.Sqrt(d / n)
-}
+var relErr = kerneltest.RelErr
 
 // readLogits returns the logits of rows [0, B).
 func readLogits(t *testing.T, m Model, B int) [][]float32 {

@@ -18,24 +18,10 @@ import (
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
-// openDevice opens GPU 0 or skips the test when there is none.
-func openDevice(t testing.TB) *cuda.Device {
-	t.Helper()
-	if err := cuda.Probe(); err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dev.Close() })
-	return dev
-}
-
 // TestFlashConfigs runs the shared harness once per flash_prefill tiling
 // (the kernel-set test runs the default one only).
 func TestFlashConfigs(t *testing.T) {
-	dev := openDevice(t)
+	dev := kerneltest.OpenCUDA(t)
 	saved := prefillConfig
 	defer func() { prefillConfig = saved }()
 	for _, c := range flashConfigs {
@@ -106,7 +92,7 @@ func TestKernelBench(t *testing.T) {
 	if os.Getenv("FUSELM_KERNEL_BENCH") == "" {
 		t.Skip("set FUSELM_KERNEL_BENCH=1 to run the kernel benchmarks")
 	}
-	dev := openDevice(t)
+	dev := kerneltest.OpenCUDA(t)
 	f, err := New(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +217,7 @@ func (b *bench) sync() {
 	}
 }
 
-// relErr is ‖a − b‖/‖b‖ of two device tensors.
+// relErr is ‖got − want‖/‖want‖ of two device tensors.
 func (b *bench) relErr(got, want *kernels.Tensor) float64 {
 	b.t.Helper()
 	g, err := b.dev.ReadF32(got)
@@ -242,13 +228,7 @@ func (b *bench) relErr(got, want *kernels.Tensor) float64 {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	var d2, w2 float64
-	for i := range g {
-		d := float64(g[i]) - float64(w[i])
-		d2 += d * d
-		w2 += float64(w[i]) * float64(w[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
+	return kerneltest.RelErr(g, w)
 }
 
 // checked fails the benchmark when a fused result is not within bf16's

@@ -157,7 +157,7 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 		step()
 		direct := g.readAll(outs)
 		for j := range outs {
-			if d := relDiff(replayed[j], direct[j]); !(d <= 1e-3) {
+			if d := RelErr(replayed[j], direct[j]); !(d <= 1e-3) {
 				t.Errorf("replay %d (lengths %v): %s output %d differs from a direct call by %.3g", i, lens, names[j], j, d)
 			}
 		}
@@ -251,15 +251,4 @@ func (g *graphCase) sync() {
 	if err := g.dev.Sync(); err != nil {
 		g.t.Fatal(err)
 	}
-}
-
-// relDiff is ‖a − b‖/‖b‖ (NaN when either holds a NaN).
-func relDiff(a, b []float32) float64 {
-	var d2, b2 float64
-	for i := range a {
-		d := float64(a[i]) - float64(b[i])
-		d2 += d * d
-		b2 += float64(b[i]) * float64(b[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(b2), 1e-30)
 }

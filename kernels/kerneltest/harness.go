@@ -24,6 +24,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
 // Tolerances are the largest relative errors ‖out − ref‖/‖ref‖ allowed,
@@ -396,4 +397,30 @@ func f32Bytes(v []float32) []byte {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
 	}
 	return b
+}
+
+// OpenCUDA opens GPU 0 for a test, closed when the test ends, or skips the
+// test, saying why, where no CUDA device can be used.
+func OpenCUDA(t testing.TB) *cuda.Device {
+	t.Helper()
+	if err := cuda.Probe(); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// RelErr is ‖got − want‖ / ‖want‖ (NaN when either holds a NaN).
+func RelErr(got, want []float32) float64 {
+	var d2, w2 float64
+	for i := range want {
+		d := float64(got[i]) - float64(want[i])
+		d2 += d * d
+		w2 += float64(want[i]) * float64(want[i])
+	}
+	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
 }

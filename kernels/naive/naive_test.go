@@ -9,26 +9,12 @@ import (
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
-// openDevice opens GPU 0 or skips the test when there is none.
-func openDevice(t *testing.T) *cuda.Device {
-	t.Helper()
-	if err := cuda.Probe(); err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dev.Close() })
-	return dev
-}
-
 // TestOpsEveryPath runs the harness again with the sizes that choose code
 // paths shrunk or raised, so that its small shapes take the paths big ones
 // take: attention in many query chunks, MLA decode one row per pass, and
 // each MoE layout.
 func TestOpsEveryPath(t *testing.T) {
-	dev := openDevice(t)
+	dev := kerneltest.OpenCUDA(t)
 	budget, graphTokens := chunkBudget, moeGraphTokens
 	defer func() { chunkBudget, moeGraphTokens = budget, graphTokens }()
 	chunkBudget = 64 << 10
