@@ -202,8 +202,9 @@ type Batch struct {
 // AttnArgs are the operands of grouped-query attention over a KV cache.
 //
 // For every row b and new token i of it (position p = Past[b]+i), every query
-// head h attends to keys 0..p of row b in kv head h / (Heads/KVHeads):
-// out = softmax(q·kᵀ·Scale) · v, with the softmax in f32.
+// head h attends to keys 0..p of row b in kv head h / (Heads/KVHeads) (all
+// the row's keys when NonCausal): out = softmax(q·kᵀ·Scale) · v, with the
+// softmax in f32.
 type AttnArgs struct {
 	Out    *Tensor // [T, Heads*HeadDim] act
 	Q      *Tensor // [T, Heads*HeadDim] act, pitched, already rotated
@@ -216,6 +217,11 @@ type AttnArgs struct {
 	KVHeads int
 	HeadDim int
 	Scale   float32
+	// NonCausal makes every new token of a prefill attend to all of its
+	// row's keys, Past[b] + its new tokens (the kernel benchmarks'
+	// non-causal case; the models never set it). Decode ignores it: its one
+	// new token is the last key either way.
+	NonCausal bool
 }
 
 // MLAArgs are the operands of DeepSeek-V2 multi-head latent attention.

@@ -23,7 +23,26 @@ type SetInfo struct {
 	Rank int
 	// New builds the set's ops on dev. It is called once per run.
 	New func(dev Device) (Ops, error)
+	// Variants lists the set's variants of op's kernels for shape s on
+	// target t, valid or not (each says why not); nil means one variant,
+	// "default", for every op it owns.
+	Variants func(op Op, s Shape, t Target) []Variant
 }
+
+// VariantsOf is the set's variants of op for s on t: none for an op it
+// does not own (its fallback's run it).
+func (s SetInfo) VariantsOf(op Op, sh Shape, t Target) []Variant {
+	switch {
+	case !s.Owns(op):
+		return nil
+	case s.Variants == nil:
+		return []Variant{{Name: "default"}}
+	}
+	return s.Variants(op, sh, t)
+}
+
+// Set is the registered set named name.
+func Set(name string) (SetInfo, bool) { return lookup(name) }
 
 // Owns reports whether the set has a kernel of its own for op.
 func (s SetInfo) Owns(op Op) bool { return s.Own == nil || slices.Contains(s.Own, op) }

@@ -154,3 +154,48 @@ func TestBuildProfiles(t *testing.T) {
 		t.Errorf("after Reset: %+v", rows)
 	}
 }
+
+func TestParseShape(t *testing.T) {
+	s, err := kernels.ParseShape(" N=4096, B=4,H=32 ,D=128,causal=1")
+	if err != nil || s.String() != "B=4,H=32,D=128,N=4096,causal=1" {
+		t.Errorf("ParseShape: %v, %v", s, err)
+	}
+	for in, want := range map[string]string{
+		"B=4,B=5":      "given twice",
+		"B":            "not NAME=VALUE",
+		"=3":           "not NAME=VALUE",
+		"N=-1":         "not a whole number",
+		"N=4096x":      "not a whole number",
+		"N=9999999999": "not a whole number",
+	} {
+		if _, err := kernels.ParseShape(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseShape(%q) = %v, want an error with %q", in, err, want)
+		}
+	}
+}
+
+// TestApplyTuning: choices for sets the run does not use are passed over,
+// choices for a set without variants are reported.
+func TestApplyTuning(t *testing.T) {
+	dev := cpu.NewDevice()
+	s, _ := kernels.ParseSpec("cpu")
+	ops, err := s.Build(dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, skipped := kernels.ApplyTuning(ops, []kernels.Tuned{
+		{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "w4_m2"},
+		{Set: "cpu", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "fast"},
+		{Set: "cpu", Op: "warp_drive", Variant: "x"},
+	})
+	if len(applied) != 0 || len(skipped) != 2 || !strings.Contains(skipped[0].Error(), "has no variants") ||
+		!strings.Contains(skipped[1].Error(), "unknown op") {
+		t.Errorf("applied %v, skipped %v", applied, skipped)
+	}
+	if info, _ := kernels.Set("naive"); len(info.VariantsOf(kernels.OpRoPE, nil, kernels.Targets["sm_90a"])) != 1 {
+		t.Errorf("naive's rope: want its one default variant")
+	}
+	if info, _ := kernels.Set("fused"); info.VariantsOf(kernels.OpLinear, nil, kernels.Targets["sm_90a"]) != nil {
+		t.Errorf("fused's linear: want no variants (naive runs it)")
+	}
+}

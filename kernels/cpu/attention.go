@@ -52,6 +52,9 @@ func newSpans(start, past []int) rowSpans {
 // pos is the cache position of token t.
 func (s rowSpans) pos(t int) int { b := s.row[t]; return s.past[b] + t - s.start[b] }
 
+// end is the length of row b's cache after the step.
+func (s rowSpans) end(b int) int { return s.past[b] + s.start[b+1] - s.start[b] }
+
 // AttentionPrefill appends the new keys and values to the caches, then runs
 // causal grouped-query attention of every new token over its row's cache.
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
@@ -108,7 +111,11 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 			}
 			qh := q.row(t)[h*d : (h+1)*d]
 			base := cacheRow(b, h/group, 0)
-			s := scores[:sp.pos(t)+1]
+			keys := sp.pos(t) + 1
+			if a.NonCausal {
+				keys = sp.end(b)
+			}
+			s := scores[:keys]
 			for j := range s {
 				s[j] = dot(qh, kc.row(base+j, kRow)) * a.Scale
 			}

@@ -54,7 +54,8 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	for r := range b.Rows {
 		longest = max(longest, b.Start[r+1]-b.Start[r])
 	}
-	o.flashPrefill(prefillConfig, a, longest, true)
+	c := o.prefillFor(o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": a.HeadDim}))
+	o.flashPrefill(c, a, longest, !a.NonCausal)
 }
 
 // flashPrefill launches flash_prefill with tiling c for rows of at most

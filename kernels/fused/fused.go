@@ -30,7 +30,8 @@ var owned = []kernels.Op{
 }
 
 func init() {
-	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Fallback: "naive", Rank: 2, New: New})
+	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Fallback: "naive", Rank: 2,
+		New: New, Variants: variants})
 }
 
 // Tile shapes of the kernels, named as in the .cu sources.
@@ -67,12 +68,22 @@ func (c flashConfig) rows() int { return c.Warps * 16 * c.MTiles }
 func (c flashConfig) String() string { return fmt.Sprintf("w%d_m%d", c.Warps, c.MTiles) }
 
 // flashConfigs are the flash_prefill tilings compiled; prefillConfig is the
-// one AttentionPrefill launches (a variable, so that tests and benchmarks
-// can run the others).
+// one AttentionPrefill launches unless a tuning choice names another for
+// the head dim (a variable, so that tests can run the others).
 var (
 	flashConfigs  = []flashConfig{{4, 1}, {8, 1}, {4, 2}, {8, 2}}
 	prefillConfig = flashConfig{4, 2}
 )
+
+// flashConfigNamed is the tiling called name.
+func flashConfigNamed(name string) (flashConfig, bool) {
+	for _, c := range flashConfigs {
+		if c.String() == name {
+			return c, true
+		}
+	}
+	return flashConfig{}, false
+}
 
 func prefillKernel(d int, c flashConfig) string { return fmt.Sprintf("flash_prefill_d%d_%s", d, c) }
 func decodeKernel(d int) string                 { return fmt.Sprintf("flash_decode_d%d", d) }
@@ -117,7 +128,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}}
 	for _, d := range headDims {
 		sizes := map[string]int{decodeKernel(d): decodeShared(d)}
 		for _, c := range flashConfigs {
@@ -145,5 +156,6 @@ type ops struct {
 	*cudaset.Kit
 	kernels.NotOwned
 
-	counters *kernels.Tensor // see decodeCounters
+	counters *kernels.Tensor        // see decodeCounters
+	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 }

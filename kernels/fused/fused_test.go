@@ -469,3 +469,59 @@ func (b *bench) print() {
 	}
 	b.t.Log(sb.String())
 }
+
+// TestVariants checks the tilings fused offers, valid or not and why, and
+// that a tuning choice changes the tiling AttentionPrefill launches.
+func TestVariants(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	valid := func(vs []kernels.Variant) (names []string) {
+		for _, v := range vs {
+			if v.Valid() {
+				names = append(names, v.Name)
+			}
+		}
+		return names
+	}
+	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, h200)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2", "w8_m2"}) {
+		t.Errorf("D=128 on sm_90a: valid tilings %v", got)
+	}
+	for _, v := range variants(kernels.OpAttnPrefill, kernels.Shape{"D": 48}, h200) {
+		if !strings.Contains(v.Why, "head dim 48") {
+			t.Errorf("D=48: %+v, want refused for its head dim", v)
+		}
+	}
+	small := h200
+	small.SharedPerBlock = 96 << 10
+	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, small)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2"}) {
+		t.Errorf("D=128 with 96 KiB a block: valid tilings %v (w8_m2 needs 128 KiB)", got)
+	}
+	if vs := variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 64, "KVH": 2}, h200); len(vs) != 1 || vs[0].Valid() {
+		t.Errorf("decode with 32 query heads per kv head: %+v, want refused", vs)
+	}
+	if vs := variants(kernels.OpRoPE, nil, kernels.Target{Arch: "sm_75"}); len(vs) != 1 || !strings.Contains(vs[0].Why, "sm_80") {
+		t.Errorf("rope on sm_75: %+v, want refused for the architecture", vs)
+	}
+
+	o := &ops{prefill: map[string]flashConfig{}}
+	key := o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128, "N": 4096})
+	if key != "D=128" || o.VariantFor(kernels.OpAttnPrefill, key) != prefillConfig.String() {
+		t.Fatalf("key %q, variant %q before tuning", key, o.VariantFor(kernels.OpAttnPrefill, key))
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w8_m2"); err != nil || o.prefillFor(key) != (flashConfig{8, 2}) {
+		t.Errorf("UseVariant w8_m2: %v, now %v", err, o.prefillFor(key))
+	}
+	if o.prefillFor("D=64") != prefillConfig {
+		t.Errorf("a choice for D=128 changed D=64's tiling")
+	}
+	for _, bad := range []struct {
+		op        kernels.Op
+		key, name string
+	}{{kernels.OpAttnPrefill, "D=128", "w3_m7"}, {kernels.OpAttnPrefill, "D=48", "w4_m1"}, {kernels.OpRoPE, "", "w4_m1"}} {
+		if err := o.UseVariant(bad.op, bad.key, bad.name); err == nil {
+			t.Errorf("UseVariant(%s, %q, %q) accepted", bad.op, bad.key, bad.name)
+		}
+	}
+	if err := o.UseVariant(kernels.OpRoPE, "", "token_per_block"); err != nil {
+		t.Errorf("rope's one variant refused: %v", err)
+	}
+}

@@ -84,6 +84,8 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "D=64 past", lens: []int{200, 65}, past: []int{50, 0}, heads: 4, kv: 4, d: 64, maxSeq: 256},
 		{name: "tiny heads", lens: []int{5, 17}, past: []int{3, 0}, heads: 4, kv: 2, d: 16, maxSeq: 24, fused: true},
 		{name: "D=80", lens: []int{70}, past: []int{10}, heads: 2, kv: 1, d: 80, maxSeq: 90},
+		{name: "all keys", lens: []int{5, 17, 1}, past: []int{0, 3, 130}, heads: 4, kv: 2, d: 128, maxSeq: 160, nonCausal: true},
+		{name: "all keys, tiles", lens: []int{300, 129}, past: []int{0, 77}, heads: 8, kv: 2, d: 64, maxSeq: 520, fused: true, nonCausal: true},
 	} {
 		add(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
 	}
@@ -339,6 +341,7 @@ type attnCase struct {
 	heads, kv, d int
 	maxSeq       int
 	fused        bool // q, k, v are column slices of one qkv matrix
+	nonCausal    bool // every new token attends to all of its row's keys
 }
 
 func (c attnCase) String() string {
@@ -348,6 +351,9 @@ func (c attnCase) String() string {
 	}
 	if c.fused {
 		s += ",qkv"
+	}
+	if c.nonCausal {
+		s += ",non-causal"
 	}
 	return s
 }
@@ -384,7 +390,7 @@ func attention(e *env, c attnCase, decode bool) {
 	bt := e.batch(c.lens, c.past, c.maxSeq, decode)
 	e.run(func(o kernels.Ops, s int) {
 		a := &kernels.AttnArgs{Out: out[s], Q: q[s], K: k[s], V: v[s], KCache: kc[s], VCache: vc[s],
-			Batch: bt[s], Heads: hq, KVHeads: hkv, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d)))}
+			Batch: bt[s], Heads: hq, KVHeads: hkv, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d))), NonCausal: c.nonCausal}
 		if decode {
 			o.AttentionDecode(a)
 		} else {

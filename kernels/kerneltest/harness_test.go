@@ -117,6 +117,11 @@ func (f *faulty) AttentionPrefill(a *kernels.AttnArgs) {
 		c.Batch = &b
 		a = &c
 	}
+	if f.fault == "prefill is always causal" {
+		c := *a
+		c.NonCausal = false
+		a = &c
+	}
 	f.Ops.AttentionPrefill(a)
 }
 
@@ -202,6 +207,7 @@ func TestHarnessFails(t *testing.T) {
 		{kernels.OpAddRMSNorm, "rms_norm eps 1", always},
 		{kernels.OpRoPE, "rope pairs the other way", always},
 		{kernels.OpAttnPrefill, "prefill reads one position too many", not(has("one token, cache 1"))},
+		{kernels.OpAttnPrefill, "prefill is always causal", has("non-causal")},
 		{kernels.OpAttnDecode, "decode reads the host Past", not(has("cache 1"))},
 		{kernels.OpMLAPrefill, "none", never},
 		{kernels.OpMLADecode, "mla decode scale off by 1%", always},

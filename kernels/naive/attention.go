@@ -69,7 +69,10 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 		step := chunkRows(group, past+n, n)
 		for i0 := 0; i0 < n; i0 += step {
 			nq := min(step, n-i0)
-			keys := past + i0 + nq // the chunk's last query sees them all
+			keys, first := past+i0+nq, past+i0 // the chunk's last query sees all keys; its first query's position
+			if a.NonCausal {
+				keys, first = past+n, past+n // every query sees every key of the row
+			}
 			t0 := b.Start[r] + i0
 			scores := o.Scratch(scrScores, kernels.F32, group*nq, keys)
 			probs := o.Scratch(scrProbs, kernels.BF16, group*nq, keys)
@@ -80,7 +83,7 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 				cache := (r*a.KVHeads + g) * b.MaxSeq
 				o.GemmBatched(true, nq, keys, dim, a.Scale, q.Sub(t0, g*group*dim), int64(dim),
 					kc.Sub(cache, 0), 0, 0, scores, qkv, group)
-				o.softmax(probs, sums, scores, group*nq, keys, nq, mask{base: past + i0})
+				o.softmax(probs, sums, scores, group*nq, keys, nq, mask{base: first})
 				o.GemmBatched(false, nq, dim, keys, 1, probs, qkv, vc.Sub(cache, 0), 0,
 					0, acc, int64(dim), group)
 				o.normalize(out.Sub(t0, g*group*dim), acc, sums, nq, group, dim, 1, nq)

@@ -1,0 +1,126 @@
+package fused
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// variants lists fused's kernels for an op, shape and target, valid or not
+// (kernels.SetInfo.Variants): flash_prefill's tilings, flash_decode, and the
+// single elementwise kernels.
+func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Variant {
+	var why []string
+	if !archAtLeast(t.Arch, 80) {
+		why = append(why, fmt.Sprintf("mma.sync on bf16 needs sm_80 or later, the target is %s", t.Arch))
+	}
+	d := s["D"]
+	headDim := func() {
+		if !slices.Contains(headDims, d) {
+			why = append(why, fmt.Sprintf("head dim %d: the kernels are instantiated for %v", d, headDims))
+		}
+	}
+	fits := func(shared int) string {
+		if shared > t.SharedPerBlock {
+			return fmt.Sprintf("needs %d bytes of shared memory, a block gets %d on %s", shared, t.SharedPerBlock, t.Arch)
+		}
+		return ""
+	}
+	join := func(extra ...string) string {
+		all := append(slices.Clone(why), extra...)
+		all = slices.DeleteFunc(all, func(s string) bool { return s == "" })
+		return strings.Join(all, "; ")
+	}
+	switch op {
+	case kernels.OpAttnPrefill:
+		headDim()
+		var vs []kernels.Variant
+		for _, c := range flashConfigs {
+			shared := prefillShared(d, c)
+			vs = append(vs, kernels.Variant{Name: c.String(),
+				Params: fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d", c.Warps, c.MTiles, c.rows(), keyTile, shared),
+				Why:    join(fits(shared))})
+		}
+		return vs
+	case kernels.OpAttnDecode:
+		headDim()
+		if kvh := s["KVH"]; kvh > 0 && s["H"]/kvh > maxGroup {
+			why = append(why, fmt.Sprintf("%d query heads per kv head, at most %d", s["H"]/kvh, maxGroup))
+		}
+		shared := decodeShared(d)
+		return []kernels.Variant{{Name: "split_kv",
+			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave", decodeWarps, keyTile, decodeStages, shared),
+			Why:    join(fits(shared))}}
+	case kernels.OpRMSNorm, kernels.OpAddRMSNorm:
+		return []kernels.Variant{{Name: "row_per_block", Params: fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads),
+			Why: join()}}
+	case kernels.OpRoPE:
+		return []kernels.Variant{{Name: "token_per_block", Params: fmt.Sprintf("pairs_per_thread=%d", ropeVec), Why: join()}}
+	case kernels.OpSwiGLU:
+		return []kernels.Variant{{Name: "one_pass", Params: "vector=16B grid_stride", Why: join()}}
+	}
+	return nil
+}
+
+// archAtLeast reports whether NVRTC's target arch ("sm_90a", "compute_90")
+// is compute capability cc (as 10·major + minor) or later.
+func archAtLeast(arch string, cc int) bool {
+	var n int
+	digits := strings.TrimRight(strings.TrimPrefix(strings.TrimPrefix(arch, "sm_"), "compute_"), "af")
+	if _, err := fmt.Sscanf(digits, "%d", &n); err != nil {
+		return false
+	}
+	return n >= cc
+}
+
+// TuningKey is the key of op's problems of shape s: flash_prefill's tiling
+// is chosen per head dim; the other kernels have one variant.
+func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
+	if op == kernels.OpAttnPrefill {
+		return fmt.Sprintf("D=%d", s["D"])
+	}
+	return ""
+}
+
+// UseVariant chooses flash_prefill's tiling for a head dim; the other ops
+// take their single variant's name.
+func (o *ops) UseVariant(op kernels.Op, key, name string) error {
+	if op != kernels.OpAttnPrefill {
+		if cur := o.VariantFor(op, key); cur == "" || name != cur {
+			return fmt.Errorf("fused has no variant %q of %s (it has %q)", name, op, cur)
+		}
+		return nil
+	}
+	c, ok := flashConfigNamed(name)
+	if !ok {
+		return fmt.Errorf("fused has no flash_prefill tiling %q", name)
+	}
+	var d int
+	if _, err := fmt.Sscanf(key, "D=%d", &d); err != nil || !slices.Contains(headDims, d) {
+		return fmt.Errorf("tuning key %q is not D=<a head dim of %v>", key, headDims)
+	}
+	o.prefill[key] = c
+	return nil
+}
+
+// VariantFor is the variant op runs for problems of key.
+func (o *ops) VariantFor(op kernels.Op, key string) string {
+	vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"])
+	switch {
+	case op == kernels.OpAttnPrefill:
+		return o.prefillFor(key).String()
+	case len(vs) == 1:
+		return vs[0].Name
+	}
+	return ""
+}
+
+// prefillFor is the tiling flash_prefill runs for tuning key.
+func (o *ops) prefillFor(key string) flashConfig {
+	if c, ok := o.prefill[key]; ok {
+		return c
+	}
+	return prefillConfig
+}
