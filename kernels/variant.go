@@ -51,7 +51,7 @@ func (s Shape) String() string {
 // shapeOrder puts the usual dimensions first, in the order TileGym prints
 // them, then the others by name.
 func shapeOrder(name string) string {
-	for i, n := range []string{"B", "M", "H", "KVH", "D", "DV", "R", "N", "ctx", "K", "I", "E", "topk", "causal"} {
+	for i, n := range []string{"B", "M", "T", "H", "KVH", "D", "Dn", "Dr", "Dv", "R", "N", "ctx", "K", "I", "E", "topk", "causal", "interleaved"} {
 		if n == name {
 			return fmt.Sprintf("%02d", i)
 		}

@@ -1,0 +1,273 @@
+// Package kbench is fuselm's kernel benchmarks, TileGym's bench_* scripts
+// for every kernel set at once: for each op a table over shapes of every
+// set side by side (and each variant of a set where it has several), with
+// the metric the op is bound by, its floor and the share of it reached;
+// every result checked against the cpu set (or naive, where the cpu would
+// take too long) before it is timed. It also lists what each set offers for
+// a shape on a device or an --arch without running anything, picks the
+// fastest variant (--optimize) and keeps the choice in a tuning cache that
+// infer applies.
+package kbench
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// Case is one op's benchmark: the shapes it takes, its defaults, what a
+// problem of a shape costs, and how to build one on a device.
+type Case struct {
+	Op     kernels.Op
+	Bound  string   // "compute" (the table shows TFLOP/s) or "memory" (GB/s)
+	Dims   []string // the shape's names, all required
+	Doc    string   // what the shape's names mean
+	Shapes []kernels.Shape
+	// FLOPs and Bytes count a problem: the arithmetic as TileGym's
+	// benchmarks count it, and the fewest bytes it must move (every input
+	// read once, every output written once).
+	FLOPs func(s kernels.Shape) float64
+	Bytes func(s kernels.Shape) float64
+	build func(b *builder, c *Case, s kernels.Shape) *problem
+}
+
+// sh builds a Shape from name, value pairs.
+func sh(kv ...any) kernels.Shape {
+	s := kernels.Shape{}
+	for i := 0; i < len(kv); i += 2 {
+		s[kv[i].(string)] = kv[i+1].(int)
+	}
+	return s
+}
+
+const bf16 = 2 // bytes of an activation
+
+// Cases lists every benchmark, in the op table's order.
+func Cases() []*Case { return cases }
+
+// CaseFor is the benchmark of op, or nil.
+func CaseFor(op kernels.Op) *Case {
+	for _, c := range cases {
+		if c.Op == op {
+			return c
+		}
+	}
+	return nil
+}
+
+// Check reports whether s gives every dimension c needs, and no other.
+func (c *Case) Check(s kernels.Shape) error {
+	var missing, extra []string
+	for _, d := range c.Dims {
+		if _, ok := s[d]; !ok {
+			missing = append(missing, d)
+		}
+	}
+	for d := range s {
+		if !slices.Contains(c.Dims, d) {
+			extra = append(extra, d)
+		}
+	}
+	slices.Sort(extra)
+	switch {
+	case len(missing) > 0:
+		return fmt.Errorf("%s: shape %s lacks %s (it takes %s: %s)", c.Op, s, strings.Join(missing, ", "), strings.Join(c.Dims, ","), c.Doc)
+	case len(extra) > 0:
+		return fmt.Errorf("%s: shape %s has %s, which it does not take (it takes %s: %s)", c.Op, s, strings.Join(extra, ", "), strings.Join(c.Dims, ","), c.Doc)
+	}
+	for _, d := range c.Dims {
+		switch {
+		case flags[d] && s[d] > 1:
+			return fmt.Errorf("%s: shape %s: %s is 0 or 1", c.Op, s, d)
+		case !flags[d] && s[d] == 0:
+			return fmt.Errorf("%s: shape %s: %s must be at least 1", c.Op, s, d)
+		}
+	}
+	return nil
+}
+
+// flags are the shape names that are switches, 0 or 1.
+var flags = map[string]bool{"causal": true, "interleaved": true}
+
+func f(s kernels.Shape, names ...string) float64 {
+	p := 1.0
+	for _, n := range names {
+		p *= float64(s[n])
+	}
+	return p
+}
+
+// causalHalf is 1/2 for a causal problem: TileGym counts the FLOPs of the
+// unmasked half only.
+func causalHalf(s kernels.Shape) float64 {
+	if s["causal"] == 1 {
+		return 0.5
+	}
+	return 1
+}
+
+var cases = []*Case{
+	{
+		Op: kernels.OpLinear, Bound: "compute", Dims: []string{"M", "N", "K"},
+		Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in every CUDA set: the dense reference)",
+		Shapes: []kernels.Shape{
+			sh("M", 4096, "N", 4096, "K", 4096), sh("M", 8192, "N", 8192, "K", 8192),
+			sh("M", 16384, "N", 37888, "K", 3584), // Qwen2-7B gate_up over W1's rows, a sixteenth
+			sh("M", 16, "N", 37888, "K", 3584),    // the same at decode, batch 16
+			sh("M", 1, "N", 152064, "K", 3584),    // lm_head, batch 1
+		},
+		FLOPs: func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
+		Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")) },
+		build: buildLinear,
+	},
+	{
+		Op: kernels.OpRMSNorm, Bound: "memory", Dims: []string{"M", "N"},
+		Doc:    "M rows of N",
+		Shapes: normShapes,
+		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "M", "N") },
+		Bytes:  func(s kernels.Shape) float64 { return bf16 * (2*f(s, "M", "N") + f(s, "N")) },
+		build:  func(b *builder, c *Case, s kernels.Shape) *problem { return buildNorm(b, c, s, false) },
+	},
+	{
+		Op: kernels.OpAddRMSNorm, Bound: "memory", Dims: []string{"M", "N"},
+		Doc:    "M rows of N; the residual add reads and writes the residual",
+		Shapes: normShapes,
+		FLOPs:  func(s kernels.Shape) float64 { return 5 * f(s, "M", "N") },
+		Bytes:  func(s kernels.Shape) float64 { return bf16 * (4*f(s, "M", "N") + f(s, "N")) },
+		build:  func(b *builder, c *Case, s kernels.Shape) *problem { return buildNorm(b, c, s, true) },
+	},
+	{
+		Op: kernels.OpRoPE, Bound: "memory", Dims: []string{"T", "H", "D", "R", "interleaved"},
+		Doc: "T tokens of H heads of D dims, the first R of each rotated; interleaved 1 pairs (2i, 2i+1) as DeepSeek-V2, 0 rotate_half as Qwen2",
+		Shapes: []kernels.Shape{
+			sh("T", 16, "H", 32, "D", 128, "R", 128, "interleaved", 0),    // Qwen2-7B q and k, decode batch 16
+			sh("T", 16384, "H", 32, "D", 128, "R", 128, "interleaved", 0), // a sixteenth of W1's prefill
+			sh("T", 11041, "H", 16, "D", 192, "R", 64, "interleaved", 1),  // DeepSeek-V2-Lite q_pe over W3's prompt
+		},
+		FLOPs: func(s kernels.Shape) float64 { return 3 * f(s, "T", "H", "R") },
+		Bytes: func(s kernels.Shape) float64 { return bf16 * 2 * f(s, "T", "H", "R") },
+		build: buildRoPE,
+	},
+	{
+		Op: kernels.OpSwiGLU, Bound: "memory", Dims: []string{"N", "I"},
+		Doc: "N rows of gate and up, I each",
+		Shapes: []kernels.Shape{
+			sh("N", 16, "I", 18944), sh("N", 16384, "I", 18944), // Qwen2-7B, decode batch 16 and a sixteenth of W1
+			sh("N", 11041, "I", 10944), // DeepSeek-V2-Lite's dense layer over W3's prompt
+		},
+		FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "I") },
+		Bytes: func(s kernels.Shape) float64 { return bf16 * 3 * f(s, "N", "I") },
+		build: buildSwiGLU,
+	},
+	{
+		Op: kernels.OpAttnPrefill, Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
+		Doc:    "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims",
+		Shapes: prefillShapes(),
+		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "N", "N", "D") * causalHalf(s) },
+		Bytes: func(s kernels.Shape) float64 {
+			return bf16 * f(s, "B", "N", "D") * (2*f(s, "H") + 2*f(s, "KVH"))
+		},
+		build: buildPrefill,
+	},
+	{
+		Op: kernels.OpAttnDecode, Bound: "memory", Dims: []string{"B", "H", "KVH", "D", "ctx"},
+		Doc:    "B rows of one new token after ctx-1 cached, H query heads over KVH kv heads of D dims",
+		Shapes: decodeShapes(),
+		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "ctx", "D") },
+		Bytes: func(s kernels.Shape) float64 {
+			return bf16 * (2*f(s, "B", "KVH", "ctx", "D") + 2*f(s, "B", "H", "D"))
+		},
+		build: buildDecode,
+	},
+	{
+		Op: kernels.OpMLAPrefill, Bound: "compute", Dims: []string{"B", "H", "N", "Dn", "Dr", "Dv", "R"},
+		Doc:    "B rows of N new tokens, H heads: q·k over Dn+Dr dims, v of Dv, latents of rank R",
+		Shapes: mlaPrefillShapes(),
+		// TileGym's bench_mla: 2·B·H·S²·(Dqk + Dv), halved for causal.
+		FLOPs: func(s kernels.Shape) float64 {
+			return 2 * f(s, "B", "H", "N", "N") * (f(s, "Dn") + f(s, "Dr") + f(s, "Dv")) * 0.5
+		},
+		Bytes: func(s kernels.Shape) float64 {
+			return bf16 * f(s, "B", "N") * (f(s, "H")*(f(s, "Dn")+f(s, "Dr")+f(s, "Dv")) + f(s, "R") + f(s, "Dr"))
+		},
+		build: func(b *builder, c *Case, s kernels.Shape) *problem { return buildMLA(b, c, s, false) },
+	},
+	{
+		Op: kernels.OpMLADecode, Bound: "memory", Dims: []string{"B", "H", "ctx", "Dn", "Dr", "Dv", "R"},
+		Doc:    "B rows of one new token after ctx-1 cached latents of rank R (+Dr), H heads",
+		Shapes: mlaDecodeShapes(),
+		FLOPs: func(s kernels.Shape) float64 {
+			return 2 * f(s, "B", "H", "ctx") * (f(s, "R") + f(s, "Dr") + f(s, "R"))
+		},
+		Bytes: func(s kernels.Shape) float64 {
+			return bf16 * (f(s, "B", "ctx")*(f(s, "R")+f(s, "Dr")) + f(s, "H")*(f(s, "Dn")+f(s, "Dv"))*f(s, "R"))
+		},
+		build: func(b *builder, c *Case, s kernels.Shape) *problem { return buildMLA(b, c, s, true) },
+	},
+	{
+		Op: kernels.OpMoEExperts, Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"},
+		Doc: "N tokens of H routed to topk of E experts of width I (random distinct routes)",
+		Shapes: []kernels.Shape{
+			sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6),     // DeepSeek-V2-Lite decode, batch 1
+			sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),    // batch 16
+			sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6), // W3's prefill
+		},
+		FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") },
+		// The experts some token chose, each read once, and the tokens in
+		// and out: the count of chosen experts is the expected one for
+		// random routes, E·(1 − (1 − topk/E)^N).
+		Bytes: func(s kernels.Shape) float64 {
+			e, k, n := f(s, "E"), f(s, "topk"), f(s, "N")
+			touched := e * (1 - math.Pow(1-k/e, n))
+			return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
+		},
+		build: buildMoE,
+	},
+}
+
+var normShapes = []kernels.Shape{
+	sh("M", 4096, "N", 1024), sh("M", 4096, "N", 2048), sh("M", 4096, "N", 4096), sh("M", 4096, "N", 8192),
+	sh("M", 4096, "N", 16384), // TileGym's bench_rmsnorm
+	sh("M", 16, "N", 3584),    // Qwen2-7B decode, batch 16
+	sh("M", 43264, "N", 3584), // a quarter of W1's prefill rows
+	sh("M", 11041, "N", 2048), // DeepSeek-V2-Lite over W3's prompt
+}
+
+func prefillShapes() []kernels.Shape {
+	var s []kernels.Shape
+	for _, causal := range []int{1, 0} {
+		for _, n := range []int{1024, 2048, 4096, 8192, 16384} { // TileGym's bench_fused_attention
+			s = append(s, sh("B", 4, "H", 32, "KVH", 32, "D", 128, "N", n, "causal", causal))
+		}
+	}
+	return append(s, sh("B", 16, "H", 28, "KVH", 4, "D", 128, "N", 10816, "causal", 1)) // one W1 layer
+}
+
+func decodeShapes() []kernels.Shape {
+	var s []kernels.Shape
+	for _, b := range []int{1, 16} {
+		for _, ctx := range []int{1024, 4096, 8192, 16384, 32768} {
+			s = append(s, sh("B", b, "H", 28, "KVH", 4, "D", 128, "ctx", ctx)) // Qwen2-7B's heads
+		}
+	}
+	return s
+}
+
+func mlaPrefillShapes() []kernels.Shape {
+	var s []kernels.Shape
+	for _, n := range []int{1024, 2048, 4096, 8192} { // TileGym's bench_mla
+		s = append(s, sh("B", 4, "H", 16, "N", n, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
+	}
+	return s
+}
+
+func mlaDecodeShapes() []kernels.Shape {
+	var s []kernels.Shape
+	for _, ctx := range []int{256, 1024, 4096, 11043, 16384} { // TileGym's bench_mla_decoding, and W3's length
+		s = append(s, sh("B", 1, "H", 16, "ctx", ctx, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
+	}
+	return append(s, sh("B", 16, "H", 16, "ctx", 4096, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
+}

@@ -1,0 +1,262 @@
+package kbench
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cpu"
+	_ "github.com/fuselm/fuselm/kernels/fused"
+)
+
+// TestCounts holds the FLOP and byte counts against values worked out by
+// hand from TileGym's formulas and the operands each op reads and writes.
+func TestCounts(t *testing.T) {
+	for _, c := range []struct {
+		op           kernels.Op
+		shape        string
+		flops, bytes float64
+	}{
+		{kernels.OpLinear, "M=2,N=3,K=4", 48, 2 * (8 + 12 + 6)},
+		{kernels.OpAttnPrefill, "B=4,H=32,KVH=32,D=128,N=1024,causal=1", 34359738368, 2 * 4 * 1024 * 128 * (64 + 64)},
+		{kernels.OpAttnPrefill, "B=4,H=32,KVH=32,D=128,N=1024,causal=0", 68719476736, 2 * 4 * 1024 * 128 * (64 + 64)},
+		{kernels.OpAttnDecode, "B=16,H=28,KVH=4,D=128,ctx=32768", 4 * 16 * 28 * 32768 * 128, 1073971200},
+		{kernels.OpRMSNorm, "M=4096,N=1024", 4 * 4096 * 1024, 2 * (2*4096*1024 + 1024)},
+		{kernels.OpAddRMSNorm, "M=4096,N=1024", 5 * 4096 * 1024, 33556480},
+		{kernels.OpRoPE, "T=16384,H=32,D=128,R=128,interleaved=0", 3 * 16384 * 32 * 128, 268435456},
+		{kernels.OpSwiGLU, "N=16384,I=18944", 6 * 16384 * 18944, 1862270976},
+		{kernels.OpMoEExperts, "N=1,H=2048,I=1408,E=64,topk=6", 6 * 6 * 2048 * 1408, 103817216},
+		{kernels.OpMLAPrefill, "B=4,H=16,N=1024,Dn=128,Dr=64,Dv=128,R=512", 21474836480, 2 * 4 * 1024 * (16*320 + 576)},
+		{kernels.OpMLADecode, "B=1,H=16,ctx=4096,Dn=128,Dr=64,Dv=128,R=512", 2 * 16 * 4096 * 1088, 2 * (4096*576 + 16*256*512)},
+	} {
+		s, err := kernels.ParseShape(c.shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := CaseFor(c.op)
+		if err := k.Check(s); err != nil {
+			t.Fatal(err)
+		}
+		if got := k.FLOPs(s); !close(got, c.flops) {
+			t.Errorf("%s %s: %g FLOPs, want %g", c.op, c.shape, got, c.flops)
+		}
+		if got := k.Bytes(s); !close(got, c.bytes) {
+			t.Errorf("%s %s: %g bytes, want %g", c.op, c.shape, got, c.bytes)
+		}
+	}
+}
+
+func close(a, b float64) bool { return a == b || (a-b)/b < 1e-9 && (b-a)/b < 1e-9 }
+
+// Every default shape fits its case, and every case's shape check refuses
+// a missing or a foreign dimension.
+func TestShapes(t *testing.T) {
+	for _, c := range Cases() {
+		for _, s := range c.Shapes {
+			if err := c.Check(s); err != nil {
+				t.Errorf("default shape: %v", err)
+			}
+		}
+		short := kernels.Shape{}
+		for _, d := range c.Dims[1:] {
+			short[d] = 1
+		}
+		if err := c.Check(short); err == nil || !strings.Contains(err.Error(), "lacks "+c.Dims[0]) {
+			t.Errorf("%s without %s: %v", c.Op, c.Dims[0], err)
+		}
+		short[c.Dims[0]], short["warp"] = 1, 2
+		if err := c.Check(short); err == nil || !strings.Contains(err.Error(), "has warp") {
+			t.Errorf("%s with warp: %v", c.Op, err)
+		}
+	}
+	if _, err := selectCases([]kernels.Op{"flash"}, nil); err == nil || !strings.Contains(err.Error(), "no benchmark") {
+		t.Errorf("an unknown op: %v", err)
+	}
+}
+
+// TestRunOnCPU runs small shapes of every case on the cpu device: every row
+// measured, checked (the cpu set is its own reference) and counted.
+func TestRunOnCPU(t *testing.T) {
+	small := map[kernels.Op]string{
+		kernels.OpLinear:      "M=5,N=24,K=40",
+		kernels.OpRMSNorm:     "M=7,N=64",
+		kernels.OpAddRMSNorm:  "M=7,N=64",
+		kernels.OpRoPE:        "T=5,H=3,D=32,R=16,interleaved=1",
+		kernels.OpSwiGLU:      "N=3,I=40",
+		kernels.OpAttnPrefill: "B=2,H=4,KVH=2,D=16,N=9,causal=1",
+		kernels.OpAttnDecode:  "B=2,H=4,KVH=2,D=16,ctx=20",
+		kernels.OpMLAPrefill:  "B=1,H=2,N=6,Dn=16,Dr=8,Dv=16,R=32",
+		kernels.OpMLADecode:   "B=2,H=2,ctx=9,Dn=16,Dr=8,Dv=16,R=32",
+		kernels.OpMoEExperts:  "N=3,H=32,I=24,E=8,topk=2",
+	}
+	dev, err := cpu.NewDeviceAct(kernels.BF16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for op, shape := range small {
+		s, _ := kernels.ParseShape(shape)
+		rep, err := Run(dev, kernels.Target{}, Options{Ops: []kernels.Op{op}, Shapes: []kernels.Shape{s}, Sets: []string{"cpu"}})
+		if err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		if len(rep.Rows) != 1 {
+			t.Fatalf("%s: %d rows", op, len(rep.Rows))
+		}
+		r := rep.Rows[0]
+		if r.Err != "" || !(r.Ms > 0) || r.Checked != "is the reference" || r.Variant != "default" || !(r.GBs > 0 && r.TFLOPS > 0) {
+			t.Errorf("%s: %+v", op, r)
+		}
+		if r.FloorMs != 0 {
+			t.Errorf("%s: a floor without measured rates: %+v", op, r)
+		}
+	}
+}
+
+// broken is the cpu set with RMSNorm off by 10%.
+type broken struct{ kernels.Ops }
+
+func (b broken) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
+	b.Ops.RMSNorm(out, x, w, eps*1e6)
+}
+
+// A result away from the reference is reported and not timed.
+func TestCheckCatchesAWrongResult(t *testing.T) {
+	dev, _ := cpu.NewDeviceAct(kernels.BF16)
+	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
+	r := &runner{dev: dev, built: map[string]kernels.Ops{"cpu": ops}, rep: &Report{}}
+	c := CaseFor(kernels.OpRMSNorm)
+	s, _ := kernels.ParseShape("M=4,N=32")
+	b := newBuilder(dev, 0, 0)
+	p, err := build(b, c, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := Row{}
+	r.measure(&row, c, s, p, broken{ops}, "broken", &reference{})
+	if !strings.Contains(row.Err, "not timed") || row.Ms != 0 || !strings.HasPrefix(row.Checked, "cpu ") {
+		t.Errorf("broken rms_norm: %+v", row)
+	}
+	row = Row{}
+	r.measure(&row, c, s, p, ops, "other", &reference{})
+	if row.Err != "" || !strings.HasPrefix(row.Checked, "cpu 0.0e+00") {
+		t.Errorf("the cpu set under another name: %+v", row)
+	}
+}
+
+// TestDryRun lists what naive and fused offer on sm_90a and sm_80, without
+// a GPU.
+func TestDryRun(t *testing.T) {
+	prefill, _ := kernels.ParseShape("B=4,H=32,KVH=32,D=128,N=4096,causal=1")
+	offers, err := DryRun(kernels.Targets["sm_90a"], []string{"naive", "fused"},
+		Options{Ops: []kernels.Op{kernels.OpAttnPrefill, kernels.OpLinear}, Shapes: nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fusedPrefill, fusedLinear *Offer
+	for i, o := range offers {
+		if o.Set == "fused" && o.Op == kernels.OpAttnPrefill && o.Shape == prefill.String() {
+			fusedPrefill = &offers[i]
+		}
+		if o.Set == "fused" && o.Op == kernels.OpLinear && fusedLinear == nil {
+			fusedLinear = &offers[i]
+		}
+	}
+	if fusedPrefill == nil || len(fusedPrefill.Variants) != 4 {
+		t.Fatalf("fused attn_prefill offer: %+v", fusedPrefill)
+	}
+	for _, v := range fusedPrefill.Variants {
+		if !v.Valid() || !strings.Contains(v.Params, "shared=") {
+			t.Errorf("fused %s on sm_90a: %+v", v.Name, v)
+		}
+	}
+	if fusedLinear == nil || fusedLinear.Fallback != "naive" || fusedLinear.Variants != nil {
+		t.Errorf("fused linear offer: %+v", fusedLinear)
+	}
+	a100 := kernels.Targets["sm_80"]
+	a100.SharedPerBlock = 100 << 10
+	offers, _ = DryRun(a100, []string{"fused"}, Options{Ops: []kernels.Op{kernels.OpAttnPrefill}, Shapes: []kernels.Shape{prefill}})
+	invalid := 0
+	for _, v := range offers[0].Variants {
+		if !v.Valid() {
+			invalid++
+			if !strings.Contains(v.Why, "shared memory") {
+				t.Errorf("%s refused for %q", v.Name, v.Why)
+			}
+		}
+	}
+	if invalid != 1 {
+		t.Errorf("with 100 KiB a block, %d tilings refused, want 1 (w8_m2)", invalid)
+	}
+}
+
+// TestCache writes choices, reads them back for the same device and
+// compiler, and refuses a file of another device, compiler or version.
+func TestCache(t *testing.T) {
+	dir := t.TempDir()
+	path := CachePath(dir, "NVIDIA H200", "sm_90a", 13000)
+	if path != filepath.Join(dir, "tuning", "NVIDIA-H200_sm_90a_nvrtc13000.json") {
+		t.Errorf("path %s", path)
+	}
+	c, stale, err := ReadCache(path, "NVIDIA H200", "sm_90a", 13000)
+	if err != nil || stale != "" || len(c.Entries) != 0 {
+		t.Fatalf("no file: %+v, %q, %v", c, stale, err)
+	}
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	c.Put([]kernels.Tuned{{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "w4_m2"}}, "N=1024..16384", now)
+	c.Put([]kernels.Tuned{{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "w8_m2"},
+		{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=64", Variant: "w4_m1"}}, "N=16384", now)
+	data, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	back, stale, err := ReadCache(path, "NVIDIA H200", "sm_90a", 13000)
+	if err != nil || stale != "" {
+		t.Fatal(stale, err)
+	}
+	ch := back.Choices()
+	if len(ch) != 2 || ch[0].Variant != "w8_m2" || ch[1].Key != "D=64" || back.Entries[0].Shapes != "N=16384" {
+		t.Errorf("read back %+v", back)
+	}
+	for _, c := range []struct {
+		device, arch string
+		nvrtc        int
+		want         string
+	}{{"NVIDIA H100", "sm_90a", 13000, "measured on NVIDIA H200"}, {"NVIDIA H200", "sm_90a", 12080, "NVRTC 13000"}} {
+		got, stale, _ := ReadCache(path, c.device, c.arch, c.nvrtc)
+		if !strings.Contains(stale, c.want) || len(got.Entries) != 0 {
+			t.Errorf("%s NVRTC %d: stale %q, entries %d", c.device, c.nvrtc, stale, len(got.Entries))
+		}
+	}
+	os.WriteFile(path, []byte(`{"version": 0}`), 0o644)
+	if _, stale, _ := ReadCache(path, "NVIDIA H200", "sm_90a", 13000); !strings.Contains(stale, "version 0") {
+		t.Errorf("an old version: %q", stale)
+	}
+	os.WriteFile(path, []byte(`not json`), 0o644)
+	if _, stale, _ := ReadCache(path, "NVIDIA H200", "sm_90a", 13000); !strings.Contains(stale, "not a tuning cache") {
+		t.Errorf("garbage: %q", stale)
+	}
+}
+
+// best picks, per key, the variant of least total time over the shapes all
+// variants ran.
+func TestBest(t *testing.T) {
+	rows := []Row{
+		{Set: "fused", Op: kernels.OpAttnPrefill, Variant: "a", Ms: 1},
+		{Set: "fused", Op: kernels.OpAttnPrefill, Variant: "b", Ms: 2},
+		{Set: "fused", Op: kernels.OpAttnPrefill, Variant: "a", Ms: 10},
+		{Set: "fused", Op: kernels.OpAttnPrefill, Variant: "b", Ms: 5},
+		{Set: "fused", Op: kernels.OpAttnPrefill, Variant: "c", Ms: 0.1}, // ran one shape only
+	}
+	keys := map[int]string{0: "D=128", 1: "D=128", 2: "D=128", 3: "D=128", 4: "D=128"}
+	got := best(rows, keys)
+	if len(got) != 1 || got[0].Variant != "b" || got[0].Key != "D=128" {
+		t.Errorf("best = %+v, want b (7 ms over 2 shapes against a's 11)", got)
+	}
+}

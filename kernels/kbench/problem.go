@@ -1,0 +1,311 @@
+package kbench
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// problem is one shape of a case built on a device: copies of its inputs
+// (memory-bound problems rotate over copies that together exceed the L2
+// several times, so that a repeated call does not measure the cache), and
+// the call of the op on copy k.
+type problem struct {
+	copies int
+	run    func(o kernels.Ops, k int)
+	outs   []*kernels.Tensor // copy 0's outputs, held against the reference
+	state  []*kernels.Tensor // copy 0's inputs the op changes in place: saved around the check
+	bytes  float64           // when > 0, the bytes the problem moves (the case's count is an expectation)
+}
+
+// builder makes a problem's tensors on one device, filled from a seeded
+// stream: built twice with the same seed, on two devices, a problem holds
+// the same values on both (rounded alike where both hold bf16).
+type builder struct {
+	dev   kernels.Device
+	rng   *rand.Rand
+	l2    int // bytes of the device's L2, 0 when it has none to defeat
+	owned []*kernels.Tensor
+}
+
+// maxCopies bounds the rotating copies of a memory-bound problem.
+const maxCopies = 16
+
+// copier is implemented by devices that copy between device addresses
+// (kernels/cuda): large random tensors are filled by repeating a random
+// block on the device instead of uploading every byte.
+type copier interface {
+	Memcpy(dst, src uintptr, n int)
+	Ptr(t *kernels.Tensor) uintptr
+}
+
+// randomBlock is the most elements generated on the host for one tensor.
+const randomBlock = 4 << 20
+
+func newBuilder(dev kernels.Device, seed uint64, l2 int) *builder {
+	return &builder{dev: dev, rng: rand.New(rand.NewPCG(seed, 0x6b62656e6368)), l2: l2}
+}
+
+// copiesFor is how many copies of a problem moving bytes per call make the
+// calls rotate over at least four times the L2.
+func (b *builder) copiesFor(bytes float64) int {
+	if b.l2 == 0 || bytes <= 0 {
+		return 1
+	}
+	return max(1, min(maxCopies, int(math.Ceil(4*float64(b.l2)/bytes))))
+}
+
+func (b *builder) alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
+	t := b.dev.Alloc(dt, shape...)
+	b.owned = append(b.owned, t)
+	return t
+}
+
+func (b *builder) free() {
+	for _, t := range b.owned {
+		b.dev.Free(t)
+	}
+	b.owned = nil
+}
+
+// act is a tensor of the device's activation type.
+func (b *builder) act(shape ...int) *kernels.Tensor { return b.alloc(b.dev.ActDType(), shape...) }
+
+// random fills t with N(0, scale²) values, none within scale/1000 of 0 (no
+// zeros to flatter a kernel): a block of at most randomBlock values
+// repeated over the tensor.
+func (b *builder) random(t *kernels.Tensor, scale float64) *kernels.Tensor {
+	n := t.Numel()
+	block := min(n, randomBlock)
+	vals := make([]float32, block)
+	for i := range vals {
+		x := b.rng.NormFloat64()
+		for math.Abs(x) < 1e-3 {
+			x = b.rng.NormFloat64()
+		}
+		vals[i] = float32(x * scale)
+	}
+	b.fill(t, vals)
+	return t
+}
+
+// fill sets t to vals repeated.
+func (b *builder) fill(t *kernels.Tensor, vals []float32) {
+	n, block := t.Numel(), len(vals)
+	if c, ok := b.dev.(copier); ok && n > block {
+		b.upload(kernels.NewTensor(t.Buf, t.DType, t.Offset, block), vals)
+		es, p := t.DType.Size(), c.Ptr(t)
+		for at := block; at < n; at += block {
+			c.Memcpy(p+uintptr(at*es), p, min(block, n-at)*es)
+		}
+		return
+	}
+	all := make([]float32, n)
+	for at := 0; at < n; at += block {
+		copy(all[at:], vals)
+	}
+	b.upload(t, all)
+}
+
+func (b *builder) upload(t *kernels.Tensor, vals []float32) {
+	raw := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+	}
+	if err := b.dev.Upload(t, raw, kernels.F32); err != nil {
+		panic(benchError{err})
+	}
+}
+
+func (b *builder) ints(vals []int32, shape ...int) *kernels.Tensor {
+	t := b.alloc(kernels.I32, shape...)
+	if err := b.dev.WriteI32(t, vals); err != nil {
+		panic(benchError{err})
+	}
+	return t
+}
+
+// benchError carries a device error out of a builder (recovered by the
+// runner, which reports it on the row).
+type benchError struct{ err error }
+
+// batch is B rows of n new tokens after past cached ones each, in caches of
+// maxSeq positions.
+func (b *builder) batch(rows, n, past, maxSeq int) *kernels.Batch {
+	bt := &kernels.Batch{Rows: rows, Tokens: rows * n, MaxSeq: maxSeq}
+	start, pasts := make([]int32, rows+1), make([]int32, rows)
+	for r := range rows {
+		bt.Start = append(bt.Start, r*n)
+		bt.Past = append(bt.Past, past)
+		start[r+1], pasts[r] = int32((r+1)*n), int32(past)
+	}
+	bt.Start = append(bt.Start, rows*n)
+	bt.StartDev, bt.PastDev = b.ints(start, rows+1), b.ints(pasts, rows)
+	return bt
+}
+
+// each makes k copies of what mk makes.
+func each[T any](k int, mk func() T) []T {
+	out := make([]T, k)
+	for i := range out {
+		out[i] = mk()
+	}
+	return out
+}
+
+func buildLinear(b *builder, c0 *Case, s kernels.Shape) *problem {
+	m, n, k := s["M"], s["N"], s["K"]
+	c := b.copiesFor(c0.Bytes(s))
+	xs := each(c, func() *kernels.Tensor { return b.random(b.act(m, k), 1) })
+	ws := each(c, func() *kernels.Tensor { return b.random(b.alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	outs := each(c, func() *kernels.Tensor { return b.act(m, n) })
+	return &problem{copies: c, outs: outs[:1],
+		run: func(o kernels.Ops, i int) { o.Linear(outs[i], xs[i], ws[i], nil) }}
+}
+
+func buildNorm(b *builder, c0 *Case, s kernels.Shape, add bool) *problem {
+	m, n := s["M"], s["N"]
+	c := b.copiesFor(c0.Bytes(s))
+	w := b.random(b.alloc(kernels.BF16, n), 0.2)
+	xs := each(c, func() *kernels.Tensor { return b.random(b.act(m, n), 3) })
+	outs := each(c, func() *kernels.Tensor { return b.act(m, n) })
+	if !add {
+		return &problem{copies: c, outs: outs[:1],
+			run: func(o kernels.Ops, i int) { o.RMSNorm(outs[i], xs[i], w, 1e-6) }}
+	}
+	rs := each(c, func() *kernels.Tensor { return b.random(b.act(m, n), 1) })
+	return &problem{copies: c, outs: []*kernels.Tensor{outs[0], rs[0]}, state: rs[:1],
+		run: func(o kernels.Ops, i int) { o.AddRMSNorm(outs[i], rs[i], xs[i], w, 1e-6) }}
+}
+
+// ropeTables are HF's default rotary tables for dim dims at positions
+// [0, n): cos and sin of p·10000^(-2i/dim).
+func (b *builder) ropeTables(n, dim int) (cos, sin *kernels.Tensor) {
+	c, s := make([]float32, n*dim/2), make([]float32, n*dim/2)
+	for p := range n {
+		for i := range dim / 2 {
+			a := float64(p) * math.Pow(10000, -2*float64(i)/float64(dim))
+			c[p*dim/2+i], s[p*dim/2+i] = float32(math.Cos(a)), float32(math.Sin(a))
+		}
+	}
+	cos, sin = b.alloc(kernels.F32, n, dim/2), b.alloc(kernels.F32, n, dim/2)
+	b.upload(cos, c)
+	b.upload(sin, s)
+	return cos, sin
+}
+
+func buildRoPE(b *builder, c0 *Case, s kernels.Shape) *problem {
+	t, h, d, r := s["T"], s["H"], s["D"], s["R"]
+	c := b.copiesFor(c0.Bytes(s) * float64(d) / float64(r))
+	cos, sin := b.ropeTables(t, r)
+	rope := &kernels.Rope{Dim: r, Interleaved: s["interleaved"] == 1, Cos: cos, Sin: sin}
+	pos := make([]int32, t)
+	for i := range pos {
+		pos[i] = int32(i)
+	}
+	p := b.ints(pos, t)
+	xs := each(c, func() *kernels.Tensor { return b.random(b.act(t, h*d), 1) })
+	return &problem{copies: c, outs: xs[:1], state: xs[:1],
+		run: func(o kernels.Ops, i int) { o.RoPE(xs[i], h, d, d-r, p, rope) }}
+}
+
+func buildSwiGLU(b *builder, c0 *Case, s kernels.Shape) *problem {
+	n, inter := s["N"], s["I"]
+	c := b.copiesFor(c0.Bytes(s))
+	gus := each(c, func() *kernels.Tensor { return b.random(b.act(n, 2*inter), 2) })
+	outs := each(c, func() *kernels.Tensor { return b.act(n, inter) })
+	return &problem{copies: c, outs: outs[:1],
+		run: func(o kernels.Ops, i int) { o.SwiGLU(outs[i], gus[i]) }}
+}
+
+// attnArgs are the operands of attention over B rows of n new tokens after
+// past cached ones: q, k, v as column slices of one qkv matrix, as the
+// model's fused projection writes them, and caches of maxSeq positions.
+func (b *builder) attnArgs(s kernels.Shape, n, past, maxSeq int) *kernels.AttnArgs {
+	rows, h, kvh, d := s["B"], s["H"], s["KVH"], s["D"]
+	qkv := b.random(b.act(rows*n, (h+2*kvh)*d), 1)
+	a := &kernels.AttnArgs{Out: b.act(rows*n, h*d), Q: qkv.ColSlice(0, h*d), K: qkv.ColSlice(h*d, (h+kvh)*d),
+		V: qkv.ColSlice((h+kvh)*d, (h+2*kvh)*d), Batch: b.batch(rows, n, past, maxSeq),
+		Heads: h, KVHeads: kvh, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d)))}
+	a.KCache, a.VCache = b.act(rows, kvh, maxSeq, d), b.act(rows, kvh, maxSeq, d)
+	if past > 0 {
+		b.random(a.KCache, 1)
+		b.random(a.VCache, 1)
+	}
+	return a
+}
+
+func buildPrefill(b *builder, c0 *Case, s kernels.Shape) *problem {
+	a := b.attnArgs(s, s["N"], 0, s["N"])
+	a.NonCausal = s["causal"] == 0
+	return &problem{copies: 1, outs: []*kernels.Tensor{a.Out},
+		run: func(o kernels.Ops, _ int) { o.AttentionPrefill(a) }}
+}
+
+func buildDecode(b *builder, c0 *Case, s kernels.Shape) *problem {
+	ctx := s["ctx"]
+	c := b.copiesFor(c0.Bytes(s))
+	as := each(c, func() *kernels.AttnArgs { return b.attnArgs(s, 1, ctx-1, ctx) })
+	return &problem{copies: c, outs: []*kernels.Tensor{as[0].Out},
+		run: func(o kernels.Ops, i int) { o.AttentionDecode(as[i]) }}
+}
+
+func buildMLA(b *builder, c0 *Case, s kernels.Shape, decode bool) *problem {
+	rows, h, dn, dr, dv, r := s["B"], s["H"], s["Dn"], s["Dr"], s["Dv"], s["R"]
+	n, past := s["N"], 0
+	if decode {
+		n, past = 1, s["ctx"]-1
+	}
+	c := 1
+	if decode {
+		c = b.copiesFor(c0.Bytes(s))
+	}
+	wkvb := b.random(b.alloc(kernels.BF16, h*(dn+dv), r), 1/math.Sqrt(float64(r)))
+	as := each(c, func() *kernels.MLAArgs {
+		a := &kernels.MLAArgs{Out: b.act(rows*n, h*dv), Q: b.random(b.act(rows*n, h*(dn+dr)), 1),
+			KV: b.random(b.act(rows*n, r+dr), 1), Cache: b.act(rows, past+n, r+dr), WKVB: wkvb,
+			Batch: b.batch(rows, n, past, past+n), Heads: h, NopeDim: dn, RopeDim: dr, VDim: dv, Rank: r,
+			Scale: float32(1 / math.Sqrt(float64(dn+dr)))}
+		if past > 0 {
+			b.random(a.Cache, 1)
+		}
+		return a
+	})
+	return &problem{copies: c, outs: []*kernels.Tensor{as[0].Out}, run: func(o kernels.Ops, i int) {
+		if decode {
+			o.MLADecode(as[i])
+		} else {
+			o.MLAPrefill(as[i])
+		}
+	}}
+}
+
+func buildMoE(b *builder, c0 *Case, s kernels.Shape) *problem {
+	n, h, inter, e, k := s["N"], s["H"], s["I"], s["E"], s["topk"]
+	gateUp := b.random(b.alloc(kernels.BF16, e, 2*inter, h), 1/math.Sqrt(float64(h)))
+	down := b.random(b.alloc(kernels.BF16, e, h, inter), 1/math.Sqrt(float64(inter)))
+	// Each copy routes its tokens anew, so that rotating over the copies
+	// reads other experts' weights rather than the ones the L2 holds.
+	c := b.copiesFor(c0.Bytes(s))
+	type route struct{ x, idx, w, out *kernels.Tensor }
+	var touched float64
+	rs := each(c, func() route {
+		idx, w := make([]int32, n*k), make([]float32, n*k)
+		chosen := map[int]bool{}
+		for t := range n {
+			for j, ex := range b.rng.Perm(e)[:k] {
+				idx[t*k+j], w[t*k+j] = int32(ex), float32(0.5+b.rng.Float64())/float32(k)
+				chosen[ex] = true
+			}
+		}
+		touched += float64(len(chosen))
+		wt := b.alloc(kernels.F32, n, k)
+		b.upload(wt, w)
+		return route{x: b.random(b.act(n, h), 1), idx: b.ints(idx, n, k), w: wt, out: b.act(n, h)}
+	})
+	bytes := float64(bf16) * (touched/float64(c)*3*float64(h*inter) + 2*float64(n*h))
+	return &problem{copies: c, outs: []*kernels.Tensor{rs[0].out}, bytes: bytes,
+		run: func(o kernels.Ops, i int) { o.MoEExperts(rs[i].out, rs[i].x, rs[i].idx, rs[i].w, gateUp, down) }}
+}

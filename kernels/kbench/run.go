@@ -1,0 +1,447 @@
+package kbench
+
+import (
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cpu"
+)
+
+// Options say what Run measures.
+type Options struct {
+	Ops    []kernels.Op    // the cases to run; nil: all
+	Shapes []kernels.Shape // shapes for every case named; nil: each case's defaults
+	Sets   []string        // the sets side by side, each on its own kernels
+	// Optimize times every valid variant of a set that has several (it
+	// always does) and returns the fastest per tuning key in Report.Tuned.
+	Optimize bool
+	Seed     uint64
+	// Progress, when set, is called after each shape with the shapes done
+	// and in all.
+	Progress func(done, total int)
+}
+
+// Row is one set (and variant) on one shape of one op.
+type Row struct {
+	Op      kernels.Op `json:"op"`
+	Shape   string     `json:"shape"`
+	Set     string     `json:"set"`
+	Variant string     `json:"variant"`
+	Bound   string     `json:"bound"`
+	Ms      float64    `json:"ms"`
+	TFLOPS  float64    `json:"tflop_s"`
+	GBs     float64    `json:"gb_s"`
+	FloorMs float64    `json:"floor_ms"`       // bytes / copy rate or FLOPs / matrix rate: 0 when not measured
+	OfFloor float64    `json:"share_of_floor"` // FloorMs / Ms
+	Checked string     `json:"checked"`        // what the result was held against, and its relative error
+	Note    string     `json:"note,omitempty"`
+	Err     string     `json:"error,omitempty"`
+}
+
+// Report is what Run measured.
+type Report struct {
+	Device     string          `json:"device"`
+	Target     kernels.Target  `json:"target"`
+	CopyRate   float64         `json:"copy_bytes_per_s"`  // device-to-device, bytes read + written
+	MatrixRate float64         `json:"matrix_flop_per_s"` // bf16 GEMM through the naive set's cuBLAS
+	Rows       []Row           `json:"rows"`
+	Tuned      []kernels.Tuned `json:"tuned,omitempty"`
+}
+
+// Checks: where a problem is this cheap, the cpu set (bf16 activations)
+// computes its reference; beyond it naive does, on the same device.
+const (
+	cpuRefFLOPs = 1e10
+	cpuRefBytes = 256 << 20
+	// tolerance is the largest relative error from the reference: bf16's,
+	// as kernels/kerneltest allows.
+	tolerance = 2e-2
+)
+
+// Run measures the cases and shapes opt names for every set in opt.Sets on
+// dev, whose limits are target.
+func Run(dev kernels.Device, target kernels.Target, opt Options) (*Report, error) {
+	cs, err := selectCases(opt.Ops, opt.Shapes)
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{dev: dev, target: target, opt: opt, built: map[string]kernels.Ops{},
+		rep: &Report{Device: dev.Name(), Target: target}}
+	for _, set := range opt.Sets {
+		info, ok := kernels.Set(set)
+		if !ok {
+			return nil, fmt.Errorf("kernel set %q is not built into this binary", set)
+		}
+		if _, err := r.ops(info.Name); err != nil {
+			return nil, err
+		}
+	}
+	r.ceilings()
+	total, done := 0, 0
+	for _, c := range cs {
+		total += len(r.shapesOf(c))
+	}
+	for _, c := range cs {
+		for _, s := range r.shapesOf(c) {
+			r.shape(c, s)
+			done++
+			if opt.Progress != nil {
+				opt.Progress(done, total)
+			}
+		}
+	}
+	if opt.Optimize {
+		r.rep.Tuned = best(r.rep.Rows, r.keys)
+	}
+	return r.rep, nil
+}
+
+// selectCases is the cases of ops (all when none), each shape checked
+// against each.
+func selectCases(ops []kernels.Op, shapes []kernels.Shape) ([]*Case, error) {
+	var cs []*Case
+	if len(ops) == 0 {
+		cs = Cases()
+	}
+	for _, op := range ops {
+		c := CaseFor(op)
+		if c == nil {
+			var names []string
+			for _, c := range Cases() {
+				names = append(names, string(c.Op))
+			}
+			return nil, fmt.Errorf("no benchmark for op %q (there are: %v)", op, names)
+		}
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		for _, s := range shapes {
+			if err := c.Check(s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return cs, nil
+}
+
+type runner struct {
+	dev    kernels.Device
+	target kernels.Target
+	opt    Options
+	built  map[string]kernels.Ops
+	rep    *Report
+	keys   map[int]string // row index → its tuning key, for Optimize
+}
+
+func (r *runner) shapesOf(c *Case) []kernels.Shape {
+	if len(r.opt.Shapes) > 0 {
+		return r.opt.Shapes
+	}
+	return c.Shapes
+}
+
+// ops is set's Ops on the device, built once.
+func (r *runner) ops(set string) (kernels.Ops, error) {
+	if o, ok := r.built[set]; ok {
+		return o, nil
+	}
+	o, err := kernels.Spec{Base: set}.Build(r.dev, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building kernel set %s on %s: %w", set, r.dev.Name(), err)
+	}
+	r.built[set] = o
+	return o, nil
+}
+
+// shape measures one shape of one case for every set.
+func (r *runner) shape(c *Case, s kernels.Shape) {
+	b := newBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
+	defer r.release(b)
+	p, err := build(b, c, s)
+	if err != nil {
+		r.rep.Rows = append(r.rep.Rows, Row{Op: c.Op, Shape: s.String(), Bound: c.Bound, Err: err.Error()})
+		return
+	}
+	ref := &reference{}
+	for _, set := range r.opt.Sets {
+		info, _ := kernels.Set(set)
+		row := Row{Op: c.Op, Shape: s.String(), Set: set, Bound: c.Bound}
+		if !info.Owns(c.Op) {
+			row.Note = fmt.Sprintf("no kernel of its own: runs %s's", kernels.Spec{Base: set}.Runner(c.Op))
+			r.rep.Rows = append(r.rep.Rows, row)
+			continue
+		}
+		o, _ := r.ops(set)
+		vs := info.VariantsOf(c.Op, s, r.target)
+		tuner, tunable := o.(kernels.Tunable)
+		var key, was string
+		if tunable {
+			key = tuner.TuningKey(c.Op, s)
+			was = tuner.VariantFor(c.Op, key)
+		}
+		for _, v := range vs {
+			row := row
+			row.Variant = v.Name
+			if !v.Valid() {
+				row.Err = "not valid here: " + v.Why
+				r.rep.Rows = append(r.rep.Rows, row)
+				continue
+			}
+			if tunable && len(vs) > 1 {
+				if err := tuner.UseVariant(c.Op, key, v.Name); err != nil {
+					row.Err = err.Error()
+					r.rep.Rows = append(r.rep.Rows, row)
+					continue
+				}
+			}
+			r.measure(&row, c, s, p, o, set, ref)
+			if tunable && len(vs) > 1 && row.Err == "" {
+				if r.keys == nil {
+					r.keys = map[int]string{}
+				}
+				r.keys[len(r.rep.Rows)] = key
+			}
+			r.rep.Rows = append(r.rep.Rows, row)
+		}
+		if tunable && was != "" && len(vs) > 1 {
+			tuner.UseVariant(c.Op, key, was)
+		}
+	}
+}
+
+// build builds a problem, turning a device error into an error.
+func build(b *builder, c *Case, s kernels.Shape) (p *problem, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			be, ok := v.(benchError)
+			if !ok {
+				panic(v)
+			}
+			p, err = nil, be.err
+		}
+	}()
+	p = c.build(b, c, s)
+	return p, b.dev.Sync()
+}
+
+// release frees a shape's tensors and hands the memory back to the driver.
+func (r *runner) release(b *builder) {
+	b.free()
+	if t, ok := r.dev.(interface{ TrimCache() error }); ok {
+		t.TrimCache()
+	}
+}
+
+// measure checks then times one set (in its current variant) on p.
+func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) {
+	checked, err := r.check(c, s, p, o, set, ref)
+	row.Checked = checked
+	if err != nil {
+		row.Err = err.Error()
+		return
+	}
+	ms, err := r.time(p, o)
+	if err != nil {
+		row.Err = err.Error()
+		return
+	}
+	row.Ms = ms
+	flops, bytes := c.FLOPs(s), c.Bytes(s)
+	if p.bytes > 0 {
+		bytes = p.bytes
+	}
+	row.TFLOPS = flops / ms / 1e9
+	row.GBs = bytes / ms / 1e6
+	switch {
+	case c.Bound == "compute" && r.rep.MatrixRate > 0:
+		row.FloorMs = flops / r.rep.MatrixRate * 1e3
+	case c.Bound == "memory" && r.rep.CopyRate > 0:
+		row.FloorMs = bytes / r.rep.CopyRate * 1e3
+	}
+	if row.FloorMs > 0 {
+		row.OfFloor = row.FloorMs / ms
+	}
+}
+
+// reference is a shape's reference outputs, computed once.
+type reference struct {
+	by   string // "cpu", "naive", or "" before the first check
+	outs [][]float32
+	err  error
+}
+
+// check runs set's op once on copy 0 and holds its outputs against the
+// reference: the cpu set where the problem is cheap, else naive on the
+// same device (a naive row then is the reference itself).
+func (r *runner) check(c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) (string, error) {
+	cheap := c.FLOPs(s) <= cpuRefFLOPs && c.Bytes(s) <= cpuRefBytes
+	if ref.by == "" {
+		ref.by = "naive"
+		if cheap {
+			ref.by = "cpu"
+		}
+		ref.outs, ref.err = r.reference(c, s, p, ref.by)
+	}
+	if ref.err != nil {
+		return ref.by, fmt.Errorf("the %s reference failed: %w", ref.by, ref.err)
+	}
+	got, err := r.runOnce(p, o)
+	if err != nil {
+		return ref.by, err
+	}
+	if ref.by == set {
+		return "is the reference", nil
+	}
+	worst := 0.0
+	for i := range got {
+		e := relErr(got[i], ref.outs[i])
+		if !(e <= tolerance) {
+			return fmt.Sprintf("%s %.2g", ref.by, e), fmt.Errorf("output %d is %.3g from %s's (tolerance %g): not timed", i, e, ref.by, tolerance)
+		}
+		worst = max(worst, e)
+	}
+	return fmt.Sprintf("%s %.1e", ref.by, worst), nil
+}
+
+// reference computes p's outputs with set by: the cpu set on the same
+// problem built on a host device, or naive on p itself.
+func (r *runner) reference(c *Case, s kernels.Shape, p *problem, by string) ([][]float32, error) {
+	if by == "naive" {
+		o, err := r.ops("naive")
+		if err != nil {
+			return nil, err
+		}
+		return r.runOnce(p, o)
+	}
+	host, err := cpu.NewDeviceAct(r.dev.ActDType())
+	if err != nil {
+		return nil, err
+	}
+	ops, err := kernels.Spec{Base: "cpu"}.Build(host, nil)
+	if err != nil {
+		return nil, err
+	}
+	hb := newBuilder(host, r.opt.Seed, 0)
+	defer hb.free()
+	hp, err := build(hb, c, s)
+	if err != nil {
+		return nil, err
+	}
+	return r.runOnceOn(host, hp, ops)
+}
+
+// runOnce runs p's op once on copy 0 with o and returns its outputs,
+// leaving copy 0's in-place inputs as they were.
+func (r *runner) runOnce(p *problem, o kernels.Ops) ([][]float32, error) {
+	return r.runOnceOn(r.dev, p, o)
+}
+
+func (r *runner) runOnceOn(dev kernels.Device, p *problem, o kernels.Ops) ([][]float32, error) {
+	saved := make([][]float32, len(p.state))
+	for i, t := range p.state {
+		v, err := dev.ReadF32(t)
+		if err != nil {
+			return nil, err
+		}
+		saved[i] = v
+	}
+	if err := call(dev, func() { p.run(o, 0) }); err != nil {
+		return nil, err
+	}
+	outs := make([][]float32, len(p.outs))
+	for i, t := range p.outs {
+		v, err := dev.ReadF32(t)
+		if err != nil {
+			return nil, err
+		}
+		outs[i] = v
+	}
+	b := &builder{dev: dev}
+	for i, t := range p.state {
+		if err := uploadF32(b, t, saved[i]); err != nil {
+			return nil, err
+		}
+	}
+	return outs, dev.Sync()
+}
+
+// call runs f, turning a panic of a kernel set's shape checks into an
+// error, then waits for the device.
+func call(dev kernels.Device, f func()) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%v", v)
+		}
+	}()
+	f()
+	return dev.Sync()
+}
+
+func uploadF32(b *builder, t *kernels.Tensor, v []float32) (err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			be, ok := x.(benchError)
+			if !ok {
+				panic(x)
+			}
+			err = be.err
+		}
+	}()
+	b.upload(t, v)
+	return nil
+}
+
+func relErr(got, want []float32) float64 {
+	var d2, w2 float64
+	for i := range want {
+		d := float64(got[i]) - float64(want[i])
+		d2 += d * d
+		w2 += float64(want[i]) * float64(want[i])
+	}
+	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
+}
+
+// best picks, per set, op and tuning key, the variant of least total time
+// over the shapes of that key.
+func best(rows []Row, keys map[int]string) []kernels.Tuned {
+	type group struct {
+		set string
+		op  kernels.Op
+		key string
+	}
+	total := map[group]map[string]float64{}
+	count := map[group]map[string]int{}
+	for i, row := range rows {
+		key, ok := keys[i]
+		if !ok {
+			continue
+		}
+		g := group{row.Set, row.Op, key}
+		if total[g] == nil {
+			total[g], count[g] = map[string]float64{}, map[string]int{}
+		}
+		total[g][row.Variant] += row.Ms
+		count[g][row.Variant]++
+	}
+	var out []kernels.Tuned
+	for g, byVariant := range total {
+		most := 0
+		for _, n := range count[g] {
+			most = max(most, n)
+		}
+		bestV, bestMs := "", math.Inf(1)
+		for v, ms := range byVariant {
+			if count[g][v] == most && ms < bestMs { // only variants that ran every shape of the key
+				bestV, bestMs = v, ms
+			}
+		}
+		out = append(out, kernels.Tuned{Set: g.set, Op: g.op, Key: g.key, Variant: bestV})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return fmt.Sprint(a.Set, a.Op, a.Key) < fmt.Sprint(b.Set, b.Op, b.Key)
+	})
+	return out
+}

@@ -1,0 +1,129 @@
+package kbench
+
+import (
+	"math"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// Timing: device time between marks (CUDA events on a GPU) around groups of
+// calls after warm-up calls, the median of several groups. A call shorter
+// than graphBelowMs is timed inside a recorded graph of many calls, where
+// the device can record one, so that launch gaps do not count.
+const (
+	groups       = 7
+	groupMs      = 5.0  // the time one group of calls aims at
+	maxGroupSize = 200  // the most calls in one group
+	graphBelowMs = 0.05 // calls this short are replayed from a graph
+)
+
+// time is the median device time of one call of p's op with o, rotating
+// over p's copies, in ms.
+func (r *runner) time(p *problem, o kernels.Ops) (float64, error) {
+	dev := r.dev
+	i := 0
+	next := func() { p.run(o, i%p.copies); i++ }
+	// Warm-up: kernel loading, scratch buffers, cuBLAS's first calls.
+	if err := call(dev, func() { next(); next() }); err != nil {
+		return 0, err
+	}
+	one, err := r.elapsed(1, next)
+	if err != nil {
+		return 0, err
+	}
+	size := max(1, min(maxGroupSize, int(groupMs/math.Max(one, 1e-4))))
+	run := func() (float64, error) { return r.elapsed(size, next) }
+	if gr, ok := dev.(kernels.Grapher); ok && one < graphBelowMs {
+		if err := gr.BeginCapture(); err != nil {
+			return 0, err
+		}
+		for range size {
+			next()
+		}
+		g, err := gr.EndCapture()
+		if err != nil {
+			return 0, err
+		}
+		defer g.Close()
+		run = func() (float64, error) {
+			var rerr error
+			ms, err := r.elapsed(1, func() { rerr = g.Replay() })
+			if rerr != nil {
+				return 0, rerr
+			}
+			return ms, err
+		}
+	}
+	var ms []float64
+	for range groups {
+		t, err := run()
+		if err != nil {
+			return 0, err
+		}
+		ms = append(ms, t/float64(size))
+	}
+	slices.Sort(ms)
+	return ms[len(ms)/2], nil
+}
+
+// elapsed is the device time of n calls of f, in ms.
+func (r *runner) elapsed(n int, f func()) (float64, error) {
+	var ms float64
+	err := call(r.dev, func() {
+		m0 := r.dev.Mark()
+		for range n {
+			f()
+		}
+		m1 := r.dev.Mark()
+		var err error
+		if ms, err = r.dev.Elapsed(m0, m1); err != nil {
+			panic(err)
+		}
+	})
+	return ms, err
+}
+
+// ceilings measures the device's two rates the floors divide by: a large
+// device-to-device copy (bytes read and written), and a large bf16 GEMM
+// through the naive set's cuBLAS. A device that cannot copy, or a build
+// without naive, leaves a rate at 0 (no floor is shown).
+func (r *runner) ceilings() {
+	c, ok := r.dev.(copier)
+	if !ok {
+		return
+	}
+	b := newBuilder(r.dev, 1, 0)
+	defer r.release(b)
+	const copyBytes = 1 << 30
+	src, dst := b.alloc(kernels.BF16, copyBytes/2), b.alloc(kernels.BF16, copyBytes/2)
+	if ms, err := r.median(func() { c.Memcpy(c.Ptr(dst), c.Ptr(src), copyBytes) }); err == nil {
+		r.rep.CopyRate = 2 * copyBytes / ms * 1e3
+	}
+	o, err := r.ops("naive")
+	if err != nil {
+		return
+	}
+	const n = 8192
+	x, w, out := b.random(b.act(n, n), 1), b.random(b.alloc(kernels.BF16, n, n), 0.01), b.act(n, n)
+	if ms, err := r.median(func() { o.Linear(out, x, w, nil) }); err == nil {
+		r.rep.MatrixRate = 2 * n * n * n / ms * 1e3
+	}
+}
+
+// median is the median time of 5 calls of f after one warm-up, in ms.
+func (r *runner) median(f func()) (float64, error) {
+	if err := call(r.dev, f); err != nil {
+		return 0, err
+	}
+	var ms []float64
+	for range 5 {
+		t, err := r.elapsed(1, f)
+		if err != nil {
+			return 0, err
+		}
+		ms = append(ms, t)
+	}
+	slices.Sort(ms)
+	return ms[2], nil
+}
