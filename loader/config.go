@@ -1,7 +1,7 @@
 // Package loader finds a Hugging Face model directory (a path or an offline
 // HF-cache lookup), reads its config.json / generation_config.json into typed
-// configs, and maps its safetensors weights read-only into memory; the
-// tokenizer (tokenizer*.go) reads its tokenizer.json.
+// configs, and maps its safetensors weights read-only into memory. The
+// tokenizer.json of the same directory is package tokenizer's.
 //
 // Nothing here downloads anything.
 package loader

@@ -18,6 +18,7 @@ import (
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/tokenizer"
 )
 
 // genFlags are the flags of the generate command (the root command).
@@ -182,7 +183,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err != nil {
 		return err
 	}
-	tok, err := loader.LoadTokenizer(dir)
+	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		return err
 	}

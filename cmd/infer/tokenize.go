@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fuselm/fuselm/loader"
+	"github.com/fuselm/fuselm/tokenizer"
 )
 
 func newTokenizeCmd() *cobra.Command {
@@ -35,7 +36,7 @@ func newTokenizeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tok, err := loader.LoadTokenizer(dir)
+			tok, err := tokenizer.Load(dir)
 			if err != nil {
 				return err
 			}
