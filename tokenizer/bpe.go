@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -16,8 +17,7 @@ import (
 // heap, as HF does, so a long word costs O(n log n).
 type bpe struct {
 	vocab   map[string]int
-	tokens  []string // id -> token; "" where hasTok is false
-	hasTok  []bool
+	tokens  map[int]string // id -> token: ids may leave gaps, as in HF
 	maxID   int
 	merges  map[uint64]merge // pair of ids -> rank and merged id
 	unk     int              // -1: none (unknown characters are dropped, as in HF)
@@ -85,16 +85,13 @@ func parseBPE(raw json.RawMessage) (*bpe, error) {
 		b.suffix = *m.EndOfWordSuffix
 	}
 	b.maxID = -1
+	b.tokens = make(map[int]string, len(m.Vocab))
 	for tok, id := range m.Vocab {
-		if id < 0 || id >= 1<<31 {
-			return nil, fmt.Errorf("vocab: token %q has id %d", tok, id)
+		if id < 0 || id > math.MaxInt32 {
+			return nil, fmt.Errorf("vocab: token %q has id %d, want one in [0, %d]", tok, id, math.MaxInt32)
 		}
 		b.maxID = max(b.maxID, id)
-	}
-	b.tokens = make([]string, b.maxID+1)
-	b.hasTok = make([]bool, b.maxID+1)
-	for tok, id := range m.Vocab {
-		b.tokens[id], b.hasTok[id] = tok, true
+		b.tokens[id] = tok
 	}
 	if m.UnkToken != nil {
 		id, ok := m.Vocab[*m.UnkToken]
@@ -168,10 +165,8 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 
 // token is the vocabulary entry of id.
 func (b *bpe) token(id int) (string, bool) {
-	if id < 0 || id >= len(b.tokens) || !b.hasTok[id] {
-		return "", false
-	}
-	return b.tokens[id], true
+	tok, ok := b.tokens[id]
+	return tok, ok
 }
 
 // tokenize appends the ids of one pre-tokenized word to ids.

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 )
 
 // postProcessor is a tokenizer.json post-processor: it puts special
@@ -70,8 +71,25 @@ func specialPair(p []json.RawMessage) (int, error) {
 	if len(p) != 2 || json.Unmarshal(p[1], &id) != nil {
 		return 0, fmt.Errorf("want [\"token\", id]")
 	}
+	if err := checkID(id); err != nil {
+		return 0, err
+	}
 	return id, nil
 }
+
+// checkID rejects an id HF's u32 ids and the kernels' i32 ones cannot hold.
+func checkID(id int) error {
+	if id < 0 || id > math.MaxInt32 {
+		return fmt.Errorf("id %d outside [0, %d]", id, math.MaxInt32)
+	}
+	return nil
+}
+
+// maxTemplateIDs bounds the special tokens a template adds. A template
+// names a special token, which may stand for several ids, as often as it
+// likes: without a bound a small document could ask for a template of
+// billions of ids. Real ones add one or two.
+const maxTemplateIDs = 1024
 
 // template puts fixed ids before and after the sequence (TemplateProcessing's
 // "single" template; its "pair" template is for two sequences, never used here).
@@ -114,6 +132,14 @@ func parseTemplate(raw json.RawMessage) (postProcessor, error) {
 		st, ok := p.SpecialTokens[pc.special]
 		if !ok {
 			return nil, fmt.Errorf("post_processor TemplateProcessing: special token %q missing from special_tokens", pc.special)
+		}
+		for _, id := range st.IDs {
+			if err := checkID(id); err != nil {
+				return nil, fmt.Errorf("post_processor TemplateProcessing: special token %q: %w", pc.special, err)
+			}
+		}
+		if len(t.before)+len(t.after)+len(st.IDs) > maxTemplateIDs {
+			return nil, fmt.Errorf("post_processor TemplateProcessing: single: more than %d special token ids", maxTemplateIDs)
 		}
 		if seen {
 			t.after = append(t.after, st.IDs...)
