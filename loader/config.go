@@ -701,8 +701,13 @@ func (o cfgObject) maybeInt(key string) (int, bool, error) {
 	if !ok || err != nil {
 		return 0, ok, err
 	}
-	if f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+	if f != math.Trunc(f) {
 		return 0, false, o.fail(key, "want an integer, got %s", cfgShort(o.m[key]))
+	}
+	// Sizes and ids reach the kernels as 32-bit integers; bounding them here
+	// also keeps the products of two of them (a matrix's elements) in an int.
+	if f < math.MinInt32 || f > math.MaxInt32 {
+		return 0, false, o.fail(key, "%s is beyond 32-bit integers", cfgShort(o.m[key]))
 	}
 	return int(f), true, nil
 }
