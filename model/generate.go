@@ -264,12 +264,12 @@ func (e *engine) checkGenerate(prompts [][]int, opt GenerateOptions) error {
 				return fmt.Errorf("model: prompt %d: token %d at position %d is outside the vocabulary [0, %d)", i, t, j, V)
 			}
 		}
-		n := len(p) + opt.MaxNewTokens
-		if n > e.cfg.MaxPositions {
+		// len(p) + MaxNewTokens may overflow: subtract instead.
+		if opt.MaxNewTokens > e.cfg.MaxPositions-len(p) {
 			return fmt.Errorf("model: prompt %d: %d tokens + %d new ones exceed max_position_embeddings (%d)",
 				i, len(p), opt.MaxNewTokens, e.cfg.MaxPositions)
 		}
-		if n > e.maxSeq {
+		if opt.MaxNewTokens > e.maxSeq-len(p) {
 			return fmt.Errorf("model: prompt %d: %d tokens + %d new ones exceed the cache's %d per row (LoadOptions.MaxSeq)",
 				i, len(p), opt.MaxNewTokens, e.maxSeq)
 		}

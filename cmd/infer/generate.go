@@ -191,9 +191,9 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if len(ids) == 0 {
 		return usageError{errors.New("the prompt encodes to no tokens")}
 	}
-	if n := len(ids) + f.maxNew; n > cfg.MaxPositions {
-		return usageError{fmt.Errorf("prompt (%d tokens) + --max-new-tokens (%d) = %d is more than the model's max_position_embeddings (%d)",
-			len(ids), f.maxNew, n, cfg.MaxPositions)}
+	if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
+		return usageError{fmt.Errorf("the prompt's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
+			len(ids), f.maxNew, cfg.MaxPositions)}
 	}
 	weights, err := loader.OpenWeights(dir)
 	if err != nil {
@@ -222,12 +222,15 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Progress: func(done, _ int64) { bar.Set(done) },
 	})
 	bar.Done()
+	if me := (*model.MemoryError)(nil); errors.As(err, &me) {
+		return fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
+	}
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	loadS := time.Since(tLoad).Seconds()
-	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, memoryLine(m.Memory()))
+	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, m.Memory())
 
 	prompts := make([][]int, f.batch)
 	for i := range prompts {
@@ -344,9 +347,4 @@ func modelName(arg, dir string) string {
 		return name
 	}
 	return filepath.Base(dir)
-}
-
-func memoryLine(m model.Memory) string {
-	gib := func(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
-	return fmt.Sprintf("weights %s, KV cache %s, work %s", gib(m.Weights), gib(m.Cache), gib(m.Work))
 }
