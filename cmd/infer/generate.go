@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +19,7 @@ import (
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/outfile"
 	"github.com/fuselm/fuselm/tokenizer"
 )
 
@@ -40,9 +42,14 @@ func newRootCmd() *cobra.Command {
 		Short: "Generate text with Qwen2 / DeepSeek-V2 checkpoints and time every op",
 		Long: `infer generates text from a Hugging Face checkpoint of the Qwen2 or DeepSeek-V2
 family and reports tokens/s and the time of every op, for the kernel set chosen
-with --kernels: "naive", "fused", or a base set with per-op overrides such as
-"fused,attn=naive,rope=naive". --device cpu runs the pure-Go "cpu" set.`,
-		Args: cobra.NoArgs,
+with --kernels: "naive" (CUDA) or "cpu" (pure Go, the no-GPU path), and per
+op another set of the same device, as SET[,OP=SET...]. A second CUDA set,
+"fused", is being built: until it lands, naming it fails.
+
+Logs go to stderr, progress bars too when it is a terminal; --quiet silences
+both.
+
+` + exitRule,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runGenerate(cmd, &f)
 		},
@@ -85,11 +92,11 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 		return bad("--min-new-tokens must not be negative (%d)", f.minNew)
 	case f.minNew > f.maxNew:
 		return bad("--min-new-tokens (%d) is more than --max-new-tokens (%d)", f.minNew, f.maxNew)
-	case f.temperature < 0:
-		return bad("--temperature must not be negative (%g)", f.temperature)
+	case !(f.temperature >= 0 && f.temperature <= math.MaxFloat64):
+		return bad("--temperature must be a finite number ≥ 0, not %g", f.temperature)
 	case f.topK < 0:
 		return bad("--top-k must not be negative (%d)", f.topK)
-	case f.topP < 0 || f.topP > 1:
+	case !(f.topP >= 0 && f.topP <= 1):
 		return bad("--top-p must be in [0, 1], not %g", f.topP)
 	case f.warmup < 0:
 		return bad("--warmup must not be negative (%d)", f.warmup)
@@ -98,9 +105,15 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 	case f.device != "" && f.device != "cpu" && f.device != "cuda":
 		return bad("--device must be cpu or cuda, not %q", f.device)
 	}
+	return nil
+}
+
+// checkOutputs makes sure, before anything is loaded, that every file the
+// run writes at its end can be written.
+func (f *genFlags) checkOutputs() error {
 	if f.profile != "" {
-		if fi, err := os.Stat(filepath.Dir(f.profile)); err != nil || !fi.IsDir() {
-			return bad("--profile %s: no directory %s to write it in", f.profile, filepath.Dir(f.profile))
+		if err := outfile.Check(f.profile); err != nil {
+			return fmt.Errorf("--profile %w", err)
 		}
 	}
 	return nil
@@ -141,13 +154,17 @@ func chooseSpec(f *genFlags) (string, kernels.Spec, error) {
 	return kind, spec, nil
 }
 
-// openDevice opens device 0 of a kind chooseSpec picked.
-func openDevice(kind string) (kernels.Device, error) {
+// openDevice opens device 0 of the kind chooseSpec picked for f.
+func openDevice(kind string, f *genFlags) (kernels.Device, error) {
 	if kind == "cpu" {
 		return cpuDevice(), nil
 	}
 	if err := cuda.Probe(); err != nil {
-		return nil, fmt.Errorf("--device cuda: no usable CUDA device: %w", err)
+		asked := "--device cuda"
+		if f.device == "" {
+			asked = "--kernels " + f.kernels
+		}
+		return nil, fmt.Errorf("%s needs a CUDA device: %w", asked, err)
 	}
 	return cuda.Open(0)
 }
@@ -156,7 +173,10 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err := f.check(cmd); err != nil {
 		return err
 	}
-	logw := io.Writer(os.Stderr)
+	if err := f.checkOutputs(); err != nil {
+		return err
+	}
+	logw := cmd.ErrOrStderr()
 	if f.quiet {
 		logw = io.Discard
 	}
@@ -201,7 +221,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	defer weights.Close()
 
-	dev, err := openDevice(kind)
+	dev, err := openDevice(kind, f)
 	if err != nil {
 		return err
 	}
@@ -215,7 +235,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 
 	tLoad := time.Now()
 	weights.Prefetch()
-	bar := newProgress(f.quiet, weights.TotalBytes(), "loading weights", true)
+	bar := newProgress(cmd.ErrOrStderr(), f.quiet, weights.TotalBytes(), "loading weights", true)
 	m, err := model.Load(cfg, weights, dev, ops, model.LoadOptions{
 		MaxRows:  f.batch,
 		MaxSeq:   len(ids) + f.maxNew,
@@ -261,7 +281,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		}
 		prof.Reset()
 		prof.SetEnabled(timed)
-		steps := newProgress(f.quiet, int64(f.maxNew), desc, false)
+		steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
 		opts.OnStep = func(e model.StepEvent) { steps.Set(int64(e.Step)) }
 		gen, err := model.Generate(m, prompts, opts)
 		steps.Done()
@@ -320,8 +340,8 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := writeFileAtomic(f.profile, b); err != nil {
-			return fmt.Errorf("--profile: %w", err)
+		if err := outfile.Write(f.profile, b); err != nil {
+			return fmt.Errorf("--profile %w", err)
 		}
 	}
 	out := cmd.OutOrStdout()

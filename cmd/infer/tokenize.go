@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -17,7 +16,6 @@ func newTokenizeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tokenize --model M (--text S | --file F)",
 		Short: "Print the token ids of a text as a JSON array",
-		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if model == "" {
 				return usageError{fmt.Errorf("--model is required")}
@@ -26,11 +24,10 @@ func newTokenizeCmd() *cobra.Command {
 				return usageError{fmt.Errorf("give exactly one of --text or --file")}
 			}
 			if file != "" {
-				b, err := os.ReadFile(file)
-				if err != nil {
-					return err
+				var err error
+				if text, err = readText(file); err != nil {
+					return fmt.Errorf("--file: %w", err)
 				}
-				text = string(b)
 			}
 			dir, err := loader.Resolve(model)
 			if err != nil {
