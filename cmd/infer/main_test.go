@@ -268,3 +268,15 @@ func TestNoGPUMessage(t *testing.T) {
 		t.Errorf("the message is %d characters long: %s", len(stderr), stderr)
 	}
 }
+
+// The README states the exit statuses in the words --help uses.
+func TestREADMEExitRule(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Skip(err)
+	}
+	readme := strings.Join(strings.Fields(string(b)), " ")
+	if rule := strings.Join(strings.Fields(exitRule), " "); !strings.Contains(readme, rule) {
+		t.Errorf("README.md does not state the exit rule of --help:\n%s", rule)
+	}
+}
