@@ -162,7 +162,7 @@ const configFile = "config.json"
 // LoadConfig reads dir/config.json into a validated Config.
 func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, configFile)
-	data, err := os.ReadFile(path)
+	data, err := ReadJSONFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("loader: %s: no config.json in the model directory", dir)

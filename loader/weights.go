@@ -106,7 +106,7 @@ type stIndex struct {
 }
 
 func (w *Weights) openIndexed() error {
-	data, err := os.ReadFile(filepath.Join(w.dir, WeightsIndexFile))
+	data, err := ReadJSONFile(filepath.Join(w.dir, WeightsIndexFile))
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}

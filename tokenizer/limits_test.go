@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -76,5 +78,17 @@ func TestTokenizerIDRange(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want it to say %q", c.name, err, c.want)
 		}
+	}
+}
+
+// tokenizer.json is read only when it is a regular file: /dev/zero in its
+// place fails at once.
+func TestLoadNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("/dev/zero", filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Skip(err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("tokenizer.json -> /dev/zero: %v", err)
 	}
 }

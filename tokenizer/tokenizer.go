@@ -50,7 +50,7 @@ const (
 // tokenizer_config.json and generation_config.json for the BOS and EOS tokens.
 func Load(dir string) (*Tokenizer, error) {
 	path := filepath.Join(dir, tokenizerFile)
-	data, err := os.ReadFile(path)
+	data, err := loader.ReadJSONFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -60,7 +60,7 @@ func Load(dir string) (*Tokenizer, error) {
 	}
 	cfgPath := filepath.Join(dir, tokenizerConfigFile)
 	var cfg *tokenizerConfig
-	if data, err := os.ReadFile(cfgPath); err == nil {
+	if data, err := loader.ReadJSONFile(cfgPath); err == nil {
 		if cfg, err = parseConfig(data); err != nil {
 			return nil, fmt.Errorf("tokenizer: %s: %w", cfgPath, err)
 		}
