@@ -69,3 +69,22 @@ func TestSamplerNonFinite(t *testing.T) {
 		t.Errorf("sample with masked logits = %d, want 1", got)
 	}
 }
+
+// argmax counts a NaN as the largest, as torch.argmax does.
+func TestArgmaxNaN(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, c := range []struct {
+		v    []float32
+		want int
+	}{
+		{[]float32{1, 3, 3, 2}, 1},
+		{[]float32{1, nan, 2, nan}, 1},
+		{[]float32{nan, 5}, 0},
+		{[]float32{1, inf, nan}, 2},
+		{[]float32{-inf, -inf}, 0},
+	} {
+		if got := argmax(c.v); got != c.want {
+			t.Errorf("argmax(%v) = %d, want %d", c.v, got, c.want)
+		}
+	}
+}

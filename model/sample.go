@@ -151,12 +151,16 @@ func kthLargest(c []candidate, k int) float64 {
 	return v[want]
 }
 
-// argmax is the first index of the largest value (NaN never wins), as
-// torch.argmax.
+// argmax is the first index of the largest value, a NaN counting as the
+// largest, as torch.argmax (and the naive set's kernel): a row holding a NaN
+// then chooses it, and choose's finite check sees it.
 func argmax(v []float32) int {
 	best := 0
 	for i, x := range v {
-		if x > v[best] || math.IsNaN(float64(v[best])) {
+		if math.IsNaN(float64(v[best])) {
+			break
+		}
+		if x > v[best] || math.IsNaN(float64(x)) {
 			best = i
 		}
 	}
