@@ -125,7 +125,10 @@ func planLoad(cfg *loader.Config, w *loader.Weights, act kernels.DType, opt Load
 	ws := layers.NewWorkspace()
 	p.reserve(ws, act, cfg.HiddenSize)
 	work := mulSat(Bytes(ws.Bytes(1)), tokens)
-	for _, b := range ioBuffers(act, cfg, int(min(rows, maxStepTokens+1)), int(min(tokens, maxStepTokens+1))) {
+	// Rows and tokens past the i32 bound are refused after this estimate
+	// (checkSteps); counting the buffers at the bound keeps ints in range.
+	sizing := &engine{cfg: cfg}
+	for _, b := range sizing.ioBuffers(act, int(min(rows, maxStepTokens)), int(min(tokens, maxStepTokens))) {
 		n := Bytes(b.dt.Size())
 		for _, d := range b.shape {
 			n = mulSat(n, Bytes(d))

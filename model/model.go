@@ -288,26 +288,26 @@ func (d *decoder) reserve(ws *layers.Workspace, act kernels.DType, hidden int) {
 	}
 }
 
-// ioBuffer is one of a model's step inputs and outputs: where Load keeps
-// it, its element type and its shape.
+// ioBuffer is one of a model's step inputs and outputs: the engine field
+// that holds it, its element type and its shape.
 type ioBuffer struct {
-	dst   func(e *engine) **kernels.Tensor
+	dst   **kernels.Tensor
 	dt    kernels.DType
 	shape []int
 }
 
-// ioBuffers are a model's step inputs and outputs, for rows rows and steps
-// of up to tokens tokens.
-func ioBuffers(act kernels.DType, cfg *loader.Config, rows, tokens int) []ioBuffer {
+// ioBuffers are the engine's step inputs and outputs, for rows rows and
+// steps of up to tokens tokens.
+func (e *engine) ioBuffers(act kernels.DType, rows, tokens int) []ioBuffer {
 	return []ioBuffer{
-		{func(e *engine) **kernels.Tensor { return &e.ids }, kernels.I32, []int{tokens}},
-		{func(e *engine) **kernels.Tensor { return &e.pos }, kernels.I32, []int{tokens}},
-		{func(e *engine) **kernels.Tensor { return &e.start }, kernels.I32, []int{rows + 1}},
-		{func(e *engine) **kernels.Tensor { return &e.past }, kernels.I32, []int{rows}},
-		{func(e *engine) **kernels.Tensor { return &e.last }, kernels.I32, []int{rows}},
-		{func(e *engine) **kernels.Tensor { return &e.lastHidden }, act, []int{rows, cfg.HiddenSize}},
-		{func(e *engine) **kernels.Tensor { return &e.logits }, kernels.F32, []int{rows, cfg.VocabSize}},
-		{func(e *engine) **kernels.Tensor { return &e.next }, kernels.I32, []int{rows}},
+		{&e.ids, kernels.I32, []int{tokens}},
+		{&e.pos, kernels.I32, []int{tokens}},
+		{&e.start, kernels.I32, []int{rows + 1}},
+		{&e.past, kernels.I32, []int{rows}},
+		{&e.last, kernels.I32, []int{rows}},
+		{&e.lastHidden, act, []int{rows, e.cfg.HiddenSize}},
+		{&e.logits, kernels.F32, []int{rows, e.cfg.VocabSize}},
+		{&e.next, kernels.I32, []int{rows}},
 	}
 }
 
@@ -321,10 +321,9 @@ func (e *engine) finish() error {
 	e.ws = layers.NewWorkspace()
 	e.decoder.reserve(e.ws, act, e.cfg.HiddenSize)
 	e.workTensors = e.ws.Alloc(e.dev, e.maxTokens)
-	for _, b := range ioBuffers(act, e.cfg, e.maxRows, e.maxTokens) {
-		t := e.dev.Alloc(b.dt, b.shape...)
-		*b.dst(e) = t
-		e.workTensors = append(e.workTensors, t)
+	for _, b := range e.ioBuffers(act, e.maxRows, e.maxTokens) {
+		*b.dst = e.dev.Alloc(b.dt, b.shape...)
+		e.workTensors = append(e.workTensors, *b.dst)
 	}
 	return e.dev.Sync()
 }
