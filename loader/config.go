@@ -1,7 +1,7 @@
 // Package loader finds a Hugging Face model directory (a path or an offline
 // HF-cache lookup), reads its config.json / generation_config.json into typed
-// configs, and maps its safetensors weights read-only into memory; the
-// tokenizer (tokenizer*.go) reads its tokenizer.json.
+// configs, and maps its safetensors weights read-only into memory. The
+// tokenizer.json of the same directory is package tokenizer's.
 //
 // Nothing here downloads anything.
 package loader
@@ -162,7 +162,7 @@ const configFile = "config.json"
 // LoadConfig reads dir/config.json into a validated Config.
 func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, configFile)
-	data, err := os.ReadFile(path)
+	data, err := ReadJSONFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("loader: %s: no config.json in the model directory", dir)
@@ -701,8 +701,13 @@ func (o cfgObject) maybeInt(key string) (int, bool, error) {
 	if !ok || err != nil {
 		return 0, ok, err
 	}
-	if f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+	if f != math.Trunc(f) {
 		return 0, false, o.fail(key, "want an integer, got %s", cfgShort(o.m[key]))
+	}
+	// Sizes and ids reach the kernels as 32-bit integers; bounding them here
+	// also keeps the products of two of them (a matrix's elements) in an int.
+	if f < math.MinInt32 || f > math.MaxInt32 {
+		return 0, false, o.fail(key, "%s is beyond 32-bit integers", cfgShort(o.m[key]))
 	}
 	return int(f), true, nil
 }

@@ -32,7 +32,7 @@ const generationConfigFile = "generation_config.json"
 // one gives nil, nil.
 func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
 	path := filepath.Join(dir, generationConfigFile)
-	data, err := os.ReadFile(path)
+	data, err := ReadJSONFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil

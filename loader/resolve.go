@@ -125,3 +125,28 @@ func resolveCheckDir(model, dir string) (string, error) {
 	}
 	return dir, nil
 }
+
+// MaxJSONFileBytes bounds the JSON files of a model directory that are read
+// whole: config.json, generation_config.json, the shard index,
+// tokenizer.json and tokenizer_config.json. The largest real ones are tens
+// of MB.
+const MaxJSONFileBytes = 1 << 30
+
+// ReadJSONFile reads one of a model directory's JSON files whole. It
+// refuses anything but a regular file (symlinks to one are fine) and a file
+// larger than MaxJSONFileBytes, so that /dev/zero or a FIFO in its place
+// fails at once instead of exhausting memory or waiting forever. A missing
+// file's error satisfies errors.Is(err, fs.ErrNotExist).
+func ReadJSONFile(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	if fi.Size() > MaxJSONFileBytes {
+		return nil, fmt.Errorf("%s: %d bytes, more than the %d MiB a model's JSON file may have", path, fi.Size(), MaxJSONFileBytes>>20)
+	}
+	return os.ReadFile(path)
+}

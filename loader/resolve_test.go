@@ -1,6 +1,8 @@
 package loader
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,5 +142,29 @@ func TestResolveDirectory(t *testing.T) {
 	resolveTestFile(t, filepath.Join(dir, "Org", "Name", "config.json"), "{}")
 	if got, err := Resolve("Org/Name"); err != nil || got != "Org/Name" {
 		t.Errorf("local Org/Name: %q, %v", got, err)
+	}
+}
+
+// A model directory's JSON files are read only when they are regular files
+// of a sane size: /dev/zero or a FIFO in their place fails at once.
+func TestReadJSONFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("/dev/zero", filepath.Join(dir, "config.json")); err != nil {
+		t.Skip(err)
+	}
+	if _, err := LoadConfig(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("config.json -> /dev/zero: %v", err)
+	}
+	os.Mkdir(filepath.Join(dir, "generation_config.json"), 0o755)
+	if _, err := LoadGenerationConfig(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("generation_config.json a directory: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "real.json"), []byte("{}"), 0o644)
+	os.Symlink("real.json", filepath.Join(dir, "link.json"))
+	if b, err := ReadJSONFile(filepath.Join(dir, "link.json")); err != nil || string(b) != "{}" {
+		t.Errorf("a symlink to a regular file: %q, %v", b, err)
+	}
+	if _, err := ReadJSONFile(filepath.Join(dir, "missing.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing file: %v", err)
 	}
 }

@@ -13,10 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/nlpodyssey/safetensors"
 )
 
 // The weight files of a model directory.
@@ -108,7 +106,7 @@ type stIndex struct {
 }
 
 func (w *Weights) openIndexed() error {
-	data, err := os.ReadFile(filepath.Join(w.dir, WeightsIndexFile))
+	data, err := ReadJSONFile(filepath.Join(w.dir, WeightsIndexFile))
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
@@ -172,13 +170,11 @@ func (w *Weights) addFile(file string, names []string) error {
 	}
 	w.maps = append(w.maps, data)
 
+	// The header is parsed once, here; the tests hold these checks and the
+	// views below to what the safetensors library makes of the same files.
 	hdr, err := stParseHeader(data)
 	if err != nil {
 		return fmt.Errorf("loader: %s: %w", file, err)
-	}
-	st, err := stDeserialize(data)
-	if err != nil {
-		return fmt.Errorf("loader: %s: safetensors: %v", file, err)
 	}
 	if names == nil {
 		names = cfgSortedKeys(hdr.entries)
@@ -191,35 +187,19 @@ func (w *Weights) addFile(file string, names []string) error {
 		if _, dup := w.tensors[name]; dup {
 			return fmt.Errorf("loader: %s: tensor %q: already loaded from %s", file, name, w.tensors[name].File)
 		}
-		view, ok := st.Tensor(name)
-		start := hdr.dataStart + e.begin
-		if !ok || int64(len(view.Data())) != e.end-e.begin ||
-			(len(view.Data()) > 0 && unsafe.SliceData(view.Data()) != &data[start]) {
-			return fmt.Errorf("loader: %s: tensor %q: the safetensors library disagrees with the header checks", file, name)
-		}
+		start, end := hdr.dataStart+e.begin, hdr.dataStart+e.end
 		w.tensors[name] = &TensorInfo{
 			Name:      name,
 			DType:     stKernelDType(e.dtype),
 			SafeDType: e.dtype,
 			Shape:     e.shape,
-			Data:      view.Data(),
+			Data:      data[start:end:end],
 			File:      file,
 			Offset:    start,
 		}
 		w.total += e.end - e.begin
 	}
 	return nil
-}
-
-// stDeserialize runs the safetensors library over a whole file, turning a
-// panic into an error.
-func stDeserialize(data []byte) (st safetensors.SafeTensors, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("panic: %v", r)
-		}
-	}()
-	return safetensors.Deserialize(data)
 }
 
 func stKernelDType(s string) kernels.DType {
@@ -236,8 +216,7 @@ func stKernelDType(s string) kernels.DType {
 	return NoDType
 }
 
-// stDTypeSizes are the element sizes of the dtypes the safetensors library
-// knows.
+// stDTypeSizes are the element sizes of the dtypes safetensors knows.
 var stDTypeSizes = map[string]int64{
 	"BOOL": 1, "U8": 1, "I8": 1,
 	"I16": 2, "U16": 2, "F16": 2, "BF16": 2,

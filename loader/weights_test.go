@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/nlpodyssey/safetensors"
@@ -422,6 +423,38 @@ func TestOpenWeightsCorrupt(t *testing.T) {
 	}
 }
 
+// stDeserialize runs the safetensors library over a whole file, turning a
+// panic into an error: the reference the header checks are held to.
+func stDeserialize(data []byte) (st safetensors.SafeTensors, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return safetensors.Deserialize(data)
+}
+
+// stLibraryAgrees fails unless the safetensors library accepts a file the
+// header checks accepted as hdr, with the same tensors at the same bytes.
+func stLibraryAgrees(t *testing.T, data []byte, hdr *stHeader) {
+	t.Helper()
+	st, err := stDeserialize(data)
+	if err != nil {
+		t.Fatalf("header checks pass but the library fails: %v", err)
+	}
+	if st.Len() != len(hdr.entries) {
+		t.Fatalf("the library sees %d tensors, the header checks %d", st.Len(), len(hdr.entries))
+	}
+	for name, e := range hdr.entries {
+		view, ok := st.Tensor(name)
+		start := hdr.dataStart + e.begin
+		if !ok || int64(len(view.Data())) != e.end-e.begin ||
+			(len(view.Data()) > 0 && unsafe.SliceData(view.Data()) != &data[start]) {
+			t.Fatalf("tensor %q: the library disagrees with the header checks", name)
+		}
+	}
+}
+
 // TestStParseHeaderNeverPanics throws every prefix and many byte flips of
 // a valid file at the header checks and the library behind them.
 func TestStParseHeaderNeverPanics(t *testing.T) {
@@ -435,10 +468,8 @@ func TestStParseHeaderNeverPanics(t *testing.T) {
 		if len(b) < 8 {
 			return
 		}
-		if _, err := stParseHeader(b); err == nil {
-			if _, err := stDeserialize(b); err != nil {
-				t.Errorf("header checks pass but the library fails: %v on %q", err, b)
-			}
+		if hdr, err := stParseHeader(b); err == nil {
+			stLibraryAgrees(t, b, hdr)
 		}
 	}
 	for n := 0; n <= len(good); n++ {
@@ -455,7 +486,8 @@ func TestStParseHeaderNeverPanics(t *testing.T) {
 }
 
 // FuzzStParseHeader: no input makes the header checks or the library panic,
-// and the library accepts every file the checks accept.
+// and the library accepts every file the checks accept, with the same
+// tensors at the same bytes.
 func FuzzStParseHeader(f *testing.F) {
 	f.Add(stTestBuild(stTestTensors))
 	f.Add(stTestBuild(stTestTensors[:1]))
@@ -465,10 +497,28 @@ func FuzzStParseHeader(f *testing.F) {
 		if len(b) < 8 {
 			return
 		}
-		if _, err := stParseHeader(b); err == nil {
-			if _, err := stDeserialize(b); err != nil {
-				t.Errorf("header checks pass but the library fails: %v", err)
-			}
+		if hdr, err := stParseHeader(b); err == nil {
+			stLibraryAgrees(t, b, hdr)
 		}
 	})
+}
+
+// The header checks and the views OpenWeights slices agree with the
+// safetensors library on every bundled checkpoint file.
+func TestStLibraryAgreesOnFixtures(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join("..", "testdata", "models", "*", "*.safetensors"))
+	if len(files) == 0 {
+		t.Skip("no bundled checkpoints")
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr, err := stParseHeader(b)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		stLibraryAgrees(t, b, hdr)
+	}
 }

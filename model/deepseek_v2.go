@@ -127,14 +127,9 @@ func buildMoE(cfg *loader.Config, s *weightSet, prefix string) *layers.MoE {
 	return m
 }
 
-// loadDeepseekV2 is Load for DeepSeek-V2. The rotary embedding covers
-// qk_rope_head_dim (HF sets config.head_dim to it) with interleaved pairs
-// (2i, 2i+1), as apply_rotary_emb's view_as_complex.
-func loadDeepseekV2(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions) (Model, error) {
-	ropeDim := cfg.DeepSeek.QKRopeHeadDim
-	e, err := newEngine(cfg, w, dev, ops, opt, ropeDim, true, func(s *weightSet) {
-		buildDeepseekV2(cfg, s, newLatentCache(nil, cfg, 0, 0), nil)
-	})
+// loadDeepseekV2 is Load for DeepSeek-V2, planned as p.
+func loadDeepseekV2(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions, p *plan) (Model, error) {
+	e, err := newEngine(cfg, w, dev, ops, opt, p)
 	if err != nil {
 		return nil, err
 	}

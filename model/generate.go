@@ -156,7 +156,7 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 	if greedy {
 		e.ops.Argmax(vec(e.next, B), e.logits.Slice(0, B))
 	}
-	next, err := ch.choose()
+	next, err := ch.choose(1)
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +208,7 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 			decodeOne(e, s, greedy)
 		}
 		g.DecodeSteps++
-		next, err := ch.choose()
+		next, err := ch.choose(steps + 1)
 		if err != nil {
 			return nil, err
 		}
@@ -264,12 +264,12 @@ func (e *engine) checkGenerate(prompts [][]int, opt GenerateOptions) error {
 				return fmt.Errorf("model: prompt %d: token %d at position %d is outside the vocabulary [0, %d)", i, t, j, V)
 			}
 		}
-		n := len(p) + opt.MaxNewTokens
-		if n > e.cfg.MaxPositions {
+		// len(p) + MaxNewTokens may overflow: subtract instead.
+		if opt.MaxNewTokens > e.cfg.MaxPositions-len(p) {
 			return fmt.Errorf("model: prompt %d: %d tokens + %d new ones exceed max_position_embeddings (%d)",
 				i, len(p), opt.MaxNewTokens, e.cfg.MaxPositions)
 		}
-		if n > e.maxSeq {
+		if opt.MaxNewTokens > e.maxSeq-len(p) {
 			return fmt.Errorf("model: prompt %d: %d tokens + %d new ones exceed the cache's %d per row (LoadOptions.MaxSeq)",
 				i, len(p), opt.MaxNewTokens, e.maxSeq)
 		}
@@ -310,11 +310,18 @@ func (c *chooser) suppressEOS(b int) bool {
 	return len(c.eos) > 0 && len(c.tokens[b]) < c.minNew
 }
 
-// choose returns the next token of every row. Greedy reads back the
-// device's argmax (e.next), and re-picks on the host only for a row whose
-// argmax is an end-of-sequence token it may not choose yet; sampling reads
-// back the logits.
-func (c *chooser) choose() ([]int, error) {
+// choose returns the next token of every row for step step (1: the one
+// after the prefill). Greedy reads back the device's argmax (e.next) and the
+// logit it chose, and re-picks on the host only for a row whose argmax is an
+// end-of-sequence token it may not choose yet; sampling reads back the
+// logits.
+//
+// A row whose chosen logit (the largest, under greedy) is NaN or infinite,
+// or whose logits are all -inf, stops the generation with an error: the
+// model's numbers have broken down (a NaN weight, an overflow) and what
+// they choose is noise. Greedy checks only the chosen logit, one float per
+// row, so that the check costs no pass over the logits.
+func (c *chooser) choose(step int) ([]int, error) {
 	e, V := c.e, c.e.cfg.VocabSize
 	next := make([]int, c.B)
 	if c.greedy {
@@ -324,6 +331,10 @@ func (c *chooser) choose() ([]int, error) {
 		}
 		for b, id := range ids {
 			next[b] = int(id)
+			if next[b] < 0 || next[b] >= V {
+				return nil, fmt.Errorf("model: step %d: row %d: argmax gave token %d, outside the vocabulary [0, %d)", step, b, next[b], V)
+			}
+			var chosen float32
 			if c.suppressEOS(b) && slices.Contains(c.eos, next[b]) {
 				row, err := e.dev.ReadF32(e.logits.Slice(b, b+1))
 				if err != nil {
@@ -331,6 +342,16 @@ func (c *chooser) choose() ([]int, error) {
 				}
 				c.maskEOS(row)
 				next[b] = argmax(row)
+				chosen = row[next[b]]
+			} else {
+				v, err := e.dev.ReadF32(e.logits.Slice(b, b+1).ColSlice(next[b], next[b]+1))
+				if err != nil {
+					return nil, err
+				}
+				chosen = v[0]
+			}
+			if math.IsNaN(float64(chosen)) || math.IsInf(float64(chosen), 0) {
+				return nil, nonFinite(step, b, chosen)
 			}
 		}
 		return next, nil
@@ -344,9 +365,21 @@ func (c *chooser) choose() ([]int, error) {
 		if c.suppressEOS(b) {
 			c.maskEOS(row)
 		}
-		next[b] = c.samplers[b].sample(row)
+		if next[b] = c.samplers[b].sample(row); next[b] < 0 {
+			return nil, nonFinite(step, b, row[argmax(row)])
+		}
 	}
 	return next, nil
+}
+
+// nonFinite is choose's error for row b of step step, whose chosen logit
+// is x.
+func nonFinite(step, b int, x float32) error {
+	phase := "decode"
+	if step == 1 {
+		phase = "prefill"
+	}
+	return fmt.Errorf("model: step %d (%s): row %d's logits are not finite (the largest is %v); generation stopped", step, phase, b, x)
 }
 
 func (c *chooser) maskEOS(row []float32) {

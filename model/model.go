@@ -53,36 +53,49 @@ type LoadOptions struct {
 	Progress func(done, total int64)
 }
 
-// Memory is the device memory a model holds, in bytes.
-type Memory struct {
-	Weights int64 // weights and rotary tables
-	Cache   int64 // the KV cache
-	Work    int64 // activations, step inputs, logits
-}
-
 // Load uploads the checkpoint w of the model cfg describes to dev and
-// allocates its cache and work buffers, for ops (built for dev) to run. It
-// checks every tensor's presence and shape before uploading any.
+// allocates its cache and work buffers, for ops (built for dev) to run.
+// Before allocating anything it checks every tensor's presence and shape,
+// and that the memory the model needs (Estimate) is free on dev when dev can
+// tell (a MemInfo method, as the cuda and cpu devices have): if not, the
+// error is a *MemoryError.
 func Load(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions) (Model, error) {
 	if cfg == nil || w == nil || dev == nil || ops == nil {
 		return nil, fmt.Errorf("model: Load needs a config, weights, a device and its ops")
 	}
-	if err := checkConfig(cfg); err != nil {
+	p, err := planLoad(cfg, w, dev.ActDType(), opt)
+	if err != nil {
 		return nil, err
 	}
-	if opt.MaxRows < 1 || opt.MaxSeq < 1 {
-		return nil, fmt.Errorf("model: MaxRows (%d) and MaxSeq (%d) must be at least 1", opt.MaxRows, opt.MaxSeq)
+	if err := checkMemory(dev, p.need); err != nil {
+		return nil, err
 	}
-	if opt.PrefillChunk < 0 {
-		return nil, fmt.Errorf("model: PrefillChunk %d is negative", opt.PrefillChunk)
+	if err := p.checkSteps(opt); err != nil {
+		return nil, err
 	}
 	switch cfg.Arch {
 	case loader.ArchQwen2:
-		return loadQwen2(cfg, w, dev, ops, opt)
-	case loader.ArchDeepseekV2:
-		return loadDeepseekV2(cfg, w, dev, ops, opt)
+		return loadQwen2(cfg, w, dev, ops, opt, p)
+	default:
+		return loadDeepseekV2(cfg, w, dev, ops, opt, p)
 	}
-	return nil, fmt.Errorf("model: architecture %q is not supported (want %s or %s)", cfg.Arch, loader.ArchQwen2, loader.ArchDeepseekV2)
+}
+
+// archOf is what Load needs to know of cfg's architecture: its constructor,
+// run on a planning weightSet, and the dims and pairing of its rotary
+// embedding. build is nil for an architecture not supported.
+func archOf(cfg *loader.Config) (build func(*weightSet) decoder, ropeDim int, interleaved bool) {
+	switch cfg.Arch {
+	case loader.ArchQwen2:
+		// rotate_half pairs (i, i+head_dim/2) over head_dim.
+		return func(s *weightSet) decoder { return buildQwen2(cfg, s, newKVCache(nil, cfg, 0, 0), nil) }, cfg.HeadDim, false
+	case loader.ArchDeepseekV2:
+		// qk_rope_head_dim (HF sets config.head_dim to it) with interleaved
+		// pairs (2i, 2i+1), as apply_rotary_emb's view_as_complex.
+		return func(s *weightSet) decoder { return buildDeepseekV2(cfg, s, newLatentCache(nil, cfg, 0, 0), nil) },
+			cfg.DeepSeek.QKRopeHeadDim, true
+	}
+	return nil, 0, false
 }
 
 // checkConfig rejects configs the models cannot run, with the field at fault.
@@ -130,13 +143,12 @@ func ParamCount(cfg *loader.Config) int64 {
 	if checkConfig(cfg) != nil {
 		return 0
 	}
-	s := &weightSet{}
-	switch cfg.Arch {
-	case loader.ArchQwen2:
-		buildQwen2(cfg, s, newKVCache(nil, cfg, 0, 0), nil)
-	case loader.ArchDeepseekV2:
-		buildDeepseekV2(cfg, s, newLatentCache(nil, cfg, 0, 0), nil)
+	build, _, _ := archOf(cfg)
+	if build == nil {
+		return 0
 	}
+	s := &weightSet{}
+	build(s)
 	var n int64
 	for _, w := range s.want {
 		n += int64(numel(w.Shape))
@@ -222,10 +234,10 @@ func (e *engine) Capacity() (rows, seq int) { return e.maxRows, e.maxSeq }
 
 // Memory says how much device memory the model holds.
 func (e *engine) Memory() Memory {
-	sum := func(ts []*kernels.Tensor) int64 {
-		var n int64
+	sum := func(ts []*kernels.Tensor) Bytes {
+		var n Bytes
 		for _, t := range ts {
-			n += int64(t.Numel() * t.DType.Size())
+			n += Bytes(t.Numel() * t.DType.Size())
 		}
 		return n
 	}
@@ -246,29 +258,16 @@ func (e *engine) Close() error {
 	return nil
 }
 
-// newEngine checks the checkpoint against the tensors plan asks for, then
-// returns an engine whose weightSet uploads, with the rotary tables of dim
-// dimensions made. plan runs the architecture's constructor on a planning
-// weightSet.
-func newEngine(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions,
-	ropeDim int, interleaved bool, plan func(*weightSet)) (*engine, error) {
-	planned := &weightSet{w: w}
-	plan(planned)
-	if err := w.Check(planned.want); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
-	}
-	e := &engine{cfg: cfg, dev: dev, ops: ops, maxRows: opt.MaxRows, maxSeq: opt.MaxSeq}
-	e.maxTokens = opt.PrefillChunk
-	if e.maxTokens == 0 {
-		e.maxTokens = opt.MaxRows * opt.MaxSeq
-	}
-	e.maxTokens = max(e.maxTokens, opt.MaxRows)
-	e.weights = &weightSet{w: w, dev: dev, progress: opt.Progress}
-	for _, want := range planned.want {
+// newEngine returns an engine for the model p planned, whose weightSet
+// uploads, with the rotary tables made.
+func newEngine(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions, p *plan) (*engine, error) {
+	e := &engine{cfg: cfg, dev: dev, ops: ops, maxRows: opt.MaxRows, maxSeq: opt.MaxSeq, maxTokens: p.maxTokens}
+	e.weights = &weightSet{w: w, dev: dev, act: dev.ActDType(), progress: opt.Progress}
+	for _, want := range p.weights.want {
 		info, _ := w.Get(want.Name)
 		e.weights.total += int64(len(info.Data))
 	}
-	rope, owned, err := newRope(dev, &cfg.Rope, ropeDim, opt.MaxSeq, interleaved)
+	rope, owned, err := newRope(dev, &cfg.Rope, p.ropeDim, opt.MaxSeq, p.interleaved)
 	e.weights.owned = append(e.weights.owned, owned...)
 	if err != nil {
 		e.Close()
@@ -278,36 +277,55 @@ func newEngine(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops ke
 	return e, nil
 }
 
+// reserve asks ws for the work buffers of the decoder d and its layers.
+func (d *decoder) reserve(ws *layers.Workspace, act kernels.DType, hidden int) {
+	for _, name := range []string{bufHidden, bufNormed, bufOut} {
+		ws.Reserve(name, act, hidden)
+	}
+	for _, l := range d.layers {
+		l.SelfAttn.Reserve(ws, act)
+		l.MLP.Reserve(ws, act)
+	}
+}
+
+// ioBuffer is one of a model's step inputs and outputs: the engine field
+// that holds it, its element type and its shape.
+type ioBuffer struct {
+	dst   **kernels.Tensor
+	dt    kernels.DType
+	shape []int
+}
+
+// ioBuffers are the engine's step inputs and outputs, for rows rows and
+// steps of up to tokens tokens.
+func (e *engine) ioBuffers(act kernels.DType, rows, tokens int) []ioBuffer {
+	return []ioBuffer{
+		{&e.ids, kernels.I32, []int{tokens}},
+		{&e.pos, kernels.I32, []int{tokens}},
+		{&e.start, kernels.I32, []int{rows + 1}},
+		{&e.past, kernels.I32, []int{rows}},
+		{&e.last, kernels.I32, []int{rows}},
+		{&e.lastHidden, act, []int{rows, e.cfg.HiddenSize}},
+		{&e.logits, kernels.F32, []int{rows, e.cfg.VocabSize}},
+		{&e.next, kernels.I32, []int{rows}},
+	}
+}
+
 // finish checks the weight uploads and allocates the work buffers of the
-// built decoder.
+// built decoder, then checks the allocations.
 func (e *engine) finish() error {
 	if err := errors.Join(e.weights.err, e.dev.Sync()); err != nil {
 		return err
 	}
-	act, H := e.dev.ActDType(), e.cfg.HiddenSize
+	act := e.dev.ActDType()
 	e.ws = layers.NewWorkspace()
-	for _, name := range []string{bufHidden, bufNormed, bufOut} {
-		e.ws.Reserve(name, act, H)
-	}
-	for _, l := range e.layers {
-		l.SelfAttn.Reserve(e.ws, act)
-		l.MLP.Reserve(e.ws, act)
-	}
+	e.decoder.reserve(e.ws, act, e.cfg.HiddenSize)
 	e.workTensors = e.ws.Alloc(e.dev, e.maxTokens)
-	alloc := func(dt kernels.DType, shape ...int) *kernels.Tensor {
-		t := e.dev.Alloc(dt, shape...)
-		e.workTensors = append(e.workTensors, t)
-		return t
+	for _, b := range e.ioBuffers(act, e.maxRows, e.maxTokens) {
+		*b.dst = e.dev.Alloc(b.dt, b.shape...)
+		e.workTensors = append(e.workTensors, *b.dst)
 	}
-	e.ids = alloc(kernels.I32, e.maxTokens)
-	e.pos = alloc(kernels.I32, e.maxTokens)
-	e.start = alloc(kernels.I32, e.maxRows+1)
-	e.past = alloc(kernels.I32, e.maxRows)
-	e.last = alloc(kernels.I32, e.maxRows)
-	e.lastHidden = alloc(act, e.maxRows, H)
-	e.logits = alloc(kernels.F32, e.maxRows, e.cfg.VocabSize)
-	e.next = alloc(kernels.I32, e.maxRows)
-	return nil
+	return e.dev.Sync()
 }
 
 // vec is the view of the first n entries of the 1-D tensor t.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -416,6 +417,7 @@ func TestGenerateErrors(t *testing.T) {
 		{[][]int{{-1}}, ok, "token -1"},
 		{[][]int{make([]int, 13)}, ok, "exceed the cache's 16"},
 		{[][]int{{1}}, GenerateOptions{}, "MaxNewTokens is 0"},
+		{[][]int{{1}}, GenerateOptions{MaxNewTokens: math.MaxInt}, "exceed max_position_embeddings"},
 		{[][]int{{1}}, GenerateOptions{MaxNewTokens: 2, Sampling: Sampling{Temperature: 1, TopP: 1.5}}, "top-p"},
 	} {
 		_, err := Generate(m, c.prompts, c.opt)
@@ -488,7 +490,8 @@ func TestSizes(t *testing.T) {
 			}
 			dev, ops := cpuOps(t)
 			var last, total int64
-			m, err := Load(cfg, w, dev, ops, LoadOptions{MaxRows: 3, MaxSeq: 20, Progress: func(d, t int64) { last, total = d, t }})
+			opt := LoadOptions{MaxRows: 3, MaxSeq: 20, Progress: func(d, t int64) { last, total = d, t }}
+			m, err := Load(cfg, w, dev, ops, opt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -496,8 +499,21 @@ func TestSizes(t *testing.T) {
 			if last != bytes || total != bytes {
 				t.Errorf("progress ended at %d of %d, the checkpoint has %d bytes", last, total, bytes)
 			}
-			if got, want := m.Memory().Cache, 3*20*KVBytesPerToken(cfg, dev.ActDType()); got != want {
+			if got, want := m.Memory().Cache, Bytes(3*20*KVBytesPerToken(cfg, dev.ActDType())); got != want {
 				t.Errorf("cache of %d bytes, want %d", got, want)
+			}
+			// What Load checks against the device's memory is what it takes.
+			for _, act := range []kernels.DType{kernels.F32, kernels.BF16} {
+				d, ops := cpuOpsAct(t, act)
+				m, err := Load(cfg, w, d, ops, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				est, err := Estimate(cfg, w, act, opt)
+				if err != nil || est != m.Memory() {
+					t.Errorf("%s activations: Estimate %v (%v), Load allocated %v", act, est, err, m.Memory())
+				}
+				m.Close()
 			}
 		})
 	}

@@ -49,12 +49,9 @@ func buildQwen2(cfg *loader.Config, s *weightSet, cache *KVCache, rope *kernels.
 	return d
 }
 
-// loadQwen2 is Load for Qwen2. The rotary embedding covers head_dim with
-// rotate_half pairs (i, i+head_dim/2).
-func loadQwen2(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions) (Model, error) {
-	e, err := newEngine(cfg, w, dev, ops, opt, cfg.HeadDim, false, func(s *weightSet) {
-		buildQwen2(cfg, s, newKVCache(nil, cfg, 0, 0), nil)
-	})
+// loadQwen2 is Load for Qwen2, planned as p.
+func loadQwen2(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions, p *plan) (Model, error) {
+	e, err := newEngine(cfg, w, dev, ops, opt, p)
 	if err != nil {
 		return nil, err
 	}

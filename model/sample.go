@@ -36,17 +36,22 @@ func newSampler(s Sampling, b int) *sampler {
 	}
 }
 
-// sample draws one token id from logits (-inf entries are never drawn).
+// sample draws one token id from logits (-inf entries are never drawn). It
+// returns -1 when there is nothing sound to draw from: a NaN or +inf logit,
+// or no logit above -inf.
 func (s *sampler) sample(logits []float32) int {
 	c := s.cands[:0]
 	for id, l := range logits {
-		if !math.IsInf(float64(l), -1) && !math.IsNaN(float64(l)) {
-			c = append(c, candidate{id, float64(l) / s.temperature})
+		switch x := float64(l); {
+		case math.IsNaN(x) || math.IsInf(x, 1):
+			return -1
+		case !math.IsInf(x, -1):
+			c = append(c, candidate{id, x / s.temperature})
 		}
 	}
 	s.cands = c
 	if len(c) == 0 {
-		return argmax(logits)
+		return -1
 	}
 
 	// top-k keeps every token whose score reaches the k-th largest (ties at
@@ -146,12 +151,16 @@ func kthLargest(c []candidate, k int) float64 {
 	return v[want]
 }
 
-// argmax is the first index of the largest value (NaN never wins), as
-// torch.argmax.
+// argmax is the first index of the largest value, a NaN counting as the
+// largest, as torch.argmax (and the naive set's kernel): a row holding a NaN
+// then chooses it, and choose's finite check sees it.
 func argmax(v []float32) int {
 	best := 0
 	for i, x := range v {
-		if x > v[best] || math.IsNaN(float64(v[best])) {
+		if math.IsNaN(float64(v[best])) {
+			break
+		}
+		if x > v[best] || math.IsNaN(float64(x)) {
 			best = i
 		}
 	}

@@ -11,13 +11,16 @@ import (
 // weightSet is where a model's constructor takes its weights from. The same
 // constructor runs twice: first with a planning set, which only records the
 // tensors it asks for (names and shapes, for Weights.Check and ParamCount)
-// and returns nil tensors; then with an uploading set, which allocates
-// device tensors and copies the checkpoint into them.
+// and the device memory they will take, and returns tensors with a shape
+// and no storage; then with an uploading set, which allocates device
+// tensors and copies the checkpoint into them.
 type weightSet struct {
 	w   *loader.Weights // nil when planning without a checkpoint (ParamCount)
 	dev kernels.Device  // nil when planning
+	act kernels.DType   // the device's activation type
 
-	want []loader.Want
+	want  []loader.Want
+	bytes int64 // the device memory of the tensors asked for
 
 	progress    func(done, total int64)
 	done, total int64
@@ -43,11 +46,11 @@ func (s *weightSet) has(name string) bool {
 }
 
 // storageDType is the element type a weight whose checkpoint type is src is
-// kept in on dev: bf16 on a device whose activations are bf16 (CUDA), else
-// the checkpoint's own type (the cpu set reads f32, bf16 and f16 weights, and
-// keeping bf16 halves the memory).
-func storageDType(dev kernels.Device, src kernels.DType) kernels.DType {
-	if dev.ActDType() == kernels.BF16 {
+// kept in on a device whose activations are of type act: bf16 where they are
+// bf16 (CUDA), else the checkpoint's own type (the cpu set reads f32, bf16
+// and f16 weights, and keeping bf16 halves the memory).
+func storageDType(act, src kernels.DType) kernels.DType {
+	if act == kernels.BF16 {
 		return kernels.BF16
 	}
 	return src
@@ -66,15 +69,17 @@ func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor 
 	if numel(shape) != n {
 		panic(fmt.Sprintf("model: %v does not hold its parts (%d elements)", shape, n))
 	}
+	src := kernels.F32
+	if s.w != nil && !norm {
+		if first, ok := s.w.Get(parts[0].name); ok {
+			src = first.DType
+		}
+	}
+	dt := storageDType(s.act, src)
 	if s.planning() {
-		return nil
+		s.bytes += int64(n) * int64(dt.Size())
+		return kernels.NewTensor(nil, dt, 0, shape...)
 	}
-	first, _ := s.w.Get(parts[0].name)
-	src := first.DType
-	if norm {
-		src = kernels.F32
-	}
-	dt := storageDType(s.dev, src)
 	t := s.dev.Alloc(dt, shape...)
 	s.owned = append(s.owned, t)
 	off := 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write HF `tokenizers` ids for tokenizer.json variants over a fuzz corpus.
 
-The Go tokenizer (loader/tokenizer*.go) is held against this file by
+The Go tokenizer (tokenizer/) is held against this file by
 TestTokenizerVariants. Each variant is the Qwen2 or DeepSeek-V2 file of this
 folder with some top-level keys replaced (normalizer, pre_tokenizer, ...), or a
 small synthetic BPE given whole; together they cover the Split behaviours and

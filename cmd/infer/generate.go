@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,6 +20,8 @@ import (
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/tokenizer"
 )
 
 // genFlags are the flags of the generate command (the root command).
@@ -40,11 +43,16 @@ func newRootCmd() *cobra.Command {
 		Short: "Generate text with Qwen2 / DeepSeek-V2 checkpoints and time every op",
 		Long: `infer generates text from a Hugging Face checkpoint of the Qwen2 or DeepSeek-V2
 family and reports tokens/s and the time of every op, for the kernel set chosen
-with --kernels: "naive", "fused", or a base set with per-op overrides such as
-"fused,attn=naive,rope=naive". --device cpu runs the pure-Go "cpu" set.
+with --kernels: "fused" (CUDA, the default where a GPU is found), "naive" (CUDA,
+the eager baseline) or "cpu" (pure Go, the no-GPU path), and per op another set
+of the same device, as SET[,OP=SET...], e.g. "fused,attn=naive,rope=naive".
 
-` + opList(),
-		Args: cobra.NoArgs,
+Logs go to stderr, progress bars too when it is a terminal; --quiet silences
+both.
+
+` + opList() + `
+
+` + exitRule,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runGenerate(cmd, &f)
 		},
@@ -87,11 +95,11 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 		return bad("--min-new-tokens must not be negative (%d)", f.minNew)
 	case f.minNew > f.maxNew:
 		return bad("--min-new-tokens (%d) is more than --max-new-tokens (%d)", f.minNew, f.maxNew)
-	case f.temperature < 0:
-		return bad("--temperature must not be negative (%g)", f.temperature)
+	case !(f.temperature >= 0 && f.temperature <= math.MaxFloat64):
+		return bad("--temperature must be a finite number ≥ 0, not %g", f.temperature)
 	case f.topK < 0:
 		return bad("--top-k must not be negative (%d)", f.topK)
-	case f.topP < 0 || f.topP > 1:
+	case !(f.topP >= 0 && f.topP <= 1):
 		return bad("--top-p must be in [0, 1], not %g", f.topP)
 	case f.warmup < 0:
 		return bad("--warmup must not be negative (%d)", f.warmup)
@@ -100,9 +108,15 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 	case f.device != "" && f.device != "cpu" && f.device != "cuda":
 		return bad("--device must be cpu or cuda, not %q", f.device)
 	}
+	return nil
+}
+
+// checkOutputs makes sure, before anything is loaded, that every file the
+// run writes at its end can be written.
+func (f *genFlags) checkOutputs() error {
 	if f.profile != "" {
-		if fi, err := os.Stat(filepath.Dir(f.profile)); err != nil || !fi.IsDir() {
-			return bad("--profile %s: no directory %s to write it in", f.profile, filepath.Dir(f.profile))
+		if err := outfile.Check(f.profile); err != nil {
+			return fmt.Errorf("--profile %w", err)
 		}
 	}
 	return nil
@@ -147,13 +161,17 @@ func chooseSpec(f *genFlags) (string, kernels.Spec, error) {
 	return kind, spec, nil
 }
 
-// openDevice opens device 0 of a kind chooseSpec picked.
-func openDevice(kind string) (kernels.Device, error) {
+// openDevice opens device 0 of the kind chooseSpec picked for f.
+func openDevice(kind string, f *genFlags) (kernels.Device, error) {
 	if kind == "cpu" {
 		return cpuDevice(), nil
 	}
 	if err := cuda.Probe(); err != nil {
-		return nil, fmt.Errorf("--device cuda: no usable CUDA device: %w", err)
+		asked := "--device cuda"
+		if f.device == "" {
+			asked = "--kernels " + f.kernels
+		}
+		return nil, fmt.Errorf("%s needs a CUDA device: %w", asked, err)
 	}
 	return cuda.Open(0)
 }
@@ -162,7 +180,10 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err := f.check(cmd); err != nil {
 		return err
 	}
-	logw := io.Writer(os.Stderr)
+	if err := f.checkOutputs(); err != nil {
+		return err
+	}
+	logw := cmd.ErrOrStderr()
 	if f.quiet {
 		logw = io.Discard
 	}
@@ -189,7 +210,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err != nil {
 		return err
 	}
-	tok, err := loader.LoadTokenizer(dir)
+	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		return err
 	}
@@ -197,9 +218,9 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if len(ids) == 0 {
 		return usageError{errors.New("the prompt encodes to no tokens")}
 	}
-	if n := len(ids) + f.maxNew; n > cfg.MaxPositions {
-		return usageError{fmt.Errorf("prompt (%d tokens) + --max-new-tokens (%d) = %d is more than the model's max_position_embeddings (%d)",
-			len(ids), f.maxNew, n, cfg.MaxPositions)}
+	if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
+		return usageError{fmt.Errorf("the prompt's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
+			len(ids), f.maxNew, cfg.MaxPositions)}
 	}
 	weights, err := loader.OpenWeights(dir)
 	if err != nil {
@@ -207,7 +228,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	defer weights.Close()
 
-	dev, err := openDevice(kind)
+	dev, err := openDevice(kind, f)
 	if err != nil {
 		return err
 	}
@@ -221,19 +242,22 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 
 	tLoad := time.Now()
 	weights.Prefetch()
-	bar := newProgress(f.quiet, weights.TotalBytes(), "loading weights", true)
+	bar := newProgress(cmd.ErrOrStderr(), f.quiet, weights.TotalBytes(), "loading weights", true)
 	m, err := model.Load(cfg, weights, dev, ops, model.LoadOptions{
 		MaxRows:  f.batch,
 		MaxSeq:   len(ids) + f.maxNew,
 		Progress: func(done, _ int64) { bar.Set(done) },
 	})
 	bar.Done()
+	if me := (*model.MemoryError)(nil); errors.As(err, &me) {
+		return fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
+	}
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	loadS := time.Since(tLoad).Seconds()
-	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, memoryLine(m.Memory()))
+	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, m.Memory())
 
 	prompts := make([][]int, f.batch)
 	for i := range prompts {
@@ -264,7 +288,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		}
 		prof.Reset()
 		prof.SetEnabled(timed)
-		steps := newProgress(f.quiet, int64(f.maxNew), desc, false)
+		steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
 		opts.OnStep = func(e model.StepEvent) { steps.Set(int64(e.Step)) }
 		gen, err := model.Generate(m, prompts, opts)
 		steps.Done()
@@ -320,8 +344,8 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := writeFileAtomic(f.profile, b); err != nil {
-			return fmt.Errorf("--profile: %w", err)
+		if err := outfile.Write(f.profile, b); err != nil {
+			return fmt.Errorf("--profile %w", err)
 		}
 	}
 	out := cmd.OutOrStdout()
@@ -347,9 +371,4 @@ func modelName(arg, dir string) string {
 		return name
 	}
 	return filepath.Base(dir)
-}
-
-func memoryLine(m model.Memory) string {
-	gib := func(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
-	return fmt.Sprintf("weights %s, KV cache %s, work %s", gib(m.Weights), gib(m.Cache), gib(m.Work))
 }

@@ -1,8 +1,8 @@
 // Command infer runs Qwen2 and DeepSeek-V2 checkpoints with a chosen kernel
 // set and reports tokens/s and the time of every op.
 //
-//	infer --model Qwen/Qwen2-7B --batch 16 --kernels fused
 //	infer --model Qwen/Qwen2-7B --batch 16 --kernels naive
+//	infer --model testdata/models/qwen2-tiny --prompt-file testdata/prompts/short.txt
 //	infer tokenize --model DIR --text "hello"
 //	infer inspect --model DIR
 package main
@@ -10,32 +10,100 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
 
+// The exit statuses of every command.
+const (
+	exitOK    = 0
+	exitError = 1 // the work failed: a file, the model, the device
+	exitUsage = 2 // the command line is wrong
+)
+
+// exitRule is how --help and the README state the exit statuses.
+const exitRule = `Exit status: 0 on success; 2 when the command line is wrong (an unknown
+command or flag, a stray argument, a flag value out of its range); 1 for
+every other failure (a file that cannot be read or written, a checkpoint
+that cannot run, a device error, numbers that stop being finite).`
+
 // usageError marks errors in the command line itself.
 type usageError struct{ error }
 
-func main() {
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run runs the command line args and returns the exit status. Every failure
+// is said on stderr, prefixed with "infer: ".
+func run(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
 	root.AddCommand(newTokenizeCmd(), newInspectCmd())
-	if err := root.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "infer: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+	root.SetHelpCommand(newHelpCmd())
+	root.CompletionOptions.HiddenDefaultCmd = true
+	// Cobra parses flags, finds the command and checks its arguments before
+	// any PersistentPreRun: what fails before is the command line's fault.
+	parsed := false
+	root.PersistentPreRun = func(*cobra.Command, []string) { parsed = true }
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
 	}
+	fmt.Fprintf(stderr, "infer: %v\n", err)
+	if errors.As(err, new(usageError)) || !parsed {
+		return exitUsage
+	}
+	return exitError
 }
 
-// silence makes cobra leave error printing to main, so that every failure is
-// one line on stderr.
+// silence makes cobra leave error printing to run, so that every failure is
+// one line on stderr, and marks flag and argument errors as usage errors.
 func silence(c *cobra.Command) *cobra.Command {
 	c.SilenceErrors = true
 	c.SilenceUsage = true
 	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	c.Args = noArgs
 	return c
+}
+
+// noArgs refuses positional arguments: every input is a flag.
+func noArgs(c *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unexpected argument %q: %s takes only flags", args[0], c.CommandPath())
+	if !c.HasParent() {
+		msg = fmt.Sprintf("unknown command or stray argument %q (commands: %s; the prompt goes in --prompt)", args[0], commandNames(c))
+	}
+	return usageError{errors.New(msg)}
+}
+
+func commandNames(root *cobra.Command) string {
+	var names []string
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// newHelpCmd is "infer help [command]", which fails as a usage error on a
+// command that does not exist (cobra's own prints a line and succeeds).
+func newHelpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			if err != nil || len(rest) > 0 {
+				return usageError{fmt.Errorf("no help for %q: the commands are %s", strings.Join(args, " "), commandNames(c.Root()))}
+			}
+			return cmd.Help()
+		},
+	}
 }

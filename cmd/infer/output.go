@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -108,24 +106,6 @@ func writeProfileTable(w io.Writer, rows []kernels.OpStat) {
 	}
 	fmt.Fprintf(tw, "total\t\t%d\t%.3f\t%.3f\t%.3f\t100.0%%\t\n", calls, total, pre, dec)
 	tw.Flush()
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same
-// directory, so that a failed run leaves no half-written file behind.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 func marshalJSON(v any) ([]byte, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"time"
 
@@ -8,21 +9,24 @@ import (
 	"golang.org/x/term"
 )
 
-// progress draws a bar on stderr when it is a terminal and --quiet is off;
-// otherwise every method does nothing.
+// progress draws a bar on w (stderr) when it is a terminal and --quiet is
+// off; otherwise every method does nothing.
 type progress struct {
 	bar *progressbar.ProgressBar
 }
 
-func stderrIsTerminal() bool { return term.IsTerminal(int(os.Stderr.Fd())) }
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
 
-// newProgress starts a bar of total units; bytes selects byte units.
-func newProgress(quiet bool, total int64, desc string, bytes bool) *progress {
-	if quiet || !stderrIsTerminal() || total <= 0 {
+// newProgress starts a bar of total units on w; bytes selects byte units.
+func newProgress(w io.Writer, quiet bool, total int64, desc string, bytes bool) *progress {
+	if quiet || !isTerminal(w) || total <= 0 {
 		return &progress{}
 	}
 	opts := []progressbar.Option{
-		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionSetWriter(w),
 		progressbar.OptionSetDescription(desc),
 		progressbar.OptionThrottle(100 * time.Millisecond),
 		progressbar.OptionShowCount(),

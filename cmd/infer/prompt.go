@@ -2,18 +2,41 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 )
 
+// maxTextBytes bounds a text read from a file: far more than any context
+// window holds (a million tokens are a few MB), and little enough memory that
+// /dev/zero or a wrong file fails at once.
+const maxTextBytes = 64 << 20
+
+// readText reads a whole text file of at most maxTextBytes.
+func readText(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTextBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxTextBytes {
+		return "", fmt.Errorf("%s: more than %d MiB, more text than any model's context holds", path, maxTextBytes>>20)
+	}
+	return string(b), nil
+}
+
 // readPromptFile reads a prompt the way TileGym's benchmarks do: every line
 // stripped of surrounding white space, the lines joined with newlines.
 func readPromptFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	s, err := readText(path)
 	if err != nil {
-		return "", fmt.Errorf("prompt file: %w", err)
+		return "", fmt.Errorf("--prompt-file: %w", err)
 	}
-	return stripLines(string(b)), nil
+	return stripLines(s), nil
 }
 
 // stripLines iterates lines as Python's file iteration does (a final newline

@@ -3,11 +3,11 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/fuselm/fuselm/loader"
+	"github.com/fuselm/fuselm/tokenizer"
 )
 
 func newTokenizeCmd() *cobra.Command {
@@ -16,7 +16,6 @@ func newTokenizeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tokenize --model M (--text S | --file F)",
 		Short: "Print the token ids of a text as a JSON array",
-		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if model == "" {
 				return usageError{fmt.Errorf("--model is required")}
@@ -25,17 +24,16 @@ func newTokenizeCmd() *cobra.Command {
 				return usageError{fmt.Errorf("give exactly one of --text or --file")}
 			}
 			if file != "" {
-				b, err := os.ReadFile(file)
-				if err != nil {
-					return err
+				var err error
+				if text, err = readText(file); err != nil {
+					return fmt.Errorf("--file: %w", err)
 				}
-				text = string(b)
 			}
 			dir, err := loader.Resolve(model)
 			if err != nil {
 				return err
 			}
-			tok, err := loader.LoadTokenizer(dir)
+			tok, err := tokenizer.Load(dir)
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"runtime"
 	"sync"
 	"time"
@@ -47,6 +48,8 @@ type buffer struct {
 	i32   []int32
 	u16   []uint16
 	freed bool
+	// failed is set when Alloc could not allocate it (Sync says why).
+	failed bool
 }
 
 func (b *buffer) Bytes() int { return 4*(len(b.f32)+len(b.i32)) + 2*len(b.u16) }
@@ -64,16 +67,19 @@ func (d *Device) Name() string {
 // NewDeviceAct was given.
 func (d *Device) ActDType() kernels.DType { return d.act }
 
-// Alloc returns a zeroed packed tensor.
+// Alloc returns a zeroed packed tensor. A size that is negative, overflows,
+// or is more than the memory available is not allocated: the error is
+// recorded for Sync, and the tensor has no storage (reading or writing it
+// fails, and ops on it must not run).
 func (d *Device) Alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
-	n := 1
-	for _, s := range shape {
-		if s < 0 {
-			panic(fmt.Sprintf("cpu: alloc of %s with shape %v", dt, shape))
-		}
-		n *= s
-	}
 	b := &buffer{}
+	t := kernels.NewTensor(b, dt, 0, shape...)
+	n, err := allocSize(dt, shape)
+	if err != nil {
+		b.failed = true
+		d.fail("Alloc of %s%v: %v", dt, shape, err)
+		return t
+	}
 	switch dt {
 	case kernels.F32:
 		b.f32 = make([]float32, n)
@@ -81,10 +87,31 @@ func (d *Device) Alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
 		b.i32 = make([]int32, n)
 	case kernels.BF16, kernels.F16:
 		b.u16 = make([]uint16, n)
-	default:
-		panic(fmt.Sprintf("cpu: alloc of unknown dtype %s", dt))
 	}
-	return kernels.NewTensor(b, dt, 0, shape...)
+	return t
+}
+
+// allocSize is the number of elements of a tensor of type dt and the given
+// shape, or why it cannot be allocated.
+func allocSize(dt kernels.DType, shape []int) (int, error) {
+	switch dt {
+	case kernels.F32, kernels.I32, kernels.BF16, kernels.F16:
+	default:
+		return 0, fmt.Errorf("unknown dtype")
+	}
+	n := uint64(1)
+	for _, s := range shape {
+		hi, lo := bits.Mul64(n, uint64(s))
+		if s < 0 || hi != 0 || lo > math.MaxInt/8 {
+			return 0, fmt.Errorf("the size overflows")
+		}
+		n = lo
+	}
+	bytes := int64(n) * int64(dt.Size())
+	if avail, _, err := MemInfo(); err == nil && bytes > avail {
+		return 0, fmt.Errorf("%.1f GiB, more than the %.1f GiB of memory available", float64(bytes)/(1<<30), float64(avail)/(1<<30))
+	}
+	return int(n), nil
 }
 
 // Free drops the tensor's storage; any later use of a view of it fails.
@@ -242,6 +269,9 @@ func hostBuffer(t *kernels.Tensor) (*buffer, error) {
 	}
 	if b.freed {
 		return nil, fmt.Errorf("tensor %v was freed", t)
+	}
+	if b.failed {
+		return nil, fmt.Errorf("tensor %v could not be allocated", t)
 	}
 	return b, nil
 }

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"unsafe"
@@ -163,12 +164,32 @@ func loadDriver() (*driverAPI, error) {
 		}
 		d.version = int(v)
 		if err := d.check(ccall(d.cuInit, 0), "cuInit(0)"); err != nil {
-			drvErr = err
+			drvErr = initError(lib, err)
 			return
 		}
 		drv = d
 	})
 	return drv, drvErr
+}
+
+// initError says first what a failed cuInit means for someone who wants
+// to run on a GPU: none there, or a stub where the driver should be.
+func initError(lib *library, err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	path := lib.path
+	if !filepath.IsAbs(path) {
+		path = loadedPath(path)
+	}
+	switch e.Code {
+	case cudaErrorNoDevice:
+		return fmt.Errorf("cuda: no CUDA GPU: the driver %s sees none (cuInit: %s)", path, e.Name)
+	case cudaErrorStubLibrary:
+		return fmt.Errorf("cuda: no CUDA driver: %s is the CUDA toolkit's stub, not a driver (cuInit: %s)", path, e.Name)
+	}
+	return err
 }
 
 // check turns a CUresult into nil or an *Error about call.

@@ -195,15 +195,26 @@ func (f finder) wheelDirs() []string {
 	return dedup(dirs)
 }
 
+// libraryRoles say what a missing library means to someone running a
+// model, for the first words of find's error.
+var libraryRoles = map[string]string{
+	"libcuda":   "no CUDA driver found",
+	"libnvrtc":  "CUDA's run-time compiler (NVRTC) not found",
+	"libcublas": "cuBLAS not found",
+}
+
+// placesShown is how many of the places searched find's error names.
+const placesShown = 3
+
 // find opens the first of sonames it can, in this order for each soname in
 // turn: the CUDA directories, the system loader (the bare soname), the
 // Python wheels. preload, when set, is called with the directory and soname
 // before a file is opened by full path (to load what the library opens by
-// soname itself: cuBLAS's libcublasLt, NVRTC's builtins). The error names
-// everything tried.
+// soname itself: cuBLAS's libcublasLt, NVRTC's builtins). The error says
+// first what is missing, then, short, where it looked and what failed.
 func (f finder) find(name string, sonames []string, preload func(dir, soname string)) (*library, error) {
 	cuda, wheels := f.cudaDirs(), f.wheelDirs()
-	var failed []string
+	var failed []string // files found that did not load
 	tryFile := func(dir, so string) *library {
 		p := filepath.Join(dir, so)
 		if !f.isFile(p) {
@@ -214,7 +225,7 @@ func (f finder) find(name string, sonames []string, preload func(dir, soname str
 		}
 		h, err := f.open(p)
 		if err != nil {
-			failed = append(failed, fmt.Sprintf("%s: %v", p, err))
+			failed = append(failed, fmt.Sprintf("%s does not load (%v)", p, err))
 			return nil
 		}
 		return &library{name: name, path: p, handle: h}
@@ -227,8 +238,9 @@ func (f finder) find(name string, sonames []string, preload func(dir, soname str
 		}
 		if h, err := f.open(so); err == nil {
 			return &library{name: name, path: so, handle: h}, nil
-		} else {
-			failed = append(failed, fmt.Sprintf("system loader: %v", err))
+		} else if !strings.HasPrefix(err.Error(), so+": cannot open shared object file") {
+			// Found, but it or a library it needs did not load.
+			failed = append(failed, fmt.Sprintf("the system loader's %s does not load (%v)", so, err))
 		}
 		for _, d := range wheels {
 			if l := tryFile(d, so); l != nil {
@@ -236,19 +248,25 @@ func (f finder) find(name string, sonames []string, preload func(dir, soname str
 			}
 		}
 	}
-	var looked []string
-	looked = append(looked, cuda...)
-	looked = append(looked, "the system loader's path")
-	if len(wheels) > 0 {
-		looked = append(looked, wheels...)
-	} else {
-		looked = append(looked, "no Python site-packages with nvidia wheels found")
+	role := libraryRoles[name]
+	if role == "" {
+		role = name + " not found"
 	}
-	msg := fmt.Sprintf("cuda: %s not found: looked for %s in %s", name, strings.Join(sonames, ", "), strings.Join(looked, ", "))
+	places := append(append(append([]string(nil), cuda...), "the system loader's path"), wheels...)
+	msg := fmt.Sprintf("cuda: %s: %s is in none of %d places searched (%s)",
+		role, strings.Join(sonames, " or "), len(places), shortList(places, placesShown))
 	if len(failed) > 0 {
-		msg += "; failures: " + strings.Join(failed, "; ")
+		msg += "; " + shortList(failed, 1)
 	}
-	return nil, fmt.Errorf("%s (set LD_LIBRARY_PATH or CUDA_HOME to the directory that holds it)", msg)
+	return nil, fmt.Errorf("%s; set LD_LIBRARY_PATH or CUDA_HOME to the directory that holds it", msg)
+}
+
+// shortList joins the first n items and counts the rest.
+func shortList(items []string, n int) string {
+	if len(items) <= n {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
 }
 
 func dedup(in []string) []string {

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"runtime"
@@ -127,13 +128,44 @@ func TestFindError(t *testing.T) {
 		t.Fatal("found a library that is not there")
 	}
 	msg := err.Error()
-	for _, want := range []string{
-		"libcublas not found", "libcublas.so.13, libcublas.so.12", "/c/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
-		"system loader", "/c/lib64/libcublas.so.13: bad ELF", "cannot open shared object file", "CUDA_HOME",
-	} {
+	if !strings.HasPrefix(msg, "cuda: cuBLAS not found: libcublas.so.13 or libcublas.so.12 is in none of 5 places searched (/c/lib64,") {
+		t.Errorf("the error does not start with what is missing:\n%s", msg)
+	}
+	for _, want := range []string{"and 2 more", "/c/lib64/libcublas.so.13 does not load (bad ELF)", "CUDA_HOME"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error lacks %q:\n%s", want, msg)
 		}
+	}
+	if strings.Contains(msg, "cannot open shared object file") {
+		t.Errorf("the system loader's plain not-found is noise:\n%s", msg)
+	}
+}
+
+// On a machine with no GPU and many library and Python directories, the
+// error stays short and names the problem first.
+func TestFindErrorShort(t *testing.T) {
+	var ld []string
+	for i := range 20 {
+		ld = append(ld, fmt.Sprintf("/very/long/library/directory/number/%d/lib64", i))
+	}
+	fs := &fakeFS{
+		env: map[string]string{"LD_LIBRARY_PATH": strings.Join(ld, ":"), "VIRTUAL_ENV": "/venv"},
+		globs: map[string][]string{
+			"/venv/lib/python3*/site-packages":      {"/venv/lib/python3.12/site-packages"},
+			"/usr/lib/python3*/dist-packages":       {"/usr/lib/python3.11/dist-packages", "/usr/lib/python3.12/dist-packages"},
+			"/usr/local/lib/python3*/site-packages": {"/usr/local/lib/python3.12/site-packages"},
+		},
+	}
+	_, err := fs.finder().find("libcuda", []string{"libcuda.so.1"}, nil)
+	if err == nil {
+		t.Fatal("found a driver that is not there")
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "cuda: no CUDA driver found: libcuda.so.1 is in none of 39 places searched") {
+		t.Errorf("the error does not start with what is missing:\n%s", msg)
+	}
+	if len(msg) > 300 {
+		t.Errorf("the error is %d characters long:\n%s", len(msg), msg)
 	}
 }
 

@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"encoding/json"
@@ -6,24 +6,24 @@ import (
 	"unicode/utf8"
 )
 
-// tokDecoder is a tokenizer.json decoder, reduced to what byte-level
+// decoder is a tokenizer.json decoder, reduced to what byte-level
 // vocabularies need: each token turns into bytes, and the bytes of all tokens
 // together are read as UTF-8.
-type tokDecoder interface {
+type decoder interface {
 	appendBytes(buf []byte, tok string) []byte
 }
 
-func tokParseDecoder(raw json.RawMessage) (tokDecoder, error) {
-	if tokIsNull(raw) {
+func parseDecoder(raw json.RawMessage) (decoder, error) {
+	if isNull(raw) {
 		return nil, nil
 	}
-	typ, err := tokTyped("decoder", raw)
+	typ, err := typed("decoder", raw)
 	if err != nil {
 		return nil, err
 	}
 	switch typ {
 	case "ByteLevel":
-		return tokByteLevelDecoder{}, nil
+		return byteLevelDecoder{}, nil
 	case "Sequence":
 		var s struct {
 			Decoders []json.RawMessage `json:"decoders"`
@@ -34,7 +34,7 @@ func tokParseDecoder(raw json.RawMessage) (tokDecoder, error) {
 		if len(s.Decoders) != 1 {
 			return nil, fmt.Errorf("decoder Sequence of %d decoders not supported (only a single ByteLevel)", len(s.Decoders))
 		}
-		d, err := tokParseDecoder(s.Decoders[0])
+		d, err := parseDecoder(s.Decoders[0])
 		if err != nil {
 			return nil, fmt.Errorf("decoder Sequence[0]: %w", err)
 		}
@@ -43,16 +43,16 @@ func tokParseDecoder(raw json.RawMessage) (tokDecoder, error) {
 	return nil, fmt.Errorf("decoder type %q not supported", typ)
 }
 
-// tokByteLevelDecoder maps each character of a token back to the byte it
+// byteLevelDecoder maps each character of a token back to the byte it
 // stands for; a token with a character outside the byte alphabet (an added
 // token such as "<｜begin▁of▁sentence｜>") is taken as its UTF-8 bytes, as HF
 // does.
-type tokByteLevelDecoder struct{}
+type byteLevelDecoder struct{}
 
-func (tokByteLevelDecoder) appendBytes(buf []byte, tok string) []byte {
+func (byteLevelDecoder) appendBytes(buf []byte, tok string) []byte {
 	n := len(buf)
 	for _, r := range tok {
-		b, ok := tokRuneByte[r]
+		b, ok := runeByte[r]
 		if !ok {
 			return append(buf[:n], tok...)
 		}
@@ -86,23 +86,23 @@ func (s *StreamDecoder) Next(id int) string {
 	}
 	s.pending = s.t.appendTokenBytes(s.pending, tok, s.n == 0)
 	s.n++
-	out, used := tokLossyUTF8(s.pending, false)
+	out, used := lossyUTF8(s.pending, false)
 	s.pending = s.pending[:copy(s.pending, s.pending[used:])]
 	return out
 }
 
 // Flush returns what is held back, an incomplete character as U+FFFD.
 func (s *StreamDecoder) Flush() string {
-	out, _ := tokLossyUTF8(s.pending, true)
+	out, _ := lossyUTF8(s.pending, true)
 	s.pending = s.pending[:0]
 	return out
 }
 
-// tokLossyUTF8 reads b as UTF-8, each maximal invalid subsequence becoming
+// lossyUTF8 reads b as UTF-8, each maximal invalid subsequence becoming
 // one U+FFFD (as Rust's String::from_utf8_lossy does). Unless final, a
 // trailing incomplete but so far valid character is left unread. It returns
 // the text and the number of bytes read.
-func tokLossyUTF8(b []byte, final bool) (string, int) {
+func lossyUTF8(b []byte, final bool) (string, int) {
 	if utf8.Valid(b) {
 		return string(b), len(b)
 	}

@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"compress/gzip"
@@ -10,11 +10,11 @@ import (
 	"testing"
 )
 
-// tokVariants is testdata/tokenizer/variants_golden.json.gz, written by
+// variants is testdata/tokenizer/variants_golden.json.gz, written by
 // scripts/hf_tokenizer_variants.py with HF `tokenizers`: tokenizer.json
 // variants (a real file with some top-level keys replaced, or a small BPE
 // given whole) and HF's output for each over a fuzz corpus.
-type tokVariants struct {
+type variants struct {
 	Version  string   `json:"tokenizers_version"`
 	Texts    []string `json:"texts"`
 	Variants []struct {
@@ -23,13 +23,13 @@ type tokVariants struct {
 		Set       map[string]json.RawMessage `json:"set"`
 		Error     string                     `json:"error"`
 		VocabSize int                        `json:"vocab_size"`
-		Results   []tokGoldenRow             `json:"results"`
+		Results   []goldenRow                `json:"results"`
 	} `json:"variants"`
 }
 
-// tokVariantsPath may be overridden with FUSELM_TOKENIZER_VARIANTS (a
+// variantsPath may be overridden with FUSELM_TOKENIZER_VARIANTS (a
 // larger run of hf_tokenizer_variants.py, say).
-func tokVariantsPath() string {
+func variantsPath() string {
 	if p := os.Getenv("FUSELM_TOKENIZER_VARIANTS"); p != "" {
 		return p
 	}
@@ -37,7 +37,7 @@ func tokVariantsPath() string {
 }
 
 func TestTokenizerVariants(t *testing.T) {
-	path := tokVariantsPath()
+	path := variantsPath()
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		t.Skipf("%s absent: run scripts/hf_tokenizer_variants.py where HF tokenizers is installed", path)
@@ -50,7 +50,7 @@ func TestTokenizerVariants(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	var g tokVariants
+	var g variants
 	if err := json.NewDecoder(zr).Decode(&g); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -61,7 +61,7 @@ func TestTokenizerVariants(t *testing.T) {
 			if v.Base != nil {
 				if bases[*v.Base] == nil {
 					var m map[string]json.RawMessage
-					if err := json.Unmarshal(tokTestJSON(t, *v.Base), &m); err != nil {
+					if err := json.Unmarshal(testJSON(t, *v.Base), &m); err != nil {
 						t.Fatal(err)
 					}
 					bases[*v.Base] = m
@@ -74,16 +74,16 @@ func TestTokenizerVariants(t *testing.T) {
 				top[k] = raw
 			}
 			if v.Name == "merges-as-pairs" { // the file names the change, too large to hold
-				top["model"] = tokMergesAsPairs(t, bases[*v.Base]["model"])
+				top["model"] = mergesAsPairs(t, bases[*v.Base]["model"])
 			}
 			data, err := json.Marshal(top)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tok, err := ParseTokenizer(data)
+			tok, err := Parse(data)
 			if v.Error != "" {
 				if err == nil {
-					t.Errorf("HF fails to load it (%s); ParseTokenizer does not", v.Error)
+					t.Errorf("HF fails to load it (%s); Parse does not", v.Error)
 				}
 				return
 			}
@@ -96,21 +96,21 @@ func TestTokenizerVariants(t *testing.T) {
 			bad := 0
 			for i, r := range v.Results {
 				text := g.Texts[i]
-				label := tokLabel(i, text)
+				label := label(i, text)
 				if got := tok.Encode(text); !slices.Equal(got, r.IDs) {
-					t.Errorf("%s: Encode\n got %v\nwant %v", label, tokHead(got), tokHead(r.IDs))
+					t.Errorf("%s: Encode\n got %v\nwant %v", label, head(got), head(r.IDs))
 					bad++
 				}
 				if got := tok.EncodeNoSpecial(text); !slices.Equal(got, r.IDsNoSpecial) {
-					t.Errorf("%s: EncodeNoSpecial\n got %v\nwant %v", label, tokHead(got), tokHead(r.IDsNoSpecial))
+					t.Errorf("%s: EncodeNoSpecial\n got %v\nwant %v", label, head(got), head(r.IDsNoSpecial))
 					bad++
 				}
 				if got := tok.Decode(r.IDs, false); got != *r.Decoded {
-					t.Errorf("%s: Decode(ids, false) = %q, want %q", label, tokCut(got), tokCut(*r.Decoded))
+					t.Errorf("%s: Decode(ids, false) = %q, want %q", label, cut(got), cut(*r.Decoded))
 					bad++
 				}
 				if got := tok.Decode(r.IDs, true); got != *r.DecodedSkipSpecial {
-					t.Errorf("%s: Decode(ids, true) = %q, want %q", label, tokCut(got), tokCut(*r.DecodedSkipSpecial))
+					t.Errorf("%s: Decode(ids, true) = %q, want %q", label, cut(got), cut(*r.DecodedSkipSpecial))
 					bad++
 				}
 				for _, skip := range []bool{false, true} {
@@ -121,7 +121,7 @@ func TestTokenizerVariants(t *testing.T) {
 					}
 					b.WriteString(s.Flush())
 					if got, want := b.String(), tok.Decode(r.IDs, skip); got != want {
-						t.Errorf("%s: stream decoding (skip %v) = %q, Decode %q", label, skip, tokCut(got), tokCut(want))
+						t.Errorf("%s: stream decoding (skip %v) = %q, Decode %q", label, skip, cut(got), cut(want))
 						bad++
 					}
 				}
@@ -133,8 +133,8 @@ func TestTokenizerVariants(t *testing.T) {
 	}
 }
 
-// tokMergesAsPairs rewrites a BPE model's "a b" merges as ["a", "b"] pairs.
-func tokMergesAsPairs(t *testing.T, raw json.RawMessage) json.RawMessage {
+// mergesAsPairs rewrites a BPE model's "a b" merges as ["a", "b"] pairs.
+func mergesAsPairs(t *testing.T, raw json.RawMessage) json.RawMessage {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil {
 		t.Fatal(err)

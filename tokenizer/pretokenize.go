@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"encoding/json"
@@ -12,18 +12,18 @@ import (
 	"github.com/dlclark/regexp2"
 )
 
-// tokPreTokenizer is a tokenizer.json pre-tokenizer: it cuts pieces of
+// preTokenizer is a tokenizer.json pre-tokenizer: it cuts pieces of
 // normalized text into the words BPE encodes one by one (and may rewrite
 // them, as ByteLevel does). Empty words are dropped, as in HF.
-type tokPreTokenizer interface {
+type preTokenizer interface {
 	preTokenize(words []string) []string
 }
 
-func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
-	if tokIsNull(raw) {
+func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
+	if isNull(raw) {
 		return nil, nil
 	}
-	typ, err := tokTyped("pre_tokenizer", raw)
+	typ, err := typed("pre_tokenizer", raw)
 	if err != nil {
 		return nil, err
 	}
@@ -35,9 +35,9 @@ func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Sequence: %w", err)
 		}
-		seq := make(tokPreTokenizerSeq, 0, len(s.PreTokenizers))
+		seq := make(preTokenizerSeq, 0, len(s.PreTokenizers))
 		for i, r := range s.PreTokenizers {
-			p, err := tokParsePreTokenizer(r)
+			p, err := parsePreTokenizer(r)
 			if err != nil {
 				return nil, fmt.Errorf("pre_tokenizer Sequence[%d]: %w", i, err)
 			}
@@ -55,15 +55,15 @@ func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
 		}
-		re, err := tokParsePattern(s.Pattern)
+		re, err := parsePattern(s.Pattern)
 		if err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
 		}
-		b, err := tokParseBehavior(s.Behavior)
+		b, err := parseBehavior(s.Behavior)
 		if err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
 		}
-		return &tokSplit{re: re, behavior: b, invert: s.Invert}, nil
+		return &split{re: re, behavior: b, invert: s.Invert}, nil
 	case "Digits":
 		var d struct {
 			IndividualDigits bool `json:"individual_digits"`
@@ -71,7 +71,7 @@ func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
 		if err := json.Unmarshal(raw, &d); err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Digits: %w", err)
 		}
-		return tokDigits{individual: d.IndividualDigits}, nil
+		return digits{individual: d.IndividualDigits}, nil
 	case "ByteLevel":
 		// HF's defaults: add_prefix_space and use_regex true.
 		b := struct {
@@ -81,7 +81,7 @@ func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
 		if err := json.Unmarshal(raw, &b); err != nil {
 			return nil, fmt.Errorf("pre_tokenizer ByteLevel: %w", err)
 		}
-		p := tokByteLevel{addPrefixSpace: true, useRegex: true}
+		p := byteLevel{addPrefixSpace: true, useRegex: true}
 		if b.AddPrefixSpace != nil {
 			p.addPrefixSpace = *b.AddPrefixSpace
 		}
@@ -93,70 +93,70 @@ func tokParsePreTokenizer(raw json.RawMessage) (tokPreTokenizer, error) {
 	return nil, fmt.Errorf("pre_tokenizer type %q not supported", typ)
 }
 
-// tokPreTokenizerSeq applies pre-tokenizers in order, each to every word the
+// preTokenizerSeq applies pre-tokenizers in order, each to every word the
 // one before produced.
-type tokPreTokenizerSeq []tokPreTokenizer
+type preTokenizerSeq []preTokenizer
 
-func (seq tokPreTokenizerSeq) preTokenize(words []string) []string {
+func (seq preTokenizerSeq) preTokenize(words []string) []string {
 	for _, p := range seq {
 		words = p.preTokenize(words)
 	}
 	return words
 }
 
-// tokBehavior is what a split does with the matched delimiters (HF's
+// behavior is what a split does with the matched delimiters (HF's
 // SplitDelimiterBehavior).
-type tokBehavior int
+type behavior int
 
 const (
-	tokRemoved            tokBehavior = iota // matches are dropped
-	tokIsolated                              // matches are words of their own
-	tokMergedWithPrevious                    // a match joins the word before it
-	tokMergedWithNext                        // a match joins the word after it
-	tokContiguous                            // adjacent matches form one word
+	removed            behavior = iota // matches are dropped
+	isolated                           // matches are words of their own
+	mergedWithPrevious                 // a match joins the word before it
+	mergedWithNext                     // a match joins the word after it
+	contiguous                         // adjacent matches form one word
 )
 
-func tokParseBehavior(s string) (tokBehavior, error) {
+func parseBehavior(s string) (behavior, error) {
 	switch s {
 	case "Removed":
-		return tokRemoved, nil
+		return removed, nil
 	case "Isolated":
-		return tokIsolated, nil
+		return isolated, nil
 	case "MergedWithPrevious":
-		return tokMergedWithPrevious, nil
+		return mergedWithPrevious, nil
 	case "MergedWithNext":
-		return tokMergedWithNext, nil
+		return mergedWithNext, nil
 	case "Contiguous":
-		return tokContiguous, nil
+		return contiguous, nil
 	}
 	return 0, fmt.Errorf("behavior %q not supported", s)
 }
 
-// tokSpan is a part of a word: its byte range and whether the pattern
+// span is a part of a word: its byte range and whether the pattern
 // matched it.
-type tokSpan struct {
+type span struct {
 	start, end int
 	match      bool
 }
 
-// tokApplyBehavior appends the words that w's spans give under behavior b
+// applyBehavior appends the words that w's spans give under behavior b
 // (HF's NormalizedString::split); empty words are dropped.
-func tokApplyBehavior(w string, spans []tokSpan, b tokBehavior, out []string) []string {
+func applyBehavior(w string, spans []span, b behavior, out []string) []string {
 	type part struct {
 		start, end int
 		remove     bool
 	}
 	parts := make([]part, 0, len(spans))
 	switch b {
-	case tokIsolated:
+	case isolated:
 		for _, s := range spans {
 			parts = append(parts, part{s.start, s.end, false})
 		}
-	case tokRemoved:
+	case removed:
 		for _, s := range spans {
 			parts = append(parts, part{s.start, s.end, s.match})
 		}
-	case tokContiguous:
+	case contiguous:
 		prev := false
 		for _, s := range spans {
 			if s.match == prev && len(parts) > 0 {
@@ -166,7 +166,7 @@ func tokApplyBehavior(w string, spans []tokSpan, b tokBehavior, out []string) []
 			}
 			prev = s.match
 		}
-	case tokMergedWithPrevious:
+	case mergedWithPrevious:
 		prev := false
 		for _, s := range spans {
 			if s.match && !prev && len(parts) > 0 {
@@ -176,7 +176,7 @@ func tokApplyBehavior(w string, spans []tokSpan, b tokBehavior, out []string) []
 			}
 			prev = s.match
 		}
-	case tokMergedWithNext:
+	case mergedWithNext:
 		prev := false
 		for i := len(spans) - 1; i >= 0; i-- {
 			s := spans[i]
@@ -199,96 +199,96 @@ func tokApplyBehavior(w string, spans []tokSpan, b tokBehavior, out []string) []
 	return out
 }
 
-// tokMatchSpans covers w with the matches of re and the gaps between them.
-func tokMatchSpans(w string, re *tokRegex) []tokSpan {
+// matchSpans covers w with the matches of re and the gaps between them.
+func matchSpans(w string, re *regex) []span {
 	if w == "" {
-		return []tokSpan{{0, 0, false}}
+		return []span{{0, 0, false}}
 	}
-	var spans []tokSpan
+	var spans []span
 	prev := 0
 	for _, m := range re.findAll(w) {
 		if m[0] != prev {
-			spans = append(spans, tokSpan{prev, m[0], false})
+			spans = append(spans, span{prev, m[0], false})
 		}
-		spans = append(spans, tokSpan{m[0], m[1], true})
+		spans = append(spans, span{m[0], m[1], true})
 		prev = m[1]
 	}
 	if prev != len(w) {
-		spans = append(spans, tokSpan{prev, len(w), false})
+		spans = append(spans, span{prev, len(w), false})
 	}
 	return spans
 }
 
-// tokSplit is the Split pre-tokenizer: a regex or a literal string, what to
+// split is the Split pre-tokenizer: a regex or a literal string, what to
 // do with its matches, and invert (then the gaps count as the matches).
-type tokSplit struct {
-	re       *tokRegex
-	behavior tokBehavior
+type split struct {
+	re       *regex
+	behavior behavior
 	invert   bool
 }
 
-func (p *tokSplit) preTokenize(words []string) []string {
+func (p *split) preTokenize(words []string) []string {
 	out := make([]string, 0, len(words))
 	for _, w := range words {
-		spans := tokMatchSpans(w, p.re)
+		spans := matchSpans(w, p.re)
 		if p.invert {
 			for i := range spans {
 				spans[i].match = !spans[i].match
 			}
 		}
-		out = tokApplyBehavior(w, spans, p.behavior, out)
+		out = applyBehavior(w, spans, p.behavior, out)
 	}
 	return out
 }
 
-// tokDigits is the Digits pre-tokenizer: numeric characters (categories Nd,
+// digits is the Digits pre-tokenizer: numeric characters (categories Nd,
 // Nl, No) split from the rest, each alone with individual_digits, else in
 // runs.
-type tokDigits struct{ individual bool }
+type digits struct{ individual bool }
 
-func (p tokDigits) preTokenize(words []string) []string {
-	b := tokContiguous
+func (p digits) preTokenize(words []string) []string {
+	b := contiguous
 	if p.individual {
-		b = tokIsolated
+		b = isolated
 	}
 	out := make([]string, 0, len(words))
 	for _, w := range words {
-		var spans []tokSpan
+		var spans []span
 		last := 0
 		for i, r := range w {
 			if unicode.IsNumber(r) {
 				if last < i {
-					spans = append(spans, tokSpan{last, i, false})
+					spans = append(spans, span{last, i, false})
 				}
 				last = i + utf8.RuneLen(r)
-				spans = append(spans, tokSpan{i, last, true})
+				spans = append(spans, span{i, last, true})
 			}
 		}
 		if last < len(w) || len(spans) == 0 {
-			spans = append(spans, tokSpan{last, len(w), false})
+			spans = append(spans, span{last, len(w), false})
 		}
-		out = tokApplyBehavior(w, spans, b, out)
+		out = applyBehavior(w, spans, b, out)
 	}
 	return out
 }
 
-// tokByteLevel is the ByteLevel pre-tokenizer: an optional space before each
+// byteLevel is the ByteLevel pre-tokenizer: an optional space before each
 // piece, an optional split by the GPT-2 regex, then every byte mapped to the
 // printable character that stands for it in the vocabulary.
-type tokByteLevel struct{ addPrefixSpace, useRegex bool }
+type byteLevel struct{ addPrefixSpace, useRegex bool }
 
-// tokGPT2Pattern is the regex ByteLevel splits by when use_regex is set.
-const tokGPT2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+// gpt2Pattern is the regex ByteLevel splits by when use_regex is set.
+const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
-var tokGPT2Regex = sync.OnceValue(func() *tokRegex {
-	re, err := tokCompileRegex(tokGPT2Pattern)
+var gpt2Regex = sync.OnceValue(func() *regex {
+	re, err := compileRegex(gpt2Pattern)
 	if err != nil {
 		panic(err) // a constant pattern
 	}
 	return re
 })
 
-func (p tokByteLevel) preTokenize(words []string) []string {
+func (p byteLevel) preTokenize(words []string) []string {
 	out := make([]string, 0, len(words))
 	for _, w := range words {
 		if p.addPrefixSpace && !strings.HasPrefix(w, " ") {
@@ -296,21 +296,21 @@ func (p tokByteLevel) preTokenize(words []string) []string {
 		}
 		start := len(out)
 		if p.useRegex {
-			out = tokApplyBehavior(w, tokMatchSpans(w, tokGPT2Regex()), tokIsolated, out)
+			out = applyBehavior(w, matchSpans(w, gpt2Regex()), isolated, out)
 		} else if w != "" {
 			out = append(out, w)
 		}
 		for i := start; i < len(out); i++ {
-			out[i] = tokToByteLevel(out[i])
+			out[i] = toByteLevel(out[i])
 		}
 	}
 	return out
 }
 
-// tokByteRune maps each byte to the character standing for it in byte-level
+// byteRune maps each byte to the character standing for it in byte-level
 // vocabularies (GPT-2's bytes_to_unicode): printable Latin-1 bytes stand for
 // themselves, the others for U+0100 onwards in byte order.
-var tokByteRune, tokRuneByte = func() ([256]rune, map[rune]byte) {
+var byteRune, runeByte = func() ([256]rune, map[rune]byte) {
 	var b2r [256]rune
 	r2b := make(map[rune]byte, 256)
 	n := 0
@@ -326,56 +326,56 @@ var tokByteRune, tokRuneByte = func() ([256]rune, map[rune]byte) {
 	return b2r, r2b
 }()
 
-func tokToByteLevel(s string) string {
+func toByteLevel(s string) string {
 	var b strings.Builder
 	b.Grow(2 * len(s))
 	for i := 0; i < len(s); i++ {
-		b.WriteRune(tokByteRune[s[i]])
+		b.WriteRune(byteRune[s[i]])
 	}
 	return b.String()
 }
 
-// tokRegex is a Split or Replace pattern. HF compiles patterns with
+// regex is a Split or Replace pattern. HF compiles patterns with
 // Oniguruma; regexp2 has the same backtracking semantics, lookahead included,
 // and the same \s, \p{L} and \p{N}.
-type tokRegex struct {
+type regex struct {
 	re      *regexp2.Regexp // nil for a literal
 	literal string
 }
 
-// tokParsePattern reads {"Regex": "..."} or {"String": "..."}.
-func tokParsePattern(raw json.RawMessage) (*tokRegex, error) {
+// parsePattern reads {"Regex": "..."} or {"String": "..."}.
+func parsePattern(raw json.RawMessage) (*regex, error) {
 	var p struct {
 		Regex  *string `json:"Regex"`
 		String *string `json:"String"`
 	}
 	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, fmt.Errorf("pattern: want {\"Regex\": ...} or {\"String\": ...}, got %s", tokShort(raw))
+		return nil, fmt.Errorf("pattern: want {\"Regex\": ...} or {\"String\": ...}, got %s", short(raw))
 	}
 	switch {
 	case p.Regex != nil:
-		return tokCompileRegex(*p.Regex)
+		return compileRegex(*p.Regex)
 	case p.String != nil && *p.String != "":
-		return &tokRegex{literal: *p.String}, nil
+		return &regex{literal: *p.String}, nil
 	case p.String != nil:
-		return tokCompileRegex("")
+		return compileRegex("")
 	}
 	return nil, errors.New("pattern: want {\"Regex\": ...} or {\"String\": ...}")
 }
 
-func tokCompileRegex(pattern string) (*tokRegex, error) {
+func compileRegex(pattern string) (*regex, error) {
 	// Oniguruma's ^ and $ match at line boundaries, as regexp2's do with
 	// Multiline.
-	re, err := regexp2.Compile(tokFoldLongS(pattern), regexp2.Multiline)
+	re, err := regexp2.Compile(foldLongS(pattern), regexp2.Multiline)
 	if err != nil {
 		return nil, fmt.Errorf("regex %q: %w", pattern, err)
 	}
-	return &tokRegex{re: re}, nil
+	return &regex{re: re}, nil
 }
 
 // findAll is the byte ranges of the successive non-overlapping matches in s
 // (valid UTF-8).
-func (r *tokRegex) findAll(s string) [][2]int {
+func (r *regex) findAll(s string) [][2]int {
 	var out [][2]int
 	if r.re == nil {
 		for i := 0; ; {
@@ -405,13 +405,13 @@ func (r *tokRegex) findAll(s string) [][2]int {
 	return out
 }
 
-// tokFoldLongS rewrites the case-insensitive parts of a pattern so that s
+// foldLongS rewrites the case-insensitive parts of a pattern so that s
 // also matches U+017F (ſ, long s), as it does in Oniguruma, which folds case
 // by Unicode case folding: regexp2 compares lowercased characters, and ſ is
 // already lowercase. (The Kelvin sign, the other ASCII fold, lowercases to k
 // and needs nothing.) Outside a character class a literal s or S becomes
 // [sSſ]; a class holding s or S (alone or in a range) gets ſ added first.
-func tokFoldLongS(pattern string) string {
+func foldLongS(pattern string) string {
 	if !strings.Contains(pattern, "(?") {
 		return pattern
 	}
@@ -423,9 +423,9 @@ func tokFoldLongS(pattern string) string {
 		c := rs[i]
 		switch {
 		case c == '\\':
-			i = tokCopyEscape(&b, rs, i)
+			i = copyEscape(&b, rs, i)
 		case c == '[':
-			j, hasS := tokScanClass(rs, i)
+			j, hasS := scanClass(rs, i)
 			if j < 0 { // unterminated: the compiler will say so
 				b.WriteString(string(rs[i:]))
 				return b.String()
@@ -483,9 +483,9 @@ func tokFoldLongS(pattern string) string {
 	return b.String()
 }
 
-// tokCopyEscape copies the escape at rs[i] ('\\') and returns the index of
+// copyEscape copies the escape at rs[i] ('\\') and returns the index of
 // its last rune.
-func tokCopyEscape(b *strings.Builder, rs []rune, i int) int {
+func copyEscape(b *strings.Builder, rs []rune, i int) int {
 	j := i + 1
 	if j < len(rs) && (rs[j] == 'p' || rs[j] == 'P' || rs[j] == 'x') && j+1 < len(rs) && rs[j+1] == '{' {
 		for j < len(rs) && rs[j] != '}' {
@@ -497,9 +497,9 @@ func tokCopyEscape(b *strings.Builder, rs []rune, i int) int {
 	return j
 }
 
-// tokScanClass finds the ']' closing the class that opens at rs[i] (-1 if
+// scanClass finds the ']' closing the class that opens at rs[i] (-1 if
 // none) and reports whether the class holds s or S, alone or in a range.
-func tokScanClass(rs []rune, i int) (end int, hasS bool) {
+func scanClass(rs []rune, i int) (end int, hasS bool) {
 	j := i + 1
 	if j < len(rs) && rs[j] == '^' {
 		j++

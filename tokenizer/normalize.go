@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"encoding/json"
@@ -9,33 +9,33 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// tokNormalizer is a tokenizer.json normalizer: it rewrites a piece of text
+// normalizer is a tokenizer.json normalizer: it rewrites a piece of text
 // before pre-tokenization.
-type tokNormalizer interface {
+type normalizer interface {
 	normalize(s string) string
 }
 
-func tokParseNormalizer(raw json.RawMessage) (tokNormalizer, error) {
-	if tokIsNull(raw) {
+func parseNormalizer(raw json.RawMessage) (normalizer, error) {
+	if isNull(raw) {
 		return nil, nil
 	}
-	typ, err := tokTyped("normalizer", raw)
+	typ, err := typed("normalizer", raw)
 	if err != nil {
 		return nil, err
 	}
 	switch typ {
 	case "NFC":
-		return tokUnicodeNorm{norm.NFC}, nil
+		return unicodeNorm{norm.NFC}, nil
 	case "NFD":
-		return tokUnicodeNorm{norm.NFD}, nil
+		return unicodeNorm{norm.NFD}, nil
 	case "NFKC":
-		return tokUnicodeNorm{norm.NFKC}, nil
+		return unicodeNorm{norm.NFKC}, nil
 	case "NFKD":
-		return tokUnicodeNorm{norm.NFKD}, nil
+		return unicodeNorm{norm.NFKD}, nil
 	case "Lowercase":
-		return tokLowercase{}, nil
+		return lowercase{}, nil
 	case "StripAccents":
-		return tokStripAccents{}, nil
+		return stripAccents{}, nil
 	case "Strip":
 		var s struct {
 			Left  bool `json:"strip_left"`
@@ -44,7 +44,7 @@ func tokParseNormalizer(raw json.RawMessage) (tokNormalizer, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, fmt.Errorf("normalizer Strip: %w", err)
 		}
-		return tokStrip{left: s.Left, right: s.Right}, nil
+		return strip{left: s.Left, right: s.Right}, nil
 	case "Prepend":
 		var p struct {
 			Prepend string `json:"prepend"`
@@ -52,7 +52,7 @@ func tokParseNormalizer(raw json.RawMessage) (tokNormalizer, error) {
 		if err := json.Unmarshal(raw, &p); err != nil {
 			return nil, fmt.Errorf("normalizer Prepend: %w", err)
 		}
-		return tokPrepend{p.Prepend}, nil
+		return prepend{p.Prepend}, nil
 	case "Replace":
 		var r struct {
 			Pattern json.RawMessage `json:"pattern"`
@@ -61,11 +61,11 @@ func tokParseNormalizer(raw json.RawMessage) (tokNormalizer, error) {
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return nil, fmt.Errorf("normalizer Replace: %w", err)
 		}
-		re, err := tokParsePattern(r.Pattern)
+		re, err := parsePattern(r.Pattern)
 		if err != nil {
 			return nil, fmt.Errorf("normalizer Replace: %w", err)
 		}
-		return tokReplace{re: re, content: r.Content}, nil
+		return replace{re: re, content: r.Content}, nil
 	case "Sequence":
 		var s struct {
 			Normalizers []json.RawMessage `json:"normalizers"`
@@ -73,9 +73,9 @@ func tokParseNormalizer(raw json.RawMessage) (tokNormalizer, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, fmt.Errorf("normalizer Sequence: %w", err)
 		}
-		seq := make(tokNormalizerSeq, 0, len(s.Normalizers))
+		seq := make(normalizerSeq, 0, len(s.Normalizers))
 		for i, r := range s.Normalizers {
-			n, err := tokParseNormalizer(r)
+			n, err := parseNormalizer(r)
 			if err != nil {
 				return nil, fmt.Errorf("normalizer Sequence[%d]: %w", i, err)
 			}
@@ -88,23 +88,23 @@ func tokParseNormalizer(raw json.RawMessage) (tokNormalizer, error) {
 	return nil, fmt.Errorf("normalizer type %q not supported", typ)
 }
 
-// tokUnicodeNorm is NFC, NFD, NFKC or NFKD.
-type tokUnicodeNorm struct{ form norm.Form }
+// unicodeNorm is NFC, NFD, NFKC or NFKD.
+type unicodeNorm struct{ form norm.Form }
 
-func (n tokUnicodeNorm) normalize(s string) string { return n.form.String(s) }
+func (n unicodeNorm) normalize(s string) string { return n.form.String(s) }
 
-// tokLowercase maps every character to its lowercase, as Rust's
+// lowercase maps every character to its lowercase, as Rust's
 // char::to_lowercase does (U+0130 becomes "i\u0307").
-type tokLowercase struct{}
+type lowercase struct{}
 
-func (tokLowercase) normalize(s string) string {
+func (lowercase) normalize(s string) string {
 	return strings.Map(unicode.ToLower, strings.ReplaceAll(s, "\u0130", "i\u0307"))
 }
 
-// tokStripAccents removes nonspacing marks (category Mn).
-type tokStripAccents struct{}
+// stripAccents removes nonspacing marks (category Mn).
+type stripAccents struct{}
 
-func (tokStripAccents) normalize(s string) string {
+func (stripAccents) normalize(s string) string {
 	return strings.Map(func(r rune) rune {
 		if unicode.Is(unicode.Mn, r) {
 			return -1
@@ -113,10 +113,10 @@ func (tokStripAccents) normalize(s string) string {
 	}, s)
 }
 
-// tokStrip removes whitespace at either end.
-type tokStrip struct{ left, right bool }
+// strip removes whitespace at either end.
+type strip struct{ left, right bool }
 
-func (n tokStrip) normalize(s string) string {
+func (n strip) normalize(s string) string {
 	if n.left {
 		s = strings.TrimLeftFunc(s, unicode.IsSpace)
 	}
@@ -126,23 +126,23 @@ func (n tokStrip) normalize(s string) string {
 	return s
 }
 
-// tokPrepend puts a string before any non-empty text.
-type tokPrepend struct{ prefix string }
+// prepend puts a string before any non-empty text.
+type prepend struct{ prefix string }
 
-func (n tokPrepend) normalize(s string) string {
+func (n prepend) normalize(s string) string {
 	if s == "" {
 		return s
 	}
 	return n.prefix + s
 }
 
-// tokReplace replaces every match of a pattern with a fixed string.
-type tokReplace struct {
-	re      *tokRegex
+// replace replaces every match of a pattern with a fixed string.
+type replace struct {
+	re      *regex
 	content string
 }
 
-func (n tokReplace) normalize(s string) string {
+func (n replace) normalize(s string) string {
 	matches := n.re.findAll(s)
 	if len(matches) == 0 {
 		return s
@@ -158,10 +158,10 @@ func (n tokReplace) normalize(s string) string {
 	return b.String()
 }
 
-// tokNormalizerSeq applies normalizers in order.
-type tokNormalizerSeq []tokNormalizer
+// normalizerSeq applies normalizers in order.
+type normalizerSeq []normalizer
 
-func (seq tokNormalizerSeq) normalize(s string) string {
+func (seq normalizerSeq) normalize(s string) string {
 	for _, n := range seq {
 		s = n.normalize(s)
 	}

@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"encoding/json"
@@ -11,23 +11,23 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// tokHasByteAddedToken reports whether text holds a non-special added token
+// hasByteAddedToken reports whether text holds a non-special added token
 // made of byte-level characters, which decodes to the bytes they stand for.
-func tokHasByteAddedToken(tok *Tokenizer, text string) bool {
+func hasByteAddedToken(tok *Tokenizer, text string) bool {
 	for _, a := range tok.added.byID {
 		if a.special || !strings.Contains(text, a.content) {
 			continue
 		}
-		if string(tokByteLevelDecoder{}.appendBytes(nil, a.content)) != a.content {
+		if string(byteLevelDecoder{}.appendBytes(nil, a.content)) != a.content {
 			return true
 		}
 	}
 	return false
 }
 
-// tokGoldenRow is one text of testdata/tokenizer/golden.json with what HF
+// goldenRow is one text of testdata/tokenizer/golden.json with what HF
 // `tokenizers` gave for it (scripts/hf_fixtures.py writes the file).
-type tokGoldenRow struct {
+type goldenRow struct {
 	Text               string  `json:"text"`
 	IDs                []int   `json:"ids"`
 	IDsNoSpecial       []int   `json:"ids_no_special"`
@@ -52,35 +52,35 @@ func TestTokenizerGolden(t *testing.T) {
 	}
 	for _, name := range []string{"qwen2", "deepseek-v2"} {
 		t.Run(name, func(t *testing.T) {
-			var rows []tokGoldenRow
+			var rows []goldenRow
 			if err := json.Unmarshal(golden[name], &rows); err != nil || len(rows) == 0 {
 				t.Fatalf("%s: no rows for %s (%v)", path, name, err)
 			}
-			tok := tokTestTokenizer(t, name)
+			tok := testTokenizer(t, name)
 			for i, r := range rows {
-				label := tokLabel(i, r.Text)
+				label := label(i, r.Text)
 				if got := tok.Encode(r.Text); !slices.Equal(got, r.IDs) {
-					t.Errorf("%s: Encode\n got %v\nwant %v", label, tokHead(got), tokHead(r.IDs))
+					t.Errorf("%s: Encode\n got %v\nwant %v", label, head(got), head(r.IDs))
 				}
 				noSpecial := tok.EncodeNoSpecial(r.Text)
 				if r.IDsNoSpecial != nil && !slices.Equal(noSpecial, r.IDsNoSpecial) {
-					t.Errorf("%s: EncodeNoSpecial\n got %v\nwant %v", label, tokHead(noSpecial), tokHead(r.IDsNoSpecial))
+					t.Errorf("%s: EncodeNoSpecial\n got %v\nwant %v", label, head(noSpecial), head(r.IDsNoSpecial))
 				}
 				if r.Decoded != nil {
 					if got := tok.Decode(r.IDs, false); got != *r.Decoded {
-						t.Errorf("%s: Decode(ids, false) = %q, want %q", label, tokCut(got), tokCut(*r.Decoded))
+						t.Errorf("%s: Decode(ids, false) = %q, want %q", label, cut(got), cut(*r.Decoded))
 					}
 				}
 				if r.DecodedSkipSpecial != nil {
 					if got := tok.Decode(r.IDs, true); got != *r.DecodedSkipSpecial {
-						t.Errorf("%s: Decode(ids, true) = %q, want %q", label, tokCut(got), tokCut(*r.DecodedSkipSpecial))
+						t.Errorf("%s: Decode(ids, true) = %q, want %q", label, cut(got), cut(*r.DecodedSkipSpecial))
 					}
 				}
 				// Round trip: without the post-processor's BOS the ids decode
 				// back to the text, as normalized (Qwen2's NFC), unless the
 				// text holds one of DeepSeek's added tokens "ø", "ö", ...,
 				// which decode to U+FFFD in HF too.
-				if tokHasByteAddedToken(tok, r.Text) {
+				if hasByteAddedToken(tok, r.Text) {
 					continue
 				}
 				want := r.Text
@@ -88,7 +88,7 @@ func TestTokenizerGolden(t *testing.T) {
 					want = norm.NFC.String(want)
 				}
 				if got := tok.Decode(noSpecial, false); got != want {
-					t.Errorf("%s: Decode(EncodeNoSpecial(text)) = %q, want %q", label, tokCut(got), tokCut(want))
+					t.Errorf("%s: Decode(EncodeNoSpecial(text)) = %q, want %q", label, cut(got), cut(want))
 				}
 			}
 		})

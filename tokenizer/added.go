@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"sort"
@@ -7,8 +7,8 @@ import (
 	"unicode/utf8"
 )
 
-// tokAddedTokenDef is one entry of tokenizer.json's added_tokens.
-type tokAddedTokenDef struct {
+// addedTokenDef is one entry of tokenizer.json's added_tokens.
+type addedTokenDef struct {
 	ID         int    `json:"id"`
 	Content    string `json:"content"`
 	SingleWord bool   `json:"single_word"`
@@ -18,47 +18,47 @@ type tokAddedTokenDef struct {
 	Special    bool   `json:"special"`
 }
 
-// tokAdded is an added token as matching uses it.
-type tokAdded struct {
+// addedToken is an added token as matching uses it.
+type addedToken struct {
 	content                    string
 	singleWord, lstrip, rstrip bool
 	normalized, special        bool
 }
 
-// tokAddedEntry is an added token with the string Decode gives for it: HF
+// addedEntry is an added token with the string Decode gives for it: HF
 // decodes a normalized=true token as its normalized content.
-type tokAddedEntry struct {
-	tokAdded
+type addedEntry struct {
+	addedToken
 	decoded string
 }
 
-// tokAddedVocab is HF's AddedVocabulary: tokens found in the text before
+// addedVocab is HF's AddedVocabulary: tokens found in the text before
 // normalization and BPE. Tokens with normalized=false are matched in the raw
 // text; those with normalized=true in the normalized text of what is left.
-type tokAddedVocab struct {
-	byID      map[int]tokAddedEntry
+type addedVocab struct {
+	byID      map[int]addedEntry
 	byContent map[string]int
 	special   map[string]bool // contents of the special tokens
-	raw, norm tokMatcher
+	raw, norm matcher
 }
 
-// tokPiece is a stretch of text: an added token (id >= 0) or text still to
+// piece is a stretch of text: an added token (id >= 0) or text still to
 // be encoded (id -1).
-type tokPiece struct {
+type piece struct {
 	text string
 	id   int
 }
 
-// tokNewAddedVocab adds the tokens in file order as HF's deserializer does:
+// newAddedVocab adds the tokens in file order as HF's deserializer does:
 // a token whose content is in the model's vocabulary takes that id, the
 // others take the next free id past the vocabulary (the ids written in the
 // file are not used, as in HF, which only warns when they differ).
-func tokNewAddedVocab(defs []tokAddedTokenDef, model *tokBPE, n tokNormalizer) *tokAddedVocab {
-	a := &tokAddedVocab{byID: map[int]tokAddedEntry{}, byContent: map[string]int{}, special: map[string]bool{}}
-	var specialList, addedList []tokAdded // HF's special_tokens and added_tokens, in order
+func newAddedVocab(defs []addedTokenDef, model *bpe, n normalizer) *addedVocab {
+	a := &addedVocab{byID: map[int]addedEntry{}, byContent: map[string]int{}, special: map[string]bool{}}
+	var specialList, addedList []addedToken // HF's special_tokens and added_tokens, in order
 	maxAdded := -1
 	for _, d := range defs {
-		t := tokAdded{content: d.Content, singleWord: d.SingleWord, lstrip: d.LStrip, rstrip: d.RStrip,
+		t := addedToken{content: d.Content, singleWord: d.SingleWord, lstrip: d.LStrip, rstrip: d.RStrip,
 			normalized: !d.Special, special: d.Special}
 		if d.Normalized != nil {
 			t.normalized = *d.Normalized
@@ -70,7 +70,7 @@ func tokNewAddedVocab(defs []tokAddedTokenDef, model *tokBPE, n tokNormalizer) *
 		if t.content == "" {
 			continue
 		}
-		if id, ok := a.byContent[t.content]; ok && a.byID[id].tokAdded == t {
+		if id, ok := a.byContent[t.content]; ok && a.byID[id].addedToken == t {
 			continue // the same token again
 		}
 		id, ok := a.byContent[t.content]
@@ -85,7 +85,7 @@ func tokNewAddedVocab(defs []tokAddedTokenDef, model *tokBPE, n tokNormalizer) *
 		}
 		maxAdded = max(maxAdded, id)
 		a.byContent[t.content] = id
-		e := tokAddedEntry{tokAdded: t, decoded: t.content}
+		e := addedEntry{addedToken: t, decoded: t.content}
 		if t.normalized && n != nil {
 			e.decoded = n.normalize(t.content)
 		}
@@ -108,15 +108,15 @@ func tokNewAddedVocab(defs []tokAddedTokenDef, model *tokBPE, n tokNormalizer) *
 		}
 		normPats, normIDs = append(normPats, p), append(normIDs, id)
 	}
-	a.raw = tokNewMatcher(rawPats, rawIDs)
-	a.norm = tokNewMatcher(normPats, normIDs)
+	a.raw = newMatcher(rawPats, rawIDs)
+	a.norm = newMatcher(normPats, normIDs)
 	return a
 }
 
 // extract splits text into added tokens and the normalized text between them
 // (HF's AddedVocabulary::extract_and_normalize). Empty pieces are dropped.
-func (a *tokAddedVocab) extract(text string, n tokNormalizer) []tokPiece {
-	var out []tokPiece
+func (a *addedVocab) extract(text string, n normalizer) []piece {
+	var out []piece
 	for _, p := range a.split(text, &a.raw, nil) {
 		if p.id >= 0 {
 			out = append(out, p)
@@ -134,12 +134,12 @@ func (a *tokAddedVocab) extract(text string, n tokNormalizer) []tokPiece {
 // split appends the pieces of s around the tokens m finds (HF's
 // AddedVocabulary::find_matches): leftmost-longest matches, each checked for
 // single_word and widened by lstrip and rstrip.
-func (a *tokAddedVocab) split(s string, m *tokMatcher, out []tokPiece) []tokPiece {
+func (a *addedVocab) split(s string, m *matcher, out []piece) []piece {
 	if s == "" {
 		return out
 	}
 	if len(m.pats) == 0 {
-		return append(out, tokPiece{s, -1})
+		return append(out, piece{s, -1})
 	}
 	done := 0 // end of the last piece
 	for pos := 0; ; {
@@ -150,8 +150,8 @@ func (a *tokAddedVocab) split(s string, m *tokMatcher, out []tokPiece) []tokPiec
 		pos = stop // the search goes on after the match, kept or not
 		t := a.byID[id]
 		if t.singleWord {
-			startOK := start == 0 || !tokEndsWithWord(s[:start])
-			stopOK := stop == len(s) || !tokStartsWithWord(s[stop:])
+			startOK := start == 0 || !endsWithWord(s[:start])
+			stopOK := stop == len(s) || !startsWithWord(s[stop:])
 			if !startOK || !stopOK {
 				continue
 			}
@@ -163,45 +163,45 @@ func (a *tokAddedVocab) split(s string, m *tokMatcher, out []tokPiece) []tokPiec
 			stop = len(s) - len(strings.TrimLeftFunc(s[stop:], unicode.IsSpace))
 		}
 		if done < start {
-			out = append(out, tokPiece{s[done:start], -1})
+			out = append(out, piece{s[done:start], -1})
 		}
-		out = append(out, tokPiece{s[start:stop], id})
+		out = append(out, piece{s[start:stop], id})
 		done = stop
 	}
 	if done < len(s) {
-		out = append(out, tokPiece{s[done:], -1})
+		out = append(out, piece{s[done:], -1})
 	}
 	return out
 }
 
-// tokIsWordChar is Rust regex's Unicode \w: Alphabetic, marks, decimal
+// isWordChar is Rust regex's Unicode \w: Alphabetic, marks, decimal
 // digits, connector punctuation and the joiners.
-func tokIsWordChar(r rune) bool {
+func isWordChar(r rune) bool {
 	return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.Is(unicode.Nd, r) ||
 		unicode.Is(unicode.Nl, r) || unicode.Is(unicode.Pc, r) ||
 		unicode.Is(unicode.Other_Alphabetic, r) || r == 0x200C || r == 0x200D
 }
 
-func tokEndsWithWord(s string) bool {
+func endsWithWord(s string) bool {
 	r, _ := utf8.DecodeLastRuneInString(s)
-	return s != "" && tokIsWordChar(r)
+	return s != "" && isWordChar(r)
 }
 
-func tokStartsWithWord(s string) bool {
+func startsWithWord(s string) bool {
 	r, _ := utf8.DecodeRuneInString(s)
-	return s != "" && tokIsWordChar(r)
+	return s != "" && isWordChar(r)
 }
 
-// tokMatcher finds the leftmost, then longest, of a set of strings (what
+// matcher finds the leftmost, then longest, of a set of strings (what
 // HF's Aho-Corasick automaton with MatchKind::LeftmostLongest finds).
-type tokMatcher struct {
+type matcher struct {
 	pats    []string
 	ids     []int
 	byFirst [256][]int32 // pattern indices by first byte, longest first
 }
 
-func tokNewMatcher(pats []string, ids []int) tokMatcher {
-	m := tokMatcher{}
+func newMatcher(pats []string, ids []int) matcher {
+	m := matcher{}
 	for i, p := range pats {
 		if p == "" {
 			continue
@@ -219,7 +219,7 @@ func tokNewMatcher(pats []string, ids []int) tokMatcher {
 }
 
 // next finds the first match starting at or after from.
-func (m *tokMatcher) next(s string, from int) (start, end, id int, ok bool) {
+func (m *matcher) next(s string, from int) (start, end, id int, ok bool) {
 	for i := from; i < len(s); i++ {
 		for _, k := range m.byFirst[s[i]] {
 			if p := m.pats[k]; strings.HasPrefix(s[i:], p) {

@@ -1,26 +1,26 @@
-package loader
+package tokenizer
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"unicode/utf8"
 )
 
-// tokBPE is the "BPE" model of tokenizer.json: a word is split into
+// bpe is the "BPE" model of tokenizer.json: a word is split into
 // characters, each looked up in the vocabulary, then adjacent pairs are
 // merged, lowest merge rank first (leftmost first among equal ranks), until no
 // pair in the merge list remains. The merge loop keeps candidate pairs in a
 // heap, as HF does, so a long word costs O(n log n).
-type tokBPE struct {
+type bpe struct {
 	vocab   map[string]int
-	tokens  []string // id -> token; "" where hasTok is false
-	hasTok  []bool
+	tokens  map[int]string // id -> token: ids may leave gaps, as in HF
 	maxID   int
-	merges  map[uint64]tokMerge // pair of ids -> rank and merged id
-	unk     int                 // -1: none (unknown characters are dropped, as in HF)
+	merges  map[uint64]merge // pair of ids -> rank and merged id
+	unk     int              // -1: none (unknown characters are dropped, as in HF)
 	fuseUnk bool
 	// byteFallback: unknown characters become their <0xXX> byte tokens.
 	byteFallback bool
@@ -33,15 +33,16 @@ type tokBPE struct {
 	cache map[string][]int // word -> ids
 }
 
-// tokMerge is one merge: its rank in the merge list and the id it makes.
-type tokMerge struct{ rank, id int32 }
+// merge is one merge: its rank in the merge list and the id it makes.
+type merge struct{ rank, id int32 }
 
-// tokCacheMax bounds the word cache; it is emptied when full.
-const tokCacheMax = 1 << 17
+// cacheMax bounds the word cache; it is emptied when full.
+const cacheMax = 1 << 17
 
-func tokPair(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
+// pairKey is the merges map key of the pair (a, b).
+func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
 
-func tokParseBPE(raw json.RawMessage) (*tokBPE, error) {
+func parseBPE(raw json.RawMessage) (*bpe, error) {
 	var m struct {
 		Type                    string          `json:"type"`
 		UnkToken                *string         `json:"unk_token"`
@@ -55,7 +56,7 @@ func tokParseBPE(raw json.RawMessage) (*tokBPE, error) {
 	}
 	if err := json.Unmarshal(raw, &m); err != nil {
 		// Another model's vocab may not fit BPE's: name the type first.
-		if typ, terr := tokTyped("model", raw); terr == nil && typ != "BPE" && typ != "" {
+		if typ, terr := typed("model", raw); terr == nil && typ != "BPE" && typ != "" {
 			return nil, fmt.Errorf("type %q not supported (only BPE)", typ)
 		}
 		return nil, fmt.Errorf("want a BPE model object: %w", err)
@@ -69,7 +70,7 @@ func tokParseBPE(raw json.RawMessage) (*tokBPE, error) {
 	if m.Vocab == nil {
 		return nil, errors.New("vocab missing")
 	}
-	b := &tokBPE{
+	b := &bpe{
 		vocab:        m.Vocab,
 		unk:          -1,
 		fuseUnk:      m.FuseUnk,
@@ -84,16 +85,13 @@ func tokParseBPE(raw json.RawMessage) (*tokBPE, error) {
 		b.suffix = *m.EndOfWordSuffix
 	}
 	b.maxID = -1
+	b.tokens = make(map[int]string, len(m.Vocab))
 	for tok, id := range m.Vocab {
-		if id < 0 || id >= 1<<31 {
-			return nil, fmt.Errorf("vocab: token %q has id %d", tok, id)
+		if id < 0 || id > math.MaxInt32 {
+			return nil, fmt.Errorf("vocab: token %q has id %d, want one in [0, %d]", tok, id, math.MaxInt32)
 		}
 		b.maxID = max(b.maxID, id)
-	}
-	b.tokens = make([]string, b.maxID+1)
-	b.hasTok = make([]bool, b.maxID+1)
-	for tok, id := range m.Vocab {
-		b.tokens[id], b.hasTok[id] = tok, true
+		b.tokens[id] = tok
 	}
 	if m.UnkToken != nil {
 		id, ok := m.Vocab[*m.UnkToken]
@@ -108,11 +106,11 @@ func tokParseBPE(raw json.RawMessage) (*tokBPE, error) {
 			b.byteTokens[i] = id
 		}
 	}
-	pairs, err := tokParseMerges(m.Merges)
+	pairs, err := parseMerges(m.Merges)
 	if err != nil {
 		return nil, err
 	}
-	b.merges = make(map[uint64]tokMerge, len(pairs))
+	b.merges = make(map[uint64]merge, len(pairs))
 	for i, p := range pairs {
 		a, ok := m.Vocab[p[0]]
 		if !ok {
@@ -129,14 +127,14 @@ func tokParseBPE(raw json.RawMessage) (*tokBPE, error) {
 			return nil, fmt.Errorf("merges[%d]: the merge %q is not in the vocab", i, p[0]+right)
 		}
 		// A pair listed twice keeps its later rank, as HF's map does.
-		b.merges[tokPair(int32(a), int32(c))] = tokMerge{rank: int32(i), id: int32(id)}
+		b.merges[pairKey(int32(a), int32(c))] = merge{rank: int32(i), id: int32(id)}
 	}
 	return b, nil
 }
 
-// tokParseMerges reads merges written as "a b" strings or as ["a", "b"] pairs.
-func tokParseMerges(raw json.RawMessage) ([][2]string, error) {
-	if tokIsNull(raw) {
+// parseMerges reads merges written as "a b" strings or as ["a", "b"] pairs.
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	if isNull(raw) {
 		return nil, nil
 	}
 	var lines []string
@@ -153,7 +151,7 @@ func tokParseMerges(raw json.RawMessage) ([][2]string, error) {
 	}
 	var lists [][]string
 	if err := json.Unmarshal(raw, &lists); err != nil {
-		return nil, fmt.Errorf("merges: want a list of \"a b\" strings or of [a, b] pairs, got %s", tokShort(raw))
+		return nil, fmt.Errorf("merges: want a list of \"a b\" strings or of [a, b] pairs, got %s", short(raw))
 	}
 	pairs := make([][2]string, len(lists))
 	for i, l := range lists {
@@ -166,15 +164,13 @@ func tokParseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 // token is the vocabulary entry of id.
-func (b *tokBPE) token(id int) (string, bool) {
-	if id < 0 || id >= len(b.tokens) || !b.hasTok[id] {
-		return "", false
-	}
-	return b.tokens[id], true
+func (b *bpe) token(id int) (string, bool) {
+	tok, ok := b.tokens[id]
+	return tok, ok
 }
 
 // tokenize appends the ids of one pre-tokenized word to ids.
-func (b *tokBPE) tokenize(word string, ids []int) []int {
+func (b *bpe) tokenize(word string, ids []int) []int {
 	if word == "" {
 		return ids
 	}
@@ -191,7 +187,7 @@ func (b *tokBPE) tokenize(word string, ids []int) []int {
 	}
 	out := b.merge(word)
 	b.mu.Lock()
-	if len(b.cache) >= tokCacheMax {
+	if len(b.cache) >= cacheMax {
 		clear(b.cache)
 	}
 	b.cache[word] = out
@@ -199,20 +195,20 @@ func (b *tokBPE) tokenize(word string, ids []int) []int {
 	return append(ids, out...)
 }
 
-// tokSymbol is one part of a word during merging: a doubly linked list over
+// symbol is one part of a word during merging: a doubly linked list over
 // the initial characters; size 0 marks a part merged into its left neighbour.
-type tokSymbol struct {
+type symbol struct {
 	id         int32
 	prev, next int32
 	size       int32 // bytes of the word it covers
 }
 
 // merge is HF's BPE::merge_word followed by Word::merge_all (no dropout).
-func (b *tokBPE) merge(word string) []int {
-	syms := make([]tokSymbol, 0, len(word))
+func (b *bpe) merge(word string) []int {
+	syms := make([]symbol, 0, len(word))
 	add := func(id, size int) {
 		n := int32(len(syms))
-		syms = append(syms, tokSymbol{id: int32(id), prev: n - 1, next: n + 1, size: int32(size)})
+		syms = append(syms, symbol{id: int32(id), prev: n - 1, next: n + 1, size: int32(size)})
 	}
 	unkID, unkSize := -1, 0 // a pending unknown run (fuse_unk)
 	for i, r := range word {
@@ -265,10 +261,10 @@ func (b *tokBPE) merge(word string) []int {
 	}
 	syms[len(syms)-1].next = -1
 
-	var q tokMergeHeap
+	var q mergeHeap
 	for i := 0; i+1 < len(syms); i++ {
-		if m, ok := b.merges[tokPair(syms[i].id, syms[i+1].id)]; ok {
-			q = append(q, tokCandidate{rank: m.rank, pos: int32(i), id: m.id})
+		if m, ok := b.merges[pairKey(syms[i].id, syms[i+1].id)]; ok {
+			q = append(q, candidate{rank: m.rank, pos: int32(i), id: m.id})
 		}
 	}
 	q.init()
@@ -281,7 +277,7 @@ func (b *tokBPE) merge(word string) []int {
 		nextPos := cur.next
 		right := syms[nextPos]
 		// Skip entries made stale by an earlier merge.
-		if m, ok := b.merges[tokPair(cur.id, right.id)]; !ok || m.id != top.id {
+		if m, ok := b.merges[pairKey(cur.id, right.id)]; !ok || m.id != top.id {
 			continue
 		}
 		cur.id = top.id
@@ -292,13 +288,13 @@ func (b *tokBPE) merge(word string) []int {
 			syms[right.next].prev = top.pos
 		}
 		if cur.prev >= 0 {
-			if m, ok := b.merges[tokPair(syms[cur.prev].id, cur.id)]; ok {
-				q.push(tokCandidate{rank: m.rank, pos: cur.prev, id: m.id})
+			if m, ok := b.merges[pairKey(syms[cur.prev].id, cur.id)]; ok {
+				q.push(candidate{rank: m.rank, pos: cur.prev, id: m.id})
 			}
 		}
 		if cur.next >= 0 {
-			if m, ok := b.merges[tokPair(cur.id, syms[cur.next].id)]; ok {
-				q.push(tokCandidate{rank: m.rank, pos: top.pos, id: m.id})
+			if m, ok := b.merges[pairKey(cur.id, syms[cur.next].id)]; ok {
+				q.push(candidate{rank: m.rank, pos: top.pos, id: m.id})
 			}
 		}
 	}
@@ -311,27 +307,27 @@ func (b *tokBPE) merge(word string) []int {
 	return out
 }
 
-// tokCandidate is a pair that may be merged: the left part's position, the
+// candidate is a pair that may be merged: the left part's position, the
 // merge's rank and the id it makes.
-type tokCandidate struct{ rank, pos, id int32 }
+type candidate struct{ rank, pos, id int32 }
 
-// tokMergeHeap is a binary min-heap of candidates by (rank, pos).
-type tokMergeHeap []tokCandidate
+// mergeHeap is a binary min-heap of candidates by (rank, pos).
+type mergeHeap []candidate
 
-func (h tokMergeHeap) less(i, j int) bool {
+func (h mergeHeap) less(i, j int) bool {
 	if h[i].rank != h[j].rank {
 		return h[i].rank < h[j].rank
 	}
 	return h[i].pos < h[j].pos
 }
 
-func (h tokMergeHeap) init() {
+func (h mergeHeap) init() {
 	for i := len(h)/2 - 1; i >= 0; i-- {
 		h.down(i)
 	}
 }
 
-func (h *tokMergeHeap) push(c tokCandidate) {
+func (h *mergeHeap) push(c candidate) {
 	*h = append(*h, c)
 	q := *h
 	for i := len(q) - 1; i > 0; {
@@ -344,7 +340,7 @@ func (h *tokMergeHeap) push(c tokCandidate) {
 	}
 }
 
-func (h *tokMergeHeap) pop() tokCandidate {
+func (h *mergeHeap) pop() candidate {
 	q := *h
 	top := q[0]
 	n := len(q) - 1
@@ -354,7 +350,7 @@ func (h *tokMergeHeap) pop() tokCandidate {
 	return top
 }
 
-func (h tokMergeHeap) down(i int) {
+func (h mergeHeap) down(i int) {
 	for {
 		l := 2*i + 1
 		if l >= len(h) {

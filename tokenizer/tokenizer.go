@@ -1,4 +1,7 @@
-package loader
+// Package tokenizer is Hugging Face's tokenizer.json in pure Go: the BPE
+// model with its normalizers, pre-tokenizers, post-processors and decoders,
+// giving the ids HF `tokenizers` gives for the same file.
+package tokenizer
 
 import (
 	"bytes"
@@ -9,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/fuselm/fuselm/loader"
 )
 
 // Tokenizer is a Hugging Face tokenizer.json (a BPE model with its
@@ -22,12 +27,12 @@ import (
 // into words, each word is encoded by BPE, and the post-processor adds the
 // special tokens around the result.
 type Tokenizer struct {
-	normalizer   tokNormalizer    // nil: none
-	preTokenizer tokPreTokenizer  // nil: none
-	model        *tokBPE          // the BPE model
-	post         tokPostProcessor // nil: none
-	decoder      tokDecoder       // nil: tokens joined with spaces
-	added        *tokAddedVocab   // added and special tokens
+	normalizer   normalizer    // nil: none
+	preTokenizer preTokenizer  // nil: none
+	model        *bpe          // the BPE model
+	post         postProcessor // nil: none
+	decoder      decoder       // nil: tokens joined with spaces
+	added        *addedVocab   // added and special tokens
 
 	vocabSize int   // largest id + 1
 	bos       int   // -1: none
@@ -35,52 +40,52 @@ type Tokenizer struct {
 	addBOS    bool  // whether prompts start with BOS
 }
 
-// The files LoadTokenizer reads from a model directory.
+// The files Load reads from a model directory.
 const (
 	tokenizerFile       = "tokenizer.json"
 	tokenizerConfigFile = "tokenizer_config.json"
 )
 
-// LoadTokenizer reads dir/tokenizer.json and, when present beside it,
+// Load reads dir/tokenizer.json and, when present beside it,
 // tokenizer_config.json and generation_config.json for the BOS and EOS tokens.
-func LoadTokenizer(dir string) (*Tokenizer, error) {
+func Load(dir string) (*Tokenizer, error) {
 	path := filepath.Join(dir, tokenizerFile)
-	data, err := os.ReadFile(path)
+	data, err := loader.ReadJSONFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	t, err := tokParse(data)
+	t, err := parse(data)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %s: %w", path, err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", path, err)
 	}
 	cfgPath := filepath.Join(dir, tokenizerConfigFile)
-	var cfg *tokConfig
-	if data, err := os.ReadFile(cfgPath); err == nil {
-		if cfg, err = tokParseConfig(data); err != nil {
-			return nil, fmt.Errorf("loader: %s: %w", cfgPath, err)
+	var cfg *tokenizerConfig
+	if data, err := loader.ReadJSONFile(cfgPath); err == nil {
+		if cfg, err = parseConfig(data); err != nil {
+			return nil, fmt.Errorf("tokenizer: %s: %w", cfgPath, err)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("loader: %w", err)
+		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	gen, err := LoadGenerationConfig(dir)
+	gen, err := loader.LoadGenerationConfig(dir)
 	if err != nil {
 		return nil, err
 	}
 	if err := t.setBOSEOS(cfg, gen); err != nil {
-		return nil, fmt.Errorf("loader: %s: %w", cfgPath, err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", cfgPath, err)
 	}
 	return t, nil
 }
 
-// ParseTokenizer parses the bytes of a tokenizer.json. BOS is the special
+// Parse parses the bytes of a tokenizer.json. BOS is the special
 // token the post-processor puts first, if any; EOS is empty.
-func ParseTokenizer(tokenizerJSON []byte) (*Tokenizer, error) {
-	t, err := tokParse(tokenizerJSON)
+func Parse(tokenizerJSON []byte) (*Tokenizer, error) {
+	t, err := parse(tokenizerJSON)
 	if err != nil {
-		return nil, fmt.Errorf("loader: %s: %w", tokenizerFile, err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", tokenizerFile, err)
 	}
 	if err := t.setBOSEOS(nil, nil); err != nil {
-		return nil, fmt.Errorf("loader: %s: %w", tokenizerFile, err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", tokenizerFile, err)
 	}
 	return t, nil
 }
@@ -108,7 +113,7 @@ func (t *Tokenizer) Decode(ids []int, skipSpecial bool) string {
 		buf = t.appendTokenBytes(buf, tok, n == 0)
 		n++
 	}
-	s, _ := tokLossyUTF8(buf, true)
+	s, _ := lossyUTF8(buf, true)
 	return s
 }
 
@@ -191,31 +196,31 @@ func (t *Tokenizer) appendTokenBytes(buf []byte, tok string, first bool) []byte 
 	return t.decoder.appendBytes(buf, tok)
 }
 
-// tokFile is the top level of tokenizer.json.
-type tokFile struct {
-	Version       string             `json:"version"`
-	Truncation    json.RawMessage    `json:"truncation"`
-	Padding       json.RawMessage    `json:"padding"`
-	AddedTokens   []tokAddedTokenDef `json:"added_tokens"`
-	Normalizer    json.RawMessage    `json:"normalizer"`
-	PreTokenizer  json.RawMessage    `json:"pre_tokenizer"`
-	PostProcessor json.RawMessage    `json:"post_processor"`
-	Decoder       json.RawMessage    `json:"decoder"`
-	Model         json.RawMessage    `json:"model"`
+// fileJSON is the top level of tokenizer.json.
+type fileJSON struct {
+	Version       string          `json:"version"`
+	Truncation    json.RawMessage `json:"truncation"`
+	Padding       json.RawMessage `json:"padding"`
+	AddedTokens   []addedTokenDef `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         json.RawMessage `json:"model"`
 }
 
-func tokParse(data []byte) (*Tokenizer, error) {
-	var f tokFile
+func parse(data []byte) (*Tokenizer, error) {
+	var f fileJSON
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("not valid JSON: %w", err)
 	}
 	if f.Version != "" && f.Version != "1.0" {
 		return nil, fmt.Errorf("version %q not supported (want 1.0)", f.Version)
 	}
-	if !tokIsNull(f.Truncation) {
+	if !isNull(f.Truncation) {
 		return nil, errors.New("truncation is set; truncation is not supported")
 	}
-	if !tokIsNull(f.Padding) {
+	if !isNull(f.Padding) {
 		var p struct {
 			Strategy json.RawMessage `json:"strategy"`
 		}
@@ -224,25 +229,25 @@ func tokParse(data []byte) (*Tokenizer, error) {
 			return nil, errors.New("padding to a fixed length is set; padding is not supported")
 		}
 	}
-	if tokIsNull(f.Model) {
+	if isNull(f.Model) {
 		return nil, errors.New("model missing")
 	}
 	t := &Tokenizer{bos: -1}
 	var err error
-	if t.model, err = tokParseBPE(f.Model); err != nil {
+	if t.model, err = parseBPE(f.Model); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	if t.normalizer, err = tokParseNormalizer(f.Normalizer); err != nil {
+	if t.normalizer, err = parseNormalizer(f.Normalizer); err != nil {
 		return nil, err
 	}
-	if t.preTokenizer, err = tokParsePreTokenizer(f.PreTokenizer); err != nil {
+	if t.preTokenizer, err = parsePreTokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}
-	if t.decoder, err = tokParseDecoder(f.Decoder); err != nil {
+	if t.decoder, err = parseDecoder(f.Decoder); err != nil {
 		return nil, err
 	}
-	t.added = tokNewAddedVocab(f.AddedTokens, t.model, t.normalizer)
-	if t.post, err = tokParsePostProcessor(f.PostProcessor); err != nil {
+	t.added = newAddedVocab(f.AddedTokens, t.model, t.normalizer)
+	if t.post, err = parsePostProcessor(f.PostProcessor); err != nil {
 		return nil, err
 	}
 	t.vocabSize = t.model.maxID + 1
@@ -261,48 +266,48 @@ func (t *Tokenizer) tokenID(tok string) (int, bool) {
 	return id, ok
 }
 
-// tokConfig is what the tokenizer reads from tokenizer_config.json.
-type tokConfig struct {
-	bos, eos         tokConfigToken
+// tokenizerConfig is what the tokenizer reads from tokenizer_config.json.
+type tokenizerConfig struct {
+	bos, eos         configToken
 	addBOS, addBOSOK bool
 }
 
-// tokConfigToken is a bos_token or eos_token entry: absent, null, a string
+// configToken is a bos_token or eos_token entry: absent, null, a string
 // or an object with "content".
-type tokConfigToken struct {
+type configToken struct {
 	present bool   // the key is there (maybe null)
 	content string // "" for null
 }
 
-func tokParseConfig(data []byte) (*tokConfig, error) {
+func parseConfig(data []byte) (*tokenizerConfig, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("not a JSON object: %w", err)
 	}
-	c := &tokConfig{}
+	c := &tokenizerConfig{}
 	var err error
-	if c.bos, err = tokConfigTokenOf(m, "bos_token"); err != nil {
+	if c.bos, err = configTokenOf(m, "bos_token"); err != nil {
 		return nil, err
 	}
-	if c.eos, err = tokConfigTokenOf(m, "eos_token"); err != nil {
+	if c.eos, err = configTokenOf(m, "eos_token"); err != nil {
 		return nil, err
 	}
-	if raw, ok := m["add_bos_token"]; ok && !tokIsNull(raw) {
+	if raw, ok := m["add_bos_token"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &c.addBOS); err != nil {
-			return nil, fmt.Errorf("add_bos_token: want true or false, got %s", tokShort(raw))
+			return nil, fmt.Errorf("add_bos_token: want true or false, got %s", short(raw))
 		}
 		c.addBOSOK = true
 	}
 	return c, nil
 }
 
-func tokConfigTokenOf(m map[string]json.RawMessage, key string) (tokConfigToken, error) {
+func configTokenOf(m map[string]json.RawMessage, key string) (configToken, error) {
 	raw, ok := m[key]
 	if !ok {
-		return tokConfigToken{}, nil
+		return configToken{}, nil
 	}
-	tok := tokConfigToken{present: true}
-	if tokIsNull(raw) {
+	tok := configToken{present: true}
+	if isNull(raw) {
 		return tok, nil
 	}
 	if err := json.Unmarshal(raw, &tok.content); err == nil {
@@ -312,7 +317,7 @@ func tokConfigTokenOf(m map[string]json.RawMessage, key string) (tokConfigToken,
 		Content *string `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil || obj.Content == nil {
-		return tok, fmt.Errorf("%s: want a string or an object with \"content\", got %s", key, tokShort(raw))
+		return tok, fmt.Errorf("%s: want a string or an object with \"content\", got %s", key, short(raw))
 	}
 	tok.content = *obj.Content
 	return tok, nil
@@ -320,7 +325,7 @@ func tokConfigTokenOf(m map[string]json.RawMessage, key string) (tokConfigToken,
 
 // setBOSEOS settles BOS, EOS and AddBOS from the two config files (either
 // may be nil).
-func (t *Tokenizer) setBOSEOS(cfg *tokConfig, gen *GenerationConfig) error {
+func (t *Tokenizer) setBOSEOS(cfg *tokenizerConfig, gen *loader.GenerationConfig) error {
 	lead := -1 // the special token the post-processor puts first
 	if t.post != nil {
 		if ids := t.post.process(nil, true); len(ids) > 0 {
@@ -358,14 +363,14 @@ func (t *Tokenizer) setBOSEOS(cfg *tokConfig, gen *GenerationConfig) error {
 	return nil
 }
 
-// tokIsNull reports whether a JSON value is absent or null.
-func tokIsNull(raw json.RawMessage) bool {
+// isNull reports whether a JSON value is absent or null.
+func isNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) == 0 || string(raw) == "null"
 }
 
-// tokShort is raw JSON cut to a length fit for an error message.
-func tokShort(raw json.RawMessage) string {
+// short is raw JSON cut to a length fit for an error message.
+func short(raw json.RawMessage) string {
 	s := string(bytes.TrimSpace(raw))
 	if len(s) > 60 {
 		s = s[:57] + "..."
@@ -373,13 +378,13 @@ func tokShort(raw json.RawMessage) string {
 	return s
 }
 
-// tokTyped reads the "type" of a tokenizer.json component.
-func tokTyped(section string, raw json.RawMessage) (string, error) {
+// typed reads the "type" of a tokenizer.json component.
+func typed(section string, raw json.RawMessage) (string, error) {
 	var h struct {
 		Type string `json:"type"`
 	}
 	if err := json.Unmarshal(raw, &h); err != nil {
-		return "", fmt.Errorf("%s: want an object with a \"type\", got %s", section, tokShort(raw))
+		return "", fmt.Errorf("%s: want an object with a \"type\", got %s", section, short(raw))
 	}
 	return h.Type, nil
 }

@@ -1,4 +1,4 @@
-package loader
+package tokenizer
 
 import (
 	"compress/gzip"
@@ -16,12 +16,12 @@ import (
 )
 
 // The real tokenizer files, gzipped under testdata/tokenizer.
-var tokTestCache = struct {
+var testCache = struct {
 	sync.Mutex
 	m map[string]*Tokenizer
 }{m: map[string]*Tokenizer{}}
 
-func tokTestJSON(t testing.TB, name string) []byte {
+func testJSON(t testing.TB, name string) []byte {
 	t.Helper()
 	path := filepath.Join("..", "testdata", "tokenizer", name+".tokenizer.json.gz")
 	f, err := os.Open(path)
@@ -40,41 +40,41 @@ func tokTestJSON(t testing.TB, name string) []byte {
 	return data
 }
 
-// tokTestTokenizer is the real tokenizer "qwen2" or "deepseek-v2", parsed once.
-func tokTestTokenizer(t testing.TB, name string) *Tokenizer {
+// testTokenizer is the real tokenizer "qwen2" or "deepseek-v2", parsed once.
+func testTokenizer(t testing.TB, name string) *Tokenizer {
 	t.Helper()
-	tokTestCache.Lock()
-	defer tokTestCache.Unlock()
-	if tok := tokTestCache.m[name]; tok != nil {
+	testCache.Lock()
+	defer testCache.Unlock()
+	if tok := testCache.m[name]; tok != nil {
 		return tok
 	}
-	tok, err := ParseTokenizer(tokTestJSON(t, name))
+	tok, err := Parse(testJSON(t, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokTestCache.m[name] = tok
+	testCache.m[name] = tok
 	return tok
 }
 
-func tokLabel(i int, text string) string { return fmt.Sprintf("text %d %q", i, tokCut(text)) }
+func label(i int, text string) string { return fmt.Sprintf("text %d %q", i, cut(text)) }
 
-func tokCut(s string) string {
+func cut(s string) string {
 	if len(s) <= 80 {
 		return s
 	}
 	return s[:80] + "..."
 }
 
-func tokHead(ids []int) string {
+func head(ids []int) string {
 	if len(ids) <= 24 {
 		return fmt.Sprint(ids)
 	}
 	return fmt.Sprintf("%v... (%d ids)", ids[:24], len(ids))
 }
 
-// tokCheck compares the ids of texts with ids derived by hand from the
+// check compares the ids of texts with ids derived by hand from the
 // vocabulary and the pre-tokenizer regexes.
-func tokCheck(t *testing.T, tok *Tokenizer, special bool, cases map[string][]int) {
+func check(t *testing.T, tok *Tokenizer, special bool, cases map[string][]int) {
 	t.Helper()
 	for text, want := range cases {
 		var got []int
@@ -90,7 +90,7 @@ func tokCheck(t *testing.T, tok *Tokenizer, special bool, cases map[string][]int
 }
 
 func TestTokenizerQwen2(t *testing.T) {
-	tok := tokTestTokenizer(t, "qwen2")
+	tok := testTokenizer(t, "qwen2")
 	// Whole words that are vocabulary entries; Qwen2's regex takes digits one
 	// at a time (\p{N}); "\n" is Ċ (198); specials are split out first.
 	cases := map[string][]int{
@@ -103,8 +103,8 @@ func TestTokenizerQwen2(t *testing.T) {
 		"hi<|endoftext|><|endoftext|>hello": {6023, 151643, 151643, 14990},
 		"":                                  nil,
 	}
-	tokCheck(t, tok, true, cases) // the ByteLevel post-processor adds nothing
-	tokCheck(t, tok, false, cases)
+	check(t, tok, true, cases) // the ByteLevel post-processor adds nothing
+	check(t, tok, false, cases)
 	if got := tok.VocabSize(); got != 151665 {
 		t.Errorf("VocabSize = %d, want 151665", got)
 	}
@@ -129,10 +129,10 @@ func TestTokenizerQwen2(t *testing.T) {
 }
 
 func TestTokenizerDeepseekV2(t *testing.T) {
-	tok := tokTestTokenizer(t, "deepseek-v2")
+	tok := testTokenizer(t, "deepseek-v2")
 	// Digits splits every digit; "ö" is an added token (100003) matched in
 	// the text; the template puts BOS (100000) first.
-	tokCheck(t, tok, false, map[string][]int{
+	check(t, tok, false, map[string][]int{
 		"12345":  {16, 17, 18, 19, 20},
 		"Hello":  {17464},
 		" world": {1843},
@@ -141,7 +141,7 @@ func TestTokenizerDeepseekV2(t *testing.T) {
 		"<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>": {100000, 4824, 100001},
 		"": nil,
 	})
-	tokCheck(t, tok, true, map[string][]int{
+	check(t, tok, true, map[string][]int{
 		"12345":                   {100000, 16, 17, 18, 19, 20},
 		"<｜begin▁of▁sentence｜>hi": {100000, 100000, 4824},
 		"":                        {100000},
@@ -165,7 +165,7 @@ func TestTokenizerDeepseekV2(t *testing.T) {
 // TestTokenizerConfigFiles checks BOS and EOS read from tokenizer_config.json
 // and generation_config.json beside tokenizer.json.
 func TestTokenizerConfigFiles(t *testing.T) {
-	qwen := tokTestJSON(t, "qwen2")
+	qwen := testJSON(t, "qwen2")
 	qwenCfg, err := os.ReadFile(filepath.Join("..", "testdata", "tokenizer", "qwen2.tokenizer_config.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestTokenizerConfigFiles(t *testing.T) {
 	}
 	load := func(dir string) *Tokenizer {
 		t.Helper()
-		tok, err := LoadTokenizer(dir)
+		tok, err := Load(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,16 +222,16 @@ func TestTokenizerConfigFiles(t *testing.T) {
 	dir = t.TempDir()
 	write(dir, "tokenizer.json", qwen)
 	write(dir, "tokenizer_config.json", []byte(`{"eos_token": "<|nope|>"}`))
-	if _, err := LoadTokenizer(dir); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") {
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") {
 		t.Errorf("unknown eos_token: err = %v, want one naming tokenizer_config.json", err)
 	}
-	if _, err := LoadTokenizer(t.TempDir()); err == nil || !strings.Contains(err.Error(), "tokenizer.json") {
+	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "tokenizer.json") {
 		t.Errorf("missing tokenizer.json: err = %v", err)
 	}
 }
 
 func TestTokenizerStreamDecoder(t *testing.T) {
-	tok := tokTestTokenizer(t, "qwen2")
+	tok := testTokenizer(t, "qwen2")
 	// Both characters are absent from the vocabulary as wholes, so BPE
 	// leaves them in byte-level pieces that end mid character.
 	for _, ch := range []string{"🫠", "龘", "𓀀"} {
@@ -306,14 +306,14 @@ func TestTokLossyUTF8(t *testing.T) {
 		{"\xF0\x9F\x98\x80\xFF", "😀\uFFFD"},
 		{"\xE0\x80\xAF", "\uFFFD\uFFFD\uFFFD"},
 	} {
-		if got, n := tokLossyUTF8([]byte(c.in), true); got != c.want || n != len(c.in) {
-			t.Errorf("tokLossyUTF8(%q) = %q, %d; want %q, %d", c.in, got, n, c.want, len(c.in))
+		if got, n := lossyUTF8([]byte(c.in), true); got != c.want || n != len(c.in) {
+			t.Errorf("lossyUTF8(%q) = %q, %d; want %q, %d", c.in, got, n, c.want, len(c.in))
 		}
 	}
-	if got, n := tokLossyUTF8([]byte("ok\xF0\x9F"), false); got != "ok" || n != 2 {
+	if got, n := lossyUTF8([]byte("ok\xF0\x9F"), false); got != "ok" || n != 2 {
 		t.Errorf("incomplete tail: got %q, %d; want \"ok\", 2", got, n)
 	}
-	if got, n := tokLossyUTF8([]byte("ok\xF0\x41"), false); got != "ok\uFFFDA" || n != 4 {
+	if got, n := lossyUTF8([]byte("ok\xF0\x41"), false); got != "ok\uFFFDA" || n != 4 {
 		t.Errorf("broken sequence: got %q, %d", got, n)
 	}
 }
@@ -327,7 +327,7 @@ func TestTokenizerPromptSpeed(t *testing.T) {
 		t.Skipf("%s: %v", path, err)
 	}
 	for _, name := range []string{"qwen2", "deepseek-v2"} {
-		tok, err := ParseTokenizer(tokTestJSON(t, name)) // a fresh, empty cache
+		tok, err := Parse(testJSON(t, name)) // a fresh, empty cache
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,11 +345,11 @@ func TestTokenizerPromptSpeed(t *testing.T) {
 }
 
 // A tiny byte-level BPE for tests of the parts the real files leave out.
-func tokTiny(t *testing.T, patch func(m map[string]any)) (*Tokenizer, error) {
+func tiny(t *testing.T, patch func(m map[string]any)) (*Tokenizer, error) {
 	t.Helper()
 	vocab := map[string]int{}
 	for b := 0; b < 256; b++ {
-		vocab[string(tokByteRune[b])] = b
+		vocab[string(byteRune[b])] = b
 	}
 	merges := []string{"h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o"}
 	for i, m := range merges {
@@ -374,7 +374,7 @@ func tokTiny(t *testing.T, patch func(m map[string]any)) (*Tokenizer, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ParseTokenizer(data)
+	return Parse(data)
 }
 
 func TestTokenizerErrors(t *testing.T) {
@@ -384,43 +384,43 @@ func TestTokenizerErrors(t *testing.T) {
 		want  string
 	}{
 		{"pre_tokenizer", func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "Foo"} },
-			`loader: tokenizer.json: pre_tokenizer type "Foo" not supported`},
+			`tokenizer: tokenizer.json: pre_tokenizer type "Foo" not supported`},
 		{"nested", func(m map[string]any) {
 			m["pre_tokenizer"] = map[string]any{"type": "Sequence", "pretokenizers": []any{map[string]any{"type": "Metaspace"}}}
-		}, `loader: tokenizer.json: pre_tokenizer Sequence[0]: pre_tokenizer type "Metaspace" not supported`},
+		}, `tokenizer: tokenizer.json: pre_tokenizer Sequence[0]: pre_tokenizer type "Metaspace" not supported`},
 		{"normalizer", func(m map[string]any) { m["normalizer"] = map[string]any{"type": "BertNormalizer"} },
-			`loader: tokenizer.json: normalizer type "BertNormalizer" not supported`},
+			`tokenizer: tokenizer.json: normalizer type "BertNormalizer" not supported`},
 		{"decoder", func(m map[string]any) { m["decoder"] = map[string]any{"type": "WordPiece"} },
-			`loader: tokenizer.json: decoder type "WordPiece" not supported`},
+			`tokenizer: tokenizer.json: decoder type "WordPiece" not supported`},
 		{"post_processor", func(m map[string]any) { m["post_processor"] = map[string]any{"type": "Foo"} },
-			`loader: tokenizer.json: post_processor type "Foo" not supported`},
+			`tokenizer: tokenizer.json: post_processor type "Foo" not supported`},
 		{"model", func(m map[string]any) { m["model"] = map[string]any{"type": "Unigram", "vocab": []any{}} },
-			`loader: tokenizer.json: model: type "Unigram" not supported (only BPE)`},
+			`tokenizer: tokenizer.json: model: type "Unigram" not supported (only BPE)`},
 		{"merge", func(m map[string]any) { m["model"].(map[string]any)["merges"] = []string{"x y"} },
-			`loader: tokenizer.json: model: merges[0]: the merge "xy" is not in the vocab`},
+			`tokenizer: tokenizer.json: model: merges[0]: the merge "xy" is not in the vocab`},
 		{"merge part", func(m map[string]any) { m["model"].(map[string]any)["merges"] = [][]string{{"x", "Q!"}} },
-			`loader: tokenizer.json: model: merges[0]: "Q!" is not in the vocab`},
+			`tokenizer: tokenizer.json: model: merges[0]: "Q!" is not in the vocab`},
 		{"regex", func(m map[string]any) {
 			m["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "(("}, "behavior": "Isolated"}
-		}, `loader: tokenizer.json: pre_tokenizer Split: regex "((": `},
+		}, `tokenizer: tokenizer.json: pre_tokenizer Split: regex "((": `},
 		{"behavior", func(m map[string]any) {
 			m["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "Sideways"}
-		}, `loader: tokenizer.json: pre_tokenizer Split: behavior "Sideways" not supported`},
+		}, `tokenizer: tokenizer.json: pre_tokenizer Split: behavior "Sideways" not supported`},
 		{"truncation", func(m map[string]any) { m["truncation"] = map[string]any{"max_length": 8} },
-			`loader: tokenizer.json: truncation is set`},
+			`tokenizer: tokenizer.json: truncation is set`},
 		{"template", func(m map[string]any) {
 			m["post_processor"] = map[string]any{"type": "TemplateProcessing",
 				"single": []any{map[string]any{"SpecialToken": map[string]any{"id": "<bos>", "type_id": 0}},
 					map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}},
 				"special_tokens": map[string]any{}}
-		}, `loader: tokenizer.json: post_processor TemplateProcessing: special token "<bos>" missing`},
+		}, `tokenizer: tokenizer.json: post_processor TemplateProcessing: special token "<bos>" missing`},
 	} {
-		_, err := tokTiny(t, c.patch)
+		_, err := tiny(t, c.patch)
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want %q", c.name, err, c.want)
 		}
 	}
-	if _, err := ParseTokenizer([]byte("{")); err == nil || !strings.HasPrefix(err.Error(), "loader: tokenizer.json: not valid JSON") {
+	if _, err := Parse([]byte("{")); err == nil || !strings.HasPrefix(err.Error(), "tokenizer: tokenizer.json: not valid JSON") {
 		t.Errorf("bad JSON: err = %v", err)
 	}
 }
@@ -430,11 +430,11 @@ func TestTokenizerErrors(t *testing.T) {
 // the merges make he 256, ll 257, hell 258, hello 259, Ġw 260, Ġwo 261, and
 // the added token <s> takes the next id, 262.
 func TestTokenizerTiny(t *testing.T) {
-	tok, err := tokTiny(t, nil)
+	tok, err := tiny(t, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokCheck(t, tok, true, map[string][]int{
+	check(t, tok, true, map[string][]int{
 		"hello":       {259},
 		"hell":        {258},
 		"hel":         {256, 108},
@@ -456,8 +456,8 @@ func TestTokFoldLongS(t *testing.T) {
 		{`(?i)[-s][]s]`, `(?i)[-ſs][]ſs]`},
 		{`(?i)[s`, `(?i)[s`},
 	} {
-		if got := tokFoldLongS(c.in); got != c.want {
-			t.Errorf("tokFoldLongS(%q) = %q, want %q", c.in, got, c.want)
+		if got := foldLongS(c.in); got != c.want {
+			t.Errorf("foldLongS(%q) = %q, want %q", c.in, got, c.want)
 		}
 	}
 }
@@ -465,7 +465,7 @@ func TestTokFoldLongS(t *testing.T) {
 // TestTokenizerConcurrent encodes from several goroutines at once (the word
 // cache is shared); run with -race.
 func TestTokenizerConcurrent(t *testing.T) {
-	tok, err := ParseTokenizer(tokTestJSON(t, "qwen2"))
+	tok, err := Parse(testJSON(t, "qwen2"))
 	if err != nil {
 		t.Fatal(err)
 	}
