@@ -179,7 +179,8 @@ type Ops interface {
 	// down [E,H,I] weight.
 	MoEExperts(out, x, idx, weight, gateUp, down *Tensor)
 
-	// Argmax is out[b] = the first index of the largest element of row b.
+	// Argmax is out[b] = the first index of the largest element of row b,
+	// NaN counting as the largest (as torch.argmax).
 	// out [B] i32; logits [B,V] f32 or act.
 	Argmax(out, logits *Tensor)
 }

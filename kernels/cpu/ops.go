@@ -247,7 +247,7 @@ func swiglu(out, gu []float32, bf16 bool) {
 func silu(g float32) float32 { return g / (1 + float32(math.Exp(float64(-g)))) }
 
 // Argmax is out[b] = the lowest index of the largest element of logits row
-// b: out [B] i32; logits [B,V] f32 or act. NaNs are never the largest.
+// b: out [B] i32; logits [B,V] f32 or act. NaN counts as the largest.
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	const op = kernels.OpArgmax
 	kernels.CheckArgmax(o.dev.ActDType(), out, logits)
@@ -259,11 +259,14 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	})
 }
 
-// argmax is the lowest index of the largest element of v; NaNs are never
-// the largest, and a row of NaN or -inf gives 0.
+// argmax is the lowest index of the largest element of v, NaN counting as
+// the largest (as torch.argmax); a row of -inf gives 0.
 func argmax(v []float32) int {
 	best, arg := float32(math.Inf(-1)), 0
 	for j, x := range v {
+		if x != x {
+			return j
+		}
 		if x > best {
 			best, arg = x, j
 		}

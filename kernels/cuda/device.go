@@ -312,13 +312,15 @@ type buffer struct {
 func (b *buffer) Bytes() int { return b.size }
 
 // Alloc returns a packed tensor of undefined contents from the caching
-// allocator. When the allocation fails, the error is recorded (see Fail)
+// allocator. When the allocation fails (no memory, or a size that is
+// negative or overflows), the error is recorded (see Fail)
 // and the tensor has no memory; work using it is skipped.
 func (d *Device) Alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
 	n := 1
 	for _, s := range shape {
 		if s < 0 || (s > 0 && n > (1<<62)/s) {
-			panic(fmt.Sprintf("cuda: Alloc of shape %v", shape))
+			d.Fail(fmt.Errorf("cuda: Alloc of %s%v: the size is negative or overflows", dt, shape))
+			return kernels.NewTensor(&buffer{dev: d}, dt, 0, shape...)
 		}
 		n *= s
 	}

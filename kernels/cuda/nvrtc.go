@@ -11,6 +11,8 @@ import (
 	"sort"
 	"sync"
 	"unsafe"
+
+	"github.com/fuselm/fuselm/outfile"
 )
 
 // nvrtcAPI is libnvrtc's entry points.
@@ -236,36 +238,14 @@ func cachePath(dir, key string, cubin bool) string {
 	return filepath.Join(dir, key+ext)
 }
 
-// writeFileAtomic writes data to path through a temporary file in the same
-// directory and a rename, so a reader sees the whole file or none.
+// writeFileAtomic writes a kernel cache file: its directory made, then
+// outfile's way (a whole file or none, never replacing what is not a
+// regular file of ours).
 func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
+	return outfile.Write(path, data)
 }
 
 // compile runs NVRTC on src with opts and returns the cubin (or PTX when

@@ -150,10 +150,12 @@ func cases(wdts []kernels.DType) []opCase {
 		addW(kernels.OpMoEExperts, fmt.Sprintf("N=%d,H=%d,I=%d,E=%d,K=%d", s.n, s.h, s.inter, s.e, s.k), func(e *env) { moeExperts(e, s) })
 	}
 	for _, s := range []struct {
-		b, v int
-		k    kind
-		ties bool
-	}{{1, 37, f32K, false}, {3, 1000, actK, false}, {16, 32003, f32K, false}, {2, 151936, actK, false}, {5, 100, f32K, true}, {4, 1001, actK, true}} {
+		b, v      int
+		k         kind
+		ties, nan bool
+	}{{1, 37, f32K, false, false}, {3, 1000, actK, false, false}, {16, 32003, f32K, false, false},
+		{2, 151936, actK, false, false}, {5, 100, f32K, true, false}, {4, 1001, actK, true, false},
+		{3, 500, f32K, false, true}, {2, 3000, actK, true, true}} {
 		dt := "f32"
 		if s.k == actK {
 			dt = "act"
@@ -162,7 +164,10 @@ func cases(wdts []kernels.DType) []opCase {
 		if s.ties {
 			name += ",ties"
 		}
-		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties) })
+		if s.nan {
+			name += ",nan"
+		}
+		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan) })
 	}
 	return cs
 }
@@ -566,7 +571,9 @@ func moeExperts(e *env, c expertsCase) {
 // argmax checks rows whose largest element is 1 above the next (so that
 // rounding to the device's dtype keeps it), or, with ties, rows of quarter
 // steps (exact in every dtype) whose largest value appears 2 or 3 times.
-func argmax(e *env, b, v int, k kind, ties bool) {
+// argmax checks rows with one largest value, or several tied (ties), and
+// with NaNs, which count as the largest, the first of them chosen (nan).
+func argmax(e *env, b, v int, k kind, ties, nan bool) {
 	vals := e.normal(b*v, 1)
 	want := make([]int32, b)
 	for r := range b {
@@ -585,6 +592,13 @@ func argmax(e *env, b, v int, k kind, ties bool) {
 			row[j] = top
 		}
 		want[r] = int32(slices.Min(at))
+		if nan {
+			ns := e.rng.Perm(v)[:1+e.rng.Intn(2)]
+			for _, j := range ns {
+				row[j] = float32(math.NaN())
+			}
+			want[r] = int32(slices.Min(ns))
+		}
 	}
 	logits := e.tensor(k, vals, b, v)
 	out := e.ints(filled(b, -7), b)
