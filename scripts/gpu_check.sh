@@ -8,8 +8,10 @@
 #
 #   scripts/gpu_check.sh [quick] [kbench]
 #     quick:  skip the 7B checkpoint
-#     kbench: also run the kernel benchmarks (kernels/fused TestKernelBench),
-#             their rows in $OUT/kernel_bench.json
+#     kbench: also run the kernel benchmarks (bin/infer bench, every op and set
+#             on the default shapes: $OUT/kernel_bench.json and .png), then
+#             --optimize on attn_prefill and attn_decode and an infer run that
+#             must say which tuning choices it applied
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -53,8 +55,10 @@ step fused pkgtest fused
 step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
 step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v"
 if $kbench; then
-	step kernel-bench sh -c "cd kernels/fused && FUSELM_KERNEL_BENCH=1 FUSELM_KERNEL_BENCH_OUT=$(realpath "$out")/kernel_bench.json \
-		../../bin/fused.test -test.v -test.run TestKernelBench -test.timeout 20m"
+	step kernel-bench sh -c "bin/infer bench --quiet --json --plot $out/kernel_bench.png >$out/kernel_bench.json && \
+		python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [print(x[\"op\"], x[\"shape\"], x[\"set\"], x[\"variant\"], round(x[\"ms\"],4), round(x[\"tflop_s\"] or x[\"gb_s\"],1), x[\"checked\"], x.get(\"error\",\"\")) for x in r[\"rows\"]]' $out/kernel_bench.json"
+	step bench-optimize sh -c "bin/infer bench attn_prefill attn_decode --optimize --quiet && \
+		bin/infer --model testdata/models/qwen2-tiny-bf16 --prompt-file testdata/prompts/short.txt --max-new-tokens 4 2>&1 | grep 'tuning:'"
 fi
 if ! $quick; then
 	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"

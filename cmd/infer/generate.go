@@ -239,6 +239,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		return err
 	}
 	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
+	tuned := applyTuning(dev, ops, logf)
 
 	tLoad := time.Now()
 	weights.Prefetch()
@@ -314,6 +315,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		DType:   dev.ActDType().String(),
 		Batch:   f.batch,
 		Profile: med.profile,
+		Tuning:  tuned,
 	}
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})

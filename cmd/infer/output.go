@@ -22,6 +22,7 @@ type runReport struct {
 	Timings     timings          `json:"timings"`
 	Profile     []kernels.OpStat `json:"profile"`
 	ProfileNote string           `json:"profile_note,omitempty"`
+	Tuning      []kernels.Tuned  `json:"tuning,omitempty"` // the tuning cache's choices this run applied
 }
 
 type rowReport struct {

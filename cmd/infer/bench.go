@@ -1,0 +1,494 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/kbench"
+	"github.com/fuselm/fuselm/outfile"
+)
+
+// benchFlags are the flags of infer bench.
+type benchFlags struct {
+	sets, arch, device, plot string
+	shapes                   []string
+	dryRun, optimize         bool
+	jsonOut, csvOut, quiet   bool
+	seed                     uint64
+}
+
+func newBenchCmd() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench [OP...] [flags]",
+		Short: "Time every kernel set's kernels op by op (TileGym's kernel benchmarks)",
+		Long: `bench times the kernels of every set side by side, op by op, on TileGym's
+shapes and the models' real layers (or --shape): for each set, and each
+variant of a set that has several, the time of one call, the metric the op is
+bound by (TFLOP/s or GB/s), its floor (bytes over the measured copy rate, or
+FLOPs over the measured GEMM rate) and the share of it reached. Every result is
+first checked against the cpu set (or naive, where the cpu would take too long)
+on the same inputs; a result that differs is reported and not timed.
+
+--dry-run lists what each set offers for every shape, valid or not and why,
+without running anything (with --arch, on a machine with no GPU). --optimize
+times every variant, keeps the fastest per tuning key in the device's tuning
+cache, and infer applies it.
+
+Ops: ` + strings.Join(benchOps(), " ") + `
+
+` + exitRule,
+		RunE: func(cmd *cobra.Command, args []string) error { return runBench(cmd, &f, args) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.sets, "sets", "", "kernel sets side by side, comma-separated (default: every set of the device)")
+	fl.StringArrayVar(&f.shapes, "shape", nil, `a shape instead of the defaults, as "B=4,H=32,KVH=32,D=128,N=4096,causal=1" (repeatable)`)
+	fl.BoolVar(&f.dryRun, "dry-run", false, "list each set's variants for every shape, valid or not, and run nothing")
+	fl.StringVar(&f.arch, "arch", "", "the target of --dry-run where no GPU is found: "+strings.Join(targetNames(), ", "))
+	fl.BoolVar(&f.optimize, "optimize", false, "keep the fastest variant per tuning key in the device's tuning cache")
+	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
+	fl.BoolVar(&f.jsonOut, "json", false, "stdout is one JSON document instead of tables")
+	fl.BoolVar(&f.csvOut, "csv", false, "stdout is CSV, one line per row, instead of tables")
+	fl.StringVar(&f.plot, "plot", "", "draw each op's metric against its shapes, one line per set and variant, the floor dashed, to this PNG")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the random inputs")
+	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar or logs on stderr")
+	c := silence(cmd)
+	c.Args = benchArgs
+	return c
+}
+
+func benchOps() []string {
+	var ops []string
+	for _, c := range kbench.Cases() {
+		ops = append(ops, string(c.Op))
+	}
+	return ops
+}
+
+func targetNames() []string {
+	names := make([]string, 0, len(kernels.Targets))
+	for n := range kernels.Targets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// benchArgs accepts op names only.
+func benchArgs(_ *cobra.Command, args []string) error {
+	for _, a := range args {
+		if kbench.CaseFor(kernels.Op(a)) == nil {
+			return usageError{fmt.Errorf("bench: no benchmark for op %q (ops: %s)", a, strings.Join(benchOps(), ", "))}
+		}
+	}
+	return nil
+}
+
+// check rejects flag combinations that cannot run, before any device work.
+func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
+	bad := func(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+	opt := kbench.Options{Seed: f.seed, Optimize: f.optimize}
+	for _, op := range ops {
+		opt.Ops = append(opt.Ops, op)
+	}
+	switch {
+	case f.jsonOut && f.csvOut:
+		return opt, bad("give at most one of --json and --csv")
+	case f.dryRun && f.optimize:
+		return opt, bad("--dry-run runs nothing, so it cannot --optimize")
+	case f.dryRun && f.plot != "":
+		return opt, bad("--dry-run runs nothing, so there is nothing to --plot")
+	case f.arch != "" && !f.dryRun:
+		return opt, bad("--arch names the target of a --dry-run; a run measures the device it runs on")
+	case f.device != "" && f.device != "cpu" && f.device != "cuda":
+		return opt, bad("--device must be cpu or cuda, not %q", f.device)
+	}
+	if f.arch != "" {
+		if _, ok := kernels.Targets[f.arch]; !ok {
+			return opt, bad("--arch %q: known targets are %s", f.arch, strings.Join(targetNames(), ", "))
+		}
+	}
+	for _, s := range f.shapes {
+		sh, err := kernels.ParseShape(s)
+		if err != nil {
+			return opt, usageError{fmt.Errorf("--shape: %w", err)}
+		}
+		opt.Shapes = append(opt.Shapes, sh)
+	}
+	if len(opt.Shapes) > 0 && len(opt.Ops) == 0 {
+		return opt, bad("--shape needs the op(s) it is a shape of, e.g. infer bench attn_prefill --shape ...")
+	}
+	for _, op := range opt.Ops {
+		for _, s := range opt.Shapes {
+			if err := kbench.CaseFor(op).Check(s); err != nil {
+				return opt, usageError{fmt.Errorf("--shape: %w", err)}
+			}
+		}
+	}
+	if f.sets != "" {
+		for _, s := range strings.Split(f.sets, ",") {
+			s = strings.TrimSpace(s)
+			if _, ok := kernels.Set(s); !ok {
+				return opt, bad("--sets: kernel set %q is not built into this binary", s)
+			}
+			if !slices.Contains(opt.Sets, s) {
+				opt.Sets = append(opt.Sets, s)
+			}
+		}
+	}
+	if f.plot != "" {
+		if err := outfile.Check(f.plot); err != nil {
+			return opt, err
+		}
+	}
+	return opt, nil
+}
+
+func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
+	var ops []kernels.Op
+	for _, a := range args {
+		ops = append(ops, kernels.Op(a))
+	}
+	opt, err := f.check(ops)
+	if err != nil {
+		return err
+	}
+	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	logw := stderr
+	if f.quiet {
+		logw = io.Discard
+	}
+	if f.dryRun {
+		target, kind, err := f.dryTarget()
+		if err != nil {
+			return err
+		}
+		if len(opt.Sets) == 0 {
+			opt.Sets = setsOf(kind)
+		}
+		offers, err := kbench.DryRun(target, opt.Sets, opt)
+		if err != nil {
+			return usageError{err}
+		}
+		return writeOffers(stdout, target, offers, f)
+	}
+
+	kind := f.device
+	if kind == "" {
+		kind = "cpu"
+		if cuda.Available() {
+			kind = "cuda"
+		}
+	}
+	if len(opt.Sets) == 0 {
+		opt.Sets = setsOf(kind)
+	}
+	for _, s := range opt.Sets {
+		if info, _ := kernels.Set(s); info.Device != kind {
+			return usageError{fmt.Errorf("--sets: %s runs on %s, not on the %s device", s, info.Device, kind)}
+		}
+	}
+	dev, err := openBenchDevice(kind)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	target := deviceTarget(dev)
+	fmt.Fprintf(logw, "bench: %s, sets %s\n", dev.Name(), strings.Join(opt.Sets, ", "))
+	bar := newProgress(stderr, f.quiet, 1, "bench", false)
+	opt.Progress = func(done, total int) {
+		if bar.bar != nil {
+			bar.bar.ChangeMax(total)
+		}
+		bar.Set(int64(done))
+	}
+	rep, err := kbench.Run(dev, target, opt)
+	bar.Done()
+	if err != nil {
+		return err
+	}
+	if f.optimize {
+		if err := keepTuning(dev, rep, opt, logw); err != nil {
+			return err
+		}
+	}
+	if f.plot != "" {
+		png, err := kbench.Plot(rep)
+		if err != nil {
+			return err
+		}
+		if err := outfile.Write(f.plot, png); err != nil {
+			return err
+		}
+	}
+	return writeReport(stdout, rep, f)
+}
+
+// setsOf is every registered set of a device kind, the default first.
+func setsOf(kind string) []string {
+	def := kernels.DefaultSet(kind)
+	out := []string{}
+	if def != "" {
+		out = append(out, def)
+	}
+	for _, s := range kernels.Sets() {
+		if s.Device == kind && s.Name != def {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+// dryTarget is --arch's target, else the GPU's own.
+func (f *benchFlags) dryTarget() (kernels.Target, string, error) {
+	if f.arch != "" {
+		return kernels.Targets[f.arch], "cuda", nil
+	}
+	if f.device == "cpu" {
+		return kernels.Target{Arch: "cpu"}, "cpu", nil
+	}
+	if err := cuda.Probe(); err != nil {
+		return kernels.Target{}, "", usageError{fmt.Errorf("--dry-run needs --arch (%s) where no GPU is found: %v",
+			strings.Join(targetNames(), ", "), err)}
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return kernels.Target{}, "", err
+	}
+	defer dev.Close()
+	return deviceTarget(dev), "cuda", nil
+}
+
+func openBenchDevice(kind string) (kernels.Device, error) {
+	if kind == "cpu" {
+		return cpuDevice(), nil
+	}
+	if err := cuda.Probe(); err != nil {
+		return nil, fmt.Errorf("bench --device cuda needs a CUDA device: %w", err)
+	}
+	return cuda.Open(0)
+}
+
+// deviceTarget is what the kernels' variants depend on, read off dev.
+func deviceTarget(dev kernels.Device) kernels.Target {
+	d, ok := dev.(*cuda.Device)
+	if !ok {
+		return kernels.Target{Arch: "cpu"}
+	}
+	p := d.Props()
+	return kernels.Target{Arch: p.Arch, SMs: p.SMs, SharedPerBlock: p.MaxSharedOptin, SharedPerSM: p.MaxSharedPerSM, L2Bytes: p.L2Bytes}
+}
+
+// tuningPath is the tuning cache of a CUDA device: beside its kernel cache.
+func tuningPath(d *cuda.Device) (string, error) {
+	dir := d.CacheDir()
+	if dir == "" {
+		return "", errors.New("the kernel cache is off (FUSELM_KERNEL_CACHE=off), and the tuning cache lives beside it")
+	}
+	p := d.Props()
+	return kbench.CachePath(filepath.Dir(dir), p.Name, p.Arch, p.NVRTCVersion), nil
+}
+
+// keepTuning writes the run's choices into the device's tuning cache.
+func keepTuning(dev kernels.Device, rep *kbench.Report, opt kbench.Options, logw io.Writer) error {
+	d, ok := dev.(*cuda.Device)
+	if !ok {
+		return usageError{errors.New("--optimize keeps choices for a CUDA device; the cpu device has none")}
+	}
+	if len(rep.Tuned) == 0 {
+		fmt.Fprintln(logw, "bench: no op run here has several variants: nothing to keep")
+		return nil
+	}
+	path, err := tuningPath(d)
+	if err != nil {
+		return err
+	}
+	p := d.Props()
+	cache, stale, err := kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
+	if err != nil {
+		return err
+	}
+	if stale != "" {
+		fmt.Fprintf(logw, "bench: starting a new tuning cache: %s\n", stale)
+	}
+	var shapes []string
+	for _, s := range opt.Shapes {
+		shapes = append(shapes, s.String())
+	}
+	measured := "the default shapes"
+	if len(shapes) > 0 {
+		measured = strings.Join(shapes, "; ")
+	}
+	cache.Put(rep.Tuned, measured, time.Now())
+	data, err := cache.Marshal()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := outfile.Write(path, data); err != nil {
+		return err
+	}
+	for _, t := range rep.Tuned {
+		fmt.Fprintf(logw, "bench: kept %s %s %s → %s in %s\n", t.Set, t.Op, t.Key, t.Variant, path)
+	}
+	return nil
+}
+
+// applyTuning applies the device's tuning cache to ops, saying on logf
+// which choices it took and which it could not.
+func applyTuning(dev kernels.Device, ops kernels.Ops, logf func(string, ...any)) []kernels.Tuned {
+	d, ok := dev.(*cuda.Device)
+	if !ok {
+		return nil
+	}
+	path, err := tuningPath(d)
+	if err != nil {
+		return nil
+	}
+	p := d.Props()
+	cache, stale, err := kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
+	switch {
+	case err != nil:
+		logf("tuning cache not read: %v", err)
+		return nil
+	case stale != "":
+		logf("tuning cache not applied: %s", stale)
+		return nil
+	}
+	applied, skipped := kernels.ApplyTuning(ops, cache.Choices())
+	for _, t := range applied {
+		logf("tuning: %s %s %s runs %s (from %s)", t.Set, t.Op, t.Key, t.Variant, path)
+	}
+	for _, err := range skipped {
+		logf("tuning: not applied: %v", err)
+	}
+	return applied
+}
+
+// writeReport writes the rows as tables (one per op), JSON or CSV.
+func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
+	switch {
+	case f.jsonOut:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	case f.csvOut:
+		cw := csv.NewWriter(w)
+		cw.Write([]string{"op", "shape", "set", "variant", "ms", "tflop_s", "gb_s", "floor_ms", "share_of_floor", "checked", "note", "error"})
+		for _, r := range rep.Rows {
+			cw.Write([]string{string(r.Op), r.Shape, r.Set, r.Variant, num(r.Ms), num(r.TFLOPS), num(r.GBs), num(r.FloorMs),
+				num(r.OfFloor), r.Checked, r.Note, r.Err})
+		}
+		cw.Flush()
+		return cw.Error()
+	}
+	fmt.Fprintf(w, "%s; copy %s, bf16 GEMM %s\n", rep.Device, rate(rep.CopyRate/1e9, "GB/s"), rate(rep.MatrixRate/1e12, "TFLOP/s"))
+	var op kernels.Op
+	var tw *tabwriter.Writer
+	for _, r := range rep.Rows {
+		if r.Op != op || tw == nil {
+			if tw != nil {
+				tw.Flush()
+			}
+			op = r.Op
+			metric := "GB/s"
+			if r.Bound == "compute" {
+				metric = "TFLOP/s"
+			}
+			fmt.Fprintf(w, "\n%s (%s-bound)\n", op, r.Bound)
+			tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintf(tw, "shape\tset\tvariant\tms\t%s\tfloor ms\tof floor\tchecked against\t\n", metric)
+		}
+		if r.Err != "" || r.Note != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
+			continue
+		}
+		m := r.GBs
+		if r.Bound == "compute" {
+			m = r.TFLOPS
+		}
+		floor, share := "-", "-"
+		if r.FloorMs > 0 {
+			floor, share = fmt.Sprintf("%.4f", r.FloorMs), fmt.Sprintf("%.0f%%", 100*r.OfFloor)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.1f\t%s\t%s\t%s\t\n", r.Shape, r.Set, r.Variant, r.Ms, m, floor, share, r.Checked)
+	}
+	if tw != nil {
+		tw.Flush()
+	}
+	if len(rep.Tuned) > 0 {
+		fmt.Fprintln(w, "\nfastest variants (kept by --optimize):")
+		for _, t := range rep.Tuned {
+			fmt.Fprintf(w, "  %s %s %s: %s\n", t.Set, t.Op, t.Key, t.Variant)
+		}
+	}
+	return nil
+}
+
+// writeOffers writes a dry run: every set's variants per op and shape.
+func writeOffers(w io.Writer, target kernels.Target, offers []kbench.Offer, f *benchFlags) error {
+	if f.jsonOut {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"target": target, "offers": offers})
+	}
+	rows := [][]string{}
+	for _, o := range offers {
+		if o.Fallback != "" {
+			rows = append(rows, []string{string(o.Op), o.Shape, o.Set, "", "", "no kernel of its own: runs " + o.Fallback + "'s"})
+			continue
+		}
+		for _, v := range o.Variants {
+			valid := "valid"
+			if !v.Valid() {
+				valid = "not valid: " + v.Why
+			}
+			rows = append(rows, []string{string(o.Op), o.Shape, o.Set, v.Name, v.Params, valid})
+		}
+	}
+	if f.csvOut {
+		cw := csv.NewWriter(w)
+		cw.Write([]string{"op", "shape", "set", "variant", "params", "valid"})
+		cw.WriteAll(rows)
+		return cw.Error()
+	}
+	fmt.Fprintf(w, "dry run for %s (%d SMs, %d KiB of shared memory a block, L2 %d MiB)\n",
+		target.Arch, target.SMs, target.SharedPerBlock>>10, target.L2Bytes>>20)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "op\tshape\tset\tvariant\tparams\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r[0], r[1], r[2], r[3], r[4], r[5])
+	}
+	return tw.Flush()
+}
+
+func num(v float64) string {
+	if v == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(v, 'g', 6, 64)
+}
+
+func rate(v float64, unit string) string {
+	if v == 0 {
+		return "not measured"
+	}
+	return fmt.Sprintf("%.0f %s", v, unit)
+}
