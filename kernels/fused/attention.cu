@@ -515,3 +515,226 @@ FLASH_DECODE(64)
 FLASH_DECODE(80)
 FLASH_DECODE(96)
 FLASH_DECODE(128)
+
+// flash_decode_keys is flash_decode's other variant ("keys"): each warp
+// scores only its own 16 keys of every tile (a quarter of the mma and
+// ldmatrix work of the "dims" variant) and multiplies them by all of V's
+// dims; the warps still share one running max, exchanged through shared
+// memory once per tile, so p is rounded as a single-block softmax rounds it
+// and the warps' outputs merge by a plain sum. A block writes the final
+// output itself when it is the only split (splits == 1); otherwise it
+// writes part and stats as flash_decode does, and attn_merge, a second
+// launch of one block per row and head, merges the splits. The new token's
+// key and value are appended as in flash_decode.
+// Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
+// (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
+template <int D>
+__device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn,
+                                  int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads,
+                                  int kvh, int maxSeq, int chunk, float scale_log2) {
+	constexpr int KS = D / 16, NO = D / 8, THREADS = DEC_WARPS * 32;
+	typedef Tile<D> T;
+	extern __shared__ __align__(128) unsigned char smem[];
+	__shared__ float tileMax[DEC_WARPS][16];
+	const int b = blockIdx.z, g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
+	const int group = heads / kvh;
+	const int len = past[b] + 1;
+	if (len < 1 || len > maxSeq) __trap();
+	const int k0 = split * chunk, k1 = min(k0 + chunk, len);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const long long rowHead = (long long)b * heads + g * group;
+	const long long kvBase = ((long long)b * kvh + g) * maxSeq * D;
+	const bf16* kNew = kn + (long long)b * kp + g * D;
+	const bf16* vNew = vn + (long long)b * vp + g * D;
+	const int nkeys = max(0, k1 - k0), ntiles = (nkeys + BN - 1) / BN;
+	const int newAt = len - 1 - k0;
+	if (newAt >= 0 && newAt < nkeys) {
+		for (int i = tid; i < D / 8; i += THREADS) {
+			store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
+			store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
+		}
+	}
+
+	const unsigned sQ = smem_addr(smem);
+	const unsigned sKV = sQ + 16 * T::ROW_BYTES;
+	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
+	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
+	auto loadKV = [&](int j) {
+		const int s = j % DEC_STAGES, first = j * BN;
+		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
+			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
+			const bool ok = key < nkeys;
+			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
+			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
+			cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
+		}
+	};
+	T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
+#pragma unroll
+	for (int j = 0; j < DEC_STAGES - 1; j++) {
+		if (j < ntiles) loadKV(j);
+		cp_commit();
+	}
+
+	unsigned qa[KS][4];
+	float o[NO][4];
+	RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
+#pragma unroll
+	for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+	const int kw = warp * 16; // the warp's keys in a tile
+
+	for (int j = 0; j < ntiles; j++) {
+		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
+		cp_commit();
+		cp_wait<DEC_STAGES - 1>();
+		__syncthreads();
+		if (j == 0) {
+#pragma unroll
+			for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], T::at(sQ, lane & 15, ks * 2 + (lane >> 4)));
+		}
+		const unsigned kT = sK(j % DEC_STAGES), vT = sV(j % DEC_STAGES);
+		float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			unsigned kb[4];
+			ldsm_x4(kb, T::at(kT, kw + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+			mma16816(s[0], qa[ks], kb[0], kb[1]);
+			mma16816(s[1], qa[ks], kb[2], kb[3]);
+		}
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				if (j * BN + kw + nt * 8 + 2 * (lane & 3) + (e & 1) >= nkeys) s[nt][e] = NEG_INF;
+		// The tile's max of every row, over all warps' keys.
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const float mx = quad_max(fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1])));
+			if ((lane & 3) == 0) tileMax[warp][(lane >> 2) + i * 8] = mx;
+		}
+		__syncthreads();
+		float alpha[2];
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int r = (lane >> 2) + i * 8;
+			float mx = tileMax[0][r];
+#pragma unroll
+			for (int w = 1; w < DEC_WARPS; w++) mx = fmaxf(mx, tileMax[w][r]);
+			const float m_new = fmaxf(st[i].m, mx);
+			const float base = m_new == NEG_INF ? 0.0f : m_new * scale_log2;
+			alpha[i] = exp2_ftz(fmaf(st[i].m, scale_log2, -base));
+			float sum = 0.0f;
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				s[nt][2 * i] = exp2_ftz(fmaf(s[nt][2 * i], scale_log2, -base));
+				s[nt][2 * i + 1] = exp2_ftz(fmaf(s[nt][2 * i + 1], scale_log2, -base));
+				sum += s[nt][2 * i] + s[nt][2 * i + 1];
+			}
+			st[i].m = m_new;
+			st[i].l = st[i].l * alpha[i] + sum; // this warp's share of the row's sum
+		}
+#pragma unroll
+		for (int d = 0; d < NO; d++) {
+			o[d][0] *= alpha[0];
+			o[d][1] *= alpha[0];
+			o[d][2] *= alpha[1];
+			o[d][3] *= alpha[1];
+		}
+		unsigned pa[4];
+		p_frag<2>(pa, s, 0);
+#pragma unroll
+		for (int dp = 0; dp < NO / 2; dp++) {
+			unsigned vb[4];
+			ldsm_x4_t(vb, T::at(vT, kw + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+			mma16816(o[2 * dp], pa, vb[0], vb[1]);
+			mma16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+		}
+		__syncthreads(); // the stage, and tileMax, are free again
+	}
+	cp_wait<0>();
+	__syncthreads();
+
+	// The warps share the max: their outputs and sums add up.
+	float* sl = reinterpret_cast<float*>(smem + 16 * T::ROW_BYTES); // [warp][16] sums, then O [warp][16][D]
+	float* so = sl + DEC_WARPS * 16;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int r = (lane >> 2) + i * 8;
+		const float l = quad_sum(st[i].l);
+		if ((lane & 3) == 0) sl[warp * 16 + r] = l;
+#pragma unroll
+		for (int d = 0; d < NO; d++) {
+			float* dst = so + (warp * 16 + r) * D + d * 8 + 2 * (lane & 3);
+			dst[0] = o[d][2 * i];
+			dst[1] = o[d][2 * i + 1];
+		}
+	}
+	__syncthreads();
+	for (int i = tid; i < group * D; i += THREADS) {
+		const int r = i / D, d = i - r * D;
+		float L = 0.0f, acc = 0.0f;
+#pragma unroll
+		for (int w = 0; w < DEC_WARPS; w++) {
+			L += sl[w * 16 + r];
+			acc += so[(w * 16 + r) * D + d];
+		}
+		if (splits == 1) {
+			out[(long long)b * op + (g * group + r) * D + d] = __float2bfloat16_rn(acc / L);
+			continue;
+		}
+		const long long at = (rowHead + r) * splits + split;
+		part[at * D + d] = acc;
+		if (d == 0) stats[at * 2 + 1] = L;
+	}
+	// Each row's max, scaled, from a thread that holds it (every warp
+	// holds the same).
+	if (splits > 1 && warp == 0 && (lane & 3) == 0) {
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int r = (lane >> 2) + i * 8;
+			if (r < group) stats[((rowHead + r) * splits + split) * 2] = st[i].m * scale_log2;
+		}
+	}
+}
+
+#define FLASH_DECODE_KEYS(D)                                                                                     \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) flash_decode_keys_d##D(                        \
+	    bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn, int kp,            \
+	    const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, int chunk, \
+	    float scale_log2) {                                                                                     \
+		flash_decode_keys<D>(out, op, part, stats, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk, \
+		                     scale_log2);                                                                       \
+	}
+FLASH_DECODE_KEYS(16)
+FLASH_DECODE_KEYS(32)
+FLASH_DECODE_KEYS(64)
+FLASH_DECODE_KEYS(80)
+FLASH_DECODE_KEYS(96)
+FLASH_DECODE_KEYS(128)
+
+// attn_merge combines the splits of flash_decode_keys by their
+// log-sum-exp: out[b, h·D + d] = Σ_s part[s, d]·2^(M_s - M) / Σ_s
+// L_s·2^(M_s - M) over the splits with L_s > 0, rounded to bf16.
+//   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D]; stats
+//   f32 [B·heads, splits, 2] (scaled max, sum).
+// Launch: grid.x = B·heads (one block per row and head), D threads or more.
+extern "C" __global__ void attn_merge(bf16* out, int op, const float* part, const float* stats, int heads, int splits,
+                                      int D) {
+	const long long bh = blockIdx.x;
+	const float* st = stats + bh * splits * 2;
+	float M = NEG_INF;
+	for (int s = 0; s < splits; s++)
+		if (st[2 * s + 1] > 0.0f) M = fmaxf(M, st[2 * s]);
+	const int b = (int)(bh / heads), h = (int)(bh - (long long)b * heads);
+	for (int d = threadIdx.x; d < D; d += blockDim.x) {
+		float L = 0.0f, acc = 0.0f;
+		for (int s = 0; s < splits; s++) {
+			const float l = st[2 * s + 1];
+			if (l <= 0.0f) continue; // a split with no keys
+			const float f = exp2f(st[2 * s] - M);
+			L += l * f;
+			acc += part[(bh * splits + s) * D + d] * f;
+		}
+		out[(long long)b * op + h * D + d] = __float2bfloat16_rn(acc / L);
+	}
+}

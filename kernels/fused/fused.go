@@ -86,7 +86,25 @@ func flashConfigNamed(name string) (flashConfig, bool) {
 }
 
 func prefillKernel(d int, c flashConfig) string { return fmt.Sprintf("flash_prefill_d%d_%s", d, c) }
-func decodeKernel(d int) string                 { return fmt.Sprintf("flash_decode_d%d", d) }
+
+// Decode variants: "dims", flash_decode (every warp scores the whole tile
+// and multiplies by its slice of V's dims; the last block merges the
+// splits), measured on the H200 (kernels/fused/NOTES.md); "keys",
+// flash_decode_keys (each warp scores its own keys, a shared max per tile,
+// attn_merge a second launch), written from those measurements and not yet
+// run on a GPU.
+var decodeVariants = []string{"dims", "keys"}
+
+// decodeVariant is the variant AttentionDecode runs unless a tuning choice
+// names another for the head dim.
+var decodeVariant = "dims"
+
+func decodeKernel(d int, variant string) string {
+	if variant == "keys" {
+		return fmt.Sprintf("flash_decode_keys_d%d", d)
+	}
+	return fmt.Sprintf("flash_decode_d%d", d)
+}
 
 // rowBytes is a shared-memory tile row of head dim d: Tile<D>::ROW_BYTES.
 func rowBytes(d int) int { return (d/8 + 7) / 8 * 8 * 16 }
@@ -112,8 +130,11 @@ func modules() []cudaset.Module {
 		for _, c := range flashConfigs {
 			at = append(at, prefillKernel(d, c))
 		}
-		at = append(at, decodeKernel(d))
+		for _, v := range decodeVariants {
+			at = append(at, decodeKernel(d, v))
+		}
 	}
+	at = append(at, "attn_merge")
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: attentionSrc, Funcs: at},
@@ -128,9 +149,12 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{}}
 	for _, d := range headDims {
-		sizes := map[string]int{decodeKernel(d): decodeShared(d)}
+		sizes := map[string]int{}
+		for _, v := range decodeVariants {
+			sizes[decodeKernel(d, v)] = decodeShared(d)
+		}
 		for _, c := range flashConfigs {
 			sizes[prefillKernel(d, c)] = prefillShared(d, c)
 		}
@@ -158,4 +182,5 @@ type ops struct {
 
 	counters *kernels.Tensor        // see decodeCounters
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
+	decode   map[string]string      // tuning choices of the decode variant by tuning key
 }

@@ -23,6 +23,21 @@ func TestFlashConfigs(t *testing.T) {
 	}
 }
 
+// TestDecodeVariants runs the shared harness once per decode variant (the
+// kernel-set test runs the default one only), decode graph included.
+func TestDecodeVariants(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	saved := decodeVariant
+	defer func() { decodeVariant = saved }()
+	for _, v := range decodeVariants {
+		t.Run(v, func(t *testing.T) {
+			decodeVariant = v
+			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+			kerneltest.RunDecodeGraph(t, dev, "fused")
+		})
+	}
+}
+
 // TestDecodeSplits checks how flash-decoding cuts caches: whole key tiles,
 // every position covered, about one wave of blocks.
 func TestDecodeSplits(t *testing.T) {
@@ -68,14 +83,17 @@ func TestVariants(t *testing.T) {
 	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, small)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2"}) {
 		t.Errorf("D=128 with 96 KiB a block: valid tilings %v (w8_m2 needs 128 KiB)", got)
 	}
-	if vs := variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 64, "KVH": 2}, h200); len(vs) != 1 || vs[0].Valid() {
-		t.Errorf("decode with 32 query heads per kv head: %+v, want refused", vs)
+	if vs := variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 64, "KVH": 2}, h200); len(vs) != 2 || vs[0].Valid() || vs[1].Valid() {
+		t.Errorf("decode with 32 query heads per kv head: %+v, want both variants refused", vs)
+	}
+	if got := valid(variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 28, "KVH": 4}, h200)); !slices.Equal(got, []string{"dims", "keys"}) {
+		t.Errorf("decode of Qwen2-7B's heads: valid variants %v", got)
 	}
 	if vs := variants(kernels.OpRoPE, nil, kernels.Target{Arch: "sm_75"}); len(vs) != 1 || !strings.Contains(vs[0].Why, "sm_80") {
 		t.Errorf("rope on sm_75: %+v, want refused for the architecture", vs)
 	}
 
-	o := &ops{prefill: map[string]flashConfig{}}
+	o := &ops{prefill: map[string]flashConfig{}, decode: map[string]string{}}
 	key := o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128, "N": 4096})
 	if key != "D=128" || o.VariantFor(kernels.OpAttnPrefill, key) != prefillConfig.String() {
 		t.Fatalf("key %q, variant %q before tuning", key, o.VariantFor(kernels.OpAttnPrefill, key))
@@ -96,5 +114,15 @@ func TestVariants(t *testing.T) {
 	}
 	if err := o.UseVariant(kernels.OpRoPE, "", "token_per_block"); err != nil {
 		t.Errorf("rope's one variant refused: %v", err)
+	}
+	dkey := o.TuningKey(kernels.OpAttnDecode, kernels.Shape{"D": 128, "ctx": 4096})
+	if o.VariantFor(kernels.OpAttnDecode, dkey) != decodeVariant {
+		t.Errorf("decode before tuning: %q", o.VariantFor(kernels.OpAttnDecode, dkey))
+	}
+	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "keys"); err != nil || o.decodeFor(dkey) != "keys" {
+		t.Errorf("UseVariant keys: %v, now %q", err, o.decodeFor(dkey))
+	}
+	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "w4_m2"); err == nil {
+		t.Errorf("a prefill tiling accepted as a decode variant")
 	}
 }

@@ -50,9 +50,18 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 			why = append(why, fmt.Sprintf("%d query heads per kv head, at most %d", s["H"]/kvh, maxGroup))
 		}
 		shared := decodeShared(d)
-		return []kernels.Variant{{Name: "split_kv",
-			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave", decodeWarps, keyTile, decodeStages, shared),
-			Why:    join(fits(shared))}}
+		var vs []kernels.Variant
+		for _, v := range decodeVariants {
+			split := "warps split the dims, the last block merges"
+			if v == "keys" {
+				split = "warps split the keys, attn_merge merges"
+			}
+			vs = append(vs, kernels.Variant{Name: v,
+				Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; %s", decodeWarps, keyTile,
+					decodeStages, shared, split),
+				Why: join(fits(shared))})
+		}
+		return vs
 	case kernels.OpRMSNorm, kernels.OpAddRMSNorm:
 		return []kernels.Variant{{Name: "row_per_block", Params: fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads),
 			Why: join()}}
@@ -75,31 +84,38 @@ func archAtLeast(arch string, cc int) bool {
 	return n >= cc
 }
 
-// TuningKey is the key of op's problems of shape s: flash_prefill's tiling
-// is chosen per head dim; the other kernels have one variant.
+// TuningKey is the key of op's problems of shape s: attention's variants
+// are chosen per head dim; the other kernels have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
-	if op == kernels.OpAttnPrefill {
+	if op == kernels.OpAttnPrefill || op == kernels.OpAttnDecode {
 		return fmt.Sprintf("D=%d", s["D"])
 	}
 	return ""
 }
 
-// UseVariant chooses flash_prefill's tiling for a head dim; the other ops
+// UseVariant chooses attention's variants for a head dim; the other ops
 // take their single variant's name.
 func (o *ops) UseVariant(op kernels.Op, key, name string) error {
-	if op != kernels.OpAttnPrefill {
+	if op != kernels.OpAttnPrefill && op != kernels.OpAttnDecode {
 		if cur := o.VariantFor(op, key); cur == "" || name != cur {
 			return fmt.Errorf("fused has no variant %q of %s (it has %q)", name, op, cur)
 		}
 		return nil
 	}
-	c, ok := flashConfigNamed(name)
-	if !ok {
-		return fmt.Errorf("fused has no flash_prefill tiling %q", name)
-	}
 	var d int
 	if _, err := fmt.Sscanf(key, "D=%d", &d); err != nil || !slices.Contains(headDims, d) {
 		return fmt.Errorf("tuning key %q is not D=<a head dim of %v>", key, headDims)
+	}
+	if op == kernels.OpAttnDecode {
+		if !slices.Contains(decodeVariants, name) {
+			return fmt.Errorf("fused has no decode variant %q (it has %v)", name, decodeVariants)
+		}
+		o.decode[key] = name
+		return nil
+	}
+	c, ok := flashConfigNamed(name)
+	if !ok {
+		return fmt.Errorf("fused has no flash_prefill tiling %q", name)
 	}
 	o.prefill[key] = c
 	return nil
@@ -107,14 +123,24 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 
 // VariantFor is the variant op runs for problems of key.
 func (o *ops) VariantFor(op kernels.Op, key string) string {
-	vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"])
-	switch {
-	case op == kernels.OpAttnPrefill:
+	switch op {
+	case kernels.OpAttnPrefill:
 		return o.prefillFor(key).String()
-	case len(vs) == 1:
+	case kernels.OpAttnDecode:
+		return o.decodeFor(key)
+	}
+	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
 		return vs[0].Name
 	}
 	return ""
+}
+
+// decodeFor is the decode variant for tuning key.
+func (o *ops) decodeFor(key string) string {
+	if v, ok := o.decode[key]; ok {
+		return v
+	}
+	return decodeVariant
 }
 
 // prefillFor is the tiling flash_prefill runs for tuning key.
