@@ -17,7 +17,7 @@ const (
 )
 
 // readCheckpointReference reads dir/name, a reference.json of
-// scripts/hf_qwen2_7b.py: HF's greedy tokens per prompt, with the logits of
+// scripts/hf_checkpoint.py: HF's greedy tokens per prompt, with the logits of
 // the last prompt position and of every decode step in the float32 file it
 // names ([rows][1+steps][vocab]).
 func readCheckpointReference(t *testing.T, dir, name string) *reference {
@@ -83,7 +83,7 @@ func (a *agreement) String() string {
 }
 
 // TestHFCheckpoint holds a full-size checkpoint ($FUSELM_HF_CHECKPOINT, the
-// random-weight Qwen2-7B of scripts/hf_qwen2_7b.py) on the kernel set of
+// random-weight Qwen2-7B of scripts/hf_checkpoint.py) on the kernel set of
 // $FUSELM_TEST_KERNELS against HF: all prompts as one batch of different
 // lengths through prefill, then decode steps fed HF's tokens, comparing every
 // position's logits with HF's bf16 ones (reference.json) and with HF's on
@@ -91,7 +91,7 @@ func (a *agreement) String() string {
 //
 // On the random-weight Qwen2-7B, HF's own bf16 logits are 4.5-5.9% from
 // exact math at every prompt length, with 86% argmax agreement (measured on
-// the H200; scripts/hf_qwen2_7b.py prints it), so no bf16 engine can be
+// the H200; scripts/hf_checkpoint.py prints it), so no bf16 engine can be
 // within the bounds of them (2e-2, 99% argmax) but by chance: those
 // are reported, not asserted. What is asserted is that fuselm computes the
 // same function as accurately as HF does in bf16: no position's error
@@ -104,7 +104,7 @@ func (a *agreement) String() string {
 func TestHFCheckpoint(t *testing.T) {
 	dir := os.Getenv("FUSELM_HF_CHECKPOINT")
 	if dir == "" {
-		t.Skip("FUSELM_HF_CHECKPOINT is unset (a checkpoint directory with reference.json from scripts/hf_qwen2_7b.py)")
+		t.Skip("FUSELM_HF_CHECKPOINT is unset (a checkpoint directory with reference.json from scripts/hf_checkpoint.py)")
 	}
 	hf := readCheckpointReference(t, dir, "reference.json")
 	exact := readCheckpointReference(t, dir, "reference_f32.json")

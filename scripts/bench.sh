@@ -1,39 +1,56 @@
 #!/usr/bin/env bash
-# On the GPU machine, after scripts/gpu_build.sh here: the Qwen2-7B workloads
-# of DESIGN.md (W1, W2) on a checkpoint at $QWEN2_7B (written by
-# scripts/hf_qwen2_7b.py when absent), for the kernel specs named on the
-# command line (default: naive fused). Each is one warm-up generation, then
-# three timed ones of which infer reports the median.
+# On the GPU machine, after scripts/gpu_build.sh here: the benchmark workloads
+# of DESIGN.md for the kernel specs named on the command line (default:
+# naive fused), on a random-weight checkpoint written by
+# scripts/hf_checkpoint.py when absent: with MODEL=qwen2-7b (the default)
+# W1 and W2 on $QWEN2_7B; with MODEL=deepseek-v2-lite W3 and W4 on
+# $DSV2_LITE. Each is one warm-up generation, then three timed ones of which
+# infer reports the median.
 #
 # Writes to $OUT (or out/): bench_runs.json, one record per run in the form
 # bench/runs/ keeps (command, commit, date, GPU, driver, workload, kernels,
-# tokens/s, wall times, per-op times; no token ids), and the raw infer JSON
-# of each run with its ids stripped. Prints a table last.
+# tokens/s, wall times, per-op times; no token ids). Prints a table last.
 #
-#   scripts/bench.sh [SPEC...]
+#   [MODEL=deepseek-v2-lite] scripts/bench.sh [SPEC...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
 mkdir -p "$out"
-QWEN2_7B=${QWEN2_7B:-/tmp/qwen2-7b}
-[ -f "$QWEN2_7B/config.json" ] || python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B" >&2 || exit 1
+model=${MODEL:-qwen2-7b}
+case $model in
+qwen2-7b)
+	ckpt=${QWEN2_7B:-/tmp/qwen2-7b}
+	# name | prompt file | batch | new tokens
+	workloads=(
+		"W1|bench/prompts/input_prompt_small.txt|16|50"
+		"W2-b16|bench/prompts/prompt_128.txt|16|50"
+		"W2-b1|bench/prompts/prompt_128.txt|1|100"
+	)
+	;;
+deepseek-v2-lite)
+	ckpt=${DSV2_LITE:-/tmp/deepseek-v2-lite}
+	workloads=(
+		"W3|bench/prompts/input_prompt_small.txt|1|100"
+		"W4|bench/prompts/prompt_128.txt|16|50"
+	)
+	;;
+*)
+	echo "bench.sh: MODEL must be qwen2-7b or deepseek-v2-lite, not $model" >&2
+	exit 2
+	;;
+esac
+[ -f "$ckpt/config.json" ] || python3 scripts/hf_checkpoint.py --model "$model" --out "$ckpt" >&2 || exit 1
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(naive fused)
 commit=$(cat bin/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
 raw=$(mktemp -d)
 
-# name | prompt file | batch | new tokens
-workloads=(
-	"W1|bench/prompts/input_prompt_small.txt|16|50"
-	"W2-b16|bench/prompts/prompt_128.txt|16|50"
-	"W2-b1|bench/prompts/prompt_128.txt|1|100"
-)
 for spec in "${specs[@]}"; do
 	for w in "${workloads[@]}"; do
 		IFS='|' read -r name prompt batch new <<<"$w"
 		log="$raw/${name}_${spec//[^a-z0-9_]/-}.json"
-		cmd=(./bin/infer --model "$QWEN2_7B" --prompt-file "$prompt" --batch "$batch" --max-new-tokens "$new"
+		cmd=(./bin/infer --model "$ckpt" --prompt-file "$prompt" --batch "$batch" --max-new-tokens "$new"
 			--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
 		"${cmd[@]}" >"$log" 2>"$log.err" || echo "{\"failed\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-400:]))' "$log.err")}" >"$log"
 		printf '%s\n' "$name" "$spec" "$batch" "$new" "${cmd[*]}" >"$log.meta"

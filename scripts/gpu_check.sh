@@ -3,11 +3,15 @@
 # every GPU test (the shared kernel test over every set, each set's own tests,
 # the model tests on each set), then fuselm against HF transformers on a
 # full-size random Qwen2-7B (written once to $QWEN2_7B by
-# scripts/hf_qwen2_7b.py) for naive, fused and every single-op ablation.
+# scripts/hf_checkpoint.py) for naive, fused and every single-op ablation,
+# and with `deepseek` the same on a full-size random DeepSeek-V2-Lite
+# ($DSV2_LITE) for naive and fused (fused has no MLA or MoE kernels of its
+# own yet: their ablations come with them).
 # Logs go to $OUT (or out/); a short table is printed last.
 #
-#   scripts/gpu_check.sh [quick] [kbench]
-#     quick:  skip the 7B checkpoint
+#   scripts/gpu_check.sh [quick] [kbench] [deepseek]
+#     quick:  skip the full-size checkpoints
+#     deepseek: also check DeepSeek-V2-Lite (writing it takes minutes and 31 GB)
 #     kbench: also run the kernel benchmarks (bin/infer bench, every op and set
 #             on the default shapes: $OUT/kernel_bench.json and .png), then
 #             --optimize on attn_prefill and attn_decode and an infer run that
@@ -19,11 +23,13 @@ out=${OUT:-out}
 logs=$(mktemp -d)
 mkdir -p "$out"
 QWEN2_7B=${QWEN2_7B:-/tmp/qwen2-7b}
-quick=false kbench=false
+DSV2_LITE=${DSV2_LITE:-/tmp/deepseek-v2-lite}
+quick=false kbench=false deepseek=false
 for a in "$@"; do
 	case $a in
 	quick) quick=true ;;
 	kbench) kbench=true ;;
+	deepseek) deepseek=true ;;
 	*) echo "gpu_check.sh: unknown argument $a" >&2; exit 2 ;;
 	esac
 done
@@ -61,7 +67,7 @@ if $kbench; then
 		bin/infer --model testdata/models/qwen2-tiny-bf16 --prompt-file testdata/prompts/short.txt --max-new-tokens 4 2>&1 | grep 'tuning:'"
 fi
 if ! $quick; then
-	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_qwen2_7b.py --out "$QWEN2_7B"
+	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_checkpoint.py --model qwen2-7b --out "$QWEN2_7B"
 	# naive, fused, then fused with one op on naive and naive with one op
 	# on fused: every op fused owns, alone.
 	specs=(naive fused)
@@ -70,6 +76,13 @@ if ! $quick; then
 	done
 	for spec in "${specs[@]}"; do
 		step "7b-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$QWEN2_7B \
+			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
+	done
+fi
+if ! $quick && $deepseek; then
+	[ -f "$DSV2_LITE/reference_f32.json" ] || step dsv2-lite-write python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out "$DSV2_LITE"
+	for spec in naive fused; do
+		step "dsv2-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$DSV2_LITE \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
 fi

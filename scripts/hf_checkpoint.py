@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Write a full-size Qwen2-7B random-weight checkpoint and HF's reference logits for it.
+"""Write a full-size random-weight checkpoint (Qwen2-7B or DeepSeek-V2-Lite) and HF's reference
+logits for it.
 
 Run on the GPU machine:
 
-    python3 scripts/hf_qwen2_7b.py --out /tmp/qwen2-7b [--steps 10]
+    python3 scripts/hf_checkpoint.py --model qwen2-7b --out /tmp/qwen2-7b [--steps 10]
+    python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out /tmp/deepseek-v2-lite
 
-The checkpoint has the real Qwen2-7B config (bf16, save_pretrained shards), HF's default
-initialisation from a fixed seed, and the real Qwen2 tokenizer. reference.json has the layout
+The checkpoint has the real model's config as the hub publishes it (bf16, save_pretrained
+shards), HF's default initialisation from a fixed seed, and the real tokenizer. reference.json has the layout
 scripts/hf_fixtures.py documents (for each prompt, run alone at batch 1: the logits of the last
 prompt position, then of `steps` greedy decode steps fed HF's own tokens), except that the logits
 are in reference_logits.f32 (float32 little-endian, [rows][1 + steps][vocab]) named by
@@ -26,7 +28,7 @@ import time
 
 import torch
 from tokenizers import Tokenizer
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
@@ -42,6 +44,46 @@ QWEN2_7B = {
 }
 
 
+# deepseek-ai/DeepSeek-V2-Lite config.json as published on the hub (the fields transformers reads).
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
+    "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                                             "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                                             "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16",
+    "use_cache": True, "v_head_dim": 128, "vocab_size": 102400,
+}
+
+# What differs between the models: the hub config, how transformers 5 builds it, the tokenizer.
+MODELS = {
+    "qwen2-7b": dict(hub=QWEN2_7B, cls=Qwen2ForCausalLM, tokenizer="qwen2.tokenizer.json.gz",
+                     tokenizer_config="qwen2.tokenizer_config.json", hub_version="4.37.2"),
+    "deepseek-v2-lite": dict(hub=DEEPSEEK_V2_LITE, cls=DeepseekV2ForCausalLM, tokenizer="deepseek-v2.tokenizer.json.gz",
+                             tokenizer_config=None, hub_version="4.39.3"),
+}
+
+
+def build_config(name):
+    """The hub config in transformers 5's terms (rope_parameters, dtype)."""
+    hub = MODELS[name]["hub"]
+    rope = {"rope_type": "default", "rope_theta": float(hub["rope_theta"])}
+    if hub.get("rope_scaling"):
+        scaling = dict(hub["rope_scaling"])
+        rope = {"rope_type": scaling.pop("type"), "rope_theta": float(hub["rope_theta"]),
+                **{k: float(v) if k != "original_max_position_embeddings" else v for k, v in scaling.items()}}
+    drop = ("torch_dtype", "rope_theta", "rope_scaling", "moe_layer_freq", "scoring_func", "seq_aux")
+    kw = {k: v for k, v in hub.items() if k not in drop}
+    cls = Qwen2Config if name == "qwen2-7b" else DeepseekV2Config
+    return cls(**kw, rope_parameters=rope, dtype=torch.bfloat16)
+
+
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
@@ -49,30 +91,33 @@ def log(*a):
 @torch.no_grad()
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen2-7b")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lengths", default="7,64,128,300,600,1000,2048,4096")
     a = ap.parse_args()
 
+    spec = MODELS[a.model]
+    Model = spec["cls"]
     t0 = time.time()
-    cfg = Qwen2Config(**{k: v for k, v in QWEN2_7B.items() if k not in ("torch_dtype", "rope_theta")},
-                      rope_parameters={"rope_type": "default", "rope_theta": QWEN2_7B["rope_theta"]},
-                      dtype=torch.bfloat16)
+    cfg = build_config(a.model)
     torch.manual_seed(2026)
     with torch.device("cuda"):
-        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = Model(cfg).to(torch.bfloat16).eval()
     log(f"model built on the GPU in {time.time() - t0:.1f}s")
 
     t0 = time.time()
     shutil.rmtree(a.out, ignore_errors=True)
     model.save_pretrained(a.out, max_shard_size="4GB")
     # The hub's config.json, in the transformers 4.x dialect, next to the weights.
-    json.dump({**QWEN2_7B, "transformers_version": "4.37.2"}, open(os.path.join(a.out, "config.json"), "w"), indent=2)
-    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", "qwen2.tokenizer.json.gz"), "rb") as f:
+    json.dump({**spec["hub"], "transformers_version": spec["hub_version"]}, open(os.path.join(a.out, "config.json"), "w"),
+              indent=2)
+    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer"]), "rb") as f:
         tok_json = f.read()
     open(os.path.join(a.out, "tokenizer.json"), "wb").write(tok_json)
-    shutil.copy(os.path.join(ROOT, "testdata", "tokenizer", "qwen2.tokenizer_config.json"),
-                os.path.join(a.out, "tokenizer_config.json"))
+    if spec["tokenizer_config"]:
+        shutil.copy(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer_config"]),
+                    os.path.join(a.out, "tokenizer_config.json"))
     log(f"saved to {a.out} in {time.time() - t0:.1f}s: {sorted(os.listdir(a.out))}")
 
     tok = Tokenizer.from_str(tok_json.decode("utf-8"))
@@ -85,7 +130,7 @@ def main():
     built = model.config.rope_parameters
     del model
     torch.cuda.empty_cache()
-    model = Qwen2ForCausalLM.from_pretrained(a.out, dtype=torch.bfloat16).cuda().eval()
+    model = Model.from_pretrained(a.out, dtype=torch.bfloat16).cuda().eval()
     log(f"rope parameters: built with {built}, loaded back with {model.config.rope_parameters}")
 
     t0 = time.time()
@@ -110,7 +155,7 @@ def main():
     t0 = time.time()
     del model
     torch.cuda.empty_cache()
-    model = Qwen2ForCausalLM.from_pretrained(a.out, dtype=torch.float32).cuda().eval()
+    model = Model.from_pretrained(a.out, dtype=torch.float32).cuda().eval()
     exact = torch.stack([teacher_forced(model, p, r["tokens"]) for p, r in zip(prompts, rows)])
     write_reference(a.out, "reference_f32", {**ref, "dtype": "torch.float32"}, exact)
     err = (bf16 - exact).norm(dim=-1) / exact.norm(dim=-1)
