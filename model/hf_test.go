@@ -15,7 +15,6 @@ import (
 	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
-	"github.com/fuselm/fuselm/kernels/kerneltest"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 )
@@ -246,7 +245,7 @@ func loadOn(t *testing.T, dev kernels.Device, ops kernels.Ops, cfg *loader.Confi
 }
 
 // relErr is ‖got − want‖ / ‖want‖.
-var relErr = kerneltest.RelErr
+var relErr = kernels.RelErr
 
 // readLogits returns the logits of rows [0, B).
 func readLogits(t *testing.T, m Model, B int) [][]float32 {

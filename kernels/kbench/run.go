@@ -296,7 +296,7 @@ func (r *runner) check(c *Case, s kernels.Shape, p *problem, o kernels.Ops, set 
 	}
 	worst := 0.0
 	for i := range got {
-		e := relErr(got[i], ref.outs[i])
+		e := kernels.RelErr(got[i], ref.outs[i])
 		if !(e <= tolerance) {
 			return fmt.Sprintf("%s %.2g", ref.by, e), fmt.Errorf("output %d is %.3g from %s's (tolerance %g): not timed", i, e, ref.by, tolerance)
 		}
@@ -393,15 +393,6 @@ func uploadF32(b *builder, t *kernels.Tensor, v []float32) (err error) {
 	return nil
 }
 
-func relErr(got, want []float32) float64 {
-	var d2, w2 float64
-	for i := range want {
-		d := float64(got[i]) - float64(want[i])
-		d2 += d * d
-		w2 += float64(want[i]) * float64(want[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
-}
 
 // best picks, per set, op and tuning key, the variant of least total time
 // over the shapes of that key.

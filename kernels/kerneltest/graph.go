@@ -157,7 +157,7 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 		step()
 		direct := g.readAll(outs)
 		for j := range outs {
-			if d := RelErr(replayed[j], direct[j]); !(d <= 1e-3) {
+			if d := kernels.RelErr(replayed[j], direct[j]); !(d <= 1e-3) {
 				t.Errorf("replay %d (lengths %v): %s output %d differs from a direct call by %.3g", i, lens, names[j], j, d)
 			}
 		}

@@ -413,14 +413,3 @@ func OpenCUDA(t testing.TB) *cuda.Device {
 	t.Cleanup(func() { dev.Close() })
 	return dev
 }
-
-// RelErr is ‖got − want‖ / ‖want‖ (NaN when either holds a NaN).
-func RelErr(got, want []float32) float64 {
-	var d2, w2 float64
-	for i := range want {
-		d := float64(got[i]) - float64(want[i])
-		d2 += d * d
-		w2 += float64(want[i]) * float64(want[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
-}
