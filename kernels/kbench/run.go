@@ -393,7 +393,6 @@ func uploadF32(b *builder, t *kernels.Tensor, v []float32) (err error) {
 	return nil
 }
 
-
 // best picks, per set, op and tuning key, the variant of least total time
 // over the shapes of that key.
 func best(rows []Row, keys map[int]string) []kernels.Tuned {
