@@ -190,10 +190,14 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 
 	kind := f.device
 	if kind == "" {
-		kind = "cpu"
-		if cuda.Available() {
-			kind = "cuda"
+		if err := cuda.Probe(); err != nil {
+			return fmt.Errorf("bench times the CUDA sets and finds no GPU (%v): --dry-run --arch lists what "+
+				"they offer, --device cpu --shape times the cpu set", err)
 		}
+		kind = "cuda"
+	}
+	if kind == "cpu" && len(opt.Shapes) == 0 {
+		return usageError{errors.New("bench --device cpu needs --shape: the default shapes are a GPU's (minutes each on a CPU)")}
 	}
 	if len(opt.Sets) == 0 {
 		opt.Sets = setsOf(kind)

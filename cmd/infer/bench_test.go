@@ -30,6 +30,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"bench", "--dry-run", "--optimize"}, "cannot --optimize"},
 		{[]string{"bench", "--sets", "turbo"}, `kernel set "turbo" is not built`},
 		{[]string{"bench", "--device", "tpu"}, "--device must be cpu or cuda"},
+		{[]string{"bench", "--device", "cpu", "rms_norm"}, "--device cpu needs --shape"},
 		{[]string{"bench", "--device", "cpu", "--sets", "naive", "rms_norm", "--shape", "M=4,N=8"}, "naive runs on cuda, not on the cpu device"},
 		{[]string{"bench", "--device", "cpu", "--optimize", "rms_norm", "--shape", "M=4,N=8", "--quiet"}, "--optimize keeps choices for a CUDA device"},
 	} {
@@ -113,5 +114,13 @@ func TestBenchOnCPU(t *testing.T) {
 	}
 	if code, _, stderr := runInfer(t, append(args, "--plot", t.TempDir())...); code != exitError || !strings.Contains(stderr, "directory") {
 		t.Errorf("--plot at a directory: exit %d, %q", code, stderr)
+	}
+	// With no GPU and no --device, bench says so (an error of the machine,
+	// not of the command line).
+	if _, err := os.Stat("/dev/nvidia0"); err == nil {
+		return
+	}
+	if code, _, stderr := runInfer(t, "bench", "rms_norm", "--quiet"); code != exitError || !strings.Contains(stderr, "finds no GPU") {
+		t.Errorf("bench without a GPU: exit %d, %q", code, stderr)
 	}
 }
