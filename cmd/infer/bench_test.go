@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/kbench"
 )
 
@@ -117,7 +118,7 @@ func TestBenchOnCPU(t *testing.T) {
 	}
 	// With no GPU and no --device, bench says so (an error of the machine,
 	// not of the command line).
-	if _, err := os.Stat("/dev/nvidia0"); err == nil {
+	if cuda.Probe() == nil {
 		return
 	}
 	if code, _, stderr := runInfer(t, "bench", "rms_norm", "--quiet"); code != exitError || !strings.Contains(stderr, "finds no GPU") {
