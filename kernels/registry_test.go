@@ -199,3 +199,33 @@ func TestApplyTuning(t *testing.T) {
 		t.Errorf("fused's linear: want no variants (naive runs it)")
 	}
 }
+
+// Switch re-points built ops at another spec, and refuses what it cannot
+// build, changing nothing.
+func TestSwitch(t *testing.T) {
+	dev := cpu.NewDevice()
+	prof := kernels.NewProfile(dev)
+	s, _ := kernels.ParseSpec("cpu")
+	ops, err := s.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	naive, _ := kernels.ParseSpec("naive")
+	if err := kernels.Switch(ops, naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
+		t.Errorf("Switch to a set of another device: %v", err)
+	}
+	if err := kernels.Switch(ops, s); err != nil {
+		t.Fatal(err)
+	}
+	a := dev.Alloc(kernels.F32, 1, 4)
+	ops.Add(a, a, a)
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if rows := prof.Table(); len(rows) != 1 || rows[0].Set != "cpu" {
+		t.Errorf("after Switch: %+v", rows)
+	}
+	if err := kernels.Switch(struct{ kernels.Ops }{ops}, s); err == nil {
+		t.Errorf("Switch of Ops not made by Build: no error")
+	}
+}
