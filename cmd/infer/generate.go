@@ -34,6 +34,8 @@ type genFlags struct {
 	temperature, topP         float64
 	topK                      int
 	quiet, jsonOut, noGraphs  bool
+	trace                     string
+	noCUPTI                   bool
 }
 
 func newRootCmd() *cobra.Command {
@@ -67,6 +69,8 @@ both.
 	fl.StringVar(&f.kernels, "kernels", "", `kernel spec: SET[,OP=SET...] (default: the device's best set; ops and sets above)`)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
 	fl.StringVar(&f.profile, "profile", "", "write the per-op profile and timings as JSON to this file")
+	fl.StringVar(&f.trace, "trace", "", "write a Chrome trace (Perfetto, chrome://tracing) of the reported generation to this file")
+	fl.BoolVar(&f.noCUPTI, "no-cupti", false, "time ops with CUDA events around each call instead of CUPTI's kernel records")
 	fl.Uint64Var(&f.seed, "seed", 0, "sampling seed")
 	fl.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
 	fl.IntVar(&f.topK, "top-k", 0, "sample among the k most likely tokens (0: all)")
@@ -117,6 +121,11 @@ func (f *genFlags) checkOutputs() error {
 	if f.profile != "" {
 		if err := outfile.Check(f.profile); err != nil {
 			return fmt.Errorf("--profile %w", err)
+		}
+	}
+	if f.trace != "" {
+		if err := outfile.Check(f.trace); err != nil {
+			return fmt.Errorf("--trace %w", err)
 		}
 	}
 	return nil
@@ -233,7 +242,8 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		return err
 	}
 	defer dev.Close()
-	prof := kernels.NewProfile(dev)
+	prof := newProfile(dev, f.noCUPTI)
+	defer prof.Close()
 	ops, err := spec.Build(dev, prof)
 	if err != nil {
 		return err
@@ -256,6 +266,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		return err
 	}
 	defer m.Close()
+	loadSpan := kernels.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}
 	loadS := time.Since(tLoad).Seconds()
 	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, m.Memory())
 
@@ -276,8 +287,8 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	// the run of median wall time is the one reported.
 	type run struct {
 		gen     *model.Generation
-		profile []kernels.OpStat
-		compute float64
+		profile *kernels.ProfileReport
+		trace   traceData
 	}
 	var runs []run
 	for i := range f.warmup + f.repeat {
@@ -286,7 +297,9 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		if !timed {
 			desc = fmt.Sprintf("warm-up %d/%d", i+1, f.warmup)
 		}
-		prof.Reset()
+		if err := prof.Reset(); err != nil {
+			return err
+		}
 		prof.SetEnabled(timed)
 		steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
 		opts.OnStep = func(e model.StepEvent) { steps.Set(int64(e.Step)) }
@@ -296,7 +309,11 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 			return err
 		}
 		if timed {
-			runs = append(runs, run{gen: gen, profile: prof.Table(), compute: prof.TotalMs()})
+			r := run{gen: gen, profile: prof.Report()}
+			if f.trace != "" {
+				r.trace = snapshotTrace(prof)
+			}
+			runs = append(runs, r)
 		}
 	}
 	walls := make([]float64, len(runs))
@@ -313,8 +330,12 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Device:  dev.Name(),
 		DType:   dev.ActDType().String(),
 		Batch:   f.batch,
-		Profile: med.profile,
+		Profile: med.profile.Ops,
 	}
+	rep.ProfileNote = med.profile.Note
+	rep.ProfileSource = med.profile.Source
+	rep.GPU = newGPUReport(med.profile, gen.WallMs)
+	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile.Ops)
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
@@ -324,16 +345,13 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		WallS:        gen.WallMs / 1000,
 		PrefillMs:    gen.PrefillMs,
 		DecodeMs:     gen.DecodeMs,
-		ComputeMs:    med.compute,
+		ComputeMs:    med.profile.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
 		Warmup:       f.warmup,
 		RunsWallS:    walls,
 	}
-	if gen.GraphReplays > 0 {
-		rep.ProfileNote = fmt.Sprintf("%d of %d decode steps were CUDA graph replays: their ops are not in the table (--no-graphs times every step)",
-			gen.GraphReplays, gen.DecodeSteps)
-	} else if gen.Graph != "" && dev.ActDType() != kernels.F32 {
+	if gen.GraphReplays == 0 && gen.Graph != "" && dev.ActDType() != kernels.F32 {
 		logf("infer: CUDA graphs %s", gen.Graph)
 	}
 
@@ -348,11 +366,25 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 			return fmt.Errorf("--profile %w", err)
 		}
 	}
+	if f.trace != "" {
+		med.trace.Host = append([]kernels.HostSpan{loadSpan}, med.trace.Host...)
+		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
+			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource})
+		if err != nil {
+			return err
+		}
+		if err := outfile.Write(f.trace, b); err != nil {
+			return fmt.Errorf("--trace %w", err)
+		}
+	}
 	out := cmd.OutOrStdout()
 	if f.jsonOut {
 		b, err := marshalJSON(rep)
 		if err != nil {
 			return err
+		}
+		if !f.quiet {
+			rep.writeProfile(cmd.ErrOrStderr())
 		}
 		_, err = out.Write(b)
 		return err

@@ -466,6 +466,10 @@ func (d *Device) ScratchBytes() int64 {
 	return n
 }
 
+// LibraryBytes is the device memory the device holds outside its
+// allocator: cuBLAS's workspace.
+func (d *Device) LibraryBytes() int64 { return cublasWorkspaceSize }
+
 // ReleaseScratch frees every scratch buffer and gives the allocator's
 // cached blocks back to the driver, then makes MemStats' Peak count from
 // what is held now: the memory of the work that follows is its own (infer
