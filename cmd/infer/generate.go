@@ -1,13 +1,11 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -18,10 +16,8 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
-	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
-	"github.com/fuselm/fuselm/tokenizer"
 )
 
 // genFlags are the flags of the generate command (the root command).
@@ -198,44 +194,12 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	logf := func(format string, a ...any) { fmt.Fprintf(logw, format+"\n", a...) }
 
-	text := f.prompt
-	if f.promptFile != "" {
-		if text, err = readPromptFile(f.promptFile); err != nil {
-			return err
-		}
-	}
-	if strings.TrimSpace(text) == "" {
-		return usageError{errors.New("the prompt is empty")}
-	}
-	kind, spec, err := chooseSpec(f)
+	in, err := f.readInputs()
 	if err != nil {
 		return err
 	}
-	dir, err := loader.Resolve(f.model)
-	if err != nil {
-		return err
-	}
-	cfg, err := loader.LoadConfig(dir)
-	if err != nil {
-		return err
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		return err
-	}
-	ids := tok.Encode(text)
-	if len(ids) == 0 {
-		return usageError{errors.New("the prompt encodes to no tokens")}
-	}
-	if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
-		return usageError{fmt.Errorf("the prompt's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
-			len(ids), f.maxNew, cfg.MaxPositions)}
-	}
-	weights, err := loader.OpenWeights(dir)
-	if err != nil {
-		return err
-	}
-	defer weights.Close()
+	defer in.weights.Close()
+	kind, spec, dir, cfg, tok, ids := in.kind, in.spec, in.dir, in.cfg, in.tok, in.ids
 
 	dev, err := openDevice(kind, f)
 	if err != nil {
@@ -251,22 +215,11 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
 
 	tLoad := time.Now()
-	weights.Prefetch()
-	bar := newProgress(cmd.ErrOrStderr(), f.quiet, weights.TotalBytes(), "loading weights", true)
-	m, err := model.Load(cfg, weights, dev, ops, model.LoadOptions{
-		MaxRows:  f.batch,
-		MaxSeq:   len(ids) + f.maxNew,
-		Progress: func(done, _ int64) { bar.Set(done) },
-	})
-	bar.Done()
-	if me := (*model.MemoryError)(nil); errors.As(err, &me) {
-		return fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
-	}
+	m, loadSpan, err := loadModel(cmd, f, in, dev, ops, tLoad)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	loadSpan := kernels.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}
 	loadS := time.Since(tLoad).Seconds()
 	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, m.Memory())
 
@@ -283,44 +236,18 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile:      prof,
 		Logf:         logf,
 	}
-	// Warm-up runs are not profiled; every timed run is profiled alone and
-	// the run of median wall time is the one reported.
-	type run struct {
-		gen     *model.Generation
-		profile *kernels.ProfileReport
-		trace   traceData
-	}
-	var runs []run
-	for i := range f.warmup + f.repeat {
-		timed := i >= f.warmup
-		desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
-		if !timed {
-			desc = fmt.Sprintf("warm-up %d/%d", i+1, f.warmup)
-		}
-		if err := prof.Reset(); err != nil {
-			return err
-		}
-		prof.SetEnabled(timed)
-		steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
-		opts.OnStep = func(e model.StepEvent) { steps.Set(int64(e.Step)) }
-		gen, err := model.Generate(m, prompts, opts)
-		steps.Done()
-		if err != nil {
-			return err
-		}
-		if timed {
-			r := run{gen: gen, profile: prof.Report()}
-			if f.trace != "" {
-				r.trace = snapshotTrace(prof)
+	runs, walls, err := generateRuns(m, prompts, opts, prof, f.warmup, f.repeat, f.trace != "",
+		func(i int, timed bool) (func(model.StepEvent), func()) {
+			desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
+			if !timed {
+				desc = fmt.Sprintf("warm-up %d/%d", i+1, f.warmup)
 			}
-			runs = append(runs, r)
-		}
+			steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
+			return func(e model.StepEvent) { steps.Set(int64(e.Step)) }, steps.Done
+		})
+	if err != nil {
+		return err
 	}
-	walls := make([]float64, len(runs))
-	for i, r := range runs {
-		walls[i] = r.gen.WallMs / 1000
-	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].gen.WallMs < runs[j].gen.WallMs })
 	med := runs[len(runs)/2]
 	gen := med.gen
 
