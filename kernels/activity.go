@@ -38,12 +38,15 @@ const (
 // KernelRecord is one kernel the device ran: what the tracer recorded,
 // then the op call that launched it, filled in by the profile.
 type KernelRecord struct {
-	Name       string    `json:"name"`
-	Start, End int64     // device start and end, in nanoseconds on the host's wall clock
-	Grid       [3]uint32 `json:"grid"`
-	Block      [3]uint32 `json:"block"`
-	Stream     uint32    `json:"stream"`
-	Source     string    `json:"source"` // SourceOwn, SourceCUBLAS or SourceOther
+	Name string `json:"name"`
+	// Start and End are the device's, in nanoseconds on the host's wall
+	// clock.
+	Start  int64     `json:"start_ns"`
+	End    int64     `json:"end_ns"`
+	Grid   [3]uint32 `json:"grid"`
+	Block  [3]uint32 `json:"block"`
+	Stream uint32    `json:"stream"`
+	Source string    `json:"source"` // SourceOwn, SourceCUBLAS or SourceOther
 	// ID is the trace id set when the kernel was launched (a call's or a
 	// replay's; 0: none); Node, for a kernel of a graph replay, the id set
 	// when its graph node was captured (0: unknown); GraphNode is the

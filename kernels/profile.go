@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -356,33 +357,26 @@ func (p *Profile) Flush() error {
 	return nil
 }
 
-// Calls is every op call recorded since the last Reset, in order.
-func (p *Profile) Calls() []OpCall {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]OpCall(nil), p.calls...)
+// Recording is what a profile recorded since its last Reset: every op
+// call and graph replay in order, the host spans, and (cupti, after Flush)
+// every kernel with the op call that launched it.
+type Recording struct {
+	Calls   []OpCall
+	Replays []Replay
+	Host    []HostSpan
+	Kernels []KernelRecord
 }
 
-// Replays is every graph replay recorded since the last Reset, in order.
-func (p *Profile) Replays() []Replay {
+// Recording returns a copy of what the profile recorded.
+func (p *Profile) Recording() Recording {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]Replay(nil), p.replays...)
-}
-
-// HostSpans is every host span recorded since the last Reset.
-func (p *Profile) HostSpans() []HostSpan {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]HostSpan(nil), p.host...)
-}
-
-// Kernels is every kernel recorded since the last Reset and flushed, with
-// the op call that launched it (cupti only).
-func (p *Profile) Kernels() []KernelRecord {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]KernelRecord(nil), p.records...)
+	return Recording{
+		Calls:   slices.Clone(p.calls),
+		Replays: slices.Clone(p.replays),
+		Host:    slices.Clone(p.host),
+		Kernels: slices.Clone(p.records),
+	}
 }
 
 // Report sums up what the profile recorded: per op, per kernel, coverage

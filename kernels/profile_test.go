@@ -72,7 +72,7 @@ func TestProfileTracesKernels(t *testing.T) {
 	if rep.Launches != 2 || len(rep.Ops) != 2 || rep.Note != "" {
 		t.Fatalf("report %+v", rep)
 	}
-	ks := prof.Kernels()
+	ks := prof.Recording().Kernels
 	if ks[0].Op != kernels.OpAdd || ks[0].Layer != 3 || ks[0].Phase != "prefill" || ks[1].Op != kernels.OpRMSNorm || ks[1].Step != 1 || ks[1].Layer != -1 {
 		t.Errorf("kernels %+v", ks)
 	}
@@ -81,7 +81,7 @@ func TestProfileTracesKernels(t *testing.T) {
 			t.Errorf("op row %+v", r)
 		}
 	}
-	if calls := prof.Calls(); len(calls) != 2 || calls[0].Layer != 3 || calls[1].Phase != "decode" {
+	if calls := prof.Recording().Calls; len(calls) != 2 || calls[0].Layer != 3 || calls[1].Phase != "decode" {
 		t.Errorf("calls %+v", calls)
 	}
 	if err := prof.Close(); err != nil || !dev.stopped {
@@ -92,13 +92,10 @@ func TestProfileTracesKernels(t *testing.T) {
 // A device that records no kernels keeps the marks, and the report says
 // why.
 func TestProfileWithoutTracer(t *testing.T) {
-	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	dev, prof, ops := profiledCPU(t)
 	if err := prof.TraceKernels(); err == nil || !strings.Contains(err.Error(), "records no kernels") {
 		t.Fatalf("TraceKernels on the cpu: %v", err)
 	}
-	s, _ := kernels.ParseSpec("cpu")
-	ops, _ := s.Build(dev, prof)
 	a := dev.Alloc(kernels.F32, 2, 2)
 	if err := dev.Upload(a, make([]byte, 4*a.Numel()), kernels.F32); err != nil {
 		t.Fatal(err)
@@ -121,7 +118,7 @@ func TestProfileWithoutTracer(t *testing.T) {
 	if len(rep.Ops) != 1 || rep.Ops[0].Calls != 2 || rep.Replays != 1 || rep.ComputeMs < rep.ReplayMs {
 		t.Errorf("ops %+v, replays %d", rep.Ops, rep.Replays)
 	}
-	if calls := prof.Calls(); len(calls) != 3 || calls[1].Graph != 1 || calls[1].Ms != 0 {
+	if calls := prof.Recording().Calls; len(calls) != 3 || calls[1].Graph != 1 || calls[1].Ms != 0 {
 		t.Errorf("calls %+v", calls)
 	}
 }

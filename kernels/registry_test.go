@@ -113,9 +113,9 @@ func TestOpTable(t *testing.T) {
 	}
 }
 
-// TestBuildProfiles checks that ops built from a spec count and time every
-// call under the op and phase it belongs to.
-func TestBuildProfiles(t *testing.T) {
+// profiledCPU is the cpu set's ops on a cpu device, with their profile.
+func profiledCPU(t *testing.T) (*cpu.Device, *kernels.Profile, kernels.Ops) {
+	t.Helper()
 	dev := cpu.NewDevice()
 	prof := kernels.NewProfile(dev)
 	s, _ := kernels.ParseSpec("cpu")
@@ -123,6 +123,13 @@ func TestBuildProfiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dev, prof, ops
+}
+
+// TestBuildProfiles checks that ops built from a spec count and time every
+// call under the op and phase it belongs to.
+func TestBuildProfiles(t *testing.T) {
+	dev, prof, ops := profiledCPU(t)
 	a, b := dev.Alloc(kernels.F32, 4, 8), dev.Alloc(kernels.F32, 4, 8)
 	if err := dev.Upload(a, make([]byte, 4*32), kernels.F32); err != nil {
 		t.Fatal(err)
@@ -203,13 +210,8 @@ func TestApplyTuning(t *testing.T) {
 // Switch re-points built ops at another spec, and refuses what it cannot
 // build, changing nothing.
 func TestSwitch(t *testing.T) {
-	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	dev, prof, ops := profiledCPU(t)
 	s, _ := kernels.ParseSpec("cpu")
-	ops, err := s.Build(dev, prof)
-	if err != nil {
-		t.Fatal(err)
-	}
 	naive, _ := kernels.ParseSpec("naive")
 	if err := kernels.Switch(ops, naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
 		t.Errorf("Switch to a set of another device: %v", err)

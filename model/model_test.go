@@ -396,7 +396,8 @@ func TestGraphReplay(t *testing.T) {
 					}
 					// The profile holds the prefill and every decode step as
 					// host spans, and each replay under its step.
-					spans, replays := prof.HostSpans(), prof.Replays()
+					rec := prof.Recording()
+					spans, replays := rec.Host, rec.Replays
 					if len(spans) != 9 || spans[0].Name != "prefill" || spans[8].Name != "decode step 8" || spans[8].Step != 8 {
 						t.Errorf("host spans %+v", spans)
 					}
@@ -546,7 +547,7 @@ func TestGenerateProfile(t *testing.T) {
 	}
 	layers := map[int]bool{}
 	steps := map[int]bool{}
-	for _, c := range prof.Calls() {
+	for _, c := range prof.Recording().Calls {
 		layers[c.Layer] = true
 		steps[c.Step] = true
 		if c.Op == kernels.OpEmbedding && c.Layer != -1 || c.Op == kernels.OpAttnPrefill && c.Phase != "prefill" {

@@ -64,12 +64,7 @@ writing its files.
 	}
 	f := &cf.gen
 	fl := cmd.Flags()
-	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
-	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
-	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
-	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
-	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
-	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+	f.workloadFlags(cmd)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: the device of the kernel sets)")
 	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph")
 	fl.BoolVar(&f.noCUPTI, "no-cupti", false, "time ops with CUDA events around each call instead of CUPTI's kernel records")
@@ -260,28 +255,17 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	f := &cf.gen
-	logw := cmd.ErrOrStderr()
-	if f.quiet {
-		logw = io.Discard
-	}
-	logf := func(format string, a ...any) { fmt.Fprintf(logw, format+"\n", a...) }
-
+	logf := f.logger(cmd)
 	in, err := f.readInputs()
 	if err != nil {
 		return err
 	}
 	defer in.weights.Close()
-	dev, err := openDevice(in.kind, f)
+	dev, prof, ops, closeRun, err := openRun(f, in, base)
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
-	prof := newProfile(dev, f.noCUPTI)
-	defer prof.Close()
-	ops, err := base.Build(dev, prof)
-	if err != nil {
-		return err
-	}
+	defer closeRun()
 	logf("infer compare: %s (%s) on %s, %s against %s", filepath.Base(in.dir), in.cfg.Arch, dev.Name(), cand, base)
 	m, _, err := loadModel(cmd, f, in, dev, ops, time.Now())
 	if err != nil {
@@ -417,11 +401,11 @@ func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernel
 		TokensPerSec:  float64(med.gen.NewTokens) / (med.gen.WallMs / 1000),
 		WallS:         med.gen.WallMs / 1000,
 		RunsWallS:     walls,
-		ComputeMs:     med.profile.ComputeMs,
-		ProfileSource: med.profile.Source,
-		ProfileNote:   med.profile.Note,
-		Memory:        newMemoryReport(dev, m.Memory(), med.profile.Ops),
-		Ops:           med.profile.Ops,
+		ComputeMs:     med.report.ComputeMs,
+		ProfileSource: med.report.Source,
+		ProfileNote:   med.report.Note,
+		Memory:        newMemoryReport(dev, m.Memory(), med.profile),
+		Ops:           med.profile,
 		tokens:        first.Tokens,
 		logits:        first.PrefillLogits,
 	}, nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -56,12 +55,7 @@ both.
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
-	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
-	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
-	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
-	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
-	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+	f.workloadFlags(cmd)
 	fl.StringVar(&f.kernels, "kernels", "", `kernel spec: SET[,OP=SET...] (default: the device's best set; ops and sets above)`)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
 	fl.StringVar(&f.profile, "profile", "", "write the per-op profile and timings as JSON to this file")
@@ -188,30 +182,20 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err := f.checkOutputs(); err != nil {
 		return err
 	}
-	logw := cmd.ErrOrStderr()
-	if f.quiet {
-		logw = io.Discard
-	}
-	logf := func(format string, a ...any) { fmt.Fprintf(logw, format+"\n", a...) }
+	logf := f.logger(cmd)
 
 	in, err := f.readInputs()
 	if err != nil {
 		return err
 	}
 	defer in.weights.Close()
-	kind, spec, dir, cfg, tok, ids := in.kind, in.spec, in.dir, in.cfg, in.tok, in.ids
+	spec, dir, cfg, tok, ids := in.spec, in.dir, in.cfg, in.tok, in.ids
 
-	dev, err := openDevice(kind, f)
+	dev, prof, ops, closeRun, err := openRun(f, in, spec)
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
-	prof := newProfile(dev, f.noCUPTI)
-	defer prof.Close()
-	ops, err := spec.Build(dev, prof)
-	if err != nil {
-		return err
-	}
+	defer closeRun()
 	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
 
 	tLoad := time.Now()
@@ -257,12 +241,12 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Device:  dev.Name(),
 		DType:   dev.ActDType().String(),
 		Batch:   f.batch,
-		Profile: med.profile.Ops,
+		Profile: med.profile,
 	}
-	rep.ProfileNote = med.profile.Note
-	rep.ProfileSource = med.profile.Source
-	rep.GPU = newGPUReport(med.profile, gen.WallMs)
-	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile.Ops)
+	rep.ProfileNote = med.report.Note
+	rep.ProfileSource = med.report.Source
+	rep.GPU = newGPUReport(med.report, gen.WallMs)
+	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile)
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
@@ -272,7 +256,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		WallS:        gen.WallMs / 1000,
 		PrefillMs:    gen.PrefillMs,
 		DecodeMs:     gen.DecodeMs,
-		ComputeMs:    med.profile.ComputeMs,
+		ComputeMs:    med.report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
 		Warmup:       f.warmup,

@@ -79,14 +79,7 @@ func TestCUPTIGeneration(t *testing.T) {
 		if rep.Memory == nil || rep.Memory.PeakBytes <= rep.Memory.Weights {
 			t.Errorf("%s: memory %+v", set, rep.Memory)
 		}
-		b, err := os.ReadFile(trace)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr, err := parseTrace(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tr := readTrace(t, trace)
 		if n := kernelSteps(t, tr); n != newTokens-1 {
 			t.Errorf("%s: kernels in %d decode steps, want %d", set, n, newTokens-1)
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"time"
@@ -14,6 +15,18 @@ import (
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/tokenizer"
 )
+
+// workloadFlags registers on cmd the flags that say what to generate:
+// the checkpoint, the prompt, the batch and the new tokens.
+func (f *genFlags) workloadFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
+	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
+	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
+	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
+	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
+	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+}
 
 // runInputs is what a generation needs before a device is opened: the
 // device kind and kernel spec, the checkpoint, its tokenizer, the prompt's
@@ -72,6 +85,35 @@ func (f *genFlags) readInputs() (*runInputs, error) {
 	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, ids: ids, weights: weights}, nil
 }
 
+// logger is the log function of a command: lines on stderr, none with
+// --quiet.
+func (f *genFlags) logger(cmd *cobra.Command) func(format string, a ...any) {
+	w := cmd.ErrOrStderr()
+	if f.quiet {
+		w = io.Discard
+	}
+	return func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
+}
+
+// openRun opens the device in names, a profile of its work (CUPTI's
+// kernel records where it can) and spec's ops on it; done stops the
+// profile's trace and closes the device.
+func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device, prof *kernels.Profile, ops kernels.Ops, done func(), err error) {
+	if dev, err = openDevice(in.kind, f); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	prof = newProfile(dev, f.noCUPTI)
+	done = func() {
+		prof.Close()
+		dev.Close()
+	}
+	if ops, err = spec.Build(dev, prof); err != nil {
+		done()
+		return nil, nil, nil, nil, err
+	}
+	return dev, prof, ops, done, nil
+}
+
 // loadModel uploads the weights to dev for ops, sized for f's batch and
 // tokens, with a progress bar; the span is the load's, from tLoad.
 func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Device, ops kernels.Ops, tLoad time.Time) (model.Model, kernels.HostSpan, error) {
@@ -95,8 +137,9 @@ func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Devic
 // timedRun is one timed generation and its profile.
 type timedRun struct {
 	gen     *model.Generation
-	profile *kernels.ProfileReport
-	trace   traceData // when asked for
+	report  *kernels.ProfileReport
+	profile []kernels.OpStat  // the report's Ops
+	trace   kernels.Recording // when asked for
 }
 
 // generateRuns runs warmup untimed generations, then repeat timed ones,
@@ -123,9 +166,10 @@ func generateRuns(m model.Model, prompts [][]int, opts model.GenerateOptions, pr
 		if !timed {
 			continue
 		}
-		r := timedRun{gen: gen, profile: prof.Report()}
+		r := timedRun{gen: gen, report: prof.Report()}
+		r.profile = r.report.Ops
 		if keepTrace {
-			r.trace = snapshotTrace(prof)
+			r.trace = prof.Recording()
 		}
 		runs = append(runs, r)
 		walls = append(walls, gen.WallMs/1000)

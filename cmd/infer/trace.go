@@ -16,18 +16,6 @@ import (
 // kernel the device ran, and the ops as the GPU ran them (from their first
 // kernel's start to their last one's end), with their layer and phase.
 
-// traceData is what a run's trace is drawn from: one generation's profile.
-type traceData struct {
-	Calls   []kernels.OpCall
-	Replays []kernels.Replay
-	Kernels []kernels.KernelRecord
-	Host    []kernels.HostSpan
-}
-
-func snapshotTrace(p *kernels.Profile) traceData {
-	return traceData{Calls: p.Calls(), Replays: p.Replays(), Kernels: p.Kernels(), Host: p.HostSpans()}
-}
-
 // traceEvent is one event of the Chrome trace format.
 type traceEvent struct {
 	Name string         `json:"name"`
@@ -60,7 +48,7 @@ const (
 )
 
 // buildTrace lays d out as a Chrome trace; device names the GPU process.
-func buildTrace(d traceData, device string, meta map[string]any) ([]byte, error) {
+func buildTrace(d kernels.Recording, device string, meta map[string]any) ([]byte, error) {
 	t0 := int64(-1)
 	first := func(ns int64) {
 		if ns > 0 && (t0 < 0 || ns < t0) {

@@ -13,10 +13,10 @@ import (
 // syntheticTrace is a run of two layers: a prefill, an eager decode step
 // and two replayed ones, one kernel per op call and step, plus one kernel
 // no call launched.
-func syntheticTrace() traceData {
+func syntheticTrace() kernels.Recording {
 	const ms = int64(1e6)
 	t0 := int64(1_700_000_000) * 1e9
-	d := traceData{Host: []kernels.HostSpan{{Name: "load", Start: t0, End: t0 + 50*ms}}}
+	d := kernels.Recording{Host: []kernels.HostSpan{{Name: "load", Start: t0, End: t0 + 50*ms}}}
 	var id uint64
 	captured := map[string]uint64{} // the captured call of each layer and op
 	at := t0 + 100*ms
@@ -57,6 +57,20 @@ func syntheticTrace() traceData {
 	}
 	d.Kernels = append(d.Kernels, kernels.KernelRecord{Name: "stray", Start: at, End: at + ms, Stream: 7, Step: -1, Layer: -1, Source: kernels.SourceOther})
 	return d
+}
+
+// readTrace reads and parses the trace file at path.
+func readTrace(t *testing.T, path string) *chromeTrace {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := parseTrace(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }
 
 // kernelSteps checks a parsed trace: every decode step of the host phases
@@ -160,14 +174,7 @@ func TestTraceFlag(t *testing.T) {
 	if code, _, stderr := runInfer(t, args...); code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := parseTrace(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := readTrace(t, path)
 	phases := map[string]bool{}
 	ops := 0
 	for _, e := range tr.TraceEvents {
@@ -203,14 +210,7 @@ func TestTraceFile(t *testing.T) {
 	if path == "" {
 		t.Skip("FUSELM_TRACE_CHECK is unset (a --trace file of a GPU run)")
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := parseTrace(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := readTrace(t, path)
 	if tr.OtherData["profile_source"] != "cupti" {
 		t.Errorf("profile source %v: the kernels were not traced", tr.OtherData["profile_source"])
 	}

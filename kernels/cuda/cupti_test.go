@@ -317,14 +317,7 @@ func TestCUPTITrace(t *testing.T) {
 	if err := d.StartKernelTrace(); err != nil {
 		t.Fatalf("CUPTI: %v", err)
 	}
-	m, err := d.Module("inc", incSrc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := m.Func("inc")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := incKernel(t, d)
 	const n = 4096
 	buf := d.Alloc(kernels.I32, n)
 	a := d.Alloc(kernels.BF16, 256, 256)
