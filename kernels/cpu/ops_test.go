@@ -281,12 +281,12 @@ func TestArgmax(t *testing.T) {
 	rows := [][]float32{
 		{1, 3, 2, 3, 0},            // tie: the first
 		{-inf, -inf, -5, -inf, -5}, // tie at -5
-		{nan32, 1, nan32, 2, 2},    // NaN never wins
+		{1, nan32, 2, nan32, 2},    // NaN counts as the largest, the first one wins (torch.argmax)
 		{-inf, -inf, -inf, -inf, -inf},
 		{7, 1, 2, 3, 4},
 		{0, 0, 0, 0, 9},
 	}
-	want := []int32{1, 2, 3, 0, 0, 4}
+	want := []int32{1, 2, 1, 0, 0, 4}
 	var vals []float32
 	for _, r := range rows {
 		vals = append(vals, r...)
