@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -487,12 +488,17 @@ func (d *Device) KernelRecords() ([]kernels.KernelRecord, string, error) {
 	t.mu.Lock()
 	raw, ext, dropped, untimed, err := t.raw, t.ext, t.dropped, t.untimed, t.err
 	t.raw, t.ext, t.names, t.dropped, t.untimed, t.err = nil, map[uint32]extIDs{}, map[uintptr]string{}, 0, 0, nil
-	recs := joinKernels(raw, ext, t.nodes, d.ownKernel, t.offset)
-	subErr := t.subErr
+	nodes, offset, subErr := maps.Clone(t.nodes), t.offset, t.subErr
 	t.mu.Unlock()
 	if err != nil {
 		return nil, "", err
 	}
+	// The device's lock is taken without the trace's: it is held around
+	// the CUDA calls whose callbacks take the trace's.
+	d.mu.Lock()
+	own := maps.Clone(d.own)
+	d.mu.Unlock()
+	recs := joinKernels(raw, ext, nodes, func(name string) bool { return own[name] }, offset)
 	var note string
 	if dropped > 0 {
 		note = fmt.Sprintf("CUPTI dropped %d records: kernel times miss some kernels", dropped)
@@ -575,14 +581,6 @@ func (d *Device) blasCall(fn uintptr, args ...uintptr) uintptr {
 	var last uint64
 	ccall(trace.api.cuptiActivityPopExternalCorrelationId, extKindLibrary, uintptr(unsafe.Pointer(&last)))
 	return r
-}
-
-// ownKernel reports whether name is a kernel loaded through Module.Func
-// on the device: one of fuselm's.
-func (d *Device) ownKernel(name string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.own[name]
 }
 
 // describeCUPTI is Describe's line about CUPTI.
