@@ -181,8 +181,8 @@ var activityKinds = []struct {
 type kernelTrace struct {
 	api    *cuptiAPI
 	dev    *Device // the device tracing, nil when none
+	on     bool    // a device traces: buffers are read, not dropped
 	offset int64   // host wall clock − CUPTI's clock, ns
-	sub    uintptr // the callback subscriber, 0 when none
 	subErr error   // why graph nodes are not followed, when they are not
 
 	cur  atomic.Uint64 // the trace id set now (kernels.KernelTracer.TraceID)
@@ -210,8 +210,6 @@ var (
 	}
 	callbacksOnce                        sync.Once
 	cbRequested, cbCompleted, cbResource uintptr
-	registerOnce                         sync.Once
-	registerErr                          error
 )
 
 // makeCallbacks makes the C function pointers of CUPTI's callbacks, once
@@ -291,9 +289,12 @@ func (t *kernelTrace) bufferCompleted(ctx uintptr, stream uint32, p, valid uintp
 	t.api.check(ccall(t.api.cuptiActivityGetNumDroppedRecords, ctx, uintptr(stream), uintptr(unsafe.Pointer(&dropped))), "cuptiActivityGetNumDroppedRecords")
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.spare = append(t.spare, b)
+	if !t.on {
+		return // recorded while no device traced
+	}
 	t.readRecords(data, offsets)
 	t.dropped += dropped
-	t.spare = append(t.spare, b)
 }
 
 // readRecords decodes the records at offsets of data (one buffer, in
@@ -414,22 +415,47 @@ func (d *Device) StartKernelTrace() (err error) {
 		t.mu.Unlock()
 		return fmt.Errorf("cuda: %s traces kernels already", t.dev.Name())
 	}
-	t.api, t.dev = api, d // claimed: released below on failure
-	t.raw, t.ext, t.names, t.dropped, t.untimed, t.err = nil, map[uint32]extIDs{}, map[uintptr]string{}, 0, 0, nil
+	t.api = api
 	t.mu.Unlock()
-	defer func() {
-		if err != nil {
-			t.mu.Lock()
-			t.dev = nil
-			t.mu.Unlock()
-		}
-	}()
+	sessionOnce.Do(func() { sessionErr = t.startSession(api) })
+	if sessionErr != nil {
+		return sessionErr
+	}
+	// Drop what CUPTI recorded while no device traced.
+	if err := api.check(ccall(api.cuptiActivityFlushAll, cuptiFlushForced), "cuptiActivityFlushAll"); err != nil {
+		return err
+	}
+	ts, err := api.timestamp()
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.dev != nil {
+		return fmt.Errorf("cuda: %s traces kernels already", t.dev.Name())
+	}
+	t.raw, t.ext, t.names, t.dropped, t.untimed, t.err = nil, map[uint32]extIDs{}, map[uintptr]string{}, 0, 0, nil
+	t.offset = time.Now().UnixNano() - int64(ts)
+	t.dev, t.on = d, true
+	t.cur.Store(0)
+	d.tracing.Store(true)
+	return nil
+}
+
+var (
+	sessionOnce sync.Once
+	sessionErr  error
+)
+
+// startSession sets CUPTI up, once per process: the buffer callbacks, the
+// activity kinds, and the subscriber that follows graph nodes. It stays up
+// until the process ends (a device that stops tracing only detaches), so
+// that every trace is CUPTI's first session: CUDA 13.0's CUPTI gives graph
+// launches wrong correlation ids in later ones (fixed in 13.1 Update 1).
+func (t *kernelTrace) startSession(api *cuptiAPI) error {
 	makeCallbacks()
-	registerOnce.Do(func() {
-		registerErr = api.check(ccall(api.cuptiActivityRegisterCallbacks, cbRequested, cbCompleted), "cuptiActivityRegisterCallbacks")
-	})
-	if registerErr != nil {
-		return registerErr
+	if err := api.check(ccall(api.cuptiActivityRegisterCallbacks, cbRequested, cbCompleted), "cuptiActivityRegisterCallbacks"); err != nil {
+		return err
 	}
 	var enabled []uint32
 	for _, k := range activityKinds {
@@ -453,16 +479,9 @@ func (d *Device) StartKernelTrace() (err error) {
 			}
 		}
 	}
-	ts, err := api.timestamp()
-	if err != nil {
-		return err
-	}
 	t.mu.Lock()
-	t.sub, t.subErr = sub, subErr
-	t.offset = time.Now().UnixNano() - int64(ts)
+	t.subErr = subErr
 	t.mu.Unlock()
-	t.cur.Store(0)
-	d.tracing.Store(true)
 	return nil
 }
 
@@ -519,31 +538,20 @@ func joinNotes(a, b string) string {
 	return a + "; " + b
 }
 
-// StopKernelTrace stops recording and drops what was not read.
+// StopKernelTrace detaches the device from the trace and drops what was
+// not read; CUPTI's session stays up for the next trace (startSession).
 func (d *Device) StopKernelTrace() error {
 	if !d.tracing.Load() {
 		return nil
 	}
 	t := trace
-	api := t.api
-	err := api.check(ccall(api.cuptiActivityFlushAll, cuptiFlushForced), "cuptiActivityFlushAll")
-	for _, k := range activityKinds {
-		err = errors.Join(err, api.check(ccall(api.cuptiActivityDisable, uintptr(k.kind)), "cuptiActivityDisable("+k.name+")"))
-	}
-	t.mu.Lock()
-	sub := t.sub
-	t.sub = 0
-	t.mu.Unlock()
-	if sub != 0 {
-		err = errors.Join(err, api.check(ccall(api.cuptiUnsubscribe, sub), "cuptiUnsubscribe"))
-	}
-	t.mu.Lock()
-	t.raw, t.ext, t.nodes, t.names = nil, map[uint32]extIDs{}, map[uint64]nodeInfo{}, map[uintptr]string{}
-	t.dev = nil
-	t.cur.Store(0)
-	t.mu.Unlock()
 	d.tracing.Store(false)
-	return err
+	t.mu.Lock()
+	t.dev, t.on = nil, false
+	t.cur.Store(0)
+	t.raw, t.ext, t.names = nil, map[uint32]extIDs{}, map[uintptr]string{}
+	t.mu.Unlock()
+	return t.api.check(ccall(t.api.cuptiActivityFlushAll, cuptiFlushForced), "cuptiActivityFlushAll")
 }
 
 // pushTraceID pushes the current trace id as CUPTI's external correlation

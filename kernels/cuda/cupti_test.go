@@ -183,6 +183,31 @@ func systemCUPTI(t *testing.T) *cuptiAPI {
 	return api
 }
 
+// testTrace is a trace over api, on as if a device traced.
+func testTrace(api *cuptiAPI) *kernelTrace {
+	return &kernelTrace{api: api, on: true, bufs: map[uintptr][]byte{}, ext: map[uint32]extIDs{},
+		nodes: map[uint64]nodeInfo{}, names: map[uintptr]string{}}
+}
+
+// requestBuffer asks for a buffer through the C function pointer CUPTI
+// calls.
+func requestBuffer(t *testing.T) uintptr {
+	t.Helper()
+	var p, n, maxRecords uintptr
+	purego.SyscallN(cbRequested, uintptr(unsafe.Pointer(&p)), uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&maxRecords)))
+	if p == 0 || n != cuptiBufferBytes || p%cuptiBufferAlign != 0 {
+		t.Fatalf("bufferRequested gave %#x, %d bytes", p, n)
+	}
+	return p
+}
+
+// poke writes b at the address p of a buffer handed to CUPTI. (Inlined
+// twice into one function, it makes go1.26.8's compiler fail: "internal
+// compiler error: disjointTypes: one of arguments is not a pointer".)
+//
+//go:noinline
+func poke(p uintptr, b []byte) { copy(unsafe.Slice((*byte)(ptrOf(p)), len(b)), b) }
+
 // The buffer callbacks, called through their C function pointers as CUPTI
 // calls them, hand out a buffer and read back the records written into
 // it, walked by the installed CUPTI library itself (which needs no GPU for
@@ -191,7 +216,7 @@ func systemCUPTI(t *testing.T) *cuptiAPI {
 func TestCUPTIBuffersAgainstLibrary(t *testing.T) {
 	api := systemCUPTI(t)
 	makeCallbacks()
-	tr := &kernelTrace{api: api, bufs: map[uintptr][]byte{}, ext: map[uint32]extIDs{}, nodes: map[uint64]nodeInfo{}, names: map[uintptr]string{}}
+	tr := testTrace(api)
 	saved := trace
 	trace = tr
 	defer func() { trace = saved }()
@@ -200,16 +225,12 @@ func TestCUPTIBuffersAgainstLibrary(t *testing.T) {
 	np := uintptr(unsafe.Pointer(&name[0]))
 	found := 0
 	for size := kPrefix; size <= 512; size += 8 {
-		var p, n, maxRecords uintptr
-		purego.SyscallN(cbRequested, uintptr(unsafe.Pointer(&p)), uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&maxRecords)))
-		if p == 0 || n != cuptiBufferBytes || p%cuptiBufferAlign != 0 {
-			t.Fatalf("bufferRequested gave %#x, %d bytes", p, n)
-		}
+		p := requestBuffer(t)
 		var recs []byte
 		recs = append(recs, kernelRecord(size, 1000, 1500, [3]uint32{4, 1, 1}, [3]uint32{256, 1, 1}, 11, np, 0)...)
 		recs = append(recs, externalRecord(extKindTraceID, 77, 11)...)
 		recs = append(recs, kernelRecord(size, 2000, 2600, [3]uint32{8, 2, 1}, [3]uint32{128, 1, 1}, 12, np, 5)...)
-		copy(unsafe.Slice((*byte)(ptrOf(p)), len(recs)), recs)
+		poke(p, recs)
 		purego.SyscallN(cbCompleted, 0, 0, p, cuptiBufferBytes, uintptr(len(recs)))
 		raw, ext, err := tr.raw, tr.ext, tr.err
 		tr.raw, tr.ext, tr.err = nil, map[uint32]extIDs{}, nil
@@ -228,6 +249,15 @@ func TestCUPTIBuffersAgainstLibrary(t *testing.T) {
 	}
 	if len(tr.bufs) != 0 || len(tr.spare) != 1 {
 		t.Errorf("buffers: %d held, %d spare; want every buffer back and reused", len(tr.bufs), len(tr.spare))
+	}
+	// What CUPTI records while no device traces is dropped.
+	tr.on = false
+	p := requestBuffer(t)
+	rec := externalRecord(extKindTraceID, 5, 1)
+	poke(p, rec)
+	purego.SyscallN(cbCompleted, 0, 0, p, cuptiBufferBytes, uintptr(len(rec)))
+	if len(tr.ext) != 0 || len(tr.spare) != 1 {
+		t.Errorf("untraced records kept: %v, %d spare buffers", tr.ext, len(tr.spare))
 	}
 	// A buffer CUPTI never got is ignored.
 	purego.SyscallN(cbCompleted, 0, 0, 0x1234, 16, 16)
