@@ -65,6 +65,14 @@ func Register(s SetInfo) {
 	sets[s.Name] = s
 }
 
+// Unregister removes the set named name, for tests that register sets of
+// their own and must leave the registry as they found it.
+func Unregister(name string) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	delete(sets, name)
+}
+
 // Sets lists the registered kernel sets by name.
 func Sets() []SetInfo {
 	regMu.Lock()

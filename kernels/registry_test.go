@@ -231,3 +231,16 @@ func TestSwitch(t *testing.T) {
 		t.Errorf("Switch of Ops not made by Build: no error")
 	}
 }
+
+// A set a test registers can be removed again.
+func TestUnregister(t *testing.T) {
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "cpu_test_only", Device: "cpu", New: cpuSet.New})
+	if _, ok := kernels.Set("cpu_test_only"); !ok {
+		t.Fatal("not registered")
+	}
+	kernels.Unregister("cpu_test_only")
+	if _, ok := kernels.Set("cpu_test_only"); ok {
+		t.Error("still registered after Unregister")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,12 +19,15 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 )
 
-// Two kernel sets of the cpu device for compare's tests: cpu_slow owns
-// rope and swiglu and sleeps in swiglu (so that cpu runs faster), cpu_wrong
-// owns rms_norm and add_rms_norm and doubles their output (a kernel that
-// is fast and wrong). Both run the cpu set's kernels otherwise.
-func init() {
-	kernels.KnownSets = append(kernels.KnownSets, "cpu_slow", "cpu_wrong")
+// withTestSets registers, until the test ends, two kernel sets of the cpu
+// device for compare's tests: cpu_slow owns rope and swiglu and sleeps in
+// swiglu (so that cpu runs faster), cpu_wrong owns rms_norm and
+// add_rms_norm and doubles their output (a kernel that is fast and wrong).
+// Both run the cpu set's kernels otherwise.
+func withTestSets(t *testing.T) {
+	t.Helper()
+	known := kernels.KnownSets
+	kernels.KnownSets = append(slices.Clone(known), "cpu_slow", "cpu_wrong")
 	cpuSet, _ := kernels.Set("cpu")
 	kernels.Register(kernels.SetInfo{Name: "cpu_slow", Device: "cpu", Own: []kernels.Op{kernels.OpRoPE, kernels.OpSwiGLU}, Fallback: "cpu",
 		New: func(dev kernels.Device) (kernels.Ops, error) {
@@ -35,6 +39,11 @@ func init() {
 			ops, err := cpuSet.New(dev)
 			return wrongOps{Ops: ops, dev: dev}, err
 		}})
+	t.Cleanup(func() {
+		kernels.Unregister("cpu_slow")
+		kernels.Unregister("cpu_wrong")
+		kernels.KnownSets = known
+	})
 }
 
 type slowOps struct{ kernels.Ops }
@@ -68,6 +77,7 @@ func compareArgs(extra ...string) []string {
 // that differs on weights loaded once; every variant passes the check; the
 // JSON and the plot are written.
 func TestCompareOnCPU(t *testing.T) {
+	withTestSets(t)
 	dir := t.TempDir()
 	jsonPath, plotPath := filepath.Join(dir, "c.json"), filepath.Join(dir, "c.png")
 	args := compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--json", jsonPath, "--plot", plotPath)
@@ -146,6 +156,7 @@ func bytesReader(t *testing.T, path string) *bytes.Reader {
 // A candidate whose kernels are wrong fails the check: compare writes its
 // files, names it, and exits 1.
 func TestCompareCatchesWrongResults(t *testing.T) {
+	withTestSets(t)
 	jsonPath := filepath.Join(t.TempDir(), "c.json")
 	args := compareArgs("--baseline", "cpu", "--candidate", "cpu_wrong", "--ops", "rms_norm", "--json", jsonPath)
 	code, stdout, stderr := runInfer(t, args...)
@@ -168,6 +179,7 @@ func TestCompareCatchesWrongResults(t *testing.T) {
 }
 
 func TestCompareUsage(t *testing.T) {
+	withTestSets(t)
 	dir := t.TempDir()
 	for _, c := range []struct {
 		args []string

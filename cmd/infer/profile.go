@@ -93,7 +93,7 @@ func writeOpTable(w io.Writer, rows []kernels.OpStat) {
 			avg = r.Ms / float64(r.Calls)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.4f\t%.3f\t%.3f\t%.1f%%\t%s\t%s\t%s\t\n", r.Op, r.Set, r.Calls, r.Ms, avg,
-			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share, rate(r.TFLOPs), rate(r.GBs), bytesOrDash(r.Scratch))
+			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share, rateCell(r.TFLOPs), rateCell(r.GBs), bytesOrDash(r.Scratch))
 		calls += r.Calls
 		total += r.Ms
 		pre += r.PhaseMs["prefill"]
@@ -103,9 +103,9 @@ func writeOpTable(w io.Writer, rows []kernels.OpStat) {
 	tw.Flush()
 }
 
-// rate prints a TFLOP/s or GB/s figure with three significant digits or
+// rateCell prints a TFLOP/s or GB/s figure with three significant digits or
 // so; "-" when the op counts none.
-func rate(v float64) string {
+func rateCell(v float64) string {
 	switch {
 	case v <= 0 || math.IsInf(v, 0) || math.IsNaN(v):
 		return "-"
