@@ -2,46 +2,146 @@ package kernels
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
+	"time"
 )
 
-// Profile counts and times every op call made through the Ops that
-// Spec.Build returns. Times are device times between marks queued around
-// each call (wall time on the CPU, CUDA events on a GPU), resolved by Flush.
+// Profile records every op call made through the Ops that Spec.Build
+// returns: the op, the set that ran it, the phase, decode step and decoder
+// layer it belongs to, its cost (FLOPs and bytes) and the scratch memory it
+// asked for; and host spans (loading, the prefill, each decode step).
+//
+// Device time comes from one of two sources. By default (events) it is the
+// time between marks queued around each call (wall time on the CPU, CUDA
+// events on a GPU), resolved by Flush; calls recorded into a CUDA graph are
+// not timed, and each replay of the graph is timed as a whole. After
+// TraceKernels succeeds (cupti) it is the device's record of every kernel
+// it ran, graph replays and library kernels (cuBLAS) included, each
+// attributed to the op call that launched it.
 type Profile struct {
-	dev     Device
-	mu      sync.Mutex
-	on      bool
-	phase   string
-	pending []span
-	stats   map[Op]*OpStat
+	dev      Device
+	tracer   KernelTracer // nil: times come from marks
+	traceErr error        // why TraceKernels failed, for the report's note
+	meter    ScratchMeter // the device's, or nil
+
+	mu        sync.Mutex
+	on        bool
+	capturing bool
+	phase     string
+	step      int
+	layer     int
+	graphs    int // captures begun
+	nextID    uint64
+	calls     []OpCall
+	replays   []Replay
+	host      []HostSpan
+	marks     map[uint64][2]Mark // events: the marks around a call or replay, until Flush
+	records   []KernelRecord     // cupti: attributed by Flush
+	notes     []string           // what the tracer said when flushed (dropped records)
 }
 
-// OpStat is what a Profile knows about one op.
-type OpStat struct {
-	Op      Op                 `json:"op"`
-	Set     string             `json:"set,omitempty"`
-	Calls   int                `json:"calls"`
-	Ms      float64            `json:"total_ms"`
-	Share   float64            `json:"share"`
-	PhaseMs map[string]float64 `json:"phase_ms"`
+// OpCall is one call of an op through the dispatch.
+type OpCall struct {
+	ID    uint64 `json:"id"`
+	Op    Op     `json:"op"`
+	Set   string `json:"set"`
+	Phase string `json:"phase"`
+	// Step is 0 for the prefill and k for the k-th decode step (of the
+	// call itself; a captured call runs at the steps of its replays).
+	Step int `json:"step"`
+	// Layer is the decoder layer the call belongs to, -1 outside them
+	// (embedding, the final norm, lm_head, argmax).
+	Layer int `json:"layer"`
+	// Graph is the capture the call was recorded into (1 for the first),
+	// 0 for a call that ran when made.
+	Graph int `json:"graph,omitempty"`
+	// Start and End are the host's wall clock around the call, in
+	// nanoseconds since the Unix epoch: when its work was queued.
+	Start int64 `json:"start_ns"`
+	End   int64 `json:"end_ns"`
+	// Ms is the device time between the marks around the call (events
+	// only; 0 for captured calls and under cupti).
+	Ms      float64 `json:"ms,omitempty"`
+	Cost    Cost    `json:"-"`
+	Scratch int64   `json:"scratch_bytes,omitempty"`
 }
 
-type span struct {
-	op       Op
-	set      string
-	phase    string
-	from, to Mark
+// Replay is one replay of a captured graph.
+type Replay struct {
+	ID    uint64  `json:"id"`
+	Graph int     `json:"graph"`
+	Step  int     `json:"step"`
+	Start int64   `json:"start_ns"`
+	End   int64   `json:"end_ns"`
+	Ms    float64 `json:"ms,omitempty"` // events only: the device time of the whole replay
 }
 
-// NewProfile returns an enabled profile of work on dev, in phase "prefill".
+// HostSpan is a stretch of host time: loading, the prefill, a decode step.
+type HostSpan struct {
+	Name  string `json:"name"`
+	Phase string `json:"phase,omitempty"`
+	Step  int    `json:"step"`
+	Start int64  `json:"start_ns"`
+	End   int64  `json:"end_ns"`
+}
+
+// ScratchMeter is implemented by devices that hand out scratch memory to
+// kernels (the CUDA device): the profile asks it, around each op call, how
+// much the call asked for.
+type ScratchMeter interface {
+	// TakeScratch returns the bytes of scratch asked for since the last
+	// call, counting each buffer once at its largest ask, and starts
+	// counting anew.
+	TakeScratch() int64
+}
+
+// NewProfile returns an enabled profile of work on dev, in phase "prefill",
+// timing op calls with marks (see TraceKernels).
 func NewProfile(dev Device) *Profile {
-	return &Profile{dev: dev, on: true, phase: "prefill", stats: map[Op]*OpStat{}}
+	p := &Profile{dev: dev, on: true, phase: "prefill", layer: -1, marks: map[uint64][2]Mark{}}
+	p.meter, _ = dev.(ScratchMeter)
+	return p
 }
 
-// SetEnabled turns recording on or off (off while a CUDA graph is captured:
-// its replays are timed as a whole).
+// TraceKernels makes the profile time the device's kernels as the device
+// records them (see KernelTracer) instead of marks around each call. When
+// the device cannot, the profile keeps its marks and the error, which the
+// report's note states.
+func (p *Profile) TraceKernels() error {
+	t, ok := p.dev.(KernelTracer)
+	if !ok {
+		p.traceErr = fmt.Errorf("%s records no kernels", p.dev.Name())
+		return p.traceErr
+	}
+	if err := t.StartKernelTrace(); err != nil {
+		p.traceErr = err
+		return err
+	}
+	p.tracer, p.traceErr = t, nil
+	return nil
+}
+
+// Source says where device times come from: "cupti" (every kernel, as the
+// device recorded it) or "events" (marks around each call).
+func (p *Profile) Source() string {
+	if p.tracer != nil {
+		return "cupti"
+	}
+	return "events"
+}
+
+// Close stops the device's kernel trace, if the profile started one.
+func (p *Profile) Close() error {
+	if p.tracer == nil {
+		return nil
+	}
+	t := p.tracer
+	p.tracer = nil
+	return t.StopKernelTrace()
+}
+
+// SetEnabled turns recording on or off (off for warm-up runs).
 func (p *Profile) SetEnabled(on bool) {
 	p.mu.Lock()
 	p.on = on
@@ -55,111 +155,244 @@ func (p *Profile) SetPhase(phase string) {
 	p.mu.Unlock()
 }
 
-func (p *Profile) begin() (Mark, bool) {
+// SetStep numbers the step later calls belong to: 0 for the prefill, k for
+// the k-th decode step.
+func (p *Profile) SetStep(step int) {
+	p.mu.Lock()
+	p.step = step
+	p.mu.Unlock()
+}
+
+// SetLayer tells the profile of ops (built by Spec.Build) which decoder
+// layer later calls belong to; -1 means none. Other Ops ignore it.
+func SetLayer(ops Ops, layer int) {
+	if d, ok := ops.(*dispatch); ok && d.prof != nil {
+		d.prof.mu.Lock()
+		d.prof.layer = layer
+		d.prof.mu.Unlock()
+	}
+}
+
+// BeginCapture marks the calls that follow, until EndCapture, as recorded
+// into a graph: they run at its replays, not when made, so no marks are
+// queued around them.
+func (p *Profile) BeginCapture() {
+	p.mu.Lock()
+	p.capturing = true
+	p.graphs++
+	p.mu.Unlock()
+}
+
+// EndCapture ends what BeginCapture began.
+func (p *Profile) EndCapture() {
+	p.mu.Lock()
+	p.capturing = false
+	p.mu.Unlock()
+}
+
+// Replay runs replay, which queues a replay of the last graph captured, as
+// decode step step: its kernels are attributed to the step (and, through
+// the graph, to the captured calls), or under events it is timed whole.
+func (p *Profile) Replay(step int, replay func() error) error {
 	if p == nil {
-		return nil, false
+		return replay()
 	}
 	p.mu.Lock()
 	on := p.on
+	p.nextID++
+	r := Replay{ID: p.nextID, Graph: p.graphs, Step: step}
 	p.mu.Unlock()
 	if !on {
-		return nil, false
+		return replay()
 	}
-	return p.dev.Mark(), true
-}
-
-func (p *Profile) end(op Op, set string, from Mark) {
-	to := p.dev.Mark()
+	r.Start = time.Now().UnixNano()
+	var from Mark
+	if p.tracer != nil {
+		p.tracer.TraceID(r.ID)
+	} else {
+		from = p.dev.Mark()
+	}
+	err := replay()
+	if p.tracer != nil {
+		p.tracer.TraceID(0)
+	} else {
+		p.mu.Lock()
+		p.marks[r.ID] = [2]Mark{from, p.dev.Mark()}
+		p.mu.Unlock()
+	}
+	r.End = time.Now().UnixNano()
 	p.mu.Lock()
-	p.pending = append(p.pending, span{op: op, set: set, phase: p.phase, from: from, to: to})
+	p.replays = append(p.replays, r)
 	p.mu.Unlock()
+	return err
 }
 
-// Reset forgets every recorded call, so that the next run is counted alone.
-func (p *Profile) Reset() {
-	p.mu.Lock()
-	p.pending = nil
-	p.stats = map[Op]*OpStat{}
-	p.mu.Unlock()
-}
-
-// Add counts time measured outside the op calls, such as a graph replay, under
-// op in the current phase.
-func (p *Profile) Add(op Op, calls int, ms float64) {
+// AddHostSpan records a stretch of host time.
+func (p *Profile) AddHostSpan(name, phase string, step int, start, end time.Time) {
+	if p == nil {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.statLocked(op).Calls += calls
-	st := p.stats[op]
-	st.Ms += ms
-	st.PhaseMs[p.phase] += ms
-}
-
-func (p *Profile) statLocked(op Op) *OpStat {
-	st := p.stats[op]
-	if st == nil {
-		st = &OpStat{Op: op, PhaseMs: map[string]float64{}}
-		p.stats[op] = st
+	if p.on {
+		p.host = append(p.host, HostSpan{Name: name, Phase: phase, Step: step, Start: start.UnixNano(), End: end.UnixNano()})
 	}
-	return st
 }
 
-// Flush resolves the times of all recorded calls; call it after Device.Sync.
-func (p *Profile) Flush() error {
+// pendingCall is a call under way: begin made it, end records it.
+type pendingCall struct {
+	call OpCall
+	from Mark
+}
+
+func (p *Profile) begin(op Op, set string) *pendingCall {
+	if p == nil {
+		return nil
+	}
 	p.mu.Lock()
-	pend := p.pending
-	p.pending = nil
-	p.mu.Unlock()
-	for _, s := range pend {
-		ms, err := p.dev.Elapsed(s.from, s.to)
-		if err != nil {
-			return fmt.Errorf("profile: timing %s: %w", s.op, err)
-		}
-		p.mu.Lock()
-		st := p.statLocked(s.op)
-		st.Set = s.set
-		st.Calls++
-		st.Ms += ms
-		st.PhaseMs[s.phase] += ms
+	if !p.on {
 		p.mu.Unlock()
+		return nil
+	}
+	p.nextID++
+	c := &pendingCall{call: OpCall{ID: p.nextID, Op: op, Set: set, Phase: p.phase, Step: p.step, Layer: p.layer}}
+	if p.capturing {
+		c.call.Graph = p.graphs
+	}
+	p.mu.Unlock()
+	if p.meter != nil {
+		p.meter.TakeScratch()
+	}
+	c.call.Start = time.Now().UnixNano()
+	switch {
+	case p.tracer != nil:
+		p.tracer.TraceID(c.call.ID)
+	case c.call.Graph == 0:
+		c.from = p.dev.Mark()
+	}
+	return c
+}
+
+func (p *Profile) end(c *pendingCall, cost Cost) {
+	var to Mark
+	switch {
+	case p.tracer != nil:
+		p.tracer.TraceID(0)
+	case c.call.Graph == 0:
+		to = p.dev.Mark()
+	}
+	c.call.End = time.Now().UnixNano()
+	c.call.Cost = cost
+	if p.meter != nil {
+		c.call.Scratch = p.meter.TakeScratch()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = append(p.calls, c.call)
+	if c.from != nil {
+		p.marks[c.call.ID] = [2]Mark{c.from, to}
+	}
+}
+
+// Reset forgets every recorded call, replay, span and kernel, so that the
+// next run is counted alone. The device must have finished the work queued
+// so far (kernels the trace still holds are dropped).
+func (p *Profile) Reset() error {
+	p.mu.Lock()
+	p.calls, p.replays, p.host, p.records, p.notes = nil, nil, nil, nil, nil
+	p.marks = map[uint64][2]Mark{}
+	p.step, p.layer, p.graphs = 0, -1, 0
+	p.mu.Unlock()
+	if p.tracer != nil {
+		_, _, err := p.tracer.KernelRecords()
+		return err
 	}
 	return nil
 }
 
-// Table returns one row per op that ran, largest total first, with each op's
-// share of the summed time.
-func (p *Profile) Table() []OpStat {
+// Flush resolves the device times of all recorded work: the marks' times,
+// or the device's kernel records, attributed to calls and replays. Call it
+// after Device.Sync.
+func (p *Profile) Flush() error {
+	if p.tracer != nil {
+		recs, note, err := p.tracer.KernelRecords()
+		if err != nil {
+			return fmt.Errorf("profile: kernel records: %w", err)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.on {
+			return nil
+		}
+		if note != "" {
+			p.notes = append(p.notes, note)
+		}
+		p.records = append(p.records, attribute(recs, p.calls, p.replays)...)
+		return nil
+	}
+	p.mu.Lock()
+	marks := p.marks
+	p.marks = map[uint64][2]Mark{}
+	p.mu.Unlock()
+	times := make(map[uint64]float64, len(marks))
+	for id, m := range marks {
+		ms, err := p.dev.Elapsed(m[0], m[1])
+		if err != nil {
+			return fmt.Errorf("profile: timing call %d: %w", id, err)
+		}
+		times[id] = ms
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var total float64
-	rows := make([]OpStat, 0, len(p.stats))
-	for _, st := range p.stats {
-		total += st.Ms
-		row := *st
-		row.PhaseMs = map[string]float64{}
-		for k, v := range st.PhaseMs {
-			row.PhaseMs[k] = v
-		}
-		rows = append(rows, row)
-	}
-	for i := range rows {
-		if total > 0 {
-			rows[i].Share = rows[i].Ms / total
+	for i := range p.calls {
+		if ms, ok := times[p.calls[i].ID]; ok {
+			p.calls[i].Ms = ms
 		}
 	}
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].Ms != rows[j].Ms {
-			return rows[i].Ms > rows[j].Ms
+	for i := range p.replays {
+		if ms, ok := times[p.replays[i].ID]; ok {
+			p.replays[i].Ms = ms
 		}
-		return opIndex(rows[i].Op) < opIndex(rows[j].Op)
-	})
-	return rows
+	}
+	return nil
 }
 
-// TotalMs is the summed time of every op.
-func (p *Profile) TotalMs() float64 {
-	var t float64
-	for _, r := range p.Table() {
-		t += r.Ms
-	}
-	return t
+// Recording is what a profile recorded since its last Reset: every op
+// call and graph replay in order, the host spans, and (cupti, after Flush)
+// every kernel with the op call that launched it.
+type Recording struct {
+	Calls   []OpCall
+	Replays []Replay
+	Host    []HostSpan
+	Kernels []KernelRecord
 }
+
+// Recording returns a copy of what the profile recorded.
+func (p *Profile) Recording() Recording {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Recording{
+		Calls:   slices.Clone(p.calls),
+		Replays: slices.Clone(p.replays),
+		Host:    slices.Clone(p.host),
+		Kernels: slices.Clone(p.records),
+	}
+}
+
+// Report sums up what the profile recorded: per op, per kernel, coverage
+// and busy time.
+func (p *Profile) Report() *ProfileReport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tracer != nil {
+		return kernelReport(p.records, p.calls, p.replays, p.notes)
+	}
+	return eventReport(p.calls, p.replays, p.traceErr)
+}
+
+// Table returns one row per op that ran, largest total first, with each
+// op's share of the summed time (Report's Ops).
+func (p *Profile) Table() []OpStat { return p.Report().Ops }
+
+// TotalMs is the summed device time of the run (Report's ComputeMs).
+func (p *Profile) TotalMs() float64 { return p.Report().ComputeMs }

@@ -65,6 +65,14 @@ func Register(s SetInfo) {
 	sets[s.Name] = s
 }
 
+// Unregister removes the set named name, for tests that register sets of
+// their own and must leave the registry as they found it.
+func Unregister(name string) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	delete(sets, name)
+}
+
 // Sets lists the registered kernel sets by name.
 func Sets() []SetInfo {
 	regMu.Lock()
@@ -244,22 +252,51 @@ func lookup(name string) (SetInfo, bool) {
 // Build makes the Ops this spec selects on dev, with every call counted and
 // timed in prof (nil for no profiling).
 func (s Spec) Build(dev Device, prof *Profile) (Ops, error) {
-	if _, err := s.DeviceKind(); err != nil {
+	d := &dispatch{dev: dev, prof: prof, built: map[string]Ops{}}
+	if err := d.use(s); err != nil {
 		return nil, err
 	}
-	built := map[string]Ops{}
-	for _, name := range s.names() {
-		info, _ := lookup(name)
-		ops, err := info.New(dev)
-		if err != nil {
-			return nil, fmt.Errorf("kernel set %s: %w", name, err)
-		}
-		built[name] = ops
+	return d, nil
+}
+
+// Switch makes ops, made by Spec.Build, run the ops as spec s selects them
+// from now on, building the sets it had not built yet on the same device:
+// a loaded model then runs another spec without loading its weights again.
+// Work queued before, and graphs captured before, keep the kernels they
+// were recorded with.
+func Switch(ops Ops, s Spec) error {
+	d, ok := ops.(*dispatch)
+	if !ok {
+		return fmt.Errorf("kernels: Switch needs the Ops of Spec.Build, not %T", ops)
 	}
-	d := &dispatch{dev: dev, prof: prof}
+	return d.use(s)
+}
+
+// use builds the sets s needs that d has not built and points every op at
+// the set s runs it on; on error nothing changes.
+func (d *dispatch) use(s Spec) error {
+	kind, err := s.DeviceKind()
+	if err != nil {
+		return err
+	}
+	if d.kind != "" && kind != d.kind {
+		return fmt.Errorf("kernel spec %q runs on %s devices, not on the %s device these ops were built for", s, kind, d.kind)
+	}
+	for _, name := range s.names() {
+		if d.built[name] != nil {
+			continue
+		}
+		info, _ := lookup(name)
+		ops, err := info.New(d.dev)
+		if err != nil {
+			return fmt.Errorf("kernel set %s: %w", name, err)
+		}
+		d.built[name] = ops
+	}
 	for i, o := range AllOps {
 		d.names[i] = s.Runner(o)
-		d.pick[i] = built[d.names[i]]
+		d.pick[i] = d.built[d.names[i]]
 	}
-	return d, nil
+	d.kind = kind
+	return nil
 }

@@ -113,9 +113,9 @@ func TestOpTable(t *testing.T) {
 	}
 }
 
-// TestBuildProfiles checks that ops built from a spec count and time every
-// call under the op and phase it belongs to.
-func TestBuildProfiles(t *testing.T) {
+// profiledCPU is the cpu set's ops on a cpu device, with their profile.
+func profiledCPU(t *testing.T) (*cpu.Device, *kernels.Profile, kernels.Ops) {
+	t.Helper()
 	dev := cpu.NewDevice()
 	prof := kernels.NewProfile(dev)
 	s, _ := kernels.ParseSpec("cpu")
@@ -123,6 +123,13 @@ func TestBuildProfiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dev, prof, ops
+}
+
+// TestBuildProfiles checks that ops built from a spec count and time every
+// call under the op and phase it belongs to.
+func TestBuildProfiles(t *testing.T) {
+	dev, prof, ops := profiledCPU(t)
 	a, b := dev.Alloc(kernels.F32, 4, 8), dev.Alloc(kernels.F32, 4, 8)
 	if err := dev.Upload(a, make([]byte, 4*32), kernels.F32); err != nil {
 		t.Fatal(err)
@@ -197,5 +204,43 @@ func TestApplyTuning(t *testing.T) {
 	}
 	if info, _ := kernels.Set("fused"); info.VariantsOf(kernels.OpLinear, nil, kernels.Targets["sm_90a"]) != nil {
 		t.Errorf("fused's linear: want no variants (naive runs it)")
+	}
+}
+
+// Switch re-points built ops at another spec, and refuses what it cannot
+// build, changing nothing.
+func TestSwitch(t *testing.T) {
+	dev, prof, ops := profiledCPU(t)
+	s, _ := kernels.ParseSpec("cpu")
+	naive, _ := kernels.ParseSpec("naive")
+	if err := kernels.Switch(ops, naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
+		t.Errorf("Switch to a set of another device: %v", err)
+	}
+	if err := kernels.Switch(ops, s); err != nil {
+		t.Fatal(err)
+	}
+	a := dev.Alloc(kernels.F32, 1, 4)
+	ops.Add(a, a, a)
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if rows := prof.Table(); len(rows) != 1 || rows[0].Set != "cpu" {
+		t.Errorf("after Switch: %+v", rows)
+	}
+	if err := kernels.Switch(struct{ kernels.Ops }{ops}, s); err == nil {
+		t.Errorf("Switch of Ops not made by Build: no error")
+	}
+}
+
+// A set a test registers can be removed again.
+func TestUnregister(t *testing.T) {
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "cpu_test_only", Device: "cpu", New: cpuSet.New})
+	if _, ok := kernels.Set("cpu_test_only"); !ok {
+		t.Fatal("not registered")
+	}
+	kernels.Unregister("cpu_test_only")
+	if _, ok := kernels.Set("cpu_test_only"); ok {
+		t.Error("still registered after Unregister")
 	}
 }

@@ -27,9 +27,14 @@ type GenerateOptions struct {
 	// that can record graphs (kernels.Grapher).
 	NoGraphs bool
 	// Profile is the profile the model's ops were built with, or nil: its
-	// phase is set to "prefill" and "decode", it is disabled while a graph
-	// is captured, and it is flushed at the end.
+	// phase and step are set as the generation goes, the prefill and each
+	// decode step are recorded as host spans, a graph capture and every
+	// replay are marked as such, and it is flushed at the end.
 	Profile *kernels.Profile
+	// KeepPrefillLogits keeps the logits the prefill gave every row in
+	// Generation.PrefillLogits (read back from the device once, inside the
+	// timed generation).
+	KeepPrefillLogits bool
 	// OnStep, when set, is called after every step with the token each row
 	// got.
 	OnStep func(StepEvent)
@@ -91,6 +96,10 @@ type Generation struct {
 	// until the first new token of every row is known; DecodeMs is the
 	// rest.
 	WallMs, PrefillMs, DecodeMs float64
+
+	// PrefillLogits are the logits of every row after the prefill, when
+	// GenerateOptions.KeepPrefillLogits asked for them.
+	PrefillLogits [][]float32
 }
 
 // Generate runs the prompts as one batch: a prefill of all of them, then
@@ -148,7 +157,7 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 		}
 	}
 
-	setPhase(prof, "prefill")
+	setPhase(prof, "prefill", 0)
 	t0 := time.Now()
 	if err := prefill(e, prompts); err != nil {
 		return nil, err
@@ -156,14 +165,21 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 	if greedy {
 		e.ops.Argmax(vec(e.next, B), e.logits.Slice(0, B))
 	}
+	if opt.KeepPrefillLogits {
+		rows, err := e.readLogits(B)
+		if err != nil {
+			return nil, err
+		}
+		g.PrefillLogits = rows
+	}
 	next, err := ch.choose(1)
 	if err != nil {
 		return nil, err
 	}
 	record(next)
 	tPrefill := time.Now()
+	prof.AddHostSpan("prefill", "prefill", 0, t0, tPrefill)
 
-	setPhase(prof, "decode")
 	grapher, canGraph := e.dev.(kernels.Grapher)
 	switch {
 	case opt.NoGraphs:
@@ -179,6 +195,9 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 	}()
 	tokens := make([][]int, B)
 	for !allTrue(done) {
+		step := g.DecodeSteps + 1
+		tStep := time.Now()
+		setPhase(prof, "decode", step)
 		for b := range B {
 			tokens[b] = []int{g.Tokens[b][len(g.Tokens[b])-1]}
 			if !done[b] {
@@ -200,7 +219,7 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 			}
 		}
 		if graph != nil {
-			if err := graph.Replay(); err != nil {
+			if err := prof.Replay(step, graph.Replay); err != nil {
 				return nil, fmt.Errorf("model: replaying the decode graph: %w", err)
 			}
 			g.GraphReplays++
@@ -213,6 +232,7 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 			return nil, err
 		}
 		record(next)
+		prof.AddHostSpan(fmt.Sprintf("decode step %d", step), "decode", step, tStep, time.Now())
 	}
 	if err := e.dev.Sync(); err != nil {
 		return nil, err
@@ -279,11 +299,12 @@ func (e *engine) checkGenerate(prompts [][]int, opt GenerateOptions) error {
 	return nil
 }
 
-// capture records run as a graph, with the profile off.
+// capture records run as a graph; the profile marks its calls as
+// captured.
 func capture(gr kernels.Grapher, prof *kernels.Profile, run func()) (kernels.Graph, error) {
 	if prof != nil {
-		prof.SetEnabled(false)
-		defer prof.SetEnabled(true)
+		prof.BeginCapture()
+		defer prof.EndCapture()
 	}
 	if err := gr.BeginCapture(); err != nil {
 		return nil, err
@@ -390,10 +411,25 @@ func (c *chooser) maskEOS(row []float32) {
 	}
 }
 
-func setPhase(p *kernels.Profile, phase string) {
+func setPhase(p *kernels.Profile, phase string, step int) {
 	if p != nil {
 		p.SetPhase(phase)
+		p.SetStep(step)
 	}
+}
+
+// readLogits reads back the logits of rows [0, B).
+func (e *engine) readLogits(B int) ([][]float32, error) {
+	flat, err := e.dev.ReadF32(e.logits.Slice(0, B))
+	if err != nil {
+		return nil, err
+	}
+	V := e.cfg.VocabSize
+	rows := make([][]float32, B)
+	for b := range rows {
+		rows[b] = flat[b*V : (b+1)*V]
+	}
+	return rows, nil
 }
 
 func allTrue(v []bool) bool {

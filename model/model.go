@@ -395,9 +395,12 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 	x := e.ws.Get(bufHidden, T, H)
 	h := e.ws.Get(bufNormed, T, H)
 	y := e.ws.Get(bufOut, T, H)
+	kernels.SetLayer(e.ops, -1)
 	e.embedTokens.Forward(s, x, vec(e.ids, T))
+	kernels.SetLayer(e.ops, 0)
 	e.layers[0].InputLayernorm.Forward(s, h, x)
 	for i, l := range e.layers {
+		kernels.SetLayer(e.ops, i) // the profile counts the calls under layer i
 		l.SelfAttn.Forward(s, y, h)
 		l.PostAttentionLayernorm.AddForward(s, h, x, y)
 		l.MLP.Forward(s, y, h)
@@ -407,6 +410,7 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 		}
 		next.AddForward(s, h, x, y)
 	}
+	kernels.SetLayer(e.ops, -1)
 	if nLogits == 0 {
 		return
 	}

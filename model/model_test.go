@@ -394,6 +394,16 @@ func TestGraphReplay(t *testing.T) {
 					if got.GraphReplays != wantReplays || got.DecodeSteps != 8 {
 						t.Errorf("failing capture %v: %d replays of %d decode steps", failing, got.GraphReplays, got.DecodeSteps)
 					}
+					// The profile holds the prefill and every decode step as
+					// host spans, and each replay under its step.
+					rec := prof.Recording()
+					spans, replays := rec.Host, rec.Replays
+					if len(spans) != 9 || spans[0].Name != "prefill" || spans[8].Name != "decode step 8" || spans[8].Step != 8 {
+						t.Errorf("host spans %+v", spans)
+					}
+					if len(replays) != wantReplays || wantReplays > 0 && (replays[0].Step != 2 || replays[len(replays)-1].Step != 8) {
+						t.Errorf("replays %+v", replays)
+					}
 				}
 			}
 		})
@@ -516,5 +526,35 @@ func TestSizes(t *testing.T) {
 				m.Close()
 			}
 		})
+	}
+}
+
+// A profiled generation counts every call under its decoder layer (-1
+// outside the layers) and step, and keeps the prefill's logits when asked.
+func TestGenerateProfile(t *testing.T) {
+	cfg, w, _ := openFixture(t, "qwen2-tiny")
+	dev := cpu.NewDevice()
+	prof := kernels.NewProfile(dev)
+	spec, _ := kernels.ParseSpec("cpu")
+	ops, err := spec.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := loadOn(t, dev, ops, cfg, w, LoadOptions{MaxRows: 2, MaxSeq: 16})
+	g := generate(t, m, testPrompts[:2], GenerateOptions{MaxNewTokens: 3, EOS: []int{}, Profile: prof, KeepPrefillLogits: true})
+	if len(g.PrefillLogits) != 2 || len(g.PrefillLogits[1]) != cfg.VocabSize || argmax(g.PrefillLogits[1]) != g.Tokens[1][0] {
+		t.Errorf("prefill logits: %d rows", len(g.PrefillLogits))
+	}
+	layers := map[int]bool{}
+	steps := map[int]bool{}
+	for _, c := range prof.Recording().Calls {
+		layers[c.Layer] = true
+		steps[c.Step] = true
+		if c.Op == kernels.OpEmbedding && c.Layer != -1 || c.Op == kernels.OpAttnPrefill && c.Phase != "prefill" {
+			t.Errorf("call %+v", c)
+		}
+	}
+	if len(layers) != cfg.NumLayers+1 || !layers[-1] || !layers[cfg.NumLayers-1] || len(steps) != 3 {
+		t.Errorf("layers %v, steps %v", layers, steps)
 	}
 }

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export CGO_ENABLED=0
 mkdir -p bin
 go build -o bin/infer ./cmd/infer
-for pkg in kernels/cuda kernels/naive kernels/fused kernels/kerneltest model; do
+for pkg in kernels/cuda kernels/naive kernels/fused kernels/kerneltest model cmd/infer; do
 	[ -d "$pkg" ] || continue
 	go test -c -o "bin/$(basename "$pkg").test" "./$pkg"
 done

@@ -55,11 +55,17 @@ pkgtest() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
 step cuda pkgtest cuda
+# CUPTI on its own line: the kernel trace (graph replays, cuBLAS), the
+# record layout against the installed header and library.
+step cupti pkgtest cuda -test.run 'CUPTI|KernelLayout'
 step kerneltest pkgtest kerneltest -test.timeout 20m
 step naive pkgtest naive
 step fused pkgtest fused
 step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
 step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v"
+# infer with CUPTI on the tiny checkpoint (every decode step traced, the
+# kernel sum against the busy time, the events' fallback) and compare.
+step infer-cupti sh -c "cd cmd/infer && ../../bin/infer.test -test.v -test.run 'TestCUPTIGeneration|TestCompareOnGPU'"
 if $kbench; then
 	step kernel-bench sh -c "bin/infer bench --quiet --json --plot $out/kernel_bench.png >$out/kernel_bench.json && \
 		python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [print(x[\"op\"], x[\"shape\"], x[\"set\"], x[\"variant\"], round(x[\"ms\"],4), round(x[\"tflop_s\"] or x[\"gb_s\"],1), x[\"checked\"], x.get(\"error\",\"\")) for x in r[\"rows\"]]' $out/kernel_bench.json"
@@ -78,6 +84,15 @@ if ! $quick; then
 		step "7b-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$QWEN2_7B \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
+	# W1 with --trace: a Chrome trace whose kernel track holds every decode
+	# step (TestTraceFile parses it), and its ms CUDA against the events
+	# around every op of a --no-graphs run without --cupti (TestProfileAgreement).
+	w1="--model $QWEN2_7B --prompt-file bench/prompts/input_prompt_small.txt --batch 16 --max-new-tokens 50 --min-new-tokens 50 --kernels fused --warmup 1 --quiet"
+	step w1-trace sh -c "bin/infer $w1 --cupti --trace $logs/w1_trace.json --profile $logs/w1_profile.json >$logs/w1_trace.out"
+	step w1-trace-check sh -c "cd cmd/infer && FUSELM_TRACE_CHECK=$logs/w1_trace.json ../../bin/infer.test -test.v -test.run TestTraceFile"
+	step w1-events sh -c "bin/infer $w1 --no-graphs --profile $logs/w1_events.json >$logs/w1_events.out"
+	step w1-cuda-vs-events sh -c "cd cmd/infer && FUSELM_PROFILE_CUPTI=$logs/w1_profile.json FUSELM_PROFILE_EVENTS=$logs/w1_events.json \
+		../../bin/infer.test -test.v -test.run TestProfileAgreement"
 fi
 if ! $quick && $deepseek; then
 	[ -f "$DSV2_LITE/reference_f32.json" ] || step dsv2-lite-write python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out "$DSV2_LITE"

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -18,10 +15,8 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
-	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
-	"github.com/fuselm/fuselm/tokenizer"
 )
 
 // genFlags are the flags of the generate command (the root command).
@@ -34,6 +29,8 @@ type genFlags struct {
 	temperature, topP         float64
 	topK                      int
 	quiet, jsonOut, noGraphs  bool
+	trace                     string
+	cupti                     bool
 }
 
 func newRootCmd() *cobra.Command {
@@ -58,15 +55,13 @@ both.
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
-	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
-	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
-	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
-	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
-	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+	f.workloadFlags(cmd)
 	fl.StringVar(&f.kernels, "kernels", "", `kernel spec: SET[,OP=SET...] (default: the device's best set; ops and sets above)`)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
 	fl.StringVar(&f.profile, "profile", "", "write the per-op profile and timings as JSON to this file")
+	fl.StringVar(&f.trace, "trace", "", "write a Chrome trace (Perfetto, chrome://tracing) of the reported generation to this file")
+	fl.BoolVar(&f.cupti, "cupti", false, "time every kernel through CUPTI, graph replays and cuBLAS's included "+
+		"(new, not yet run on a GPU: CUDA events around each op are the default until it has)")
 	fl.Uint64Var(&f.seed, "seed", 0, "sampling seed")
 	fl.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
 	fl.IntVar(&f.topK, "top-k", 0, "sample among the k most likely tokens (0: all)")
@@ -117,6 +112,11 @@ func (f *genFlags) checkOutputs() error {
 	if f.profile != "" {
 		if err := outfile.Check(f.profile); err != nil {
 			return fmt.Errorf("--profile %w", err)
+		}
+	}
+	if f.trace != "" {
+		if err := outfile.Check(f.trace); err != nil {
+			return fmt.Errorf("--trace %w", err)
 		}
 	}
 	return nil
@@ -183,76 +183,25 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err := f.checkOutputs(); err != nil {
 		return err
 	}
-	logw := cmd.ErrOrStderr()
-	if f.quiet {
-		logw = io.Discard
-	}
-	logf := func(format string, a ...any) { fmt.Fprintf(logw, format+"\n", a...) }
+	logf := f.logger(cmd)
 
-	text := f.prompt
-	if f.promptFile != "" {
-		if text, err = readPromptFile(f.promptFile); err != nil {
-			return err
-		}
-	}
-	if strings.TrimSpace(text) == "" {
-		return usageError{errors.New("the prompt is empty")}
-	}
-	kind, spec, err := chooseSpec(f)
+	in, err := f.readInputs()
 	if err != nil {
 		return err
 	}
-	dir, err := loader.Resolve(f.model)
-	if err != nil {
-		return err
-	}
-	cfg, err := loader.LoadConfig(dir)
-	if err != nil {
-		return err
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		return err
-	}
-	ids := tok.Encode(text)
-	if len(ids) == 0 {
-		return usageError{errors.New("the prompt encodes to no tokens")}
-	}
-	if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
-		return usageError{fmt.Errorf("the prompt's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
-			len(ids), f.maxNew, cfg.MaxPositions)}
-	}
-	weights, err := loader.OpenWeights(dir)
-	if err != nil {
-		return err
-	}
-	defer weights.Close()
+	defer in.weights.Close()
+	spec, dir, cfg, tok, ids := in.spec, in.dir, in.cfg, in.tok, in.ids
 
-	dev, err := openDevice(kind, f)
+	dev, prof, ops, closeRun, err := openRun(f, in, spec)
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
-	prof := kernels.NewProfile(dev)
-	ops, err := spec.Build(dev, prof)
-	if err != nil {
-		return err
-	}
+	defer closeRun()
 	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
 	tuned := applyTuning(dev, ops, logf)
 
 	tLoad := time.Now()
-	weights.Prefetch()
-	bar := newProgress(cmd.ErrOrStderr(), f.quiet, weights.TotalBytes(), "loading weights", true)
-	m, err := model.Load(cfg, weights, dev, ops, model.LoadOptions{
-		MaxRows:  f.batch,
-		MaxSeq:   len(ids) + f.maxNew,
-		Progress: func(done, _ int64) { bar.Set(done) },
-	})
-	bar.Done()
-	if me := (*model.MemoryError)(nil); errors.As(err, &me) {
-		return fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
-	}
+	m, loadSpan, err := loadModel(cmd, f, in, dev, ops, tLoad)
 	if err != nil {
 		return err
 	}
@@ -273,38 +222,18 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile:      prof,
 		Logf:         logf,
 	}
-	// Warm-up runs are not profiled; every timed run is profiled alone and
-	// the run of median wall time is the one reported.
-	type run struct {
-		gen     *model.Generation
-		profile []kernels.OpStat
-		compute float64
+	runs, walls, err := generateRuns(m, prompts, opts, prof, f.warmup, f.repeat, f.trace != "",
+		func(i int, timed bool) (func(model.StepEvent), func()) {
+			desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
+			if !timed {
+				desc = fmt.Sprintf("warm-up %d/%d", i+1, f.warmup)
+			}
+			steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
+			return func(e model.StepEvent) { steps.Set(int64(e.Step)) }, steps.Done
+		})
+	if err != nil {
+		return err
 	}
-	var runs []run
-	for i := range f.warmup + f.repeat {
-		timed := i >= f.warmup
-		desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
-		if !timed {
-			desc = fmt.Sprintf("warm-up %d/%d", i+1, f.warmup)
-		}
-		prof.Reset()
-		prof.SetEnabled(timed)
-		steps := newProgress(cmd.ErrOrStderr(), f.quiet, int64(f.maxNew), desc, false)
-		opts.OnStep = func(e model.StepEvent) { steps.Set(int64(e.Step)) }
-		gen, err := model.Generate(m, prompts, opts)
-		steps.Done()
-		if err != nil {
-			return err
-		}
-		if timed {
-			runs = append(runs, run{gen: gen, profile: prof.Table(), compute: prof.TotalMs()})
-		}
-	}
-	walls := make([]float64, len(runs))
-	for i, r := range runs {
-		walls[i] = r.gen.WallMs / 1000
-	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].gen.WallMs < runs[j].gen.WallMs })
 	med := runs[len(runs)/2]
 	gen := med.gen
 
@@ -317,6 +246,10 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile: med.profile,
 		Tuning:  tuned,
 	}
+	rep.ProfileNote = med.report.Note
+	rep.ProfileSource = med.report.Source
+	rep.GPU = newGPUReport(med.report, gen.WallMs)
+	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile)
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
@@ -326,16 +259,13 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		WallS:        gen.WallMs / 1000,
 		PrefillMs:    gen.PrefillMs,
 		DecodeMs:     gen.DecodeMs,
-		ComputeMs:    med.compute,
+		ComputeMs:    med.report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
 		Warmup:       f.warmup,
 		RunsWallS:    walls,
 	}
-	if gen.GraphReplays > 0 {
-		rep.ProfileNote = fmt.Sprintf("%d of %d decode steps were CUDA graph replays: their ops are not in the table (--no-graphs times every step)",
-			gen.GraphReplays, gen.DecodeSteps)
-	} else if gen.Graph != "" && dev.ActDType() != kernels.F32 {
+	if gen.GraphReplays == 0 && gen.Graph != "" && dev.ActDType() != kernels.F32 {
 		logf("infer: CUDA graphs %s", gen.Graph)
 	}
 
@@ -350,11 +280,25 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 			return fmt.Errorf("--profile %w", err)
 		}
 	}
+	if f.trace != "" {
+		med.trace.Host = append([]kernels.HostSpan{loadSpan}, med.trace.Host...)
+		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
+			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource})
+		if err != nil {
+			return err
+		}
+		if err := outfile.Write(f.trace, b); err != nil {
+			return fmt.Errorf("--trace %w", err)
+		}
+	}
 	out := cmd.OutOrStdout()
 	if f.jsonOut {
 		b, err := marshalJSON(rep)
 		if err != nil {
 			return err
+		}
+		if !f.quiet {
+			rep.writeProfile(cmd.ErrOrStderr())
 		}
 		_, err = out.Write(b)
 		return err

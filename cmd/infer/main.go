@@ -39,7 +39,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // is said on stderr, prefixed with "infer: ".
 func run(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
-	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd())
+	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd())
 	root.SetHelpCommand(newHelpCmd())
 	root.CompletionOptions.HiddenDefaultCmd = true
 	// Cobra parses flags, finds the command and checks its arguments before

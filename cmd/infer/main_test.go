@@ -140,7 +140,7 @@ func TestExitStatus(t *testing.T) {
 func TestShortPromptAndLogs(t *testing.T) {
 	args := []string{"--model", tinyQwen, "--prompt-file", shortPrompt, "--max-new-tokens", "16"}
 	code, stdout, stderr := runInfer(t, args...)
-	if code != exitOK || !strings.Contains(stdout, "qwen2-tiny_cpu_f32 | ") {
+	if code != exitOK || !strings.Contains(stdout, "qwen2-tiny_cpu_float32 | ") {
 		t.Fatalf("infer %q: exit %d\n%s%s", args, code, stdout, stderr)
 	}
 	if !strings.Contains(stderr, "infer: weights loaded") {

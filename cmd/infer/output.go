@@ -23,6 +23,16 @@ type runReport struct {
 	Profile     []kernels.OpStat `json:"profile"`
 	ProfileNote string           `json:"profile_note,omitempty"`
 	Tuning      []kernels.Tuned  `json:"tuning,omitempty"` // the tuning cache's choices this run applied
+	profileDetail
+}
+
+// profileDetail is what the profile adds to the per-op table.
+type profileDetail struct {
+	// ProfileSource is where the profile's times come from: "cupti" (every
+	// kernel) or "events" (marks around each op call and graph replay).
+	ProfileSource string        `json:"profile_source"`
+	GPU           *gpuReport    `json:"gpu,omitempty"`
+	Memory        *memoryReport `json:"memory,omitempty"`
 }
 
 type rowReport struct {
@@ -45,10 +55,30 @@ type timings struct {
 }
 
 // summaryLine is TileGym's one-line result:
-// <model>_<kernels>_<dtype> | X tokens/s | Y s | Z ms compute.
+// <model>_<kernels>_<dtype> | X tokens/s | Y s | Z ms CUDA, with the dtype
+// named as torch names it and Z the sum of every kernel's time over the
+// generation. Where kernels were not traced, Z is the events' sum and the
+// line says "ms compute".
 func (r *runReport) summaryLine() string {
-	return fmt.Sprintf("%s_%s_%s | %.2f tokens/s | %.3f s | %.1f ms compute",
-		r.Model, r.Kernels, r.DType, r.Timings.TokensPerSec, r.Timings.WallS, r.Timings.ComputeMs)
+	unit := "ms compute"
+	if r.ProfileSource == "cupti" {
+		unit = "ms CUDA"
+	}
+	return fmt.Sprintf("%s_%s_%s | %.2f tokens/s | %.3f s | %.1f %s",
+		r.Model, r.Kernels, torchDType(r.DType), r.Timings.TokensPerSec, r.Timings.WallS, r.Timings.ComputeMs, unit)
+}
+
+// torchDType is the name torch gives a dtype ("bfloat16" for bf16).
+func torchDType(dt string) string {
+	switch dt {
+	case "bf16":
+		return "bfloat16"
+	case "f16":
+		return "float16"
+	case "f32":
+		return "float32"
+	}
+	return dt
 }
 
 // writeText prints each distinct generated text once, the summary line and
@@ -70,11 +100,25 @@ func (r *runReport) writeText(w io.Writer) {
 		fmt.Fprintln(w, text)
 	}
 	fmt.Fprintln(w)
+	r.writeProfile(w)
+}
+
+// writeProfile prints the summary line, the per-op table, and what the
+// kernel trace and the allocator say.
+func (r *runReport) writeProfile(w io.Writer) {
 	fmt.Fprintln(w, r.summaryLine())
 	fmt.Fprintln(w)
-	writeProfileTable(w, r.Profile)
+	writeOpTable(w, r.Profile)
 	if r.ProfileNote != "" {
 		fmt.Fprintln(w, r.ProfileNote)
+	}
+	if r.GPU != nil {
+		fmt.Fprintln(w)
+		r.GPU.write(w)
+	}
+	if r.Memory != nil {
+		fmt.Fprintln(w)
+		r.Memory.write(w)
 	}
 }
 
@@ -90,23 +134,6 @@ func rowsLabel(rows []int, n int) string {
 		return "row " + parts[0]
 	}
 	return "rows " + strings.Join(parts, ",")
-}
-
-func writeProfileTable(w io.Writer, rows []kernels.OpStat) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\tset\tcalls\ttotal ms\tprefill ms\tdecode ms\tshare\t")
-	var calls int
-	var total, pre, dec float64
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f%%\t\n", r.Op, r.Set, r.Calls, r.Ms,
-			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share)
-		calls += r.Calls
-		total += r.Ms
-		pre += r.PhaseMs["prefill"]
-		dec += r.PhaseMs["decode"]
-	}
-	fmt.Fprintf(tw, "total\t\t%d\t%.3f\t%.3f\t%.3f\t100.0%%\t\n", calls, total, pre, dec)
-	tw.Flush()
 }
 
 func marshalJSON(v any) ([]byte, error) {

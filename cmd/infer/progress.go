@@ -47,6 +47,13 @@ func (p *progress) Set(n int64) {
 	}
 }
 
+// SetMax changes the bar's total to n units.
+func (p *progress) SetMax(n int64) {
+	if p.bar != nil {
+		p.bar.ChangeMax64(n)
+	}
+}
+
 // Done clears the bar.
 func (p *progress) Done() {
 	if p.bar != nil {

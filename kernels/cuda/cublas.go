@@ -249,7 +249,7 @@ func (d *Device) Gemm(transB bool, m, n, k int, alpha float32,
 		return
 	}
 	al, be := alpha, beta
-	r := ccall(d.blas.cublasGemmEx, d.blasH, uintptr(g.opA), uintptr(g.opB),
+	r := d.blasCall(d.blas.cublasGemmEx, d.blasH, uintptr(g.opA), uintptr(g.opB),
 		uintptr(g.m), uintptr(g.n), uintptr(g.k), uintptr(unsafe.Pointer(&al)),
 		g.a, uintptr(g.aType), uintptr(g.lda),
 		g.b, uintptr(g.bType), uintptr(g.ldb), uintptr(unsafe.Pointer(&be)),
@@ -283,7 +283,7 @@ func (d *Device) GemmStridedBatched(transA, transB bool, m, n, k int, alpha floa
 		return
 	}
 	al, be := alpha, beta
-	r := ccall(d.blas.cublasGemmStridedBatchedEx, d.blasH, uintptr(g.opA), uintptr(g.opB),
+	r := d.blasCall(d.blas.cublasGemmStridedBatchedEx, d.blasH, uintptr(g.opA), uintptr(g.opB),
 		uintptr(g.m), uintptr(g.n), uintptr(g.k), uintptr(unsafe.Pointer(&al)),
 		g.a, uintptr(g.aType), uintptr(g.lda), uintptr(g.strideA),
 		g.b, uintptr(g.bType), uintptr(g.ldb), uintptr(g.strideB), uintptr(unsafe.Pointer(&be)),
@@ -316,7 +316,7 @@ func (d *Device) GemmBatched(transA, transB bool, m, n, k int, alpha float32,
 		return
 	}
 	al, be := alpha, beta
-	r := ccall(d.blas.cublasGemmBatchedEx, d.blasH, uintptr(g.opA), uintptr(g.opB),
+	r := d.blasCall(d.blas.cublasGemmBatchedEx, d.blasH, uintptr(g.opA), uintptr(g.opB),
 		uintptr(g.m), uintptr(g.n), uintptr(g.k), uintptr(unsafe.Pointer(&al)),
 		g.a, uintptr(g.aType), uintptr(g.lda),
 		g.b, uintptr(g.bType), uintptr(g.ldb), uintptr(unsafe.Pointer(&be)),

@@ -607,8 +607,9 @@ func toF32(v []float64) []float32 {
 	return o
 }
 
-func TestGraphReplay(t *testing.T) {
-	d := openDevice(t)
+// incKernel is incSrc's kernel inc, loaded on d.
+func incKernel(t *testing.T, d *Device) *Func {
+	t.Helper()
 	m, err := d.Module("inc", incSrc)
 	if err != nil {
 		t.Fatal(err)
@@ -617,6 +618,12 @@ func TestGraphReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+func TestGraphReplay(t *testing.T) {
+	d := openDevice(t)
+	f := incKernel(t, d)
 	const n = 4096
 	buf := d.Alloc(kernels.I32, n)
 	if err := d.WriteI32(buf, make([]int32, n)); err != nil {

@@ -24,6 +24,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -89,6 +90,11 @@ type Device struct {
 
 	graphs  map[*Graph]struct{}
 	scratch map[string]*buffer // by owner's key
+	asked   map[string]int     // the largest Scratch ask per key since TakeScratch
+
+	own      map[string]bool // the kernels loaded through Module.Func: fuselm's own
+	tracing  atomic.Bool     // CUPTI records the device's kernels (StartKernelTrace)
+	pushedID bool            // enter pushed a trace id for CUPTI; leave pops it
 }
 
 // maxKernelArgs is the most arguments Launch passes.
@@ -157,6 +163,8 @@ func Open(ordinal int) (dev *Device, err error) {
 		modules: map[string]*Module{},
 		graphs:  map[*Graph]struct{}{},
 		scratch: map[string]*buffer{},
+		asked:   map[string]int{},
+		own:     map[string]bool{},
 	}
 	for i := range d.argPtrs {
 		d.argPtrs[i] = uintptr(unsafe.Pointer(&d.argVals[i]))
@@ -241,9 +249,13 @@ func (d *Device) enter() {
 			d.failLocked(err)
 		}
 	}
+	if d.tracing.Load() {
+		d.pushTraceID()
+	}
 }
 
 func (d *Device) leave() {
+	d.popTraceID()
 	runtime.UnlockOSThread()
 	d.mu.Unlock()
 }
@@ -394,6 +406,7 @@ func (d *Device) Scratch(key string, n int) uintptr {
 	d.enter()
 	defer d.leave()
 	n = max(n, 1)
+	d.asked[key] = max(d.asked[key], n)
 	b := d.scratch[key]
 	if b != nil && b.size >= n {
 		return b.ptr
@@ -426,6 +439,63 @@ func (d *Device) MemStats() MemStats {
 		return MemStats{}
 	}
 	return d.alloc.stats
+}
+
+// TakeScratch returns the bytes of scratch asked for since the last call,
+// each key counted once at its largest ask, and starts counting anew
+// (kernels.ScratchMeter: an op call's working set).
+func (d *Device) TakeScratch() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n int64
+	for _, v := range d.asked {
+		n += int64(v)
+	}
+	clear(d.asked)
+	return n
+}
+
+// ScratchBytes is the memory the scratch buffers hold now.
+func (d *Device) ScratchBytes() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n int64
+	for _, b := range d.scratch {
+		n += int64(b.class)
+	}
+	return n
+}
+
+// LibraryBytes is the device memory the device holds outside its
+// allocator: cuBLAS's workspace.
+func (d *Device) LibraryBytes() int64 { return cublasWorkspaceSize }
+
+// ReleaseScratch frees every scratch buffer and gives the allocator's
+// cached blocks back to the driver, then makes MemStats' Peak count from
+// what is held now: the memory of the work that follows is its own (infer
+// compare measures each kernel spec so). Graphs captured before must not
+// be replayed after it.
+func (d *Device) ReleaseScratch() error {
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return errClosed
+	}
+	if d.capturing {
+		return errors.New("cuda: ReleaseScratch while a graph is captured")
+	}
+	if err := d.drv.check(ccall(d.drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize"); err != nil {
+		return err
+	}
+	for key, b := range d.scratch {
+		if err := d.alloc.release(b.ptr); err != nil {
+			return err
+		}
+		delete(d.scratch, key)
+	}
+	err := d.alloc.trim()
+	d.alloc.stats.Peak = d.alloc.stats.InUse + d.alloc.stats.Cached
+	return err
 }
 
 // MemInfo is the driver's count of free and total device memory.
@@ -631,6 +701,8 @@ func (d *Device) closeLocked() error {
 			errs = append(errs, err)
 		}
 	}
+	d.popTraceID()
+	keep(d.StopKernelTrace())
 	drv := d.drv
 	if d.ctx != 0 {
 		keep(drv.check(ccall(drv.cuCtxSetCurrent, d.ctx), "cuCtxSetCurrent"))
@@ -715,6 +787,7 @@ func Describe() (s string) {
 	} else {
 		fmt.Fprintf(&b, "libcublas: %s (cuBLAS %s)\n", shownPath(c.lib), c.versionString())
 	}
+	b.WriteString(describeCUPTI(drv.version))
 	fmt.Fprintf(&b, "kernel cache: %s\n", orOff(cacheDirFrom(os.Getenv, os.UserCacheDir)))
 	n, err := drv.deviceCount()
 	if err != nil {

@@ -107,6 +107,10 @@ type finder struct {
 	open   func(string) (uintptr, error)
 	home   string
 	goarch string
+	// extraDirs are searched after the CUDA directories (CUPTI's
+	// extras/CUPTI/lib64); wheelSubdirs replace wheelLibDirs when set.
+	extraDirs    []string
+	wheelSubdirs []string
 }
 
 func osFinder() finder {
@@ -140,12 +144,22 @@ func (f finder) cudaDirs() []string {
 	if f.goarch == "arm64" {
 		target = "sbsa-linux"
 	}
-	for _, root := range []string{f.getenv("CUDA_HOME"), f.getenv("CUDA_PATH"), "/usr/local/cuda"} {
-		if root != "" {
-			dirs = append(dirs, filepath.Join(root, "lib64"), filepath.Join(root, "targets", target, "lib"))
-		}
+	for _, root := range f.cudaRoots() {
+		dirs = append(dirs, filepath.Join(root, "lib64"), filepath.Join(root, "targets", target, "lib"))
 	}
 	return dedup(dirs)
+}
+
+// cudaRoots are the CUDA installs searched: CUDA_HOME, CUDA_PATH, then
+// /usr/local/cuda.
+func (f finder) cudaRoots() []string {
+	var roots []string
+	for _, root := range []string{f.getenv("CUDA_HOME"), f.getenv("CUDA_PATH"), "/usr/local/cuda"} {
+		if root != "" {
+			roots = append(roots, root)
+		}
+	}
+	return roots
 }
 
 // sitePackages are the Python package directories where NVIDIA's wheels
@@ -186,9 +200,13 @@ var wheelLibDirs = []string{"nvidia/cu13/lib", "nvidia/cublas/lib", "nvidia/cuda
 
 // wheelDirs are the wheel library folders that exist.
 func (f finder) wheelDirs() []string {
+	subdirs := wheelLibDirs
+	if f.wheelSubdirs != nil {
+		subdirs = f.wheelSubdirs
+	}
 	var dirs []string
 	for _, sp := range f.sitePackages() {
-		for _, w := range wheelLibDirs {
+		for _, w := range subdirs {
 			dirs = append(dirs, filepath.Join(sp, w))
 		}
 	}
@@ -201,6 +219,7 @@ var libraryRoles = map[string]string{
 	"libcuda":   "no CUDA driver found",
 	"libnvrtc":  "CUDA's run-time compiler (NVRTC) not found",
 	"libcublas": "cuBLAS not found",
+	"libcupti":  "CUPTI (CUDA's profiling library) not found",
 }
 
 // placesShown is how many of the places searched find's error names.
@@ -213,7 +232,7 @@ const placesShown = 3
 // soname itself: cuBLAS's libcublasLt, NVRTC's builtins). The error says
 // first what is missing, then, short, where it looked and what failed.
 func (f finder) find(name string, sonames []string, preload func(dir, soname string)) (*library, error) {
-	cuda, wheels := f.cudaDirs(), f.wheelDirs()
+	cuda, wheels := dedup(append(f.cudaDirs(), f.extraDirs...)), f.wheelDirs()
 	var failed []string // files found that did not load
 	tryFile := func(dir, so string) *library {
 		p := filepath.Join(dir, so)

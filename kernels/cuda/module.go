@@ -132,6 +132,7 @@ func (m *Module) Func(name string) (*Func, error) {
 	}
 	f := &Func{d: d, h: h, name: name}
 	m.funcs[name] = f
+	d.own[name] = true
 	return f, nil
 }
 

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+)
+
+const tinyQwenBF16 = "../../testdata/models/qwen2-tiny-bf16"
+
+// gpuReportJSON is the part of infer's --json the GPU tests read.
+type gpuReportJSON struct {
+	ProfileSource string           `json:"profile_source"`
+	ProfileNote   string           `json:"profile_note"`
+	Profile       []kernels.OpStat `json:"profile"`
+	GPU           *gpuReport       `json:"gpu"`
+	Memory        *memoryReport    `json:"memory"`
+	Timings       timings          `json:"timings"`
+}
+
+func needGPU(t *testing.T) {
+	t.Helper()
+	if err := cuda.Probe(); err != nil {
+		t.Skip("no CUDA device: " + err.Error())
+	}
+	t.Setenv("FUSELM_KERNEL_CACHE", t.TempDir())
+}
+
+// TestCUPTIGeneration generates on the GPU with each CUDA set, graphs on:
+// the profile comes from CUPTI, every decode step (the replayed ones too)
+// has kernels in the trace, fuselm's and cuBLAS's kernels are both seen,
+// every kernel is tied to an op, and the kernel sum agrees with the busy
+// time. Without --cupti, events time the ops and the note says what they
+// leave out.
+func TestCUPTIGeneration(t *testing.T) {
+	needGPU(t)
+	const newTokens = 12
+	for _, set := range []string{"naive", "fused"} {
+		trace := filepath.Join(t.TempDir(), "trace.json")
+		args := []string{"--model", tinyQwenBF16, "--prompt-file", shortPrompt, "--max-new-tokens", "12", "--min-new-tokens", "12",
+			"--batch", "3", "--kernels", set, "--json", "--quiet", "--trace", trace, "--cupti"}
+		code, stdout, stderr := runInfer(t, args...)
+		if code != exitOK {
+			t.Fatalf("%s: exit %d: %s", set, code, stderr)
+		}
+		var rep gpuReportJSON
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.ProfileSource != "cupti" || rep.GPU == nil {
+			t.Fatalf("%s: profile source %q (%s): CUPTI did not trace", set, rep.ProfileSource, rep.ProfileNote)
+		}
+		if rep.Timings.GraphSteps == 0 {
+			t.Errorf("%s: no graph replays", set)
+		}
+		sources := map[string]bool{}
+		for _, c := range rep.GPU.Coverage {
+			sources[c.Source] = true
+		}
+		if !sources[kernels.SourceOwn] || !sources[kernels.SourceCUBLAS] {
+			t.Errorf("%s: coverage %+v: want fuselm's and cuBLAS's kernels", set, rep.GPU.Coverage)
+		}
+		for _, o := range rep.Profile {
+			if o.Op == kernels.OpUnattributed {
+				t.Errorf("%s: %d kernels not tied to an op (%s)", set, o.Kernels, rep.ProfileNote)
+			}
+			if o.Op == kernels.OpLinear && o.TFLOPs <= 0 {
+				t.Errorf("%s: linear has no rate: %+v", set, o)
+			}
+		}
+		if math.Abs(rep.GPU.SumOverBusy) > sumBusyTolerance {
+			t.Errorf("%s: kernel sum %.3f ms, busy %.3f ms", set, rep.GPU.KernelMs, rep.GPU.BusyMs)
+		}
+		if rep.Memory == nil || rep.Memory.PeakBytes <= rep.Memory.Weights {
+			t.Errorf("%s: memory %+v", set, rep.Memory)
+		}
+		tr := readTrace(t, trace)
+		if n := kernelSteps(t, tr); n != newTokens-1 {
+			t.Errorf("%s: kernels in %d decode steps, want %d", set, n, newTokens-1)
+		}
+		t.Logf("%s: %d kernels, %.3f ms CUDA, busy %.3f of %.3f ms wall; note %q", set, rep.GPU.Launches, rep.GPU.KernelMs,
+			rep.GPU.BusyMs, rep.GPU.WallMs, rep.ProfileNote)
+	}
+
+	args := []string{"--model", tinyQwenBF16, "--prompt-file", shortPrompt, "--max-new-tokens", "6", "--kernels", "fused"}
+	code, stdout, stderr := runInfer(t, args...)
+	if code != exitOK || !strings.Contains(stdout, "ms compute") || !strings.Contains(stdout, "CUDA graph replays, timed whole") {
+		t.Errorf("without --cupti: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// compare on the GPU: naive against fused and their ablations on the tiny
+// checkpoint, every variant within the bf16 tolerance of naive.
+func TestCompareOnGPU(t *testing.T) {
+	needGPU(t)
+	dir := t.TempDir()
+	args := []string{"compare", "--model", tinyQwenBF16, "--prompt-file", shortPrompt, "--max-new-tokens", "8", "--batch", "2",
+		"--quiet", "--json", filepath.Join(dir, "c.json"), "--plot", filepath.Join(dir, "c.png")}
+	code, stdout, stderr := runInfer(t, args...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)
+	}
+	t.Log("\n" + stdout)
+	var rep compareReport
+	b, _ := os.ReadFile(filepath.Join(dir, "c.json"))
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Variants) < 4 {
+		t.Errorf("%d variants", len(rep.Variants))
+	}
+	for _, v := range rep.Variants {
+		if v.Memory == nil || v.Memory.PeakBytes == 0 || v.ProfileSource != "cupti" {
+			t.Errorf("%s: memory %+v, source %s", v.Spec, v.Memory, v.ProfileSource)
+		}
+	}
+}
+
+// TestProfileAgreement holds the "ms CUDA" of a run with CUPTI against the
+// events of a --no-graphs run (no --cupti) of the same workload (both
+// --profile files, written by scripts/gpu_check.sh on W1): within 5%.
+func TestProfileAgreement(t *testing.T) {
+	cuptiPath, eventsPath := os.Getenv("FUSELM_PROFILE_CUPTI"), os.Getenv("FUSELM_PROFILE_EVENTS")
+	if cuptiPath == "" || eventsPath == "" {
+		t.Skip("FUSELM_PROFILE_CUPTI and FUSELM_PROFILE_EVENTS are unset (--profile files of a GPU run with --cupti and one with --no-graphs)")
+	}
+	read := func(path string) gpuReportJSON {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r gpuReportJSON
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	c, e := read(cuptiPath), read(eventsPath)
+	if c.ProfileSource != "cupti" || c.GPU == nil || e.ProfileSource != "events" {
+		t.Fatalf("sources %q and %q", c.ProfileSource, e.ProfileSource)
+	}
+	off := (c.GPU.KernelMs - e.Timings.ComputeMs) / e.Timings.ComputeMs
+	t.Logf("ms CUDA %.1f (busy %.1f, wall %.1f) against the events of every op of a --no-graphs run %.1f: %+.2f%%",
+		c.GPU.KernelMs, c.GPU.BusyMs, c.GPU.WallMs, e.Timings.ComputeMs, 100*off)
+	if math.Abs(off) > 0.05 {
+		t.Errorf("ms CUDA is %.1f%% off the events' sum", 100*off)
+	}
+	if math.Abs(c.GPU.SumOverBusy) > sumBusyTolerance {
+		t.Errorf("the kernel sum is %.1f%% off the busy time", 100*c.GPU.SumOverBusy)
+	}
+}

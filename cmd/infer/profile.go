@@ -1,0 +1,218 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/model"
+)
+
+// gpuReport is what the kernel trace says beyond the per-op table: the
+// device's busy time against the wall time, every kernel, and where the
+// kernels come from (cupti only).
+type gpuReport struct {
+	KernelMs float64 `json:"kernel_ms"` // the sum of every kernel's time
+	BusyMs   float64 `json:"busy_ms"`   // the union of the kernels' intervals
+	SpanMs   float64 `json:"span_ms"`   // first kernel start to last kernel end
+	WallMs   float64 `json:"wall_ms"`   // the generation's wall time
+	Launches int     `json:"launches"`
+	// SumOverBusy is (KernelMs − BusyMs) / BusyMs: above 5%, kernels ran
+	// concurrently, and their sum overstates the time the device was busy.
+	SumOverBusy float64               `json:"sum_over_busy"`
+	Kernels     []kernels.KernelStat  `json:"kernels"`
+	Coverage    []kernels.CoverageRow `json:"coverage"`
+}
+
+// sumBusyTolerance is how far the kernel sum may exceed the busy time
+// before the report says the two disagree.
+const sumBusyTolerance = 0.05
+
+func newGPUReport(p *kernels.ProfileReport, wallMs float64) *gpuReport {
+	if p.Source != "cupti" {
+		return nil
+	}
+	g := &gpuReport{KernelMs: p.ComputeMs, BusyMs: p.BusyMs, SpanMs: p.SpanMs, WallMs: wallMs,
+		Launches: p.Launches, Kernels: p.Kernels, Coverage: p.Coverage}
+	if p.BusyMs > 0 {
+		g.SumOverBusy = (p.ComputeMs - p.BusyMs) / p.BusyMs
+	}
+	return g
+}
+
+// memoryReport is the device memory of a run: the allocator's high-water
+// mark split into what holds it, and each op's working set (the scratch a
+// call asked for beyond its inputs and outputs: attention's scores in the
+// naive set grow as N², flash attention's as N).
+type memoryReport struct {
+	// PeakBytes is the allocator's high-water mark plus the memory held
+	// outside it (cuBLAS's workspace); 0 where the device keeps no count
+	// (the cpu).
+	PeakBytes   int64                `json:"peak_bytes,omitempty"`
+	Weights     int64                `json:"weights_bytes"`
+	KVCache     int64                `json:"kv_cache_bytes"`
+	Work        int64                `json:"work_bytes"`
+	Scratch     int64                `json:"scratch_bytes,omitempty"`
+	Libraries   int64                `json:"library_bytes,omitempty"`
+	Other       int64                `json:"other_bytes,omitempty"` // the allocator's rounding and cached blocks
+	WorkingSets map[kernels.Op]int64 `json:"working_sets,omitempty"`
+}
+
+func newMemoryReport(dev kernels.Device, m model.Memory, ops []kernels.OpStat) *memoryReport {
+	r := &memoryReport{Weights: int64(m.Weights), KVCache: int64(m.Cache), Work: int64(m.Work)}
+	for _, o := range ops {
+		if o.Scratch > 0 {
+			if r.WorkingSets == nil {
+				r.WorkingSets = map[kernels.Op]int64{}
+			}
+			r.WorkingSets[o.Op] = o.Scratch
+		}
+	}
+	if d, ok := dev.(*cuda.Device); ok {
+		r.Scratch, r.Libraries = d.ScratchBytes(), d.LibraryBytes()
+		r.PeakBytes = d.MemStats().Peak + r.Libraries
+		r.Other = max(0, r.PeakBytes-r.Weights-r.KVCache-r.Work-r.Scratch-r.Libraries)
+	}
+	return r
+}
+
+// writeOpTable prints the per-op table: time, calls, phases, share, the
+// rates the ops' FLOPs and bytes give, and their working sets.
+func writeOpTable(w io.Writer, rows []kernels.OpStat) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tset\tcalls\ttotal ms\tavg ms\tprefill ms\tdecode ms\tshare\tTFLOP/s\tGB/s\tscratch\t")
+	var calls int
+	var total, pre, dec float64
+	for _, r := range rows {
+		avg := 0.0
+		if r.Calls > 0 {
+			avg = r.Ms / float64(r.Calls)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.4f\t%.3f\t%.3f\t%.1f%%\t%s\t%s\t%s\t\n", r.Op, r.Set, r.Calls, r.Ms, avg,
+			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share, rateCell(r.TFLOPs), rateCell(r.GBs), bytesOrDash(r.Scratch))
+		calls += r.Calls
+		total += r.Ms
+		pre += r.PhaseMs["prefill"]
+		dec += r.PhaseMs["decode"]
+	}
+	fmt.Fprintf(tw, "total\t\t%d\t%.3f\t\t%.3f\t%.3f\t100.0%%\t\t\t\t\n", calls, total, pre, dec)
+	tw.Flush()
+}
+
+// rateCell prints a TFLOP/s or GB/s figure with three significant digits or
+// so; "-" when the op counts none.
+func rateCell(v float64) string {
+	switch {
+	case v <= 0 || math.IsInf(v, 0) || math.IsNaN(v):
+		return "-"
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	case v >= 0.01:
+		return fmt.Sprintf("%.2f", v)
+	}
+	return "<0.01"
+}
+
+func bytesOrDash(n int64) string {
+	if n <= 0 {
+		return "-"
+	}
+	return model.Bytes(n).String()
+}
+
+// kernelsShown is how many kernels the text report lists; --profile and
+// --json hold them all.
+const kernelsShown = 20
+
+// writeGPU prints the busy time against the wall time, the coverage and
+// the largest kernels.
+func (g *gpuReport) write(w io.Writer) {
+	busy := 0.0
+	if g.WallMs > 0 {
+		busy = 100 * g.BusyMs / g.WallMs
+	}
+	fmt.Fprintf(w, "GPU: %d kernels, %.1f ms; busy %.1f ms of %.1f ms wall (%.1f%%), first kernel to last %.1f ms; ",
+		g.Launches, g.KernelMs, g.BusyMs, g.WallMs, busy, g.SpanMs)
+	if math.Abs(g.SumOverBusy) <= sumBusyTolerance {
+		fmt.Fprintf(w, "the kernel sum is within %.0f%% of the busy time\n", 100*sumBusyTolerance)
+	} else {
+		fmt.Fprintf(w, "the kernel sum is %.1f%% above the busy time: kernels ran concurrently\n", 100*g.SumOverBusy)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "coverage\tlaunches\tlaunch share\tms\ttime share\t")
+	for _, c := range g.Coverage {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.3f\t%.1f%%\t\n", coverageName(c), c.Launches, 100*c.LaunchShare, c.Ms, 100*c.TimeShare)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "kernel\top\tcalls\ttotal µs\tavg µs\tmax µs\tshare\t")
+	for i, k := range g.Kernels {
+		if i == kernelsShown {
+			break
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.2f\t%.2f\t%.1f%%\t\n", shortName(k.Name), k.Op, k.Calls, k.Us, k.AvgUs, k.MaxUs, 100*k.Share)
+	}
+	tw.Flush()
+	if n := len(g.Kernels) - kernelsShown; n > 0 {
+		fmt.Fprintf(w, "(%d more kernels in --profile and --json)\n", n)
+	}
+}
+
+// coverageName is "fuselm fused", "cuBLAS" or "other".
+func coverageName(c kernels.CoverageRow) string {
+	switch c.Source {
+	case kernels.SourceOwn:
+		return "fuselm " + c.Set
+	case kernels.SourceCUBLAS:
+		return "cuBLAS"
+	}
+	return c.Source
+}
+
+// shortName cuts a long (C++) kernel name for the table.
+func shortName(name string) string {
+	const most = 60
+	if len(name) <= most {
+		return name
+	}
+	return name[:most-3] + "..."
+}
+
+func (m *memoryReport) write(w io.Writer) {
+	parts := fmt.Sprintf("weights %s, KV cache %s, work %s", model.Bytes(m.Weights), model.Bytes(m.KVCache), model.Bytes(m.Work))
+	if m.PeakBytes > 0 {
+		fmt.Fprintf(w, "memory: peak %s = %s, scratch %s, cuBLAS workspace %s, allocator rounding and cache %s\n",
+			model.Bytes(m.PeakBytes), parts, model.Bytes(m.Scratch), model.Bytes(m.Libraries), model.Bytes(m.Other))
+	} else {
+		fmt.Fprintf(w, "memory: %s (the device keeps no high-water mark)\n", parts)
+	}
+	if len(m.WorkingSets) == 0 {
+		return
+	}
+	var ws []string
+	for _, op := range kernels.AllOps {
+		if n, ok := m.WorkingSets[op]; ok {
+			ws = append(ws, fmt.Sprintf("%s %s", op, model.Bytes(n)))
+		}
+	}
+	fmt.Fprintf(w, "working sets (scratch per call): %s\n", strings.Join(ws, ", "))
+}
+
+// newProfile is the profile of a run on dev: of every kernel, through the
+// device's kernel trace (CUPTI), when cupti asks for it and the device has
+// one; else of events around each op call, and the report's note says why.
+func newProfile(dev kernels.Device, cupti bool) *kernels.Profile {
+	p := kernels.NewProfile(dev)
+	if _, ok := dev.(kernels.KernelTracer); ok && cupti {
+		p.TraceKernels() // on failure the report's note says why
+	}
+	return p
+}

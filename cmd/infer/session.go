@@ -1,0 +1,179 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/loader"
+	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/tokenizer"
+)
+
+// workloadFlags registers on cmd the flags that say what to generate:
+// the checkpoint, the prompt, the batch and the new tokens.
+func (f *genFlags) workloadFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
+	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
+	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
+	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
+	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
+	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+}
+
+// runInputs is what a generation needs before a device is opened: the
+// device kind and kernel spec, the checkpoint, its tokenizer, the prompt's
+// ids and the weights (open; the caller closes them).
+type runInputs struct {
+	kind    string
+	spec    kernels.Spec
+	dir     string
+	cfg     *loader.Config
+	tok     *tokenizer.Tokenizer
+	ids     []int
+	weights *loader.Weights
+}
+
+// readInputs reads the prompt, picks the device and spec, and opens the
+// checkpoint f names, checking what can be checked before loading.
+func (f *genFlags) readInputs() (*runInputs, error) {
+	text := f.prompt
+	if f.promptFile != "" {
+		var err error
+		if text, err = readPromptFile(f.promptFile); err != nil {
+			return nil, err
+		}
+	}
+	if strings.TrimSpace(text) == "" {
+		return nil, usageError{errors.New("the prompt is empty")}
+	}
+	kind, spec, err := chooseSpec(f)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := loader.Resolve(f.model)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loader.LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	ids := tok.Encode(text)
+	if len(ids) == 0 {
+		return nil, usageError{errors.New("the prompt encodes to no tokens")}
+	}
+	if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
+		return nil, usageError{fmt.Errorf("the prompt's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
+			len(ids), f.maxNew, cfg.MaxPositions)}
+	}
+	weights, err := loader.OpenWeights(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, ids: ids, weights: weights}, nil
+}
+
+// logger is the log function of a command: lines on stderr, none with
+// --quiet.
+func (f *genFlags) logger(cmd *cobra.Command) func(format string, a ...any) {
+	w := cmd.ErrOrStderr()
+	if f.quiet {
+		w = io.Discard
+	}
+	return func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
+}
+
+// openRun opens the device in names, a profile of its work (CUPTI's
+// kernel records where it can) and spec's ops on it; done stops the
+// profile's trace and closes the device.
+func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device, prof *kernels.Profile, ops kernels.Ops, done func(), err error) {
+	if dev, err = openDevice(in.kind, f); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	prof = newProfile(dev, f.cupti)
+	done = func() {
+		prof.Close()
+		dev.Close()
+	}
+	if ops, err = spec.Build(dev, prof); err != nil {
+		done()
+		return nil, nil, nil, nil, err
+	}
+	return dev, prof, ops, done, nil
+}
+
+// loadModel uploads the weights to dev for ops, sized for f's batch and
+// tokens, with a progress bar; the span is the load's, from tLoad.
+func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Device, ops kernels.Ops, tLoad time.Time) (model.Model, kernels.HostSpan, error) {
+	in.weights.Prefetch()
+	bar := newProgress(cmd.ErrOrStderr(), f.quiet, in.weights.TotalBytes(), "loading weights", true)
+	m, err := model.Load(in.cfg, in.weights, dev, ops, model.LoadOptions{
+		MaxRows:  f.batch,
+		MaxSeq:   len(in.ids) + f.maxNew,
+		Progress: func(done, _ int64) { bar.Set(done) },
+	})
+	bar.Done()
+	if me := (*model.MemoryError)(nil); errors.As(err, &me) {
+		return nil, kernels.HostSpan{}, fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
+	}
+	if err != nil {
+		return nil, kernels.HostSpan{}, err
+	}
+	return m, kernels.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}, nil
+}
+
+// timedRun is one timed generation and its profile.
+type timedRun struct {
+	gen     *model.Generation
+	report  *kernels.ProfileReport
+	profile []kernels.OpStat  // the report's Ops
+	trace   kernels.Recording // when asked for
+}
+
+// generateRuns runs warmup untimed generations, then repeat timed ones,
+// each profiled alone. It returns the timed runs by wall time, the median
+// one at len/2, and their wall times in seconds in the order they ran.
+// progress gives the OnStep of run i and what to call when it ends.
+func generateRuns(m model.Model, prompts [][]int, opts model.GenerateOptions, prof *kernels.Profile, warmup, repeat int,
+	keepTrace bool, progress func(i int, timed bool) (func(model.StepEvent), func())) ([]timedRun, []float64, error) {
+	var runs []timedRun
+	var walls []float64
+	for i := range warmup + repeat {
+		timed := i >= warmup
+		if err := prof.Reset(); err != nil {
+			return nil, nil, err
+		}
+		prof.SetEnabled(timed)
+		onStep, done := progress(i, timed)
+		opts.OnStep = onStep
+		gen, err := model.Generate(m, prompts, opts)
+		done()
+		if err != nil {
+			return nil, nil, err
+		}
+		if !timed {
+			continue
+		}
+		r := timedRun{gen: gen, report: prof.Report()}
+		r.profile = r.report.Ops
+		if keepTrace {
+			r.trace = prof.Recording()
+		}
+		runs = append(runs, r)
+		walls = append(walls, gen.WallMs/1000)
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].gen.WallMs < runs[j].gen.WallMs })
+	return runs, walls, nil
+}

@@ -1,0 +1,124 @@
+package kernels_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cpu"
+)
+
+// tracingDevice is the cpu device with a kernel tracer that records one
+// "kernel" per traced id, from TraceID(id) to TraceID(0).
+type tracingDevice struct {
+	*cpu.Device
+	cur     uint64
+	start   int64
+	recs    []kernels.KernelRecord
+	stopped bool
+}
+
+func (d *tracingDevice) StartKernelTrace() error { return nil }
+func (d *tracingDevice) StopKernelTrace() error  { d.stopped = true; return nil }
+
+func (d *tracingDevice) TraceID(id uint64) {
+	now := time.Now().UnixNano()
+	if id != 0 {
+		d.cur, d.start = id, now
+		return
+	}
+	d.recs = append(d.recs, kernels.KernelRecord{Name: "cpu_kernel", Start: d.start, End: now + 1000, ID: d.cur, Source: kernels.SourceOwn})
+}
+
+func (d *tracingDevice) KernelRecords() ([]kernels.KernelRecord, string, error) {
+	r := d.recs
+	d.recs = nil
+	return r, "", nil
+}
+
+// Calls through the ops of a spec are tied to the kernels the device
+// traced, with their phase, step and layer; Reset drops what the tracer
+// still holds.
+func TestProfileTracesKernels(t *testing.T) {
+	dev := &tracingDevice{Device: cpu.NewDevice()}
+	prof := kernels.NewProfile(dev)
+	if err := prof.TraceKernels(); err != nil || prof.Source() != "cupti" {
+		t.Fatalf("TraceKernels: %v, source %s", err, prof.Source())
+	}
+	s, _ := kernels.ParseSpec("cpu")
+	ops, err := s.Build(dev.Device, prof) // the cpu set runs on the cpu device itself
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := dev.Alloc(kernels.F32, 4, 8)
+	if err := dev.Upload(a, make([]byte, 4*a.Numel()), kernels.F32); err != nil {
+		t.Fatal(err)
+	}
+	ops.Add(a, a, a) // before Reset: dropped
+	if err := prof.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	kernels.SetLayer(ops, 3)
+	ops.Add(a, a, a)
+	prof.SetPhase("decode")
+	prof.SetStep(1)
+	kernels.SetLayer(ops, -1)
+	ops.RMSNorm(a, a, dev.Alloc(kernels.F32, 8), 1e-6)
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rep := prof.Report()
+	if rep.Launches != 2 || len(rep.Ops) != 2 || rep.Note != "" {
+		t.Fatalf("report %+v", rep)
+	}
+	ks := prof.Recording().Kernels
+	if ks[0].Op != kernels.OpAdd || ks[0].Layer != 3 || ks[0].Phase != "prefill" || ks[1].Op != kernels.OpRMSNorm || ks[1].Step != 1 || ks[1].Layer != -1 {
+		t.Errorf("kernels %+v", ks)
+	}
+	for _, r := range rep.Ops {
+		if r.Calls != 1 || r.Kernels != 1 || r.Set != "cpu" || r.Bytes == 0 {
+			t.Errorf("op row %+v", r)
+		}
+	}
+	if calls := prof.Recording().Calls; len(calls) != 2 || calls[0].Layer != 3 || calls[1].Phase != "decode" {
+		t.Errorf("calls %+v", calls)
+	}
+	if err := prof.Close(); err != nil || !dev.stopped {
+		t.Errorf("Close: %v, trace stopped %v", err, dev.stopped)
+	}
+}
+
+// A device that records no kernels keeps the marks, and the report says
+// why.
+func TestProfileWithoutTracer(t *testing.T) {
+	dev, prof, ops := profiledCPU(t)
+	if err := prof.TraceKernels(); err == nil || !strings.Contains(err.Error(), "records no kernels") {
+		t.Fatalf("TraceKernels on the cpu: %v", err)
+	}
+	a := dev.Alloc(kernels.F32, 2, 2)
+	if err := dev.Upload(a, make([]byte, 4*a.Numel()), kernels.F32); err != nil {
+		t.Fatal(err)
+	}
+	ops.Add(a, a, a)
+	prof.BeginCapture()
+	ops.Add(a, a, a) // recorded, not timed
+	prof.EndCapture()
+	if err := prof.Replay(2, func() error { ops.Add(a, a, a); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rep := prof.Report()
+	if rep.Source != "events" || !strings.Contains(rep.Note, "records no kernels") || !strings.Contains(rep.Note, "1 decode steps were CUDA graph replays") {
+		t.Errorf("report %+v", rep)
+	}
+	// The replay's own Add is a call too (the cpu graph is a stand-in).
+	if len(rep.Ops) != 1 || rep.Ops[0].Calls != 2 || rep.Replays != 1 || rep.ComputeMs < rep.ReplayMs {
+		t.Errorf("ops %+v, replays %d", rep.Ops, rep.Replays)
+	}
+	if calls := prof.Recording().Calls; len(calls) != 3 || calls[1].Graph != 1 || calls[1].Ms != 0 {
+		t.Errorf("calls %+v", calls)
+	}
+}
