@@ -314,6 +314,80 @@ FLASH_PREFILL_D(80)
 FLASH_PREFILL_D(96)
 FLASH_PREFILL_D(128)
 
+#define DEC_WARPS 4
+#define DEC_STAGES 3
+
+// DecodeSplit is what both decode variants share about their block: the
+// row b, kv head g and key range [k0, k0+nkeys) of the split, the new
+// token's key and value (appended to the cache by the block whose split
+// holds them, and read from kn, vn rather than from the cache), the shared
+// memory stages, and the pipelined loads of key tiles and of the group's
+// queries. A length past maxSeq traps.
+template <int D> struct DecodeSplit {
+	typedef Tile<D> T;
+	static constexpr int THREADS = DEC_WARPS * 32;
+	int b, g, group, len, k0, nkeys, ntiles, newAt, tid;
+	long long rowHead, kvBase; // the group's first row of [B·heads]; the (row, kv head)'s cache
+	const bf16 *kNew, *vNew;
+	bf16 *kc, *vc;
+	unsigned sQ, sKV;
+
+	__device__ DecodeSplit(unsigned char* smem, const bf16* kn, int kp, const bf16* vn, int vp, bf16* kc_, bf16* vc_,
+	                       const int* past, int heads, int kvh, int maxSeq, int chunk)
+	    : b(blockIdx.z), g(blockIdx.y), group(heads / kvh), tid(threadIdx.x), kc(kc_), vc(vc_) {
+		len = past[b] + 1;
+		if (len < 1 || len > maxSeq) __trap();
+		k0 = blockIdx.x * chunk;
+		nkeys = max(0, min(k0 + chunk, len) - k0);
+		ntiles = (nkeys + BN - 1) / BN;
+		newAt = len - 1 - k0; // the new token's key in this split, when in [0, nkeys)
+		rowHead = (long long)b * heads + g * group;
+		kvBase = ((long long)b * kvh + g) * maxSeq * D;
+		kNew = kn + (long long)b * kp + g * D;
+		vNew = vn + (long long)b * vp + g * D;
+		sQ = smem_addr(smem);
+		sKV = sQ + 16 * T::ROW_BYTES;
+		if (newAt >= 0 && newAt < nkeys) {
+			for (int i = tid; i < D / 8; i += THREADS) {
+				store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
+				store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
+			}
+		}
+	}
+	__device__ unsigned sK(int s) const { return sKV + (2 * s) * BN * T::ROW_BYTES; }
+	__device__ unsigned sV(int s) const { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; }
+
+	// loadKV brings tile j of the split into stage j % DEC_STAGES.
+	__device__ void loadKV(int j) const {
+		const int s = j % DEC_STAGES, first = j * BN;
+		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
+			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
+			const bool ok = key < nkeys;
+			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
+			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
+			cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
+		}
+	}
+
+	// start queues the group's queries and the first DEC_STAGES-1 tiles.
+	__device__ void start(const bf16* q, int qp) const {
+		T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
+#pragma unroll
+		for (int j = 0; j < DEC_STAGES - 1; j++) {
+			if (j < ntiles) loadKV(j);
+			cp_commit();
+		}
+	}
+
+	// next queues tile j+DEC_STAGES-1 and waits for tile j.
+	__device__ void next(int j) const {
+		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
+		cp_commit();
+		cp_wait<DEC_STAGES - 1>();
+		__syncthreads();
+	}
+};
+
 // flash_decode is flash-decoding: one block per split of one row's cache
 // for one kv head, its query heads (a group of at most 16, the rows of one
 // m-tile) and the row's single new token, over keys [split·chunk,
@@ -333,8 +407,6 @@ FLASH_PREFILL_D(128)
 //   before the new one. A length past maxSeq traps.
 // Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
 // (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
-#define DEC_WARPS 4
-#define DEC_STAGES 3
 template <int D>
 __device__ void flash_decode(bf16* out, int op, float* part, float* stats, int* counter, const bf16* q, int qp,
                              const bf16* kn, int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past,
@@ -344,46 +416,13 @@ __device__ void flash_decode(bf16* out, int op, float* part, float* stats, int* 
 	typedef Tile<D> T;
 	extern __shared__ __align__(128) unsigned char smem[];
 	__shared__ int last;
-	const int b = blockIdx.z, g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
-	const int group = heads / kvh;
-	const int len = past[b] + 1;
-	if (len < 1 || len > maxSeq) __trap();
-	const int k0 = split * chunk, k1 = min(k0 + chunk, len);
+	const DecodeSplit<D> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk);
+	const int b = sp.b, g = sp.g, split = blockIdx.x, splits = gridDim.x, group = sp.group;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const long long rowHead = (long long)b * heads + g * group; // the group's first row of [B·heads]
-	const long long kvBase = ((long long)b * kvh + g) * maxSeq * D;
-	const bf16* kNew = kn + (long long)b * kp + g * D;
-	const bf16* vNew = vn + (long long)b * vp + g * D;
-	const int nkeys = max(0, k1 - k0), ntiles = (nkeys + BN - 1) / BN;
-	const int newAt = len - 1 - k0; // the new token's key in this split, when in [0, nkeys)
-	if (newAt >= 0 && newAt < nkeys) {
-		for (int i = tid; i < D / 8; i += THREADS) {
-			store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
-			store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
-		}
-	}
-
-	const unsigned sQ = smem_addr(smem);
-	const unsigned sKV = sQ + 16 * T::ROW_BYTES;
-	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
-	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
-	// loadKV brings tile j of the split, the new token's row from kn, vn.
-	auto loadKV = [&](int j) {
-		const int s = j % DEC_STAGES, first = j * BN;
-		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
-			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
-			const bool ok = key < nkeys;
-			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
-			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
-			cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
-		}
-	};
-	T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
-#pragma unroll
-	for (int j = 0; j < DEC_STAGES - 1; j++) {
-		if (j < ntiles) loadKV(j);
-		cp_commit();
-	}
+	const long long rowHead = sp.rowHead;
+	const int nkeys = sp.nkeys, ntiles = sp.ntiles;
+	const unsigned sQ = sp.sQ;
+	sp.start(q, qp);
 
 	unsigned qa[KS][4];
 	float o[2 * DPW][4];
@@ -392,15 +431,12 @@ __device__ void flash_decode(bf16* out, int op, float* part, float* stats, int* 
 	for (int d = 0; d < 2 * DPW; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
 	for (int j = 0; j < ntiles; j++) {
-		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
-		cp_commit();
-		cp_wait<DEC_STAGES - 1>();
-		__syncthreads();
+		sp.next(j);
 		if (j == 0) {
 #pragma unroll
 			for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], T::at(sQ, lane & 15, ks * 2 + (lane >> 4)));
 		}
-		const unsigned kT = sK(j % DEC_STAGES), vT = sV(j % DEC_STAGES);
+		const unsigned kT = sp.sK(j % DEC_STAGES), vT = sp.sV(j % DEC_STAGES);
 		float s[NS][4];
 #pragma unroll
 		for (int nt = 0; nt < NS; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -536,45 +572,13 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 	typedef Tile<D> T;
 	extern __shared__ __align__(128) unsigned char smem[];
 	__shared__ float tileMax[DEC_WARPS][16];
-	const int b = blockIdx.z, g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
-	const int group = heads / kvh;
-	const int len = past[b] + 1;
-	if (len < 1 || len > maxSeq) __trap();
-	const int k0 = split * chunk, k1 = min(k0 + chunk, len);
+	const DecodeSplit<D> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk);
+	const int b = sp.b, g = sp.g, split = blockIdx.x, splits = gridDim.x, group = sp.group;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const long long rowHead = (long long)b * heads + g * group;
-	const long long kvBase = ((long long)b * kvh + g) * maxSeq * D;
-	const bf16* kNew = kn + (long long)b * kp + g * D;
-	const bf16* vNew = vn + (long long)b * vp + g * D;
-	const int nkeys = max(0, k1 - k0), ntiles = (nkeys + BN - 1) / BN;
-	const int newAt = len - 1 - k0;
-	if (newAt >= 0 && newAt < nkeys) {
-		for (int i = tid; i < D / 8; i += THREADS) {
-			store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
-			store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
-		}
-	}
-
-	const unsigned sQ = smem_addr(smem);
-	const unsigned sKV = sQ + 16 * T::ROW_BYTES;
-	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
-	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
-	auto loadKV = [&](int j) {
-		const int s = j % DEC_STAGES, first = j * BN;
-		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
-			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
-			const bool ok = key < nkeys;
-			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
-			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
-			cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
-		}
-	};
-	T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
-#pragma unroll
-	for (int j = 0; j < DEC_STAGES - 1; j++) {
-		if (j < ntiles) loadKV(j);
-		cp_commit();
-	}
+	const long long rowHead = sp.rowHead;
+	const int nkeys = sp.nkeys, ntiles = sp.ntiles;
+	const unsigned sQ = sp.sQ;
+	sp.start(q, qp);
 
 	unsigned qa[KS][4];
 	float o[NO][4];
@@ -584,15 +588,12 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 	const int kw = warp * 16; // the warp's keys in a tile
 
 	for (int j = 0; j < ntiles; j++) {
-		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
-		cp_commit();
-		cp_wait<DEC_STAGES - 1>();
-		__syncthreads();
+		sp.next(j);
 		if (j == 0) {
 #pragma unroll
 			for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], T::at(sQ, lane & 15, ks * 2 + (lane >> 4)));
 		}
-		const unsigned kT = sK(j % DEC_STAGES), vT = sV(j % DEC_STAGES);
+		const unsigned kT = sp.sK(j % DEC_STAGES), vT = sp.sV(j % DEC_STAGES);
 		float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
 		for (int ks = 0; ks < KS; ks++) {
