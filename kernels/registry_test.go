@@ -244,3 +244,16 @@ func TestUnregister(t *testing.T) {
 		t.Error("still registered after Unregister")
 	}
 }
+
+// TunerOf reaches a set's variants through the Ops Spec.Build returns.
+func TestTunerOf(t *testing.T) {
+	dev := cpu.NewDevice()
+	s, _ := kernels.ParseSpec("cpu")
+	ops, _ := s.Build(dev, nil)
+	if _, ok := kernels.TunerOf(ops, kernels.OpAttnPrefill); ok {
+		t.Errorf("the cpu set has no variants, but TunerOf found some")
+	}
+	if _, ok := kernels.TunerOf(ops, "warp_drive"); ok {
+		t.Errorf("an unknown op has a tuner")
+	}
+}

@@ -113,6 +113,20 @@ type Tuned struct {
 	Variant string `json:"variant"`
 }
 
+// TunerOf is the Tunable of the set that runs op in ops (built by
+// Spec.Build, or a set's own Ops), and whether it has one.
+func TunerOf(ops Ops, op Op) (Tunable, bool) {
+	if d, ok := ops.(*dispatch); ok {
+		i := opIndex(op)
+		if i < 0 {
+			return nil, false
+		}
+		ops = d.pick[i]
+	}
+	t, ok := ops.(Tunable)
+	return t, ok
+}
+
 // ApplyTuning makes the sets that ops (built by Spec.Build) runs use the
 // choices that concern them; it returns the choices it applied and, for
 // each one it could not, why.

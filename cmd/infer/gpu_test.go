@@ -101,7 +101,7 @@ func TestCompareOnGPU(t *testing.T) {
 	needGPU(t)
 	dir := t.TempDir()
 	args := []string{"compare", "--model", tinyQwenBF16, "--prompt-file", shortPrompt, "--max-new-tokens", "8", "--batch", "2",
-		"--quiet", "--json", filepath.Join(dir, "c.json"), "--plot", filepath.Join(dir, "c.png")}
+		"--quiet", "--json", filepath.Join(dir, "c.json"), "--plot", filepath.Join(dir, "c.png"), "--cupti"}
 	code, stdout, stderr := runInfer(t, args...)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)

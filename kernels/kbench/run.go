@@ -175,7 +175,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 		}
 		o, _ := r.ops(set)
 		vs := info.VariantsOf(c.Op, s, r.target)
-		tuner, tunable := o.(kernels.Tunable)
+		tuner, tunable := kernels.TunerOf(o, c.Op)
 		var key, was string
 		if tunable {
 			key = tuner.TuningKey(c.Op, s)
