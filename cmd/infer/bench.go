@@ -412,27 +412,20 @@ func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
 				tw.Flush()
 			}
 			op = r.Op
-			metric := "GB/s"
-			if r.Bound == "compute" {
-				metric = "TFLOP/s"
-			}
-			fmt.Fprintf(w, "\n%s (%s-bound)\n", op, r.Bound)
+			fmt.Fprintf(w, "\n%s\n", op)
 			tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "shape\tset\tvariant\tms\t%s\tfloor ms\tof floor\tchecked against\t\n", metric)
+			fmt.Fprintf(tw, "shape\tset\tvariant\tms\tTFLOP/s\tGB/s\tbound\tfloor ms\tof floor\tchecked against\t\n")
 		}
 		if r.Err != "" || r.Note != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
 			continue
-		}
-		m := r.GBs
-		if r.Bound == "compute" {
-			m = r.TFLOPS
 		}
 		floor, share := "-", "-"
 		if r.FloorMs > 0 {
 			floor, share = fmt.Sprintf("%.4f", r.FloorMs), fmt.Sprintf("%.0f%%", 100*r.OfFloor)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.1f\t%s\t%s\t%s\t\n", r.Shape, r.Set, r.Variant, r.Ms, m, floor, share, r.Checked)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Shape, r.Set, r.Variant, r.Ms, r.TFLOPS, r.GBs,
+			r.Bound, floor, share, r.Checked)
 	}
 	if tw != nil {
 		tw.Flush()

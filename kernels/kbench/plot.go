@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"image/color"
+	"math"
 	"sort"
 	"strings"
 
@@ -31,7 +32,7 @@ func Plot(rep *Report) ([]byte, error) {
 	}
 	cols := min(2, len(ops))
 	rowsN := (len(ops) + cols - 1) / cols
-	const panelW, panelH = 7 * vg.Inch, 4.5 * vg.Inch
+	const panelW, panelH = 7 * vg.Inch, 5.5 * vg.Inch
 	img := vgimg.New(panelW*vg.Length(cols), panelH*vg.Length(rowsN))
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: rowsN, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
@@ -69,7 +70,7 @@ func panelData(rep *Report, op kernels.Op) (labels []string, lines []Series, uni
 		if r.Op != op {
 			continue
 		}
-		bound = r.Bound
+		bound = CaseFor(op).Bound
 		if !contains(shapes, r.Shape) {
 			shapes = append(shapes, r.Shape)
 		}
@@ -159,6 +160,11 @@ func panel(rep *Report, op kernels.Op) (*plot.Plot, error) {
 	p.Y.Min = 0
 	p.Legend.Top = true
 	p.X.Tick.Marker = labelTicks(labels)
+	// Shape labels are long: slanted, they do not run into each other.
+	p.X.Tick.Label.Rotation = math.Pi / 5
+	p.X.Tick.Label.XAlign = draw.XRight
+	p.X.Tick.Label.YAlign = draw.YCenter
+	p.Legend.Left = true
 	p.Add(plotter.NewGrid())
 	for i, s := range lines {
 		pts := plotter.XYs{}

@@ -16,17 +16,22 @@ type problem struct {
 	copies int
 	run    func(o kernels.Ops, k int)
 	outs   []*kernels.Tensor // copy 0's outputs, held against the reference
-	state  []*kernels.Tensor // copy 0's inputs the op changes in place: saved around the check
+	state  []*kernels.Tensor // copy 0's inputs the op changes in place (timing changes them too)
+	built  [][]float32       // state's values as built: put back before every check
 	bytes  float64           // when > 0, the bytes the problem moves (the case's count is an expectation)
 }
 
-// builder makes a problem's tensors on one device, filled from a seeded
-// stream: built twice with the same seed, on two devices, a problem holds
-// the same values on both (rounded alike where both hold bf16).
+// builder makes a problem's tensors on one device, each filled from its own
+// seeded stream, named by the copy it belongs to (-1 for the tensors all
+// copies share) and its order within it: built twice with the same seed,
+// on two devices, a problem's copy 0 holds the same values on both
+// (rounded alike where both hold bf16), however many copies each makes.
 type builder struct {
 	dev   kernels.Device
-	rng   *rand.Rand
+	seed  uint64
 	l2    int // bytes of the device's L2, 0 when it has none to defeat
+	copy  int // the copy being built (see each), -1 outside
+	draws map[int]uint64
 	owned []*kernels.Tensor
 }
 
@@ -45,7 +50,14 @@ type copier interface {
 const randomBlock = 4 << 20
 
 func newBuilder(dev kernels.Device, seed uint64, l2 int) *builder {
-	return &builder{dev: dev, rng: rand.New(rand.NewPCG(seed, 0x6b62656e6368)), l2: l2}
+	return &builder{dev: dev, seed: seed, l2: l2, copy: -1, draws: map[int]uint64{}}
+}
+
+// stream is the random stream of the next tensor of the current copy.
+func (b *builder) stream() *rand.Rand {
+	n := b.draws[b.copy]
+	b.draws[b.copy]++
+	return rand.New(rand.NewPCG(b.seed, uint64(b.copy+1)<<32|n))
 }
 
 // copiesFor is how many copies of a problem moving bytes per call make the
@@ -80,10 +92,11 @@ func (b *builder) random(t *kernels.Tensor, scale float64) *kernels.Tensor {
 	n := t.Numel()
 	block := min(n, randomBlock)
 	vals := make([]float32, block)
+	rng := b.stream()
 	for i := range vals {
-		x := b.rng.NormFloat64()
+		x := rng.NormFloat64()
 		for math.Abs(x) < 1e-3 {
-			x = b.rng.NormFloat64()
+			x = rng.NormFloat64()
 		}
 		vals[i] = float32(x * scale)
 	}
@@ -146,21 +159,23 @@ func (b *builder) batch(rows, n, past, maxSeq int) *kernels.Batch {
 	return bt
 }
 
-// each makes k copies of what mk makes.
-func each[T any](k int, mk func() T) []T {
+// each makes k copies of what mk makes, each from streams of its own.
+func each[T any](b *builder, k int, mk func() T) []T {
 	out := make([]T, k)
 	for i := range out {
+		b.copy = i
 		out[i] = mk()
 	}
+	b.copy = -1
 	return out
 }
 
 func buildLinear(b *builder, c0 *Case, s kernels.Shape) *problem {
 	m, n, k := s["M"], s["N"], s["K"]
 	c := b.copiesFor(c0.Bytes(s))
-	xs := each(c, func() *kernels.Tensor { return b.random(b.act(m, k), 1) })
-	ws := each(c, func() *kernels.Tensor { return b.random(b.alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
-	outs := each(c, func() *kernels.Tensor { return b.act(m, n) })
+	xs := each(b, c, func() *kernels.Tensor { return b.random(b.act(m, k), 1) })
+	ws := each(b, c, func() *kernels.Tensor { return b.random(b.alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	outs := each(b, c, func() *kernels.Tensor { return b.act(m, n) })
 	return &problem{copies: c, outs: outs[:1],
 		run: func(o kernels.Ops, i int) { o.Linear(outs[i], xs[i], ws[i], nil) }}
 }
@@ -169,13 +184,13 @@ func buildNorm(b *builder, c0 *Case, s kernels.Shape, add bool) *problem {
 	m, n := s["M"], s["N"]
 	c := b.copiesFor(c0.Bytes(s))
 	w := b.random(b.alloc(kernels.BF16, n), 0.2)
-	xs := each(c, func() *kernels.Tensor { return b.random(b.act(m, n), 3) })
-	outs := each(c, func() *kernels.Tensor { return b.act(m, n) })
+	xs := each(b, c, func() *kernels.Tensor { return b.random(b.act(m, n), 3) })
+	outs := each(b, c, func() *kernels.Tensor { return b.act(m, n) })
 	if !add {
 		return &problem{copies: c, outs: outs[:1],
 			run: func(o kernels.Ops, i int) { o.RMSNorm(outs[i], xs[i], w, 1e-6) }}
 	}
-	rs := each(c, func() *kernels.Tensor { return b.random(b.act(m, n), 1) })
+	rs := each(b, c, func() *kernels.Tensor { return b.random(b.act(m, n), 1) })
 	return &problem{copies: c, outs: []*kernels.Tensor{outs[0], rs[0]}, state: rs[:1],
 		run: func(o kernels.Ops, i int) { o.AddRMSNorm(outs[i], rs[i], xs[i], w, 1e-6) }}
 }
@@ -206,7 +221,7 @@ func buildRoPE(b *builder, c0 *Case, s kernels.Shape) *problem {
 		pos[i] = int32(i)
 	}
 	p := b.ints(pos, t)
-	xs := each(c, func() *kernels.Tensor { return b.random(b.act(t, h*d), 1) })
+	xs := each(b, c, func() *kernels.Tensor { return b.random(b.act(t, h*d), 1) })
 	return &problem{copies: c, outs: xs[:1], state: xs[:1],
 		run: func(o kernels.Ops, i int) { o.RoPE(xs[i], h, d, d-r, p, rope) }}
 }
@@ -214,8 +229,8 @@ func buildRoPE(b *builder, c0 *Case, s kernels.Shape) *problem {
 func buildSwiGLU(b *builder, c0 *Case, s kernels.Shape) *problem {
 	n, inter := s["N"], s["I"]
 	c := b.copiesFor(c0.Bytes(s))
-	gus := each(c, func() *kernels.Tensor { return b.random(b.act(n, 2*inter), 2) })
-	outs := each(c, func() *kernels.Tensor { return b.act(n, inter) })
+	gus := each(b, c, func() *kernels.Tensor { return b.random(b.act(n, 2*inter), 2) })
+	outs := each(b, c, func() *kernels.Tensor { return b.act(n, inter) })
 	return &problem{copies: c, outs: outs[:1],
 		run: func(o kernels.Ops, i int) { o.SwiGLU(outs[i], gus[i]) }}
 }
@@ -247,7 +262,7 @@ func buildPrefill(b *builder, c0 *Case, s kernels.Shape) *problem {
 func buildDecode(b *builder, c0 *Case, s kernels.Shape) *problem {
 	ctx := s["ctx"]
 	c := b.copiesFor(c0.Bytes(s))
-	as := each(c, func() *kernels.AttnArgs { return b.attnArgs(s, 1, ctx-1, ctx) })
+	as := each(b, c, func() *kernels.AttnArgs { return b.attnArgs(s, 1, ctx-1, ctx) })
 	return &problem{copies: c, outs: []*kernels.Tensor{as[0].Out},
 		run: func(o kernels.Ops, i int) { o.AttentionDecode(as[i]) }}
 }
@@ -263,7 +278,7 @@ func buildMLA(b *builder, c0 *Case, s kernels.Shape, decode bool) *problem {
 		c = b.copiesFor(c0.Bytes(s))
 	}
 	wkvb := b.random(b.alloc(kernels.BF16, h*(dn+dv), r), 1/math.Sqrt(float64(r)))
-	as := each(c, func() *kernels.MLAArgs {
+	as := each(b, c, func() *kernels.MLAArgs {
 		a := &kernels.MLAArgs{Out: b.act(rows*n, h*dv), Q: b.random(b.act(rows*n, h*(dn+dr)), 1),
 			KV: b.random(b.act(rows*n, r+dr), 1), Cache: b.act(rows, past+n, r+dr), WKVB: wkvb,
 			Batch: b.batch(rows, n, past, past+n), Heads: h, NopeDim: dn, RopeDim: dr, VDim: dv, Rank: r,
@@ -291,12 +306,13 @@ func buildMoE(b *builder, c0 *Case, s kernels.Shape) *problem {
 	c := b.copiesFor(c0.Bytes(s))
 	type route struct{ x, idx, w, out *kernels.Tensor }
 	var touched float64
-	rs := each(c, func() route {
+	rs := each(b, c, func() route {
 		idx, w := make([]int32, n*k), make([]float32, n*k)
 		chosen := map[int]bool{}
+		rng := b.stream()
 		for t := range n {
-			for j, ex := range b.rng.Perm(e)[:k] {
-				idx[t*k+j], w[t*k+j] = int32(ex), float32(0.5+b.rng.Float64())/float32(k)
+			for j, ex := range rng.Perm(e)[:k] {
+				idx[t*k+j], w[t*k+j] = int32(ex), float32(0.5+rng.Float64())/float32(k)
 				chosen[ex] = true
 			}
 		}

@@ -223,7 +223,17 @@ func build(b *builder, c *Case, s kernels.Shape) (p *problem, err error) {
 		}
 	}()
 	p = c.build(b, c, s)
-	return p, b.dev.Sync()
+	if err := b.dev.Sync(); err != nil {
+		return nil, err
+	}
+	for _, t := range p.state {
+		v, err := b.dev.ReadF32(t)
+		if err != nil {
+			return nil, err
+		}
+		p.built = append(p.built, v)
+	}
+	return p, nil
 }
 
 // release frees a shape's tensors and hands the memory back to the driver.
@@ -254,15 +264,36 @@ func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kerne
 	}
 	row.TFLOPS = flops / ms / 1e9
 	row.GBs = bytes / ms / 1e6
-	switch {
-	case c.Bound == "compute" && r.rep.MatrixRate > 0:
-		row.FloorMs = flops / r.rep.MatrixRate * 1e3
-	case c.Bound == "memory" && r.rep.CopyRate > 0:
-		row.FloorMs = bytes / r.rep.CopyRate * 1e3
-	}
+	row.Bound, row.FloorMs = bound(flops, bytes, r.rep.MatrixRate, r.rep.CopyRate)
 	if row.FloorMs > 0 {
 		row.OfFloor = row.FloorMs / ms
 	}
+}
+
+// The H200's rates (DESIGN.md), which say what bounds a problem where the
+// device's own were not measured.
+const (
+	h200MatrixRate = 790e12
+	h200CopyRate   = 4.23e12
+)
+
+// bound is what bounds a problem of flops and bytes (the larger of its two
+// floors: FLOPs over the matrix rate, bytes over the copy rate) and that
+// floor in ms; the floor is 0 where the rates were not measured.
+func bound(flops, bytes, matrixRate, copyRate float64) (string, float64) {
+	measured := matrixRate > 0 && copyRate > 0
+	if !measured {
+		matrixRate, copyRate = h200MatrixRate, h200CopyRate
+	}
+	byFlops, byBytes := flops/matrixRate*1e3, bytes/copyRate*1e3
+	b, floor := "memory", byBytes
+	if byFlops > byBytes {
+		b, floor = "compute", byFlops
+	}
+	if !measured {
+		floor = 0
+	}
+	return b, floor
 }
 
 // reference is a shape's reference outputs, computed once.
@@ -332,20 +363,26 @@ func (r *runner) reference(c *Case, s kernels.Shape, p *problem, by string) ([][
 	return r.runOnceOn(host, hp, ops)
 }
 
-// runOnce runs p's op once on copy 0 with o and returns its outputs,
-// leaving copy 0's in-place inputs as they were.
+// runOnce runs p's op once on copy 0 with o and returns its outputs (see
+// runOnceOn).
 func (r *runner) runOnce(p *problem, o kernels.Ops) ([][]float32, error) {
 	return r.runOnceOn(r.dev, p, o)
 }
 
+// runOnceOn runs p's op once on copy 0 of dev with o and returns its
+// outputs, copy 0's in-place inputs put back as built before and after.
 func (r *runner) runOnceOn(dev kernels.Device, p *problem, o kernels.Ops) ([][]float32, error) {
-	saved := make([][]float32, len(p.state))
-	for i, t := range p.state {
-		v, err := dev.ReadF32(t)
-		if err != nil {
-			return nil, err
+	b := &builder{dev: dev}
+	restore := func() error {
+		for i, t := range p.state {
+			if err := uploadF32(b, t, p.built[i]); err != nil {
+				return err
+			}
 		}
-		saved[i] = v
+		return nil
+	}
+	if err := restore(); err != nil {
+		return nil, err
 	}
 	if err := call(dev, func() { p.run(o, 0) }); err != nil {
 		return nil, err
@@ -358,11 +395,8 @@ func (r *runner) runOnceOn(dev kernels.Device, p *problem, o kernels.Ops) ([][]f
 		}
 		outs[i] = v
 	}
-	b := &builder{dev: dev}
-	for i, t := range p.state {
-		if err := uploadF32(b, t, saved[i]); err != nil {
-			return nil, err
-		}
+	if err := restore(); err != nil {
+		return nil, err
 	}
 	return outs, dev.Sync()
 }
