@@ -298,14 +298,18 @@ func deviceTarget(dev kernels.Device) kernels.Target {
 	return kernels.Target{Arch: p.Arch, SMs: p.SMs, SharedPerBlock: p.MaxSharedOptin, SharedPerSM: p.MaxSharedPerSM, L2Bytes: p.L2Bytes}
 }
 
-// tuningPath is the tuning cache of a CUDA device: beside its kernel cache.
-func tuningPath(d *cuda.Device) (string, error) {
+// readTuning finds and reads the tuning cache of a CUDA device, kept
+// beside its kernel cache; stale says why a cache found there does not
+// hold for this device (and cache is then a new, empty one).
+func readTuning(d *cuda.Device) (path string, cache *kbench.Cache, stale string, err error) {
 	dir := d.CacheDir()
 	if dir == "" {
-		return "", errors.New("the kernel cache is off (FUSELM_KERNEL_CACHE=off), and the tuning cache lives beside it")
+		return "", nil, "", errors.New("the kernel cache is off (FUSELM_KERNEL_CACHE=off), and the tuning cache lives beside it")
 	}
 	p := d.Props()
-	return kbench.CachePath(filepath.Dir(dir), p.Name, p.Arch, p.NVRTCVersion), nil
+	path = kbench.CachePath(filepath.Dir(dir), p.Name, p.Arch, p.NVRTCVersion)
+	cache, stale, err = kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
+	return path, cache, stale, err
 }
 
 // keepTuning writes the run's choices into the device's tuning cache.
@@ -318,12 +322,7 @@ func keepTuning(dev kernels.Device, rep *kbench.Report, opt kbench.Options, logw
 		fmt.Fprintln(logw, "bench: no op run here has several variants: nothing to keep")
 		return nil
 	}
-	path, err := tuningPath(d)
-	if err != nil {
-		return err
-	}
-	p := d.Props()
-	cache, stale, err := kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
+	path, cache, stale, err := readTuning(d)
 	if err != nil {
 		return err
 	}
@@ -362,13 +361,10 @@ func applyTuning(dev kernels.Device, ops kernels.Ops, logf func(string, ...any))
 	if !ok {
 		return nil
 	}
-	path, err := tuningPath(d)
-	if err != nil {
-		return nil
-	}
-	p := d.Props()
-	cache, stale, err := kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
+	path, cache, stale, err := readTuning(d)
 	switch {
+	case path == "":
+		return nil // no kernel cache, so no tuning cache
 	case err != nil:
 		logf("tuning cache not read: %v", err)
 		return nil
