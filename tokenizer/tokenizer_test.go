@@ -23,7 +23,12 @@ var testCache = struct {
 
 func testJSON(t testing.TB, name string) []byte {
 	t.Helper()
-	path := filepath.Join("..", "testdata", "tokenizer", name+".tokenizer.json.gz")
+	return readGzip(t, filepath.Join("..", "testdata", "tokenizer", name+".tokenizer.json.gz"))
+}
+
+// readGzip is the uncompressed content of the gzip file at path.
+func readGzip(t testing.TB, path string) []byte {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)

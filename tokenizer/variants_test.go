@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"compress/gzip"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -38,20 +37,11 @@ func variantsPath() string {
 
 func TestTokenizerVariants(t *testing.T) {
 	path := variantsPath()
-	f, err := os.Open(path)
-	if os.IsNotExist(err) {
+	if _, err := os.Stat(path); os.IsNotExist(err) {
 		t.Skipf("%s absent: run scripts/hf_tokenizer_variants.py where HF tokenizers is installed", path)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
 	var g variants
-	if err := json.NewDecoder(zr).Decode(&g); err != nil {
+	if err := json.Unmarshal(readGzip(t, path), &g); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
 	bases := map[string]map[string]json.RawMessage{}
