@@ -1,9 +1,10 @@
-// MoE routing and the bookkeeping around the expert GEMMs of the naive set
-// (the GEMMs themselves are cuBLAS calls made by moe.go).
+// MoE routing, the bookkeeping around the expert GEMMs of the naive set, and
+// the expert GEMM of small steps (larger ones are cuBLAS calls made by moe.go).
 
-// ROUTE_THREADS (the most experts moe_route handles: one thread each) and
-// MAX_TOPK (the most experts one token may choose) come from the host as -D
-// options (naive.go).
+// ROUTE_THREADS (the most experts moe_route handles: one thread each),
+// MAX_TOPK (the most experts one token may choose), EXPERT_ROWS and
+// EXPERT_COLS (moe_expert_gemm's rows per weight pass and columns per warp)
+// come from the host as -D options (naive.go).
 
 // moe_route chooses each token's experts, as DeepSeek-V2's MoEGate:
 // scores = softmax(logits) in f32; with groupLimited, only the experts of the
@@ -117,6 +118,64 @@ extern "C" __global__ void moe_offsets(int* offsets, int* cursor, const int* cou
 extern "C" __global__ void moe_assign(int* slot, int* cursor, const int* idx, int ip, int N, int K, int E) {
 	GRID_STRIDE(i, (long long)N * K) slot[i] = atomicAdd(&cursor[expert_of(idx, ip, K, E, i)], 1);
 }
+
+// moe_expert_gemm is y[r] = x[r]·w[e]ᵀ for every expert e and each of its
+// rows r of the expert-sorted x, [offsets[e], offsets[e+1]): HF's loop of one
+// projection per chosen expert, made one launch so that nothing is read on
+// the host. An expert nobody chose costs its blocks an exit and none of its
+// weights; a chosen one has its weights read once per EXPERT_ROWS of its rows
+// (once whenever a step has at most EXPERT_ROWS tokens, as every token takes
+// an expert at most once). Each warp computes whole output columns: the lanes
+// stream the column's weight row in VEC-wide loads, multiply it with every
+// row's x (read through L1: a step's rows are few), and reduce across the
+// warp; sums in f32, rounded to bf16 as cuBLAS's.
+// y bf16 [rows, yp]; x bf16 [rows, K] packed; w bf16 [E, N, K]; offsets i32
+// [E+1]. Launch: grid (ceil(N / (warps·EXPERT_COLS)), E), warps·32 threads;
+// K % VEC == 0.
+template <int VEC>
+__device__ void moe_expert_gemm(bf16* y, int yp, const bf16* x, const bf16* w, const int* offsets, int N, int K) {
+	const int e = blockIdx.y;
+	const int r0 = offsets[e], r1 = offsets[e + 1];
+	if (r0 == r1) return;
+	const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int n1 = min(N, (int)(blockIdx.x + 1) * warps * EXPERT_COLS);
+	for (int n = blockIdx.x * warps * EXPERT_COLS + warp; n < n1; n += warps) {
+		const bf16* wn = w + ((long long)e * N + n) * K;
+		for (int c0 = r0; c0 < r1; c0 += EXPERT_ROWS) {
+			const int nr = min(EXPERT_ROWS, r1 - c0);
+			float acc[EXPERT_ROWS];
+#pragma unroll
+			for (int r = 0; r < EXPERT_ROWS; r++) acc[r] = 0.0f;
+#pragma unroll 4
+			for (int k = lane * VEC; k < K; k += 32 * VEC) {
+				const Vec<bf16, VEC> wv = load<bf16, VEC>(wn + k);
+#pragma unroll
+				for (int r = 0; r < EXPERT_ROWS; r++) {
+					if (r < nr) {
+						const Vec<bf16, VEC> xv = load<bf16, VEC>(x + (long long)(c0 + r) * K + k);
+#pragma unroll
+						for (int j = 0; j < VEC; j++) acc[r] = fmaf(to_f32(wv.v[j]), to_f32(xv.v[j]), acc[r]);
+					}
+				}
+			}
+#pragma unroll
+			for (int r = 0; r < EXPERT_ROWS; r++) {
+				if (r < nr) {
+					const float s = warp_reduce<SumOp>(acc[r]);
+					if (lane == 0) y[(long long)(c0 + r) * yp + n] = __float2bfloat16_rn(s);
+				}
+			}
+		}
+	}
+}
+
+#define MOE_EXPERT_GEMM(V)                                                                                  \
+	extern "C" __global__ void moe_expert_gemm_v##V(bf16* y, int yp, const bf16* x, const bf16* w,          \
+	                                                const int* offsets, int N, int K) {                     \
+		moe_expert_gemm<V>(y, yp, x, w, offsets, N, K);                                                     \
+	}
+MOE_EXPERT_GEMM(1)
+MOE_EXPERT_GEMM(8)
 
 // moe_combine is out[t] = Σ_k weight[t, k] · y[slot[t*K + k]], summed in f32
 // in k order and rounded to bf16 (HF's mul_(topk_weight).sum(dim=1)).

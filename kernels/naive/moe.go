@@ -2,6 +2,7 @@ package naive
 
 import (
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
@@ -25,19 +26,22 @@ func b32(b bool) int32 {
 	return 0
 }
 
-// MoEExperts is HF's expert loop made of GEMMs over tokens sorted by expert:
+// MoEExperts is HF's expert loop: each chosen expert's gate_up projection,
+// SwiGLU and down projection over the tokens that chose it, and nothing for
+// the experts nobody chose:
 //
-//  1. moe_assign gives every choice (t, k) a row of a sorted buffer, and
-//     copy_rows gathers x[t] there;
-//  2. gate_up GEMM, SwiGLU (silu, mul), down GEMM over those rows;
+//  1. moe_count, moe_offsets and moe_assign sort the choices (t, k) by
+//     expert on the device (expert e's rows of the sorted buffer are
+//     [offsets[e], offsets[e+1])), and copy_rows gathers x[t] there;
+//  2. gate_up projection, SwiGLU (silu, mul), down projection over those rows;
 //  3. moe_combine sums each token's K rows weighted, in f32.
 //
-// With at most moeGraphTokens tokens nothing is read on the host: expert e's
-// rows are [e*N, e*N+N) (an expert takes a token at most once) and each GEMM
-// is one strided-batched call over all experts with N rows each, E×N rows of
-// work of which N×K are real; rows no choice filled hold stale data that no
-// output reads. Above that, moe_count and moe_offsets pack the rows and the
-// counts are read back (a sync) for per-expert GEMMs of exact sizes.
+// The projections of a call of at most moeGraphTokens tokens are
+// moe_expert_gemm, which reads the offsets on the device, so that a decode
+// step runs inside a CUDA graph; larger calls (prefill) read the offsets back
+// once (a sync, as HF's loop does) and make one cuBLAS GEMM per chosen expert.
+// Either way each chosen expert's weights are read once per step (see
+// moe_expert_gemm for steps of more than expertRows tokens).
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	op := kernels.OpMoEExperts
 	kernels.CheckMoEExperts(o.D.ActDType(), out, x, idx, weight, gateUp, down)
@@ -53,52 +57,56 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	cursor := meta.Skip(int64(2*experts + 1)).P
 	choices := n * k
 	ip := int32(idx.Pitch)
-	padded := n <= moeGraphTokens
-	rows := choices
-	var first []int32 // exact layout: expert e's rows are [first[e], first[e+1])
-	if padded {
-		rows = experts * n
-		o.LaunchItems("iota_i32", int64(experts), cursor, int32(experts), int32(n))
+	o.LaunchItems("iota_i32", int64(experts), counts, int32(experts), int32(0))
+	o.LaunchItems("moe_count", int64(choices), counts, o.D.Ptr(idx), ip, int32(n), int32(k), int32(experts))
+	o.Launch("moe_offsets", 1, 1, offsets, cursor, counts, int32(experts))
+	slots := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
+	o.LaunchItems("moe_assign", int64(choices), slots.P, cursor, o.D.Ptr(idx), ip, int32(n), int32(k), int32(experts))
+	xs := o.Scratch(scrMoEX, kernels.BF16, choices, hidden)
+	o.CopyRows(xs, slots.P, o.Mat(x), 0, k, n, choices, hidden)
+
+	h := o.Scratch(scrMoEH, kernels.BF16, choices, 2*inter)
+	act := o.Scratch(scrMoEAct, kernels.BF16, choices, inter)
+	ys := xs // the gathered tokens are spent once gate_up has read them
+	gu, dn := o.Mat(gateUp), o.Mat(down)
+	if n <= moeGraphTokens {
+		o.expertGemm(h, xs, gu, offsets, experts, 2*inter, hidden)
+		o.swiglu(act, h, choices, inter)
+		o.expertGemm(ys, act, dn, offsets, experts, hidden, inter)
 	} else {
-		o.LaunchItems("iota_i32", int64(experts), counts, int32(experts), int32(0))
-		o.LaunchItems("moe_count", int64(choices), counts, o.D.Ptr(idx), ip, int32(n), int32(k), int32(experts))
-		o.Launch("moe_offsets", 1, 1, offsets, cursor, counts, int32(experts))
 		all, err := o.D.ReadI32(o.moeMeta)
 		if err != nil {
 			o.D.Fail(err)
 			return
 		}
-		first = all[experts : 2*experts+1]
-	}
-	slots := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
-	o.LaunchItems("moe_assign", int64(choices), slots.P, cursor, o.D.Ptr(idx), ip, int32(n), int32(k), int32(experts))
-	xs := o.Scratch(scrMoEX, kernels.BF16, rows, hidden)
-	o.CopyRows(xs, slots.P, o.Mat(x), 0, k, n, choices, hidden)
-
-	h := o.Scratch(scrMoEH, kernels.BF16, rows, 2*inter)
-	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
-	ys := xs // the gathered tokens are spent once gate_up has read them
-	gu, dn := o.Mat(gateUp), o.Mat(down)
-	guSize, dnSize := int64(2*inter)*int64(hidden), int64(hidden)*int64(inter)
-	if padded {
-		o.GemmBatched(true, n, 2*inter, hidden, 1, xs, int64(n*hidden), gu, guSize, 0, h, int64(n*2*inter), experts)
-		o.swiglu(act, h, rows, inter)
-		o.GemmBatched(true, n, hidden, inter, 1, act, int64(n*inter), dn, dnSize, 0, ys, int64(n*hidden), experts)
-	} else {
+		first := all[experts : 2*experts+1]
+		guSize, dnSize := int64(2*inter)*int64(hidden), int64(hidden)*int64(inter)
 		for e := range experts {
-			r0, m := int(first[e]), int(first[e+1]-first[e])
-			o.Gemm(true, m, 2*inter, hidden, 1, xs.Sub(r0, 0), gu.Skip(int64(e)*guSize), 0, h.Sub(r0, 0))
+			if r0, m := int(first[e]), int(first[e+1]-first[e]); m > 0 {
+				o.Gemm(true, m, 2*inter, hidden, 1, xs.Sub(r0, 0), gu.Skip(int64(e)*guSize), 0, h.Sub(r0, 0))
+			}
 		}
-		o.swiglu(act, h, rows, inter)
+		o.swiglu(act, h, choices, inter)
 		for e := range experts {
-			r0, m := int(first[e]), int(first[e+1]-first[e])
-			o.Gemm(true, m, hidden, inter, 1, act.Sub(r0, 0), dn.Skip(int64(e)*dnSize), 0, ys.Sub(r0, 0))
+			if r0, m := int(first[e]), int(first[e+1]-first[e]); m > 0 {
+				o.Gemm(true, m, hidden, inter, 1, act.Sub(r0, 0), dn.Skip(int64(e)*dnSize), 0, ys.Sub(r0, 0))
+			}
 		}
 	}
 	om := o.Mat(out)
 	v := cudaset.VecFor(hidden, om, ys)
 	o.LaunchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.P, int32(om.Pitch), ys.P, slots.P,
 		o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
+}
+
+// expertGemm is moe_expert_gemm: y = x·w[e]ᵀ over every expert's rows of the
+// sorted x [rows, kk], y [rows, n], w [E, n, kk], offsets i32 [E+1] on the
+// device.
+func (o *ops) expertGemm(y, x, w cudaset.Mat, offsets uintptr, experts, n, kk int) {
+	v := cudaset.VecFor(kk, x, w)
+	cols := expertWarps * expertCols
+	o.LaunchGrid(vname("moe_expert_gemm", v), cuda.Dim3{X: uint32((n + cols - 1) / cols), Y: uint32(experts), Z: 1},
+		cuda.Dim3{X: 32 * expertWarps, Y: 1, Z: 1}, 0, y.P, int32(y.Pitch), x.P, w.P, offsets, int32(n), int32(kk))
 }
 
 // moeMetaFor is the i32 device array [counts E | offsets E+1 | cursor E],

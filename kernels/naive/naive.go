@@ -30,6 +30,12 @@ const (
 	routeThreads = 256
 	// maxTopK is the most experts a token may choose.
 	maxTopK = 16
+	// expertRows is the rows of one expert moe_expert_gemm multiplies per
+	// pass over its weights (registers per thread), expertCols the output
+	// columns of each warp of its expertWarps.
+	expertRows  = 16
+	expertCols  = 4
+	expertWarps = 8
 )
 
 // Sizes that pick between code paths; variables so that the tests can take
@@ -47,9 +53,10 @@ var (
 	// still has 1024×group rows.
 	queryChunk = 1024
 	// moeGraphTokens is the most tokens MoEExperts handles without reading
-	// anything on the host, so that decode steps of up to this many rows can
-	// be captured in a CUDA graph. Larger calls (prefill) read the
-	// per-expert counts back once, as HF's expert loop does.
+	// anything on the host (moe_expert_gemm), so that decode steps of up to
+	// this many rows can be captured in a CUDA graph. Larger calls (prefill)
+	// read the per-expert offsets back once, as HF's expert loop does, and
+	// run cuBLAS GEMMs.
 	moeGraphTokens = 64
 )
 
@@ -64,9 +71,9 @@ const (
 	scrLatentKV  = "mla.kv"         // MLA: decompressed keys and values bf16 [positions, Heads*(NopeDim+VDim)]
 	scrLatentF32 = "mla.kv_f32"     // MLA, math-backend dims: the decompressed keys and values as f32
 	scrMoESlot   = "moe.slots"      // MoE: sorted row of every choice i32 [N*K]
-	scrMoEX      = "moe.x"          // MoE: gathered tokens, then expert outputs bf16 [rows, H]
-	scrMoEH      = "moe.gate_up"    // MoE: gate and up projections bf16 [rows, 2I]
-	scrMoEAct    = "moe.act"        // MoE: SwiGLU activations bf16 [rows, I]
+	scrMoEX      = "moe.x"          // MoE: gathered tokens, then expert outputs bf16 [N*K, H]
+	scrMoEH      = "moe.gate_up"    // MoE: gate and up projections bf16 [N*K, 2I]
+	scrMoEAct    = "moe.act"        // MoE: SwiGLU activations bf16 [N*K, I]
 )
 
 func init() {
@@ -82,7 +89,7 @@ func modules() []cudaset.Module {
 		}
 		ew = append(ew, vname("add", v), vname("mul", v), vname("silu", v), vname("rms_rstd", v))
 		at = append(at, vname("kv_masked_copy", v))
-		moe = append(moe, vname("moe_combine", v))
+		moe = append(moe, vname("moe_combine", v), vname("moe_expert_gemm", v))
 	}
 	ew = append(ew, "rope_half", "rope_interleaved", "argmax_bf16", "argmax_f32")
 	for _, p := range []string{"bf16", "f32"} {
@@ -94,7 +101,8 @@ func modules() []cudaset.Module {
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: attentionSrc, Funcs: at},
 		{File: "moe.cu", Src: moeSrc, Funcs: moe,
-			Opts: []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK)}},
+			Opts: []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK),
+				fmt.Sprintf("-DEXPERT_ROWS=%d", expertRows), fmt.Sprintf("-DEXPERT_COLS=%d", expertCols)}},
 	}
 }
 
