@@ -5,13 +5,13 @@
 # full-size random Qwen2-7B (written once to $QWEN2_7B by
 # scripts/hf_checkpoint.py) for naive, fused and every single-op ablation,
 # and with `deepseek` the same on a full-size random DeepSeek-V2-Lite
-# ($DSV2_LITE) for naive and fused (fused has no MLA or MoE kernels of its
-# own yet: their ablations come with them).
+# ($DSV2_LITE) for naive, fused and the MLA and MoE ablations.
 # Logs go to $OUT (or out/); a short table is printed last.
 #
-#   scripts/gpu_check.sh [quick] [kbench] [deepseek]
+#   scripts/gpu_check.sh [quick] [kbench] [deepseek] [deepseek-only]
 #     quick:  skip the full-size checkpoints
 #     deepseek: also check DeepSeek-V2-Lite (writing it takes minutes and 31 GB)
+#     deepseek-only: only the DeepSeek-V2-Lite checks (no unit tests, no Qwen2-7B)
 #     kbench: also run the kernel benchmarks (bin/infer bench, every op and set
 #             on the default shapes: $OUT/kernel_bench.json and .png), then
 #             --optimize on attn_prefill and attn_decode and an infer run that
@@ -24,12 +24,13 @@ logs=$(mktemp -d)
 mkdir -p "$out"
 QWEN2_7B=${QWEN2_7B:-/tmp/qwen2-7b}
 DSV2_LITE=${DSV2_LITE:-/tmp/deepseek-v2-lite}
-quick=false kbench=false deepseek=false
+quick=false kbench=false deepseek=false units=true qwen=true
 for a in "$@"; do
 	case $a in
 	quick) quick=true ;;
 	kbench) kbench=true ;;
 	deepseek) deepseek=true ;;
+	deepseek-only) deepseek=true units=false qwen=false ;;
 	*) echo "gpu_check.sh: unknown argument $a" >&2; exit 2 ;;
 	esac
 done
@@ -54,25 +55,27 @@ pkgtest() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
-step cuda pkgtest cuda
-# CUPTI on its own line: the kernel trace (graph replays, cuBLAS), the
-# record layout against the installed header and library.
-step cupti pkgtest cuda -test.run 'CUPTI|KernelLayout'
-step kerneltest pkgtest kerneltest -test.timeout 20m
-step naive pkgtest naive
-step fused pkgtest fused
-step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
-step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v"
-# infer with CUPTI on the tiny checkpoint (every decode step traced, the
-# kernel sum against the busy time, the events' fallback) and compare.
-step infer-cupti sh -c "cd cmd/infer && ../../bin/infer.test -test.v -test.run 'TestCUPTIGeneration|TestCompareOnGPU'"
+if $units; then
+	step cuda pkgtest cuda
+	# CUPTI on its own line: the kernel trace (graph replays, cuBLAS), the
+	# record layout against the installed header and library.
+	step cupti pkgtest cuda -test.run 'CUPTI|KernelLayout'
+	step kerneltest pkgtest kerneltest -test.timeout 20m
+	step naive pkgtest naive
+	step fused pkgtest fused
+	step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
+	step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v"
+	# infer with CUPTI on the tiny checkpoint (every decode step traced, the
+	# kernel sum against the busy time, the events' fallback) and compare.
+	step infer-cupti sh -c "cd cmd/infer && ../../bin/infer.test -test.v -test.run 'TestCUPTIGeneration|TestCompareOnGPU'"
+fi
 if $kbench; then
 	step kernel-bench sh -c "bin/infer bench --quiet --json --plot $out/kernel_bench.png >$out/kernel_bench.json && \
 		python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [print(x[\"op\"], x[\"shape\"], x[\"set\"], x[\"variant\"], round(x[\"ms\"],4), round(x[\"tflop_s\"] or x[\"gb_s\"],1), x[\"checked\"], x.get(\"error\",\"\")) for x in r[\"rows\"]]' $out/kernel_bench.json"
 	step bench-optimize sh -c "bin/infer bench attn_prefill attn_decode --optimize --quiet && \
 		bin/infer --model testdata/models/qwen2-tiny-bf16 --prompt-file testdata/prompts/short.txt --max-new-tokens 4 2>&1 | grep 'tuning:'"
 fi
-if ! $quick; then
+if ! $quick && $qwen; then
 	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_checkpoint.py --model qwen2-7b --out "$QWEN2_7B"
 	# naive, fused, then fused with one op on naive and naive with one op
 	# on fused: every op fused owns, alone.
@@ -96,7 +99,8 @@ if ! $quick; then
 fi
 if ! $quick && $deepseek; then
 	[ -f "$DSV2_LITE/reference_f32.json" ] || step dsv2-lite-write python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out "$DSV2_LITE"
-	for spec in naive fused; do
+	# naive, fused, and each of MLA and MoE alone on the other set.
+	for spec in naive fused fused,mla=naive naive,mla=fused fused,moe=naive naive,moe=fused; do
 		step "dsv2-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$DSV2_LITE \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
