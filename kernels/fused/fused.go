@@ -21,7 +21,16 @@ var (
 	elementwiseSrc string
 	//go:embed attention.cu
 	attentionSrc string
+	//go:embed mma.cuh
+	mmaSrc string
 )
+
+// withMMA is the source of a module that multiplies on tensor cores: the
+// shared building blocks of mma.cuh, then file's own source src, each with
+// #line so that NVRTC's messages name the right file.
+func withMMA(file, src string) string {
+	return "#line 1 \"mma.cuh\"\n" + mmaSrc + fmt.Sprintf("#line 1 %q\n", file) + src
+}
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
@@ -137,7 +146,7 @@ func modules() []cudaset.Module {
 	at = append(at, "attn_merge")
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: attentionSrc, Funcs: at},
+		{File: "attention.cu", Src: withMMA("attention.cu", attentionSrc), Funcs: at},
 	}
 }
 
