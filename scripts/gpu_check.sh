@@ -5,8 +5,8 @@
 # full-size random Qwen2-7B (written once to $QWEN2_7B by
 # scripts/hf_checkpoint.py) for naive, fused and every single-op ablation,
 # and with `deepseek` the same on a full-size random DeepSeek-V2-Lite
-# ($DSV2_LITE) for naive and fused (fused has no MLA or MoE kernels of its
-# own yet: their ablations come with them).
+# ($DSV2_LITE) for naive, fused and the MoE ablations (fused with MoE on
+# naive, naive with MoE on fused).
 # Logs go to $OUT (or out/); a short table is printed last.
 #
 #   scripts/gpu_check.sh [quick] [kbench] [deepseek]
@@ -96,7 +96,7 @@ if ! $quick; then
 fi
 if ! $quick && $deepseek; then
 	[ -f "$DSV2_LITE/reference_f32.json" ] || step dsv2-lite-write python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out "$DSV2_LITE"
-	for spec in naive fused; do
+	for spec in naive fused "fused,moe=naive" "naive,moe=fused"; do
 		step "dsv2-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$DSV2_LITE \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
