@@ -200,6 +200,17 @@ func CheckMoEExperts(act DType, out, x, idx, weight, gateUp, down *Tensor) {
 		down.Shape[2] == inter, op, "down %v for gateUp %v", down, gateUp)
 }
 
+// CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;
+// first [E+1] i32.
+func CheckGroupGemm(act DType, out, x, w, first *Tensor) {
+	op := OpGroupGemm
+	needActs(op, act, "out", out, "x", x)
+	need(IsFloat(w) && w.Packed() && len(w.Shape) == 3 && w.Shape[0] > 0 && w.Shape[2] == x.Cols(), op,
+		"w %v for x %v", w, x)
+	need(rowsCols(out, x.Rows(), w.Shape[1]), op, "out %v for x %v, w %v", out, x, w)
+	need(isInts(first, w.Shape[0]+1), op, "first %v for %d groups", first, w.Shape[0])
+}
+
 // CheckArgmax: out [B] i32; logits [B,V] f32 or act, V > 0.
 func CheckArgmax(act DType, out, logits *Tensor) {
 	need(logits.DType == F32 || logits.DType == act, OpArgmax, "logits are %v", logits)

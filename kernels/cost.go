@@ -130,3 +130,11 @@ func moeCost(out, idx, gateUp, down *Tensor) Cost {
 	touched := e * (1 - math.Pow(1-k/e, n))
 	return Cost{FLOPs: 6 * n * k * h * i, Bytes: touched*(size(gateUp)+size(down))/e + 2*size(out)}
 }
+
+// groupGemmCost is the grouped GEMM counted as if every row of x were in
+// a group (the host does not know the offsets): 2·M·N·K, and x, every
+// group's weights and out once each.
+func groupGemmCost(out, x, w *Tensor) Cost {
+	m, n, k := float64(x.Rows()), float64(w.Shape[1]), float64(w.Shape[2])
+	return Cost{FLOPs: 2 * m * n * k, Bytes: size(x) + size(w) + size(out)}
+}

@@ -86,6 +86,11 @@ func (d *dispatch) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
 		func(o Ops) { o.MoEExperts(out, x, idx, weight, gateUp, down) })
 }
 
+func (d *dispatch) GroupGemm(out, x, w, first *Tensor) {
+	d.timed(iGroupGemm, func() Cost { return groupGemmCost(out, x, w) },
+		func(o Ops) { o.GroupGemm(out, x, w, first) })
+}
+
 func (d *dispatch) Argmax(out, logits *Tensor) {
 	d.timed(iArgmax, func() Cost { return Cost{Bytes: size(logits) + size(out)} },
 		func(o Ops) { o.Argmax(out, logits) })

@@ -21,6 +21,7 @@ func (n NotOwned) MLAPrefill(a *MLAArgs)                                { n.pani
 func (n NotOwned) MLADecode(a *MLAArgs)                                 { n.panic(OpMLADecode) }
 func (n NotOwned) MoERoute(idx, weight, logits *Tensor, r *Routing)     { n.panic(OpMoERoute) }
 func (n NotOwned) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) { n.panic(OpMoEExperts) }
+func (n NotOwned) GroupGemm(out, x, w, first *Tensor)                   { n.panic(OpGroupGemm) }
 func (n NotOwned) Argmax(out, logits *Tensor)                           { n.panic(OpArgmax) }
 func (n NotOwned) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
 	n.panic(OpRoPE)

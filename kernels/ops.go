@@ -19,6 +19,7 @@ const (
 	OpMLADecode   Op = "mla_decode"
 	OpMoERoute    Op = "moe_route"
 	OpMoEExperts  Op = "moe_experts"
+	OpGroupGemm   Op = "group_gemm"
 	OpArgmax      Op = "argmax"
 )
 
@@ -45,6 +46,7 @@ const (
 	iMLADecode
 	iMoERoute
 	iMoEExperts
+	iGroupGemm
 	iArgmax
 	numOps
 )
@@ -65,6 +67,7 @@ var opTable = [numOps]OpInfo{
 	iMLADecode:   {OpMLADecode, "mla", "DeepSeek-V2 latent attention of one new token per row"},
 	iMoERoute:    {OpMoERoute, "moe", "MoE router: softmax and top-k of the router logits"},
 	iMoEExperts:  {OpMoEExperts, "moe", "MoE routed experts, weighted and summed"},
+	iGroupGemm:   {OpGroupGemm, "", "grouped GEMM: each group of rows times its own weight matrix"},
 	iArgmax:      {OpArgmax, "", "index of each row's largest logit"},
 }
 
@@ -178,6 +181,16 @@ type Ops interface {
 	// out, x [N,H] act; idx, weight [N,K]; gateUp [E,2I,H] weight;
 	// down [E,H,I] weight.
 	MoEExperts(out, x, idx, weight, gateUp, down *Tensor)
+
+	// GroupGemm is the MoE experts' grouped GEMM: for every group g,
+	// out[r] = x[r] · w[g]ᵀ for the rows r in [first[g], first[g+1]). The
+	// offsets are read on the device only (a CUDA set may read them on the
+	// host, and then says so), so that a graph can replay it with new
+	// groups. Rows outside [first[0], first[E]) are not written.
+	// out [M,N] act, pitched; x [M,K] act, pitched; w [E,N,K] weight,
+	// packed; first [E+1] i32, ascending, first[0] ≥ 0, first[E] ≤ M (an
+	// offset outside that fails the call, reported at Sync).
+	GroupGemm(out, x, w, first *Tensor)
 
 	// Argmax is out[b] = the first index of the largest element of row b,
 	// NaN counting as the largest (as torch.argmax).

@@ -312,6 +312,9 @@ func (o *recordingOps) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.
 func (o *recordingOps) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	o.do(func() { o.Ops.MoEExperts(out, x, idx, weight, gateUp, down) })
 }
+func (o *recordingOps) GroupGemm(out, x, w, first *kernels.Tensor) {
+	o.do(func() { o.Ops.GroupGemm(out, x, w, first) })
+}
 func (o *recordingOps) Argmax(out, logits *kernels.Tensor) {
 	o.do(func() { o.Ops.Argmax(out, logits) })
 }

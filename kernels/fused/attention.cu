@@ -15,36 +15,6 @@
 
 #define BN 64 // keys per tile
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-// cp16 copies 16 bytes from global src to shared dst, or zeroes dst when
-// !valid (src is then not read).
-__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(addr));
-}
-
-// mma16816 is c += a·b for a 16×16 bf16 A (row-major fragment), a 16×8 bf16
-// B (column-major fragment) and a 16×8 f32 C.
-__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-	             "{%0,%1,%2,%3};\n"
-	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // exp2_ftz is 2^x by the special-function unit, subnormal results flushed
 // to zero (a p that small is 0 to every bf16 sum), as fast-math exp2f.
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -52,32 +22,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
 	return y;
 }
-
-// pack2 rounds two floats to a bf16 pair, lo in the low half.
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-	return *reinterpret_cast<unsigned*>(&v);
-}
-
-// Tile is the shared-memory layout of row-major tiles of D-wide bf16 rows.
-template <int D> struct Tile {
-	static constexpr int CHUNKS = D / 8;                     // 16-byte chunks of a row
-	static constexpr int ROWC = (CHUNKS + 7) / 8 * 8;        // slots of a row
-	static constexpr int ROW_BYTES = ROWC * 16;              //
-	__device__ static unsigned at(unsigned base, int r, int c) { // address of chunk c of row r
-		return base + r * ROW_BYTES + ((c ^ (r & 7)) << 4);
-	}
-	// load copies rows [0, n) of a tile from global rows src + r*pitch
-	// (bf16 elements), zeroing rows at or past valid, with nthreads threads.
-	template <int ROWS>
-	__device__ static void load(unsigned base, const bf16* src, long long pitch, int valid, int tid, int nthreads) {
-		for (int i = tid; i < ROWS * CHUNKS; i += nthreads) {
-			const int r = i / CHUNKS, c = i - r * CHUNKS;
-			const bool ok = r < valid;
-			cp16(at(base, r, c), ok ? src + r * pitch + c * 8 : src, ok);
-		}
-	}
-};
 
 // row_max and row_sum combine a value over the 4 threads of a quad, which
 // hold one row of an mma C fragment between them.

@@ -1,8 +1,10 @@
 // Package fused is the optimized CUDA kernel set: flash attention on tensor
-// cores for prefill, flash-decoding for decode, and one-pass RMSNorm (with
-// the residual add), RoPE and SwiGLU kernels. The ops it has no kernel of its
-// own for (embedding, the cuBLAS projections, add, argmax, and DeepSeek-V2's
-// MLA and MoE for now) run the naive set's, and the profile says so. The .cu
+// cores for prefill, flash-decoding for decode, one-pass RMSNorm (with the
+// residual add), RoPE and SwiGLU kernels, and DeepSeek-V2's MoE (a router
+// kernel, and the experts as grouped GEMMs on tensor cores over tokens
+// sorted by expert). The ops it has no kernel of its own for (embedding, the
+// cuBLAS projections, add, argmax, and MLA for now) run the naive set's, and
+// the profile says so. The .cu
 // sources are embedded and compiled by NVRTC (through cudaset) when the set
 // is built for a device.
 package fused
@@ -21,12 +23,24 @@ var (
 	elementwiseSrc string
 	//go:embed attention.cu
 	attentionSrc string
+	//go:embed mma.cuh
+	mmaSrc string
+	//go:embed moe.cu
+	moeSrc string
 )
+
+// withMMA is the source of a module that multiplies on tensor cores: the
+// shared building blocks of mma.cuh, then file's own source src, each with
+// #line so that NVRTC's messages name the right file.
+func withMMA(file, src string) string {
+	return "#line 1 \"mma.cuh\"\n" + mmaSrc + fmt.Sprintf("#line 1 %q\n", file) + src
+}
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
+	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm,
 }
 
 func init() {
@@ -137,7 +151,8 @@ func modules() []cudaset.Module {
 	at = append(at, "attn_merge")
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: attentionSrc, Funcs: at},
+		{File: "attention.cu", Src: withMMA("attention.cu", attentionSrc), Funcs: at},
+		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
 	}
 }
 
@@ -150,26 +165,26 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		return nil, err
 	}
 	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{}}
+	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
-		sizes := map[string]int{}
 		for _, v := range decodeVariants {
 			sizes[decodeKernel(d, v)] = decodeShared(d)
 		}
 		for _, c := range flashConfigs {
 			sizes[prefillKernel(d, c)] = prefillShared(d, c)
 		}
-		for name, bytes := range sizes {
-			f := o.Func(name)
-			attrs, err := f.Attrs()
-			if err == nil && bytes+attrs.StaticShared > kit.MaxShared {
-				err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", bytes+attrs.StaticShared, kit.MaxShared)
-			}
-			if err == nil {
-				err = f.SetMaxDynamicShared(bytes)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("fused: %s: %w", name, err)
-			}
+	}
+	for name, bytes := range sizes {
+		f := o.Func(name)
+		attrs, err := f.Attrs()
+		if err == nil && bytes+attrs.StaticShared > kit.MaxShared {
+			err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", bytes+attrs.StaticShared, kit.MaxShared)
+		}
+		if err == nil {
+			err = f.SetMaxDynamicShared(bytes)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fused: %s: %w", name, err)
 		}
 	}
 	return o, nil

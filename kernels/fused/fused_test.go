@@ -1,6 +1,7 @@
 package fused
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -124,5 +125,55 @@ func TestVariants(t *testing.T) {
 	}
 	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "w4_m2"); err == nil {
 		t.Errorf("a prefill tiling accepted as a decode variant")
+	}
+}
+
+// TestGemmTiling checks the grouped GEMM's host side: the grid's bound on
+// m-tiles holds for any split of the rows into groups (else a graph would
+// leave tiles undone), each tiling's copies divide among its threads (the
+// kernel's static_asserts), and the tiling follows the rows per group.
+func TestGemmTiling(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		groups := 1 + rng.IntN(80)
+		sizes := make([]int, groups)
+		rows := 0
+		for g := range sizes {
+			if rng.IntN(3) > 0 {
+				sizes[g] = rng.IntN([]int{3, 40, 700}[rng.IntN(3)])
+			}
+			rows += sizes[g]
+		}
+		for _, c := range gemmConfigs {
+			need := 0
+			for _, n := range sizes {
+				need += (n + c.BM - 1) / c.BM
+			}
+			if got := mTiles(rows, groups, c.BM); got < need {
+				t.Fatalf("%s: groups %v take %d m-tiles, the bound says %d", c.Name, sizes, need, got)
+			}
+		}
+	}
+	for _, c := range gemmConfigs {
+		chunks := c.BK / 8
+		if c.BK%64 != 0 || c.BM*chunks%c.threads() != 0 || c.BN*chunks%c.threads() != 0 ||
+			c.BM/c.WarpsM%16 != 0 || c.BN/c.WarpsN%16 != 0 {
+			t.Errorf("%s: %+v does not divide as the kernel needs", c.Name, c)
+		}
+		if c.shared() > kernels.Targets["sm_80"].SharedPerBlock {
+			t.Errorf("%s: %d bytes of shared memory, more than an A100 block gets", c.Name, c.shared())
+		}
+	}
+	for _, c := range []struct {
+		rows, groups int
+		want         string
+	}{{6, 64, "m16"}, {96, 64, "m16"}, {1800, 64, "m64"}, {66246, 64, "m128"}, {300, 4, "m128"}, {0, 3, "m16"}} {
+		if got := configFor(c.rows, c.groups).Name; got != c.want {
+			t.Errorf("%d rows in %d groups: tiling %s, want %s", c.rows, c.groups, got, c.want)
+		}
+	}
+	if vs := variants(kernels.OpMoEExperts, kernels.Shape{"N": 11041, "topk": 6, "E": 64}, kernels.Targets["sm_90a"]); len(vs) != 1 ||
+		!vs[0].Valid() || !strings.HasPrefix(vs[0].Params, "m128") {
+		t.Errorf("moe_experts at W3's prefill: %+v", vs)
 	}
 }

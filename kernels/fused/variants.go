@@ -10,7 +10,8 @@ import (
 
 // variants lists fused's kernels for an op, shape and target, valid or not
 // (kernels.SetInfo.Variants): flash_prefill's tilings, flash_decode, and the
-// single elementwise kernels.
+// single elementwise and MoE kernels (the grouped GEMM's tiling follows the
+// rows per group; the params say which the shape gets).
 func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Variant {
 	var why []string
 	if !archAtLeast(t.Arch, 80) {
@@ -69,6 +70,15 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 		return []kernels.Variant{{Name: "token_per_block", Params: fmt.Sprintf("pairs_per_thread=%d", ropeVec), Why: join()}}
 	case kernels.OpSwiGLU:
 		return []kernels.Variant{{Name: "one_pass", Params: "vector=16B grid_stride", Why: join()}}
+	case kernels.OpMoERoute:
+		return []kernels.Variant{{Name: "warp_per_token",
+			Params: fmt.Sprintf("experts<=%d groups<=32 topk<=32", 32*routePerLane), Why: join()}}
+	case kernels.OpGroupGemm, kernels.OpMoEExperts:
+		c := configFor(s["M"], s["E"])
+		if op == kernels.OpMoEExperts {
+			c = configFor(s["N"]*s["topk"], s["E"])
+		}
+		return []kernels.Variant{{Name: "grouped_mma", Params: c.params() + " (" + c.regime + ")", Why: join(fits(c.shared()))}}
 	}
 	return nil
 }

@@ -32,6 +32,10 @@ type Case struct {
 	FLOPs func(s kernels.Shape) float64
 	Bytes func(s kernels.Shape) float64
 	build func(b *builder, c *Case, s kernels.Shape) *problem
+	// dense, when set, builds the problem the case is read against: a
+	// dense GEMM of the same work, timed with naive's cuBLAS in a row of
+	// its own (set "naive", variant denseVariant) after the sets' rows.
+	dense func(b *builder, s kernels.Shape) *problem
 }
 
 // sh builds a Shape from name, value pairs.
@@ -213,6 +217,7 @@ var cases = []*Case{
 		Shapes: []kernels.Shape{
 			sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6),     // DeepSeek-V2-Lite decode, batch 1
 			sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),    // batch 16
+			sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),   // a few hundred tokens: a short prompt
 			sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6), // W3's prefill
 		},
 		FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") },
@@ -225,6 +230,20 @@ var cases = []*Case{
 			return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
 		},
 		build: buildMoE,
+	},
+	{
+		Op: kernels.OpGroupGemm, Bound: "compute", Dims: []string{"M", "N", "K", "E"},
+		Doc: "out [M,N] = x [M,K] · w[g] [N,K]ᵀ over E groups of rows, sized by routing M/6 tokens to 6 experts of uneven popularity; " +
+			"a row of naive's dense cuBLAS GEMM of the same M, N, K follows",
+		Shapes: groupGemmShapes(),
+		FLOPs:  func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
+		// x, out, and the weights of the groups some row uses, at their
+		// expected number for uniform routes (each problem counts its own).
+		Bytes: func(s kernels.Shape) float64 {
+			return bf16 * (touchedGroups(s)*f(s, "N", "K") + f(s, "M", "K") + f(s, "M", "N"))
+		},
+		build: buildGroupGemm,
+		dense: buildDenseOfGroups,
 	},
 }
 

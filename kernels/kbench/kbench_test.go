@@ -29,6 +29,8 @@ func TestCounts(t *testing.T) {
 		{kernels.OpRoPE, "T=16384,H=32,D=128,R=128,interleaved=0", 3 * 16384 * 32 * 128, 268435456},
 		{kernels.OpSwiGLU, "N=16384,I=18944", 6 * 16384 * 18944, 1862270976},
 		{kernels.OpMoEExperts, "N=1,H=2048,I=1408,E=64,topk=6", 6 * 6 * 2048 * 1408, 103817216},
+		// One token's 6 rows touch 6 of the 64 groups.
+		{kernels.OpGroupGemm, "M=6,N=2048,K=1408,E=64", 2 * 6 * 2048 * 1408, 2 * (6*2048*1408 + 6*1408 + 6*2048)},
 		{kernels.OpMLAPrefill, "B=4,H=16,N=1024,Dn=128,Dr=64,Dv=128,R=512", 21474836480, 2 * 4 * 1024 * (16*320 + 576)},
 		{kernels.OpMLADecode, "B=1,H=16,ctx=4096,Dn=128,Dr=64,Dv=128,R=512", 2 * 16 * 4096 * 1088, 2 * (4096*576 + 16*256*512)},
 	} {
@@ -91,6 +93,7 @@ func TestRunOnCPU(t *testing.T) {
 		kernels.OpMLAPrefill:  "B=1,H=2,N=6,Dn=16,Dr=8,Dv=16,R=32",
 		kernels.OpMLADecode:   "B=2,H=2,ctx=9,Dn=16,Dr=8,Dv=16,R=32",
 		kernels.OpMoEExperts:  "N=3,H=32,I=24,E=8,topk=2",
+		kernels.OpGroupGemm:   "M=37,N=24,K=40,E=4",
 	}
 	dev, err := cpu.NewDeviceAct(kernels.BF16)
 	if err != nil {

@@ -209,6 +209,42 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 			tuner.UseVariant(c.Op, key, was)
 		}
 	}
+	if c.dense != nil && r.rep.MatrixRate > 0 {
+		r.denseRow(c, s)
+	}
+}
+
+// denseVariant names the row of a case's dense reference (Case.dense).
+const denseVariant = "dense cuBLAS, same M,N,K"
+
+// denseRow times the dense problem of c at s with naive (cuBLAS), as a
+// reference row: not checked, since it computes another product.
+func (r *runner) denseRow(c *Case, s kernels.Shape) {
+	row := Row{Op: c.Op, Shape: s.String(), Set: "naive", Variant: denseVariant, Bound: c.Bound,
+		Checked: "not checked: the dense reference"}
+	defer func() { r.rep.Rows = append(r.rep.Rows, row) }()
+	o, err := r.ops("naive")
+	if err != nil {
+		row.Err = err.Error()
+		return
+	}
+	b := newBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
+	defer r.release(b)
+	var p *problem
+	err = call(r.dev, func() { p = c.dense(b, s) })
+	if err == nil {
+		row.Ms, err = r.time(p, o)
+	}
+	if err != nil {
+		row.Err = err.Error()
+		return
+	}
+	flops := c.FLOPs(s)
+	row.TFLOPS, row.GBs = flops/row.Ms/1e9, p.bytes/row.Ms/1e6
+	row.Bound, row.FloorMs = bound(flops, p.bytes, r.rep.MatrixRate, r.rep.CopyRate)
+	if row.FloorMs > 0 {
+		row.OfFloor = row.FloorMs / row.Ms
+	}
 }
 
 // build builds a problem, turning a device error into an error.

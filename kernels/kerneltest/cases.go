@@ -169,7 +169,7 @@ func cases(wdts []kernels.DType) []opCase {
 		}
 		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan) })
 	}
-	return cs
+	return append(cs, moeCases(wdts)...)
 }
 
 func embedding(e *env, n, d, v int) {
@@ -492,6 +492,7 @@ type routeCase struct {
 	name string
 	n, e int
 	r    kernels.Routing
+	ties bool // logits with exact ties (see tiedLogits), the choice held to wantRoute
 }
 
 // routeGap is the spacing of a token's router logits: neighbouring scores
@@ -504,6 +505,9 @@ func moeRoute(e *env, c routeCase) {
 		for j, rank := range e.rng.Perm(c.e) {
 			logits[t*c.e+j] = float32((float64(rank)-float64(c.e)/2)*routeGap + (e.rng.Float64()-0.5)*routeGap/5)
 		}
+	}
+	if c.ties {
+		logits = tiedLogits(e, c.n, c.e)
 	}
 	lg := e.tensor(f32K, logits, c.n, c.e)
 	k := c.r.TopK
@@ -524,6 +528,9 @@ func moeRoute(e *env, c routeCase) {
 	for t := range c.n {
 		for s := range 2 {
 			sortByExpert(ids[s][t*k:(t+1)*k], ws[s][t*k:(t+1)*k])
+		}
+		if want := wantRoute(logits[t*c.e:(t+1)*c.e], c.r); c.ties && !slices.Equal(ids[ref][t*k:(t+1)*k], want) {
+			e.t.Fatalf("token %d: the reference chose %v, want %v (ties to the lower index)", t, ids[ref][t*k:(t+1)*k], want)
 		}
 		if !slices.Equal(ids[dut][t*k:(t+1)*k], ids[ref][t*k:(t+1)*k]) {
 			e.t.Errorf("token %d: experts %v, want %v", t, ids[dut][t*k:(t+1)*k], ids[ref][t*k:(t+1)*k])
@@ -561,8 +568,8 @@ func moeExperts(e *env, c expertsCase) {
 		}
 	}
 	idx, w := e.ints(ids, c.n, c.k), e.tensor(f32K, ws, c.n, c.k)
-	gateUp := e.random(weightK, 1/math.Sqrt(float64(c.h)), c.e, 2*c.inter, c.h)
-	down := e.random(weightK, 1/math.Sqrt(float64(c.inter)), c.e, c.h, c.inter)
+	gateUp := e.patterned(weightK, 1/math.Sqrt(float64(c.h)), c.e, 2*c.inter, c.h)
+	down := e.patterned(weightK, 1/math.Sqrt(float64(c.inter)), c.e, c.h, c.inter)
 	out := e.poisoned(actK, c.n, c.h)
 	e.run(func(o kernels.Ops, s int) { o.MoEExperts(out[s], x[s], idx[s], w[s], gateUp[s], down[s]) })
 	e.check("out", out, all)

@@ -242,6 +242,27 @@ func (e *env) random(k kind, scale float64, shape ...int) pair {
 	return e.tensor(k, e.normal(numel(shape), scale), shape...)
 }
 
+// patternBlock is the most values patterned draws: an odd length, so that
+// the rows of a large tensor (expert weights of 1 GB) start at ever other
+// places of the block and no two experts hold the same values.
+const patternBlock = 1<<20 + 7
+
+// patterned is random for tensors too large to draw every value of: a
+// block of at most patternBlock N(0, scale²) values repeated over it.
+func (e *env) patterned(k kind, scale float64, shape ...int) pair {
+	e.t.Helper()
+	n := numel(shape)
+	if n <= patternBlock {
+		return e.random(k, scale, shape...)
+	}
+	block := e.normal(patternBlock, scale)
+	vals := make([]float32, n)
+	for at := 0; at < n; at += patternBlock {
+		copy(vals[at:], block)
+	}
+	return e.tensor(k, vals, shape...)
+}
+
 // poisoned is a tensor of NaNs.
 func (e *env) poisoned(k kind, shape ...int) pair {
 	e.t.Helper()

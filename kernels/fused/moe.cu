@@ -1,0 +1,452 @@
+// DeepSeek-V2's routed experts on tensor cores: the router (moe_route), the
+// tokens' choices sorted by expert into groups padded to the GEMM's M tile
+// (moe_align), a grouped GEMM for every expert's gate and up projections
+// with SwiGLU in its epilogue (moe_gate_up), the same grouped GEMM for the
+// down projections (group_gemm, also the group_gemm op), and the weighted
+// sum of each token's experts (moe_combine). Nothing is read on the host:
+// grids are sized for the worst case and blocks past the work exit, so one
+// path serves a decode step inside a CUDA graph and an 11K-token prefill.
+//
+// Rounding is HF's bf16 path (transformers' grouped experts): gate and up
+// rounded to bf16, silu(gate) rounded, its product with up rounded; each
+// expert's down output rounded; the routing-weighted sum over a token's
+// experts in f32 in choice order, rounded once.
+
+// ROUTE_WARPS tokens per block of moe_route, a warp each; every lane holds
+// ROUTE_PER_LANE experts' scores, so a router has at most 32·ROUTE_PER_LANE
+// experts. MAX_GROUPS is the most groups group_gemm schedules (and experts
+// moe_align sorts into). ALIGN_THREADS is moe_align's block.
+#define ROUTE_WARPS 4
+#define ROUTE_PER_LANE 8
+#define MAX_GROUPS 256
+#define ALIGN_THREADS 1024
+
+// ---------------------------------------------------------------- routing
+
+// warp_max and warp_sum combine v over a warp; every lane gets the result.
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
+
+// moe_route chooses each token's experts as DeepSeek-V2's MoEGate and the
+// cpu set do: scores = softmax(logits) in f32; with groupLimited, only the
+// experts of the topkGroups groups (E/groups consecutive experts each)
+// whose best score is highest compete and the others score 0; the K best
+// scores win, in descending order. Every choice breaks ties to the lower
+// index (groups and experts alike), as the cpu set's argmax. weight =
+// score / (Σ chosen, summed in choice order, + 1e-20) when norm (and
+// K > 1), times scale.
+//   idx i32 [N, ip], weight f32 [N, wp] (K columns written); logits f32
+//   [N, lp] (E columns read). E ≤ 32·ROUTE_PER_LANE, K ≤ 32, groups ≤ 32
+//   (checked by the host).
+// Expert e sits in lane e % 32, slot e / 32, so a lane's slots ascend in
+// expert index and a lane's own argmax keeps the lowest of equal scores.
+// Launch: grid.x = ceil(N / ROUTE_WARPS), ROUTE_WARPS·32 threads.
+extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    moe_route(int* idx, int ip, float* weight, int wp, const float* logits, int lp, int N, int E, int K,
+              int groupLimited, int groups, int topkGroups, int norm, float scale) {
+	__shared__ float stage[ROUTE_WARPS][32 * ROUTE_PER_LANE];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int t = blockIdx.x * ROUTE_WARPS + warp;
+	if (t >= N) return;
+	const float* row = logits + (long long)t * lp;
+	float s[ROUTE_PER_LANE];
+	float mx = NEG_INF;
+#pragma unroll
+	for (int j = 0; j < ROUTE_PER_LANE; j++) {
+		const int e = lane + 32 * j;
+		s[j] = e < E ? row[e] : NEG_INF;
+		mx = fmaxf(mx, s[j]);
+	}
+	mx = warp_max(mx);
+	float sum = 0.0f;
+#pragma unroll
+	for (int j = 0; j < ROUTE_PER_LANE; j++) {
+		s[j] = lane + 32 * j < E ? expf(s[j] - mx) : 0.0f;
+		sum += s[j];
+	}
+	sum = warp_sum(sum);
+#pragma unroll
+	for (int j = 0; j < ROUTE_PER_LANE; j++) s[j] = lane + 32 * j < E ? s[j] / sum : NEG_INF;
+
+	if (groupLimited) {
+		// Lane g finds group g's best score from the warp's scores in shared
+		// memory; topkGroups rounds of a warp argmax keep the best groups.
+		float* sc = stage[warp];
+#pragma unroll
+		for (int j = 0; j < ROUTE_PER_LANE; j++)
+			if (lane + 32 * j < E) sc[lane + 32 * j] = s[j];
+		__syncwarp();
+		const int gsize = E / groups;
+		float best = NEG_INF;
+		if (lane < groups)
+			for (int i = 0; i < gsize; i++) best = fmaxf(best, sc[lane * gsize + i]);
+		bool kept = false;
+		for (int r = 0; r < topkGroups; r++) {
+			float bv = lane < groups ? best : NEG_INF;
+			int bi = lane < groups ? lane : NO_INDEX;
+			warp_argmax(bv, bi);
+			if (lane == bi) {
+				kept = true;
+				best = NEG_INF;
+			}
+		}
+		const unsigned keep = __ballot_sync(FULL_MASK, kept);
+#pragma unroll
+		for (int j = 0; j < ROUTE_PER_LANE; j++) {
+			const int e = lane + 32 * j;
+			if (e < E && !(keep >> (e / gsize) & 1)) s[j] = 0.0f;
+		}
+	}
+
+	// K rounds of a warp argmax; lane k keeps round k's winner.
+	float myW = 0.0f, total = 0.0f;
+	int myI = 0;
+	for (int k = 0; k < K; k++) {
+		float bv = NEG_INF;
+		int bi = NO_INDEX;
+#pragma unroll
+		for (int j = 0; j < ROUTE_PER_LANE; j++)
+			if (s[j] > bv) {
+				bv = s[j];
+				bi = lane + 32 * j;
+			}
+		warp_argmax(bv, bi);
+		if ((bi & 31) == lane) {
+#pragma unroll
+			for (int j = 0; j < ROUTE_PER_LANE; j++)
+				if (j == bi >> 5) s[j] = NEG_INF;
+		}
+		if (lane == k) {
+			myW = bv;
+			myI = bi;
+		}
+		total += bv;
+	}
+	if (lane < K) {
+		const float denom = norm && K > 1 ? total + 1e-20f : 1.0f;
+		idx[(long long)t * ip + lane] = myI;
+		weight[(long long)t * wp + lane] = myW / denom * scale;
+	}
+}
+
+// ---------------------------------------------------------- grouped GEMM
+
+// find_tile maps m-tile mt of a grouped GEMM to its group: group g's rows
+// [first[g], first[g+1]) make ceil(rows / BM) m-tiles, numbered group after
+// group. Warp 0 scans the tile counts into shared memory; every thread
+// then searches them. It sets the tile's group g, its first row and the
+// group's end, or returns false when mt is past the work (the block exits).
+// Offsets that are not ascending within [0, M] trap.
+template <int BM>
+__device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& row0, int& rowEnd) {
+	__shared__ int start[MAX_GROUPS + 1]; // start[g]: group g's first m-tile
+	const int lane = threadIdx.x & 31;
+	if (threadIdx.x < 32) {
+		int run = 0;
+		for (int g0 = 0; g0 < E; g0 += 32) {
+			const int gg = g0 + lane;
+			int n = 0;
+			if (gg < E) {
+				const int a = first[gg], b = first[gg + 1];
+				if (a < 0 || b < a || b > M) __trap();
+				n = (b - a + BM - 1) / BM;
+			}
+#pragma unroll
+			for (int o = 1; o < 32; o <<= 1) {
+				const int v = __shfl_up_sync(FULL_MASK, n, o);
+				if (lane >= o) n += v;
+			}
+			if (gg < E) start[gg + 1] = run + n;
+			run += __shfl_sync(FULL_MASK, n, 31);
+		}
+		if (lane == 0) start[0] = 0;
+	}
+	__syncthreads();
+	if (mt >= start[E]) return false;
+	int lo = 0, hi = E - 1; // the last group whose first m-tile is at or before mt
+	while (lo < hi) {
+		const int mid = (lo + hi + 1) >> 1;
+		if (start[mid] <= mt) lo = mid;
+		else hi = mid - 1;
+	}
+	g = lo;
+	row0 = first[g] + (mt - start[g]) * BM;
+	rowEnd = first[g + 1];
+	return true;
+}
+
+// group_gemm is the grouped GEMM: for the BM-row m-tile blockIdx.y (see
+// find_tile) of group g and the BN-column n-tile blockIdx.x,
+//   out[r, n] = Σ_k a(r)[k] · w[g, n, k]
+// with a(r) = x row r, or, with a gather table, x row gather[r] / gdiv
+// (a row whose gather entry is negative is zero: the padding of an
+// expert's rows). With SWIGLU, w holds each group's gate rows [0, N/2)
+// then its up rows [N/2, N), and the block computes BN/2 columns j of both
+// and writes out[r, j] = bf16(bf16(silu(bf16(gate))) · bf16(up)), as HF
+// rounds act_fn(gate_proj(x)) * up_proj(x); else out[r, n] = bf16(sum).
+// Rows of the group past its end are not written.
+//   out bf16 [M, op] (N or N/2 columns); x bf16 [*, xp] (K columns); gather
+//   i32 [M] or null; w bf16 [E, N, K] packed; first i32 [E+1], ascending in
+//   [0, M]. K and N are multiples of 8; rows start on 16-byte boundaries.
+// Tiling: WARPS_M × WARPS_N warps, each a (BM/WARPS_M) × (BN/WARPS_N)
+// tile of m16n8k16 mma.sync (bf16 in, f32 accumulate); K in BK-wide
+// steps through a STAGES-deep cp.async ring of swizzled tiles (Tile<BK>:
+// chunk c of row r at slot c ^ (r & 7), so ldmatrix reads 8 distinct bank
+// groups); one barrier per step. With SWIGLU each warp's columns are half
+// gate, half up, for the same intermediate columns, so one thread holds
+// the gate and up of every output it writes.
+// Launch: grid (ceil(N / BN) — ceil(N/2 / (BN/2)) with SWIGLU —, an upper
+// bound of the m-tiles), WARPS_M·WARPS_N·32 threads, STAGES·(BM + BN)·BK·2
+// bytes of dynamic shared memory.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU>
+__device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
+                           const int* first, int E, int M, int N, int K) {
+	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+	constexpr int MT = WTM / 16, NT = WTN / 8;
+	typedef Tile<BK> T;
+	constexpr int A_BYTES = BM * T::ROW_BYTES, STAGE_BYTES = (BM + BN) * T::ROW_BYTES;
+	constexpr int A_LOADS = BM * T::CHUNKS / THREADS, B_LOADS = BN * T::CHUNKS / THREADS; // 16-byte copies a thread
+	static_assert(BK % 64 == 0 && WTM % 16 == 0 && WTN % 16 == 0, "tile shapes");
+	static_assert(BM * T::CHUNKS % THREADS == 0 && BN * T::CHUNKS % THREADS == 0, "whole copies per thread");
+	static_assert(!SWIGLU || NT % 2 == 0, "a warp's columns split into gate and up halves of whole n-frags");
+	extern __shared__ __align__(128) unsigned char smem[];
+	__shared__ int aRow[BM]; // the x row of each tile row, -1 for none
+	__shared__ int bRow[BN]; // the w row (within the group) of each tile column, -1 for none
+
+	int g, row0, rowEnd;
+	if (!find_tile<BM>(first, E, M, blockIdx.y, g, row0, rowEnd)) return;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+	const int nt0 = blockIdx.x;
+	for (int r = tid; r < BM; r += THREADS) {
+		const int row = row0 + r;
+		int src = -1;
+		if (row < rowEnd) {
+			if (gather == nullptr) src = row;
+			else if (gather[row] >= 0) src = gather[row] / gdiv;
+		}
+		aRow[r] = src;
+	}
+	for (int c = tid; c < BN; c += THREADS) {
+		int wr = -1;
+		if (SWIGLU) {
+			const int half = WTN / 2, inter = N / 2;
+			const int in = c % WTN, j = nt0 * (BN / 2) + (c / WTN) * half + in % half;
+			if (j < inter) wr = in < half ? j : inter + j;
+		} else {
+			const int j = nt0 * BN + c;
+			if (j < N) wr = j;
+		}
+		bRow[c] = wr;
+	}
+	__syncthreads();
+	const bf16* wg = w + (long long)g * N * K;
+	const unsigned base = smem_addr(smem);
+
+	auto load = [&](int kt) {
+		const int k0 = kt * BK;
+		const unsigned a = base + (kt % STAGES) * STAGE_BYTES, b = a + A_BYTES;
+#pragma unroll
+		for (int it = 0; it < A_LOADS; it++) {
+			const int i = tid + it * THREADS, r = i / T::CHUNKS, c = i - r * T::CHUNKS, k = k0 + c * 8;
+			const int src = aRow[r];
+			const bool ok = src >= 0 && k < K;
+			cp16(T::at(a, r, c), ok ? x + (long long)src * xp + k : x, ok);
+		}
+#pragma unroll
+		for (int it = 0; it < B_LOADS; it++) {
+			const int i = tid + it * THREADS, r = i / T::CHUNKS, c = i - r * T::CHUNKS, k = k0 + c * 8;
+			const int wr = bRow[r];
+			const bool ok = wr >= 0 && k < K;
+			cp16(T::at(b, r, c), ok ? wg + (long long)wr * K + k : wg, ok);
+		}
+	};
+
+	const int ktiles = (K + BK - 1) / BK;
+#pragma unroll
+	for (int s = 0; s < STAGES - 1; s++) {
+		if (s < ktiles) load(s);
+		cp_commit();
+	}
+	float acc[MT][NT][4];
+#pragma unroll
+	for (int i = 0; i < MT; i++)
+#pragma unroll
+		for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+	for (int kt = 0; kt < ktiles; kt++) {
+		cp_wait<STAGES - 2>();
+		__syncthreads(); // step kt has landed; the stage step kt-1 read is free
+		if (kt + STAGES - 1 < ktiles) load(kt + STAGES - 1);
+		cp_commit();
+		const unsigned a = base + (kt % STAGES) * STAGE_BYTES, b = a + A_BYTES;
+#pragma unroll
+		for (int ks = 0; ks < BK / 16; ks++) {
+			unsigned af[MT][4], bf[NT][2];
+#pragma unroll
+			for (int i = 0; i < MT; i++) ldsm_x4(af[i], T::at(a, wm * WTM + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+			for (int j = 0; j < NT / 2; j++) {
+				unsigned r4[4];
+				ldsm_x4(r4, T::at(b, wn * WTN + j * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+				bf[2 * j][0] = r4[0];
+				bf[2 * j][1] = r4[1];
+				bf[2 * j + 1][0] = r4[2];
+				bf[2 * j + 1][1] = r4[3];
+			}
+#pragma unroll
+			for (int i = 0; i < MT; i++)
+#pragma unroll
+				for (int j = 0; j < NT; j++) mma16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+		}
+	}
+	cp_wait<0>();
+
+	// Epilogue: C fragments straight to global memory, two columns a store.
+#pragma unroll
+	for (int i = 0; i < MT; i++) {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int row = row0 + wm * WTM + i * 16 + (lane >> 2) + 8 * h;
+			if (row >= rowEnd) continue;
+			bf16* dst = out + (long long)row * op;
+			if (SWIGLU) {
+				const int inter = N / 2;
+#pragma unroll
+				for (int j = 0; j < NT / 2; j++) {
+					const int col = nt0 * (BN / 2) + wn * (WTN / 2) + j * 8 + 2 * (lane & 3);
+					if (col >= inter) continue;
+					float v[2];
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const float gt = round_bf16(acc[i][j][2 * h + e]);
+						const float up = round_bf16(acc[i][j + NT / 2][2 * h + e]);
+						v[e] = round_bf16(gt / (1.0f + expf(-gt))) * up;
+					}
+					*reinterpret_cast<unsigned*>(dst + col) = pack2(v[0], v[1]);
+				}
+			} else {
+#pragma unroll
+				for (int j = 0; j < NT; j++) {
+					const int col = nt0 * BN + wn * WTN + j * 8 + 2 * (lane & 3);
+					if (col >= N) continue;
+					*reinterpret_cast<unsigned*>(dst + col) = pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+				}
+			}
+		}
+	}
+}
+
+// The tilings (named as in moe.go's gemmConfigs): m16 for decode, where
+// each expert has a few rows and the weights stream through once; m64 for
+// some hundred tokens; m128 for prefill, where the tensor cores bound it.
+#define GROUP_GEMM(NAME, BM, BN, WM, WN, BK, ST)                                                                  \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    group_gemm_##NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, const int* first, int E, int M, \
+	                      int N, int K) {                                                                          \
+		group_gemm<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, nullptr, 1, w, first, E, M, N, K);              \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    moe_gate_up_##NAME(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,   \
+	                       const int* first, int E, int M, int N, int K) {                                         \
+		group_gemm<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, gather, gdiv, w, first, E, M, N, K);             \
+	}
+GROUP_GEMM(m16, 16, 64, 1, 4, 128, 4)
+GROUP_GEMM(m64, 64, 128, 1, 4, 64, 4)
+GROUP_GEMM(m128, 128, 256, 2, 4, 64, 3)
+
+// -------------------------------------------------- permutation and sum
+
+// moe_align sorts the N·K choices by expert, in one block: expert e's
+// choices get rows [first[e], first[e] + count[e]) of the sorted order and
+// its rows run on to first[e+1], the count rounded up to whole m-tiles of
+// BM rows; sorted[r] = t·K + k for the row of choice (t, k) and -1 for a
+// padding row, slot[t·K + k] = its row. The order within an expert is the
+// order its choices win a shared-memory atomic: arbitrary, and harmless,
+// since every row is computed on its own and moe_combine sums in k order.
+// An expert outside [0, E) traps.
+//   first i32 [E+1]; sorted i32 [≥ first[E]]; slot i32 [N·K]; idx i32
+//   [N, ip] (K columns). E ≤ MAX_GROUPS.
+// Launch: one block of ALIGN_THREADS threads.
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
+    moe_align(int* first, int* sorted, int* slot, const int* idx, int ip, int N, int K, int E, int BM) {
+	__shared__ int count[MAX_GROUPS], cursor[MAX_GROUPS];
+	__shared__ int total;
+	const int tid = threadIdx.x, lane = tid & 31;
+	const int choices = N * K;
+	for (int e = tid; e < E; e += ALIGN_THREADS) count[e] = 0;
+	__syncthreads();
+	auto expert = [&](int i) {
+		const int t = i / K, e = idx[(long long)t * ip + (i - t * K)];
+		if (e < 0 || e >= E) __trap();
+		return e;
+	};
+	for (int i = tid; i < choices; i += ALIGN_THREADS) atomicAdd(&count[expert(i)], 1);
+	__syncthreads();
+	if (tid < 32) {
+		int run = 0;
+		for (int e0 = 0; e0 < E; e0 += 32) {
+			const int e = e0 + lane;
+			const int n = e < E ? (count[e] + BM - 1) / BM * BM : 0;
+			int incl = n;
+#pragma unroll
+			for (int o = 1; o < 32; o <<= 1) {
+				const int v = __shfl_up_sync(FULL_MASK, incl, o);
+				if (lane >= o) incl += v;
+			}
+			if (e < E) {
+				first[e] = cursor[e] = run + incl - n;
+			}
+			run += __shfl_sync(FULL_MASK, incl, 31);
+		}
+		if (lane == 0) {
+			first[E] = run;
+			total = run;
+		}
+	}
+	__syncthreads();
+	for (int r = tid; r < total; r += ALIGN_THREADS) sorted[r] = -1;
+	__syncthreads();
+	for (int i = tid; i < choices; i += ALIGN_THREADS) {
+		const int r = atomicAdd(&cursor[expert(i)], 1);
+		sorted[r] = i;
+		slot[i] = r;
+	}
+}
+
+// moe_combine is out[t] = bf16(Σ_k weight[t, k] · y[slot[t·K + k]]), the
+// sum in f32 in k order (HF's weighted sum over top_k of the bf16 expert
+// outputs, cast once).
+//   out bf16 [N, outp]; y bf16 [*, yp] (H columns); slot i32 [N·K];
+//   weight f32 [N, wp].
+// Launch: 1-D grid-stride over N·H/VEC.
+template <int VEC>
+__device__ void moe_combine(bf16* out, int outp, const bf16* y, int yp, const int* slot, const float* weight, int wp,
+                            int N, int K, int H) {
+	const int per = H / VEC;
+	GRID_STRIDE(i, (long long)N * per) {
+		const long long t = i / per;
+		const int c = (int)(i - t * per) * VEC;
+		float acc[VEC];
+#pragma unroll
+		for (int j = 0; j < VEC; j++) acc[j] = 0.0f;
+		for (int k = 0; k < K; k++) {
+			const float wk = weight[t * wp + k];
+			const Vec<bf16, VEC> v = load<bf16, VEC>(y + (long long)slot[t * K + k] * yp + c);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) acc[j] += wk * to_f32(v.v[j]);
+		}
+		Vec<bf16, VEC> o;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) o.v[j] = __float2bfloat16_rn(acc[j]);
+		store<bf16, VEC>(out + t * outp + c, o);
+	}
+}
+
+#define MOE_COMBINE(V)                                                                                          \
+	extern "C" __global__ void moe_combine_v##V(bf16* out, int outp, const bf16* y, int yp, const int* slot,   \
+	                                            const float* weight, int wp, int N, int K, int H) {            \
+		moe_combine<V>(out, outp, y, yp, slot, weight, wp, N, K, H);                                          \
+	}
+MOE_COMBINE(1)
+MOE_COMBINE(8)

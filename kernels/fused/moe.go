@@ -1,0 +1,234 @@
+package fused
+
+import (
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// Launch shapes of moe.cu, named as there.
+const (
+	// routeWarps is ROUTE_WARPS, the tokens of a moe_route block; a lane
+	// holds routePerLane experts (ROUTE_PER_LANE).
+	routeWarps   = 4
+	routePerLane = 8
+	// maxGroups is MAX_GROUPS: the most groups group_gemm schedules and
+	// experts moe_align sorts.
+	maxGroups = 256
+	// alignThreads is ALIGN_THREADS, moe_align's one block.
+	alignThreads = 1024
+)
+
+// gemmConfig is a tiling of the grouped GEMM (moe.cu's GROUP_GEMM): BM × BN
+// tiles over WarpsM × WarpsN warps, K in BK steps through Stages buffers.
+type gemmConfig struct {
+	Name           string
+	BM, BN         int
+	WarpsM, WarpsN int
+	BK, Stages     int
+	regime         string
+}
+
+// gemmConfigs are the tilings compiled, smallest M tile first: m16 streams
+// the weights of decode's few rows per expert once, BN small so that even
+// batch 1's six experts make hundreds of blocks; m64 serves some hundred
+// tokens (tens of rows per expert); m128 is prefill's, bound by the tensor
+// cores: warp tiles of 64×64 (32 mma per 8 fragment loads), and a
+// block tile of 128×256 that reads 85 FLOP's worth per byte from L2 (a
+// 128×128 tile's 64 would need ~12 TB/s of L2 at cuBLAS's 790 TFLOP/s).
+var gemmConfigs = []gemmConfig{
+	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 128, Stages: 4, regime: "decode: a weight stream"},
+	{Name: "m64", BM: 64, BN: 128, WarpsM: 1, WarpsN: 4, BK: 64, Stages: 4, regime: "tens of rows per group"},
+	{Name: "m128", BM: 128, BN: 256, WarpsM: 2, WarpsN: 4, BK: 64, Stages: 3, regime: "prefill: tensor-core bound"},
+}
+
+func (c gemmConfig) threads() int { return 32 * c.WarpsM * c.WarpsN }
+
+// shared is the dynamic shared memory of a block: Stages × (BM + BN) rows
+// of BK bf16.
+func (c gemmConfig) shared() int { return c.Stages * (c.BM + c.BN) * c.BK * 2 }
+
+func (c gemmConfig) params() string {
+	return fmt.Sprintf("%s: tile %dx%dx%d, %dx%d warps, %d stages, shared=%d", c.Name, c.BM, c.BN, c.BK, c.WarpsM, c.WarpsN,
+		c.Stages, c.shared())
+}
+
+// configFor is the tiling for rows spread over groups: the smallest M tile
+// that holds an average group, else the largest. The choice depends on
+// host shapes only, so a graph replays it whatever the groups.
+func configFor(rows, groups int) gemmConfig {
+	avg := (rows + groups - 1) / max(groups, 1)
+	for _, c := range gemmConfigs {
+		if avg <= c.BM {
+			return c
+		}
+	}
+	return gemmConfigs[len(gemmConfigs)-1]
+}
+
+// mTiles is the most m-tiles of bm rows that rows split into groups can
+// take: each non-empty group wastes less than one tile, and at most
+// min(groups, rows) groups are non-empty.
+func mTiles(rows, groups, bm int) int {
+	return (rows + min(groups, rows)*(bm-1)) / bm
+}
+
+// Scratch buffers (cudaset.Kit.Scratch), by what they hold.
+const (
+	scrMoEFirst  = "moe.first"  // moe_align: each expert's first padded row i32 [E+1]
+	scrMoESorted = "moe.sorted" // moe_align: the choice t·K+k of each padded row, -1 for padding, i32 [rows]
+	scrMoESlot   = "moe.slot"   // moe_align: the padded row of each choice i32 [N·K]
+	scrMoEAct    = "moe.act"    // moe_gate_up: silu(gate)·up of every row bf16 [rows, I]
+	scrMoEY      = "moe.y"      // group_gemm (down): every row's expert output bf16 [rows, H]
+)
+
+// rowsAligned reports whether every matrix starts its rows on 16-byte
+// boundaries (the cp.async copies and vector accesses need it).
+func (o *ops) rowsAligned(ts ...*kernels.Tensor) bool {
+	for _, t := range ts {
+		if t.Pitch%cudaset.VecWidth != 0 || o.D.Ptr(t)%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// MoERoute is moe_route: a warp per token, the softmax, the groups and the
+// top-k in registers.
+func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
+	op := kernels.OpMoERoute
+	kernels.CheckMoERoute(idx, weight, logits, r)
+	n, experts, k := logits.Rows(), logits.Cols(), r.TopK
+	o.Need(experts <= 32*routePerLane, op, "%d experts, at most %d", experts, 32*routePerLane)
+	o.Need(k <= 32, op, "top-%d, at most 32", k)
+	limited := r.Method == kernels.RouteGroupLimited
+	o.Need(!limited || r.Groups <= 32, op, "%d groups, at most 32", r.Groups)
+	o.Launch("moe_route", (n+routeWarps-1)/routeWarps, routeWarps*32, o.D.Ptr(idx), int32(idx.Pitch),
+		o.D.Ptr(weight), int32(weight.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n), int32(experts),
+		int32(k), b32(limited), int32(r.Groups), int32(r.TopKGroups), b32(r.NormTopK), r.Scale)
+}
+
+func b32(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// checkGemm is what the grouped GEMM needs beyond the contract: bf16
+// weights, at most maxGroups groups, K and N in whole 16-byte chunks and
+// rows on 16-byte boundaries.
+func (o *ops) checkGemm(op kernels.Op, w *kernels.Tensor, n, k int, rows ...*kernels.Tensor) {
+	o.Need(cudaset.IsBF16(w), op, "weights %v: the kernels read bf16", w)
+	o.Need(w.Shape[0] <= maxGroups, op, "%d groups, at most %d", w.Shape[0], maxGroups)
+	o.Need(n%cudaset.VecWidth == 0 && k%cudaset.VecWidth == 0, op, "N %d and K %d must be multiples of %d", n, k, cudaset.VecWidth)
+	o.Need(o.rowsAligned(rows...), op, "rows of %v do not all start on 16-byte boundaries", rows)
+}
+
+// GroupGemm is group_gemm over every group at once, the groups' tiles found
+// from the device offsets by each block (so a graph replays it with new
+// offsets), in the tiling configFor picks for the rows per group.
+func (o *ops) GroupGemm(out, x, w, first *kernels.Tensor) {
+	op := kernels.OpGroupGemm
+	kernels.CheckGroupGemm(o.D.ActDType(), out, x, w, first)
+	groups, n, k, m := w.Shape[0], w.Shape[1], w.Shape[2], x.Rows()
+	o.checkGemm(op, w, n, k, out, x)
+	c := configFor(m, groups)
+	o.groupGemm(c, "group_gemm", mTiles(m, groups, c.BM), o.Mat(out), o.Mat(x), 0, 1, o.D.Ptr(w), o.D.Ptr(first),
+		groups, m, n, k)
+}
+
+// groupGemm launches kernel (group_gemm or moe_gate_up) in tiling c over
+// at most tiles m-tiles: out [m, ·] = the rows of x (through gather, when
+// not 0) times their group's w [groups, n, kk]. For moe_gate_up n is 2I and
+// a block writes BN/2 of the I columns.
+func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.Mat, gather uintptr, gdiv int, w,
+	first uintptr, groups, m, n, kk int) {
+	if tiles == 0 {
+		return
+	}
+	cols := c.BN
+	if kernel == "moe_gate_up" {
+		cols = c.BN / 2
+		n /= 2
+	}
+	grid := cuda.Dim3{X: uint32((n + cols - 1) / cols), Y: uint32(tiles)}
+	args := []any{out.P, int32(out.Pitch), x.P, int32(x.Pitch)}
+	if kernel == "moe_gate_up" {
+		args = append(args, gather, int32(gdiv))
+		n *= 2
+	}
+	args = append(args, w, first, int32(groups), int32(m), int32(n), int32(kk))
+	o.LaunchGrid(kernel+"_"+c.Name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+}
+
+// MoEExperts runs the routed experts in four launches, none of which reads
+// anything on the host:
+//
+//  1. moe_align sorts the choices by expert, each expert's rows padded to
+//     the tiling's M tile (one block);
+//  2. moe_gate_up: the grouped GEMM of every expert's gate and up
+//     projections over its rows, the tokens gathered from x as the tiles
+//     load, silu(gate)·up written once;
+//  3. group_gemm: the down projections of those rows;
+//  4. moe_combine: each token's K expert outputs weighted and summed.
+//
+// The tiling follows N·K/E, the rows per expert (configFor). Grids are
+// sized for the worst case, N·K rows plus less than a tile of padding per
+// expert; blocks past the work exit. The weighted sum is a separate,
+// deterministic pass rather than f32 atomics in the down GEMM's epilogue:
+// at the 11K-token prefill the atomics would read and write an f32
+// accumulator of N·H (90 MB, larger than the L2) once per choice in random
+// token order, then zero it and convert it, against the combine's one
+// write and one read of the bf16 rows (0.54 GB, 0.13 ms at the copy rate);
+// at decode both are a few µs, and the combine keeps HF's order of the sum.
+func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
+	op := kernels.OpMoEExperts
+	kernels.CheckMoEExperts(o.D.ActDType(), out, x, idx, weight, gateUp, down)
+	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
+	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
+	o.checkGemm(op, gateUp, 2*inter, hidden, out, x)
+	o.checkGemm(op, down, hidden, inter)
+	if n == 0 {
+		return
+	}
+	choices := n * k
+	c := configFor(choices, experts)
+	tiles := mTiles(choices, experts, c.BM)
+	rows := tiles * c.BM
+	first := o.Scratch(scrMoEFirst, kernels.I32, experts+1, 1)
+	sorted := o.Scratch(scrMoESorted, kernels.I32, rows, 1)
+	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
+	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
+	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
+	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
+		int32(experts), int32(c.BM))
+	o.groupGemm(c, "moe_gate_up", tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+	o.groupGemm(c, "group_gemm", tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
+	om := o.Mat(out)
+	v := cudaset.VecFor(hidden, om, y)
+	o.LaunchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.P, int32(om.Pitch), y.P, int32(y.Pitch),
+		slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
+}
+
+// moeFuncs are moe.cu's kernels.
+func moeFuncs() []string {
+	fs := []string{"moe_route", "moe_align", vname("moe_combine", 1), vname("moe_combine", cudaset.VecWidth)}
+	for _, c := range gemmConfigs {
+		fs = append(fs, "group_gemm_"+c.Name, "moe_gate_up_"+c.Name)
+	}
+	return fs
+}
+
+// gemmShared lists the grouped GEMM kernels with their dynamic shared
+// memory, for New to allow.
+func gemmShared() map[string]int {
+	m := map[string]int{}
+	for _, c := range gemmConfigs {
+		m["group_gemm_"+c.Name] = c.shared()
+		m["moe_gate_up_"+c.Name] = c.shared()
+	}
+	return m
+}

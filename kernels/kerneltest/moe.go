@@ -1,0 +1,167 @@
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// moeCases are the grouped GEMM's cases, and the MoE cases beyond the
+// first table's: routes with exact ties, and the experts at
+// DeepSeek-V2-Lite's own dims at decode and prefill batch sizes.
+func moeCases(wdts []kernels.DType) []opCase {
+	var cs []opCase
+	for _, s := range []groupGemmCase{
+		{name: "odd", sizes: []int{3, 0, 17, 1, 40}, lead: 2, trail: 5, n: 72, k: 200},
+		{name: "empty groups", sizes: []int{0, 0, 5, 0, 0, 0, 129, 0}, n: 136, k: 64},
+		{name: "one group holds all rows", sizes: []int{0, 0, 300, 0}, n: 96, k: 128},
+		{name: "no rows", sizes: []int{0, 0, 0}, lead: 4, n: 64, k: 64},
+		{name: "uneven", sizes: []int{130, 7, 0, 257, 1, 64, 128, 33, 0, 90, 2, 66, 19, 0, 200, 5}, trail: 3, n: 264, k: 520, pitched: true},
+		{name: "medium groups", sizes: []int{40, 17, 64, 65, 3, 33}, lead: 1, n: 200, k: 136},
+		{name: "v2-lite down, decode", sizes: []int{1, 0, 2, 0, 0, 1, 3, 1}, n: 2048, k: 1408},
+	} {
+		for _, w := range wdts {
+			cs = append(cs, opCase{op: kernels.OpGroupGemm, name: s.String() + ",w=" + w.String(), wdt: w,
+				run: func(e *env) { groupGemm(e, s) }})
+		}
+	}
+	tied := func(r kernels.Routing) routeCase { return routeCase{r: r} }
+	for _, s := range []routeCase{
+		tied(kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Scale: 1}),
+		tied(kernels.Routing{Method: kernels.RouteGreedy, TopK: 2, NormTopK: true, Scale: 1}),
+		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 1}),
+		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 4, Groups: 4, TopKGroups: 2, Scale: 2.5}),
+		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 8, Groups: 8, TopKGroups: 1, Scale: 1}),
+	} {
+		s.n, s.e, s.ties = 33, 64, true
+		if s.r.Groups == 4 {
+			s.e = 12
+		}
+		s.name = fmt.Sprintf("ties %s E=%d K=%d", routeName(s.r), s.e, s.r.TopK)
+		cs = append(cs, opCase{op: kernels.OpMoERoute, name: fmt.Sprintf("%s,N=%d", s.name, s.n), wdt: kernels.BF16,
+			run: func(e *env) { moeRoute(e, s) }})
+	}
+	// DeepSeek-V2-Lite's routed experts: decode at batch 1 and 16, and a
+	// prefill of a few hundred tokens (1.1 GB of expert weights: GPUs only).
+	for _, n := range []int{1, 16, 300} {
+		s := expertsCase{n: n, h: 2048, inter: 1408, e: 64, k: 6}
+		cs = append(cs, opCase{op: kernels.OpMoEExperts, name: fmt.Sprintf("v2-lite dims,N=%d", n), wdt: kernels.BF16,
+			long: true, run: func(e *env) { moeExperts(e, s) }})
+	}
+	return cs
+}
+
+func routeName(r kernels.Routing) string {
+	s := "greedy"
+	if r.Method == kernels.RouteGroupLimited {
+		s = fmt.Sprintf("group-limited %d groups top %d", r.Groups, r.TopKGroups)
+	}
+	if r.NormTopK {
+		s += " norm"
+	}
+	return s
+}
+
+// tiedLogits are router logits drawn from four values half a unit apart:
+// a token's best value is shared by about a quarter of the experts, so its
+// choice is decided by the tie order alone (and, group-limited, so is the
+// choice of groups); values that differ are far apart for any rounding.
+func tiedLogits(e *env, n, experts int) []float32 {
+	v := make([]float32, n*experts)
+	for i := range v {
+		v[i] = float32(e.rng.Intn(4)) * 0.5
+	}
+	return v
+}
+
+// wantRoute is the choice every set must make for logits with exact ties,
+// worked out on the logits themselves (softmax keeps their order and their
+// ties): experts ordered by score, ties to the lower index; group-limited,
+// the groups ordered by their best score, ties to the lower group, and the
+// experts of the groups left out scoring below every other (0 after the
+// softmax). The result is sorted by expert.
+func wantRoute(logits []float32, r kernels.Routing) []int32 {
+	experts := len(logits)
+	score := slices.Clone(logits)
+	if r.Method == kernels.RouteGroupLimited {
+		size := experts / r.Groups
+		best := make([]float32, r.Groups)
+		for g := range best {
+			best[g] = slices.Max(logits[g*size : (g+1)*size])
+		}
+		order := make([]int, r.Groups)
+		for g := range order {
+			order[g] = g
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return -cmpF(best[a], best[b]) })
+		for _, g := range order[r.TopKGroups:] {
+			for j := g * size; j < (g+1)*size; j++ {
+				score[j] = float32(math.Inf(-1))
+			}
+		}
+	}
+	order := make([]int, experts)
+	for j := range order {
+		order[j] = j
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return -cmpF(score[a], score[b]) })
+	out := make([]int32, r.TopK)
+	for k := range out {
+		out[k] = int32(order[k])
+	}
+	slices.Sort(out)
+	return out
+}
+
+func cmpF(a, b float32) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type groupGemmCase struct {
+	name        string
+	sizes       []int // rows of each group, in order
+	lead, trail int   // rows of x before the first group and after the last, in no group
+	n, k        int
+	pitched     bool // x and out are column slices of wider matrices
+}
+
+func (c groupGemmCase) String() string {
+	s := fmt.Sprintf("%s,E=%d,M=%d,N=%d,K=%d", c.name, len(c.sizes), c.lead+sum(c.sizes)+c.trail, c.n, c.k)
+	if c.pitched {
+		s += ",pitched"
+	}
+	return s
+}
+
+// groupGemm checks every group's rows against its own weights, and that
+// the rows no group takes keep their poison.
+func groupGemm(e *env, c groupGemmCase) {
+	m, groups := c.lead+sum(c.sizes)+c.trail, len(c.sizes)
+	first := make([]int32, groups+1)
+	first[0] = int32(c.lead)
+	for g, n := range c.sizes {
+		first[g+1] = first[g] + int32(n)
+	}
+	x := e.random(actK, 1, m, c.k)
+	whole := e.poisoned(actK, m, c.n)
+	out := whole
+	if c.pitched {
+		x = e.random(actK, 1, m, c.k+24).cols(xCol, xCol+c.k)
+		whole = e.poisoned(actK, m, c.n+32)
+		out = whole.cols(outCol, outCol+c.n)
+	}
+	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), groups, c.n, c.k)
+	fs := e.ints(first, groups+1)
+	e.run(func(o kernels.Ops, s int) { o.GroupGemm(out[s], x[s], w[s], fs[s]) })
+	e.check("out", whole, func(r, col int) bool {
+		return r >= c.lead && r < int(first[groups]) && (!c.pitched || col >= outCol && col < outCol+c.n)
+	})
+}
