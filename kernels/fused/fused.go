@@ -1,8 +1,9 @@
 // Package fused is the optimized CUDA kernel set: flash attention on tensor
-// cores for prefill, flash-decoding for decode, and one-pass RMSNorm (with
-// the residual add), RoPE and SwiGLU kernels. The ops it has no kernel of its
-// own for (embedding, the cuBLAS projections, add, argmax, and DeepSeek-V2's
-// MLA and MoE for now) run the naive set's, and the profile says so. The .cu
+// cores for prefill, flash-decoding for decode, one-pass RMSNorm (with the
+// residual add), RoPE and SwiGLU kernels, and a weight-streaming linear for
+// decode's few rows (cuBLAS for the rest). The ops it has no kernel of its
+// own for (embedding, add, argmax, and DeepSeek-V2's MLA and MoE for now)
+// run the naive set's, and the profile says so. The .cu
 // sources are embedded and compiled by NVRTC (through cudaset) when the set
 // is built for a device.
 package fused
@@ -21,12 +22,15 @@ var (
 	elementwiseSrc string
 	//go:embed attention.cu
 	attentionSrc string
+	//go:embed linear.cu
+	linearSrc string
 )
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
+	kernels.OpLinear,
 }
 
 func init() {
@@ -138,6 +142,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: attentionSrc, Funcs: at},
+		{File: "linear.cu", Src: linearSrc, Funcs: linearKernels()},
 	}
 }
 
@@ -172,6 +177,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			}
 		}
 	}
+	if err := o.initLinear(); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -183,4 +191,5 @@ type ops struct {
 	counters *kernels.Tensor        // see decodeCounters
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 	decode   map[string]string      // tuning choices of the decode variant by tuning key
+	lin      linearState
 }
