@@ -2,6 +2,7 @@ package fused
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -234,13 +235,7 @@ func linearVariantsOf(s kernels.Shape, t kernels.Target, why []string) []kernels
 	if k%cudaset.VecWidth != 0 {
 		why = append(why, fmt.Sprintf("K=%d is not a multiple of %d (16-byte weight loads): cublas runs it", k, cudaset.VecWidth))
 	}
-	reason := ""
-	for i, w := range why {
-		if i > 0 {
-			reason += "; "
-		}
-		reason += w
-	}
+	reason := strings.Join(why, "; ")
 	params := fmt.Sprintf("warps=%d stage_k=%d phase_k=%d rows<=%d", linWarps, linStage, linPhase, linMaxRows)
 	if reason == "" {
 		params += fmt.Sprintf(" %v", planLinear(n, k, max(1, t.SMs), linMinBlocks))
