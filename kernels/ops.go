@@ -55,7 +55,7 @@ const (
 // and the profile's order all come from it.
 var opTable = [numOps]OpInfo{
 	iEmbedding:   {OpEmbedding, "", "gather rows of the embedding table"},
-	iLinear:      {OpLinear, "", "dense projection x·wᵀ + bias (cuBLAS)"},
+	iLinear:      {OpLinear, "", "dense projection x·wᵀ + bias (cuBLAS; fused streams decode's weights itself)"},
 	iRMSNorm:     {OpRMSNorm, "", "RMSNorm of each row"},
 	iAddRMSNorm:  {OpAddRMSNorm, "", "residual add, then RMSNorm of the sum"},
 	iAdd:         {OpAdd, "", "elementwise sum"},

@@ -74,11 +74,11 @@ func TestRunners(t *testing.T) {
 		want map[kernels.Op]string
 	}{
 		{"fused", map[kernels.Op]string{kernels.OpRoPE: "fused", kernels.OpAddRMSNorm: "fused",
-			kernels.OpAttnDecode: "fused", kernels.OpLinear: "naive", kernels.OpEmbedding: "naive", kernels.OpArgmax: "naive"}},
+			kernels.OpAttnDecode: "fused", kernels.OpLinear: "fused", kernels.OpEmbedding: "naive", kernels.OpArgmax: "naive"}},
 		{"fused,attn=naive", map[kernels.Op]string{kernels.OpAttnPrefill: "naive", kernels.OpAttnDecode: "naive",
 			kernels.OpSwiGLU: "fused"}},
-		{"naive,add_rms_norm=fused,linear=fused", map[kernels.Op]string{kernels.OpAddRMSNorm: "fused",
-			kernels.OpRMSNorm: "naive", kernels.OpLinear: "naive"}},
+		{"naive,add_rms_norm=fused,embedding=fused", map[kernels.Op]string{kernels.OpAddRMSNorm: "fused",
+			kernels.OpRMSNorm: "naive", kernels.OpEmbedding: "naive", kernels.OpLinear: "naive"}},
 		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpMoEExperts: "cpu"}},
 	} {
 		s, err := kernels.ParseSpec(c.spec)
@@ -202,8 +202,8 @@ func TestApplyTuning(t *testing.T) {
 	if info, _ := kernels.Set("naive"); len(info.VariantsOf(kernels.OpRoPE, nil, kernels.Targets["sm_90a"])) != 1 {
 		t.Errorf("naive's rope: want its one default variant")
 	}
-	if info, _ := kernels.Set("fused"); info.VariantsOf(kernels.OpLinear, nil, kernels.Targets["sm_90a"]) != nil {
-		t.Errorf("fused's linear: want no variants (naive runs it)")
+	if info, _ := kernels.Set("fused"); info.VariantsOf(kernels.OpEmbedding, nil, kernels.Targets["sm_90a"]) != nil {
+		t.Errorf("fused's embedding: want no variants (naive runs it)")
 	}
 }
 

@@ -56,9 +56,10 @@ func TestBenchDryRun(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	_, linear, _ := runInfer(t, "bench", "--dry-run", "--arch", "sm_90a", "linear")
-	stdout += linear
+	_, mla, _ := runInfer(t, "bench", "--dry-run", "--arch", "sm_90a", "mla_decode")
+	stdout += linear + mla
 	for _, want := range []string{"dry run for sm_90a (132 SMs, 227 KiB", "fused  w4_m2", "shared=98304", "naive  default",
-		"no kernel of its own: runs naive's"} {
+		"fused  skinny", "no kernel of its own: runs naive's"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, stdout)
 		}

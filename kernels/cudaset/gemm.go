@@ -1,5 +1,25 @@
 package cudaset
 
+import "github.com/fuselm/fuselm/kernels"
+
+// Addmm is out = x·wᵀ + bias through cuBLAS, as torch's addmm rounds it:
+// with a bias, out is first filled with the bias rows (copy_rows, so a bf16
+// out holds the bias rounded to bf16) and the GEMM adds to them (beta = 1):
+// out = round(x·wᵀ + round(bias)), the sum in f32. Shapes as
+// kernels.CheckLinear; cuBLAS multiplies bf16 weights only.
+func (k *Kit) Addmm(out, x, w, bias *kernels.Tensor) {
+	k.Need(IsBF16(w), kernels.OpLinear, "w %v (cuBLAS multiplies bf16 by bf16)", w)
+	n, kk, m := x.Rows(), x.Cols(), w.Rows()
+	beta := float32(0)
+	if bias != nil {
+		b := k.Mat(bias)
+		b.Pitch = 0 // every row reads the bias
+		k.CopyRows(k.Mat(out), 0, b, 0, 1, 1, n, m)
+		beta = 1
+	}
+	k.Gemm(true, n, m, kk, 1, k.Mat(x), k.Mat(w), beta, k.Mat(out))
+}
+
 // Gemm is c = alpha·a·op(b) + beta·c through cuBLAS, for row-major a [m,k],
 // c [m,n] and b [k,n], or [n,k] used transposed when transB; leading
 // dimensions are the pitches.

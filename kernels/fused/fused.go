@@ -1,10 +1,11 @@
 // Package fused is the optimized CUDA kernel set: flash attention on tensor
 // cores for prefill, flash-decoding for decode, one-pass RMSNorm (with the
-// residual add), RoPE and SwiGLU kernels, and DeepSeek-V2's MoE (a router
+// residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
+// decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
-// sorted by expert). The ops it has no kernel of its own for (embedding, the
-// cuBLAS projections, add, argmax, and MLA for now) run the naive set's, and
-// the profile says so. The .cu
+// sorted by expert). The ops it has no kernel of its own for (embedding,
+// add, argmax, and MLA for now) run the naive set's, and the profile says
+// so. The .cu
 // sources are embedded and compiled by NVRTC (through cudaset) when the set
 // is built for a device.
 package fused
@@ -27,6 +28,8 @@ var (
 	mmaSrc string
 	//go:embed moe.cu
 	moeSrc string
+	//go:embed linear.cu
+	linearSrc string
 )
 
 // withMMA is the source of a module that multiplies on tensor cores: the
@@ -40,7 +43,7 @@ func withMMA(file, src string) string {
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
-	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm,
+	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
 }
 
 func init() {
@@ -153,6 +156,7 @@ func modules() []cudaset.Module {
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: withMMA("attention.cu", attentionSrc), Funcs: at},
 		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
+		{File: "linear.cu", Src: linearSrc, Funcs: linearKernels()},
 	}
 }
 
@@ -187,6 +191,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			return nil, fmt.Errorf("fused: %s: %w", name, err)
 		}
 	}
+	if err := o.initLinear(); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -198,4 +205,5 @@ type ops struct {
 	counters *kernels.Tensor        // see decodeCounters
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 	decode   map[string]string      // tuning choices of the decode variant by tuning key
+	lin      linearState
 }

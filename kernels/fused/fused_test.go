@@ -177,3 +177,76 @@ func TestGemmTiling(t *testing.T) {
 		t.Errorf("moe_experts at W3's prefill: %+v", vs)
 	}
 }
+
+// TestLinearPlan checks how linear_skinny covers the decode projections of
+// Qwen2-7B and DeepSeek-V2-Lite on an H200 (132 SMs, two blocks each):
+// every feature and every k covered, splits of whole stages, split columns
+// fewer than the SMs (one counter each), and about an SM's worth of blocks
+// or more.
+func TestLinearPlan(t *testing.T) {
+	const sms, perSM = 132, 2
+	for _, c := range []struct {
+		n, k           int
+		full, splits   int
+		wantMinBlocks  int
+		wantSplitColsN int
+	}{
+		{4608, 3584, 0, 4, 132, 36},      // qkv
+		{3584, 3584, 0, 5, 132, 28},      // o
+		{37888, 3584, 264, 5, 264, 32},   // gate_up: a wave of whole columns, the 32 left split
+		{3584, 18944, 0, 5, 132, 28},     // down
+		{152064, 3584, 1188, 1, 1188, 0}, // lm_head: whole columns in waves
+		{576, 2048, 0, 8, 40, 5},         // kv_a: as deep as splits go (256 k)
+		{64, 2048, 0, 8, 8, 1},           // router
+		{21888, 2048, 171, 1, 171, 0},    // dense mlp up: more columns than SMs
+		{102400, 2048, 792, 8, 792, 8},   // DeepSeek lm_head: 3 waves, 8 columns split
+		{300, 200, 3, 1, 3, 0},           // too short to split
+	} {
+		p := planLinear(c.n, c.k, sms, perSM)
+		if p.columns*linFeatures < c.n || (p.columns-1)*linFeatures >= c.n {
+			t.Errorf("N=%d: %d columns of %d", c.n, p.columns, linFeatures)
+		}
+		if p.full != c.full || p.splits != c.splits || p.blocks() < c.wantMinBlocks || p.columns-p.full != c.wantSplitColsN {
+			t.Errorf("N=%d K=%d: %+v (%d blocks), want full %d, splits %d, ≥ %d blocks, %d split columns", c.n, c.k, p,
+				p.blocks(), c.full, c.splits, c.wantMinBlocks, c.wantSplitColsN)
+		}
+		if p.full < p.columns {
+			if p.chunk%linStage != 0 || p.chunk < linMinSplitK || p.splits*p.chunk < c.k || (p.splits-1)*p.chunk >= c.k ||
+				p.columns-p.full >= sms {
+				t.Errorf("N=%d K=%d: splits %d of %d k", c.n, c.k, p.splits, p.chunk)
+			}
+		}
+	}
+}
+
+// TestLinearVariants: skinny up to 16 rows by default and by choice,
+// cuBLAS beyond; keys and names checked.
+func TestLinearVariants(t *testing.T) {
+	o := &ops{}
+	o.lin.choice = map[linearKey]string{}
+	key := o.TuningKey(kernels.OpLinear, kernels.Shape{"M": 16, "N": 4608, "K": 3584})
+	if key != "M=16,N=4608,K=3584" || o.VariantFor(kernels.OpLinear, key) != linSkinny {
+		t.Fatalf("key %q runs %q", key, o.VariantFor(kernels.OpLinear, key))
+	}
+	if err := o.UseVariant(kernels.OpLinear, key, linCuBLAS); err != nil || o.VariantFor(kernels.OpLinear, key) != linCuBLAS {
+		t.Errorf("choosing cublas: %v", err)
+	}
+	big := linearKey{17, 4608, 3584}.String()
+	if o.VariantFor(kernels.OpLinear, big) != linCuBLAS {
+		t.Errorf("17 rows run %q", o.VariantFor(kernels.OpLinear, big))
+	}
+	for _, c := range []struct{ key, name, want string }{
+		{big, linSkinny, "at most 16 rows"},
+		{key, "gemv", "no linear variant"},
+		{"D=128", linSkinny, "is not M="},
+	} {
+		if err := o.UseVariant(kernels.OpLinear, c.key, c.name); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %s: %v, want %q", c.key, c.name, err, c.want)
+		}
+	}
+	info, _ := kernels.Set("fused")
+	vs := info.VariantsOf(kernels.OpLinear, kernels.Shape{"M": 1, "N": 100, "K": 60}, kernels.Targets["sm_90a"])
+	if len(vs) != 2 || vs[0].Valid() || !strings.Contains(vs[0].Why, "K=60") || !vs[1].Valid() {
+		t.Errorf("K=60: %+v", vs)
+	}
+}

@@ -9,9 +9,10 @@ import (
 )
 
 // variants lists fused's kernels for an op, shape and target, valid or not
-// (kernels.SetInfo.Variants): flash_prefill's tilings, flash_decode, and the
-// single elementwise and MoE kernels (the grouped GEMM's tiling follows the
-// rows per group; the params say which the shape gets).
+// (kernels.SetInfo.Variants): flash_prefill's tilings, flash_decode,
+// linear_skinny and cuBLAS for linear, and the single elementwise and MoE
+// kernels (the grouped GEMM's tiling follows the rows per group; the params
+// say which the shape gets).
 func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Variant {
 	var why []string
 	if !archAtLeast(t.Arch, 80) {
@@ -79,6 +80,8 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 			c = configFor(s["N"]*s["topk"], s["E"])
 		}
 		return []kernels.Variant{{Name: "grouped_mma", Params: c.params() + " (" + c.regime + ")", Why: join(fits(c.shared()))}}
+	case kernels.OpLinear:
+		return linearVariantsOf(s, t, slices.Clone(why))
 	}
 	return nil
 }
@@ -95,17 +98,24 @@ func archAtLeast(arch string, cc int) bool {
 }
 
 // TuningKey is the key of op's problems of shape s: attention's variants
-// are chosen per head dim; the other kernels have one variant.
+// are chosen per head dim, linear's per shape (M, N, K); the other kernels
+// have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
-	if op == kernels.OpAttnPrefill || op == kernels.OpAttnDecode {
+	switch op {
+	case kernels.OpAttnPrefill, kernels.OpAttnDecode:
 		return fmt.Sprintf("D=%d", s["D"])
+	case kernels.OpLinear:
+		return linearKey{s["M"], s["N"], s["K"]}.String()
 	}
 	return ""
 }
 
-// UseVariant chooses attention's variants for a head dim; the other ops
-// take their single variant's name.
+// UseVariant chooses attention's variants for a head dim and linear's for a
+// shape; the other ops take their single variant's name.
 func (o *ops) UseVariant(op kernels.Op, key, name string) error {
+	if op == kernels.OpLinear {
+		return o.useLinear(key, name)
+	}
 	if op != kernels.OpAttnPrefill && op != kernels.OpAttnDecode {
 		if cur := o.VariantFor(op, key); cur == "" || name != cur {
 			return fmt.Errorf("fused has no variant %q of %s (it has %q)", name, op, cur)
@@ -138,6 +148,8 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 		return o.prefillFor(key).String()
 	case kernels.OpAttnDecode:
 		return o.decodeFor(key)
+	case kernels.OpLinear:
+		return o.linearFor(key)
 	}
 	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
 		return vs[0].Name

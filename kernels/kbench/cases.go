@@ -116,13 +116,11 @@ func causalHalf(s kernels.Shape) float64 {
 var cases = []*Case{
 	{
 		Op: kernels.OpLinear, Bound: "compute", Dims: []string{"M", "N", "K"},
-		Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in every CUDA set: the dense reference)",
-		Shapes: []kernels.Shape{
+		Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in naive, and in fused beyond decode's few rows)",
+		Shapes: append([]kernels.Shape{
 			sh("M", 4096, "N", 4096, "K", 4096), sh("M", 8192, "N", 8192, "K", 8192),
 			sh("M", 16384, "N", 37888, "K", 3584), // Qwen2-7B gate_up over W1's rows, a sixteenth
-			sh("M", 16, "N", 37888, "K", 3584),    // the same at decode, batch 16
-			sh("M", 1, "N", 152064, "K", 3584),    // lm_head, batch 1
-		},
+		}, decodeLinearShapes()...),
 		FLOPs: func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
 		Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")) },
 		build: buildLinear,
@@ -245,6 +243,24 @@ var cases = []*Case{
 		build: buildGroupGemm,
 		dense: buildDenseOfGroups,
 	},
+}
+
+// decodeLinearShapes are the projections of one decode step at batch 16
+// and batch 1: Qwen2-7B's, then DeepSeek-V2-Lite's (N features, K inputs),
+// weight streams whose floor is their bytes over the copy rate.
+func decodeLinearShapes() []kernels.Shape {
+	var s []kernels.Shape
+	for _, m := range []int{16, 1} {
+		for _, p := range [][2]int{
+			{4608, 3584}, {3584, 3584}, {37888, 3584}, {3584, 18944}, {152064, 3584}, // qkv, o, gate_up, down, lm_head
+			{3072, 2048}, {576, 2048}, {2048, 2048}, // q, kv_a, o
+			{21888, 2048}, {2048, 10944}, {5632, 2048}, {2048, 2816}, // dense gate_up, down; shared experts' gate_up, down
+			{64, 2048}, {102400, 2048}, // router, lm_head
+		} {
+			s = append(s, sh("M", m, "N", p[0], "K", p[1]))
+		}
+	}
+	return s
 }
 
 var normShapes = []kernels.Shape{

@@ -39,8 +39,15 @@ func cases(wdts []kernels.DType) []opCase {
 		{n: 64, k: 512, m: 136, pitchedOut: true},
 		{n: 17, k: 128, m: 1000, f32Out: true},
 		{n: 5, k: 64, m: 40, bias: true, pitchedX: true, pitchedOut: true, f32Out: true},
+		{n: 4, k: 100, m: 50, bias: true}, // K a multiple of no 16-byte load: fused leaves it to cuBLAS
 	} {
 		addW(kernels.OpLinear, s.String(), func(e *env) { linear(e, s) })
+	}
+	for _, s := range decodeLinearCases() {
+		for _, w := range wdts {
+			cs = append(cs, opCase{op: kernels.OpLinear, name: s.String() + ",w=" + w.String(), wdt: w,
+				run: func(e *env) { linear(e, s) }, long: s.n*s.k*s.m > 1<<24})
+		}
 	}
 	for _, s := range []struct {
 		n, d int
@@ -205,6 +212,27 @@ func (c linearCase) String() string {
 		}
 	}
 	return s
+}
+
+// decodeLinearCases are the projections of a decode step, 1 to 16 rows: K
+// a multiple of 8 but not of 32, N of no tile, with and without bias, f32
+// out, pitched x and out, and the shapes that make a weight-streaming
+// kernel (fused's linear_skinny, on a GPU of 132 SMs) run whole columns,
+// split every column over K, and do both in one launch. The two of more
+// than 2²⁴ multiply-adds are long cases (GPUs only).
+func decodeLinearCases() []linearCase {
+	var cs []linearCase
+	for n := 1; n <= 16; n++ {
+		cs = append(cs, linearCase{n: n, k: 8 * (17 + 5*n), m: 131 + 37*n, bias: n%2 == 1, f32Out: n%4 == 0,
+			pitchedX: n%3 == 0, pitchedOut: n%5 == 0})
+	}
+	return append(cs,
+		linearCase{n: 16, k: 1032, m: 1000, bias: true},                  // 8 columns of 128, split over K
+		linearCase{n: 3, k: 2056, m: 520, bias: true, pitchedX: true},    // split, the last split short
+		linearCase{n: 9, k: 264, m: 17000, bias: true, pitchedOut: true}, // more columns than SMs, whole K
+		linearCase{n: 13, k: 520, m: 34000, f32Out: true},                // waves of whole columns, the rest split
+		linearCase{n: 1, k: 3584, m: 640, bias: true, f32Out: true},      // a 1-row lm_head-like f32 out
+	)
 }
 
 // Column slices are taken at these offsets of wider matrices.

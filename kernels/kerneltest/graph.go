@@ -96,6 +96,16 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 	moeGU, moeDown := g.random(kernels.BF16, experts, 2*inter, hidden), g.random(kernels.BF16, experts, hidden, inter)
 	add(kernels.OpMoEExperts, func() { ops.MoEExperts(moeOut, moeX, idx, weight, moeGU, moeDown) }, moeOut)
 
+	// Projections: whole columns (K too short to split), with a bias; f32
+	// logits; a K long enough that the weight-streaming kernels split it.
+	proj, projW, projB := g.alloc(act, rows, 200), g.random(kernels.BF16, 200, hidden), g.random(kernels.BF16, 200)
+	add(kernels.OpLinear, func() { ops.Linear(proj, x, projW, projB) }, proj)
+	logitsOut, head := g.alloc(kernels.F32, rows, 1000), g.random(kernels.BF16, 1000, hidden)
+	add(kernels.OpLinear, func() { ops.Linear(logitsOut, x, head, nil) }, logitsOut)
+	longX, longW := g.random(act, rows, 1032), g.random(kernels.BF16, 300, 1032)
+	longOut, longB := g.alloc(act, rows, 300), g.random(kernels.BF16, 300)
+	add(kernels.OpLinear, func() { ops.Linear(longOut, longX, longW, longB) }, longOut)
+
 	next := g.alloc(kernels.I32, rows)
 	add(kernels.OpArgmax, func() { ops.Argmax(next, logits) }, next)
 

@@ -15,19 +15,11 @@ func (o *ops) Embedding(out, table, ids *kernels.Tensor) {
 }
 
 // Linear is one cuBLAS GEMM, out = x·wᵀ, as torch's addmm: with a bias, out
-// is first filled with the bias rows and the GEMM adds to it (beta = 1).
+// is first filled with the bias rows and the GEMM adds to it (beta = 1);
+// cudaset.Addmm, which fused runs too for the rows it leaves to cuBLAS.
 func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	kernels.CheckLinear(o.D.ActDType(), out, x, w, bias)
-	o.Need(cudaset.IsBF16(w), kernels.OpLinear, "w %v (cuBLAS multiplies bf16 by bf16)", w)
-	n, k, m := x.Rows(), x.Cols(), w.Rows()
-	beta := float32(0)
-	if bias != nil {
-		b := o.Mat(bias)
-		b.Pitch = 0 // every row reads the bias
-		o.CopyRows(o.Mat(out), 0, b, 0, 1, 1, n, m)
-		beta = 1
-	}
-	o.Gemm(true, n, m, k, 1, o.Mat(x), o.Mat(w), beta, o.Mat(out))
+	o.Addmm(out, x, w, bias)
 }
 
 // RMSNorm is rms_rstd (a per-row reduction into a scratch rstd) then

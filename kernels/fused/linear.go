@@ -1,0 +1,275 @@
+package fused
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// The tiling of linear_skinny, named as in linear.cu.
+const (
+	// linWarps is LIN_WARPS: warps of a block, each one m16 tile of
+	// output features; linFeatures (LIN_FEATS) is a block column.
+	linWarps    = 8
+	linFeatures = linWarps * 16
+	// linStage is LIN_STAGE: the k of one pipeline stage (4 chunks of 32),
+	// the unit a split of K comes in.
+	linStage = 128
+	// linPhase is LIN_PHASE: the k of x one shared buffer holds.
+	linPhase = 512
+	// linMaxRows is the most rows (tokens) the kernel takes: two n8 tiles,
+	// the 16 columns of one mma m16n8k16 pair.
+	linMaxRows = 16
+	// linMinSplitK is the least k a split covers: two stages, so that a
+	// split block keeps a stage in flight while it multiplies one.
+	linMinSplitK = 2 * linStage
+	// linMinBlocks is LIN_MIN_BLOCKS, the blocks an SM holds by the
+	// kernel's launch bounds: the residency a plan assumes when the compiled
+	// kernel is not at hand (a dry run).
+	linMinBlocks = 2
+	// regsPerSM and threadsPerSM are what every SM from sm_80 to sm_90
+	// has; sharedReserve is what the driver keeps per block.
+	regsPerSM     = 64 << 10
+	threadsPerSM  = 2048
+	sharedReserve = 1 << 10
+)
+
+// Linear variants: "skinny", linear_skinny (weights streamed once, rows ≤
+// linMaxRows); "cublas", the shared cuBLAS addmm naive runs too. Without a
+// tuning choice a shape runs skinny when it has at most linMaxRows rows:
+// at those rows the product is a stream of the weights for both (the mma
+// work of 16 rows is 1/100 of the matrix rate's time), and skinny reads
+// them with more bytes in flight, no bias pre-fill launch and no split-K
+// workspace pass; beyond it cuBLAS's tiles reuse each weight over many rows.
+const (
+	linSkinny = "skinny"
+	linCuBLAS = "cublas"
+)
+
+var linearVariants = []string{linSkinny, linCuBLAS}
+
+// linearKey is a linear problem as its tuning key names it: M rows of x,
+// N output features, K inputs.
+type linearKey struct{ m, n, k int }
+
+func (k linearKey) String() string { return fmt.Sprintf("M=%d,N=%d,K=%d", k.m, k.n, k.k) }
+
+func parseLinearKey(s string) (linearKey, error) {
+	var k linearKey
+	if _, err := fmt.Sscanf(s, "M=%d,N=%d,K=%d", &k.m, &k.n, &k.k); err != nil || k.String() != s {
+		return linearKey{}, fmt.Errorf("tuning key %q is not M=<rows>,N=<features>,K=<inputs>", s)
+	}
+	return k, nil
+}
+
+// linearDefault is the variant a problem runs without a tuning choice.
+func linearDefault(k linearKey) string {
+	if k.m <= linMaxRows {
+		return linSkinny
+	}
+	return linCuBLAS
+}
+
+// linearState is the fused set's linear on one device.
+type linearState struct {
+	counters *kernels.Tensor      // i32 [SMs]: finished splits of each split column, 0 between launches
+	perSM    map[string]int       // blocks an SM holds, by kernel
+	choice   map[linearKey]string // tuning choices
+}
+
+func linearKernel(nt int, out kernels.DType) string {
+	return fmt.Sprintf("linear_skinny_n%d_%s", nt, out)
+}
+
+func linearKernels() []string {
+	var fs []string
+	for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
+		for nt := 1; nt <= linMaxRows/8; nt++ {
+			fs = append(fs, linearKernel(nt, out))
+		}
+	}
+	return fs
+}
+
+// initLinear reads each kernel's residency from what the compiler made of
+// it and allocates the split counters: at most one per SM (see planLinear),
+// zeroed once here, so that no launch allocates or clears anything and a
+// captured graph replays it.
+func (o *ops) initLinear() error {
+	o.lin.perSM = map[string]int{}
+	o.lin.choice = map[linearKey]string{}
+	for _, name := range linearKernels() {
+		a, err := o.Func(name).Attrs()
+		if err != nil {
+			return fmt.Errorf("fused: %s: %w", name, err)
+		}
+		regs := (a.Regs + 7) / 8 * 8 // allocated per thread in units of 8
+		threads := linWarps * 32
+		per := min(regsPerSM/max(1, regs*threads), threadsPerSM/threads,
+			o.D.Props().MaxSharedPerSM/(a.StaticShared+sharedReserve))
+		o.lin.perSM[name] = max(1, per)
+	}
+	o.lin.counters = o.D.Alloc(kernels.I32, o.SMs)
+	o.D.Zero(o.lin.counters)
+	return nil
+}
+
+// linearPlan is how linear_skinny covers a problem: columns of linFeatures
+// features, the first full of them each one block over all of K, the rest
+// each split over K into splits blocks of chunk k.
+type linearPlan struct {
+	columns, full, splits, chunk int
+}
+
+// blocks is the grid.
+func (p linearPlan) blocks() int { return p.full + (p.columns-p.full)*p.splits }
+
+// planLinear plans n features of k inputs on sms SMs holding perSM blocks
+// each. Whole columns come in waves of sms·perSM blocks; the streams of one
+// wave progress together, each at its share of the memory's rate, so a wave
+// with at least one block per SM keeps the memory busy. A last wave with
+// fewer columns than SMs (or a problem of fewer) would leave SMs idle and
+// too few bytes in flight: those columns are split over K so that their
+// blocks number about one per SM, each split at least linMinSplitK deep.
+// Split columns are always fewer than sms (one counter each).
+func planLinear(n, k, sms, perSM int) linearPlan {
+	c := (n + linFeatures - 1) / linFeatures
+	p := linearPlan{columns: c, full: c, splits: 1}
+	wave := sms * perSM
+	rem := c % wave
+	if c < wave {
+		rem = c
+	}
+	if rem == 0 || rem >= sms || k < 2*linMinSplitK {
+		return p
+	}
+	splits := min((sms+rem-1)/rem, k/linMinSplitK)
+	chunk := ((k+splits-1)/splits + linStage - 1) / linStage * linStage
+	splits = (k + chunk - 1) / chunk
+	if splits < 2 {
+		return p
+	}
+	p.full, p.splits, p.chunk = c-rem, splits, chunk
+	return p
+}
+
+func (p linearPlan) String() string {
+	s := fmt.Sprintf("columns=%d of %d features", p.columns, linFeatures)
+	if p.full < p.columns {
+		s += fmt.Sprintf(", %d split %d ways of %d k", p.columns-p.full, p.splits, p.chunk)
+	}
+	return s
+}
+
+// Linear is out = x·wᵀ + bias: linear_skinny for the few rows of a decode
+// step, cuBLAS (cudaset.Addmm, the GEMM naive runs) for the rest, as the
+// tuning choice for the shape, or linearDefault, says. Both round as
+// torch's addmm (see linear.cu). skinny needs bf16 weights with K a
+// multiple of 8 and x's rows on 16-byte boundaries; a problem that has not
+// them runs cuBLAS.
+func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
+	kernels.CheckLinear(o.D.ActDType(), out, x, w, bias)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	if m == 0 || n == 0 {
+		return
+	}
+	key := linearKey{m, n, k}
+	v, ok := o.lin.choice[key]
+	if !ok {
+		v = linearDefault(key)
+	}
+	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
+		o.skinny(out, x, w, bias)
+		return
+	}
+	o.Addmm(out, x, w, bias)
+}
+
+// skinnyTakes reports whether linear_skinny's loads fit x and w: bf16
+// weights, packed, K a multiple of 8, and 16-byte aligned rows.
+func (o *ops) skinnyTakes(x, w *kernels.Tensor) bool {
+	k := x.Cols()
+	return cudaset.IsBF16(w) && w.Pitch == k && k%cudaset.VecWidth == 0 && x.Pitch%cudaset.VecWidth == 0 &&
+		o.D.Ptr(x)%16 == 0 && o.D.Ptr(w)%16 == 0
+}
+
+// skinny launches linear_skinny as planLinear cuts the problem.
+func (o *ops) skinny(out, x, w, bias *kernels.Tensor) {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	nt := (m + 7) / 8
+	name := linearKernel(nt, out.DType)
+	p := planLinear(n, k, o.SMs, o.lin.perSM[name])
+	var part cudaset.Mat
+	if p.full < p.columns {
+		part = o.Scratch("linear.part", kernels.F32, p.splits*m, (p.columns-p.full)*linFeatures)
+	}
+	var bp uintptr
+	biasType := int32(0) // linear.cu's biasType
+	if bias != nil {
+		bp = o.D.Ptr(bias)
+		switch bias.DType {
+		case kernels.BF16:
+			biasType = 1
+		case kernels.F16:
+			biasType = 2
+		case kernels.F32:
+			biasType = 3
+		}
+	}
+	om, xm := o.Mat(out), o.Mat(x)
+	o.Launch(name, p.blocks(), linWarps*32,
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType, part.P, o.D.Ptr(o.lin.counters),
+		int32(m), int32(n), int32(k), int32(p.full), int32(p.splits), int32(p.chunk))
+}
+
+// linearVariantsOf lists linear's variants for shape s (M rows, N
+// features, K inputs) on t: skinny with its plan on t's SMs, or why it
+// cannot run; cublas always.
+func linearVariantsOf(s kernels.Shape, t kernels.Target, why []string) []kernels.Variant {
+	m, n, k := s["M"], s["N"], s["K"]
+	if m > linMaxRows {
+		why = append(why, fmt.Sprintf("M=%d rows: linear_skinny takes at most %d (two n8 tiles of one mma)", m, linMaxRows))
+	}
+	if k%cudaset.VecWidth != 0 {
+		why = append(why, fmt.Sprintf("K=%d is not a multiple of %d (16-byte weight loads): cublas runs it", k, cudaset.VecWidth))
+	}
+	reason := strings.Join(why, "; ")
+	params := fmt.Sprintf("warps=%d stage_k=%d phase_k=%d rows<=%d", linWarps, linStage, linPhase, linMaxRows)
+	if reason == "" {
+		params += fmt.Sprintf(" %v", planLinear(n, k, max(1, t.SMs), linMinBlocks))
+	}
+	return []kernels.Variant{
+		{Name: linSkinny, Params: params, Why: reason},
+		{Name: linCuBLAS, Params: "cuBLAS GEMM over bias rows (beta=1), as naive"},
+	}
+}
+
+// useLinear makes problems of key run variant name.
+func (o *ops) useLinear(key, name string) error {
+	k, err := parseLinearKey(key)
+	if err != nil {
+		return err
+	}
+	switch {
+	case name != linSkinny && name != linCuBLAS:
+		return fmt.Errorf("fused has no linear variant %q (it has %v)", name, linearVariants)
+	case name == linSkinny && k.m > linMaxRows:
+		return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
+	}
+	o.lin.choice[k] = name
+	return nil
+}
+
+// linearFor is the variant problems of key run.
+func (o *ops) linearFor(key string) string {
+	k, err := parseLinearKey(key)
+	if err != nil {
+		return ""
+	}
+	if v, ok := o.lin.choice[k]; ok {
+		return v
+	}
+	return linearDefault(k)
+}
