@@ -1,8 +1,9 @@
 // Package fused is the optimized CUDA kernel set: flash attention on tensor
-// cores for prefill, flash-decoding for decode, and one-pass RMSNorm (with
+// cores for prefill, flash-decoding for decode, both also for DeepSeek-V2's
+// latent attention (MLA, absorbed at decode), and one-pass RMSNorm (with
 // the residual add), RoPE and SwiGLU kernels. The ops it has no kernel of its
 // own for (embedding, the cuBLAS projections, add, argmax, and DeepSeek-V2's
-// MLA and MoE for now) run the naive set's, and the profile says so. The .cu
+// MoE for now) run the naive set's, and the profile says so. The .cu
 // sources are embedded and compiled by NVRTC (through cudaset) when the set
 // is built for a device.
 package fused
@@ -21,12 +22,15 @@ var (
 	elementwiseSrc string
 	//go:embed attention.cu
 	attentionSrc string
+	//go:embed mla.cu
+	mlaSrc string
 )
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
+	kernels.OpMLAPrefill, kernels.OpMLADecode,
 }
 
 func init() {
@@ -135,9 +139,14 @@ func modules() []cudaset.Module {
 		}
 	}
 	at = append(at, "attn_merge")
+	// mla.cu continues attention.cu's compilation unit: it builds on its
+	// device helpers, flash_prefill and DecodeSplit.
+	for _, k := range mlaKernels() {
+		at = append(at, k.name)
+	}
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: attentionSrc, Funcs: at},
+		{File: "attention.cu", Src: attentionSrc + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
 	}
 }
 
@@ -149,7 +158,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{}}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{},
+		mlaPrefill: map[string]flashConfig{}}
 	for _, d := range headDims {
 		sizes := map[string]int{}
 		for _, v := range decodeVariants {
@@ -172,6 +182,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			}
 		}
 	}
+	if err := o.prepareMLA(); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -183,4 +196,7 @@ type ops struct {
 	counters *kernels.Tensor        // see decodeCounters
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 	decode   map[string]string      // tuning choices of the decode variant by tuning key
+
+	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
+	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
 }
