@@ -29,8 +29,11 @@ func TestCounts(t *testing.T) {
 		{kernels.OpRoPE, "T=16384,H=32,D=128,R=128,interleaved=0", 3 * 16384 * 32 * 128, 268435456},
 		{kernels.OpSwiGLU, "N=16384,I=18944", 6 * 16384 * 18944, 1862270976},
 		{kernels.OpMoEExperts, "N=1,H=2048,I=1408,E=64,topk=6", 6 * 6 * 2048 * 1408, 103817216},
-		{kernels.OpMLAPrefill, "B=4,H=16,N=1024,Dn=128,Dr=64,Dv=128,R=512", 21474836480, 2 * 4 * 1024 * (16*320 + 576)},
-		{kernels.OpMLADecode, "B=1,H=16,ctx=4096,Dn=128,Dr=64,Dv=128,R=512", 2 * 16 * 4096 * 1088, 2 * (4096*576 + 16*256*512)},
+		// MLA: the attention as bench_mla counts it, plus kv_b_proj's product
+		// (prefill: every latent decompressed; decode: q absorbed, o_lat
+		// expanded).
+		{kernels.OpMLAPrefill, "B=4,H=16,N=1024,Dn=128,Dr=64,Dv=128,R=512", 21474836480 + 2*4*1024*512*16*256, 2 * 4 * 1024 * (16*320 + 576)},
+		{kernels.OpMLADecode, "B=1,H=16,ctx=4096,Dn=128,Dr=64,Dv=128,R=512", 2*16*4096*1088 + 2*16*512*256, 2 * (4096*576 + 16*256*512)},
 	} {
 		s, err := kernels.ParseShape(c.shape)
 		if err != nil {
