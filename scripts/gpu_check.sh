@@ -96,7 +96,9 @@ if ! $quick; then
 fi
 if ! $quick && $deepseek; then
 	[ -f "$DSV2_LITE/reference_f32.json" ] || step dsv2-lite-write python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out "$DSV2_LITE"
-	for spec in naive fused; do
+	# naive, fused, and the MLA ablations: fused with MLA on naive, naive
+	# with MLA on fused.
+	for spec in naive fused "fused,mla=naive" "naive,mla=fused"; do
 		step "dsv2-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$DSV2_LITE \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
