@@ -212,6 +212,8 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	o.Need(slices.Contains(mlaDecodeDims, d), op, "latents of rank %d, rope %d: the fused kernels take %v (mla=naive runs any)",
 		d.Rank, d.Rope, mlaDecodeDims)
 	o.Need(a.Heads <= maxMLAHeads, op, "%d heads: mla_decode takes at most %d, one m-tile (mla=naive runs any)", a.Heads, maxMLAHeads)
+	o.Need(a.NopeDim%cudaset.VecWidth == 0, op, "nope dim %d: mla_decode reads q_pe in 16-byte pieces, so it must be a multiple of %d",
+		a.NopeDim, cudaset.VecWidth)
 	kernel := mlaDecodeKernel(d)
 	o.needRoom(op, kernel)
 	b := a.Batch
