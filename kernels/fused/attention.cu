@@ -76,51 +76,65 @@ template <int NT> __device__ __forceinline__ void p_frag(unsigned (&a)[4], const
 	a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
-// flash_prefill is attention of a packed batch's new tokens over its KV
-// cache (the new keys and values already appended by kv_append), causal
-// unless causal is 0 (then every new token sees all its row's keys: the
-// kernel benchmarks' non-causal case).
-//   out bf16 [T, heads·D], pitch op; q bf16 [T, heads·D] (rotated), pitch qp;
-//   kc, vc bf16 [B, kvh, maxSeq, D]; start i32 [B+1], past i32 [B]: token
-//   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
-//   0..past[b]+i of kv head h / (heads/kvh).
+// CacheKV is flash_prefill's source of keys and values for one block: the
+// kv head's rows of the caches [B, kvh, maxSeq, D], each D wide.
+template <int D> struct CacheKV {
+	const bf16 *k, *v; // the kv head's position 0
+	// loadK and loadV copy rows [k0, k0+BN) of the keys or values into a
+	// shared tile (Tile<D>), zeroing rows at or past k0+valid.
+	__device__ void loadK(unsigned dst, int k0, int valid, int tid, int nthreads) const {
+		Tile<D>::template load<BN>(dst, k + (long long)k0 * D, D, valid, tid, nthreads);
+	}
+	__device__ void loadV(unsigned dst, int k0, int valid, int tid, int nthreads) const {
+		Tile<D>::template load<BN>(dst, v + (long long)k0 * D, D, valid, tid, nthreads);
+	}
+};
+
+// flash_prefill is attention of the new tokens of row b of a packed batch
+// over that row's keys (the new ones already appended), for query head
+// blockIdx.y: causal unless causal is 0 (then every new token sees all
+// its row's keys: the kernel benchmarks' non-causal case).
+//   out bf16 [T, heads·DV], pitch op; q bf16 [T, heads·DQK] (rotated),
+//   pitch qp; kv the head's keys (DQK wide) and values (DV wide) by
+//   position (CacheKV, or mla.cu's MLA source); start i32 [B+1], past i32
+//   [B]: token t0+i of row b (t0 = start[b]) sits at position past[b]+i
+//   and sees keys 0..past[b]+i.
 // A block takes BM = WARPS·16·MT queries of one row and one head, a warp MT
 // m-tiles of 16 of them. Keys come in tiles of BN, double-buffered through
 // cp.async; tiles wholly above the diagonal are never loaded, only the ones
 // crossing it are masked. Blocks of the latest queries (the most keys)
 // start first. Q stays in registers when MT = 1, else it is re-read from
 // shared memory for each key tile.
-// Launch: grid (ceil(max new tokens / BM), heads, B), WARPS·32 threads,
-// shared (BM + 4·BN)·Tile<D>::ROW_BYTES bytes.
-template <int D, int WARPS, int MT>
-__device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf16* kc, const bf16* vc,
-                              const int* start, const int* past, int heads, int kvh, int maxSeq, float scale_log2,
-                              int causal) {
-	constexpr int BM = WARPS * 16 * MT, KS = D / 16, NS = BN / 8, NO = D / 8, THREADS = WARPS * 32;
+// Launch: grid (ceil(max new tokens / BM), heads, rows), WARPS·32 threads,
+// shared BM·Tile<DQK>::ROW_BYTES + 2·BN·(Tile<DQK>::ROW_BYTES +
+// Tile<DV>::ROW_BYTES) bytes.
+template <int DQK, int DV, int WARPS, int MT, typename KV>
+__device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const KV& kv, const int* start,
+                              const int* past, int b, float scale_log2, int causal) {
+	constexpr int BM = WARPS * 16 * MT, KS = DQK / 16, NS = BN / 8, NO = DV / 8, THREADS = WARPS * 32;
 	constexpr bool QREGS = MT == 1;
-	typedef Tile<D> T;
+	typedef Tile<DQK> TK;
+	typedef Tile<DV> TV;
+	constexpr int STAGE_BYTES = BN * (TK::ROW_BYTES + TV::ROW_BYTES);
 	extern __shared__ __align__(128) unsigned char smem[];
-	const int b = blockIdx.z, h = blockIdx.y;
+	const int h = blockIdx.y;
 	const int t0 = start[b], n = start[b + 1] - t0, p0 = past[b];
 	const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
 	if (q0 >= n) return;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const long long kvBase = ((long long)b * kvh + h / (heads / kvh)) * maxSeq * D;
-	const bf16* K = kc + kvBase;
-	const bf16* V = vc + kvBase;
 	const int kend = p0 + (causal ? min(q0 + BM, n) : n); // keys [0, kend) are read
 	const int ntiles = (kend + BN - 1) / BN;
 
 	const unsigned sQ = smem_addr(smem);
-	const unsigned sKV = sQ + BM * T::ROW_BYTES; // stage s: K at sKV + 2s·BN rows, V after it
-	auto sK = [&](int s) { return sKV + (2 * s) * BN * T::ROW_BYTES; };
-	auto sV = [&](int s) { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; };
+	const unsigned sKV = sQ + BM * TK::ROW_BYTES; // stage s: K tile, then V tile
+	auto sK = [&](int s) { return sKV + s * STAGE_BYTES; };
+	auto sV = [&](int s) { return sKV + s * STAGE_BYTES + BN * TK::ROW_BYTES; };
 	auto loadKV = [&](int j) {
 		const int k0 = j * BN;
-		T::template load<BN>(sK(j & 1), K + (long long)k0 * D, D, kend - k0, tid, THREADS);
-		T::template load<BN>(sV(j & 1), V + (long long)k0 * D, D, kend - k0, tid, THREADS);
+		kv.loadK(sK(j & 1), k0, kend - k0, tid, THREADS);
+		kv.loadV(sV(j & 1), k0, kend - k0, tid, THREADS);
 	};
-	T::template load<BM>(sQ, q + (long long)(t0 + q0) * qp + h * D, qp, n - q0, tid, THREADS);
+	TK::template load<BM>(sQ, q + (long long)(t0 + q0) * qp + h * DQK, qp, n - q0, tid, THREADS);
 	loadKV(0);
 	cp_commit();
 
@@ -146,7 +160,7 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 		if (QREGS && j == 0) {
 #pragma unroll
 			for (int ks = 0; ks < KS; ks++)
-				ldsm_x4(qa[0][ks], T::at(sQ, wr + (lane & 15), ks * 2 + (lane >> 4)));
+				ldsm_x4(qa[0][ks], TK::at(sQ, wr + (lane & 15), ks * 2 + (lane >> 4)));
 		}
 		const unsigned kT = sK(j & 1), vT = sV(j & 1);
 		float s[MT][NS][4];
@@ -163,13 +177,13 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 #pragma unroll
 					for (int x = 0; x < 4; x++) a[mt][x] = qa[0][ks][x];
 				} else {
-					ldsm_x4(a[mt], T::at(sQ, wr + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+					ldsm_x4(a[mt], TK::at(sQ, wr + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
 				}
 			}
 #pragma unroll
 			for (int np = 0; np < NS / 2; np++) {
 				unsigned kb[4];
-				ldsm_x4(kb, T::at(kT, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+				ldsm_x4(kb, TK::at(kT, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
 #pragma unroll
 				for (int mt = 0; mt < MT; mt++) {
 					mma16816(s[mt][2 * np], a[mt], kb[0], kb[1]);
@@ -214,7 +228,7 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 #pragma unroll
 			for (int dp = 0; dp < NO / 2; dp++) {
 				unsigned vb[4];
-				ldsm_x4_t(vb, T::at(vT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+				ldsm_x4_t(vb, TV::at(vT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
 #pragma unroll
 				for (int mt = 0; mt < MT; mt++) {
 					mma16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
@@ -234,7 +248,7 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 			const int row = q0 + wr + mt * 16 + (lane >> 2) + i * 8;
 			const float inv = 1.0f / quad_sum(st[mt][i].l);
 			if (row >= n) continue;
-			bf16* dst = out + (long long)(t0 + row) * op + h * D + 2 * (lane & 3);
+			bf16* dst = out + (long long)(t0 + row) * op + h * DV + 2 * (lane & 3);
 #pragma unroll
 			for (int d = 0; d < NO; d++) {
 				const unsigned v = pack2(o[mt][d][2 * i] * inv, o[mt][d][2 * i + 1] * inv);
@@ -244,11 +258,20 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const bf
 	}
 }
 
+// flash_prefill_d<D>_w<W>_m<MT> is flash_prefill of GQA over the KV cache
+// for every row of the batch at once (row blockIdx.z, query head blockIdx.y
+// over kv head h / (heads/kvh)).
+//   kc, vc bf16 [B, kvh, maxSeq, D]; the rest as flash_prefill's.
+// Launch: grid (ceil(max new tokens / BM), heads, B), W·32 threads, shared
+// (BM + 4·BN)·Tile<D>::ROW_BYTES bytes.
 #define FLASH_PREFILL(D, W, MT)                                                                                   \
 	extern "C" __global__ void __launch_bounds__(W * 32) flash_prefill_d##D##_w##W##_m##MT(                     \
 	    bf16* out, int op, const bf16* q, int qp, const bf16* kc, const bf16* vc, const int* start,             \
 	    const int* past, int heads, int kvh, int maxSeq, float scale_log2, int causal) {                         \
-		flash_prefill<D, W, MT>(out, op, q, qp, kc, vc, start, past, heads, kvh, maxSeq, scale_log2, causal);   \
+		const int b = blockIdx.z;                                                                                \
+		const long long base = ((long long)b * kvh + blockIdx.y / (heads / kvh)) * maxSeq * D;                  \
+		const CacheKV<D> kv{kc + base, vc + base};                                                               \
+		flash_prefill<D, D, W, MT>(out, op, q, qp, kv, start, past, b, scale_log2, causal);                      \
 	}
 #define FLASH_PREFILL_D(D) FLASH_PREFILL(D, 4, 2) FLASH_PREFILL(D, 4, 1) FLASH_PREFILL(D, 8, 1) FLASH_PREFILL(D, 8, 2)
 FLASH_PREFILL_D(16)
@@ -266,10 +289,15 @@ FLASH_PREFILL_D(128)
 // token's key and value (appended to the cache by the block whose split
 // holds them, and read from kn, vn rather than from the cache), the shared
 // memory stages, and the pipelined loads of key tiles and of the group's
-// queries. A length past maxSeq traps.
-template <int D> struct DecodeSplit {
+// queries. STAGES tiles are in flight. With SHARED the values are the
+// keys' leading columns (MLA's latent cache, mla.cu): a stage holds one
+// tile, sV is sK, and there is no vn or vc. A length past maxSeq traps.
+// Shared memory: 16 query rows, then STAGES·(SHARED ? 1 : 2)·BN rows, of
+// Tile<D>::ROW_BYTES.
+template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSplit {
 	typedef Tile<D> T;
 	static constexpr int THREADS = DEC_WARPS * 32;
+	static constexpr int TILES = SHARED ? 1 : 2; // tiles of a stage
 	int b, g, group, len, k0, nkeys, ntiles, newAt, tid;
 	long long rowHead, kvBase; // the group's first row of [B·heads]; the (row, kv head)'s cache
 	const bf16 *kNew, *vNew;
@@ -288,46 +316,52 @@ template <int D> struct DecodeSplit {
 		rowHead = (long long)b * heads + g * group;
 		kvBase = ((long long)b * kvh + g) * maxSeq * D;
 		kNew = kn + (long long)b * kp + g * D;
-		vNew = vn + (long long)b * vp + g * D;
+		vNew = SHARED ? nullptr : vn + (long long)b * vp + g * D;
 		sQ = smem_addr(smem);
 		sKV = sQ + 16 * T::ROW_BYTES;
 		if (newAt >= 0 && newAt < nkeys) {
 			for (int i = tid; i < D / 8; i += THREADS) {
 				store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
-				store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
+				if (!SHARED) store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
 			}
 		}
 	}
-	__device__ unsigned sK(int s) const { return sKV + (2 * s) * BN * T::ROW_BYTES; }
-	__device__ unsigned sV(int s) const { return sKV + (2 * s + 1) * BN * T::ROW_BYTES; }
+	__device__ unsigned sK(int s) const { return sKV + (TILES * s) * BN * T::ROW_BYTES; }
+	__device__ unsigned sV(int s) const { return sKV + (TILES * s + TILES - 1) * BN * T::ROW_BYTES; }
 
-	// loadKV brings tile j of the split into stage j % DEC_STAGES.
+	// loadKV brings tile j of the split into stage j % STAGES.
 	__device__ void loadKV(int j) const {
-		const int s = j % DEC_STAGES, first = j * BN;
+		const int s = j % STAGES, first = j * BN;
 		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
 			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
 			const bool ok = key < nkeys;
 			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
 			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
-			cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
+			if (!SHARED) cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
 		}
 	}
 
-	// start queues the group's queries and the first DEC_STAGES-1 tiles.
+	// start queues the group's queries and the first tiles (see prime).
 	__device__ void start(const bf16* q, int qp) const {
 		T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
+		prime();
+	}
+
+	// prime queues the first STAGES-1 tiles, the queries' loads (issued
+	// before it) in the first group.
+	__device__ void prime() const {
 #pragma unroll
-		for (int j = 0; j < DEC_STAGES - 1; j++) {
+		for (int j = 0; j < STAGES - 1; j++) {
 			if (j < ntiles) loadKV(j);
 			cp_commit();
 		}
 	}
 
-	// next queues tile j+DEC_STAGES-1 and waits for tile j.
+	// next queues tile j+STAGES-1 and waits for tile j.
 	__device__ void next(int j) const {
-		if (j + DEC_STAGES - 1 < ntiles) loadKV(j + DEC_STAGES - 1);
+		if (j + STAGES - 1 < ntiles) loadKV(j + STAGES - 1);
 		cp_commit();
-		cp_wait<DEC_STAGES - 1>();
+		cp_wait<STAGES - 1>();
 		__syncthreads();
 	}
 };

@@ -1,11 +1,11 @@
 // Package fused is the optimized CUDA kernel set: flash attention on tensor
-// cores for prefill, flash-decoding for decode, one-pass RMSNorm (with the
+// cores for prefill, flash-decoding for decode, both also for DeepSeek-V2's
+// latent attention (MLA, absorbed at decode), one-pass RMSNorm (with the
 // residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
 // decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
 // sorted by expert). The ops it has no kernel of its own for (embedding,
-// add, argmax, and MLA for now) run the naive set's, and the profile says
-// so. The .cu
+// add, argmax) run the naive set's, and the profile says so. The .cu
 // sources are embedded and compiled by NVRTC (through cudaset) when the set
 // is built for a device.
 package fused
@@ -30,6 +30,8 @@ var (
 	moeSrc string
 	//go:embed linear.cu
 	linearSrc string
+	//go:embed mla.cu
+	mlaSrc string
 )
 
 // withMMA is the source of a module that multiplies on tensor cores: the
@@ -44,6 +46,7 @@ var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
+	kernels.OpMLAPrefill, kernels.OpMLADecode,
 }
 
 func init() {
@@ -152,9 +155,14 @@ func modules() []cudaset.Module {
 		}
 	}
 	at = append(at, "attn_merge")
+	// mla.cu continues attention.cu's compilation unit: it builds on its
+	// device helpers, flash_prefill and DecodeSplit.
+	for _, k := range mlaKernels() {
+		at = append(at, k.name)
+	}
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: withMMA("attention.cu", attentionSrc), Funcs: at},
+		{File: "attention.cu", Src: withMMA("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
 		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
 		{File: "linear.cu", Src: linearSrc, Funcs: linearKernels()},
 	}
@@ -168,7 +176,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{}}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{},
+		mlaPrefill: map[string]flashConfig{}}
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
 		for _, v := range decodeVariants {
@@ -194,6 +203,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err := o.initLinear(); err != nil {
 		return nil, err
 	}
+	if err := o.prepareMLA(); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -206,4 +218,7 @@ type ops struct {
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 	decode   map[string]string      // tuning choices of the decode variant by tuning key
 	lin      linearState
+
+	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
+	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
 }

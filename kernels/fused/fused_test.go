@@ -250,3 +250,72 @@ func TestLinearVariants(t *testing.T) {
 		t.Errorf("K=60: %+v", vs)
 	}
 }
+
+// TestMLAPrefillConfigs runs the shared harness once per mla_prefill
+// tiling, and once with a budget so small that every row of a batch gets a
+// launch of its own (the kernel-set test runs the default, all rows in one).
+func TestMLAPrefillConfigs(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	saved, savedBudget := mlaPrefillConfig, mlaPrefillBudget
+	defer func() { mlaPrefillConfig, mlaPrefillBudget = saved, savedBudget }()
+	for _, c := range flashConfigs {
+		t.Run(c.String(), func(t *testing.T) {
+			mlaPrefillConfig = c
+			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+		})
+	}
+	mlaPrefillConfig, mlaPrefillBudget = saved, 1
+	t.Run("a launch per row", func(t *testing.T) { kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances()) })
+}
+
+// TestMLAVariants checks what fused offers for MLA: DeepSeek-V2-Lite's
+// shapes on an H200, refusals for heads or dims the kernels do not take,
+// and a tuning choice of mla_prefill's tiling.
+func TestMLAVariants(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
+	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 1 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
+		t.Errorf("mla_decode of V2-Lite on sm_90a: %+v", vs)
+	}
+	if shared := mlaDecodeShared(mlaLatent{512, 64}); shared > h200.SharedPerBlock {
+		t.Errorf("mla_decode needs %d bytes of shared memory, an H200 block gets %d", shared, h200.SharedPerBlock)
+	}
+	wide := kernels.Shape{"B": 1, "H": 128, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512} // DeepSeek-V2's 128 heads
+	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 1 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
+		t.Errorf("mla_decode of 128 heads: %+v, want refused for its heads", vs)
+	}
+	prefill := kernels.Shape{"B": 1, "H": 16, "N": 11041, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
+	if got := valid(variants(kernels.OpMLAPrefill, prefill, h200)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2", "w8_m2"}) {
+		t.Errorf("mla_prefill of V2-Lite on sm_90a: valid tilings %v", got)
+	}
+	odd := kernels.Shape{"B": 1, "H": 2, "N": 6, "Dn": 16, "Dr": 8, "Dv": 16, "R": 32}
+	for _, v := range variants(kernels.OpMLAPrefill, odd, h200) {
+		if !strings.Contains(v.Why, "rope 8") {
+			t.Errorf("mla_prefill with rope 8: %+v, want refused for its dims", v)
+		}
+	}
+
+	o := &ops{mlaPrefill: map[string]flashConfig{}}
+	key := o.TuningKey(kernels.OpMLAPrefill, prefill)
+	if key != "Dn=128,Dr=64,Dv=128" || o.VariantFor(kernels.OpMLAPrefill, key) != mlaPrefillConfig.String() {
+		t.Fatalf("key %q, variant %q before tuning", key, o.VariantFor(kernels.OpMLAPrefill, key))
+	}
+	if err := o.UseVariant(kernels.OpMLAPrefill, key, "w8_m1"); err != nil || o.mlaPrefillFor(key) != (flashConfig{8, 1}) {
+		t.Errorf("UseVariant w8_m1: %v, now %v", err, o.mlaPrefillFor(key))
+	}
+	if err := o.UseVariant(kernels.OpMLAPrefill, "Dn=16,Dr=8,Dv=16", "w4_m1"); err == nil {
+		t.Errorf("a tiling accepted for head dims mla_prefill has no kernel for")
+	}
+	if err := o.UseVariant(kernels.OpMLADecode, "", mlaDecodeVariant); err != nil {
+		t.Errorf("mla_decode's one variant refused: %v", err)
+	}
+}
+
+func valid(vs []kernels.Variant) (names []string) {
+	for _, v := range vs {
+		if v.Valid() {
+			names = append(names, v.Name)
+		}
+	}
+	return names
+}

@@ -10,9 +10,9 @@ import (
 
 // variants lists fused's kernels for an op, shape and target, valid or not
 // (kernels.SetInfo.Variants): flash_prefill's tilings, flash_decode,
-// linear_skinny and cuBLAS for linear, and the single elementwise and MoE
-// kernels (the grouped GEMM's tiling follows the rows per group; the params
-// say which the shape gets).
+// linear_skinny and cuBLAS for linear, mla_prefill's tilings, mla_decode,
+// and the single elementwise and MoE kernels (the grouped GEMM's tiling
+// follows the rows per group; the params say which the shape gets).
 func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Variant {
 	var why []string
 	if !archAtLeast(t.Arch, 80) {
@@ -64,6 +64,33 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 				Why: join(fits(shared))})
 		}
 		return vs
+	case kernels.OpMLAPrefill:
+		d := mlaHeads{s["Dn"], s["Dr"], s["Dv"]}
+		if !slices.Contains(mlaPrefillDims, d) {
+			why = append(why, fmt.Sprintf("heads of nope %d, rope %d, v %d: the kernels are instantiated for %v", d.Nope, d.Rope, d.V, mlaPrefillDims))
+		}
+		var vs []kernels.Variant
+		for _, c := range flashConfigs {
+			shared := mlaPrefillShared(d, c)
+			vs = append(vs, kernels.Variant{Name: c.String(),
+				Params: fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d; kv_b_proj up front (cuBLAS)",
+					c.Warps, c.MTiles, c.rows(), keyTile, shared),
+				Why: join(fits(shared))})
+		}
+		return vs
+	case kernels.OpMLADecode:
+		d := mlaLatent{s["R"], s["Dr"]}
+		if !slices.Contains(mlaDecodeDims, d) {
+			why = append(why, fmt.Sprintf("latents of rank %d, rope %d: the kernel is instantiated for %v", d.Rank, d.Rope, mlaDecodeDims))
+		}
+		if s["H"] > maxMLAHeads {
+			why = append(why, fmt.Sprintf("%d heads, at most %d", s["H"], maxMLAHeads))
+		}
+		shared := mlaDecodeShared(d)
+		return []kernels.Variant{{Name: mlaDecodeVariant,
+			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps split q·k by dims and p·c by output dims, attn_merge merges",
+				decodeWarps, keyTile, mlaStages, shared),
+			Why: join(fits(shared))}}
 	case kernels.OpRMSNorm, kernels.OpAddRMSNorm:
 		return []kernels.Variant{{Name: "row_per_block", Params: fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads),
 			Why: join()}}
@@ -98,7 +125,8 @@ func archAtLeast(arch string, cc int) bool {
 }
 
 // TuningKey is the key of op's problems of shape s: attention's variants
-// are chosen per head dim, linear's per shape (M, N, K); the other kernels
+// are chosen per head dim, linear's per shape (M, N, K), mla_prefill's per
+// head dims; the other kernels
 // have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 	switch op {
@@ -106,15 +134,30 @@ func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 		return fmt.Sprintf("D=%d", s["D"])
 	case kernels.OpLinear:
 		return linearKey{s["M"], s["N"], s["K"]}.String()
+	case kernels.OpMLAPrefill:
+		return fmt.Sprintf("Dn=%d,Dr=%d,Dv=%d", s["Dn"], s["Dr"], s["Dv"])
 	}
 	return ""
 }
 
-// UseVariant chooses attention's variants for a head dim and linear's for a
-// shape; the other ops take their single variant's name.
+// UseVariant chooses attention's variants for a head dim, linear's for a
+// shape and mla_prefill's tiling for head dims; the other ops take their
+// single variant's name.
 func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 	if op == kernels.OpLinear {
 		return o.useLinear(key, name)
+	}
+	if op == kernels.OpMLAPrefill {
+		var d mlaHeads
+		if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err != nil || !slices.Contains(mlaPrefillDims, d) {
+			return fmt.Errorf("tuning key %q is not Dn=,Dr=,Dv= of head dims of %v", key, mlaPrefillDims)
+		}
+		c, ok := flashConfigNamed(name)
+		if !ok {
+			return fmt.Errorf("fused has no mla_prefill tiling %q", name)
+		}
+		o.mlaPrefill[key] = c
+		return nil
 	}
 	if op != kernels.OpAttnPrefill && op != kernels.OpAttnDecode {
 		if cur := o.VariantFor(op, key); cur == "" || name != cur {
@@ -150,6 +193,8 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 		return o.decodeFor(key)
 	case kernels.OpLinear:
 		return o.linearFor(key)
+	case kernels.OpMLAPrefill:
+		return o.mlaPrefillFor(key).String()
 	}
 	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
 		return vs[0].Name

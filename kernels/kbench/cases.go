@@ -188,9 +188,16 @@ var cases = []*Case{
 		Op: kernels.OpMLAPrefill, Bound: "compute", Dims: []string{"B", "H", "N", "Dn", "Dr", "Dv", "R"},
 		Doc:    "B rows of N new tokens, H heads: q·k over Dn+Dr dims, v of Dv, latents of rank R",
 		Shapes: mlaPrefillShapes(),
-		// TileGym's bench_mla: 2·B·H·S²·(Dqk + Dv), halved for causal.
+		// The least work of the two forms, the decompressed one at these
+		// sizes: TileGym's bench_mla count of the attention, 2·B·H·S²·(Dqk +
+		// Dv) halved for causal, plus the decompression of every latent by
+		// kv_b_proj, 2·B·S·R·H·(Dn+Dv), which bench_mla leaves out. (The
+		// absorbed form skips the decompression but pays 2·(2R+Dr) per head
+		// and key instead of 2·(Dqk+Dv): 3.4× the attention at V2-Lite's
+		// dims.)
 		FLOPs: func(s kernels.Shape) float64 {
-			return 2 * f(s, "B", "H", "N", "N") * (f(s, "Dn") + f(s, "Dr") + f(s, "Dv")) * 0.5
+			attn := 2 * f(s, "B", "H", "N", "N") * (f(s, "Dn") + f(s, "Dr") + f(s, "Dv")) * 0.5
+			return attn + 2*f(s, "B", "N", "R", "H")*(f(s, "Dn")+f(s, "Dv"))
 		},
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * f(s, "B", "N") * (f(s, "H")*(f(s, "Dn")+f(s, "Dr")+f(s, "Dv")) + f(s, "R") + f(s, "Dr"))
@@ -201,8 +208,12 @@ var cases = []*Case{
 		Op: kernels.OpMLADecode, Bound: "memory", Dims: []string{"B", "H", "ctx", "Dn", "Dr", "Dv", "R"},
 		Doc:    "B rows of one new token after ctx-1 cached latents of rank R (+Dr), H heads",
 		Shapes: mlaDecodeShapes(),
+		// The absorbed form, the least work for one query: per head and key
+		// q_lat·c + q_pe·k_pe and p·c (2·(2R+Dr)), plus W_UK folded into q
+		// and W_UV applied to o_lat (2·R·(Dn+Dv) per head and row). The
+		// bytes, the floor: the latent cache and kv_b_proj, read once.
 		FLOPs: func(s kernels.Shape) float64 {
-			return 2 * f(s, "B", "H", "ctx") * (f(s, "R") + f(s, "Dr") + f(s, "R"))
+			return 2 * f(s, "B", "H") * (f(s, "ctx")*(2*f(s, "R")+f(s, "Dr")) + f(s, "R")*(f(s, "Dn")+f(s, "Dv")))
 		},
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * (f(s, "B", "ctx")*(f(s, "R")+f(s, "Dr")) + f(s, "H")*(f(s, "Dn")+f(s, "Dv"))*f(s, "R"))
@@ -296,7 +307,7 @@ func mlaPrefillShapes() []kernels.Shape {
 	for _, n := range []int{1024, 2048, 4096, 8192} { // TileGym's bench_mla
 		s = append(s, sh("B", 4, "H", 16, "N", n, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
 	}
-	return s
+	return append(s, sh("B", 1, "H", 16, "N", 11041, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512)) // W3's prefill
 }
 
 func mlaDecodeShapes() []kernels.Shape {
@@ -304,5 +315,8 @@ func mlaDecodeShapes() []kernels.Shape {
 	for _, ctx := range []int{256, 1024, 4096, 11043, 16384} { // TileGym's bench_mla_decoding, and W3's length
 		s = append(s, sh("B", 1, "H", 16, "ctx", ctx, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
 	}
-	return append(s, sh("B", 16, "H", 16, "ctx", 4096, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
+	for _, ctx := range []int{1024, 4096, 16384} { // issue 8's target: batch 16 at 4K and more
+		s = append(s, sh("B", 16, "H", 16, "ctx", ctx, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512))
+	}
+	return s
 }

@@ -31,8 +31,11 @@ func TestCounts(t *testing.T) {
 		{kernels.OpMoEExperts, "N=1,H=2048,I=1408,E=64,topk=6", 6 * 6 * 2048 * 1408, 103817216},
 		// One token's 6 rows touch 6 of the 64 groups.
 		{kernels.OpGroupGemm, "M=6,N=2048,K=1408,E=64", 2 * 6 * 2048 * 1408, 2 * (6*2048*1408 + 6*1408 + 6*2048)},
-		{kernels.OpMLAPrefill, "B=4,H=16,N=1024,Dn=128,Dr=64,Dv=128,R=512", 21474836480, 2 * 4 * 1024 * (16*320 + 576)},
-		{kernels.OpMLADecode, "B=1,H=16,ctx=4096,Dn=128,Dr=64,Dv=128,R=512", 2 * 16 * 4096 * 1088, 2 * (4096*576 + 16*256*512)},
+		// MLA: the attention as bench_mla counts it, plus kv_b_proj's product
+		// (prefill: every latent decompressed; decode: q absorbed, o_lat
+		// expanded).
+		{kernels.OpMLAPrefill, "B=4,H=16,N=1024,Dn=128,Dr=64,Dv=128,R=512", 21474836480 + 2*4*1024*512*16*256, 2 * 4 * 1024 * (16*320 + 576)},
+		{kernels.OpMLADecode, "B=1,H=16,ctx=4096,Dn=128,Dr=64,Dv=128,R=512", 2*16*4096*1088 + 2*16*512*256, 2 * (4096*576 + 16*256*512)},
 	} {
 		s, err := kernels.ParseShape(c.shape)
 		if err != nil {

@@ -121,21 +121,41 @@ func cases(wdts []kernels.DType) []opCase {
 		s.lens = ones(len(s.past))
 		addLong(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
 	}
+	// MLA head dims are ones fused has kernels for (multiples of 16, the
+	// mma's k; see kernels/fused/mla.go), the sizes multiples of no tile.
 	for _, s := range []mlaCase{
-		{name: "small", lens: []int{3, 1}, past: []int{0, 5}, heads: 2, nope: 16, rope: 8, v: 16, rank: 32, maxSeq: 8},
-		{name: "odd", lens: []int{17, 5, 1}, past: []int{0, 40, 130}, heads: 3, nope: 32, rope: 16, v: 24, rank: 96, maxSeq: 160, pitched: true},
+		{name: "small", lens: []int{3, 1}, past: []int{0, 5}, heads: 2, nope: 16, rope: 16, v: 16, rank: 32, maxSeq: 8},
+		{name: "odd", lens: []int{17, 5, 1}, past: []int{0, 40, 130}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, pitched: true},
 		{name: "v2-lite dims", lens: []int{33, 2}, past: []int{0, 298}, heads: 2, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300},
 		{name: "v2-lite heads", lens: []int{129}, past: []int{0}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 129, pitched: true},
+		{name: "ragged past", lens: []int{70, 1, 129, 0}, past: []int{200, 0, 33, 9}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, pitched: true},
+		{name: "5 heads", lens: []int{40, 17}, past: []int{0, 77}, heads: 5, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 120},
 	} {
 		addW(kernels.OpMLAPrefill, s.String(), func(e *env) { mla(e, s, false) })
 	}
 	for _, s := range []mlaCase{
-		{name: "small", past: []int{0, 7}, heads: 2, nope: 16, rope: 8, v: 16, rank: 32, maxSeq: 8},
-		{name: "odd", past: []int{0, 1, 159}, heads: 3, nope: 32, rope: 16, v: 24, rank: 96, maxSeq: 160, pitched: true},
+		{name: "2K prompt after a past", lens: []int{2049, 130}, past: []int{0, 1500}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 2100},
+	} {
+		addLong(kernels.OpMLAPrefill, s.String(), func(e *env) { mla(e, s, false) })
+	}
+	for _, s := range []mlaCase{
+		{name: "small", past: []int{0, 7}, heads: 2, nope: 16, rope: 16, v: 16, rank: 32, maxSeq: 8},
+		{name: "odd", past: []int{0, 1, 159}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, pitched: true},
 		{name: "v2-lite batch 16", past: spread(16, 300), heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300},
+		{name: "batch 16 ragged, 10 heads", past: []int{400, 3, 211, 0, 96, 350, 1, 257, 33, 312, 199, 64, 377, 128, 300, 15},
+			heads: 10, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 401, pitched: true},
 	} {
 		s.lens = ones(len(s.past))
 		addW(kernels.OpMLADecode, s.String(), func(e *env) { mla(e, s, true) })
+	}
+	for _, s := range []mlaCase{
+		{name: "v2-lite 16K", past: []int{16383, 9000, 1, 16500}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 16501},
+		{name: "v2-lite 32K batch 1", past: []int{32760}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 32768},
+		{name: "batch 16 ragged 16K, 7 heads", past: []int{16383, 4097, 0, 12000, 64, 16000, 8191, 1, 9999, 333, 15000, 2048, 700, 16383, 5000, 11111},
+			heads: 7, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 16384, pitched: true},
+	} {
+		s.lens = ones(len(s.past))
+		addLong(kernels.OpMLADecode, s.String(), func(e *env) { mla(e, s, true) })
 	}
 	for _, s := range []routeCase{
 		{name: "greedy E=64 K=6", n: 17, e: 64, r: kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Scale: 1}},

@@ -1,0 +1,253 @@
+package fused
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// Scratch buffers of the MLA ops (cudaset.Kit.Scratch), by what they hold.
+const (
+	scrMLAKV    = "mla.kv"    // mla_prefill: the decompressed keys and values, bf16 [keys, heads·(Dn+Dv)]
+	scrMLAQLat  = "mla.qlat"  // mla_decode: q_lat = W_UKᵀ·q_nope, bf16 [B, heads·R]
+	scrMLAOLat  = "mla.olat"  // mla_decode: o_lat, bf16 [B, heads·R]
+	scrMLAPart  = "mla.part"  // mla_decode: each split's unnormalised o_lat, f32 [B·heads·splits, R]
+	scrMLAStats = "mla.stats" // mla_decode: each split's (max, sum), f32 [B·heads·splits, 2]
+)
+
+// mlaHeads are the head dims mla_prefill is instantiated for: q·k over
+// Nope+Rope, values of V (MLA_PREFILL_DIMS in mla.cu).
+type mlaHeads struct{ Nope, Rope, V int }
+
+// mlaLatent are the latent dims mla_decode is instantiated for: the rank R
+// and the rotated keys after it (MLA_DECODE in mla.cu).
+type mlaLatent struct{ Rank, Rope int }
+
+var (
+	// DeepSeek-V2, V2-Lite and V3 first; the others are the kernel tests'.
+	mlaPrefillDims = []mlaHeads{{128, 64, 128}, {16, 16, 16}, {32, 16, 32}}
+	mlaDecodeDims  = []mlaLatent{{512, 64}, {256, 32}, {96, 16}, {32, 16}}
+)
+
+const (
+	// maxMLAHeads is the most query heads mla_decode takes: the 16 rows of
+	// one mma m-tile, all heads of a row in one block.
+	maxMLAHeads = 16
+	// mlaStages is MLA_STAGES, the key tiles mla_decode has in flight.
+	mlaStages = 2
+	// mlaRedBytes is MLA_RED_BYTES: mla_decode's partial scores, one f32
+	// pair per lane, row half, n-tile and warp.
+	mlaRedBytes = decodeWarps * (keyTile / 8) * 2 * 32 * 8
+	// mlaDecodeVariant is mla_decode's one variant.
+	mlaDecodeVariant = "latent_split"
+)
+
+// mlaPrefillConfig is the tiling mla_prefill runs unless a tuning choice
+// names another (a variable, so that tests can run the others): w4_m1
+// keeps Q in registers without spills (225 registers at 192/128) and two
+// blocks fit an SM; the m2 tilings spill at 192/128.
+var mlaPrefillConfig = flashConfig{4, 1}
+
+// mlaPrefillBudget is the most bytes of decompressed keys and values one
+// launch of mla_prefill covers: rows past it go to the next launch (a
+// variable, so that tests can force several).
+var mlaPrefillBudget int64 = 1 << 30
+
+func mlaPrefillKernel(d mlaHeads, c flashConfig) string {
+	return fmt.Sprintf("mla_prefill_n%d_r%d_v%d_%s", d.Nope, d.Rope, d.V, c)
+}
+
+func mlaDecodeKernel(d mlaLatent) string { return fmt.Sprintf("mla_decode_r%d_p%d", d.Rank, d.Rope) }
+
+// mlaPrefillShared and mlaDecodeShared are the kernels' dynamic shared
+// memory (see mla.cu).
+func mlaPrefillShared(d mlaHeads, c flashConfig) int {
+	qk := rowBytes(d.Nope + d.Rope)
+	return c.rows()*qk + 2*keyTile*(qk+rowBytes(d.V))
+}
+
+func mlaDecodeShared(d mlaLatent) int {
+	row := rowBytes(d.Rank + d.Rope)
+	n := (16 + mlaStages*keyTile) * row
+	if 16*row < mlaRedBytes {
+		n += mlaRedBytes
+	}
+	return n
+}
+
+// mlaKernel is an MLA kernel and its dynamic shared memory.
+type mlaKernel struct {
+	name   string
+	shared int
+}
+
+// mlaKernels are the MLA kernels compiled.
+func mlaKernels() []mlaKernel {
+	var ks []mlaKernel
+	for _, d := range mlaPrefillDims {
+		for _, c := range flashConfigs {
+			ks = append(ks, mlaKernel{mlaPrefillKernel(d, c), mlaPrefillShared(d, c)})
+		}
+	}
+	for _, d := range mlaDecodeDims {
+		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d)})
+	}
+	return ks
+}
+
+// prepareMLA gives each MLA kernel its shared memory where the device
+// allows it, and notes the ones it does not (o.noRoom): those ops are
+// refused at launch, with the reason, and run with mla=naive, while the
+// rest of the set works.
+func (o *ops) prepareMLA() error {
+	o.noRoom = map[string]string{}
+	for _, k := range mlaKernels() {
+		name, bytes := k.name, k.shared
+		f := o.Func(name)
+		attrs, err := f.Attrs()
+		if err != nil {
+			return fmt.Errorf("fused: %s: %w", name, err)
+		}
+		if bytes+attrs.StaticShared > o.MaxShared {
+			o.noRoom[name] = fmt.Sprintf("%s needs %d bytes of shared memory, the device gives a block %d", name,
+				bytes+attrs.StaticShared, o.MaxShared)
+			continue
+		}
+		if err := f.SetMaxDynamicShared(bytes); err != nil {
+			return fmt.Errorf("fused: %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// checkMLA is the ops' contract plus what the kernels need: bf16
+// kv_b_proj (cuBLAS multiplies by it) and rows that allow 16-byte loads.
+func (o *ops) checkMLA(op kernels.Op, a *kernels.MLAArgs, prefill bool) {
+	a.Check(op, o.D.ActDType(), prefill)
+	o.Need(cudaset.IsBF16(a.WKVB), op, "kv_b_proj %v: the fused kernels take bf16 (mla=naive runs any)", a.WKVB)
+	for _, t := range []*kernels.Tensor{a.Q, a.KV, a.Cache} {
+		o.Need(t.Pitch%cudaset.VecWidth == 0 && o.D.Ptr(t)%16 == 0, op, "%v does not start its rows on 16-byte boundaries", t)
+	}
+	o.Need(a.Out.Pitch%2 == 0 && o.D.Ptr(a.Out)%4 == 0, op, "out %v does not start its rows on 4-byte boundaries", a.Out)
+}
+
+// needRoom refuses kernel when the device's shared memory cannot hold it.
+func (o *ops) needRoom(op kernels.Op, kernel string) {
+	why, tooBig := o.noRoom[kernel]
+	o.Need(!tooBig, op, "%s (mla=naive runs it)", why)
+}
+
+// MLAPrefill appends the new latents to the cache (kv_append), decompresses
+// every position of the rows with kv_b_proj (a GEMM per row, into
+// per-position [heads, Dn+Dv] rows: k_nope then v of each head, as HF
+// expands them), then runs mla_prefill, flash attention with keys (k_nope,
+// the shared k_pe from the cache) and values v, over the rows at once, as
+// many rows per launch as mlaPrefillBudget holds.
+func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
+	op := kernels.OpMLAPrefill
+	o.checkMLA(op, a, true)
+	d := mlaHeads{a.NopeDim, a.RopeDim, a.VDim}
+	o.Need(slices.Contains(mlaPrefillDims, d), op, "heads of nope %d, rope %d, v %d: the fused kernels take %v (mla=naive runs any)",
+		d.Nope, d.Rope, d.V, mlaPrefillDims)
+	c := o.mlaPrefillFor(o.TuningKey(op, kernels.Shape{"Dn": d.Nope, "Dr": d.Rope, "Dv": d.V}))
+	kernel := mlaPrefillKernel(d, c)
+	o.needRoom(op, kernel)
+	b := a.Batch
+	o.AppendKV(a.Cache, nil, a.KV, nil, b, 1, a.Rank+a.RopeDim)
+
+	perPos := a.Heads * (a.NopeDim + a.VDim)
+	cache, w := o.Mat(a.Cache), o.Mat(a.WKVB)
+	// keysOf is the positions of row r decompressed: none when it has no
+	// new tokens (mla.cu's mla_prefill counts the same).
+	keysOf := func(r int) int {
+		if n := b.Start[r+1] - b.Start[r]; n > 0 {
+			return b.Past[r] + n
+		}
+		return 0
+	}
+	for r0 := 0; r0 < b.Rows; {
+		r1, keys, longest := r0, 0, 0
+		for ; r1 < b.Rows; r1++ {
+			k := keysOf(r1)
+			if r1 > r0 && int64(keys+k)*int64(perPos)*int64(kernels.BF16.Size()) > mlaPrefillBudget {
+				break
+			}
+			keys += k
+			longest = max(longest, b.Start[r1+1]-b.Start[r1])
+		}
+		if keys > 0 {
+			kv := o.Scratch(scrMLAKV, kernels.BF16, keys, perPos)
+			at := 0
+			for r := r0; r < r1; r++ {
+				k := keysOf(r)
+				o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
+				at += k
+			}
+			o.LaunchGrid(kernel,
+				cuda.Dim3{X: uint32((longest + c.rows() - 1) / c.rows()), Y: uint32(a.Heads), Z: uint32(r1 - r0)},
+				cuda.Dim3{X: uint32(c.Warps * 32)}, mlaPrefillShared(d, c),
+				o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(a.Q), int32(a.Q.Pitch), kv.P, int32(kv.Pitch),
+				cache.P, int32(a.Rank), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev), int32(r0), int32(b.MaxSeq),
+				scaleLog2(a.Scale))
+		}
+		r0 = r1
+	}
+}
+
+// MLADecode is absorbed MLA: q_lat = W_UK[h]ᵀ·q_nope for every head (one
+// strided-batched GEMM over the heads), then mla_decode, flash-decoding of
+// all heads of a row at once over its latent cache in splits that fill one
+// wave of the GPU (it appends the new latents itself), attn_merge of the
+// splits when there are several, and out = W_UV[h]·o_lat (a second batched
+// GEMM). Split sizes come from the cache's capacity and the row lengths
+// are read on the device, so a graph replays it as the rows grow; every
+// buffer's size depends on the batch's rows and capacity only.
+func (o *ops) MLADecode(a *kernels.MLAArgs) {
+	op := kernels.OpMLADecode
+	o.checkMLA(op, a, false)
+	d := mlaLatent{a.Rank, a.RopeDim}
+	o.Need(slices.Contains(mlaDecodeDims, d), op, "latents of rank %d, rope %d: the fused kernels take %v (mla=naive runs any)",
+		d.Rank, d.Rope, mlaDecodeDims)
+	o.Need(a.Heads <= maxMLAHeads, op, "%d heads: mla_decode takes at most %d, one m-tile (mla=naive runs any)", a.Heads, maxMLAHeads)
+	o.Need(a.NopeDim%cudaset.VecWidth == 0, op, "nope dim %d: mla_decode reads q_pe in 16-byte pieces, so it must be a multiple of %d",
+		a.NopeDim, cudaset.VecWidth)
+	kernel := mlaDecodeKernel(d)
+	o.needRoom(op, kernel)
+	b := a.Batch
+	if b.Rows == 0 {
+		return
+	}
+	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
+	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
+	perHead := int64((dn + dv) * r) // kv_b_proj's elements of one head
+
+	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
+	o.GemmBatched(false, b.Rows, r, dn, 1, q, int64(dn+dr), w, perHead, 0, qlat, int64(r), h)
+
+	shared := mlaDecodeShared(d)
+	wave := max(1, o.D.Props().MaxSharedPerSM/shared) * o.SMs
+	splits, chunk := decodeSplits(b.Rows, b.MaxSeq, wave)
+	olat := o.Scratch(scrMLAOLat, kernels.BF16, b.Rows, h*r)
+	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*splits, r)
+	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*splits, 2)
+	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(splits), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
+		olat.P, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr),
+		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
+		int32(chunk), scaleLog2(a.Scale))
+	if splits > 1 {
+		o.Launch("attn_merge", b.Rows*h, cudaset.ThreadsFor(r),
+			olat.P, int32(olat.Pitch), part.P, stats.P, int32(h), int32(splits), int32(r))
+	}
+	o.GemmBatched(true, b.Rows, dv, r, 1, olat, int64(r), w.Sub(dn, 0), perHead, 0, o.Mat(a.Out), int64(dv), h)
+}
+
+// mlaPrefillFor is the tiling mla_prefill runs for tuning key.
+func (o *ops) mlaPrefillFor(key string) flashConfig {
+	if c, ok := o.mlaPrefill[key]; ok {
+		return c
+	}
+	return mlaPrefillConfig
+}
