@@ -218,6 +218,7 @@ type ops struct {
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 	decode   map[string]string      // tuning choices of the decode variant by tuning key
 	lin      linearState
+	moeFirst *kernels.Tensor // see moeFirstFor
 
 	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why

@@ -77,11 +77,11 @@ func mTiles(rows, groups, bm int) int {
 
 // Scratch buffers (cudaset.Kit.Scratch), by what they hold.
 const (
-	scrMoEFirst  = "moe.first"  // moe_align: each expert's first padded row i32 [E+1]
 	scrMoESorted = "moe.sorted" // moe_align: the choice t·K+k of each padded row, -1 for padding, i32 [rows]
 	scrMoESlot   = "moe.slot"   // moe_align: the padded row of each choice i32 [N·K]
 	scrMoEAct    = "moe.act"    // moe_gate_up: silu(gate)·up of every row bf16 [rows, I]
 	scrMoEY      = "moe.y"      // group_gemm (down): every row's expert output bf16 [rows, H]
+	scrMoEH      = "moe.h"      // prefill (expertsCuBLAS): gate and up projections bf16 [rows, 2I]
 )
 
 // rowsAligned reports whether every matrix starts its rows on 16-byte
@@ -198,19 +198,81 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	c := configFor(choices, experts)
 	tiles := mTiles(choices, experts, c.BM)
 	rows := tiles * c.BM
-	first := o.Scratch(scrMoEFirst, kernels.I32, experts+1, 1)
+	first := o.moeFirstFor(experts)
 	sorted := o.Scratch(scrMoESorted, kernels.I32, rows, 1)
 	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
 	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
 	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		int32(experts), int32(c.BM))
-	o.groupGemm(c, "moe_gate_up", tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
-	o.groupGemm(c, "group_gemm", tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
+	if c.Name == prefillTiling {
+		if !o.expertsCuBLAS(first, slot, act, y, x, gateUp, down, n, k, rows) {
+			return
+		}
+	} else {
+		o.groupGemm(c, "moe_gate_up", tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+		o.groupGemm(c, "group_gemm", tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
+	}
 	om := o.Mat(out)
 	v := cudaset.VecFor(hidden, om, y)
 	o.LaunchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.P, int32(om.Pitch), y.P, int32(y.Pitch),
 		slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
+}
+
+// prefillTiling is the tiling of prefill's hundreds of rows per expert, where
+// the grouped GEMM on mma.sync (251 TFLOP/s at W3's 11,041 tokens) loses to
+// cuBLAS's per-expert GEMMs on Hopper's wgmma (451 TFLOP/s, infer bench on
+// the H200, 2026-11-23): there MoEExperts reads the expert offsets back (a
+// sync, as naive's and HF's loops do; prefill is never inside a graph) and
+// runs expertsCuBLAS.
+const prefillTiling = "m128"
+
+// expertsCuBLAS is the experts of a prefill: the tokens gathered into their
+// padded rows (moe_align's slots), one cuBLAS GEMM per expert for gate/up,
+// fused's swiglu over all rows, one cuBLAS GEMM per expert for down. Padding
+// rows hold whatever the scratch held; every row is computed on its own and
+// moe_combine reads only the chosen ones. It reports false when reading the
+// offsets failed (the error is the device's).
+func (o *ops) expertsCuBLAS(first, slot, act, y cudaset.Mat, x, gateUp, down *kernels.Tensor, n, k, rows int) bool {
+	hidden, experts, inter := x.Cols(), gateUp.Shape[0], gateUp.Shape[1]/2
+	at, err := o.D.ReadI32(o.moeFirst)
+	if err != nil {
+		o.D.Fail(err)
+		return false
+	}
+	xs := y // the gathered tokens are spent once gate_up has read them
+	o.CopyRows(xs, slot.P, o.Mat(x), 0, k, n, n*k, hidden)
+	h := o.Scratch(scrMoEH, kernels.BF16, rows, 2*inter)
+	gu, dn := o.Mat(gateUp), o.Mat(down)
+	guSize, dnSize := int64(2*inter)*int64(hidden), int64(hidden)*int64(inter)
+	for e := range experts {
+		if r0, m := int(at[e]), int(at[e+1]-at[e]); m > 0 {
+			o.Gemm(true, m, 2*inter, hidden, 1, xs.Sub(r0, 0), gu.Skip(int64(e)*guSize), 0, h.Sub(r0, 0))
+		}
+	}
+	v := cudaset.VecFor(inter, act, h, h.Sub(0, inter))
+	o.LaunchItems(vname("swiglu", v), int64(rows)*int64(inter/v), act.P, int32(act.Pitch), h.P, int32(h.Pitch),
+		int32(rows), int32(inter))
+	for e := range experts {
+		if r0, m := int(at[e]), int(at[e+1]-at[e]); m > 0 {
+			o.Gemm(true, m, hidden, inter, 1, act.Sub(r0, 0), dn.Skip(int64(e)*dnSize), 0, y.Sub(r0, 0))
+		}
+	}
+	return true
+}
+
+// moeFirstFor is moe_align's output of each expert's first padded row, i32
+// [E+1]: a tensor of its own, not scratch, so that a prefill can read it
+// back. Allocated at the first MoE call (a prefill, before any graph
+// capture) and regrown for more experts.
+func (o *ops) moeFirstFor(experts int) cudaset.Mat {
+	if o.moeFirst == nil || o.moeFirst.Numel() != experts+1 {
+		if o.moeFirst != nil {
+			o.D.Free(o.moeFirst)
+		}
+		o.moeFirst = o.D.Alloc(kernels.I32, experts+1)
+	}
+	return o.Mat(o.moeFirst)
 }
 
 // moeFuncs are moe.cu's kernels.

@@ -106,6 +106,10 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 		if op == kernels.OpMoEExperts {
 			c = configFor(s["N"]*s["topk"], s["E"])
 		}
+		if op == kernels.OpMoEExperts && c.Name == prefillTiling {
+			return []kernels.Variant{{Name: "cublas_per_expert",
+				Params: "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", Why: join()}}
+		}
 		return []kernels.Variant{{Name: "grouped_mma", Params: c.params() + " (" + c.regime + ")", Why: join(fits(c.shared()))}}
 	case kernels.OpLinear:
 		return linearVariantsOf(s, t, slices.Clone(why))
