@@ -137,7 +137,7 @@ func modules() []cudaset.Module {
 	at = append(at, "attn_merge")
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: attentionSrc, Funcs: at},
+		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc), Funcs: at},
 	}
 }
 
@@ -149,7 +149,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{}}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{},
+		hopperOn: map[string]bool{}}
 	for _, d := range headDims {
 		sizes := map[string]int{}
 		for _, v := range decodeVariants {
@@ -172,6 +173,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			}
 		}
 	}
+	o.hopper = newHopper(kit) // never fails: an error stays in o.hopper.err
 	return o, nil
 }
 
@@ -183,4 +185,6 @@ type ops struct {
 	counters *kernels.Tensor        // see decodeCounters
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
 	decode   map[string]string      // tuning choices of the decode variant by tuning key
+	hopper   *hopperKit             // flash_hopper, or why it is absent (hopper.go)
+	hopperOn map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
 }
