@@ -436,4 +436,6 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 		flash_hopper<D, STAGES>(&qmap, &kmap, &vmap, out, op, start, past, heads, kvh, scale_log2, causal, status); \
 	}
 FLASH_HOPPER(128, 2)
+FLASH_HOPPER(128, 3)
+FLASH_HOPPER(64, 2)
 FLASH_HOPPER(64, 4)
