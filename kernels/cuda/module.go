@@ -102,18 +102,19 @@ func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
 }
 
 // CompileLog compiles src as Module would (CompileOptions, then opts) but
-// neither caches nor loads the result, and returns NVRTC's log whether the
-// compile succeeds or not: with opts "--ptxas-options=-v" it holds ptxas's
-// registers, spills and warnings per kernel.
-func (d *Device) CompileLog(name, src string, opts ...string) (string, error) {
+// neither caches nor loads the result: it returns NVRTC's log whether the
+// compile succeeds or not (with opts "--ptxas-options=-v", ptxas's
+// registers, spills and warnings per kernel) and the image (a cubin, or PTX
+// where the device gets PTX), for a disassembler.
+func (d *Device) CompileLog(name, src string, opts ...string) (log string, img []byte, err error) {
 	all := append(d.CompileOptions(), opts...)
 	d.enter()
 	defer d.leave()
 	if d.closed {
-		return "", errClosed
+		return "", nil, errClosed
 	}
-	_, log, err := d.nvrtc.compileLog(name, src, all, d.cubin)
-	return log, err
+	img, log, err = d.nvrtc.compileLog(name, src, all, d.cubin)
+	return log, img, err
 }
 
 // load loads a module image on the device; the lock is held.

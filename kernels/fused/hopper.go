@@ -66,11 +66,6 @@ func (c hopperConfig) shared() int {
 // take 225 KiB (an H100/H200 block may have 227); D=64: 2 and 4 stages.
 var hopperConfigs = []hopperConfig{{128, 2}, {128, 3}, {64, 2}, {64, 4}}
 
-// hopperStages, when it has an entry for a head dim, is the stage count of
-// the instance newHopper takes for it instead of the most that fit (tests
-// run every instance with it).
-var hopperStages map[int]int
-
 // hopperHeadDims are the head dims flash_hopper is instantiated for.
 var hopperHeadDims = []int{64, 128}
 
@@ -129,11 +124,7 @@ func newHopper(k *cudaset.Kit) *hopperKit {
 			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
 			continue
 		}
-		if want, forced := hopperStages[c.D]; forced {
-			if c.Stages == want {
-				h.configs[c.D] = c
-			}
-		} else if cur, ok := h.configs[c.D]; !ok || c.Stages > cur.Stages {
+		if cur, ok := h.configs[c.D]; !ok || c.Stages > cur.Stages {
 			h.configs[c.D] = c
 		}
 	}

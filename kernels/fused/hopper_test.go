@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -59,6 +60,8 @@ func openHopper(t *testing.T) (*cuda.Device, *ops) {
 // once, or each kernel's registers, spills and wgmma warnings. A wgmma
 // pipeline serialized by the compiler (C7514 and its kin), setmaxnreg
 // ignored (C7508), spills or a stack frame fail it: each defeats the design.
+// With FUSELM_HOPPER_CUBIN=path it writes the cubin there, for
+// `cuobjdump -sass path`.
 func TestHopperCompiles(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	p := dev.Props()
@@ -66,11 +69,17 @@ func TestHopperCompiles(t *testing.T) {
 		t.Skipf("flash_hopper compiles for %s only; %s is %s", hopperArch, p.Name, p.Arch)
 	}
 	src := cudaset.Source(hopperModule())
-	log, err := dev.CompileLog("fused_hopper.cu", src, "--ptxas-options=-v")
+	log, img, err := dev.CompileLog("fused_hopper.cu", src, "--ptxas-options=-v")
 	t.Logf("NVRTC %d.%d, %v, --ptxas-options=-v; log:\n%s", p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, dev.CompileOptions(), log)
 	if err != nil {
-		log2, err2 := dev.CompileLog("fused_hopper.cu", src)
+		log2, _, err2 := dev.CompileLog("fused_hopper.cu", src)
 		t.Fatalf("compile with -v: %v\nwithout it: %v\n%s", err, err2, log2)
+	}
+	if path := os.Getenv("FUSELM_HOPPER_CUBIN"); path != "" {
+		if err := os.WriteFile(path, img, 0o644); err != nil {
+			t.Error(err)
+		}
+		t.Logf("cubin (%d bytes) written to %s", len(img), path)
 	}
 	for _, bad := range []string{"C7508", "C7509", "C7510", "C7511", "C7512", "C7513", "C7514", "C7515", "C7516", "C7517", "C7518", "C7519", "C7520"} {
 		if strings.Contains(log, bad) {
@@ -345,16 +354,13 @@ func TestHopperLong(t *testing.T) {
 
 // TestHopperKernelTest runs the shared kernel test with flash_hopper as
 // attn_prefill's kernel for its head dims (64 and 128; the others run
-// flash_prefill), once per instance, long cases included.
+// flash_prefill), long cases included, with the instances New picks for
+// this device (TestHopperTiny runs every instance).
 func TestHopperKernelTest(t *testing.T) {
-	dev, _ := openHopper(t)
-	savedOn, savedStages := prefillHopper, hopperStages
-	defer func() { prefillHopper, hopperStages = savedOn, savedStages }()
+	dev, o := openHopper(t)
+	t.Logf("instances: %v", o.hopper.configs)
+	saved := prefillHopper
+	defer func() { prefillHopper = saved }()
 	prefillHopper = true
-	for _, c := range hopperConfigs {
-		t.Run(c.kernel(), func(t *testing.T) {
-			hopperStages = map[int]int{c.D: c.Stages}
-			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
-		})
-	}
+	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
 }
