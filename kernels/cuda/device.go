@@ -73,6 +73,7 @@ type Device struct {
 	// the argVals slots, and copies the values at launch.
 	argVals [maxKernelArgs]uint64
 	argPtrs [maxKernelArgs]uintptr
+	mapArgs []byte // room for maxTensorMapArgs TensorMap arguments on 64-byte boundaries (see Launch)
 
 	stage     [2]staging // pinned host buffers for transfers
 	stageNext int
@@ -169,6 +170,7 @@ func Open(ordinal int) (dev *Device, err error) {
 	for i := range d.argPtrs {
 		d.argPtrs[i] = uintptr(unsafe.Pointer(&d.argVals[i]))
 	}
+	d.mapArgs = make([]byte, maxTensorMapArgs*tensorMapBytes+tensorMapAlign)
 	if d.dev, d.props, err = drv.deviceProps(ordinal); err != nil {
 		return nil, err
 	}

@@ -84,6 +84,7 @@ type driverAPI struct {
 	cuFuncSetAttribute, cuFuncGetAttribute, cuLaunchKernel             uintptr
 	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate       uintptr
 	cuGraphUpload, cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy   uintptr
+	cuTensorMapEncodeTiled                                             uintptr // 0 before CUDA 12
 	elapsedName, beginCaptureName, instantiateName, primaryReleaseName string
 }
 
@@ -152,6 +153,7 @@ func loadDriver() (*driverAPI, error) {
 			sym(&d.cuGraphLaunch, "cuGraphLaunch"),
 			sym(&d.cuGraphExecDestroy, "cuGraphExecDestroy"),
 			sym(&d.cuGraphDestroy, "cuGraphDestroy"),
+			optSym(&d.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
 		})
 		if err != nil {
 			drvErr = err

@@ -101,6 +101,22 @@ func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
 	return d.load(name, key, img)
 }
 
+// CompileLog compiles src as Module would (CompileOptions, then opts) but
+// neither caches nor loads the result: it returns NVRTC's log whether the
+// compile succeeds or not (with opts "--ptxas-options=-v", ptxas's
+// registers, spills and warnings per kernel) and the image (a cubin, or PTX
+// where the device gets PTX), for a disassembler.
+func (d *Device) CompileLog(name, src string, opts ...string) (log string, img []byte, err error) {
+	all := append(d.CompileOptions(), opts...)
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return "", nil, errClosed
+	}
+	img, log, err = d.nvrtc.compileLog(name, src, all, d.cubin)
+	return log, img, err
+}
+
 // load loads a module image on the device; the lock is held.
 func (d *Device) load(name, key string, img []byte) (*Module, error) {
 	var h uintptr
@@ -230,7 +246,9 @@ func dim(v uint32) uintptr { return uintptr(max(v, 1)) }
 // of dynamic shared memory and args, each passed by address as the
 // kernel's parameters: uintptr (device pointers), int32, uint32, int64,
 // float32 (also uint64, float64, bool, int as a C int, and *kernels.Tensor
-// as its device address). Errors are recorded with Fail.
+// as its device address), and *TensorMap, whose 128 bytes the driver copies
+// into a `const __grid_constant__` struct parameter. Errors are recorded
+// with Fail.
 func (d *Device) Launch(f *Func, grid, block Dim3, sharedBytes int, args ...any) {
 	if len(args) > maxKernelArgs {
 		panic(fmt.Sprintf("cuda: Launch(%s) with %d arguments (at most %d)", f.name, len(args), maxKernelArgs))
@@ -243,7 +261,18 @@ func (d *Device) Launch(f *Func, grid, block Dim3, sharedBytes int, args ...any)
 	if !d.usable() {
 		return
 	}
+	maps := 0
 	for i, a := range args {
+		if m, ok := a.(*TensorMap); ok {
+			if maps == maxTensorMapArgs {
+				panic(fmt.Sprintf("cuda: Launch(%s) with more than %d tensor maps", f.name, maxTensorMapArgs))
+			}
+			slot := aligned64(d.mapArgs[maps*tensorMapBytes:])
+			copy(slot, m.b[:])
+			d.argPtrs[i] = uintptr(unsafe.Pointer(&slot[0]))
+			maps++
+			continue
+		}
 		v, ok := d.argBits(a)
 		if !ok {
 			panic(fmt.Sprintf("cuda: Launch(%s): argument %d is %T %v, which no kernel parameter takes", f.name, i, a, a))
@@ -253,6 +282,11 @@ func (d *Device) Launch(f *Func, grid, block Dim3, sharedBytes int, args ...any)
 	r := ccall(d.drv.cuLaunchKernel, f.h,
 		dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z),
 		uintptr(sharedBytes), d.stream, uintptr(unsafe.Pointer(&d.argPtrs[0])), 0)
+	if maps > 0 { // the driver has copied the maps: the slots point at the scalar values again
+		for i := range args {
+			d.argPtrs[i] = uintptr(unsafe.Pointer(&d.argVals[i]))
+		}
+	}
 	if uint32(r) != 0 {
 		d.failLocked(d.drv.errorOf(uint32(r), fmt.Sprintf("cuLaunchKernel(%s, grid %dx%dx%d, block %dx%dx%d, shared %d)",
 			f.name, dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z), sharedBytes)))

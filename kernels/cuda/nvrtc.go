@@ -251,12 +251,19 @@ func writeFileAtomic(path string, data []byte) error {
 // compile runs NVRTC on src with opts and returns the cubin (or PTX when
 // cubin is false). A failed compile's error carries NVRTC's log.
 func (n *nvrtcAPI) compile(name, src string, opts []string, cubin bool) ([]byte, error) {
+	img, _, err := n.compileLog(name, src, opts, cubin)
+	return img, err
+}
+
+// compileLog is compile that also returns NVRTC's log when the compile
+// succeeds (warnings, and ptxas's report when opts ask for it).
+func (n *nvrtcAPI) compileLog(name, src string, opts []string, cubin bool) (img []byte, log string, err error) {
 	csrc, cname := cStr(src), cStr(name)
 	var prog uintptr
 	if err := n.check(ccall(n.nvrtcCreateProgram, uintptr(unsafe.Pointer(&prog)),
 		uintptr(unsafe.Pointer(&csrc[0])), uintptr(unsafe.Pointer(&cname[0])), 0, 0, 0),
 		fmt.Sprintf("nvrtcCreateProgram(%s)", name), ""); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer func() { ccall(n.nvrtcDestroyProgram, uintptr(unsafe.Pointer(&prog))) }()
 
@@ -269,8 +276,9 @@ func (n *nvrtcAPI) compile(name, src string, opts []string, cubin bool) ([]byte,
 	r := ccall(n.nvrtcCompileProgram, prog, uintptr(len(opts)), uintptr(unsafe.Pointer(&ptrs[0])))
 	runtime.KeepAlive(copts)
 	runtime.KeepAlive(ptrs)
+	log = n.log(prog)
 	if uint32(r) != 0 {
-		return nil, n.check(r, fmt.Sprintf("nvrtcCompileProgram(%s, %v)", name, opts), n.log(prog))
+		return nil, log, n.check(r, fmt.Sprintf("nvrtcCompileProgram(%s, %v)", name, opts), log)
 	}
 	sizeFn, getFn, what := n.nvrtcGetCUBINSize, n.nvrtcGetCUBIN, "CUBIN"
 	if !cubin {
@@ -278,16 +286,16 @@ func (n *nvrtcAPI) compile(name, src string, opts []string, cubin bool) ([]byte,
 	}
 	var size uint64
 	if err := n.check(ccall(sizeFn, prog, uintptr(unsafe.Pointer(&size))), "nvrtcGet"+what+"Size("+name+")", ""); err != nil {
-		return nil, err
+		return nil, log, err
 	}
 	if size == 0 {
-		return nil, fmt.Errorf("cuda: nvrtcGet%sSize(%s): empty output (is --gpu-architecture a real sm_XY?)", what, name)
+		return nil, log, fmt.Errorf("cuda: nvrtcGet%sSize(%s): empty output (is --gpu-architecture a real sm_XY?)", what, name)
 	}
-	img := make([]byte, size)
+	img = make([]byte, size)
 	if err := n.check(ccall(getFn, prog, uintptr(unsafe.Pointer(&img[0]))), "nvrtcGet"+what+"("+name+")", ""); err != nil {
-		return nil, err
+		return nil, log, err
 	}
-	return img, nil
+	return img, log, nil
 }
 
 // log returns the program's compile log.

@@ -81,26 +81,44 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 	}
 	p := d.Props()
 	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}}
-	for _, m := range append([]Module{rowsModule()}, mods...) {
-		src := commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src
-		owner := set
-		if m.File == "rows.cu" {
-			owner = "cudaset"
-		}
-		mod, err := d.Module(owner+"_"+m.File, src, m.Opts...)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %s: %w", set, m.File, err)
-		}
-		for _, name := range m.Funcs {
-			f, err := mod.Func(name)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %s: %w", set, m.File, err)
-			}
-			k.fn[name] = f
+	if err := k.add(rowsModule(), "cudaset"); err != nil {
+		return nil, err
+	}
+	for _, m := range mods {
+		if err := k.AddModule(m); err != nil {
+			return nil, err
 		}
 	}
 	return k, nil
 }
+
+// AddModule compiles one more module of the set and adds its kernels; when it
+// fails (its error carries NVRTC's log) the kit is as it was, so that a set
+// can keep an optional module apart from the ones it cannot do without.
+func (k *Kit) AddModule(m Module) error { return k.add(m, k.Set) }
+
+func (k *Kit) add(m Module, owner string) error {
+	mod, err := k.D.Module(owner+"_"+m.File, Source(m), m.Opts...)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", k.Set, m.File, err)
+	}
+	fs := map[string]*cuda.Func{}
+	for _, name := range m.Funcs {
+		f, err := mod.Func(name)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", k.Set, m.File, err)
+		}
+		fs[name] = f
+	}
+	for name, f := range fs {
+		k.fn[name] = f
+	}
+	return nil
+}
+
+// Source is what NVRTC compiles for m: common.cuh, then m's source behind a
+// #line naming its file.
+func Source(m Module) string { return commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src }
 
 // Func is the compiled kernel name; it panics when the set has none.
 func (k *Kit) Func(name string) *cuda.Func {

@@ -44,7 +44,8 @@ func scaleLog2(scale float32) float32 { return scale * math.Log2E }
 
 // AttentionPrefill appends the new keys and values to the cache
 // (kv_append), then runs flash_prefill over every row's new tokens at once:
-// a block per prefillConfig.rows() queries of one row and head.
+// a block per prefillConfig.rows() queries of one row and head; or
+// flash_hopper (hopper.go) where it is chosen for the head dim.
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	op := kernels.OpAttnPrefill
 	o.checkAttn(op, a, true)
@@ -54,8 +55,12 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	for r := range b.Rows {
 		longest = max(longest, b.Start[r+1]-b.Start[r])
 	}
-	c := o.prefillFor(o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": a.HeadDim}))
-	o.flashPrefill(c, a, longest, !a.NonCausal)
+	key := o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": a.HeadDim})
+	if hc, ok := o.hopperFor(key, a.HeadDim); ok {
+		o.hopperPrefill(hc, a, longest, !a.NonCausal)
+		return
+	}
+	o.flashPrefill(o.prefillFor(key), a, longest, !a.NonCausal)
 }
 
 // flashPrefill launches flash_prefill with tiling c for rows of at most

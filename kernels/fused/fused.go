@@ -162,7 +162,7 @@ func modules() []cudaset.Module {
 	}
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: withMMA("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
+		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
 		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
 		{File: "linear.cu", Src: linearSrc, Funcs: linearKernels()},
 	}
@@ -177,7 +177,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		return nil, err
 	}
 	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{},
-		mlaPrefill: map[string]flashConfig{}}
+		mlaPrefill: map[string]flashConfig{}, hopperOn: map[string]bool{}}
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
 		for _, v := range decodeVariants {
@@ -206,6 +206,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err := o.prepareMLA(); err != nil {
 		return nil, err
 	}
+	o.hopper = newHopper(kit) // never fails: an error stays in o.hopper.err
 	return o, nil
 }
 
@@ -222,4 +223,6 @@ type ops struct {
 
 	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
+	hopper   *hopperKit             // flash_hopper, or why it is absent (hopper.go)
+	hopperOn map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
 }

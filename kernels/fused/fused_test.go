@@ -1,6 +1,7 @@
 package fused
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -71,8 +72,14 @@ func TestVariants(t *testing.T) {
 		}
 		return names
 	}
-	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, h200)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2", "w8_m2"}) {
+	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, h200)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2", "w8_m2", "wgmma"}) {
 		t.Errorf("D=128 on sm_90a: valid tilings %v", got)
+	}
+	if vs := variants(kernels.OpAttnPrefill, kernels.Shape{"D": 96}, h200); len(vs) != 5 || vs[4].Name != "wgmma" || !strings.Contains(vs[4].Why, "head dim 96") {
+		t.Errorf("D=96 on sm_90a: %+v, want wgmma refused for its head dim", vs)
+	}
+	if vs := variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, kernels.Targets["sm_80"]); len(vs) != 4 {
+		t.Errorf("D=128 on sm_80: %+v, want the 4 tilings and no wgmma", vs)
 	}
 	for _, v := range variants(kernels.OpAttnPrefill, kernels.Shape{"D": 48}, h200) {
 		if !strings.Contains(v.Why, "head dim 48") {
@@ -82,7 +89,7 @@ func TestVariants(t *testing.T) {
 	small := h200
 	small.SharedPerBlock = 96 << 10
 	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, small)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2"}) {
-		t.Errorf("D=128 with 96 KiB a block: valid tilings %v (w8_m2 needs 128 KiB)", got)
+		t.Errorf("D=128 with 96 KiB a block: valid tilings %v (w8_m2 needs 128 KiB, wgmma 161)", got)
 	}
 	if vs := variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 64, "KVH": 2}, h200); len(vs) != 2 || vs[0].Valid() || vs[1].Valid() {
 		t.Errorf("decode with 32 query heads per kv head: %+v, want both variants refused", vs)
@@ -104,6 +111,23 @@ func TestVariants(t *testing.T) {
 	}
 	if o.prefillFor("D=64") != prefillConfig {
 		t.Errorf("a choice for D=128 changed D=64's tiling")
+	}
+	o.hopper = &hopperKit{err: fmt.Errorf("no Hopper here")}
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err == nil || !strings.Contains(err.Error(), "no Hopper here") {
+		t.Errorf("UseVariant wgmma without flash_hopper: %v, want its error", err)
+	}
+	o.hopper = &hopperKit{configs: map[int]hopperConfig{128: {128, 3}}}
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != hopperVariant {
+		t.Errorf("UseVariant wgmma: %v, now %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
+	}
+	if c, ok := o.hopperFor("D=64", 64); ok {
+		t.Errorf("D=64 runs flash_hopper %v untuned", c)
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, "D=64", hopperVariant); err == nil {
+		t.Errorf("UseVariant wgmma for D=64 accepted with no D=64 instance")
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w8_m2"); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != "w8_m2" {
+		t.Errorf("back to w8_m2: %v, now %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
 	for _, bad := range []struct {
 		op        kernels.Op

@@ -45,6 +45,9 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 				Params: fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d", c.Warps, c.MTiles, c.rows(), keyTile, shared),
 				Why:    join(fits(shared))})
 		}
+		if v, ok := hopperVariantOf(d, t); ok {
+			vs = append(vs, v)
+		}
 		return vs
 	case kernels.OpAttnDecode:
 		headDim()
@@ -180,11 +183,22 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 		o.decode[key] = name
 		return nil
 	}
+	if o.hopperOn == nil {
+		o.hopperOn = map[string]bool{}
+	}
+	if name == hopperVariant {
+		if _, err := o.hopper.config(d); err != nil {
+			return err // why flash_hopper cannot run here, NVRTC's log included
+		}
+		o.hopperOn[key] = true
+		return nil
+	}
 	c, ok := flashConfigNamed(name)
 	if !ok {
-		return fmt.Errorf("fused has no flash_prefill tiling %q", name)
+		return fmt.Errorf("fused has no flash_prefill tiling %q (nor is it %q)", name, hopperVariant)
 	}
 	o.prefill[key] = c
+	o.hopperOn[key] = false
 	return nil
 }
 
@@ -192,6 +206,12 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 func (o *ops) VariantFor(op kernels.Op, key string) string {
 	switch op {
 	case kernels.OpAttnPrefill:
+		var d int
+		if _, err := fmt.Sscanf(key, "D=%d", &d); err == nil {
+			if _, ok := o.hopperFor(key, d); ok {
+				return hopperVariant
+			}
+		}
 		return o.prefillFor(key).String()
 	case kernels.OpAttnDecode:
 		return o.decodeFor(key)
@@ -220,4 +240,19 @@ func (o *ops) prefillFor(key string) flashConfig {
 		return c
 	}
 	return prefillConfig
+}
+
+// hopperFor is the flash_hopper instance AttentionPrefill runs for tuning
+// key and head dim d, if it runs flash_hopper: when a choice for key names
+// it, or none names anything and prefillHopper is set; and it can run here.
+func (o *ops) hopperFor(key string, d int) (hopperConfig, bool) {
+	on, chosen := o.hopperOn[key]
+	if !chosen {
+		on = prefillHopper
+	}
+	if !on {
+		return hopperConfig{}, false
+	}
+	c, err := o.hopper.config(d)
+	return c, err == nil
 }

@@ -170,7 +170,7 @@ func TestDryRun(t *testing.T) {
 			fusedLinear = &offers[i]
 		}
 	}
-	if fusedPrefill == nil || len(fusedPrefill.Variants) != 4 {
+	if fusedPrefill == nil || len(fusedPrefill.Variants) != 5 { // 4 flash_prefill tilings and flash_hopper
 		t.Fatalf("fused attn_prefill offer: %+v", fusedPrefill)
 	}
 	for _, v := range fusedPrefill.Variants {

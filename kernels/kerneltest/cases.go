@@ -99,6 +99,10 @@ func cases(wdts []kernels.DType) []opCase {
 	for _, s := range []attnCase{
 		{name: "long past", lens: []int{40, 3}, past: []int{16400, 70}, heads: 7, kv: 1, d: 128, maxSeq: 16440, fused: true},
 		{name: "2K prompt", lens: []int{2049}, past: []int{0}, heads: 4, kv: 1, d: 128, maxSeq: 2100},
+		// Over 16K keys with every row's keys seen, and at head dim 64 (the
+		// Hopper kernel's other instance; its tiles are 128 queries and keys).
+		{name: "long past, all keys", lens: []int{130, 7}, past: []int{16300, 0}, heads: 4, kv: 2, d: 128, maxSeq: 16500, nonCausal: true},
+		{name: "D=64 long past", lens: []int{200}, past: []int{16390}, heads: 2, kv: 1, d: 64, maxSeq: 16600, fused: true},
 	} {
 		addLong(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
 	}

@@ -1,0 +1,232 @@
+package fused
+
+import (
+	_ "embed"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// The Hopper flash attention (hopper.cu, flash_hopper): the attn_prefill
+// variant hopperVariant, compiled by NVRTC only where the device's target is
+// hopperArch. It is a module apart from the set's others: when it cannot be
+// compiled or loaded, New still succeeds, the error (with NVRTC's log) is
+// kept in hopperKit.err, and asking for the variant returns it.
+
+var (
+	//go:embed hopper.cu
+	hopperSrc string
+	//go:embed flash.cuh
+	flashSrc string
+)
+
+const (
+	// hopperVariant is flash_hopper's name among attn_prefill's variants.
+	hopperVariant = "wgmma"
+	// hopperArch is the only NVRTC target flash_hopper compiles for: wgmma
+	// and setmaxnreg are sm_90a's own (NVRTC 12 or later on a 9.0 device).
+	hopperArch = "sm_90a"
+)
+
+// Tiles of flash_hopper, as hopper.cu names them.
+const (
+	hopperRows    = 128 // HOP_BM: queries of a block, 64 per consumer warpgroup
+	hopperKeys    = 128 // HOP_BN: keys of a K or V tile
+	hopperThreads = 384 // HOP_THREADS: one producer and two consumer warpgroups
+	hopperBox     = 64  // HOP_BOX: columns of a tensor-copy box, 128 bytes of bf16
+	hopperSwizzle = 128 // bytes: the copies' and the wgmma descriptors' swizzle
+	hopperAlign   = 1024
+	// hopperProducerRegs and hopperConsumerRegs are HOP_PRODUCER_REGS and
+	// HOP_CONSUMER_REGS: setmaxnreg's registers per thread of each role.
+	hopperProducerRegs = 24
+	hopperConsumerRegs = 240
+	// hopperStatusLen is the i32 words of the kernels' timed-out-wait record.
+	hopperStatusLen = 8
+)
+
+// hopperConfig is an instance of flash_hopper: its head dim and the stages
+// of its K/V ring.
+type hopperConfig struct{ D, Stages int }
+
+func (c hopperConfig) kernel() string { return fmt.Sprintf("flash_hopper_d%d_s%d", c.D, c.Stages) }
+
+// shared is HopLayout<D, STAGES>::SMEM: the Q tile, a K and a V tile per
+// stage, and the slack that aligns them to the swizzle's period.
+func (c hopperConfig) shared() int {
+	return (hopperRows*c.D+2*c.Stages*hopperKeys*c.D)*2 + hopperAlign
+}
+
+// hopperConfigs are the instances compiled (FLASH_HOPPER in hopper.cu);
+// per head dim the one with the most stages that fits the device's shared
+// memory per block runs (see newHopper). D=128: 2 stages take 161 KiB, 3
+// take 225 KiB (an H100/H200 block may have 227); D=64: 2 and 4 stages.
+var hopperConfigs = []hopperConfig{{128, 2}, {128, 3}, {64, 2}, {64, 4}}
+
+// hopperHeadDims are the head dims flash_hopper is instantiated for.
+var hopperHeadDims = []int{64, 128}
+
+// prefillHopper makes AttentionPrefill run flash_hopper, where it can, for
+// the head dims no tuning choice covers (false: flash_prefill runs until
+// the Hopper kernel has passed on the device; tests set it).
+var prefillHopper = false
+
+// withFlash is a module source of file that starts with mma.cuh and
+// flash.cuh, each behind its own #line.
+func withFlash(file, src string) string {
+	return withMMA("flash.cuh", flashSrc) + fmt.Sprintf("#line 1 %q\n", file) + src
+}
+
+// hopperModule is flash_hopper's NVRTC module.
+func hopperModule() cudaset.Module {
+	var fs []string
+	for _, c := range hopperConfigs {
+		fs = append(fs, c.kernel())
+	}
+	return cudaset.Module{File: "hopper.cu", Src: withFlash("hopper.cu", hopperSrc), Funcs: fs}
+}
+
+// hopperKit is flash_hopper on one device.
+type hopperKit struct {
+	err     error                // why it cannot run here; nil when it can
+	configs map[int]hopperConfig // the instance run per head dim
+	status  *kernels.Tensor      // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+}
+
+// newHopper compiles flash_hopper into k where the device allows it. It
+// never fails: what went wrong is kept in the kit's err.
+func newHopper(k *cudaset.Kit) *hopperKit {
+	h := &hopperKit{configs: map[int]hopperConfig{}}
+	p := k.D.Props()
+	if p.Arch != hopperArch {
+		h.err = fmt.Errorf("fused: %s: flash_hopper needs NVRTC's target %s (a compute capability 9.0 device, NVRTC 12 or later); %s, compute capability %d.%d, NVRTC %d.%d targets %s",
+			hopperVariant, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, p.Arch)
+		return h
+	}
+	if err := k.AddModule(hopperModule()); err != nil {
+		h.err = fmt.Errorf("fused: %s: %w", hopperVariant, err)
+		return h
+	}
+	var why []string
+	for _, c := range hopperConfigs {
+		f := k.Func(c.kernel())
+		attrs, err := f.Attrs()
+		if err == nil && c.shared()+attrs.StaticShared > k.MaxShared {
+			err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", c.shared()+attrs.StaticShared, k.MaxShared)
+		}
+		if err == nil {
+			err = f.SetMaxDynamicShared(c.shared())
+		}
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
+			continue
+		}
+		if cur, ok := h.configs[c.D]; !ok || c.Stages > cur.Stages {
+			h.configs[c.D] = c
+		}
+	}
+	if len(h.configs) == 0 {
+		h.err = fmt.Errorf("fused: %s: no instance fits this device: %v", hopperVariant, why)
+		return h
+	}
+	h.status = k.D.Alloc(kernels.I32, hopperStatusLen)
+	k.D.Zero(h.status)
+	return h
+}
+
+// config is the instance for head dim d, or why there is none.
+func (h *hopperKit) config(d int) (hopperConfig, error) {
+	if h == nil {
+		return hopperConfig{}, fmt.Errorf("fused: %s: not built", hopperVariant)
+	}
+	if h.err != nil {
+		return hopperConfig{}, h.err
+	}
+	c, ok := h.configs[d]
+	if !ok {
+		return c, fmt.Errorf("fused: %s: head dim %d: flash_hopper runs %v here", hopperVariant, d, slices.Sorted(maps.Keys(h.configs)))
+	}
+	return c, nil
+}
+
+// hopperVariantOf is the Variant entry of flash_hopper for head dim d on
+// target t; absent (ok false) where the target is not hopperArch.
+func hopperVariantOf(d int, t kernels.Target) (v kernels.Variant, ok bool) {
+	if t.Arch != hopperArch {
+		return v, false
+	}
+	v.Name = hopperVariant
+	best := hopperConfig{}
+	for _, c := range hopperConfigs {
+		if c.D == d && c.shared() <= t.SharedPerBlock && c.Stages > best.Stages {
+			best = c
+		}
+	}
+	switch {
+	case !slices.Contains(hopperHeadDims, d):
+		v.Why = fmt.Sprintf("head dim %d: flash_hopper is instantiated for %v", d, hopperHeadDims)
+	case best.Stages == 0:
+		v.Why = fmt.Sprintf("no instance of head dim %d fits %d bytes of shared memory a block", d, t.SharedPerBlock)
+	default:
+		v.Params = fmt.Sprintf("warpgroups=1+2 rows=%d key_tile=%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16,m64n%dk16 tma=128B-swizzle",
+			hopperRows, hopperKeys, best.Stages, best.shared(), hopperProducerRegs, hopperConsumerRegs, hopperKeys, d)
+	}
+	return v, true
+}
+
+// hopperPrefill launches flash_hopper instance c for rows of at most
+// longest new tokens: the tensor maps of q and the caches, made for this
+// call, are the kernel's first parameters.
+func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, causal bool) {
+	op := kernels.OpAttnPrefill
+	b := a.Batch
+	blocks := (longest + hopperRows - 1) / hopperRows
+	if blocks == 0 || b.Rows == 0 {
+		return
+	}
+	d := a.HeadDim
+	const es = 2 // bytes of a bf16
+	qm, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(a.Q), Elem: es,
+		Dims: []uint64{uint64(a.Heads * d), uint64(a.Q.Rows())}, Strides: []uint64{uint64(a.Q.Pitch * es)},
+		Box: []uint32{hopperBox, hopperRows}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "q's tensor map: %v", err)
+	cacheMap := func(t *kernels.Tensor) *cuda.TensorMap {
+		m, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(t), Elem: es,
+			Dims:    []uint64{uint64(d), uint64(b.MaxSeq), uint64(t.Rows() / b.MaxSeq)},
+			Strides: []uint64{uint64(t.Pitch * es), uint64(b.MaxSeq * t.Pitch * es)},
+			Box:     []uint32{hopperBox, hopperKeys, 1}, Swizzle: hopperSwizzle})
+		o.Need(err == nil, op, "the cache's tensor map: %v", err)
+		return m
+	}
+	km, vm := cacheMap(a.KCache), cacheMap(a.VCache)
+	causalArg := int32(0)
+	if causal {
+		causalArg = 1
+	}
+	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(blocks), Y: uint32(a.Heads), Z: uint32(b.Rows)},
+		cuda.Dim3{X: hopperThreads}, c.shared(),
+		qm, km, vm, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev),
+		int32(a.Heads), int32(a.KVHeads), scaleLog2(a.Scale), causalArg, o.D.Ptr(o.hopper.status))
+}
+
+// hopperWaits reports a wait of flash_hopper that timed out since the last
+// call (synchronizing with the device), and clears the record.
+func (o *ops) hopperWaits() error {
+	if o.hopper == nil || o.hopper.status == nil {
+		return nil
+	}
+	st, err := o.D.ReadI32(o.hopper.status)
+	if err != nil {
+		return err
+	}
+	if st[0] == 0 {
+		return nil
+	}
+	o.D.Zero(o.hopper.status)
+	what := map[int32]string{1: "the Q tile (barQ)", 2: "a K tile (kfull)", 3: "a V tile (vfull)", 4: "a free stage (empty)"}[st[0]]
+	return fmt.Errorf("fused: flash_hopper: a wait for %s timed out: block (%d, %d, %d), thread %d, tile %d, parity %d (the kernel gave up; its output is garbage)",
+		what, st[1], st[2], st[3], st[4], st[5], st[6])
+}
