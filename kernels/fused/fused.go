@@ -223,6 +223,6 @@ type ops struct {
 
 	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
-	hopper   *hopperKit             // flash_hopper, or why it is absent (hopper.go)
-	hopperOn map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
+	hopper     *hopperKit             // flash_hopper, or why it is absent (hopper.go)
+	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
 }
