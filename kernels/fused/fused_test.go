@@ -243,16 +243,36 @@ func TestLinearPlan(t *testing.T) {
 	}
 }
 
-// TestLinearVariants: skinny up to 16 rows by default and by choice,
-// cuBLAS beyond; keys and names checked.
+// TestLinearSkinny runs the shared harness, the decode graph included, with
+// linear_skinny the default of every problem of up to 16 rows (the shared
+// kernel-set test's small linears would otherwise run cuBLAS).
+func TestLinearSkinny(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	saved := linSkinnyBytes
+	defer func() { linSkinnyBytes = saved }()
+	linSkinnyBytes = 0
+	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+	kerneltest.RunDecodeGraph(t, dev, "fused")
+}
+
+// TestLinearVariants: by default skinny for up to 16 rows of a big weight
+// stream, cuBLAS for smaller matrices and more rows; either by choice;
+// keys and names checked.
 func TestLinearVariants(t *testing.T) {
 	o := &ops{}
 	o.lin.choice = map[linearKey]string{}
-	key := o.TuningKey(kernels.OpLinear, kernels.Shape{"M": 16, "N": 4608, "K": 3584})
-	if key != "M=16,N=4608,K=3584" || o.VariantFor(kernels.OpLinear, key) != linSkinny {
-		t.Fatalf("key %q runs %q", key, o.VariantFor(kernels.OpLinear, key))
+	gateUp := o.TuningKey(kernels.OpLinear, kernels.Shape{"M": 16, "N": 37888, "K": 3584})
+	if gateUp != "M=16,N=37888,K=3584" || o.VariantFor(kernels.OpLinear, gateUp) != linSkinny {
+		t.Fatalf("key %q runs %q", gateUp, o.VariantFor(kernels.OpLinear, gateUp))
 	}
-	if err := o.UseVariant(kernels.OpLinear, key, linCuBLAS); err != nil || o.VariantFor(kernels.OpLinear, key) != linCuBLAS {
+	key := o.TuningKey(kernels.OpLinear, kernels.Shape{"M": 16, "N": 4608, "K": 3584})
+	if o.VariantFor(kernels.OpLinear, key) != linCuBLAS {
+		t.Errorf("%s (32 MiB of weights) runs %q by default", key, o.VariantFor(kernels.OpLinear, key))
+	}
+	if err := o.UseVariant(kernels.OpLinear, key, linSkinny); err != nil || o.VariantFor(kernels.OpLinear, key) != linSkinny {
+		t.Errorf("choosing skinny: %v", err)
+	}
+	if err := o.UseVariant(kernels.OpLinear, gateUp, linCuBLAS); err != nil || o.VariantFor(kernels.OpLinear, gateUp) != linCuBLAS {
 		t.Errorf("choosing cublas: %v", err)
 	}
 	big := linearKey{17, 4608, 3584}.String()

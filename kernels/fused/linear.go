@@ -38,17 +38,28 @@ const (
 
 // Linear variants: "skinny", linear_skinny (weights streamed once, rows ≤
 // linMaxRows); "cublas", the shared cuBLAS addmm naive runs too. Without a
-// tuning choice a shape runs skinny when it has at most linMaxRows rows:
-// at those rows the product is a stream of the weights for both (the mma
-// work of 16 rows is 1/100 of the matrix rate's time), and skinny reads
-// them with more bytes in flight, no bias pre-fill launch and no split-K
-// workspace pass; beyond it cuBLAS's tiles reuse each weight over many rows.
+// tuning choice a shape runs skinny when it has at most linMaxRows rows and
+// at least linSkinnyBytes of weights: measured on the H200 (infer bench
+// linear, 2026-11-23, bench/RESULTS.md), skinny reads the big streams at
+// 95–101% of the copy rate where cuBLAS reaches 86–100% (gate_up 67.8 µs
+// against 74.4 at one row, lm_heads 99 against 108), but loses 1–4 µs on
+// every matrix under ~150 MB (its split-K reduction and launch cost more
+// than cuBLAS's own), so the default leaves those to cuBLAS; `infer bench
+// linear --optimize` chooses per shape. Beyond linMaxRows cuBLAS's tiles
+// reuse each weight over many rows.
 const (
 	linSkinny = "skinny"
 	linCuBLAS = "cublas"
 )
 
 var linearVariants = []string{linSkinny, linCuBLAS}
+
+// linSkinnyBytes is the least weight bytes a problem has for linear_skinny
+// to run it without a tuning choice (see above): 200 MiB puts Qwen2-7B's
+// gate_up (259 MiB) and both models' lm_heads on it, and every matrix that
+// measured slower than cuBLAS (the largest, Qwen2-7B's down, 130 MiB) off.
+// A variable, so that tests can put every small problem on skinny.
+var linSkinnyBytes int64 = 200 << 20
 
 // linearKey is a linear problem as its tuning key names it: M rows of x,
 // N output features, K inputs.
@@ -66,7 +77,7 @@ func parseLinearKey(s string) (linearKey, error) {
 
 // linearDefault is the variant a problem runs without a tuning choice.
 func linearDefault(k linearKey) string {
-	if k.m <= linMaxRows {
+	if k.m <= linMaxRows && int64(k.n)*int64(k.k)*2 >= linSkinnyBytes {
 		return linSkinny
 	}
 	return linCuBLAS
