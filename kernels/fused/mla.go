@@ -46,10 +46,13 @@ const (
 )
 
 // mlaPrefillConfig is the tiling mla_prefill runs unless a tuning choice
-// names another (a variable, so that tests can run the others): w4_m1
-// keeps Q in registers without spills (225 registers at 192/128) and two
-// blocks fit an SM; the m2 tilings spill at 192/128.
-var mlaPrefillConfig = flashConfig{4, 1}
+// names another (a variable, so that tests can run the others). w4_m1 was
+// chosen first for keeping Q in registers without spills (225 registers at
+// 192/128) where the m2 tilings spill; measured on the H200 (infer bench
+// mla_prefill, 2026-11-23), w8_m2 is the fastest from 2K tokens on in
+// spite of its spills (248 TFLOP/s at W3's 11,041 against w4_m1's 195,
+// 290 against 206 at B=4 N=8K) and within 4% at 1K.
+var mlaPrefillConfig = flashConfig{8, 2}
 
 // mlaPrefillBudget is the most bytes of decompressed keys and values one
 // launch of mla_prefill covers: rows past it go to the next launch (a
