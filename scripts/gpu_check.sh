@@ -14,7 +14,7 @@
 #     deepseek-only: only the DeepSeek-V2-Lite checks (no unit tests, no Qwen2-7B)
 #     kbench: also run the kernel benchmarks (bin/infer bench, every op and set
 #             on the default shapes: $OUT/kernel_bench.json and .png), then
-#             --optimize on attn_prefill, attn_decode and linear and an infer run that
+#             --optimize on attn_prefill and linear and an infer run that
 #             must say which tuning choices it applied
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +72,7 @@ fi
 if $kbench; then
 	step kernel-bench sh -c "bin/infer bench --quiet --json --plot $out/kernel_bench.png >$out/kernel_bench.json && \
 		python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [print(x[\"op\"], x[\"shape\"], x[\"set\"], x[\"variant\"], round(x[\"ms\"],4), round(x[\"tflop_s\"] or x[\"gb_s\"],1), x[\"checked\"], x.get(\"error\",\"\")) for x in r[\"rows\"]]' $out/kernel_bench.json"
-	step bench-optimize sh -c "bin/infer bench attn_prefill attn_decode linear --optimize --quiet && \
+	step bench-optimize sh -c "bin/infer bench attn_prefill linear --optimize --quiet && \
 		bin/infer --model testdata/models/qwen2-tiny-bf16 --prompt-file testdata/prompts/short.txt --max-new-tokens 4 2>&1 | grep 'tuning:'"
 fi
 if ! $quick && $qwen; then

@@ -306,180 +306,27 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 	}
 };
 
-// flash_decode is flash-decoding: one block per split of one row's cache
-// for one kv head, its query heads (a group of at most 16, the rows of one
-// m-tile) and the row's single new token, over keys [split·chunk,
+// flash_decode_keys is flash-decoding: one block per split of one row's
+// cache for one kv head, its query heads (a group of at most 16, the rows of
+// one m-tile) and the row's single new token, over keys [split·chunk,
 // (split+1)·chunk) ∩ [0, past[b]+1). Key tiles of BN come through cp.async,
-// STAGES in flight. Every warp computes the tile's scores for all its keys
-// (so all share one running max, as a single-block softmax would) and P·V
-// for its own slice of the output dims. The block writes its unnormalised
-// output and (max, sum) to part and stats; the last block of a (row, kv
-// head) to finish, counted in counter (left at 0 again), merges the splits
-// by their log-sum-exp into out. The new token's key and value are read
-// from kn, vn and appended to the cache by the block whose split holds
-// them, so no other kernel runs first.
+// DEC_STAGES in flight. Each warp scores only its own 16 keys of every tile
+// and multiplies them by all of V's dims; the warps share one running max,
+// exchanged through shared memory once per tile, so p is rounded as a
+// single-block softmax rounds it and the warps' outputs merge by a plain
+// sum. A block writes the final output itself when it is the only split
+// (splits == 1); otherwise it writes its unnormalised output and (max, sum)
+// to part and stats, and attn_merge, a second launch of one block per row
+// and head, merges the splits by their log-sum-exp. The new token's key and
+// value are read from kn, vn and appended to the cache by the block whose
+// split holds them, so no other kernel runs first. (An earlier variant,
+// every warp scoring the whole tile and the last block merging, reached
+// 61–72% of the copy rate against this one's 69–98%: kernels/fused/NOTES.md.)
 //   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D];
-//   stats f32 [B·heads, splits, 2]; counter i32 [B·kvh], zero between calls;
-//   q bf16 [B, heads·D] (rotated), pitch qp; kn, vn bf16 [B, kvh·D], pitches
-//   kp, vp; kc, vc bf16 [B, kvh, maxSeq, D]; past i32 [B]: tokens cached
-//   before the new one. A length past maxSeq traps.
-// Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
-// (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
-template <int D>
-__device__ void flash_decode(bf16* out, int op, float* part, float* stats, int* counter, const bf16* q, int qp,
-                             const bf16* kn, int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past,
-                             int heads, int kvh, int maxSeq, int chunk, float scale_log2) {
-	constexpr int KS = D / 16, NS = BN / 8, DP = D / 16, THREADS = DEC_WARPS * 32;
-	constexpr int DPW = (DP + DEC_WARPS - 1) / DEC_WARPS; // dim pairs (16 dims) of one warp
-	typedef Tile<D> T;
-	extern __shared__ __align__(128) unsigned char smem[];
-	__shared__ int last;
-	const DecodeSplit<D> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk);
-	const int b = sp.b, g = sp.g, split = blockIdx.x, splits = gridDim.x, group = sp.group;
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const long long rowHead = sp.rowHead;
-	const int nkeys = sp.nkeys, ntiles = sp.ntiles;
-	const unsigned sQ = sp.sQ;
-	sp.start(q, qp);
-
-	unsigned qa[KS][4];
-	float o[2 * DPW][4];
-	RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
-#pragma unroll
-	for (int d = 0; d < 2 * DPW; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-
-	for (int j = 0; j < ntiles; j++) {
-		sp.next(j);
-		if (j == 0) {
-#pragma unroll
-			for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], T::at(sQ, lane & 15, ks * 2 + (lane >> 4)));
-		}
-		const unsigned kT = sp.sK(j % DEC_STAGES), vT = sp.sV(j % DEC_STAGES);
-		float s[NS][4];
-#pragma unroll
-		for (int nt = 0; nt < NS; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-		for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-			for (int np = 0; np < NS / 2; np++) {
-				unsigned kb[4];
-				ldsm_x4(kb, T::at(kT, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-				mma16816(s[2 * np], qa[ks], kb[0], kb[1]);
-				mma16816(s[2 * np + 1], qa[ks], kb[2], kb[3]);
-			}
-		}
-		if ((j + 1) * BN > nkeys) {
-#pragma unroll
-			for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					if (j * BN + nt * 8 + 2 * (lane & 3) + (e & 1) >= nkeys) s[nt][e] = NEG_INF;
-		}
-		float alpha[2];
-		softmax_tile<NS>(s, st, scale_log2, alpha);
-#pragma unroll
-		for (int d = 0; d < 2 * DPW; d++) {
-			o[d][0] *= alpha[0];
-			o[d][1] *= alpha[0];
-			o[d][2] *= alpha[1];
-			o[d][3] *= alpha[1];
-		}
-#pragma unroll
-		for (int kk = 0; kk < NS / 2; kk++) {
-			unsigned pa[4];
-			p_frag<NS>(pa, s, kk);
-#pragma unroll
-			for (int x = 0; x < DPW; x++) {
-				const int dp = warp * DPW + x;
-				if (dp >= DP) break;
-				unsigned vb[4];
-				ldsm_x4_t(vb, T::at(vT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-				mma16816(o[2 * x], pa, vb[0], vb[1]);
-				mma16816(o[2 * x + 1], pa, vb[2], vb[3]);
-			}
-		}
-		__syncthreads(); // the stage is free for tile j+STAGES
-	}
-	cp_wait<0>();
-
-	// This split's unnormalised output and (max, sum) of every group row.
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int r = (lane >> 2) + i * 8;
-		const float l = quad_sum(st[i].l);
-		if (r >= group) continue;
-		const long long at = (rowHead + r) * splits + split;
-		if (warp == 0 && (lane & 3) == 0) {
-			stats[at * 2] = st[i].m * scale_log2;
-			stats[at * 2 + 1] = l;
-		}
-#pragma unroll
-		for (int x = 0; x < DPW; x++) {
-			const int dp = warp * DPW + x;
-			if (dp >= DP) break;
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				float* dst = part + at * D + dp * 16 + h * 8 + 2 * (lane & 3);
-				dst[0] = o[2 * x + h][2 * i];
-				dst[1] = o[2 * x + h][2 * i + 1];
-			}
-		}
-	}
-	// The last split of (b, g) to finish merges them all.
-	__threadfence();
-	__syncthreads();
-	if (tid == 0) {
-		int* c = counter + (long long)b * kvh + g;
-		last = atomicAdd(c, 1) == splits - 1;
-		if (last) *c = 0;
-	}
-	__syncthreads();
-	if (!last) return;
-	__threadfence();
-	for (int i = tid; i < group * D; i += THREADS) {
-		const int r = i / D, d = i - r * D;
-		const float* sts = stats + (rowHead + r) * splits * 2;
-		const float* pt = part + (rowHead + r) * splits * D + d;
-		float M = NEG_INF;
-		for (int sp = 0; sp < splits; sp++)
-			if (sts[2 * sp + 1] > 0.0f) M = fmaxf(M, sts[2 * sp]);
-		float L = 0.0f, acc = 0.0f;
-		for (int sp = 0; sp < splits; sp++) {
-			const float l = sts[2 * sp + 1];
-			if (l <= 0.0f) continue; // a split with no keys
-			const float f = exp2f(sts[2 * sp] - M);
-			L += l * f;
-			acc += pt[(long long)sp * D] * f;
-		}
-		out[(long long)b * op + (g * group + r) * D + d] = __float2bfloat16_rn(acc / L);
-	}
-}
-
-#define FLASH_DECODE(D)                                                                                        \
-	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) flash_decode_d##D(                           \
-	    bf16* out, int op, float* part, float* stats, int* counter, const bf16* q, int qp, const bf16* kn,    \
-	    int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, \
-	    int chunk, float scale_log2) {                                                                    \
-		flash_decode<D>(out, op, part, stats, counter, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, \
-		                chunk, scale_log2);                                                                   \
-	}
-FLASH_DECODE(16)
-FLASH_DECODE(32)
-FLASH_DECODE(64)
-FLASH_DECODE(80)
-FLASH_DECODE(96)
-FLASH_DECODE(128)
-
-// flash_decode_keys is flash_decode's other variant ("keys"): each warp
-// scores only its own 16 keys of every tile (a quarter of the mma and
-// ldmatrix work of the "dims" variant) and multiplies them by all of V's
-// dims; the warps still share one running max, exchanged through shared
-// memory once per tile, so p is rounded as a single-block softmax rounds it
-// and the warps' outputs merge by a plain sum. A block writes the final
-// output itself when it is the only split (splits == 1); otherwise it
-// writes part and stats as flash_decode does, and attn_merge, a second
-// launch of one block per row and head, merges the splits. The new token's
-// key and value are appended as in flash_decode.
+//   stats f32 [B·heads, splits, 2]; q bf16 [B, heads·D] (rotated), pitch qp;
+//   kn, vn bf16 [B, kvh·D], pitches kp, vp; kc, vc bf16 [B, kvh, maxSeq, D];
+//   past i32 [B]: tokens cached before the new one. A length past maxSeq
+//   traps.
 // Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
 // (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
 template <int D>

@@ -15,19 +15,6 @@ const (
 	scrStats = "attn.stats" // flash_decode: each split's (max, sum) f32 [B·heads·splits, 2]
 )
 
-// decodeCounters is flash_decode's count of finished splits per (row, kv
-// head), i32, zeroed when allocated; the kernel leaves it at 0 again.
-func (o *ops) decodeCounters(n int) uintptr {
-	if o.counters == nil || o.counters.Numel() < n {
-		if o.counters != nil {
-			o.D.Free(o.counters)
-		}
-		o.counters = o.D.Alloc(kernels.I32, n)
-		o.D.Zero(o.counters)
-	}
-	return o.D.Ptr(o.counters)
-}
-
 // checkAttn is the ops' contract plus what the kernels need: a head dim
 // they are instantiated for, and rows that allow 16-byte loads.
 func (o *ops) checkAttn(op kernels.Op, a *kernels.AttnArgs, prefill bool) {
@@ -85,21 +72,19 @@ func (o *ops) flashPrefill(c flashConfig, a *kernels.AttnArgs, longest int, caus
 
 // AttentionDecode is flash-decoding: splits of every row's cache, as many
 // as fill one wave of the GPU, the new keys and values appended by the
-// blocks whose splits hold them, in the variant chosen for the head dim
-// (see decodeVariants): "dims", one launch whose last block per row and kv
-// head merges the splits; "keys", a launch and attn_merge's when there are
-// several splits. Split sizes come from the cache's capacity and the row
-// lengths are read on the device, so a graph replays it as the rows grow.
+// blocks whose splits hold them (flash_decode_keys), then attn_merge when
+// there are several splits. Split sizes come from the cache's capacity and
+// the row lengths are read on the device, so a graph replays it as the rows
+// grow.
 func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	op := kernels.OpAttnDecode
 	o.checkAttn(op, a, false)
 	group := a.Heads / a.KVHeads
-	o.Need(group <= maxGroup, op, "%d query heads per kv head: flash_decode takes at most %d", group, maxGroup)
+	o.Need(group <= maxGroup, op, "%d query heads per kv head: flash_decode_keys takes at most %d", group, maxGroup)
 	b := a.Batch
 	if b.Rows == 0 {
 		return
 	}
-	variant := o.decodeFor(o.TuningKey(op, kernels.Shape{"D": a.HeadDim}))
 	wave := max(1, o.D.Props().MaxSharedPerSM/decodeShared(a.HeadDim)) * o.SMs
 	splits, chunk := decodeSplits(b.Rows*a.KVHeads, b.MaxSeq, wave)
 	rows := b.Rows * a.Heads * splits
@@ -107,20 +92,14 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	stats := o.Scratch(scrStats, kernels.F32, rows, 2)
 	grid := cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}
 	block := cuda.Dim3{X: decodeWarps * 32}
-	operands := []any{o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K), int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch),
-		o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
-		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale)}
-	if variant == "keys" {
-		o.LaunchGrid(decodeKernel(a.HeadDim, variant), grid, block, decodeShared(a.HeadDim),
-			append([]any{o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P}, operands...)...)
-		if splits > 1 {
-			o.Launch("attn_merge", b.Rows*a.Heads, cudaset.ThreadsFor(a.HeadDim),
-				o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, int32(a.Heads), int32(splits), int32(a.HeadDim))
-		}
-		return
+	o.LaunchGrid(decodeKernel(a.HeadDim), grid, block, decodeShared(a.HeadDim),
+		o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K),
+		int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
+		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale))
+	if splits > 1 {
+		o.Launch("attn_merge", b.Rows*a.Heads, cudaset.ThreadsFor(a.HeadDim),
+			o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, int32(a.Heads), int32(splits), int32(a.HeadDim))
 	}
-	o.LaunchGrid(decodeKernel(a.HeadDim, variant), grid, block, decodeShared(a.HeadDim),
-		append([]any{o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.decodeCounters(b.Rows * a.KVHeads)}, operands...)...)
 }
 
 // decodeSplits is how flash-decoding cuts a capacity of maxSeq keys for

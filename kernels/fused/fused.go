@@ -107,24 +107,12 @@ func flashConfigNamed(name string) (flashConfig, bool) {
 
 func prefillKernel(d int, c flashConfig) string { return fmt.Sprintf("flash_prefill_d%d_%s", d, c) }
 
-// Decode variants: "dims", flash_decode (every warp scores the whole tile
-// and multiplies by its slice of V's dims; the last block merges the
-// splits); "keys", flash_decode_keys (each warp scores its own keys, a
-// shared max per tile, attn_merge a second launch when split): 81–96% of
-// the copy rate at batch 16 against dims' 63–76% on the H200
-// (kernels/fused/NOTES.md), so keys is the default.
-var decodeVariants = []string{"dims", "keys"}
+// decodeVariant is flash_decode_keys's name as a variant of attn_decode, its
+// only one (each warp scores its own keys, a shared max per tile, attn_merge
+// a second launch when split).
+const decodeVariant = "keys"
 
-// decodeVariant is the variant AttentionDecode runs unless a tuning choice
-// names another for the head dim.
-var decodeVariant = "keys"
-
-func decodeKernel(d int, variant string) string {
-	if variant == "keys" {
-		return fmt.Sprintf("flash_decode_keys_d%d", d)
-	}
-	return fmt.Sprintf("flash_decode_d%d", d)
-}
+func decodeKernel(d int) string { return fmt.Sprintf("flash_decode_keys_d%d", d) }
 
 // rowBytes is a shared-memory tile row of head dim d: Tile<D>::ROW_BYTES.
 func rowBytes(d int) int { return (d/8 + 7) / 8 * 8 * 16 }
@@ -150,9 +138,7 @@ func modules() []cudaset.Module {
 		for _, c := range flashConfigs {
 			at = append(at, prefillKernel(d, c))
 		}
-		for _, v := range decodeVariants {
-			at = append(at, decodeKernel(d, v))
-		}
+		at = append(at, decodeKernel(d))
 	}
 	at = append(at, "attn_merge")
 	// mla.cu continues attention.cu's compilation unit: it builds on its
@@ -176,13 +162,11 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{}, decode: map[string]string{},
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{},
 		mlaPrefill: map[string]flashConfig{}, hopperOn: map[string]bool{}}
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
-		for _, v := range decodeVariants {
-			sizes[decodeKernel(d, v)] = decodeShared(d)
-		}
+		sizes[decodeKernel(d)] = decodeShared(d)
 		for _, c := range flashConfigs {
 			sizes[prefillKernel(d, c)] = prefillShared(d, c)
 		}
@@ -215,9 +199,7 @@ type ops struct {
 	*cudaset.Kit
 	kernels.NotOwned
 
-	counters *kernels.Tensor        // see decodeCounters
 	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
-	decode   map[string]string      // tuning choices of the decode variant by tuning key
 	lin      linearState
 	moeFirst *kernels.Tensor // see moeFirstFor
 

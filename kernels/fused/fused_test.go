@@ -25,21 +25,6 @@ func TestFlashConfigs(t *testing.T) {
 	}
 }
 
-// TestDecodeVariants runs the shared harness once per decode variant (the
-// kernel-set test runs the default one only), decode graph included.
-func TestDecodeVariants(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	saved := decodeVariant
-	defer func() { decodeVariant = saved }()
-	for _, v := range decodeVariants {
-		t.Run(v, func(t *testing.T) {
-			decodeVariant = v
-			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
-			kerneltest.RunDecodeGraph(t, dev, "fused")
-		})
-	}
-}
-
 // TestDecodeSplits checks how flash-decoding cuts caches: whole key tiles,
 // every position covered, about one wave of blocks.
 func TestDecodeSplits(t *testing.T) {
@@ -91,17 +76,17 @@ func TestVariants(t *testing.T) {
 	if got := valid(variants(kernels.OpAttnPrefill, kernels.Shape{"D": 128}, small)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2"}) {
 		t.Errorf("D=128 with 96 KiB a block: valid tilings %v (w8_m2 needs 128 KiB, wgmma 161)", got)
 	}
-	if vs := variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 64, "KVH": 2}, h200); len(vs) != 2 || vs[0].Valid() || vs[1].Valid() {
-		t.Errorf("decode with 32 query heads per kv head: %+v, want both variants refused", vs)
+	if vs := variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 64, "KVH": 2}, h200); len(vs) != 1 || vs[0].Valid() {
+		t.Errorf("decode with 32 query heads per kv head: %+v, want it refused", vs)
 	}
-	if got := valid(variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 28, "KVH": 4}, h200)); !slices.Equal(got, []string{"dims", "keys"}) {
+	if got := valid(variants(kernels.OpAttnDecode, kernels.Shape{"D": 128, "H": 28, "KVH": 4}, h200)); !slices.Equal(got, []string{"keys"}) {
 		t.Errorf("decode of Qwen2-7B's heads: valid variants %v", got)
 	}
 	if vs := variants(kernels.OpRoPE, nil, kernels.Target{Arch: "sm_75"}); len(vs) != 1 || !strings.Contains(vs[0].Why, "sm_80") {
 		t.Errorf("rope on sm_75: %+v, want refused for the architecture", vs)
 	}
 
-	o := &ops{prefill: map[string]flashConfig{}, decode: map[string]string{}}
+	o := &ops{prefill: map[string]flashConfig{}}
 	key := o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128, "N": 4096})
 	if key != "D=128" || o.VariantFor(kernels.OpAttnPrefill, key) != prefillConfig.String() {
 		t.Fatalf("key %q, variant %q before tuning", key, o.VariantFor(kernels.OpAttnPrefill, key))
@@ -144,8 +129,8 @@ func TestVariants(t *testing.T) {
 	if o.VariantFor(kernels.OpAttnDecode, dkey) != decodeVariant {
 		t.Errorf("decode before tuning: %q", o.VariantFor(kernels.OpAttnDecode, dkey))
 	}
-	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "keys"); err != nil || o.decodeFor(dkey) != "keys" {
-		t.Errorf("UseVariant keys: %v, now %q", err, o.decodeFor(dkey))
+	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "keys"); err != nil {
+		t.Errorf("UseVariant keys: %v", err)
 	}
 	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "w4_m2"); err == nil {
 		t.Errorf("a prefill tiling accepted as a decode variant")

@@ -55,18 +55,10 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 			why = append(why, fmt.Sprintf("%d query heads per kv head, at most %d", s["H"]/kvh, maxGroup))
 		}
 		shared := decodeShared(d)
-		var vs []kernels.Variant
-		for _, v := range decodeVariants {
-			split := "warps split the dims, the last block merges"
-			if v == "keys" {
-				split = "warps split the keys, attn_merge merges"
-			}
-			vs = append(vs, kernels.Variant{Name: v,
-				Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; %s", decodeWarps, keyTile,
-					decodeStages, shared, split),
-				Why: join(fits(shared))})
-		}
-		return vs
+		return []kernels.Variant{{Name: decodeVariant,
+			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; warps split the keys, attn_merge merges",
+				decodeWarps, keyTile, decodeStages, shared),
+			Why: join(fits(shared))}}
 	case kernels.OpMLAPrefill:
 		d := mlaHeads{s["Dn"], s["Dr"], s["Dv"]}
 		if !slices.Contains(mlaPrefillDims, d) {
@@ -137,7 +129,7 @@ func archAtLeast(arch string, cc int) bool {
 // have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 	switch op {
-	case kernels.OpAttnPrefill, kernels.OpAttnDecode:
+	case kernels.OpAttnPrefill:
 		return fmt.Sprintf("D=%d", s["D"])
 	case kernels.OpLinear:
 		return linearKey{s["M"], s["N"], s["K"]}.String()
@@ -166,7 +158,7 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 		o.mlaPrefill[key] = c
 		return nil
 	}
-	if op != kernels.OpAttnPrefill && op != kernels.OpAttnDecode {
+	if op != kernels.OpAttnPrefill {
 		if cur := o.VariantFor(op, key); cur == "" || name != cur {
 			return fmt.Errorf("fused has no variant %q of %s (it has %q)", name, op, cur)
 		}
@@ -175,13 +167,6 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 	var d int
 	if _, err := fmt.Sscanf(key, "D=%d", &d); err != nil || !slices.Contains(headDims, d) {
 		return fmt.Errorf("tuning key %q is not D=<a head dim of %v>", key, headDims)
-	}
-	if op == kernels.OpAttnDecode {
-		if !slices.Contains(decodeVariants, name) {
-			return fmt.Errorf("fused has no decode variant %q (it has %v)", name, decodeVariants)
-		}
-		o.decode[key] = name
-		return nil
 	}
 	if o.hopperOn == nil {
 		o.hopperOn = map[string]bool{}
@@ -213,8 +198,6 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 			}
 		}
 		return o.prefillFor(key).String()
-	case kernels.OpAttnDecode:
-		return o.decodeFor(key)
 	case kernels.OpLinear:
 		return o.linearFor(key)
 	case kernels.OpMLAPrefill:
@@ -224,14 +207,6 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 		return vs[0].Name
 	}
 	return ""
-}
-
-// decodeFor is the decode variant for tuning key.
-func (o *ops) decodeFor(key string) string {
-	if v, ok := o.decode[key]; ok {
-		return v
-	}
-	return decodeVariant
 }
 
 // prefillFor is the tiling flash_prefill runs for tuning key.
