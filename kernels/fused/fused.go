@@ -150,7 +150,7 @@ func modules() []cudaset.Module {
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
 		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
-		{File: "linear.cu", Src: linearSrc, Funcs: linearKernels()},
+		{File: "linear.cu", Src: withMMA("linear.cu", linearSrc), Funcs: linearKernels()},
 	}
 }
 

@@ -61,26 +61,11 @@ __device__ __forceinline__ uint4 lin_ldg(const bf16* p) {
 	return v;
 }
 
-// lin_cp16 copies 16 bytes to shared memory, or zeros when !valid.
-__device__ __forceinline__ void lin_cp16(void* dst, const void* src, bool valid) {
-	const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-
 __device__ __forceinline__ uint4 lin_lds(const bf16* p) {
 	uint4 v;
 	const unsigned a = (unsigned)__cvta_generic_to_shared(p);
 	asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
 	return v;
-}
-
-// lin_mma is c += a·b for one m16n8k16 bf16 tile with f32 accumulators.
-__device__ __forceinline__ void lin_mma(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                       unsigned b0, unsigned b1) {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-	             "{%0,%1,%2,%3};\n"
-	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ unsigned lin_word(const uint4& v, int i) {
@@ -146,9 +131,9 @@ __device__ __forceinline__ void linear_skinny(TO* out, int op, const bf16* x, in
 		for (int i = threadIdx.x; i < M * vecs; i += LIN_THREADS) {
 			const int r = i / vecs, c = (i - r * vecs) * 8;
 			const bool valid = k0 + c < ke;
-			lin_cp16(&xs[buf][r][c], x + (long long)r * xp + (valid ? k0 + c : 0), valid);
+			cp16(smem_addr(&xs[buf][r][c]), x + (long long)r * xp + (valid ? k0 + c : 0), valid);
 		}
-		asm volatile("cp.async.commit_group;\n" ::);
+		cp_commit();
 	};
 
 	float acc[NT][4];
@@ -169,9 +154,11 @@ __device__ __forceinline__ void linear_skinny(TO* out, int op, const bf16* x, in
 #pragma unroll
 			for (int s = 0; s < 2; s++) {
 #pragma unroll
-				for (int j = 0; j < NT; j++)
-					lin_mma(acc[j], lin_word(cur.a[u], 2 * s), lin_word(cur.b[u], 2 * s), lin_word(cur.a[u], 2 * s + 1),
-					        lin_word(cur.b[u], 2 * s + 1), lin_word(xv[j], 2 * s), lin_word(xv[j], 2 * s + 1));
+				for (int j = 0; j < NT; j++) {
+					const unsigned a[4] = {lin_word(cur.a[u], 2 * s), lin_word(cur.b[u], 2 * s),
+					                       lin_word(cur.a[u], 2 * s + 1), lin_word(cur.b[u], 2 * s + 1)};
+					mma16816(acc[j], a, lin_word(xv[j], 2 * s), lin_word(xv[j], 2 * s + 1));
+				}
 			}
 		}
 	};
@@ -189,8 +176,8 @@ __device__ __forceinline__ void linear_skinny(TO* out, int op, const bf16* x, in
 			if (st == 0) loadPhase(0, k);
 			__syncthreads(); // every warp is done with the buffer the next phase fills
 			if (k + LIN_PHASE < ke) loadPhase((phase + 1) & 1, k + LIN_PHASE);
-			else asm volatile("cp.async.commit_group;\n" ::);
-			asm volatile("cp.async.wait_group 1;\n" ::);
+			else cp_commit();
+			cp_wait<1>();
 			__syncthreads();
 		}
 		if (st + 1 < stages) loadStage(nxt, k + LIN_STAGE);
