@@ -97,20 +97,27 @@ func attnCost(a *AttnArgs, decode bool) Cost {
 	return c
 }
 
-// mlaCost is DeepSeek-V2 latent attention, counted as TileGym's bench_mla
-// does for prefill (2·(Dqk+Dv) per head and attended key) and in the
-// absorbed form for decode (2·(2R+Dr)); the bytes are q, out, the new
+// mlaCost is DeepSeek-V2 latent attention, counted as infer bench counts it
+// (kernels/kbench), the least work of the two forms: for prefill TileGym's
+// bench_mla count of the attention (2·(Dqk+Dv) per head and attended key)
+// plus kv_b_proj's decompression of every latent the rows attend to
+// (2·R·(Dn+Dv) per head and latent); for decode the absorbed form
+// (2·(2R+Dr) per head and key) plus W_UK folded into q and W_UV applied to
+// the output (2·R·(Dn+Dv) per head and row). The bytes are q, out, the new
 // latents, the cached ones read, and kv_b_proj.
 func mlaCost(a *MLAArgs, decode bool) Cost {
 	b, el := a.Batch, float64(a.Q.DType.Size())
 	h, t := float64(a.Heads), float64(b.Tokens)
 	lat := float64(a.Rank + a.RopeDim)
+	expand := 2 * h * float64(a.Rank) * float64(a.NopeDim+a.VDim) // kv_b_proj's work for one latent or one row
 	perKey := 2 * h * float64(a.NopeDim+a.RopeDim+a.VDim)
+	flops := perKey*keysAttended(b, false) + expand*(pastKeys(b)+t)
 	if decode {
 		perKey = 2 * h * float64(2*a.Rank+a.RopeDim)
+		flops = perKey*keysAttended(b, false) + expand*t
 	}
 	c := Cost{
-		FLOPs: perKey * keysAttended(b, false),
+		FLOPs: flops,
 		Bytes: el*(t*h*float64(a.NopeDim+a.RopeDim+a.VDim)+2*t*lat+lat*pastKeys(b)) + size(a.WKVB),
 	}
 	if decode {

@@ -1,0 +1,28 @@
+package kernels
+
+import "testing"
+
+// TestMLACost counts DeepSeek-V2-Lite's latent attention the way infer
+// bench does: attention plus kv_b_proj's work, decompressing every latent
+// attended to (prefill) or absorbing into q and expanding the output
+// (decode).
+func TestMLACost(t *testing.T) {
+	const h, nope, rope, v, rank = 16, 128, 64, 128, 512
+	args := func(tokens, past int) *MLAArgs {
+		b := &Batch{Rows: 1, Tokens: tokens, Start: []int{0, tokens}, Past: []int{past}, MaxSeq: past + tokens}
+		return &MLAArgs{Q: &Tensor{DType: BF16, Shape: []int{tokens, h * (nope + rope)}}, WKVB: &Tensor{DType: BF16, Shape: []int{h * (nope + v), rank}},
+			Batch: b, Heads: h, NopeDim: nope, RopeDim: rope, VDim: v, Rank: rank}
+	}
+	// 3 new tokens after 5: 3·5 + 6 keys attended, 8 latents decompressed.
+	got := mlaCost(args(3, 5), false).FLOPs
+	want := float64(2*h*(nope+rope+v)*(3*5+6) + 2*h*rank*(nope+v)*8)
+	if got != want {
+		t.Errorf("prefill FLOPs %g, want %g", got, want)
+	}
+	// One new token after 99: 100 keys in the absorbed form, one row absorbed.
+	got = mlaCost(args(1, 99), true).FLOPs
+	want = float64(2*h*(2*rank+rope)*100 + 2*h*rank*(nope+v))
+	if got != want {
+		t.Errorf("decode FLOPs %g, want %g", got, want)
+	}
+}
