@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // KernelTracer is implemented by devices that record every kernel they
@@ -233,8 +234,11 @@ func (a opAccum) row(op Op, set string) *OpStat {
 		st = &OpStat{Op: op, Set: set, PhaseMs: map[string]float64{}}
 		a[op] = st
 	}
-	if st.Set == "" {
+	switch {
+	case st.Set == "":
 		st.Set = set
+	case set != "" && !slices.Contains(strings.Split(st.Set, "+"), set):
+		st.Set += "+" + set // some calls ran on a fallback (see Unsupported)
 	}
 	return st
 }

@@ -15,10 +15,43 @@ type dispatch struct {
 // checked the arguments), is what the call computes and moves.
 func (d *dispatch) timed(i int, cost func() Cost, f func(Ops)) {
 	c := d.prof.begin(opTable[i].Op, d.names[i])
-	f(d.pick[i])
+	set := d.run(i, f)
 	if c != nil {
+		c.call.Set = set
 		d.prof.end(c, cost())
 	}
+}
+
+// run calls f on op i's set, or, when that set declines the call
+// (Unsupported), on the set it falls back to, and so on; it returns the
+// name of the set that ran it.
+func (d *dispatch) run(i int, f func(Ops)) string {
+	name := d.names[i]
+	for {
+		u, declined := try(d.built[name], f)
+		if !declined {
+			return name
+		}
+		info, _ := lookup(name)
+		if info.Fallback == "" || d.built[info.Fallback] == nil {
+			panic(u)
+		}
+		name = info.Fallback
+	}
+}
+
+// try calls f on ops and reports the Unsupported it panicked with, if it
+// did; any other panic goes on.
+func try(ops Ops, f func(Ops)) (u Unsupported, declined bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if u, declined = r.(Unsupported); !declined {
+				panic(r)
+			}
+		}
+	}()
+	f(ops)
+	return u, false
 }
 
 func (d *dispatch) Embedding(out, table, ids *Tensor) {

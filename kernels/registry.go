@@ -239,6 +239,13 @@ func (s Spec) names() []string {
 			add(r)
 		}
 	}
+	// Each set's fallback too: it runs the calls the set declines (see
+	// Unsupported).
+	for i := 0; i < len(out); i++ {
+		if info, ok := lookup(out[i]); ok && info.Fallback != "" {
+			add(info.Fallback)
+		}
+	}
 	return out
 }
 
@@ -300,3 +307,17 @@ func (d *dispatch) use(s Spec) error {
 	d.kind = kind
 	return nil
 }
+
+// Unsupported is what a set panics with when it has no kernel for the
+// shapes of one call, before queueing any of its work: the fused set's
+// kernels are instantiated for some head dims and latent ranks only, say.
+// The Ops of Spec.Build then run that call on the set's fallback (see
+// SetInfo.Fallback), and the profile names the set that ran it; a set with
+// no fallback lets the panic through.
+type Unsupported struct {
+	Set string
+	Op  Op
+	Why string
+}
+
+func (u Unsupported) Error() string { return u.Set + ": " + string(u.Op) + ": " + u.Why }

@@ -257,3 +257,62 @@ func TestTunerOf(t *testing.T) {
 		t.Errorf("an unknown op has a tuner")
 	}
 }
+
+// picky is the cpu set, except that it declines to add rows of an odd
+// width (as fused declines head dims it has no kernel for).
+type picky struct{ kernels.Ops }
+
+func (p picky) Add(out, a, b *kernels.Tensor) {
+	if out.Cols()%2 != 0 {
+		panic(kernels.Unsupported{Set: "picky", Op: kernels.OpAdd, Why: "odd rows"})
+	}
+	p.Ops.Add(out, a, b)
+}
+
+// TestDeclinedCallsFallBack: a call a set declines runs on its fallback,
+// and the profile names the set that ran it; without a fallback the
+// Unsupported panic goes on.
+func TestDeclinedCallsFallBack(t *testing.T) {
+	cpuSet, _ := kernels.Set("cpu")
+	newPicky := func(dev kernels.Device) (kernels.Ops, error) {
+		ops, err := cpuSet.New(dev)
+		return picky{ops}, err
+	}
+	kernels.Register(kernels.SetInfo{Name: "picky_test_only", Device: "cpu", Own: []kernels.Op{kernels.OpAdd},
+		Fallback: "cpu", New: newPicky})
+	defer kernels.Unregister("picky_test_only")
+	dev := cpu.NewDevice()
+	prof := kernels.NewProfile(dev)
+	s := kernels.Spec{Base: "picky_test_only"} // a name ParseSpec does not know
+	ops, err := s.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cols := range []int{8, 7, 7} {
+		a := dev.Alloc(kernels.F32, 2, cols)
+		if err := dev.Upload(a, make([]byte, 4*2*cols), kernels.F32); err != nil {
+			t.Fatal(err)
+		}
+		ops.Add(a, a, a)
+	}
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if rows := prof.Table(); len(rows) != 1 || rows[0].Set != "picky_test_only+cpu" || rows[0].Calls != 3 {
+		t.Errorf("profile %+v, want one add row of 3 calls run by picky_test_only+cpu", rows)
+	}
+
+	kernels.Register(kernels.SetInfo{Name: "picky_alone_test_only", Device: "cpu", New: newPicky})
+	defer kernels.Unregister("picky_alone_test_only")
+	alone, err := kernels.Spec{Base: "picky_alone_test_only"}.Build(dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if u, ok := recover().(kernels.Unsupported); !ok || u.Why != "odd rows" {
+			t.Errorf("no fallback: recovered %v, want the Unsupported", u)
+		}
+	}()
+	a := dev.Alloc(kernels.F32, 1, 3)
+	alone.Add(a, a, a)
+}

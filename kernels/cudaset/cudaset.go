@@ -129,11 +129,13 @@ func (k *Kit) Func(name string) *cuda.Func {
 	return f
 }
 
-// Need panics with a message naming the set and op when a check the set
-// adds to the ops' contract fails (see kernels.Ops).
+// Need declines the call, panicking with kernels.Unsupported, when a check
+// the set adds to the ops' contract fails: a set calls it before queueing
+// any work, so that the dispatch can run the call on the set's fallback
+// (naive's kernels take every shape; naive has none and the panic goes on).
 func (k *Kit) Need(ok bool, op kernels.Op, format string, args ...any) {
 	if !ok {
-		panic(fmt.Sprintf("%s: %s: ", k.Set, op) + fmt.Sprintf(format, args...))
+		panic(kernels.Unsupported{Set: k.Set, Op: op, Why: fmt.Sprintf(format, args...)})
 	}
 }
 

@@ -195,13 +195,17 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 	qm, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(a.Q), Elem: es,
 		Dims: []uint64{uint64(a.Heads * d), uint64(a.Q.Rows())}, Strides: []uint64{uint64(a.Q.Pitch * es)},
 		Box: []uint32{hopperBox, hopperRows}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "q's tensor map: %v", err)
+	if err != nil { // kv_append has run: too late to decline the call
+		panic(fmt.Sprintf("fused: %s: q's tensor map: %v", op, err))
+	}
 	cacheMap := func(t *kernels.Tensor) *cuda.TensorMap {
 		m, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(t), Elem: es,
 			Dims:    []uint64{uint64(d), uint64(b.MaxSeq), uint64(t.Rows() / b.MaxSeq)},
 			Strides: []uint64{uint64(t.Pitch * es), uint64(b.MaxSeq * t.Pitch * es)},
 			Box:     []uint32{hopperBox, hopperKeys, 1}, Swizzle: hopperSwizzle})
-		o.Need(err == nil, op, "the cache's tensor map: %v", err)
+		if err != nil {
+			panic(fmt.Sprintf("fused: %s: the cache's tensor map: %v", op, err))
+		}
 		return m
 	}
 	km, vm := cacheMap(a.KCache), cacheMap(a.VCache)
