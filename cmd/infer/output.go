@@ -175,5 +175,8 @@ func opList() string {
 		fmt.Fprintf(tw, "\t%s\n", info.Doc)
 	}
 	tw.Flush()
+	b.WriteString("(set): the set has no kernel of its own for the op and runs that set's. A set may also\n" +
+		"decline one call whose shapes its kernels do not take (fused's MLA kernels take DeepSeek-V2's\n" +
+		"head dims, say); that call runs on the set it falls back to, and the profile names both.\n")
 	return strings.TrimRight(b.String(), "\n")
 }
