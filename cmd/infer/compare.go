@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -519,18 +520,8 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 		}
 	}
 	slices.SortStableFunc(r.Ops, func(x, y opComparison) int {
-		return -cmpFloat(x.BaselineMs+x.CandidateMs, y.BaselineMs+y.CandidateMs)
+		return -cmp.Compare(x.BaselineMs+x.CandidateMs, y.BaselineMs+y.CandidateMs)
 	})
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (r *compareReport) writeText(w io.Writer) {

@@ -1,6 +1,7 @@
 package kerneltest
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -95,7 +96,7 @@ func wantRoute(logits []float32, r kernels.Routing) []int32 {
 		for g := range order {
 			order[g] = g
 		}
-		slices.SortStableFunc(order, func(a, b int) int { return -cmpF(best[a], best[b]) })
+		slices.SortStableFunc(order, func(a, b int) int { return -cmp.Compare(best[a], best[b]) })
 		for _, g := range order[r.TopKGroups:] {
 			for j := g * size; j < (g+1)*size; j++ {
 				score[j] = float32(math.Inf(-1))
@@ -106,23 +107,13 @@ func wantRoute(logits []float32, r kernels.Routing) []int32 {
 	for j := range order {
 		order[j] = j
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return -cmpF(score[a], score[b]) })
+	slices.SortStableFunc(order, func(a, b int) int { return -cmp.Compare(score[a], score[b]) })
 	out := make([]int32, r.TopK)
 	for k := range out {
 		out[k] = int32(order[k])
 	}
 	slices.Sort(out)
 	return out
-}
-
-func cmpF(a, b float32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 type groupGemmCase struct {
