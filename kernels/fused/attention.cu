@@ -151,13 +151,7 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const KV
 		for (int mt = 0; mt < MT; mt++) {
 			float alpha[2];
 			softmax_tile<NS>(s[mt], st[mt], scale_log2, alpha);
-#pragma unroll
-			for (int d = 0; d < NO; d++) {
-				o[mt][d][0] *= alpha[0];
-				o[mt][d][1] *= alpha[0];
-				o[mt][d][2] *= alpha[1];
-				o[mt][d][3] *= alpha[1];
-			}
+			rescale(o[mt], alpha);
 		}
 		// O += P·V, P's C fragments reused as A fragments.
 #pragma unroll
@@ -399,13 +393,7 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 			st[i].m = m_new;
 			st[i].l = st[i].l * alpha[i] + sum; // this warp's share of the row's sum
 		}
-#pragma unroll
-		for (int d = 0; d < NO; d++) {
-			o[d][0] *= alpha[0];
-			o[d][1] *= alpha[0];
-			o[d][2] *= alpha[1];
-			o[d][3] *= alpha[1];
-		}
+		rescale(o, alpha);
 		unsigned pa[4];
 		p_frag<2>(pa, s, 0);
 #pragma unroll

@@ -57,6 +57,18 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], RowState (&st)[2
 	}
 }
 
+// rescale multiplies O's C fragments by their rows' factors (alpha[0] for
+// row g, alpha[1] for row g+8), as softmax_tile leaves them.
+template <int N> __device__ __forceinline__ void rescale(float (&o)[N][4], const float (&alpha)[2]) {
+#pragma unroll
+	for (int d = 0; d < N; d++) {
+		o[d][0] *= alpha[0];
+		o[d][1] *= alpha[0];
+		o[d][2] *= alpha[1];
+		o[d][3] *= alpha[1];
+	}
+}
+
 // p_frag is the A fragment of P for keys [16kk, 16kk+16) of an m-tile whose
 // p = exp2(...) sit in C fragments s: two n-tiles of C make one k-step of A.
 template <int NT> __device__ __forceinline__ void p_frag(unsigned (&a)[4], const float (&s)[NT][4], int kk) {

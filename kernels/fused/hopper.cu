@@ -385,13 +385,7 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 		keep(o);
 		keep(pa);
 		release(s);
-#pragma unroll
-		for (int d = 0; d < NO; d++) {
-			o[d][0] *= alpha[0];
-			o[d][1] *= alpha[0];
-			o[d][2] *= alpha[1];
-			o[d][3] *= alpha[1];
-		}
+		rescale(o, alpha);
 #pragma unroll
 		for (int kk = 0; kk < PK; kk++) p_frag<HOP_BN / 8>(pa[kk], sc, kk);
 	}

@@ -200,13 +200,7 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 		}
 		float alpha[2];
 		softmax_tile<NT>(s, st, scale_log2, alpha);
-#pragma unroll
-		for (int d = 0; d < 2 * DPW; d++) {
-			o[d][0] *= alpha[0];
-			o[d][1] *= alpha[0];
-			o[d][2] *= alpha[1];
-			o[d][3] *= alpha[1];
-		}
+		rescale(o, alpha);
 		// o_lat += P·C over the warp's dims; C is the tile's first R columns.
 #pragma unroll
 		for (int kk = 0; kk < NT / 2; kk++) {
