@@ -54,7 +54,7 @@ func rowsModule() Module {
 				fs = append(fs, fmt.Sprintf("copy_rows_%s_%s_v%d", out, in, v))
 			}
 		}
-		fs = append(fs, VName("kv_append", v))
+		fs = append(fs, VName("kv_append", v), VName("moe_combine", v))
 	}
 	return Module{File: "rows.cu", Src: rowsSrc, Funcs: fs}
 }
@@ -219,6 +219,15 @@ func VecFor(cols int, ms ...Mat) int {
 // IsBF16 reports whether t holds bf16: the CUDA sets' activations, and the
 // only weights cuBLAS multiplies them by.
 func IsBF16(t *kernels.Tensor) bool { return t != nil && t.DType == kernels.BF16 }
+
+// CombineRows launches moe_combine: out[t] = Σ_k weight[t,k]·y[slot[t·kk+k]]
+// for t < n, rows of cols, summed in f32 and rounded once; slot is the
+// device array of each choice's row of y.
+func (k *Kit) CombineRows(out, y Mat, slot uintptr, weight *kernels.Tensor, n, kk, cols int) {
+	v := VecFor(cols, out, y)
+	k.LaunchItems(VName("moe_combine", v), int64(n)*int64(cols/v), out.P, int32(out.Pitch), y.P, int32(y.Pitch), slot,
+		k.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(kk), int32(cols))
+}
 
 // CopyRows launches copy_rows: dst[didx[r] or r] = src[sidx[r] or r/sdiv]
 // for r < rows (index pointers 0 when absent); srows bounds sidx.

@@ -1,5 +1,6 @@
 // The row movers every CUDA set uses: gathers and conversions of whole rows,
-// and appending new keys and values to a KV cache. Pitches are in elements.
+// appending new keys and values to a KV cache, and the weighted sum of the
+// MoE experts' rows. Pitches are in elements.
 
 // copy_rows converts and moves whole rows:
 //   dst[drow(r), :cols] = src[srow(r), :cols] for r < rows, with
@@ -72,3 +73,41 @@ __device__ void kv_append(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16
 	}
 KV_APPEND(1)
 KV_APPEND(8)
+
+// moe_combine is out[t] = bf16(Σ_k weight[t, k] · y[slot[t·K + k]]), the
+// sum in f32 in k order (HF's weighted sum over top_k of the bf16 expert
+// outputs, cast once): the last step of both CUDA sets' MoE, whose rows of
+// y are the expert outputs of every choice, sorted by expert.
+//   out bf16 [N, outp]; y bf16 [*, yp] (H columns); slot i32 [N·K];
+//   weight f32 [N, wp].
+// Launch: 1-D grid-stride over N·H/VEC.
+template <int VEC>
+__device__ void moe_combine(bf16* out, int outp, const bf16* y, int yp, const int* slot, const float* weight, int wp,
+                            int N, int K, int H) {
+	const int per = H / VEC;
+	GRID_STRIDE(i, (long long)N * per) {
+		const long long t = i / per;
+		const int c = (int)(i - t * per) * VEC;
+		float acc[VEC];
+#pragma unroll
+		for (int j = 0; j < VEC; j++) acc[j] = 0.0f;
+		for (int k = 0; k < K; k++) {
+			const float wk = weight[t * wp + k];
+			const Vec<bf16, VEC> v = load<bf16, VEC>(y + (long long)slot[t * K + k] * yp + c);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) acc[j] += wk * to_f32(v.v[j]);
+		}
+		Vec<bf16, VEC> o;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) o.v[j] = __float2bfloat16_rn(acc[j]);
+		store<bf16, VEC>(out + t * outp + c, o);
+	}
+}
+
+#define MOE_COMBINE(V)                                                                                          \
+	extern "C" __global__ void moe_combine_v##V(bf16* out, int outp, const bf16* y, int yp, const int* slot,   \
+	                                            const float* weight, int wp, int N, int K, int H) {            \
+		moe_combine<V>(out, outp, y, yp, slot, weight, wp, N, K, H);                                          \
+	}
+MOE_COMBINE(1)
+MOE_COMBINE(8)

@@ -213,10 +213,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 		o.groupGemm(c, "moe_gate_up", tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
 		o.groupGemm(c, "group_gemm", tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	}
-	om := o.Mat(out)
-	v := cudaset.VecFor(hidden, om, y)
-	o.LaunchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.P, int32(om.Pitch), y.P, int32(y.Pitch),
-		slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
+	o.CombineRows(o.Mat(out), y, slot.P, weight, n, k, hidden)
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
@@ -277,7 +274,7 @@ func (o *ops) moeFirstFor(experts int) cudaset.Mat {
 
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
-	fs := []string{"moe_route", "moe_align", vname("moe_combine", 1), vname("moe_combine", cudaset.VecWidth)}
+	fs := []string{"moe_route", "moe_align"}
 	for _, c := range gemmConfigs {
 		fs = append(fs, "group_gemm_"+c.Name, "moe_gate_up_"+c.Name)
 	}

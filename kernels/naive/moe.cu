@@ -176,38 +176,3 @@ __device__ void moe_expert_gemm(bf16* y, int yp, const bf16* x, const bf16* w, c
 	}
 MOE_EXPERT_GEMM(1)
 MOE_EXPERT_GEMM(8)
-
-// moe_combine is out[t] = Σ_k weight[t, k] · y[slot[t*K + k]], summed in f32
-// in k order and rounded to bf16 (HF's mul_(topk_weight).sum(dim=1)).
-// out bf16 [N, outp]; y bf16 [*, H] packed; slot i32 [N*K]; weight f32 [N, wp].
-// Launch: 1-D grid-stride over N*H/VEC.
-template <int VEC>
-__device__ void moe_combine(bf16* out, int outp, const bf16* y, const int* slot, const float* weight, int wp, int N,
-                            int K, int H) {
-	const int cv = H / VEC;
-	GRID_STRIDE(i, (long long)N * cv) {
-		const long long t = i / cv;
-		const int c = (int)(i - t * cv) * VEC;
-		float acc[VEC];
-#pragma unroll
-		for (int j = 0; j < VEC; j++) acc[j] = 0.0f;
-		for (int k = 0; k < K; k++) {
-			const float w = weight[t * wp + k];
-			const Vec<bf16, VEC> v = load<bf16, VEC>(y + (long long)slot[t * K + k] * H + c);
-#pragma unroll
-			for (int j = 0; j < VEC; j++) acc[j] += w * to_f32(v.v[j]);
-		}
-		Vec<bf16, VEC> o;
-#pragma unroll
-		for (int j = 0; j < VEC; j++) o.v[j] = __float2bfloat16_rn(acc[j]);
-		store<bf16, VEC>(out + t * outp + c, o);
-	}
-}
-
-#define MOE_COMBINE(V)                                                                                   \
-	extern "C" __global__ void moe_combine_v##V(bf16* out, int outp, const bf16* y, const int* slot,     \
-	                                            const float* weight, int wp, int N, int K, int H) {      \
-		moe_combine<V>(out, outp, y, slot, weight, wp, N, K, H);                                         \
-	}
-MOE_COMBINE(1)
-MOE_COMBINE(8)

@@ -93,10 +93,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			}
 		}
 	}
-	om := o.Mat(out)
-	v := cudaset.VecFor(hidden, om, ys)
-	o.LaunchItems(vname("moe_combine", v), int64(n)*int64(hidden/v), om.P, int32(om.Pitch), ys.P, slots.P,
-		o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k), int32(hidden))
+	o.CombineRows(o.Mat(out), ys, slots.P, weight, n, k, hidden)
 }
 
 // expertGemm is moe_expert_gemm: y = x·w[e]ᵀ over every expert's rows of the

@@ -89,7 +89,7 @@ func modules() []cudaset.Module {
 		}
 		ew = append(ew, vname("add", v), vname("mul", v), vname("silu", v), vname("rms_rstd", v))
 		at = append(at, vname("kv_masked_copy", v))
-		moe = append(moe, vname("moe_combine", v), vname("moe_expert_gemm", v))
+		moe = append(moe, vname("moe_expert_gemm", v))
 	}
 	ew = append(ew, "rope_half", "rope_interleaved", "argmax_bf16", "argmax_f32")
 	for _, p := range []string{"bf16", "f32"} {
