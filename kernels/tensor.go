@@ -202,3 +202,25 @@ type Graph interface {
 	// Close releases the graph.
 	Close() error
 }
+
+// Allocs allocates tensors on one device and frees them all at once: what a
+// test case or a benchmark problem holds while it runs.
+type Allocs struct {
+	Dev  Device
+	held []*Tensor
+}
+
+// Alloc is Dev.Alloc, the tensor kept for Free.
+func (a *Allocs) Alloc(dt DType, shape ...int) *Tensor {
+	t := a.Dev.Alloc(dt, shape...)
+	a.held = append(a.held, t)
+	return t
+}
+
+// Free frees every tensor Alloc made.
+func (a *Allocs) Free() {
+	for _, t := range a.held {
+		a.Dev.Free(t)
+	}
+	a.held = nil
+}

@@ -32,7 +32,7 @@ type builder struct {
 	l2    int // bytes of the device's L2, 0 when it has none to defeat
 	copy  int // the copy being built (see each), -1 outside
 	draws map[int]uint64
-	owned []*kernels.Tensor
+	mem   kernels.Allocs // every tensor of the problem
 }
 
 // maxCopies bounds the rotating copies of a memory-bound problem.
@@ -50,7 +50,7 @@ type copier interface {
 const randomBlock = 4 << 20
 
 func newBuilder(dev kernels.Device, seed uint64, l2 int) *builder {
-	return &builder{dev: dev, seed: seed, l2: l2, copy: -1, draws: map[int]uint64{}}
+	return &builder{dev: dev, seed: seed, l2: l2, copy: -1, draws: map[int]uint64{}, mem: kernels.Allocs{Dev: dev}}
 }
 
 // stream is the random stream of the next tensor of the current copy.
@@ -70,17 +70,10 @@ func (b *builder) copiesFor(bytes float64) int {
 }
 
 func (b *builder) alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
-	t := b.dev.Alloc(dt, shape...)
-	b.owned = append(b.owned, t)
-	return t
+	return b.mem.Alloc(dt, shape...)
 }
 
-func (b *builder) free() {
-	for _, t := range b.owned {
-		b.dev.Free(t)
-	}
-	b.owned = nil
-}
+func (b *builder) free() { b.mem.Free() }
 
 // act is a tensor of the device's activation type.
 func (b *builder) act(shape ...int) *kernels.Tensor { return b.alloc(b.dev.ActDType(), shape...) }

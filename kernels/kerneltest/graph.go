@@ -26,7 +26,7 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &graphCase{t: t, dev: dev, rng: rand.New(rand.NewSource(1))}
+	g := &graphCase{t: t, dev: dev, rng: rand.New(rand.NewSource(1)), mem: kernels.Allocs{Dev: dev}}
 	defer g.free()
 	act := dev.ActDType()
 
@@ -176,23 +176,17 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 
 // graphCase allocates and fills the tensors of RunDecodeGraph.
 type graphCase struct {
-	t     *testing.T
-	dev   kernels.Device
-	rng   *rand.Rand
-	owned []*kernels.Tensor
+	t   *testing.T
+	dev kernels.Device
+	rng *rand.Rand
+	mem kernels.Allocs // every tensor of the case
 }
 
 func (g *graphCase) alloc(dt kernels.DType, shape ...int) *kernels.Tensor {
-	x := g.dev.Alloc(dt, shape...)
-	g.owned = append(g.owned, x)
-	return x
+	return g.mem.Alloc(dt, shape...)
 }
 
-func (g *graphCase) free() {
-	for _, x := range g.owned {
-		g.dev.Free(x)
-	}
-}
+func (g *graphCase) free() { g.mem.Free() }
 
 func (g *graphCase) random(dt kernels.DType, shape ...int) *kernels.Tensor {
 	x := g.alloc(dt, shape...)

@@ -122,6 +122,7 @@ func runOps(t tester, dev kernels.Device, ops kernels.Ops, tol Tolerances, only 
 				t:    t,
 				rng:  rand.New(rand.NewSource(int64(h.Sum64()))),
 				devs: [2]kernels.Device{host, dev},
+				mem:  [2]kernels.Allocs{{Dev: host}, {Dev: dev}},
 				ops:  [2]kernels.Ops{ref, ops},
 				tol:  tol.For(dev.ActDType()),
 				wdt:  c.wdt,
@@ -173,13 +174,13 @@ const (
 
 // env is the state of one case.
 type env struct {
-	t     tester
-	rng   *rand.Rand
-	devs  [2]kernels.Device
-	ops   [2]kernels.Ops
-	tol   float64
-	wdt   kernels.DType
-	owned [2][]*kernels.Tensor
+	t    tester
+	rng  *rand.Rand
+	devs [2]kernels.Device
+	ops  [2]kernels.Ops
+	tol  float64
+	wdt  kernels.DType
+	mem  [2]kernels.Allocs // every tensor of the case, by side
 }
 
 func (e *env) dtype(k kind, side int) kernels.DType {
@@ -198,17 +199,14 @@ func (e *env) dtype(k kind, side int) kernels.DType {
 func (e *env) alloc(k kind, shape ...int) pair {
 	var p pair
 	for s := range 2 {
-		p[s] = e.devs[s].Alloc(e.dtype(k, s), shape...)
-		e.owned[s] = append(e.owned[s], p[s])
+		p[s] = e.mem[s].Alloc(e.dtype(k, s), shape...)
 	}
 	return p
 }
 
 func (e *env) free() {
-	for s := range 2 {
-		for _, t := range e.owned[s] {
-			e.devs[s].Free(t)
-		}
+	for s := range e.mem {
+		e.mem[s].Free()
 	}
 }
 
