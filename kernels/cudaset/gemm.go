@@ -63,3 +63,15 @@ func (k *Kit) GemmBatch2(transB bool, m, n, kk int, alpha float32, a, b Batch2, 
 			beta, c.M.Skip(c.Si*int64(i)), c.Sj, nj)
 	}
 }
+
+// GemmGroups is y[rows of g] = x[rows of g]·w[g]ᵀ for every group g, whose
+// rows are [first[g], first[g+1]) of x and y (offsets on the host): one
+// cuBLAS GEMM per non-empty group, as eager PyTorch's loop over experts;
+// w holds the groups' n×kk matrices one after another.
+func (k *Kit) GemmGroups(first []int32, x, w, y Mat, n, kk int) {
+	size := int64(n) * int64(kk)
+	for g := 0; g+1 < len(first); g++ {
+		r0, m := int(first[g]), int(first[g+1]-first[g])
+		k.Gemm(true, m, n, kk, 1, x.Sub(r0, 0), w.Skip(int64(g)*size), 0, y.Sub(r0, 0))
+	}
+}

@@ -81,9 +81,13 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 // SwiGLU is one vectorized pass of swiglu.
 func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {
 	kernels.CheckSwiGLU(o.D.ActDType(), out, gateUp)
-	n, inter := out.Rows(), out.Cols()
-	om, gm := o.Mat(out), o.Mat(gateUp)
-	v := cudaset.VecFor(inter, om, gm, gm.Sub(0, inter))
-	o.LaunchItems(vname("swiglu", v), int64(n)*int64(inter/v), om.P, int32(om.Pitch), gm.P, int32(gm.Pitch),
-		int32(n), int32(inter))
+	o.swiglu(o.Mat(out), o.Mat(gateUp), out.Rows(), out.Cols())
+}
+
+// swiglu launches swiglu over rows of inter outputs: out = silu(gu[:, :inter])
+// · gu[:, inter:].
+func (o *ops) swiglu(out, gu cudaset.Mat, rows, inter int) {
+	v := cudaset.VecFor(inter, out, gu, gu.Sub(0, inter))
+	o.LaunchItems(vname("swiglu", v), int64(rows)*int64(inter/v), out.P, int32(out.Pitch), gu.P, int32(gu.Pitch),
+		int32(rows), int32(inter))
 }

@@ -206,7 +206,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		int32(experts), int32(c.BM))
 	if c.Name == prefillTiling {
-		if !o.expertsCuBLAS(first, slot, act, y, x, gateUp, down, n, k, rows) {
+		if !o.expertsCuBLAS(slot, act, y, x, gateUp, down, n, k, rows) {
 			return
 		}
 	} else {
@@ -230,8 +230,8 @@ const prefillTiling = "m128"
 // rows hold whatever the scratch held; every row is computed on its own and
 // moe_combine reads only the chosen ones. It reports false when reading the
 // offsets failed (the error is the device's).
-func (o *ops) expertsCuBLAS(first, slot, act, y cudaset.Mat, x, gateUp, down *kernels.Tensor, n, k, rows int) bool {
-	hidden, experts, inter := x.Cols(), gateUp.Shape[0], gateUp.Shape[1]/2
+func (o *ops) expertsCuBLAS(slot, act, y cudaset.Mat, x, gateUp, down *kernels.Tensor, n, k, rows int) bool {
+	hidden, inter := x.Cols(), gateUp.Shape[1]/2
 	at, err := o.D.ReadI32(o.moeFirst)
 	if err != nil {
 		o.D.Fail(err)
@@ -240,21 +240,9 @@ func (o *ops) expertsCuBLAS(first, slot, act, y cudaset.Mat, x, gateUp, down *ke
 	xs := y // the gathered tokens are spent once gate_up has read them
 	o.CopyRows(xs, slot.P, o.Mat(x), 0, k, n, n*k, hidden)
 	h := o.Scratch(scrMoEH, kernels.BF16, rows, 2*inter)
-	gu, dn := o.Mat(gateUp), o.Mat(down)
-	guSize, dnSize := int64(2*inter)*int64(hidden), int64(hidden)*int64(inter)
-	for e := range experts {
-		if r0, m := int(at[e]), int(at[e+1]-at[e]); m > 0 {
-			o.Gemm(true, m, 2*inter, hidden, 1, xs.Sub(r0, 0), gu.Skip(int64(e)*guSize), 0, h.Sub(r0, 0))
-		}
-	}
-	v := cudaset.VecFor(inter, act, h, h.Sub(0, inter))
-	o.LaunchItems(vname("swiglu", v), int64(rows)*int64(inter/v), act.P, int32(act.Pitch), h.P, int32(h.Pitch),
-		int32(rows), int32(inter))
-	for e := range experts {
-		if r0, m := int(at[e]), int(at[e+1]-at[e]); m > 0 {
-			o.Gemm(true, m, hidden, inter, 1, act.Sub(r0, 0), dn.Skip(int64(e)*dnSize), 0, y.Sub(r0, 0))
-		}
-	}
+	o.GemmGroups(at, xs, o.Mat(gateUp), h, 2*inter, hidden)
+	o.swiglu(act, h, rows, inter)
+	o.GemmGroups(at, act, o.Mat(down), y, hidden, inter)
 	return true
 }
 

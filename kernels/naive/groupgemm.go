@@ -27,10 +27,5 @@ func (o *ops) GroupGemm(out, x, w, first *kernels.Tensor) {
 			return
 		}
 	}
-	xm, wm, om := o.Mat(x), o.Mat(w), o.Mat(out)
-	size := int64(n) * int64(k)
-	for g := range groups {
-		r0, rows := int(fs[g]), int(fs[g+1]-fs[g])
-		o.Gemm(true, rows, n, k, 1, xm.Sub(r0, 0), wm.Skip(int64(g)*size), 0, om.Sub(r0, 0))
-	}
+	o.GemmGroups(fs, o.Mat(x), o.Mat(w), o.Mat(out), n, k)
 }

@@ -80,18 +80,9 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			return
 		}
 		first := all[experts : 2*experts+1]
-		guSize, dnSize := int64(2*inter)*int64(hidden), int64(hidden)*int64(inter)
-		for e := range experts {
-			if r0, m := int(first[e]), int(first[e+1]-first[e]); m > 0 {
-				o.Gemm(true, m, 2*inter, hidden, 1, xs.Sub(r0, 0), gu.Skip(int64(e)*guSize), 0, h.Sub(r0, 0))
-			}
-		}
+		o.GemmGroups(first, xs, gu, h, 2*inter, hidden)
 		o.swiglu(act, h, choices, inter)
-		for e := range experts {
-			if r0, m := int(first[e]), int(first[e+1]-first[e]); m > 0 {
-				o.Gemm(true, m, hidden, inter, 1, act.Sub(r0, 0), dn.Skip(int64(e)*dnSize), 0, ys.Sub(r0, 0))
-			}
-		}
+		o.GemmGroups(first, act, dn, ys, hidden, inter)
 	}
 	o.CombineRows(o.Mat(out), ys, slots.P, weight, n, k, hidden)
 }
