@@ -109,15 +109,13 @@ func mlaCost(a *MLAArgs, decode bool) Cost {
 	b, el := a.Batch, float64(a.Q.DType.Size())
 	h, t := float64(a.Heads), float64(b.Tokens)
 	lat := float64(a.Rank + a.RopeDim)
-	expand := 2 * h * float64(a.Rank) * float64(a.NopeDim+a.VDim) // kv_b_proj's work for one latent or one row
-	perKey := 2 * h * float64(a.NopeDim+a.RopeDim+a.VDim)
-	flops := perKey*keysAttended(b, false) + expand*(pastKeys(b)+t)
+	expand := 2 * h * float64(a.Rank) * float64(a.NopeDim+a.VDim)              // kv_b_proj's work for one latent or one row
+	perKey, expanded := 2*h*float64(a.NopeDim+a.RopeDim+a.VDim), pastKeys(b)+t // every latent attended to
 	if decode {
-		perKey = 2 * h * float64(2*a.Rank+a.RopeDim)
-		flops = perKey*keysAttended(b, false) + expand*t
+		perKey, expanded = 2*h*float64(2*a.Rank+a.RopeDim), t // q absorbed and the output expanded, once a row
 	}
 	c := Cost{
-		FLOPs: flops,
+		FLOPs: perKey*keysAttended(b, false) + expand*expanded,
 		Bytes: el*(t*h*float64(a.NopeDim+a.RopeDim+a.VDim)+2*t*lat+lat*pastKeys(b)) + size(a.WKVB),
 	}
 	if decode {
