@@ -32,6 +32,8 @@ var (
 	linearSrc string
 	//go:embed mla.cu
 	mlaSrc string
+	//go:embed groups.cuh
+	groupsSrc string
 )
 
 // withMMA is the source of a module that multiplies on tensor cores: the
@@ -149,7 +151,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
-		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
+		{File: "moe.cu", Src: withMMA("groups.cuh", groupsSrc) + "#line 1 \"moe.cu\"\n" + moeSrc, Funcs: moeFuncs()},
 		{File: "linear.cu", Src: withMMA("linear.cu", linearSrc), Funcs: linearKernels()},
 	}
 }
