@@ -193,6 +193,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		return nil, err
 	}
 	o.hopper = newHopper(kit) // never fails: an error stays in o.hopper.err
+	o.gw = newGroupWgmma(kit) // nor does group_wgmma's build
 	return o, nil
 }
 
@@ -209,4 +210,6 @@ type ops struct {
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
 	hopper     *hopperKit             // flash_hopper, or why it is absent (hopper.go)
 	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
+	gw         *gwKit                 // group_wgmma, or why it is absent (group_wgmma.go)
+	wgmmaOn    map[kernels.Op]bool    // tuning choices of group_wgmma (true) or the default (false) at the prefill tiling
 }
