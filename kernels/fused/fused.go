@@ -32,6 +32,8 @@ var (
 	linearSrc string
 	//go:embed mla.cu
 	mlaSrc string
+	//go:embed groups.cuh
+	groupsSrc string
 )
 
 // withMMA is the source of a module that multiplies on tensor cores: the
@@ -149,7 +151,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
 		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
-		{File: "moe.cu", Src: withMMA("moe.cu", moeSrc), Funcs: moeFuncs()},
+		{File: "moe.cu", Src: withMMA("groups.cuh", groupsSrc) + "#line 1 \"moe.cu\"\n" + moeSrc, Funcs: moeFuncs()},
 		{File: "linear.cu", Src: withMMA("linear.cu", linearSrc), Funcs: linearKernels()},
 	}
 }
@@ -191,6 +193,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		return nil, err
 	}
 	o.hopper = newHopper(kit) // never fails: an error stays in o.hopper.err
+	o.gw = newGroupWgmma(kit) // nor does group_wgmma's build
 	return o, nil
 }
 
@@ -207,4 +210,6 @@ type ops struct {
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
 	hopper     *hopperKit             // flash_hopper, or why it is absent (hopper.go)
 	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
+	gw         *gwKit                 // group_wgmma, or why it is absent (group_wgmma.go)
+	wgmmaOn    map[kernels.Op]bool    // tuning choices of group_wgmma (true) or the default (false) at the prefill tiling
 }

@@ -181,8 +181,8 @@ func TestGemmTiling(t *testing.T) {
 			t.Errorf("%d rows in %d groups: tiling %s, want %s", c.rows, c.groups, got, c.want)
 		}
 	}
-	if vs := variants(kernels.OpMoEExperts, kernels.Shape{"N": 11041, "topk": 6, "E": 64}, kernels.Targets["sm_90a"]); len(vs) != 1 ||
-		!vs[0].Valid() || vs[0].Name != "cublas_per_expert" {
+	if vs := variants(kernels.OpMoEExperts, kernels.Shape{"N": 11041, "topk": 6, "E": 64}, kernels.Targets["sm_90a"]); len(vs) != 2 ||
+		!vs[0].Valid() || vs[0].Name != "cublas_per_expert" || !vs[1].Valid() || vs[1].Name != wgmmaVariant {
 		t.Errorf("moe_experts at W3's prefill: %+v", vs)
 	}
 }

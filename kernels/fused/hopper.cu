@@ -44,18 +44,12 @@
 #define HOP_CONSUMER_REGS 240 // and of the consumers: 24·128 + 240·256 ≤ 64K registers
 #define HOP_BOX 64           // bf16 columns of a tensor-copy box: 128 bytes, the swizzle's span
 #define HOP_ROW_BYTES 128    // bytes of a box row
-#define HOP_WAIT_CYCLES (1ll << 31) // about a second: a wait this long is a bug
 
 // Codes of status[0] when a wait timed out.
 #define HOP_WAIT_Q 1
 #define HOP_WAIT_K 2
 #define HOP_WAIT_V 3
 #define HOP_WAIT_EMPTY 4
-
-// TmaMap is a CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled.
-struct __align__(64) TmaMap {
-	unsigned long long v[16];
-};
 
 // HopLayout is the shared memory of flash_hopper<D, STAGES>: the Q tile,
 // then per stage a K tile and a V tile, each D/64 boxes of rows × 128 bytes.
@@ -65,147 +59,6 @@ template <int D, int STAGES> struct HopLayout {
 	static constexpr int KV_BYTES = HOP_BN * D * 2;
 	static constexpr int ALIGN = 1024; // the 128-byte swizzle's period; the dynamic base is rounded up to it
 	static constexpr int SMEM = Q_BYTES + 2 * STAGES * KV_BYTES + ALIGN;
-};
-
-// --- mbarriers and tensor copies -------------------------------------------
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// mbar_expect_tx arrives on bar and adds bytes to the transaction count the
-// copies completing on it must bring.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
-	unsigned ok;
-	asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-	             : "=r"(ok)
-	             : "r"(bar), "r"(parity)
-	             : "memory");
-	return ok != 0;
-}
-
-// mbar_wait waits for the phase of bar with the given parity to complete.
-// It returns false, having recorded why in status unless some wait already
-// had, when it waited HOP_WAIT_CYCLES or another wait had timed out.
-__device__ __forceinline__ bool mbar_wait(unsigned bar, unsigned parity, int* status, int code, int tile) {
-	if (mbar_test(bar, parity)) return true;
-	const long long t0 = clock64();
-	volatile int* vs = status;
-	while (!mbar_test(bar, parity)) {
-		if (vs[0] != 0) return false;
-		if (clock64() - t0 > HOP_WAIT_CYCLES) {
-			if (atomicCAS(status, 0, code) == 0) {
-				status[1] = blockIdx.x;
-				status[2] = blockIdx.y;
-				status[3] = blockIdx.z;
-				status[4] = threadIdx.x;
-				status[5] = tile;
-				status[6] = parity;
-				__threadfence();
-			}
-			return false;
-		}
-	}
-	return true;
-}
-
-// tma_load_2d/3d copy the box at coordinates (c0, c1[, c2]) of map into
-// shared memory at dst; the copy completes on bar with its bytes.
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1) {
-	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-	             "l"(map), "r"(c0), "r"(c1), "r"(bar)
-	             : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2) {
-	asm volatile(
-	    "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-	    "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-	    : "memory");
-}
-
-// --- wgmma -----------------------------------------------------------------
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// keep pins registers an asynchronous wgmma reads or writes to this point
-// of the program, so that the compiler neither reads them early nor reuses
-// them before the wgmma.wait_group that precedes it.
-template <int N> __device__ __forceinline__ void keep(float (&r)[N][4]) {
-#pragma unroll
-	for (int i = 0; i < N; i++)
-		asm volatile("" : "+f"(r[i][0]), "+f"(r[i][1]), "+f"(r[i][2]), "+f"(r[i][3])::"memory");
-}
-template <int N> __device__ __forceinline__ void keep(unsigned (&r)[N][4]) {
-#pragma unroll
-	for (int i = 0; i < N; i++)
-		asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
-}
-
-// sw128_desc is the wgmma descriptor of a 128-byte-swizzled operand at
-// shared address addr: 8-row groups 1024 bytes apart (the stride byte
-// offset) and, for an N-major operand wider than 64 columns, lbo bytes
-// between its 64-column boxes (the leading byte offset; K-major operands
-// ignore it).
-__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
-	return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo >> 4) & 0x3FFF) << 16 |
-	       (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
-}
-
-#define HOP_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-#define HOP_ACC32(d)                                                                                         \
-	HOP_ACC4(d, 0), HOP_ACC4(d, 1), HOP_ACC4(d, 2), HOP_ACC4(d, 3), HOP_ACC4(d, 4), HOP_ACC4(d, 5), HOP_ACC4(d, 6), \
-	    HOP_ACC4(d, 7)
-#define HOP_ACC64(d)                                                                                          \
-	HOP_ACC32(d), HOP_ACC4(d, 8), HOP_ACC4(d, 9), HOP_ACC4(d, 10), HOP_ACC4(d, 11), HOP_ACC4(d, 12), HOP_ACC4(d, 13), \
-	    HOP_ACC4(d, 14), HOP_ACC4(d, 15)
-#define HOP_REGS32                                                                                                  \
-	"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-	"%24, %25, %26, %27, %28, %29, %30, %31}"
-#define HOP_REGS64                                                                                                  \
-	"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-	"%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
-	"%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-
-// Wgmma<N> issues one wgmma m64nNk16 (bf16 in, f32 accumulators d[N/8][4],
-// the mma C-fragment order per 8 columns): ss with A and B from shared
-// memory, both K-major; rs with A from registers (an mma A fragment per
-// warp) and B N-major. scale_d 0 overwrites d, 1 accumulates.
-template <int N> struct Wgmma;
-template <> struct Wgmma<128> {
-	__device__ static void ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int scale_d) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HOP_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-		             : HOP_ACC64(d)
-		             : "l"(a), "l"(b), "r"(scale_d));
-	}
-	__device__ static void rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HOP_REGS64
-		             ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-		             : HOP_ACC64(d)
-		             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-	}
-};
-template <> struct Wgmma<64> {
-	__device__ static void rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HOP_REGS32
-		             ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-		             : HOP_ACC32(d)
-		             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-	}
 };
 
 // --- the kernel ------------------------------------------------------------

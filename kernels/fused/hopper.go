@@ -22,6 +22,8 @@ var (
 	hopperSrc string
 	//go:embed flash.cuh
 	flashSrc string
+	//go:embed hopper.cuh
+	hopperHeaderSrc string
 )
 
 const (
@@ -83,13 +85,21 @@ func withFlash(file, src string) string {
 	return withMMA("flash.cuh", flashSrc) + fmt.Sprintf("#line 1 %q\n", file) + src
 }
 
-// hopperModule is flash_hopper's NVRTC module.
+// withHopper is src (file) after hopper.cuh, the Hopper building blocks,
+// each behind its own #line; head is what comes first (mma.cuh and the
+// headers file needs besides).
+func withHopper(head, file, src string) string {
+	return head + "#line 1 \"hopper.cuh\"\n" + hopperHeaderSrc + fmt.Sprintf("#line 1 %q\n", file) + src
+}
+
+// hopperModule is flash_hopper's NVRTC module: mma.cuh, flash.cuh,
+// hopper.cuh, hopper.cu.
 func hopperModule() cudaset.Module {
 	var fs []string
 	for _, c := range hopperConfigs {
 		fs = append(fs, c.kernel())
 	}
-	return cudaset.Module{File: "hopper.cu", Src: withFlash("hopper.cu", hopperSrc), Funcs: fs}
+	return cudaset.Module{File: "hopper.cu", Src: withHopper(withMMA("flash.cuh", flashSrc), "hopper.cu", hopperSrc), Funcs: fs}
 }
 
 // hopperKit is flash_hopper on one device.

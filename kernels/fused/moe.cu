@@ -14,11 +14,10 @@
 
 // ROUTE_WARPS tokens per block of moe_route, a warp each; every lane holds
 // ROUTE_PER_LANE experts' scores, so a router has at most 32·ROUTE_PER_LANE
-// experts. MAX_GROUPS is the most groups group_gemm schedules (and experts
-// moe_align sorts into). ALIGN_THREADS is moe_align's block.
+// experts. ALIGN_THREADS is moe_align's block. MAX_GROUPS (groups.cuh) is
+// the most groups group_gemm schedules (and experts moe_align sorts into).
 #define ROUTE_WARPS 4
 #define ROUTE_PER_LANE 8
-#define MAX_GROUPS 256
 #define ALIGN_THREADS 1024
 
 // ---------------------------------------------------------------- routing
@@ -131,45 +130,17 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 
 // ---------------------------------------------------------- grouped GEMM
 
-// find_tile maps m-tile mt of a grouped GEMM to its group: group g's rows
-// [first[g], first[g+1]) make ceil(rows / BM) m-tiles, numbered group after
-// group. Warp 0 scans the tile counts into shared memory; every thread
-// then searches them. It sets the tile's group g, its first row and the
-// group's end, or returns false when mt is past the work (the block exits).
-// Offsets that are not ascending within [0, M] trap.
+// find_tile maps m-tile mt of a grouped GEMM to its group (groups.cuh:
+// group_tile_starts, then group_of_tile). It sets the tile's group g, its
+// first row and the group's end, or returns false when mt is past the work
+// (the block exits).
 template <int BM>
 __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& row0, int& rowEnd) {
 	__shared__ int start[MAX_GROUPS + 1]; // start[g]: group g's first m-tile
-	const int lane = threadIdx.x & 31;
-	if (threadIdx.x < 32) {
-		int run = 0;
-		for (int g0 = 0; g0 < E; g0 += 32) {
-			const int gg = g0 + lane;
-			int n = 0;
-			if (gg < E) {
-				const int a = first[gg], b = first[gg + 1];
-				if (a < 0 || b < a || b > M) __trap();
-				n = (b - a + BM - 1) / BM;
-			}
-#pragma unroll
-			for (int o = 1; o < 32; o <<= 1) {
-				const int v = __shfl_up_sync(FULL_MASK, n, o);
-				if (lane >= o) n += v;
-			}
-			if (gg < E) start[gg + 1] = run + n;
-			run += __shfl_sync(FULL_MASK, n, 31);
-		}
-		if (lane == 0) start[0] = 0;
-	}
+	if (threadIdx.x < 32) group_tile_starts<BM>(first, E, M, start);
 	__syncthreads();
 	if (mt >= start[E]) return false;
-	int lo = 0, hi = E - 1; // the last group whose first m-tile is at or before mt
-	while (lo < hi) {
-		const int mid = (lo + hi + 1) >> 1;
-		if (start[mid] <= mt) lo = mid;
-		else hi = mid - 1;
-	}
-	g = lo;
+	g = group_of_tile(start, E, mt);
 	row0 = first[g] + (mt - start[g]) * BM;
 	rowEnd = first[g + 1];
 	return true;

@@ -136,6 +136,10 @@ func (o *ops) GroupGemm(out, x, w, first *kernels.Tensor) {
 	groups, n, k, m := w.Shape[0], w.Shape[1], w.Shape[2], x.Rows()
 	o.checkGemm(op, w, n, k, out, x)
 	c := configFor(m, groups)
+	if o.useWgmma(op, c) {
+		o.wgmmaGemm(op, false, o.Mat(out), o.Mat(x), m, 0, 1, o.D.Ptr(w), o.D.Ptr(first), groups, m, n, k)
+		return
+	}
 	o.groupGemm(c, "group_gemm", mTiles(m, groups, c.BM), o.Mat(out), o.Mat(x), 0, 1, o.D.Ptr(w), o.D.Ptr(first),
 		groups, m, n, k)
 }
@@ -205,7 +209,17 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		int32(experts), int32(c.BM))
-	if c.Name == prefillTiling {
+	if o.useWgmma(op, c) {
+		// group_wgmma: gate/up over the rows gathered by its producer, or
+		// packed first (into y, spent before down writes it), then down.
+		if wgmmaGather {
+			o.wgmmaGemm(op, true, act, o.Mat(x), n, sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+		} else {
+			o.CopyRows(y, slot.P, o.Mat(x), 0, k, n, choices, hidden)
+			o.wgmmaGemm(op, true, act, y, rows, 0, 1, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+		}
+		o.wgmmaGemm(op, false, y, act, rows, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
+	} else if c.Name == prefillTiling {
 		if !o.expertsCuBLAS(slot, act, y, x, gateUp, down, n, k, rows) {
 			return
 		}

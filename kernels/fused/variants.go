@@ -101,11 +101,15 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 		if op == kernels.OpMoEExperts {
 			c = configFor(s["N"]*s["topk"], s["E"])
 		}
+		vs := []kernels.Variant{{Name: "grouped_mma", Params: c.params() + " (" + c.regime + ")", Why: join(fits(c.shared()))}}
 		if op == kernels.OpMoEExperts && c.Name == prefillTiling {
-			return []kernels.Variant{{Name: "cublas_per_expert",
+			vs = []kernels.Variant{{Name: "cublas_per_expert",
 				Params: "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", Why: join()}}
 		}
-		return []kernels.Variant{{Name: "grouped_mma", Params: c.params() + " (" + c.regime + ")", Why: join(fits(c.shared()))}}
+		if v, ok := wgmmaVariantOf(t, op == kernels.OpMoEExperts && wgmmaGather); ok && c.Name == prefillTiling {
+			vs = append(vs, v)
+		}
+		return vs
 	case kernels.OpLinear:
 		return linearVariantsOf(s, t, slices.Clone(why))
 	}
@@ -125,8 +129,8 @@ func archAtLeast(arch string, cc int) bool {
 
 // TuningKey is the key of op's problems of shape s: attention's variants
 // are chosen per head dim, linear's per shape (M, N, K), mla_prefill's per
-// head dims; the other kernels
-// have one variant.
+// head dims, the grouped GEMM's (group_gemm, moe_experts) per tiling; the
+// other kernels have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 	switch op {
 	case kernels.OpAttnPrefill:
@@ -135,6 +139,10 @@ func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 		return linearKey{s["M"], s["N"], s["K"]}.String()
 	case kernels.OpMLAPrefill:
 		return fmt.Sprintf("Dn=%d,Dr=%d,Dv=%d", s["Dn"], s["Dr"], s["Dv"])
+	case kernels.OpGroupGemm:
+		return wgmmaKey(configFor(s["M"], s["E"]))
+	case kernels.OpMoEExperts:
+		return wgmmaKey(configFor(s["N"]*s["topk"], s["E"]))
 	}
 	return ""
 }
@@ -145,6 +153,9 @@ func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 	if op == kernels.OpLinear {
 		return o.useLinear(key, name)
+	}
+	if op == kernels.OpGroupGemm || op == kernels.OpMoEExperts {
+		return o.useGemmVariant(op, key, name)
 	}
 	if op == kernels.OpMLAPrefill {
 		var d mlaHeads
@@ -202,6 +213,8 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 		return o.linearFor(key)
 	case kernels.OpMLAPrefill:
 		return o.mlaPrefillFor(key).String()
+	case kernels.OpGroupGemm, kernels.OpMoEExperts:
+		return o.gemmVariantFor(op, key)
 	}
 	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
 		return vs[0].Name

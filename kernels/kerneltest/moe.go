@@ -22,6 +22,9 @@ func moeCases(wdts []kernels.DType) []opCase {
 		{name: "uneven", sizes: []int{130, 7, 0, 257, 1, 64, 128, 33, 0, 90, 2, 66, 19, 0, 200, 5}, trail: 3, n: 264, k: 520, pitched: true},
 		{name: "medium groups", sizes: []int{40, 17, 64, 65, 3, 33}, lead: 1, n: 200, k: 136},
 		{name: "v2-lite down, decode", sizes: []int{1, 0, 2, 0, 0, 1, 3, 1}, n: 2048, k: 1408},
+		// Over 64 rows per group: fused's prefill tiling (and its Hopper
+		// variant), with a partial n-tile, a k tail and empty groups.
+		{name: "prefill tiling, odd", sizes: []int{0, 130, 1, 0, 257, 383, 0, 77}, lead: 3, trail: 2, n: 264, k: 200, pitched: true},
 	} {
 		for _, w := range wdts {
 			cs = append(cs, opCase{op: kernels.OpGroupGemm, name: s.String() + ",w=" + w.String(), wdt: w,
@@ -45,8 +48,8 @@ func moeCases(wdts []kernels.DType) []opCase {
 			run: func(e *env) { moeRoute(e, s) }})
 	}
 	// DeepSeek-V2-Lite's routed experts: decode at batch 1 and 16, and a
-	// prefill of a few hundred tokens (1.1 GB of expert weights: GPUs only).
-	for _, n := range []int{1, 16, 300} {
+	// prefill of a few hundred and of 2K tokens (1.1 GB of expert weights: GPUs only).
+	for _, n := range []int{1, 16, 300, 2048} { // 2048 tokens: the prefill tiling (188 rows per expert)
 		s := expertsCase{n: n, h: 2048, inter: 1408, e: 64, k: 6}
 		cs = append(cs, opCase{op: kernels.OpMoEExperts, name: fmt.Sprintf("v2-lite dims,N=%d", n), wdt: kernels.BF16,
 			long: true, run: func(e *env) { moeExperts(e, s) }})

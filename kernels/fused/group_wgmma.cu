@@ -1,0 +1,254 @@
+// The grouped GEMM for Hopper (sm_90a only: wgmma, setmaxnreg and the copy
+// engine's tensor copies), the "grouped_wgmma" variant of group_gemm and
+// moe_experts at prefill's hundreds of rows per group. Same problem,
+// groups, layouts and rounding as moe.cu's group_gemm: out = the f32 sum
+// rounded to bf16 once; with SWIGLU, gate and up rounded to bf16, silu(gate)
+// rounded, its product with up rounded (HF's act_fn(gate_proj(x)) *
+// up_proj(x)).
+//
+// Persistent blocks of three warpgroups walk the output tiles t =
+// blockIdx.x, + gridDim.x, ... in the order (m-tile, n-tile), n fastest, so
+// the blocks running at once share a few m-tiles of x and one or two
+// groups' weights in L2. The m-tiles come from the device offsets
+// (groups.cuh, scanned once per block): no host read, graph-safe.
+//   - warpgroup 0, the producer (setmaxnreg down to GW_PRODUCER_REGS),
+//     fills a ring of STAGES stages, each a 128 × 64 tile of x rows (A)
+//     and a BN × 64 tile of weight rows (B), guarded by mbarriers: full
+//     (the copy engine completes it with its bytes; with GATHER also the
+//     producer's 128 threads, as their cp.async copies land) and empty
+//     (each consumer warp arrives when its wgmmas no longer read the
+//     stage). One thread issues the tensor copies of B (two boxes of BN/2
+//     weight rows: with SWIGLU the gate rows of the tile's BN/2 columns,
+//     then their up rows) and of A (x rows [row0, row0 + 128) in place);
+//     with GATHER the 128 threads copy A's rows x[gather[r] / gdiv] by
+//     cp.async, 16 bytes each, into the swizzled layout the copy engine
+//     would have written (chunk c of row r at c ^ (r % 8)).
+//   - warpgroups 1 and 2, the consumers (setmaxnreg up to
+//     GW_CONSUMER_REGS), own 64 rows of the tile each and all BN columns:
+//     four wgmma m64nBNk16 per stage, A and B K-major from shared memory,
+//     one stage's group in flight while the next is issued; a stage is
+//     released when the group after it has been waited for. The epilogue
+//     writes the accumulators straight from registers (two columns a store)
+//     while the producer already loads the next tile's stages.
+// Rows of the tile past the group's end are computed from whatever x holds
+// there (the next group's rows, zeros past x, zeros for gathered padding)
+// and not written; columns past N likewise (weight rows past the map are
+// zeros). K is covered in 64-column steps, the tail zero-filled by the copy
+// engine (and by cp.async's zero fill with GATHER).
+//
+// A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
+// (GW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
+// down instead of hanging.
+
+#define GW_BM 128            // rows of a tile: GW_CONSUMERS × 64
+#define GW_BK 64             // k of a stage: one 128-byte swizzle row of bf16
+#define GW_CONSUMERS 2       // consumer warpgroups
+#define GW_THREADS (128 * (1 + GW_CONSUMERS))
+#define GW_PRODUCER_REGS 56  // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
+#define GW_CONSUMER_REGS 224 // and of the consumers: 56·128 + 224·256 ≤ 64K registers
+#define GW_ROW_BYTES 128     // bytes of a stage row: GW_BK bf16
+
+// Codes of status[0] when a wait timed out.
+#define GW_WAIT_FULL 1
+#define GW_WAIT_EMPTY 2
+
+// GwLayout is the shared memory of group_wgmma<BN, STAGES>: per stage the
+// A tile (GW_BM rows) then the B tile (BN rows), rows of 128 bytes.
+template <int BN, int STAGES> struct GwLayout {
+	static constexpr int A_BYTES = GW_BM * GW_ROW_BYTES;
+	static constexpr int B_BYTES = BN * GW_ROW_BYTES;
+	static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+	static constexpr int ALIGN = 1024; // the 128-byte swizzle's period; the dynamic base is rounded up to it
+	static constexpr int SMEM = STAGES * STAGE_BYTES + ALIGN;
+};
+
+// group_wgmma: see the top of this file.
+//   xmap: x bf16 [rows, K] (pitch xp), 2-D, box {64, GW_BM}, read when not
+//   GATHER; x, xp: the same matrix, read through gather when GATHER;
+//   wmap: w bf16 [E, N, K] packed, 3-D, box {64, BN/2, 1}; both maps with
+//   the 128-byte swizzle, out-of-bounds elements zero.
+//   out bf16 [M, op] (N columns, N/2 with SWIGLU); gather i32 [M]: the
+//   choice t·gdiv + k of each row, negative for padding (GATHER only);
+//   first i32 [E+1], ascending in [0, M]; status i32 [8], zero.
+//   K and N are multiples of 8, N even with SWIGLU; E ≤ MAX_GROUPS.
+// Launch: a persistent grid (the SMs), GW_THREADS threads,
+// GwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
+template <int BN, int STAGES, bool SWIGLU, bool GATHER>
+__device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wmap, bf16* out, int op, const bf16* x,
+                                            int xp, const int* gather, int gdiv, const int* first, int E, int M, int N,
+                                            int K, int* status) {
+	typedef GwLayout<BN, STAGES> L;
+	constexpr int HALF = BN / 2; // rows of a weight box; with SWIGLU the tile's output columns
+	extern __shared__ unsigned char smem_raw[];
+	__shared__ int start[MAX_GROUPS + 1];
+	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
+
+	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
+	auto sA = [&](int s) { return base + s * L::STAGE_BYTES; };
+	auto sB = [&](int s) { return base + s * L::STAGE_BYTES + L::A_BYTES; };
+	auto full = [&](int s) { return smem_addr(&bars[s]); };
+	auto empty = [&](int s) { return smem_addr(&bars[STAGES + s]); };
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < STAGES; s++) {
+			mbar_init(full(s), GATHER ? 1 + 128 : 1); // the expect_tx arrival (+ each producer thread's copies)
+			mbar_init(empty(s), GW_CONSUMERS * 4);    // one arrival per consumer warp
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	if (threadIdx.x < 32) group_tile_starts<GW_BM>(first, E, M, start);
+	__syncthreads();
+
+	const int inter = N / 2;
+	const int ntn = SWIGLU ? (inter + HALF - 1) / HALF : (N + BN - 1) / BN; // n-tiles
+	const int total = start[E] * ntn;
+	const int ktiles = (K + GW_BK - 1) / GW_BK;
+	// The tile t's group g, first row, the group's end and n-tile.
+	auto tile = [&](int t, int& g, int& row0, int& rowEnd, int& nt) {
+		const int mt = t / ntn;
+		nt = t - mt * ntn;
+		g = group_of_tile(start, E, mt);
+		row0 = first[g] + (mt - start[g]) * GW_BM;
+		rowEnd = first[g + 1];
+	};
+
+	const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+	if (wg == 0) {
+		// The producer.
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GW_PRODUCER_REGS));
+		if (!GATHER && tid != 0) return;
+		int it = 0; // k-steps issued so far, over all of this block's tiles
+		for (int t = blockIdx.x; t < total; t += gridDim.x) {
+			int g, row0, rowEnd, nt;
+			tile(t, g, row0, rowEnd, nt);
+			const int b0 = SWIGLU ? nt * HALF : nt * BN, b1 = SWIGLU ? inter + nt * HALF : nt * BN + HALF;
+			// With GATHER, thread tid copies chunk tid % 8 of rows tid / 8 + 16i.
+			int src[GW_BM / 16]; // x rows, -1 for none
+			if (GATHER) {
+#pragma unroll
+				for (int i = 0; i < GW_BM / 16; i++) {
+					const int row = row0 + tid / 8 + 16 * i;
+					const int c = row < rowEnd ? gather[row] : -1;
+					src[i] = c >= 0 ? c / gdiv : -1;
+				}
+			}
+			for (int kt = 0; kt < ktiles; kt++, it++) {
+				const int s = it % STAGES;
+				if (it >= STAGES && !mbar_wait(empty(s), (it / STAGES - 1) & 1, status, GW_WAIT_EMPTY, it)) return;
+				if (tid == 0) {
+					mbar_expect_tx(full(s), L::B_BYTES + (GATHER ? 0 : L::A_BYTES));
+					tma_load_3d(sB(s), wmap, full(s), kt * GW_BK, b0, g);
+					tma_load_3d(sB(s) + HALF * GW_ROW_BYTES, wmap, full(s), kt * GW_BK, b1, g);
+					if (!GATHER) tma_load_2d(sA(s), xmap, full(s), kt * GW_BK, row0);
+				}
+				if (GATHER) {
+					const int c = tid % 8, k = kt * GW_BK + c * 8;
+#pragma unroll
+					for (int i = 0; i < GW_BM / 16; i++) {
+						const int r = tid / 8 + 16 * i;
+						const bool ok = src[i] >= 0 && k < K;
+						cp16(sA(s) + r * GW_ROW_BYTES + ((c ^ (r & 7)) << 4), ok ? x + (long long)src[i] * xp + k : x, ok);
+					}
+					cp_async_arrive(full(s));
+				}
+			}
+		}
+		return;
+	}
+
+	// A consumer: warpgroup w owns the tile's rows [64w, 64w+64), warp wi
+	// of it 16 of them, this thread rows lane/4 and lane/4 + 8 of those.
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GW_CONSUMER_REGS));
+	const int w = wg - 1, wi = tid / 32, lane = tid % 32;
+	auto release = [&](int s) { // this warp's wgmmas no longer read stage s
+		__syncwarp();
+		if (lane == 0) mbar_arrive(empty(s));
+	};
+	float acc[BN / 8][4];
+	int it = 0;
+	for (int t = blockIdx.x; t < total; t += gridDim.x) {
+		int g, row0, rowEnd, nt;
+		tile(t, g, row0, rowEnd, nt);
+#pragma unroll
+		for (int n = 0; n < BN / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+		for (int kt = 0; kt < ktiles; kt++, it++) {
+			const int s = it % STAGES;
+			if (!mbar_test(full(s), (it / STAGES) & 1)) {
+				// The stage is late: drain the wgmmas in flight first, so that
+				// the waiting (and its timeout's record) holds no accumulator
+				// of a running wgmma (else ptxas serializes them all, C7511).
+				wg_wait<0>();
+				if (!mbar_wait(full(s), (it / STAGES) & 1, status, GW_WAIT_FULL, it)) return;
+			}
+			if (GATHER) fence_async_shared(); // the producer's cp.async rows, seen by wgmma
+			__syncwarp();
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < GW_BK / 16; kk++)
+				Wgmma<BN>::ss(acc, sw128_desc(sA(s) + 64 * w * GW_ROW_BYTES + kk * 32, 16), sw128_desc(sB(s) + kk * 32, 16), 1);
+			wg_commit();
+			if (kt > 0) {
+				wg_wait<1>(); // the previous stage's wgmmas are done
+				release((it - 1) % STAGES);
+			}
+		}
+		wg_wait<0>();
+		keep(acc);
+		release((it - 1) % STAGES);
+
+		// Epilogue: this thread's rows r and r + 8, columns 8n + 2·(lane%4)
+		// and the next of each 8-column slice n.
+		const int r = row0 + 64 * w + 16 * wi + lane / 4;
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int row = r + 8 * h;
+			if (row >= rowEnd) continue;
+			bf16* dst = out + (long long)row * op;
+			if (SWIGLU) {
+#pragma unroll
+				for (int n = 0; n < HALF / 8; n++) {
+					const int col = nt * HALF + 8 * n + 2 * (lane & 3);
+					if (col >= inter) continue;
+					float v[2];
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const float gt = round_bf16(acc[n][2 * h + e]);
+						const float up = round_bf16(acc[n + HALF / 8][2 * h + e]);
+						v[e] = round_bf16(gt / (1.0f + expf(-gt))) * up;
+					}
+					*reinterpret_cast<unsigned*>(dst + col) = pack2(v[0], v[1]);
+				}
+			} else {
+#pragma unroll
+				for (int n = 0; n < BN / 8; n++) {
+					const int col = nt * BN + 8 * n + 2 * (lane & 3);
+					if (col >= N) continue;
+					*reinterpret_cast<unsigned*>(dst + col) = pack2(acc[n][2 * h], acc[n][2 * h + 1]);
+				}
+			}
+		}
+	}
+}
+
+// The instances (named as in group_wgmma.go's gwConfigs): tiles of BN
+// columns through STAGES stages, the plain GEMM (group_gemm, down), gate/up
+// with SwiGLU over rows gathered beforehand (A by tensor copies) and over
+// rows gathered by the producer (cp.async).
+#define GROUP_WGMMA(BN, ST)                                                                                          \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) group_wgmma_n##BN##_s##ST(                       \
+	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const int* first, \
+	    int E, int M, int N, int K, int* status) {                                                                 \
+		group_wgmma<BN, ST, false, false>(&xmap, &wmap, out, op, nullptr, 0, nullptr, 1, first, E, M, N, K, status);  \
+	}                                                                                                                \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) gate_up_wgmma_n##BN##_s##ST(                     \
+	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const int* first, \
+	    int E, int M, int N, int K, int* status) {                                                                 \
+		group_wgmma<BN, ST, true, false>(&xmap, &wmap, out, op, nullptr, 0, nullptr, 1, first, E, M, N, K, status);   \
+	}                                                                                                                \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) gate_up_wgmma_gather_n##BN##_s##ST(              \
+	    const __grid_constant__ TmaMap wmap, bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,   \
+	    const int* first, int E, int M, int N, int K, int* status) {                                               \
+		group_wgmma<BN, ST, true, true>(nullptr, &wmap, out, op, x, xp, gather, gdiv, first, E, M, N, K, status);      \
+	}
+GROUP_WGMMA(256, 4)
+GROUP_WGMMA(128, 6)

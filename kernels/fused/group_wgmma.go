@@ -1,0 +1,290 @@
+package fused
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// The Hopper grouped GEMM (group_wgmma.cu): the variant wgmmaVariant of
+// group_gemm and moe_experts at the prefill tiling, compiled by NVRTC only
+// where the device's target is hopperArch, as a module apart (like
+// flash_hopper): when it cannot be built New still succeeds, the error is
+// kept in gwKit.err, and asking for the variant returns it.
+
+//go:embed group_wgmma.cu
+var gwSrc string
+
+// wgmmaVariant is group_wgmma's name among group_gemm's and moe_experts'
+// variants.
+const wgmmaVariant = "grouped_wgmma"
+
+// Tiles of group_wgmma, as group_wgmma.cu names them.
+const (
+	gwRows         = 128 // GW_BM: rows of a tile, 64 per consumer warpgroup
+	gwK            = 64  // GW_BK: k of a stage
+	gwThreads      = 384 // GW_THREADS
+	gwProducerRegs = 56  // GW_PRODUCER_REGS
+	gwConsumerRegs = 224 // GW_CONSUMER_REGS
+)
+
+// gwConfig is an instance of group_wgmma: BN columns a tile through Stages
+// stages.
+type gwConfig struct{ BN, Stages int }
+
+func (c gwConfig) suffix() string { return fmt.Sprintf("n%d_s%d", c.BN, c.Stages) }
+
+// shared is GwLayout<BN, STAGES>::SMEM.
+func (c gwConfig) shared() int { return c.Stages*(gwRows+c.BN)*gwK*2 + hopperAlign }
+
+// kernels are the instance's three kernels: the plain GEMM, gate/up with
+// SwiGLU over packed rows, and gate/up gathering its rows.
+func (c gwConfig) kernels() (plain, gateUp, gather string) {
+	return "group_wgmma_" + c.suffix(), "gate_up_wgmma_" + c.suffix(), "gate_up_wgmma_gather_" + c.suffix()
+}
+
+// gwConfigs are the instances compiled (GROUP_WGMMA in group_wgmma.cu),
+// best first: the first that fits the device's shared memory per block
+// runs. 128×256 tiles take 193 KiB in 4 stages (an H100/H200 block may
+// have 227); 128×128 tiles read twice the L2 bytes per FLOP.
+var gwConfigs = []gwConfig{{256, 4}, {128, 6}}
+
+// wgmmaGather makes moe_experts' grouped_wgmma gather the tokens inside
+// gate/up's producer (cp.async) rather than into a packed buffer first
+// (CopyRows, then tensor copies); which is faster is for the device to say.
+var wgmmaGather = true
+
+// prefillWgmma makes group_gemm and moe_experts run group_wgmma at the
+// prefill tiling where it can. Off until measured on the device; tests and
+// `infer bench --optimize` set it per op.
+var prefillWgmma = false
+
+// gwModule is group_wgmma's NVRTC module: mma.cuh, groups.cuh, hopper.cuh,
+// group_wgmma.cu.
+func gwModule() cudaset.Module {
+	var fs []string
+	for _, c := range gwConfigs {
+		p, g, x := c.kernels()
+		fs = append(fs, p, g, x)
+	}
+	return cudaset.Module{File: "group_wgmma.cu", Src: withHopper(withMMA("groups.cuh", groupsSrc), "group_wgmma.cu", gwSrc), Funcs: fs}
+}
+
+// gwKit is group_wgmma on one device.
+type gwKit struct {
+	err    error           // why it cannot run here; nil when it can
+	config gwConfig        // the instance run
+	status *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+}
+
+// newGroupWgmma compiles group_wgmma into k where the device allows it. It
+// never fails: what went wrong is kept in the kit's err.
+func newGroupWgmma(k *cudaset.Kit) *gwKit {
+	g := &gwKit{}
+	p := k.D.Props()
+	if p.Arch != hopperArch {
+		g.err = fmt.Errorf("fused: %s: group_wgmma needs NVRTC's target %s (a compute capability 9.0 device, NVRTC 12 or later); %s, compute capability %d.%d, targets %s",
+			wgmmaVariant, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.Arch)
+		return g
+	}
+	if err := k.AddModule(gwModule()); err != nil {
+		g.err = fmt.Errorf("fused: %s: %w", wgmmaVariant, err)
+		return g
+	}
+	var why []string
+	for _, c := range gwConfigs {
+		p, gu, x := c.kernels()
+		var err error
+		for _, name := range []string{p, gu, x} {
+			f := k.Func(name)
+			attrs, aerr := f.Attrs()
+			switch {
+			case aerr != nil:
+				err = aerr
+			case c.shared()+attrs.StaticShared > k.MaxShared:
+				err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", c.shared()+attrs.StaticShared, k.MaxShared)
+			default:
+				err = f.SetMaxDynamicShared(c.shared())
+			}
+			if err != nil {
+				why = append(why, fmt.Sprintf("%s: %v", name, err))
+				break
+			}
+		}
+		if err == nil {
+			g.config = c
+			g.status = k.D.Alloc(kernels.I32, hopperStatusLen)
+			k.D.Zero(g.status)
+			return g
+		}
+	}
+	g.err = fmt.Errorf("fused: %s: no instance fits this device: %v", wgmmaVariant, why)
+	return g
+}
+
+// ready is nil when group_wgmma can run, else why not.
+func (g *gwKit) ready() error {
+	if g == nil {
+		return fmt.Errorf("fused: %s: not built", wgmmaVariant)
+	}
+	return g.err
+}
+
+// wgmmaVariantOf is the Variant entry of group_wgmma on target t; absent
+// (ok false) where the target is not hopperArch.
+func wgmmaVariantOf(t kernels.Target, gather bool) (v kernels.Variant, ok bool) {
+	if t.Arch != hopperArch {
+		return v, false
+	}
+	v.Name = wgmmaVariant
+	for _, c := range gwConfigs {
+		if c.shared() <= t.SharedPerBlock {
+			a := "x rows by tensor copies"
+			if gather {
+				a = "gate/up gathers its x rows by cp.async in the producer"
+			}
+			v.Params = fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle; %s",
+				gwRows, c.BN, gwK, c.Stages, c.shared(), gwProducerRegs, gwConsumerRegs, c.BN, a)
+			return v, true
+		}
+	}
+	v.Why = fmt.Sprintf("no instance fits %d bytes of shared memory a block", t.SharedPerBlock)
+	return v, true
+}
+
+// xMap is the tensor map of A's rows (x bf16 [rows, K] of pitch elements):
+// boxes of gwK columns by gwRows rows.
+func (o *ops) xMap(op kernels.Op, x cudaset.Mat, rows, k int) *cuda.TensorMap {
+	const es = 2
+	m, err := o.D.EncodeTiled(cuda.Tiled{Addr: x.P, Elem: es, Dims: []uint64{uint64(k), uint64(rows)},
+		Strides: []uint64{uint64(x.Pitch * es)}, Box: []uint32{gwK, gwRows}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "x's tensor map: %v", err)
+	return m
+}
+
+// wMap is the tensor map of the weights w bf16 [groups, n, k] packed:
+// boxes of gwK columns by half a tile's weight rows.
+func (o *ops) wMap(op kernels.Op, w uintptr, groups, n, k int, c gwConfig) *cuda.TensorMap {
+	const es = 2
+	m, err := o.D.EncodeTiled(cuda.Tiled{Addr: w, Elem: es, Dims: []uint64{uint64(k), uint64(n), uint64(groups)},
+		Strides: []uint64{uint64(k * es), uint64(n * k * es)}, Box: []uint32{gwK, uint32(c.BN / 2), 1}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "the weights' tensor map: %v", err)
+	return m
+}
+
+// wgmmaGemm launches group_wgmma's plain or gate/up kernel: out [m, ·] =
+// the rows of x (xRows of them; through gather when not 0) times their
+// group's w [groups, n, k]. A persistent grid of one block per SM walks the
+// m-tiles the device offsets make.
+func (o *ops) wgmmaGemm(op kernels.Op, swiglu bool, out, x cudaset.Mat, xRows int, gather uintptr, gdiv int, w, first uintptr,
+	groups, m, n, k int) {
+	c := o.gw.config
+	plain, gateUp, gath := c.kernels()
+	wm := o.wMap(op, w, groups, n, k, c)
+	grid := cuda.Dim3{X: uint32(o.SMs)}
+	block := cuda.Dim3{X: gwThreads}
+	tail := []any{o.D.Ptr(o.gw.status)}
+	switch {
+	case gather != 0:
+		o.LaunchGrid(gath, grid, block, c.shared(), append([]any{wm, out.P, int32(out.Pitch), x.P, int32(x.Pitch), gather,
+			int32(gdiv), first, int32(groups), int32(m), int32(n), int32(k)}, tail...)...)
+	default:
+		name := plain
+		if swiglu {
+			name = gateUp
+		}
+		o.LaunchGrid(name, grid, block, c.shared(), append([]any{o.xMap(op, x, xRows, k), wm, out.P, int32(out.Pitch), first,
+			int32(groups), int32(m), int32(n), int32(k)}, tail...)...)
+	}
+}
+
+// wgmmaWaits reports a wait of group_wgmma that timed out since the last
+// call (synchronizing with the device), and clears the record.
+func (o *ops) wgmmaWaits() error {
+	if o.gw == nil || o.gw.status == nil {
+		return nil
+	}
+	st, err := o.D.ReadI32(o.gw.status)
+	if err != nil {
+		return err
+	}
+	if st[0] == 0 {
+		return nil
+	}
+	o.D.Zero(o.gw.status)
+	what := map[int32]string{1: "a full stage (full)", 2: "a free stage (empty)"}[st[0]]
+	return fmt.Errorf("fused: group_wgmma: a wait for %s timed out: block %d, thread %d, k-step %d, parity %d (the kernel gave up; its output is garbage)",
+		what, st[1], st[4], st[5], st[6])
+}
+
+// wgmmaKey is the tuning key of group_gemm's and moe_experts' problems at
+// the tiling c: group_wgmma is a choice at the prefill tiling only.
+func wgmmaKey(c gemmConfig) string { return "tiling=" + c.Name }
+
+// useWgmma reports whether op runs group_wgmma for problems of tiling c:
+// at the prefill tiling, when a choice for op names it (or none names
+// anything and prefillWgmma is set), and it can run here.
+func (o *ops) useWgmma(op kernels.Op, c gemmConfig) bool {
+	if c.Name != prefillTiling {
+		return false
+	}
+	on, chosen := o.wgmmaOn[op]
+	if !chosen {
+		on = prefillWgmma
+	}
+	return on && o.gw.ready() == nil
+}
+
+// defaultGemmVariant is the variant op runs at tiling c without group_wgmma.
+func defaultGemmVariant(op kernels.Op, c gemmConfig) string {
+	if op == kernels.OpMoEExperts && c.Name == prefillTiling {
+		return "cublas_per_expert"
+	}
+	return "grouped_mma"
+}
+
+// useGemmVariant is UseVariant for group_gemm and moe_experts.
+func (o *ops) useGemmVariant(op kernels.Op, key, name string) error {
+	var c gemmConfig
+	for _, x := range gemmConfigs {
+		if wgmmaKey(x) == key {
+			c = x
+		}
+	}
+	if c.Name == "" {
+		return fmt.Errorf("tuning key %q of %s is not tiling=<one of the grouped GEMM's tilings>", key, op)
+	}
+	if o.wgmmaOn == nil {
+		o.wgmmaOn = map[kernels.Op]bool{}
+	}
+	switch {
+	case name == wgmmaVariant && c.Name == prefillTiling:
+		if err := o.gw.ready(); err != nil {
+			return err // why group_wgmma cannot run here, NVRTC's log included
+		}
+		o.wgmmaOn[op] = true
+	case name == defaultGemmVariant(op, c):
+		if c.Name == prefillTiling {
+			o.wgmmaOn[op] = false
+		}
+	default:
+		return fmt.Errorf("fused has no variant %q of %s at %s", name, op, key)
+	}
+	return nil
+}
+
+// gemmVariantFor is VariantFor for group_gemm and moe_experts.
+func (o *ops) gemmVariantFor(op kernels.Op, key string) string {
+	for _, c := range gemmConfigs {
+		if wgmmaKey(c) == key {
+			if o.useWgmma(op, c) {
+				return wgmmaVariant
+			}
+			return defaultGemmVariant(op, c)
+		}
+	}
+	return ""
+}

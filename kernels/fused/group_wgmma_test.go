@@ -1,0 +1,108 @@
+package fused
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
+)
+
+// TestWgmmaHost checks group_wgmma's host side without a GPU: every
+// instance is in group_wgmma.cu and fits an H100/H200 block, the variant
+// is offered at the prefill tiling on sm_90a only, and choosing it follows
+// the tuning key and whether the kernel was built.
+func TestWgmmaHost(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	for _, c := range gwConfigs {
+		if !strings.Contains(gwSrc, fmt.Sprintf("GROUP_WGMMA(%d, %d)", c.BN, c.Stages)) {
+			t.Errorf("no GROUP_WGMMA(%d, %d) in group_wgmma.cu", c.BN, c.Stages)
+		}
+		if c.shared() > h200.SharedPerBlock {
+			t.Errorf("%+v: %d bytes of shared memory, an sm_90a block gets %d", c, c.shared(), h200.SharedPerBlock)
+		}
+	}
+	if gwProducerRegs*128+gwConsumerRegs*256 > 65536 || gwProducerRegs%8 != 0 || gwConsumerRegs%8 != 0 {
+		t.Errorf("setmaxnreg %d/%d: over the register file or not multiples of 8", gwProducerRegs, gwConsumerRegs)
+	}
+	w3 := kernels.Shape{"M": 66246, "N": 2816, "K": 2048, "E": 64}
+	names := func(vs []kernels.Variant) (n []string) {
+		for _, v := range vs {
+			if v.Valid() {
+				n = append(n, v.Name)
+			}
+		}
+		return n
+	}
+	if got := names(variants(kernels.OpGroupGemm, w3, h200)); fmt.Sprint(got) != "[grouped_mma grouped_wgmma]" {
+		t.Errorf("group_gemm at W3 on sm_90a: %v", got)
+	}
+	if got := names(variants(kernels.OpGroupGemm, w3, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[grouped_mma]" {
+		t.Errorf("group_gemm at W3 on sm_80: %v", got)
+	}
+	if got := names(variants(kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, h200)); fmt.Sprint(got) != "[grouped_mma]" {
+		t.Errorf("group_gemm at decode on sm_90a: %v", got)
+	}
+	o := &ops{}
+	key := o.TuningKey(kernels.OpGroupGemm, w3)
+	if key != "tiling=m128" || o.VariantFor(kernels.OpGroupGemm, key) != "grouped_mma" {
+		t.Fatalf("key %q runs %q untuned", key, o.VariantFor(kernels.OpGroupGemm, key))
+	}
+	o.gw = &gwKit{err: fmt.Errorf("no Hopper here")}
+	if err := o.UseVariant(kernels.OpGroupGemm, key, wgmmaVariant); err == nil || !strings.Contains(err.Error(), "no Hopper here") {
+		t.Errorf("UseVariant grouped_wgmma without group_wgmma: %v", err)
+	}
+	o.gw = &gwKit{config: gwConfigs[0]}
+	if err := o.UseVariant(kernels.OpMoEExperts, key, wgmmaVariant); err != nil || o.VariantFor(kernels.OpMoEExperts, key) != wgmmaVariant {
+		t.Errorf("UseVariant grouped_wgmma: %v, now %q", err, o.VariantFor(kernels.OpMoEExperts, key))
+	}
+	if o.VariantFor(kernels.OpGroupGemm, key) != "grouped_mma" {
+		t.Errorf("group_gemm follows moe_experts' choice: %q", o.VariantFor(kernels.OpGroupGemm, key))
+	}
+	if err := o.UseVariant(kernels.OpMoEExperts, "tiling=m16", wgmmaVariant); err == nil {
+		t.Errorf("grouped_wgmma accepted at decode's tiling")
+	}
+	if err := o.UseVariant(kernels.OpMoEExperts, key, "cublas_per_expert"); err != nil || o.VariantFor(kernels.OpMoEExperts, key) != "cublas_per_expert" {
+		t.Errorf("back to cublas_per_expert: %v, now %q", err, o.VariantFor(kernels.OpMoEExperts, key))
+	}
+}
+
+// TestWgmmaCompiles compiles group_wgmma.cu as the set does, with ptxas's
+// report, and fails on a serialized wgmma pipeline or a setmaxnreg ignored
+// (C75xx); spills are logged (the gathering n256 instance has 4 bytes).
+func TestWgmmaCompiles(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	p := dev.Props()
+	if p.Arch != hopperArch {
+		t.Skipf("group_wgmma compiles for %s only; %s is %s", hopperArch, p.Name, p.Arch)
+	}
+	log, _, err := dev.CompileLog("fused_group_wgmma.cu", cudaset.Source(gwModule()), "--ptxas-options=-v")
+	t.Logf("NVRTC %d.%d; log:\n%s", p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(log, "C75") {
+		t.Errorf("ptxas warns about the wgmma pipeline (see the log above)")
+	}
+}
+
+// TestWgmmaKernels runs the shared kerneltest with group_wgmma chosen for
+// group_gemm and moe_experts at the prefill tiling (the cases of 300 rows
+// in 4 groups and of 300 tokens run it), gathering in the producer and
+// gathering first; a timed-out wait fails it with where it waited.
+func TestWgmmaKernels(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	if p := dev.Props(); p.Arch != hopperArch {
+		t.Skipf("group_wgmma runs on %s only; %s is %s", hopperArch, p.Name, p.Arch)
+	}
+	defer func(on, g bool) { prefillWgmma, wgmmaGather = on, g }(prefillWgmma, wgmmaGather)
+	prefillWgmma = true
+	for _, gather := range []bool{true, false} {
+		wgmmaGather = gather
+		t.Run(fmt.Sprintf("gather=%v", gather), func(t *testing.T) {
+			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+		})
+	}
+}
