@@ -1,6 +1,6 @@
 // The Hopper building blocks (sm_90a only) of the fused set's warp-
-// specialized kernels, flash_hopper (hopper.cu) and group_wgmma
-// (group_wgmma.cu): tensor maps and the copy engine's tensor copies,
+// specialized kernels, flash_hopper (hopper.cu), mla_hopper (mla_hopper.cu)
+// and group_wgmma (group_wgmma.cu): tensor maps and the copy engine's tensor copies,
 // mbarriers with a wait that gives up instead of hanging, and wgmma with
 // its shared-memory descriptors. hopper.go puts this file after mma.cuh
 // (smem_addr) in each of those modules.
@@ -169,6 +169,12 @@ template <> struct Wgmma<128> {
 	}
 };
 template <> struct Wgmma<64> {
+	__device__ static void ss(float (&d)[8][4], unsigned long long a, unsigned long long b, int scale_d) {
+		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HOP_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+		             : HOP_ACC32(d)
+		             : "l"(a), "l"(b), "r"(scale_d));
+	}
 	__device__ static void rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
 		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
 		             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HOP_REGS32

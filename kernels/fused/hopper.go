@@ -24,6 +24,8 @@ var (
 	flashSrc string
 	//go:embed hopper.cuh
 	hopperHeaderSrc string
+	//go:embed hop_attention.cuh
+	hopAttentionSrc string
 )
 
 const (
@@ -92,14 +94,20 @@ func withHopper(head, file, src string) string {
 	return head + "#line 1 \"hopper.cuh\"\n" + hopperHeaderSrc + fmt.Sprintf("#line 1 %q\n", file) + src
 }
 
+// withHopAttention is src (file) after mma.cuh, flash.cuh, hopper.cuh and
+// hop_attention.cuh, the modules of flash_hopper and mla_hopper.
+func withHopAttention(file, src string) string {
+	return withHopper(withMMA("flash.cuh", flashSrc), "hop_attention.cuh", hopAttentionSrc+fmt.Sprintf("#line 1 %q\n", file)+src)
+}
+
 // hopperModule is flash_hopper's NVRTC module: mma.cuh, flash.cuh,
-// hopper.cuh, hopper.cu.
+// hopper.cuh, hop_attention.cuh, hopper.cu.
 func hopperModule() cudaset.Module {
 	var fs []string
 	for _, c := range hopperConfigs {
 		fs = append(fs, c.kernel())
 	}
-	return cudaset.Module{File: "hopper.cu", Src: withHopper(withMMA("flash.cuh", flashSrc), "hopper.cu", hopperSrc), Funcs: fs}
+	return cudaset.Module{File: "hopper.cu", Src: withHopAttention("hopper.cu", hopperSrc), Funcs: fs}
 }
 
 // hopperKit is flash_hopper on one device.
@@ -232,18 +240,27 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 // hopperWaits reports a wait of flash_hopper that timed out since the last
 // call (synchronizing with the device), and clears the record.
 func (o *ops) hopperWaits() error {
-	if o.hopper == nil || o.hopper.status == nil {
+	if o.hopper == nil {
 		return nil
 	}
-	st, err := o.D.ReadI32(o.hopper.status)
+	return o.hopWaits("flash_hopper", o.hopper.status)
+}
+
+// hopWaits reads kernel's timed-out-wait record st (hopper.cuh's status)
+// and clears it: an error naming the wait when there is one.
+func (o *ops) hopWaits(kernel string, st *kernels.Tensor) error {
+	if st == nil {
+		return nil
+	}
+	w, err := o.D.ReadI32(st)
 	if err != nil {
 		return err
 	}
-	if st[0] == 0 {
+	if w[0] == 0 {
 		return nil
 	}
-	o.D.Zero(o.hopper.status)
-	what := map[int32]string{1: "the Q tile (barQ)", 2: "a K tile (kfull)", 3: "a V tile (vfull)", 4: "a free stage (empty)"}[st[0]]
-	return fmt.Errorf("fused: flash_hopper: a wait for %s timed out: block (%d, %d, %d), thread %d, tile %d, parity %d (the kernel gave up; its output is garbage)",
-		what, st[1], st[2], st[3], st[4], st[5], st[6])
+	o.D.Zero(st)
+	what := map[int32]string{1: "the Q tile (barQ)", 2: "a K tile (kfull)", 3: "a V tile (vfull)", 4: "a free stage (empty)"}[w[0]]
+	return fmt.Errorf("fused: %s: a wait for %s timed out: block (%d, %d, %d), thread %d, tile %d, parity %d (the kernel gave up; its output is garbage)",
+		kernel, what, w[1], w[2], w[3], w[4], w[5], w[6])
 }
