@@ -165,7 +165,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		return nil, err
 	}
 	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{},
-		mlaPrefill: map[string]flashConfig{}, hopperOn: map[string]bool{}}
+		mlaPrefill: map[string]flashConfig{}, hopperOn: map[string]bool{}, mlaHopperOn: map[string]bool{}}
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
 		sizes[decodeKernel(d)] = decodeShared(d)
@@ -192,8 +192,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err := o.prepareMLA(); err != nil {
 		return nil, err
 	}
-	o.hopper = newHopper(kit) // never fails: an error stays in o.hopper.err
-	o.gw = newGroupWgmma(kit) // nor does group_wgmma's build
+	o.hopper = newHopper(kit)       // never fails: an error stays in o.hopper.err
+	o.mlaHopper = newMLAHopper(kit) // nor does this: o.mlaHopper.err
+	o.gw = newGroupWgmma(kit)       // nor does group_wgmma's build
 	return o, nil
 }
 
@@ -212,4 +213,7 @@ type ops struct {
 	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
 	gw         *gwKit                 // group_wgmma, or why it is absent (group_wgmma.go)
 	wgmmaOn    map[kernels.Op]bool    // tuning choices of group_wgmma (true) or the default (false) at the prefill tiling
+
+	mlaHopper   *mlaHopperKit   // mla_hopper, or why it is absent (mla_hopper.go)
+	mlaHopperOn map[string]bool // tuning choices of mla_hopper (true) or an mla_prefill tiling (false) by key
 }

@@ -314,8 +314,8 @@ func TestMLAVariants(t *testing.T) {
 		t.Errorf("mla_decode of 128 heads: %+v, want refused for its heads", vs)
 	}
 	prefill := kernels.Shape{"B": 1, "H": 16, "N": 11041, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
-	if got := valid(variants(kernels.OpMLAPrefill, prefill, h200)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2", "w8_m2"}) {
-		t.Errorf("mla_prefill of V2-Lite on sm_90a: valid tilings %v", got)
+	if got := valid(variants(kernels.OpMLAPrefill, prefill, h200)); !slices.Equal(got, []string{"w4_m1", "w8_m1", "w4_m2", "w8_m2", mlaHopperVariant}) {
+		t.Errorf("mla_prefill of V2-Lite on sm_90a: valid variants %v", got)
 	}
 	odd := kernels.Shape{"B": 1, "H": 2, "N": 6, "Dn": 16, "Dr": 8, "Dv": 16, "R": 32}
 	for _, v := range variants(kernels.OpMLAPrefill, odd, h200) {

@@ -148,16 +148,21 @@ func (o *ops) needRoom(op kernels.Op, kernel string) {
 // per-position [heads, Dn+Dv] rows: k_nope then v of each head, as HF
 // expands them), then runs mla_prefill, flash attention with keys (k_nope,
 // the shared k_pe from the cache) and values v, over the rows at once, as
-// many rows per launch as mlaPrefillBudget holds.
+// many rows per launch as mlaPrefillBudget holds; or, where chosen,
+// mla_hopper instead of mla_prefill (mla_hopper.go).
 func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	op := kernels.OpMLAPrefill
 	o.checkMLA(op, a, true)
 	d := mlaHeads{a.NopeDim, a.RopeDim, a.VDim}
 	o.Need(slices.Contains(mlaPrefillDims, d), op, "heads of nope %d, rope %d, v %d: the fused kernels take %v (mla=naive runs any)",
 		d.Nope, d.Rope, d.V, mlaPrefillDims)
-	c := o.mlaPrefillFor(o.TuningKey(op, kernels.Shape{"Dn": d.Nope, "Dr": d.Rope, "Dv": d.V}))
+	key := o.TuningKey(op, kernels.Shape{"Dn": d.Nope, "Dr": d.Rope, "Dv": d.V})
+	c := o.mlaPrefillFor(key)
 	kernel := mlaPrefillKernel(d, c)
-	o.needRoom(op, kernel)
+	hc, hopper := o.mlaHopperFor(key, d) // mla_hopper (mla_hopper.go) where chosen
+	if !hopper {
+		o.needRoom(op, kernel)
+	}
 	b := a.Batch
 	o.AppendKV(a.Cache, nil, a.KV, nil, b, 1, a.Rank+a.RopeDim)
 
@@ -188,6 +193,11 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 				k := keysOf(r)
 				o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
 				at += k
+			}
+			if hopper {
+				o.mlaHopperLaunch(hc, a, kv, keys, r0, r1, longest)
+				r0 = r1
+				continue
 			}
 			o.LaunchGrid(kernel,
 				cuda.Dim3{X: uint32((longest + c.rows() - 1) / c.rows()), Y: uint32(a.Heads), Z: uint32(r1 - r0)},

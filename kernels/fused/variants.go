@@ -72,6 +72,9 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 					c.Warps, c.MTiles, c.rows(), keyTile, shared),
 				Why: join(fits(shared))})
 		}
+		if v, ok := mlaHopperVariantOf(d, t); ok {
+			vs = append(vs, v)
+		}
 		return vs
 	case kernels.OpMLADecode:
 		d := mlaLatent{s["R"], s["Dr"]}
@@ -162,11 +165,22 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 		if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err != nil || !slices.Contains(mlaPrefillDims, d) {
 			return fmt.Errorf("tuning key %q is not Dn=,Dr=,Dv= of head dims of %v", key, mlaPrefillDims)
 		}
+		if o.mlaHopperOn == nil {
+			o.mlaHopperOn = map[string]bool{}
+		}
+		if name == mlaHopperVariant {
+			if _, err := o.mlaHopper.config(d); err != nil {
+				return err // why mla_hopper cannot run here, NVRTC's log included
+			}
+			o.mlaHopperOn[key] = true
+			return nil
+		}
 		c, ok := flashConfigNamed(name)
 		if !ok {
-			return fmt.Errorf("fused has no mla_prefill tiling %q", name)
+			return fmt.Errorf("fused has no mla_prefill tiling %q (nor is it %q)", name, mlaHopperVariant)
 		}
 		o.mlaPrefill[key] = c
+		o.mlaHopperOn[key] = false
 		return nil
 	}
 	if op != kernels.OpAttnPrefill {
@@ -212,6 +226,12 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 	case kernels.OpLinear:
 		return o.linearFor(key)
 	case kernels.OpMLAPrefill:
+		var d mlaHeads
+		if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err == nil {
+			if _, ok := o.mlaHopperFor(key, d); ok {
+				return mlaHopperVariant
+			}
+		}
 		return o.mlaPrefillFor(key).String()
 	case kernels.OpGroupGemm, kernels.OpMoEExperts:
 		return o.gemmVariantFor(op, key)
