@@ -63,19 +63,36 @@ func openHopper(t *testing.T) (*cuda.Device, *ops) {
 // With FUSELM_HOPPER_CUBIN=path it writes the cubin there, for
 // `cuobjdump -sass path`.
 func TestHopperCompiles(t *testing.T) {
+	hopperCompileReport(t, hopperModule(), "FUSELM_HOPPER_CUBIN")
+	_, o := openHopper(t)
+	for _, c := range hopperConfigs {
+		a, err := o.Func(c.kernel()).Attrs()
+		t.Logf("%s: %+v, dynamic shared %d, err %v", c.kernel(), a, c.shared(), err)
+	}
+	t.Logf("instances run: %v", o.hopper.configs)
+}
+
+// hopperCompileReport compiles module m as the set does, with ptxas's
+// report, logs NVRTC's whole log and fails on what defeats the Hopper
+// design: a wgmma pipeline serialized by the compiler (C7514 and its kin),
+// setmaxnreg ignored (C7508), spills or a stack frame. With the environment
+// variable cubinEnv set to a path it writes the cubin there. It skips off
+// hopperArch devices.
+func hopperCompileReport(t *testing.T, m cudaset.Module, cubinEnv string) {
+	t.Helper()
 	dev := kerneltest.OpenCUDA(t)
 	p := dev.Props()
 	if p.Arch != hopperArch {
-		t.Skipf("flash_hopper compiles for %s only; %s is %s", hopperArch, p.Name, p.Arch)
+		t.Skipf("%s compiles for %s only; %s is %s", m.File, hopperArch, p.Name, p.Arch)
 	}
-	src := cudaset.Source(hopperModule())
-	log, img, err := dev.CompileLog("fused_hopper.cu", src, "--ptxas-options=-v")
+	src := cudaset.Source(m)
+	log, img, err := dev.CompileLog("fused_"+m.File, src, "--ptxas-options=-v")
 	t.Logf("NVRTC %d.%d, %v, --ptxas-options=-v; log:\n%s", p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, dev.CompileOptions(), log)
 	if err != nil {
-		log2, _, err2 := dev.CompileLog("fused_hopper.cu", src)
+		log2, _, err2 := dev.CompileLog("fused_"+m.File, src)
 		t.Fatalf("compile with -v: %v\nwithout it: %v\n%s", err, err2, log2)
 	}
-	if path := os.Getenv("FUSELM_HOPPER_CUBIN"); path != "" {
+	if path := os.Getenv(cubinEnv); path != "" {
 		if err := os.WriteFile(path, img, 0o644); err != nil {
 			t.Error(err)
 		}
@@ -91,12 +108,6 @@ func TestHopperCompiles(t *testing.T) {
 			t.Errorf("ptxas: %s", m[0])
 		}
 	}
-	_, o := openHopper(t)
-	for _, c := range hopperConfigs {
-		a, err := o.Func(c.kernel()).Attrs()
-		t.Logf("%s: %+v, dynamic shared %d, err %v", c.kernel(), a, c.shared(), err)
-	}
-	t.Logf("instances run: %v", o.hopper.configs)
 }
 
 // hopperCase is a prefill problem for the device-only comparisons.
@@ -221,19 +232,26 @@ const hopperTol = 2e-2
 // or descriptor layout shows as a pattern.
 func compareHopper(t *testing.T, p *hopperProblem, got, want []float32) {
 	t.Helper()
-	c := p.c
-	width := c.heads * c.d
+	compareRows(t, p.c.String(), p.batch, p.c.heads, p.c.d, got, want)
+}
+
+// compareRows is compareHopper's check of got against want, outputs bf16
+// [tokens, heads·d] of batch (as f32), described by desc.
+func compareRows(t *testing.T, desc string, batch *kernels.Batch, heads, d int, got, want []float32) {
+	t.Helper()
+	width := heads * d
+	tokens := batch.Tokens
 	bad, nan := 0, 0
 	var first []string
 	byWG, byWarp, byRow16, byChunk := map[int]int{}, map[int]int{}, map[int]int{}, map[int]int{}
 	byTile := map[int]int{}
 	maxErr := 0.0
-	for tok := range p.tokens {
+	for tok := range tokens {
 		b := 0
-		for p.batch.Start[b+1] <= tok {
+		for batch.Start[b+1] <= tok {
 			b++
 		}
-		i := tok - p.batch.Start[b] // the token's index among its row's new ones
+		i := tok - batch.Start[b] // the token's index among its row's new ones
 		for col := range width {
 			g, w := got[tok*width+col], want[tok*width+col]
 			e := math.Abs(float64(g - w))
@@ -246,23 +264,23 @@ func compareHopper(t *testing.T, p *hopperProblem, got, want []float32) {
 				continue
 			}
 			bad++
-			h, d := col/c.d, col%c.d
+			h, dim := col/d, col%d
 			r := i % hopperRows
 			byWG[r/64]++
 			byWarp[(r%64)/16]++
 			byRow16[r%16]++
-			byChunk[d/8]++
+			byChunk[dim/8]++
 			byTile[i/hopperRows]++
 			if len(first) < 12 {
-				first = append(first, fmt.Sprintf("token %d (row %d, new token %d, position %d), head %d, dim %d: wgmma %g, flash_prefill %g",
-					tok, b, i, p.c.past[b]+i, h, d, g, w))
+				first = append(first, fmt.Sprintf("token %d (row %d, new token %d, position %d), head %d, dim %d: wgmma %g, mma.sync %g",
+					tok, b, i, batch.Past[b]+i, h, dim, g, w))
 			}
 		}
 	}
-	t.Logf("%v: largest difference within tolerance %.3g", c, maxErr)
+	t.Logf("%s: largest difference within tolerance %.3g", desc, maxErr)
 	if bad > 0 {
-		t.Errorf("%v: %d of %d elements differ by more than %g (%d NaN or Inf)\n  %s\n  by warpgroup %v\n  by warp of the warpgroup %v\n  by row of 16 %v\n  by 8-dim chunk %v\n  by block of %d queries %v",
-			c, bad, len(got), hopperTol, nan, strings.Join(first, "\n  "), byWG, byWarp, byRow16, byChunk, hopperRows, byTile)
+		t.Errorf("%s: %d of %d elements differ by more than %g (%d NaN or Inf)\n  %s\n  by warpgroup %v\n  by warp of the warpgroup %v\n  by row of 16 %v\n  by 8-dim chunk %v\n  by block of %d queries %v",
+			desc, bad, len(got), hopperTol, nan, strings.Join(first, "\n  "), byWG, byWarp, byRow16, byChunk, hopperRows, byTile)
 	}
 }
 
