@@ -34,6 +34,8 @@ var (
 	mlaSrc string
 	//go:embed groups.cuh
 	groupsSrc string
+	//go:embed mla_keys.cu
+	mlaKeysSrc string
 )
 
 // withMMA is the source of a module that multiplies on tensor cores: the
@@ -143,14 +145,15 @@ func modules() []cudaset.Module {
 		at = append(at, decodeKernel(d))
 	}
 	at = append(at, "attn_merge")
-	// mla.cu continues attention.cu's compilation unit: it builds on its
-	// device helpers, flash_prefill and DecodeSplit.
+	// mla.cu and mla_keys.cu continue attention.cu's compilation unit: they
+	// build on its device helpers, flash_prefill and DecodeSplit.
 	for _, k := range mlaKernels() {
 		at = append(at, k.name)
 	}
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc, Funcs: at},
+		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc +
+			"\n#line 1 \"mla_keys.cu\"\n" + mlaKeysSrc, Funcs: at},
 		{File: "moe.cu", Src: withMMA("groups.cuh", groupsSrc) + "#line 1 \"moe.cu\"\n" + moeSrc, Funcs: moeFuncs()},
 		{File: "linear.cu", Src: withMMA("linear.cu", linearSrc), Funcs: linearKernels()},
 	}
@@ -208,6 +211,7 @@ type ops struct {
 	moeFirst *kernels.Tensor // see moeFirstFor
 
 	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
+	mlaDecode  string                 // the tuning choice of mla_decode's variant, "" for mlaDecodeDefault
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
 	hopper     *hopperKit             // flash_hopper, or why it is absent (hopper.go)
 	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key

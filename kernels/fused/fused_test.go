@@ -303,14 +303,14 @@ func TestMLAPrefillConfigs(t *testing.T) {
 func TestMLAVariants(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
-	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 1 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
+	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 2 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
 		t.Errorf("mla_decode of V2-Lite on sm_90a: %+v", vs)
 	}
 	if shared := mlaDecodeShared(mlaLatent{512, 64}); shared > h200.SharedPerBlock {
 		t.Errorf("mla_decode needs %d bytes of shared memory, an H200 block gets %d", shared, h200.SharedPerBlock)
 	}
 	wide := kernels.Shape{"B": 1, "H": 128, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512} // DeepSeek-V2's 128 heads
-	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 1 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
+	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 2 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
 		t.Errorf("mla_decode of 128 heads: %+v, want refused for its heads", vs)
 	}
 	prefill := kernels.Shape{"B": 1, "H": 16, "N": 11041, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
@@ -347,4 +347,71 @@ func valid(vs []kernels.Variant) (names []string) {
 		}
 	}
 	return names
+}
+
+// TestMLAKeysVariant checks mla_decode's "keys" variant on the host: its
+// listing beside latent_split, its stage count (two blocks an SM on an H200
+// and on an A100 where they fit), the tuning choice and the default.
+func TestMLAKeysVariant(t *testing.T) {
+	h200, a100 := kernels.Targets["sm_90a"], kernels.Targets["sm_80"]
+	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
+	vs := variants(kernels.OpMLADecode, lite, h200)
+	if len(vs) != 2 || vs[0].Name != mlaDecodeVariant || vs[1].Name != mlaKeysVariant || !vs[0].Valid() || !vs[1].Valid() {
+		t.Fatalf("mla_decode of V2-Lite on sm_90a: %+v", vs)
+	}
+	if !strings.Contains(vs[1].Params, "blocks_per_sm=2") || !strings.Contains(vs[1].Params, "key_tile=32") {
+		t.Errorf("keys on sm_90a: %s, want two blocks an SM of 32-key tiles", vs[1].Params)
+	}
+	for _, c := range []struct {
+		d           mlaLatent
+		target      kernels.Target
+		stages, per int
+	}{
+		{mlaLatent{512, 64}, h200, 2, 2}, // 2·(92,160+1,024) of 233,472
+		{mlaLatent{512, 64}, a100, 2, 1}, // two of 2 stages need 186 KB of 164
+		{mlaLatent{256, 32}, h200, 4, 2},
+		{mlaLatent{32, 16}, a100, 4, 8},
+	} {
+		s := mlaKeysStages(c.d, c.target.SharedPerSM)
+		shared := mlaKeysShared(c.d, s)
+		if s != c.stages || blocksPerSM(shared, c.target.SharedPerSM) != c.per || shared > c.target.SharedPerBlock {
+			t.Errorf("%v on %s: %d stages, %d bytes, %d blocks an SM; want %d stages, %d blocks", c.d, c.target.Arch, s, shared,
+				blocksPerSM(shared, c.target.SharedPerSM), c.stages, c.per)
+		}
+	}
+	wide := kernels.Shape{"B": 1, "H": 128, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
+	for _, v := range variants(kernels.OpMLADecode, wide, h200) {
+		if v.Valid() || !strings.Contains(v.Why, "128 heads") {
+			t.Errorf("mla_decode of 128 heads: %+v, want refused for its heads", v)
+		}
+	}
+
+	o := &ops{}
+	key := o.TuningKey(kernels.OpMLADecode, lite)
+	if got := o.VariantFor(kernels.OpMLADecode, key); got != mlaDecodeVariant {
+		t.Errorf("mla_decode runs %q by default, want %q until keys is measured", got, mlaDecodeVariant)
+	}
+	if err := o.UseVariant(kernels.OpMLADecode, key, mlaKeysVariant); err != nil || o.VariantFor(kernels.OpMLADecode, key) != mlaKeysVariant {
+		t.Errorf("choosing keys: %v, now %q", err, o.VariantFor(kernels.OpMLADecode, key))
+	}
+	if err := o.UseVariant(kernels.OpMLADecode, key, "dims"); err == nil || o.VariantFor(kernels.OpMLADecode, key) != mlaKeysVariant {
+		t.Errorf("an unknown variant: %v, now %q", err, o.VariantFor(kernels.OpMLADecode, key))
+	}
+	info, _ := kernels.Set("fused")
+	if vs := info.VariantsOf(kernels.OpMLADecode, lite, h200); len(vs) != 2 {
+		t.Errorf("the registry lists %d mla_decode variants: %+v", len(vs), vs)
+	}
+}
+
+// TestMLADecodeKeys runs the shared harness, the decode graph included, with
+// mla_decode's keys variant the default (the stage count the device's
+// shared memory gives, mlaKeysStages: 2 at V2-Lite's 576 dims on an H200,
+// 4 at the tests' small ones).
+func TestMLADecodeKeys(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	saved := mlaDecodeDefault
+	defer func() { mlaDecodeDefault = saved }()
+	mlaDecodeDefault = mlaKeysVariant
+	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+	kerneltest.RunDecodeGraph(t, dev, "fused")
 }

@@ -41,7 +41,8 @@ const (
 	// mlaRedBytes is MLA_RED_BYTES: mla_decode's partial scores, one f32
 	// pair per lane, row half, n-tile and warp.
 	mlaRedBytes = decodeWarps * (keyTile / 8) * 2 * 32 * 8
-	// mlaDecodeVariant is mla_decode's one variant.
+	// mlaDecodeVariant is mla_decode's first variant, the default (the
+	// other is mla_keys.go's mlaKeysVariant).
 	mlaDecodeVariant = "latent_split"
 )
 
@@ -97,6 +98,9 @@ func mlaKernels() []mlaKernel {
 	}
 	for _, d := range mlaDecodeDims {
 		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d)})
+		for _, s := range mlaKeysStageCounts {
+			ks = append(ks, mlaKernel{mlaKeysKernel(d, s), mlaKeysShared(d, s)})
+		}
 	}
 	return ks
 }
@@ -210,7 +214,8 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	}
 }
 
-// MLADecode is absorbed MLA: q_lat = W_UK[h]ᵀ·q_nope for every head (one
+// MLADecode is absorbed MLA (its variant "latent_split" by default, or
+// "keys", mla_keys.cu, by a tuning choice): q_lat = W_UK[h]ᵀ·q_nope for every head (one
 // strided-batched GEMM over the heads), then mla_decode, flash-decoding of
 // all heads of a row at once over its latent cache in splits that fill one
 // wave of the GPU (it appends the new latents itself), attn_merge of the
@@ -227,7 +232,16 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	o.Need(a.Heads <= maxMLAHeads, op, "%d heads: mla_decode takes at most %d, one m-tile (mla=naive runs any)", a.Heads, maxMLAHeads)
 	o.Need(a.NopeDim%cudaset.VecWidth == 0, op, "nope dim %d: mla_decode reads q_pe in 16-byte pieces, so it must be a multiple of %d",
 		a.NopeDim, cudaset.VecWidth)
-	kernel := mlaDecodeKernel(d)
+	// The variant's kernel, its shared memory and the blocks an SM holds:
+	// splits fill one wave of those.
+	perSM := o.D.Props().MaxSharedPerSM
+	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
+	wave := max(1, perSM/shared) * o.SMs
+	if o.mlaDecodeFor() == mlaKeysVariant {
+		stages := mlaKeysStages(d, perSM)
+		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
+		wave = blocksPerSM(shared, perSM) * o.SMs
+	}
 	o.needRoom(op, kernel)
 	b := a.Batch
 	if b.Rows == 0 {
@@ -240,8 +254,6 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
 	o.GemmBatched(false, b.Rows, r, dn, 1, q, int64(dn+dr), w, perHead, 0, qlat, int64(r), h)
 
-	shared := mlaDecodeShared(d)
-	wave := max(1, o.D.Props().MaxSharedPerSM/shared) * o.SMs
 	splits, chunk := decodeSplits(b.Rows, b.MaxSeq, wave)
 	olat := o.Scratch(scrMLAOLat, kernels.BF16, b.Rows, h*r)
 	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*splits, r)

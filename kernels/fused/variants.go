@@ -85,10 +85,16 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 			why = append(why, fmt.Sprintf("%d heads, at most %d", s["H"], maxMLAHeads))
 		}
 		shared := mlaDecodeShared(d)
+		stages := mlaKeysStages(d, t.SharedPerSM)
+		keysShared := mlaKeysShared(d, stages)
 		return []kernels.Variant{{Name: mlaDecodeVariant,
 			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps split q·k by dims and p·c by output dims, attn_merge merges",
 				decodeWarps, keyTile, mlaStages, shared),
-			Why: join(fits(shared))}}
+			Why: join(fits(shared))},
+			{Name: mlaKeysVariant,
+				Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps score their own keys, one max per tile, p·c by output dims, attn_merge merges",
+					decodeWarps, mlkTile, stages, keysShared, blocksPerSM(keysShared, t.SharedPerSM)),
+				Why: join(fits(keysShared))}}
 	case kernels.OpRMSNorm, kernels.OpAddRMSNorm:
 		return []kernels.Variant{{Name: "row_per_block", Params: fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads),
 			Why: join()}}
@@ -151,8 +157,8 @@ func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 }
 
 // UseVariant chooses attention's variants for a head dim, linear's for a
-// shape and mla_prefill's tiling for head dims; the other ops take their
-// single variant's name.
+// shape, mla_prefill's tiling for head dims and mla_decode's variant (for
+// all shapes); the other ops take their single variant's name.
 func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 	if op == kernels.OpLinear {
 		return o.useLinear(key, name)
@@ -182,6 +188,9 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 		o.mlaPrefill[key] = c
 		o.mlaHopperOn[key] = false
 		return nil
+	}
+	if op == kernels.OpMLADecode {
+		return o.useMLADecode(name)
 	}
 	if op != kernels.OpAttnPrefill {
 		if cur := o.VariantFor(op, key); cur == "" || name != cur {
@@ -235,6 +244,8 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 		return o.mlaPrefillFor(key).String()
 	case kernels.OpGroupGemm, kernels.OpMoEExperts:
 		return o.gemmVariantFor(op, key)
+	case kernels.OpMLADecode:
+		return o.mlaDecodeFor()
 	}
 	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
 		return vs[0].Name
