@@ -16,7 +16,7 @@ func TestDumpSources(t *testing.T) {
 	if dir == "" {
 		t.Skip("FUSELM_DUMP_SOURCES is unset")
 	}
-	for _, m := range append(modules(), hopperModule(), gwModule()) {
+	for _, m := range append(modules(), hopperModule(), mlaHopperModule(), gwModule()) {
 		if err := os.WriteFile(filepath.Join(dir, "fused_"+m.File), []byte(cudaset.Source(m)), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -75,11 +75,9 @@ var hopperHeadDims = []int{64, 128}
 
 // prefillHopper makes AttentionPrefill run flash_hopper, where it can (a
 // 9.0 device, head dims 64 and 128), for the head dims no tuning choice
-// covers. Off until the 7B check against HF has run with it: it passed the
-// shared kerneltest and the long cases on the H200 (2026-11-23) at
-// 1.4–1.5× flash_prefill w4_m2; `infer bench attn_prefill --optimize`
-// chooses it per head dim meanwhile. Tests set it.
-var prefillHopper = false
+// covers: 1.4–1.5× flash_prefill w4_m2 on the H200 (2026-11-23, infer bench
+// attn_prefill). Tests set it.
+var prefillHopper = true
 
 // withFlash is a module source of file that starts with mma.cuh and
 // flash.cuh, each behind its own #line.
