@@ -58,14 +58,18 @@ func TestWgmmaHost(t *testing.T) {
 	if err := o.UseVariant(kernels.OpMoEExperts, key, wgmmaVariant); err != nil || o.VariantFor(kernels.OpMoEExperts, key) != wgmmaVariant {
 		t.Errorf("UseVariant grouped_wgmma: %v, now %q", err, o.VariantFor(kernels.OpMoEExperts, key))
 	}
-	if o.VariantFor(kernels.OpGroupGemm, key) != "grouped_mma" {
-		t.Errorf("group_gemm follows moe_experts' choice: %q", o.VariantFor(kernels.OpGroupGemm, key))
-	}
 	if err := o.UseVariant(kernels.OpMoEExperts, "tiling=m16", wgmmaVariant); err == nil {
 		t.Errorf("grouped_wgmma accepted at decode's tiling")
 	}
 	if err := o.UseVariant(kernels.OpMoEExperts, key, "cublas_per_expert"); err != nil || o.VariantFor(kernels.OpMoEExperts, key) != "cublas_per_expert" {
 		t.Errorf("back to cublas_per_expert: %v, now %q", err, o.VariantFor(kernels.OpMoEExperts, key))
+	}
+	untuned := "grouped_mma" // group_gemm's own default where group_wgmma can run
+	if prefillWgmma {
+		untuned = wgmmaVariant
+	}
+	if got := o.VariantFor(kernels.OpGroupGemm, key); got != untuned {
+		t.Errorf("group_gemm follows moe_experts' choice (cublas_per_expert): runs %q, want its own default %q", got, untuned)
 	}
 }
 

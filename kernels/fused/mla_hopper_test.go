@@ -51,8 +51,12 @@ func TestMLAHopperInstances(t *testing.T) {
 		t.Errorf("UseVariant wgmma without mla_hopper: %v, want its error", err)
 	}
 	o.mlaHopper = &mlaHopperKit{configs: map[mlaHeads]mlaHopperConfig{lite: mlaHopperConfigs[0]}}
-	if v := o.VariantFor(kernels.OpMLAPrefill, key); v != mlaPrefillConfig.String() {
-		t.Errorf("untuned, mla_prefill runs %q, want %q (mla_hopper is opt-in)", v, mlaPrefillConfig)
+	untuned := mlaPrefillConfig.String()
+	if mlaPrefillHopper {
+		untuned = mlaHopperVariant
+	}
+	if v := o.VariantFor(kernels.OpMLAPrefill, key); v != untuned {
+		t.Errorf("untuned, mla_prefill runs %q, want %q", v, untuned)
 	}
 	if err := o.UseVariant(kernels.OpMLAPrefill, key, mlaHopperVariant); err != nil || o.VariantFor(kernels.OpMLAPrefill, key) != mlaHopperVariant {
 		t.Errorf("UseVariant wgmma: %v, now %q", err, o.VariantFor(kernels.OpMLAPrefill, key))
