@@ -97,9 +97,18 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 		int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
 		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale))
 	if splits > 1 {
-		o.Launch("attn_merge", b.Rows*a.Heads, cudaset.ThreadsFor(a.HeadDim),
-			o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, int32(a.Heads), int32(splits), int32(a.HeadDim))
+		o.mergeSplits(o.Mat(a.Out), part, stats, b.Rows, a.Heads, splits, a.HeadDim)
 	}
+}
+
+// mergeSplits launches attn_merge: out [rows, heads·d] from the splits'
+// unnormalised outputs part [rows·heads·splits, d] and stats (scaled max,
+// sum) of a flash-decoding kernel. d is a multiple of 4, as every head dim
+// and latent rank the decode kernels are built for is.
+func (o *ops) mergeSplits(out, part, stats cudaset.Mat, rows, heads, splits, d int) {
+	grid := cuda.Dim3{X: uint32(rows * heads), Y: uint32((d + mergeDims - 1) / mergeDims)}
+	o.LaunchGrid("attn_merge", grid, cuda.Dim3{X: mergeWarps * 32}, 0,
+		out.P, int32(out.Pitch), part.P, stats.P, int32(heads), int32(splits), int32(d))
 }
 
 // decodeSplits is how flash-decoding cuts a capacity of maxSeq keys for

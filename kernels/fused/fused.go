@@ -66,6 +66,10 @@ const (
 	// a slice of the output dims) and DEC_STAGES (tiles in flight).
 	decodeWarps  = 4
 	decodeStages = 3
+	// mergeDims and mergeWarps are attn_merge's MERGE_DIMS (the dims of a
+	// block) and MERGE_WARPS (each takes every MERGE_WARPS-th split).
+	mergeDims  = 128
+	mergeWarps = 8
 	// maxGroup is the most query heads per kv head flash_decode takes: the
 	// 16 rows of one mma m-tile.
 	maxGroup = 16

@@ -45,6 +45,25 @@ func TestDecodeSplits(t *testing.T) {
 	}
 }
 
+// TestSourceConstants holds the Go side's launch constants to the defines of
+// the .cu sources they mirror.
+func TestSourceConstants(t *testing.T) {
+	for _, c := range []struct {
+		src, define string
+		value       int
+	}{
+		{attentionSrc, "BN", keyTile},
+		{attentionSrc, "DEC_WARPS", decodeWarps},
+		{attentionSrc, "DEC_STAGES", decodeStages},
+		{attentionSrc, "MERGE_DIMS", mergeDims},
+		{attentionSrc, "MERGE_WARPS", mergeWarps},
+	} {
+		if want := fmt.Sprintf("#define %s %d", c.define, c.value); !strings.Contains(c.src, want) {
+			t.Errorf("the source has no %q", want)
+		}
+	}
+}
+
 // TestVariants checks the tilings fused offers, valid or not and why, and
 // that a tuning choice changes the tiling AttentionPrefill launches.
 func TestVariants(t *testing.T) {

@@ -180,14 +180,18 @@ __device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op,
 	// during, P·V of tile j.
 	for (int j = 0; j + 1 < nw; j++) {
 		const int s = j % STAGES, s1 = (j + 1) % STAGES;
+		// Both waits come before either wgmma is issued: a wait that gives up
+		// returns, and a return with wgmmas in flight is a divergent path on
+		// which ptxas serializes every wgmma of the kernel (C7518). V of tile
+		// j was copied before K of tile j+1, so waiting for it first costs
+		// nothing.
+		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return;
 		if (!mbar_wait(kfull(s1), ((j + 1) / STAGES) & 1, status, HOP_WAIT_K, j + 1)) return;
 		__syncwarp();
+		zero_tail(j, s);
 		wg_fence();
 		issue_qk(sc, s1);
 		wg_commit();
-		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return;
-		__syncwarp();
-		zero_tail(j, s);
 		wg_fence();
 		issue_pv(o, pa, s);
 		wg_commit();

@@ -263,8 +263,7 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
 		int32(chunk), scaleLog2(a.Scale))
 	if splits > 1 {
-		o.Launch("attn_merge", b.Rows*h, cudaset.ThreadsFor(r),
-			olat.P, int32(olat.Pitch), part.P, stats.P, int32(h), int32(splits), int32(r))
+		o.mergeSplits(olat, part, stats, b.Rows, h, splits, r)
 	}
 	o.GemmBatched(true, b.Rows, dv, r, 1, olat, int64(r), w.Sub(dn, 0), perHead, 0, o.Mat(a.Out), int64(dv), h)
 }
