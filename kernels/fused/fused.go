@@ -215,7 +215,7 @@ type ops struct {
 	moeFirst *kernels.Tensor // see moeFirstFor
 
 	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
-	mlaDecode  string                 // the tuning choice of mla_decode's variant, "" for mlaDecodeDefault
+	mlaDecode  map[string]string      // tuning choices of mla_decode's variant by key (mlaDecodeKey, or "" for every batch)
 	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
 	hopper     *hopperKit             // flash_hopper, or why it is absent (hopper.go)
 	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key

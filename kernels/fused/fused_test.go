@@ -407,8 +407,21 @@ func TestMLAKeysVariant(t *testing.T) {
 
 	o := &ops{}
 	key := o.TuningKey(kernels.OpMLADecode, lite)
-	if got := o.VariantFor(kernels.OpMLADecode, key); got != mlaDecodeVariant {
-		t.Errorf("mla_decode runs %q by default, want %q until keys is measured", got, mlaDecodeVariant)
+	one := o.TuningKey(kernels.OpMLADecode, kernels.Shape{"B": 1})
+	if key != "B>=8" || one != "B<8" {
+		t.Errorf("tuning keys %q (batch 16) and %q (batch 1)", key, one)
+	}
+	if got := o.VariantFor(kernels.OpMLADecode, key); got != mlaKeysVariant {
+		t.Errorf("mla_decode runs %q by default at batch 16, want %q", got, mlaKeysVariant)
+	}
+	if got := o.VariantFor(kernels.OpMLADecode, one); got != mlaDecodeVariant {
+		t.Errorf("mla_decode runs %q by default at batch 1, want %q", got, mlaDecodeVariant)
+	}
+	if err := o.UseVariant(kernels.OpMLADecode, "", mlaDecodeVariant); err != nil || o.VariantFor(kernels.OpMLADecode, key) != mlaDecodeVariant {
+		t.Errorf("choosing latent_split for every batch: %v, now %q at batch 16", err, o.VariantFor(kernels.OpMLADecode, key))
+	}
+	if err := o.UseVariant(kernels.OpMLADecode, "B=3", mlaKeysVariant); err == nil {
+		t.Errorf("a tuning key that is no side of %d rows was accepted", mlaKeysMinRows)
 	}
 	if err := o.UseVariant(kernels.OpMLADecode, key, mlaKeysVariant); err != nil || o.VariantFor(kernels.OpMLADecode, key) != mlaKeysVariant {
 		t.Errorf("choosing keys: %v, now %q", err, o.VariantFor(kernels.OpMLADecode, key))

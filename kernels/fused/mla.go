@@ -237,7 +237,7 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	perSM := o.D.Props().MaxSharedPerSM
 	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
 	wave := max(1, perSM/shared) * o.SMs
-	if o.mlaDecodeFor() == mlaKeysVariant {
+	if o.mlaDecodeFor(mlaDecodeKey(a.Batch.Rows)) == mlaKeysVariant {
 		stages := mlaKeysStages(d, perSM)
 		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
 		wave = blocksPerSM(shared, perSM) * o.SMs

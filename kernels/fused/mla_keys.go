@@ -7,8 +7,8 @@ import (
 
 // The "keys" variant of mla_decode (mla_keys.cu): warps score their own keys
 // of 32-key tiles, one shared max per tile, stages counted so that two
-// blocks fit an SM. Opt-in until measured: mlaDecodeDefault names the
-// variant MLADecode runs when no tuning choice names one.
+// blocks fit an SM. MLADecode runs it for batches of mlaKeysMinRows rows or
+// more unless a tuning choice names another variant.
 const (
 	// mlaKeysVariant is mla_decode_keys's name as a variant of mla_decode.
 	mlaKeysVariant = "keys"
@@ -25,9 +25,26 @@ const (
 	mlkBlocksPerSM = 2
 )
 
-// mlaDecodeDefault is the variant MLADecode runs unless a tuning choice
-// names another (a variable, so that tests can run the other).
-var mlaDecodeDefault = mlaDecodeVariant
+// mlaKeysMinRows is the batch from which mla_decode runs keys by default:
+// on the H200 (infer bench mla_decode, 2026-11-23) keys took 27 / 53 / 132
+// µs at batch 16 and 1K / 4K / 16K keys against latent_split's 42 / 64 /
+// 192, while at batch 1 latent_split was as fast or faster (28 against 41
+// µs at 16K).
+const mlaKeysMinRows = 8
+
+// mlaDecodeDefault, when set, is the variant MLADecode runs at every batch
+// that no tuning choice covers (tests set it to run one variant
+// everywhere); unset, the batch decides (mlaKeysMinRows).
+var mlaDecodeDefault = ""
+
+// mlaDecodeKey is mla_decode's tuning key for a batch of rows: the two
+// sides of mlaKeysMinRows.
+func mlaDecodeKey(rows int) string {
+	if rows >= mlaKeysMinRows {
+		return fmt.Sprintf("B>=%d", mlaKeysMinRows)
+	}
+	return fmt.Sprintf("B<%d", mlaKeysMinRows)
+}
 
 // mlaKeysStageCounts are the stage counts mla_decode_keys is instantiated
 // for (MLA_DECODE_KEYS_STAGES).
@@ -60,21 +77,38 @@ func mlaKeysStages(d mlaLatent, perSM int) int {
 // holds, at least one.
 func blocksPerSM(shared, perSM int) int { return max(1, perSM/(shared+blockReserve)) }
 
-// mlaDecodeFor is the variant mla_decode runs: a tuning choice, else
-// mlaDecodeDefault.
-func (o *ops) mlaDecodeFor() string {
-	if o.mlaDecode != "" {
-		return o.mlaDecode
+// mlaDecodeFor is the variant mla_decode runs for tuning key (mlaDecodeKey):
+// the tuning choice for that key, else one made for every batch (key ""),
+// else mlaDecodeDefault, else keys from mlaKeysMinRows rows and
+// latent_split below.
+func (o *ops) mlaDecodeFor(key string) string {
+	if v, ok := o.mlaDecode[key]; ok {
+		return v
 	}
-	return mlaDecodeDefault
+	if v, ok := o.mlaDecode[""]; ok {
+		return v
+	}
+	if mlaDecodeDefault != "" {
+		return mlaDecodeDefault
+	}
+	if key == mlaDecodeKey(mlaKeysMinRows) {
+		return mlaKeysVariant
+	}
+	return mlaDecodeVariant
 }
 
-// useMLADecode records a tuning choice of mla_decode's variant (one for all
-// shapes: the tuning key is empty).
-func (o *ops) useMLADecode(name string) error {
+// useMLADecode records a tuning choice of mla_decode's variant for key: a
+// side of mlaKeysMinRows, or "" for every batch.
+func (o *ops) useMLADecode(key, name string) error {
 	if name != mlaDecodeVariant && name != mlaKeysVariant {
 		return fmt.Errorf("fused has no mla_decode variant %q (it has %q and %q)", name, mlaDecodeVariant, mlaKeysVariant)
 	}
-	o.mlaDecode = name
+	if key != "" && key != mlaDecodeKey(1) && key != mlaDecodeKey(mlaKeysMinRows) {
+		return fmt.Errorf("tuning key %q is not %q, %q or empty", key, mlaDecodeKey(1), mlaDecodeKey(mlaKeysMinRows))
+	}
+	if o.mlaDecode == nil {
+		o.mlaDecode = map[string]string{}
+	}
+	o.mlaDecode[key] = name
 	return nil
 }

@@ -138,8 +138,8 @@ func archAtLeast(arch string, cc int) bool {
 
 // TuningKey is the key of op's problems of shape s: attention's variants
 // are chosen per head dim, linear's per shape (M, N, K), mla_prefill's per
-// head dims, the grouped GEMM's (group_gemm, moe_experts) per tiling; the
-// other kernels have one variant.
+// head dims, the grouped GEMM's (group_gemm, moe_experts) per tiling,
+// mla_decode's by batch (mlaDecodeKey); the other kernels have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 	switch op {
 	case kernels.OpAttnPrefill:
@@ -152,13 +152,16 @@ func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 		return wgmmaKey(configFor(s["M"], s["E"]))
 	case kernels.OpMoEExperts:
 		return wgmmaKey(configFor(s["N"]*s["topk"], s["E"]))
+	case kernels.OpMLADecode:
+		return mlaDecodeKey(s["B"])
 	}
 	return ""
 }
 
 // UseVariant chooses attention's variants for a head dim, linear's for a
 // shape, mla_prefill's tiling for head dims and mla_decode's variant (for
-// all shapes); the other ops take their single variant's name.
+// a side of mlaKeysMinRows rows, or for every batch with key ""); the other
+// ops take their single variant's name.
 func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 	if op == kernels.OpLinear {
 		return o.useLinear(key, name)
@@ -190,7 +193,7 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 		return nil
 	}
 	if op == kernels.OpMLADecode {
-		return o.useMLADecode(name)
+		return o.useMLADecode(key, name)
 	}
 	if op != kernels.OpAttnPrefill {
 		if cur := o.VariantFor(op, key); cur == "" || name != cur {
@@ -245,7 +248,7 @@ func (o *ops) VariantFor(op kernels.Op, key string) string {
 	case kernels.OpGroupGemm, kernels.OpMoEExperts:
 		return o.gemmVariantFor(op, key)
 	case kernels.OpMLADecode:
-		return o.mlaDecodeFor()
+		return o.mlaDecodeFor(key)
 	}
 	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
 		return vs[0].Name
