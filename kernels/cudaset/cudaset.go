@@ -129,6 +129,30 @@ func (k *Kit) Func(name string) *cuda.Func {
 	return f
 }
 
+// NoRoom is FitShared's error when a block cannot hold a kernel's shared
+// memory: Need bytes (dynamic and static) against the Have a block may
+// opt in to.
+type NoRoom struct{ Need, Have int }
+
+func (e NoRoom) Error() string {
+	return fmt.Sprintf("needs %d bytes of shared memory, the device gives a block %d", e.Need, e.Have)
+}
+
+// FitShared readies kernel name to launch with bytes of dynamic shared
+// memory: NoRoom when that and the kernel's static shared memory exceed
+// what a block may have, else the driver's error, if any.
+func (k *Kit) FitShared(name string, bytes int) error {
+	f := k.Func(name)
+	attrs, err := f.Attrs()
+	if err != nil {
+		return err
+	}
+	if need := bytes + attrs.StaticShared; need > k.MaxShared {
+		return NoRoom{Need: need, Have: k.MaxShared}
+	}
+	return f.SetMaxDynamicShared(bytes)
+}
+
 // Need declines the call, panicking with kernels.Unsupported, when a check
 // the set adds to the ops' contract fails: a set calls it before queueing
 // any work, so that the dispatch can run the call on the set's fallback

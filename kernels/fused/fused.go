@@ -181,15 +181,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		}
 	}
 	for name, bytes := range sizes {
-		f := o.Func(name)
-		attrs, err := f.Attrs()
-		if err == nil && bytes+attrs.StaticShared > kit.MaxShared {
-			err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", bytes+attrs.StaticShared, kit.MaxShared)
-		}
-		if err == nil {
-			err = f.SetMaxDynamicShared(bytes)
-		}
-		if err != nil {
+		if err := o.FitShared(name, bytes); err != nil {
 			return nil, fmt.Errorf("fused: %s: %w", name, err)
 		}
 	}

@@ -88,8 +88,7 @@ func newGroupWgmma(k *cudaset.Kit) *gwKit {
 	g := &gwKit{}
 	p := k.D.Props()
 	if p.Arch != hopperArch {
-		g.err = fmt.Errorf("fused: %s: group_wgmma needs NVRTC's target %s (a compute capability 9.0 device, NVRTC 12 or later); %s, compute capability %d.%d, targets %s",
-			wgmmaVariant, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.Arch)
+		g.err = notHopper(p, wgmmaVariant, "group_wgmma")
 		return g
 	}
 	if err := k.AddModule(gwModule()); err != nil {
@@ -101,25 +100,14 @@ func newGroupWgmma(k *cudaset.Kit) *gwKit {
 		p, gu, x := c.kernels()
 		var err error
 		for _, name := range []string{p, gu, x} {
-			f := k.Func(name)
-			attrs, aerr := f.Attrs()
-			switch {
-			case aerr != nil:
-				err = aerr
-			case c.shared()+attrs.StaticShared > k.MaxShared:
-				err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", c.shared()+attrs.StaticShared, k.MaxShared)
-			default:
-				err = f.SetMaxDynamicShared(c.shared())
-			}
-			if err != nil {
+			if err = k.FitShared(name, c.shared()); err != nil {
 				why = append(why, fmt.Sprintf("%s: %v", name, err))
 				break
 			}
 		}
 		if err == nil {
 			g.config = c
-			g.status = k.D.Alloc(kernels.I32, hopperStatusLen)
-			k.D.Zero(g.status)
+			g.status = newWaitStatus(k)
 			return g
 		}
 	}

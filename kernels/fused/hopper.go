@@ -121,8 +121,7 @@ func newHopper(k *cudaset.Kit) *hopperKit {
 	h := &hopperKit{configs: map[int]hopperConfig{}}
 	p := k.D.Props()
 	if p.Arch != hopperArch {
-		h.err = fmt.Errorf("fused: %s: flash_hopper needs NVRTC's target %s (a compute capability 9.0 device, NVRTC 12 or later); %s, compute capability %d.%d, NVRTC %d.%d targets %s",
-			hopperVariant, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, p.Arch)
+		h.err = notHopper(p, hopperVariant, "flash_hopper")
 		return h
 	}
 	if err := k.AddModule(hopperModule()); err != nil {
@@ -131,15 +130,7 @@ func newHopper(k *cudaset.Kit) *hopperKit {
 	}
 	var why []string
 	for _, c := range hopperConfigs {
-		f := k.Func(c.kernel())
-		attrs, err := f.Attrs()
-		if err == nil && c.shared()+attrs.StaticShared > k.MaxShared {
-			err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", c.shared()+attrs.StaticShared, k.MaxShared)
-		}
-		if err == nil {
-			err = f.SetMaxDynamicShared(c.shared())
-		}
-		if err != nil {
+		if err := k.FitShared(c.kernel(), c.shared()); err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
 			continue
 		}
@@ -151,9 +142,23 @@ func newHopper(k *cudaset.Kit) *hopperKit {
 		h.err = fmt.Errorf("fused: %s: no instance fits this device: %v", hopperVariant, why)
 		return h
 	}
-	h.status = k.D.Alloc(kernels.I32, hopperStatusLen)
-	k.D.Zero(h.status)
+	h.status = newWaitStatus(k)
 	return h
+}
+
+// notHopper is why the variant's kernel cannot be built on a device of
+// properties p, whose NVRTC target is not hopperArch.
+func notHopper(p cuda.Props, variant, kernel string) error {
+	return fmt.Errorf("fused: %s: %s needs NVRTC's target %s (a compute capability 9.0 device, NVRTC 12 or later); %s, compute capability %d.%d, NVRTC %d.%d targets %s",
+		variant, kernel, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, p.Arch)
+}
+
+// newWaitStatus is a Hopper kernel's record of a timed-out wait, i32
+// [hopperStatusLen], zero while there is none.
+func newWaitStatus(k *cudaset.Kit) *kernels.Tensor {
+	st := k.D.Alloc(kernels.I32, hopperStatusLen)
+	k.D.Zero(st)
+	return st
 }
 
 // config is the instance for head dim d, or why there is none.

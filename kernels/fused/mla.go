@@ -1,6 +1,7 @@
 package fused
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -112,19 +113,12 @@ func mlaKernels() []mlaKernel {
 func (o *ops) prepareMLA() error {
 	o.noRoom = map[string]string{}
 	for _, k := range mlaKernels() {
-		name, bytes := k.name, k.shared
-		f := o.Func(name)
-		attrs, err := f.Attrs()
-		if err != nil {
-			return fmt.Errorf("fused: %s: %w", name, err)
-		}
-		if bytes+attrs.StaticShared > o.MaxShared {
-			o.noRoom[name] = fmt.Sprintf("%s needs %d bytes of shared memory, the device gives a block %d", name,
-				bytes+attrs.StaticShared, o.MaxShared)
-			continue
-		}
-		if err := f.SetMaxDynamicShared(bytes); err != nil {
-			return fmt.Errorf("fused: %s: %w", name, err)
+		var room cudaset.NoRoom
+		switch err := o.FitShared(k.name, k.shared); {
+		case errors.As(err, &room):
+			o.noRoom[k.name] = k.name + " " + room.Error()
+		case err != nil:
+			return fmt.Errorf("fused: %s: %w", k.name, err)
 		}
 	}
 	return nil

@@ -81,8 +81,7 @@ func newMLAHopper(k *cudaset.Kit) *mlaHopperKit {
 	m := &mlaHopperKit{configs: map[mlaHeads]mlaHopperConfig{}}
 	p := k.D.Props()
 	if p.Arch != hopperArch {
-		m.err = fmt.Errorf("fused: mla_prefill %s: mla_hopper needs NVRTC's target %s (a compute capability 9.0 device, NVRTC 12 or later); %s, compute capability %d.%d, NVRTC %d.%d targets %s",
-			mlaHopperVariant, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, p.Arch)
+		m.err = notHopper(p, "mla_prefill "+mlaHopperVariant, "mla_hopper")
 		return m
 	}
 	if err := k.AddModule(mlaHopperModule()); err != nil {
@@ -91,15 +90,7 @@ func newMLAHopper(k *cudaset.Kit) *mlaHopperKit {
 	}
 	var why []string
 	for _, c := range mlaHopperConfigs {
-		f := k.Func(c.kernel())
-		attrs, err := f.Attrs()
-		if err == nil && c.shared()+attrs.StaticShared > k.MaxShared {
-			err = fmt.Errorf("needs %d bytes of shared memory, the device gives a block %d", c.shared()+attrs.StaticShared, k.MaxShared)
-		}
-		if err == nil {
-			err = f.SetMaxDynamicShared(c.shared())
-		}
-		if err != nil {
+		if err := k.FitShared(c.kernel(), c.shared()); err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
 			continue
 		}
@@ -111,8 +102,7 @@ func newMLAHopper(k *cudaset.Kit) *mlaHopperKit {
 		m.err = fmt.Errorf("fused: mla_prefill %s: no instance fits this device: %v", mlaHopperVariant, why)
 		return m
 	}
-	m.status = k.D.Alloc(kernels.I32, hopperStatusLen)
-	k.D.Zero(m.status)
+	m.status = newWaitStatus(k)
 	return m
 }
 
