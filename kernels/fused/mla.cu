@@ -113,6 +113,48 @@ MLA_PREFILL_DIMS(32, 16, 32)
 // follow the stages; else they reuse the query rows).
 #define MLA_RED_BYTES (DEC_WARPS * (BN / 8) * 2 * 32 * 8)
 
+// mla_split_out is the end of mla_decode and mla_decode_keys for one (row,
+// head), bh, fragment row half i: this warp's o_lat dims (NO/2 groups of 16
+// from group dp0) as o / l rounded to bf16 into olat when the split is the
+// only one, else o unnormalised into part and (m, l), m the scaled max,
+// into stats (written by warp 0's quad leaders).
+template <int R, int NO>
+__device__ __forceinline__ void mla_split_out(const float (&o)[NO][4], int i, float m, float l, long long bh,
+                                              int splits, int split, int dp0, int warp, int lane, bf16* olat,
+                                              float* part, float* stats) {
+	constexpr int DP = R / 16, DPW = NO / 2;
+	if (splits == 1) {
+		const float inv = 1.0f / l;
+		bf16* dst = olat + bh * R + 2 * (lane & 3);
+#pragma unroll
+		for (int x = 0; x < DPW; x++) {
+			const int dp = dp0 + x;
+			if (dp >= DP) break;
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++)
+				*reinterpret_cast<unsigned*>(dst + dp * 16 + hh * 8) =
+				    pack2(o[2 * x + hh][2 * i] * inv, o[2 * x + hh][2 * i + 1] * inv);
+		}
+		return;
+	}
+	const long long at = bh * splits + split;
+	if (warp == 0 && (lane & 3) == 0) {
+		stats[at * 2] = m;
+		stats[at * 2 + 1] = l;
+	}
+#pragma unroll
+	for (int x = 0; x < DPW; x++) {
+		const int dp = dp0 + x;
+		if (dp >= DP) break;
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			float* dst = part + at * R + dp * 16 + hh * 8 + 2 * (lane & 3);
+			dst[0] = o[2 * x + hh][2 * i];
+			dst[1] = o[2 * x + hh][2 * i + 1];
+		}
+	}
+}
+
 template <int R, int DR>
 __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs,
                            const bf16* kn, int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk,
@@ -226,37 +268,8 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 		const int r = (lane >> 2) + i * 8;
 		const float l = quad_sum(st[i].l);
 		if (r >= heads) continue;
-		const long long bh = (long long)b * heads + r;
-		if (splits == 1) {
-			const float inv = 1.0f / l;
-			bf16* dst = olat + bh * R + 2 * (lane & 3);
-#pragma unroll
-			for (int x = 0; x < DPW; x++) {
-				const int dp = dp0 + x;
-				if (dp >= DP) break;
-#pragma unroll
-				for (int hh = 0; hh < 2; hh++)
-					*reinterpret_cast<unsigned*>(dst + dp * 16 + hh * 8) =
-					    pack2(o[2 * x + hh][2 * i] * inv, o[2 * x + hh][2 * i + 1] * inv);
-			}
-			continue;
-		}
-		const long long at = bh * splits + split;
-		if (warp == 0 && (lane & 3) == 0) {
-			stats[at * 2] = st[i].m * scale_log2;
-			stats[at * 2 + 1] = l;
-		}
-#pragma unroll
-		for (int x = 0; x < DPW; x++) {
-			const int dp = dp0 + x;
-			if (dp >= DP) break;
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				float* dst = part + at * R + dp * 16 + hh * 8 + 2 * (lane & 3);
-				dst[0] = o[2 * x + hh][2 * i];
-				dst[1] = o[2 * x + hh][2 * i + 1];
-			}
-		}
+		mla_split_out<R>(o, i, st[i].m * scale_log2, l, (long long)b * heads + r, splits, split, dp0, warp, lane, olat, part,
+		                 stats);
 	}
 }
 

@@ -195,37 +195,8 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 		float l = tileMax[r];
 #pragma unroll
 		for (int w = 1; w < DEC_WARPS; w++) l += tileMax[w * 16 + r];
-		const long long bh = (long long)b * heads + r;
-		if (splits == 1) {
-			const float inv = 1.0f / l;
-			bf16* dst = olat + bh * R + 2 * (lane & 3);
-#pragma unroll
-			for (int x = 0; x < DPW; x++) {
-				const int dp = dp0 + x;
-				if (dp >= DP) break;
-#pragma unroll
-				for (int hh = 0; hh < 2; hh++)
-					*reinterpret_cast<unsigned*>(dst + dp * 16 + hh * 8) =
-					    pack2(o[2 * x + hh][2 * i] * inv, o[2 * x + hh][2 * i + 1] * inv);
-			}
-			continue;
-		}
-		const long long at = bh * splits + split;
-		if (warp == 0 && (lane & 3) == 0) {
-			stats[at * 2] = st[i].m * scale_log2;
-			stats[at * 2 + 1] = l;
-		}
-#pragma unroll
-		for (int x = 0; x < DPW; x++) {
-			const int dp = dp0 + x;
-			if (dp >= DP) break;
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				float* dst = part + at * R + dp * 16 + hh * 8 + 2 * (lane & 3);
-				dst[0] = o[2 * x + hh][2 * i];
-				dst[1] = o[2 * x + hh][2 * i + 1];
-			}
-		}
+		mla_split_out<R>(o, i, st[i].m * scale_log2, l, (long long)b * heads + r, splits, split, dp0, warp, lane, olat, part,
+		                 stats);
 	}
 }
 
