@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/fuselm/fuselm/kernels/cudaset"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
@@ -77,19 +76,7 @@ func TestWgmmaHost(t *testing.T) {
 // report, and fails on a serialized wgmma pipeline or a setmaxnreg ignored
 // (C75xx); spills are logged (the gathering n256 instance has 4 bytes).
 func TestWgmmaCompiles(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	p := dev.Props()
-	if p.Arch != hopperArch {
-		t.Skipf("group_wgmma compiles for %s only; %s is %s", hopperArch, p.Name, p.Arch)
-	}
-	log, _, err := dev.CompileLog("fused_group_wgmma.cu", cudaset.Source(gwModule()), "--ptxas-options=-v")
-	t.Logf("NVRTC %d.%d; log:\n%s", p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(log, "C75") {
-		t.Errorf("ptxas warns about the wgmma pipeline (see the log above)")
-	}
+	hopperCompileReport(t, gwModule(), "FUSELM_WGMMA_CUBIN", true)
 }
 
 // TestWgmmaKernels runs the shared kerneltest with group_wgmma chosen for

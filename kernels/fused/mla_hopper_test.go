@@ -73,25 +73,13 @@ func TestMLAHopperInstances(t *testing.T) {
 // mla_hopper cannot exist (no GPU, not a 9.0 device, NVRTC too old).
 func openMLAHopper(t *testing.T) (*cuda.Device, *ops) {
 	t.Helper()
-	dev := kerneltest.OpenCUDA(t)
-	if p := dev.Props(); p.Arch != hopperArch {
-		t.Skipf("mla_hopper runs on %s only; %s (compute capability %d.%d) is %s", hopperArch, p.Name, p.CCMajor, p.CCMinor, p.Arch)
-	}
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
-	if o.mlaHopper.err != nil {
-		t.Fatalf("mla_hopper is absent: %v", o.mlaHopper.err)
-	}
-	return dev, o
+	return openHopperSet(t, "mla_hopper", func(o *ops) error { return o.mlaHopper.err })
 }
 
 // TestMLAHopperCompiles is TestHopperCompiles for mla_hopper.cu; with
 // FUSELM_MLA_HOPPER_CUBIN=path it writes the cubin there.
 func TestMLAHopperCompiles(t *testing.T) {
-	hopperCompileReport(t, mlaHopperModule(), "FUSELM_MLA_HOPPER_CUBIN")
+	hopperCompileReport(t, mlaHopperModule(), "FUSELM_MLA_HOPPER_CUBIN", false)
 	_, o := openMLAHopper(t)
 	for _, c := range mlaHopperConfigs {
 		a, err := o.Func(c.kernel()).Attrs()
