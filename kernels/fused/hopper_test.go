@@ -355,17 +355,7 @@ func TestHopperLong(t *testing.T) {
 		}
 		for _, hopper := range []bool{false, true} {
 			o.hopperOn[fmt.Sprintf("D=%d", c.d)] = hopper
-			o.AttentionPrefill(p.args()) // warm
-			const reps = 5
-			m0 := dev.Mark()
-			for range reps {
-				o.AttentionPrefill(p.args())
-			}
-			ms, err := dev.Elapsed(m0, dev.Mark())
-			if err != nil {
-				t.Fatal(err)
-			}
-			ms /= reps
+			ms := msPerCall(t, dev, func() { o.AttentionPrefill(p.args()) })
 			name := prefillConfig.String()
 			if hopper {
 				name = hopperVariant + " " + o.hopper.configs[c.d].kernel()
@@ -376,6 +366,23 @@ func TestHopperLong(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// msPerCall is call's device time in ms, the mean of 5 calls after one to
+// warm up, timed by events.
+func msPerCall(t *testing.T, dev *cuda.Device, call func()) float64 {
+	t.Helper()
+	const reps = 5
+	call()
+	m0 := dev.Mark()
+	for range reps {
+		call()
+	}
+	ms, err := dev.Elapsed(m0, dev.Mark())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms / reps
 }
 
 // TestHopperKernelTest runs the shared kernel test with flash_hopper as

@@ -252,17 +252,7 @@ func TestMLAHopperLong(t *testing.T) {
 		}
 		for _, hopper := range []bool{false, true} {
 			o.mlaHopperOn[mlaHopperKey] = hopper
-			o.MLAPrefill(p.args()) // warm
-			const reps = 5
-			m0 := dev.Mark()
-			for range reps {
-				o.MLAPrefill(p.args())
-			}
-			ms, err := dev.Elapsed(m0, dev.Mark())
-			if err != nil {
-				t.Fatal(err)
-			}
-			ms /= reps
+			ms := msPerCall(t, dev, func() { o.MLAPrefill(p.args()) })
 			name := mlaPrefillConfig.String()
 			if hopper {
 				name = mlaHopperVariant + " " + o.mlaHopper.configs[mlaHeads{d.nope, d.rope, d.v}].kernel()
