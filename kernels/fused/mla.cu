@@ -113,6 +113,23 @@ MLA_PREFILL_DIMS(32, 16, 32)
 // follow the stages; else they reuse the query rows).
 #define MLA_RED_BYTES (DEC_WARPS * (BN / 8) * 2 * 32 * 8)
 
+// mla_pc adds P·C of k-step kk (keys [16kk, 16kk+16) of the tile at kT,
+// whose first R columns are C; pa P's A fragment) to this warp's o_lat dims
+// (NO/2 groups of 16 from group dp0): mla_decode's and mla_decode_keys's.
+template <int R, typename T, int NO>
+__device__ __forceinline__ void mla_pc(float (&o)[NO][4], const unsigned (&pa)[4], unsigned kT, int kk, int dp0, int lane) {
+	constexpr int DP = R / 16, DPW = NO / 2;
+#pragma unroll
+	for (int x = 0; x < DPW; x++) {
+		const int dp = dp0 + x;
+		if (dp >= DP) break;
+		unsigned vb[4];
+		ldsm_x4_t(vb, T::at(kT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+		mma16816(o[2 * x], pa, vb[0], vb[1]);
+		mma16816(o[2 * x + 1], pa, vb[2], vb[3]);
+	}
+}
+
 // mla_split_out is the end of mla_decode and mla_decode_keys for one (row,
 // head), bh, fragment row half i: this warp's o_lat dims (NO/2 groups of 16
 // from group dp0) as o / l rounded to bf16 into olat when the split is the
@@ -248,15 +265,7 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 		for (int kk = 0; kk < NT / 2; kk++) {
 			unsigned pa[4];
 			p_frag<NT>(pa, s, kk);
-#pragma unroll
-			for (int x = 0; x < DPW; x++) {
-				const int dp = dp0 + x;
-				if (dp >= DP) break;
-				unsigned vb[4];
-				ldsm_x4_t(vb, T::at(kT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-				mma16816(o[2 * x], pa, vb[0], vb[1]);
-				mma16816(o[2 * x + 1], pa, vb[2], vb[3]);
-			}
+			mla_pc<R, T>(o, pa, kT, kk, dp0, lane);
 		}
 		__syncthreads(); // the stage, and red, are free again
 	}

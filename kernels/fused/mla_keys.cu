@@ -153,28 +153,14 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 			st[i].l = st[i].l * alpha[i] + s[2 * i] + s[2 * i + 1]; // this thread's share of the row's sum
 			pOut[(r * MLK_PP + kw + 2 * (lane & 3)) / 2] = pack2(s[2 * i], s[2 * i + 1]);
 		}
-#pragma unroll
-		for (int d = 0; d < 2 * DPW; d++) {
-			o[d][0] *= alpha[0];
-			o[d][1] *= alpha[0];
-			o[d][2] *= alpha[1];
-			o[d][3] *= alpha[1];
-		}
+		rescale(o, alpha);
 		__syncthreads(); // p is whole; tileMax is read
 		// o_lat += P·C over the warp's dims; C is the tile's first R columns.
 #pragma unroll
 		for (int kk = 0; kk < MLK_BN / 16; kk++) {
 			unsigned pa[4];
 			ldsm_x4(pa, sP + (lane & 15) * (MLK_PP * 2) + (kk * 16 + (lane >> 4) * 8) * 2);
-#pragma unroll
-			for (int x = 0; x < DPW; x++) {
-				const int dp = dp0 + x;
-				if (dp >= DP) break;
-				unsigned vb[4];
-				ldsm_x4_t(vb, T::at(kT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-				mma16816(o[2 * x], pa, vb[0], vb[1]);
-				mma16816(o[2 * x + 1], pa, vb[2], vb[3]);
-			}
+			mla_pc<R, T>(o, pa, kT, kk, dp0, lane);
 		}
 	}
 	cp_wait<0>();
