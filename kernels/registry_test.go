@@ -167,7 +167,17 @@ func TestParseShape(t *testing.T) {
 	if err != nil || s.String() != "B=4,H=32,D=128,N=4096,causal=1" {
 		t.Errorf("ParseShape: %v, %v", s, err)
 	}
+	if s.DType(kernels.BF16) != kernels.BF16 {
+		t.Errorf("a shape without dt is of the activations' type, not %v", s.DType(kernels.BF16))
+	}
+	s, err = kernels.ParseShape("dt=f16,N=4096,D=128")
+	if err != nil || s.String() != "D=128,N=4096,dt=f16" || s.DType(kernels.BF16) != kernels.F16 {
+		t.Errorf("ParseShape with dt: %v, %v", s, err)
+	}
 	for in, want := range map[string]string{
+		"dt=f8":        "is not one of [f32 bf16 f16]",
+		"dt=2":         "is not one of",
+		"dt=i32":       "is not one of",
 		"B=4,B=5":      "given twice",
 		"B":            "not NAME=VALUE",
 		"=3":           "not NAME=VALUE",
