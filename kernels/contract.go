@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // The contract checks of the Ops methods: the shapes and dtypes every kernel
@@ -131,21 +132,28 @@ func cacheFor(cache *Tensor, act DType, b *Batch, heads, dim int) bool {
 	return isAct(cache, act) && cache.Packed() && cache.Cols() == dim && cache.Rows() == b.Rows*heads*b.MaxSeq
 }
 
-// Check checks the operands of an attention op (see AttnArgs).
-func (a *AttnArgs) Check(op Op, act DType, prefill bool) {
+// Check checks the operands of an attention op (see AttnArgs): all of one
+// element type, act, or, for a prefill, one of also: the other types the
+// caller's kernels take (f16, where a set measures attention in it for the
+// kernel benchmarks; a model's attention runs on its activations).
+func (a *AttnArgs) Check(op Op, act DType, prefill bool, also ...DType) {
 	b := a.Batch
 	b.Check(op, a.Q.Rows(), prefill)
 	need(a.KVHeads > 0 && a.Heads%a.KVHeads == 0 && a.HeadDim > 0, op,
 		"%d heads over %d kv heads of %d dims", a.Heads, a.KVHeads, a.HeadDim)
 	qw, kw := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
-	needActs(op, act, "Q", a.Q, "Out", a.Out, "K", a.K, "V", a.V)
+	dt := act
+	if prefill && slices.Contains(also, a.Q.DType) {
+		dt = a.Q.DType
+	}
+	needActs(op, dt, "Q", a.Q, "Out", a.Out, "K", a.K, "V", a.V)
 	need(a.Q.Cols() == qw, op, "q %v", a.Q)
 	need(rowsCols(a.Out, b.Tokens, qw), op, "out %v", a.Out)
 	for _, t := range []*Tensor{a.K, a.V} {
 		need(rowsCols(t, b.Tokens, kw), op, "new keys or values %v", t)
 	}
 	for _, t := range []*Tensor{a.KCache, a.VCache} {
-		need(cacheFor(t, act, b, a.KVHeads, a.HeadDim), op, "cache %v for %d rows × %d kv heads × %d positions × %d",
+		need(cacheFor(t, dt, b, a.KVHeads, a.HeadDim), op, "cache %v for %d rows × %d kv heads × %d positions × %d",
 			t, b.Rows, a.KVHeads, b.MaxSeq, a.HeadDim)
 	}
 }

@@ -57,9 +57,10 @@ func (s rowSpans) end(b int) int { return s.past[b] + s.start[b+1] - s.start[b] 
 
 // AttentionPrefill appends the new keys and values to the caches, then runs
 // causal grouped-query attention of every new token over its row's cache.
+// Its operands may be f16 besides the activations' type (see ops).
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
-	a.Check(kernels.OpAttnPrefill, o.dev.ActDType(), true)
-	o.attention(kernels.OpAttnPrefill, a, prefillSpans(a.Batch))
+	a.Check(kernels.OpAttnPrefill, o.dev.ActDType(), true, kernels.F16)
+	o.as(a.Q.DType).attention(kernels.OpAttnPrefill, a, prefillSpans(a.Batch))
 }
 
 // AttentionDecode is AttentionPrefill for one token per row, at the row
@@ -70,7 +71,7 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 }
 
 // attention: Out, Q [T, Heads·D]; K, V [T, KVHeads·D]; caches
-// [B, KVHeads, MaxSeq, D], all act. Query head h reads kv head
+// [B, KVHeads, MaxSeq, D], all o.act. Query head h reads kv head
 // h/(Heads/KVHeads); token t at position p attends to cache positions 0..p.
 // Scores, softmax and the weighted sum of values are f32 (with bf16
 // activations, as SDPA computes them: see weightedSum); the output is

@@ -271,6 +271,44 @@ func TestBF16Attention(t *testing.T) {
 	}
 }
 
+// TestF16AttentionPrefill: a prefill takes f16 operands on an f32 and on a
+// bf16 device (the kernel benchmarks' fp16 rows) and computes them in f32,
+// p unrounded: TestBF16Attention's problem gives (−1 + 129e)/(1+e) =
+// 42.431, 42.4375 in f16, where bf16 operands give 42.25. A decode, or a
+// prefill mixing f16 and the activations, is refused.
+func TestF16AttentionPrefill(t *testing.T) {
+	const scale = -0.68975294 // ln 0.5017
+	const d = 8
+	for _, act := range []kernels.DType{kernels.F32, kernels.BF16} {
+		f := newFixtureAct(t, 36, act)
+		first := func(v0, v1 float32) []float32 {
+			v := make([]float32, 2*d)
+			v[0], v[d] = v0, v1
+			return v
+		}
+		args := func(dt, cache kernels.DType) *kernels.AttnArgs {
+			return &kernels.AttnArgs{Out: f.dev.Alloc(dt, 1, d), Q: f.tensor(dt, first(1, 0)[:d], 1, d),
+				K: f.tensor(dt, first(1, 0)[:d], 1, d), V: f.tensor(dt, first(129, 0)[:d], 1, d),
+				KCache: f.tensor(cache, first(0, 0), 1, 1, 2, d), VCache: f.tensor(cache, first(-1, 0), 1, 1, 2, d),
+				Batch: f.batch([]int{1}, []int{1}, 2), Heads: 1, KVHeads: 1, HeadDim: d, Scale: scale}
+		}
+		a := args(kernels.F16, kernels.F16)
+		f.ops.AttentionPrefill(a)
+		f.sync()
+		want := make([]float64, d)
+		want[0] = 42.4375
+		assertExact(t, fmt.Sprintf("%s device: out", act), f.read(a.Out), want)
+		assertExact(t, fmt.Sprintf("%s device: v cache", act), f.read(a.VCache), widen(first(-1, 129)))
+
+		if msg := panicMessage(func() { f.ops.AttentionDecode(args(kernels.F16, kernels.F16)) }); !strings.Contains(msg, "want "+act.String()) {
+			t.Errorf("%s device: an f16 decode: %q", act, msg)
+		}
+		if msg := panicMessage(func() { f.ops.AttentionPrefill(args(kernels.F16, act)) }); !strings.Contains(msg, "cache "+act.String()) {
+			t.Errorf("%s device: f16 operands over %s caches: %q", act, act, msg)
+		}
+	}
+}
+
 // MLA decompresses the cache with kv_b_proj and rounds k_nope and v to bf16,
 // then attends as Attention does: held against a float64 model of that,
 // which its f32 sums may leave on the other side of a rounding boundary for

@@ -17,7 +17,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if !ok {
 		return nil, fmt.Errorf("the cpu kernel set runs on the cpu device, not on %s", dev.Name())
 	}
-	return &ops{dev: d, bf16: d.act == kernels.BF16}, nil
+	return &ops{dev: d, act: d.act, bf16: d.act == kernels.BF16}, nil
 }
 
 // ops implements kernels.Ops on a Device. Activations are f32 tensors of the
@@ -55,10 +55,21 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //
 // Embedding copies rows (rounding an f32 table); Argmax reads widened
 // values; MoERoute is f32 as HF's router.
+//
+// AttentionPrefill also takes f16 operands (the contract allows them for
+// the kernel benchmarks' fp16 rows): it then reads and writes f16 and
+// computes in f32 throughout, p unrounded, as the reference the f16
+// kernels are held against.
 type ops struct {
 	dev  *Device
-	bf16 bool // the activations are bf16
+	act  kernels.DType // the activations' type, which the views take besides f32
+	bf16 bool          // act is bf16: round where HF's bf16 path rounds
 }
+
+// as is o for an op's operands of type dt (the device's activations, or
+// the f16 of an f16 prefill): views take dt, and nothing is rounded to
+// bf16 unless dt is bf16.
+func (o *ops) as(dt kernels.DType) *ops { return &ops{dev: o.dev, act: dt, bf16: dt == kernels.BF16} }
 
 // Embedding is out[i,:] = table[ids[i],:]: out [N,D] act; table [V,D] any
 // float type; ids [N] i32. A row whose id is out of range is zeroed and

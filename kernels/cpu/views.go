@@ -39,16 +39,16 @@ func floats(op kernels.Op, arg string, t *kernels.Tensor) mat {
 }
 
 // actArg is the view of an activation: an f32 tensor, or one of the
-// device's activation type; it panics, naming the op and argument, for
+// activation type o.act; it panics, naming the op and argument, for
 // anything else.
 func (o *ops) actArg(op kernels.Op, arg string, t *kernels.Tensor) wmat {
 	if t == nil {
 		panic(fmt.Sprintf("cpu: %s: %s is nil", op, arg))
 	}
-	if _, err := hostBuffer(t); err != nil || t.DType != kernels.F32 && t.DType != o.dev.act {
+	if _, err := hostBuffer(t); err != nil || t.DType != kernels.F32 && t.DType != o.act {
 		want := "an f32"
-		if o.dev.act != kernels.F32 {
-			want = "an f32 or " + o.dev.act.String()
+		if o.act != kernels.F32 {
+			want = "an f32 or " + o.act.String()
 		}
 		panic(fmt.Sprintf("cpu: %s: %s is %v (%T), want %s tensor of the cpu device", op, arg, t, t.Buf, want))
 	}
@@ -56,7 +56,7 @@ func (o *ops) actArg(op kernels.Op, arg string, t *kernels.Tensor) wmat {
 }
 
 // in returns activation t as float32: t's own elements when t is f32, else
-// a packed copy widened from bf16.
+// a packed copy widened from its 16-bit type.
 func (o *ops) in(op kernels.Op, arg string, t *kernels.Tensor) mat {
 	w := o.actArg(op, arg, t)
 	if t.DType == kernels.F32 {
@@ -71,7 +71,7 @@ func (o *ops) in(op kernels.Op, arg string, t *kernels.Tensor) mat {
 
 // out returns the float32 matrix an op writes activation t through, and
 // commit, which completes the write: for an f32 t, t's own elements and
-// nothing to do; for a bf16 t, a packed scratch matrix that commit rounds
+// nothing to do; for a 16-bit t, a packed scratch matrix that commit rounds
 // into t. Every op's outputs are rounded so, once, at the end.
 func (o *ops) out(op kernels.Op, arg string, t *kernels.Tensor) (m mat, commit func()) {
 	return o.writable(op, arg, t, false)
