@@ -201,8 +201,9 @@ func TestDTypeTable(t *testing.T) {
 	}{
 		{kernels.F32, kernels.BF16, true}, {kernels.BF16, kernels.BF16, true}, {kernels.F16, kernels.BF16, true},
 		{kernels.F32, kernels.F32, true}, {kernels.BF16, kernels.F32, true}, {kernels.F16, kernels.F32, true},
-		{kernels.I32, kernels.I32, true}, {kernels.F16, kernels.F16, true},
-		{kernels.F32, kernels.I32, false}, {kernels.I32, kernels.F32, false}, {kernels.F32, kernels.F16, false},
+		{kernels.I32, kernels.I32, true}, {kernels.F16, kernels.F16, true}, {kernels.F32, kernels.F16, true},
+		{kernels.BF16, kernels.F16, true},
+		{kernels.F32, kernels.I32, false}, {kernels.I32, kernels.F32, false}, {kernels.I32, kernels.F16, false},
 	} {
 		if got := convertible(c.src, c.dst); got != c.ok {
 			t.Errorf("convertible(%v, %v) = %v", c.src, c.dst, got)

@@ -69,7 +69,7 @@ func (d *Device) transferable(what string) error {
 
 // Upload copies raw little-endian host elements of type src into the packed
 // tensor t, converting them to t's type on the host: f32, bf16 or f16 into
-// bf16 or f32 (rounding to nearest even), f16 into f16, i32 into i32. The
+// any of them (rounding to nearest even), i32 into i32. The
 // data goes through two pinned buffers in turn, so that converting one
 // chunk overlaps the copy of the last; Upload returns once data has been
 // read, with the last copies still queued on the stream.
@@ -209,9 +209,9 @@ func (d *Device) read(t *kernels.Tensor) ([]byte, error) {
 // convertible reports whether convert handles src into dst.
 func convertible(src, dst kernels.DType) bool {
 	switch dst {
-	case kernels.BF16, kernels.F32:
+	case kernels.BF16, kernels.F32, kernels.F16:
 		return src == kernels.F32 || src == kernels.BF16 || src == kernels.F16
-	case kernels.F16, kernels.I32:
+	case kernels.I32:
 		return src == dst
 	}
 	return false
@@ -274,6 +274,16 @@ func convertRange(dst []byte, dt kernels.DType, src []byte, st kernels.DType, lo
 		for i, v := range s {
 			o[i] = f16ToF32(v)
 		}
+	case st == kernels.F32 && dt == kernels.F16:
+		s, o := u32s(src, lo, hi), u16s(dst, lo, hi)
+		for i, v := range s {
+			o[i] = f32ToF16(v)
+		}
+	case st == kernels.BF16 && dt == kernels.F16:
+		s, o := u16s(src, lo, hi), u16s(dst, lo, hi)
+		for i, v := range s {
+			o[i] = f32ToF16(uint32(v) << 16)
+		}
 	default:
 		panic(fmt.Sprintf("cuda: no conversion of %v into %v", st, dt))
 	}
@@ -299,6 +309,40 @@ func f32ToBF16(f uint32) uint16 {
 		return uint16(f>>16) | 0x40
 	}
 	return uint16((f + 0x7fff + (f>>16)&1) >> 16)
+}
+
+// f32ToF16 rounds float32 bits to IEEE half bits, to nearest even:
+// overflow gives ±inf, magnitudes below half's normals its subnormals or
+// ±0, NaNs stay NaN (quiet, sign kept).
+func f32ToF16(f uint32) uint16 {
+	sign := uint16(f>>16) & 0x8000
+	exp, man := int(f>>23)&0xff, f&0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15 // half's biased exponent
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 { // a subnormal half: the 24-bit significand shifted right by 14-e, rounded
+		if e < -10 {
+			return sign // below half the smallest subnormal
+		}
+		m, shift := man|0x800000, uint(14-e)
+		r, rem, half := m>>shift, m&(1<<shift-1), uint32(1)<<(shift-1)
+		if rem > half || rem == half && r&1 == 1 {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	r := uint32(e)<<10 | man>>13
+	if rem := man & 0x1fff; rem > 0x1000 || rem == 0x1000 && r&1 == 1 {
+		r++ // a carry into the exponent is still the right answer, up to inf
+	}
+	return sign | uint16(r)
 }
 
 // f16ToF32 widens IEEE half bits to float32 bits exactly.
