@@ -1,6 +1,7 @@
 package fused
 
 import (
+	"fmt"
 	"math"
 	"slices"
 
@@ -15,10 +16,17 @@ const (
 	scrStats = "attn.stats" // flash_decode: each split's (max, sum) f32 [B·heads·splits, 2]
 )
 
+// actType is the activations' element type on a CUDA device
+// (cuda.Device.ActDType): the type flash_prefill's tilings take, and an
+// attention shape's when it names none.
+const actType = kernels.BF16
+
 // checkAttn is the ops' contract plus what the kernels need: a head dim
-// they are instantiated for, and rows that allow 16-byte loads.
+// they are instantiated for, and rows that allow 16-byte loads. A prefill
+// may have f16 operands (flash_hopper's f16 instances; AttentionPrefill
+// declines them where those cannot run).
 func (o *ops) checkAttn(op kernels.Op, a *kernels.AttnArgs, prefill bool) {
-	a.Check(op, o.D.ActDType(), prefill)
+	a.Check(op, o.D.ActDType(), prefill, kernels.F16)
 	o.Need(slices.Contains(headDims, a.HeadDim), op, "head dim %d: the fused kernels take %v (attn=naive runs any)", a.HeadDim, headDims)
 	for _, t := range []*kernels.Tensor{a.Q, a.K, a.V, a.KCache, a.VCache} {
 		o.Need(t.Pitch%cudaset.VecWidth == 0 && o.D.Ptr(t)%16 == 0, op, "%v does not start its rows on 16-byte boundaries", t)
@@ -32,18 +40,28 @@ func scaleLog2(scale float32) float32 { return scale * math.Log2E }
 // AttentionPrefill appends the new keys and values to the cache
 // (kv_append), then runs flash_prefill over every row's new tokens at once:
 // a block per prefillConfig.rows() queries of one row and head; or
-// flash_hopper (hopper.go) where it is chosen for the head dim.
+// flash_hopper (hopper.go) where it is chosen for the head dim. f16
+// operands run flash_hopper only: elsewhere the call is declined.
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	op := kernels.OpAttnPrefill
 	o.checkAttn(op, a, true)
+	dt := a.Q.DType
+	key := prefillKey(a.HeadDim, dt)
+	hc, hopper := o.hopperFor(key, dt, a.HeadDim)
+	if !hopper && dt != actType {
+		why := fmt.Sprintf("it is not chosen for %s", key)
+		if _, err := o.hopper.config(dt, a.HeadDim); err != nil {
+			why = err.Error()
+		}
+		o.Need(false, op, "%v operands: flash_prefill's tiles take bf16 only, and flash_hopper does not run them here: %s", dt, why)
+	}
 	b := a.Batch
-	o.AppendKV(a.KCache, a.VCache, a.K, a.V, b, a.KVHeads, a.HeadDim)
+	o.AppendKV(a.KCache, a.VCache, a.K, a.V, b, a.KVHeads, a.HeadDim) // 2-byte elements moved as they are: bf16 or f16
 	longest := 0
 	for r := range b.Rows {
 		longest = max(longest, b.Start[r+1]-b.Start[r])
 	}
-	key := o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": a.HeadDim})
-	if hc, ok := o.hopperFor(key, a.HeadDim); ok {
+	if hopper {
 		o.hopperPrefill(hc, a, longest, !a.NonCausal)
 		return
 	}

@@ -70,10 +70,12 @@ template <int N> __device__ __forceinline__ void rescale(float (&o)[N][4], const
 }
 
 // p_frag is the A fragment of P for keys [16kk, 16kk+16) of an m-tile whose
-// p = exp2(...) sit in C fragments s: two n-tiles of C make one k-step of A.
-template <int NT> __device__ __forceinline__ void p_frag(unsigned (&a)[4], const float (&s)[NT][4], int kk) {
-	a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-	a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-	a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-	a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+// p = exp2(...) sit in C fragments s: two n-tiles of C make one k-step of A,
+// p rounded to T (bf16, or half_bits for flash_hopper's f16 instances).
+template <int NT, typename T = bf16>
+__device__ __forceinline__ void p_frag(unsigned (&a)[4], const float (&s)[NT][4], int kk) {
+	a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+	a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+	a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+	a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }

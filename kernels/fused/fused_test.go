@@ -120,11 +120,12 @@ func TestVariants(t *testing.T) {
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err == nil || !strings.Contains(err.Error(), "no Hopper here") {
 		t.Errorf("UseVariant wgmma without flash_hopper: %v, want its error", err)
 	}
-	o.hopper = &hopperKit{configs: map[int]hopperConfig{128: {128, 3}}}
+	bf128 := hopperHead{kernels.BF16, 128}
+	o.hopper = &hopperKit{configs: map[hopperHead]hopperConfig{bf128: {bf128, 3}}}
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != hopperVariant {
 		t.Errorf("UseVariant wgmma: %v, now %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
-	if c, ok := o.hopperFor("D=64", 64); ok {
+	if c, ok := o.hopperFor("D=64", kernels.BF16, 64); ok {
 		t.Errorf("D=64 runs flash_hopper %v untuned", c)
 	}
 	if err := o.UseVariant(kernels.OpAttnPrefill, "D=64", hopperVariant); err == nil {
@@ -153,6 +154,74 @@ func TestVariants(t *testing.T) {
 	}
 	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "w4_m2"); err == nil {
 		t.Errorf("a prefill tiling accepted as a decode variant")
+	}
+}
+
+// TestVariantsF16 checks attn_prefill's f16 problems (kbench's dt=f16
+// rows): only flash_hopper takes them, each tiling says why it does not,
+// and their tuning key is apart from bf16's, so that a choice for one
+// never runs the other.
+func TestVariantsF16(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	f16 := func(d int) kernels.Shape { return kernels.Shape{"D": d, kernels.ShapeDType: int(kernels.F16)} }
+	vs := variants(kernels.OpAttnPrefill, f16(128), h200)
+	if len(vs) != 5 || vs[4].Name != hopperVariant || !vs[4].Valid() || !strings.Contains(vs[4].Params, "dtype=f16") {
+		t.Fatalf("D=128 f16 on sm_90a: %+v, want the 4 tilings and a valid wgmma", vs)
+	}
+	for _, v := range vs[:4] {
+		if v.Valid() || !strings.Contains(v.Why, "f16 operands: flash_prefill's mma.sync tiles take bf16 only") {
+			t.Errorf("tiling %s with f16: %+v, want it refused for the type", v.Name, v)
+		}
+	}
+	if vs := variants(kernels.OpAttnPrefill, f16(64), h200); len(vs) != 5 || !vs[4].Valid() || !strings.Contains(vs[4].Params, "stages=4") {
+		t.Errorf("D=64 f16 on sm_90a: %+v, want wgmma with 4 stages", vs)
+	}
+	if vs := variants(kernels.OpAttnPrefill, f16(96), h200); len(vs) != 5 || !strings.Contains(vs[4].Why, "head dim 96") {
+		t.Errorf("D=96 f16 on sm_90a: %+v, want wgmma refused for its head dim", vs)
+	}
+	for _, v := range variants(kernels.OpAttnPrefill, f16(128), kernels.Targets["sm_80"]) {
+		if v.Valid() {
+			t.Errorf("D=128 f16 on sm_80: %+v valid, want nothing (no flash_hopper)", v)
+		}
+	}
+	f32 := kernels.Shape{"D": 128, kernels.ShapeDType: int(kernels.F32)}
+	if vs := variants(kernels.OpAttnPrefill, f32, h200); vs[4].Valid() || !strings.Contains(vs[4].Why, "f32 operands") {
+		t.Errorf("D=128 f32: %+v, want wgmma refused for the type", vs[4])
+	}
+
+	o := &ops{prefill: map[string]flashConfig{}}
+	key := o.TuningKey(kernels.OpAttnPrefill, f16(128))
+	if key != "D=128,dt=f16" || o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128}) != "D=128" {
+		t.Fatalf("tuning keys %q and %q", key, o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128}))
+	}
+	bf128, f128 := hopperHead{kernels.BF16, 128}, hopperHead{kernels.F16, 128}
+	o.hopper = &hopperKit{configs: map[hopperHead]hopperConfig{bf128: {bf128, 3}}}
+	if v := o.VariantFor(kernels.OpAttnPrefill, key); v != "" {
+		t.Errorf("f16 without an f16 instance runs %q, want none of fused's", v)
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err == nil || !strings.Contains(err.Error(), "f16, head dim 128") {
+		t.Errorf("UseVariant wgmma for f16 with bf16 instances only: %v", err)
+	}
+	o.hopper.configs[f128] = hopperConfig{f128, 3}
+	if v := o.VariantFor(kernels.OpAttnPrefill, key); v != hopperVariant {
+		t.Errorf("f16 with its instance runs %q", v)
+	}
+	if c, ok := o.hopperFor(key, kernels.F16, 128); !ok || c.kernel() != "flash_hopper_f16_d128_s3" {
+		t.Errorf("f16 D=128 runs %v, %v", c, ok)
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w4_m2"); err == nil || !strings.Contains(err.Error(), "bf16 only") {
+		t.Errorf("a tiling chosen for f16: %v", err)
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, "D=128", "w8_m2"); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != hopperVariant {
+		t.Errorf("a bf16 choice moved f16: %v, f16 runs %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
+	}
+	if err := o.UseVariant(kernels.OpAttnPrefill, "dt=f16,D=128", hopperVariant); err != nil || !o.hopperOn[key] {
+		t.Errorf("a key in another order: %v, choices %v", err, o.hopperOn)
+	}
+	for _, bad := range []string{"D=128,dt=f32", "D=128,N=4", "dt=f16", "D=128,dt=q8"} {
+		if err := o.UseVariant(kernels.OpAttnPrefill, bad, hopperVariant); err == nil {
+			t.Errorf("tuning key %q accepted", bad)
+		}
 	}
 }
 

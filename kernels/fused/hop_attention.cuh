@@ -11,7 +11,7 @@
 #define HOP_THREADS (128 * (1 + HOP_CONSUMERS))
 #define HOP_PRODUCER_REGS 24 // setmaxnreg of the producer warpgroup
 #define HOP_CONSUMER_REGS 240 // and of the consumers: 24·128 + 240·256 ≤ 64K registers
-#define HOP_BOX 64           // bf16 columns of a tensor-copy box: 128 bytes, the swizzle's span
+#define HOP_BOX 64           // 2-byte columns of a tensor-copy box: 128 bytes, the swizzle's span
 #define HOP_ROW_BYTES 128    // bytes of a box row
 
 // Codes of status[0] when a wait timed out.
@@ -22,7 +22,8 @@
 
 // HopLayout is the shared memory of hop_attention<DQK, DV, BN, STAGES>: the
 // Q tile, then per stage a K tile and a V tile, each a run of 64-column
-// boxes of rows × 128 bytes (DQK/64 boxes of HOP_BM or BN rows, DV/64 of BN).
+// boxes of rows × 128 bytes (DQK/64 boxes of HOP_BM or BN rows, DV/64 of BN)
+// of 2-byte elements, bf16 or f16.
 template <int DQK, int DV, int BN, int STAGES> struct HopLayout {
 	static constexpr int Q_BYTES = HOP_BM * DQK * 2;
 	static constexpr int K_BYTES = BN * DQK * 2;
@@ -42,10 +43,12 @@ template <int DQK, int DV, int BN, int STAGES> struct HopLayout {
 //   load_k(dst, bar, j), load_v(dst, bar, j): key tile j (keys [j·BN,
 //   j·BN+BN)), DQK/64 and DV/64 boxes of BN rows, out-of-range rows
 //   anything finite or zero (they are masked, and V's past kend zeroed).
-//   out bf16 [T, heads·DV], pitch op. The caller has returned already when
+// T is the element type of Q, K, V and out: bf16, or half_bits (f16, with
+// wgmma's f16 form and P rounded to f16); everything else is as for bf16.
+//   out T [T, heads·DV], pitch op. The caller has returned already when
 //   q0 ≥ n. status: see hopper.cu.
-template <int DQK, int DV, int BN, int STAGES, typename Src>
-__device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op, int t0, int n, int p0, int q0, int h,
+template <int DQK, int DV, int BN, int STAGES, typename Src, typename T>
+__device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, int t0, int n, int p0, int q0, int h,
                                               float scale_log2, int causal, int* status) {
 	typedef HopLayout<DQK, DV, BN, STAGES> L;
 	constexpr int KS = DQK / 16, PK = BN / 16, NO = DV / 8, NS = BN / 8;
@@ -115,8 +118,8 @@ __device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op,
 #pragma unroll
 		for (int k = 0; k < KS; k++) {
 			const int c = k / 4, kk = k % 4;
-			Wgmma<BN>::ss(sc, sw128_desc(qA + c * HOP_BM * HOP_ROW_BYTES + kk * 32, 16),
-			                  sw128_desc(sK(s) + c * BN * HOP_ROW_BYTES + kk * 32, 16), k > 0);
+			Wgmma<BN, T>::ss(sc, sw128_desc(qA + c * HOP_BM * HOP_ROW_BYTES + kk * 32, 16),
+			                 sw128_desc(sK(s) + c * BN * HOP_ROW_BYTES + kk * 32, 16), k > 0);
 		}
 	};
 	// O += P·V over the tile in stage s: k-steps of 16 keys (2048 bytes);
@@ -124,7 +127,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op,
 	auto issue_pv = [&](float (&o)[NO][4], const unsigned (&pa)[PK][4], int s) {
 #pragma unroll
 		for (int kk = 0; kk < PK; kk++)
-			Wgmma<DV>::rs(o, pa[kk], sw128_desc(sV(s) + kk * 16 * HOP_ROW_BYTES, BN * HOP_ROW_BYTES));
+			Wgmma<DV, T>::rs(o, pa[kk], sw128_desc(sV(s) + kk * 16 * HOP_ROW_BYTES, BN * HOP_ROW_BYTES));
 	};
 	// Mask keys past a row's position, or past kend, on tiles that cross
 	// the warpgroup's diagonal or the end.
@@ -174,7 +177,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op,
 	float alpha[2];
 	softmax_tile<NS>(sc, st, scale_log2, alpha); // O is 0: alpha unused
 #pragma unroll
-	for (int kk = 0; kk < PK; kk++) p_frag<NS>(pa[kk], sc, kk);
+	for (int kk = 0; kk < PK; kk++) p_frag<NS, T>(pa[kk], sc, kk);
 
 	// Tiles 0 .. nw-2: S of tile j+1 in flight with, then its softmax
 	// during, P·V of tile j.
@@ -205,7 +208,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op,
 		release(s);
 		rescale(o, alpha);
 #pragma unroll
-		for (int kk = 0; kk < PK; kk++) p_frag<NS>(pa[kk], sc, kk);
+		for (int kk = 0; kk < PK; kk++) p_frag<NS, T>(pa[kk], sc, kk);
 	}
 	{ // P·V of the last tile
 		const int j = nw - 1, s = j % STAGES;
@@ -233,9 +236,9 @@ __device__ __forceinline__ void hop_attention(const Src& src, bf16* out, int op,
 		const int row = qrow + 8 * i;
 		const float inv = 1.0f / quad_sum(st[i].l);
 		if (row >= n) continue;
-		bf16* dst = out + (long long)(t0 + row) * op + h * DV + 2 * (lane & 3);
+		T* dst = out + (long long)(t0 + row) * op + h * DV + 2 * (lane & 3);
 #pragma unroll
 		for (int d = 0; d < NO; d++)
-			*reinterpret_cast<unsigned*>(dst + d * 8) = pack2(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+			*reinterpret_cast<unsigned*>(dst + d * 8) = pack2<T>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
 	}
 }

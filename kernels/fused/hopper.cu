@@ -4,6 +4,9 @@
 // online softmax with scale·log2(e) folded into one FFMA per score, p
 // rounded to bf16 for P·V and summed unrounded in f32, O / l rounded to
 // bf16 once (softmax_tile and p_frag of flash.cuh, on the same fragments).
+// Each instance also comes in f16 (flash_hopper_f16_*, for the kernel
+// benchmarks' fp16 rows): the same kernel on f16 operands, wgmma's f16 form,
+// p and O / l rounded to f16.
 //
 // A block takes HOP_BM = 128 queries of one row and head, as three
 // warpgroups of 128 threads:
@@ -22,7 +25,7 @@
 //     P·V, and its softmax runs while that P·V is in flight; the two
 //     consumer warpgroups overlap each other's softmax and GEMMs as the warp
 //     schedulers interleave them.
-// Shared tiles are rows of 64 bf16 (128 bytes) written by the copy engine
+// Shared tiles are rows of 64 bf16 or f16 (128 bytes) written by the copy engine
 // with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)), a
 // D-wide tile being D/64 such boxes one after the other; every box starts
 // on 1024 bytes, so the wgmma descriptors' swizzle matches the copy's.
@@ -61,18 +64,20 @@ template <int D> struct HopCache {
 	}
 };
 
-// flash_hopper: see the top of this file.
-//   qmap: q bf16 [T, heads·D] (rotated; pitch qp), 2-D, box {64, HOP_BM};
-//   kmap, vmap: the caches bf16 [B·kvh, maxSeq, D], 3-D, box {64, HOP_BN, 1};
-//   all three with the 128-byte swizzle, out-of-bounds elements zero.
-//   out bf16 [T, heads·D], pitch op; start i32 [B+1], past i32 [B]: token
+// flash_hopper: see the top of this file. T is the element type of q, the
+// caches and out: bf16, or half_bits (f16).
+//   qmap: q T [T, heads·D] (rotated; pitch qp), 2-D, box {64, HOP_BM};
+//   kmap, vmap: the caches T [B·kvh, maxSeq, D], 3-D, box {64, HOP_BN, 1};
+//   all three with the 128-byte swizzle, out-of-bounds elements zero (the
+//   maps move 2-byte elements as they are: one map serves either type).
+//   out T [T, heads·D], pitch op; start i32 [B+1], past i32 [B]: token
 //   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
 //   0..past[b]+i (all past[b]+n keys when causal is 0) of kv head
 //   h / (heads/kvh). status i32 [8], zero: see the top of this file.
 // Launch: grid (ceil(max new tokens / HOP_BM), heads, B), HOP_THREADS
 // threads, HopLayout<D, D, HOP_BN, STAGES>::SMEM bytes of dynamic shared memory.
-template <int D, int STAGES>
-__device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, bf16* out, int op,
+template <typename T, int D, int STAGES>
+__device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, T* out, int op,
                                              const int* start, const int* past, int heads, int kvh, float scale_log2,
                                              int causal, int* status) {
 	const int b = blockIdx.z, h = blockIdx.y;
@@ -83,13 +88,18 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 	hop_attention<D, D, HOP_BN, STAGES>(src, out, op, t0, n, p0, q0, h, scale_log2, causal, status);
 }
 
-#define FLASH_HOPPER(D, STAGES)                                                                                   \
-	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) flash_hopper_d##D##_s##STAGES(                \
-	    const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
-	    bf16* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2, int causal,   \
-	    int* status) {                                                                                          \
-		flash_hopper<D, STAGES>(&qmap, &kmap, &vmap, out, op, start, past, heads, kvh, scale_log2, causal, status); \
+// FLASH_HOPPER instantiates head dim D with STAGES stages in both types:
+// flash_hopper_d<D>_s<STAGES> (bf16) and flash_hopper_f16_d<D>_s<STAGES>.
+#define FLASH_HOPPER_OF(NAME, T, D, STAGES)                                                                        \
+	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1)                                                   \
+	    NAME(const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
+	         T* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2, int causal,  \
+	         int* status) {                                                                                        \
+		flash_hopper<T, D, STAGES>(&qmap, &kmap, &vmap, out, op, start, past, heads, kvh, scale_log2, causal, status); \
 	}
+#define FLASH_HOPPER(D, STAGES)                                       \
+	FLASH_HOPPER_OF(flash_hopper_d##D##_s##STAGES, bf16, D, STAGES) \
+	FLASH_HOPPER_OF(flash_hopper_f16_d##D##_s##STAGES, half_bits, D, STAGES)
 FLASH_HOPPER(128, 2)
 FLASH_HOPPER(128, 3)
 FLASH_HOPPER(64, 2)

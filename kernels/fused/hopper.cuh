@@ -148,42 +148,50 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 	"%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
 	"%120, %121, %122, %123, %124, %125, %126, %127}"
 
-// Wgmma<N> issues one wgmma m64nNk16 (bf16 in, f32 accumulators d[N/8][4],
-// the mma C-fragment order per 8 columns): ss with A and B from shared
-// memory, both K-major; rs with A from registers (an mma A fragment per
-// warp) and B N-major. scale_d 0 overwrites d, 1 accumulates.
-template <int N> struct Wgmma;
-template <> struct Wgmma<128> {
-	__device__ static void ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int scale_d) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HOP_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-		             : HOP_ACC64(d)
-		             : "l"(a), "l"(b), "r"(scale_d));
-	}
-	__device__ static void rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HOP_REGS64
-		             ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-		             : HOP_ACC64(d)
-		             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-	}
-};
-template <> struct Wgmma<64> {
-	__device__ static void ss(float (&d)[8][4], unsigned long long a, unsigned long long b, int scale_d) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HOP_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-		             : HOP_ACC32(d)
-		             : "l"(a), "l"(b), "r"(scale_d));
-	}
-	__device__ static void rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
-		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-		             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HOP_REGS32
-		             ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-		             : HOP_ACC32(d)
-		             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-	}
-};
-template <> struct Wgmma<256> {
+// Wgmma<N, T> issues one wgmma m64nNk16 (T in: bf16, or half_bits for
+// f16; f32 accumulators d[N/8][4], the mma C-fragment order per 8
+// columns): ss with A and B from shared memory, both K-major; rs with A
+// from registers (an mma A fragment per warp, two T a register) and B
+// N-major. scale_d 0 overwrites d, 1 accumulates. HOP_WGMMA defines N =
+// 64 and 128 for one input type, PTX its name in the instruction.
+template <int N, typename T = bf16> struct Wgmma;
+#define HOP_WGMMA(T, PTX)                                                                                             \
+	template <> struct Wgmma<128, T> {                                                                                   \
+		__device__ static void ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int scale_d) {        \
+			asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                  \
+			             "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " " HOP_REGS64                       \
+			             ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
+			             : HOP_ACC64(d)                                                                                 \
+			             : "l"(a), "l"(b), "r"(scale_d));                                                               \
+		}                                                                                                            \
+		__device__ static void rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {                 \
+			asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                  \
+			             "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " " HOP_REGS64                       \
+			             ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                \
+			             : HOP_ACC64(d)                                                                                 \
+			             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                                 \
+		}                                                                                                            \
+	};                                                                                                               \
+	template <> struct Wgmma<64, T> {                                                                                    \
+		__device__ static void ss(float (&d)[8][4], unsigned long long a, unsigned long long b, int scale_d) {         \
+			asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                  \
+			             "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " HOP_REGS32                        \
+			             ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                              \
+			             : HOP_ACC32(d)                                                                                 \
+			             : "l"(a), "l"(b), "r"(scale_d));                                                               \
+		}                                                                                                            \
+		__device__ static void rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {                  \
+			asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                  \
+			             "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " HOP_REGS32                        \
+			             ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                                \
+			             : HOP_ACC32(d)                                                                                 \
+			             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                                 \
+		}                                                                                                            \
+	};
+HOP_WGMMA(bf16, "bf16")
+HOP_WGMMA(half_bits, "f16")
+// N = 256, group_wgmma's, is bf16 only.
+template <> struct Wgmma<256, bf16> {
 	__device__ static void ss(float (&d)[32][4], unsigned long long a, unsigned long long b, int scale_d) {
 		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
 		             "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " HOP_REGS128 ", %128, %129, p, 1, 1, 0, 0;\n}\n"

@@ -3,7 +3,6 @@ package fused
 import (
 	_ "embed"
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -41,7 +40,7 @@ const (
 	hopperRows    = 128 // HOP_BM: queries of a block, 64 per consumer warpgroup
 	hopperKeys    = 128 // HOP_BN: keys of a K or V tile
 	hopperThreads = 384 // HOP_THREADS: one producer and two consumer warpgroups
-	hopperBox     = 64  // HOP_BOX: columns of a tensor-copy box, 128 bytes of bf16
+	hopperBox     = 64  // HOP_BOX: columns of a tensor-copy box, 128 bytes of bf16 or f16
 	hopperSwizzle = 128 // bytes: the copies' and the wgmma descriptors' swizzle
 	hopperAlign   = 1024
 	// hopperProducerRegs and hopperConsumerRegs are HOP_PRODUCER_REGS and
@@ -52,23 +51,52 @@ const (
 	hopperStatusLen = 8
 )
 
-// hopperConfig is an instance of flash_hopper: its head dim and the stages
-// of its K/V ring.
-type hopperConfig struct{ D, Stages int }
+// hopperHead is what an instance of flash_hopper is chosen for: the element
+// type of the operands and the head dim.
+type hopperHead struct {
+	DT kernels.DType
+	D  int
+}
 
-func (c hopperConfig) kernel() string { return fmt.Sprintf("flash_hopper_d%d_s%d", c.D, c.Stages) }
+// hopperConfig is an instance of flash_hopper: its element type and head
+// dim, and the stages of its K/V ring.
+type hopperConfig struct {
+	hopperHead
+	Stages int
+}
+
+// kernel is the instance's name, as FLASH_HOPPER makes it.
+func (c hopperConfig) kernel() string {
+	if c.DT == kernels.F16 {
+		return fmt.Sprintf("flash_hopper_f16_d%d_s%d", c.D, c.Stages)
+	}
+	return fmt.Sprintf("flash_hopper_d%d_s%d", c.D, c.Stages)
+}
 
 // shared is HopLayout<D, STAGES>::SMEM: the Q tile, a K and a V tile per
 // stage, and the slack that aligns them to the swizzle's period.
 func (c hopperConfig) shared() int {
-	return (hopperRows*c.D+2*c.Stages*hopperKeys*c.D)*2 + hopperAlign
+	return (hopperRows*c.D+2*c.Stages*hopperKeys*c.D)*c.DT.Size() + hopperAlign
 }
 
-// hopperConfigs are the instances compiled (FLASH_HOPPER in hopper.cu);
-// per head dim the one with the most stages that fits the device's shared
+// hopperDTypes are the element types flash_hopper is instantiated for: the
+// activations' bf16, and f16 for the kernel benchmarks' fp16 rows (issue 9).
+var hopperDTypes = []kernels.DType{kernels.BF16, kernels.F16}
+
+// hopperConfigs are the instances compiled (FLASH_HOPPER in hopper.cu: each
+// head dim and stage count in both element types); per element type and
+// head dim the one with the most stages that fits the device's shared
 // memory per block runs (see newHopper). D=128: 2 stages take 161 KiB, 3
 // take 225 KiB (an H100/H200 block may have 227); D=64: 2 and 4 stages.
-var hopperConfigs = []hopperConfig{{128, 2}, {128, 3}, {64, 2}, {64, 4}}
+var hopperConfigs = func() []hopperConfig {
+	var cs []hopperConfig
+	for _, dt := range hopperDTypes {
+		for _, c := range []struct{ d, stages int }{{128, 2}, {128, 3}, {64, 2}, {64, 4}} {
+			cs = append(cs, hopperConfig{hopperHead{dt, c.d}, c.stages})
+		}
+	}
+	return cs
+}()
 
 // hopperHeadDims are the head dims flash_hopper is instantiated for.
 var hopperHeadDims = []int{64, 128}
@@ -110,15 +138,15 @@ func hopperModule() cudaset.Module {
 
 // hopperKit is flash_hopper on one device.
 type hopperKit struct {
-	err     error                // why it cannot run here; nil when it can
-	configs map[int]hopperConfig // the instance run per head dim
-	status  *kernels.Tensor      // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+	err     error                       // why it cannot run here; nil when it can
+	configs map[hopperHead]hopperConfig // the instance run per element type and head dim
+	status  *kernels.Tensor             // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
 }
 
 // newHopper compiles flash_hopper into k where the device allows it. It
 // never fails: what went wrong is kept in the kit's err.
 func newHopper(k *cudaset.Kit) *hopperKit {
-	h := &hopperKit{configs: map[int]hopperConfig{}}
+	h := &hopperKit{configs: map[hopperHead]hopperConfig{}}
 	p := k.D.Props()
 	if p.Arch != hopperArch {
 		h.err = notHopper(p, hopperVariant, "flash_hopper")
@@ -134,8 +162,8 @@ func newHopper(k *cudaset.Kit) *hopperKit {
 			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
 			continue
 		}
-		if cur, ok := h.configs[c.D]; !ok || c.Stages > cur.Stages {
-			h.configs[c.D] = c
+		if cur, ok := h.configs[c.hopperHead]; !ok || c.Stages > cur.Stages {
+			h.configs[c.hopperHead] = c
 		}
 	}
 	if len(h.configs) == 0 {
@@ -161,42 +189,51 @@ func newWaitStatus(k *cudaset.Kit) *kernels.Tensor {
 	return st
 }
 
-// config is the instance for head dim d, or why there is none.
-func (h *hopperKit) config(d int) (hopperConfig, error) {
+// config is the instance for element type dt and head dim d, or why there
+// is none.
+func (h *hopperKit) config(dt kernels.DType, d int) (hopperConfig, error) {
 	if h == nil {
 		return hopperConfig{}, fmt.Errorf("fused: %s: not built", hopperVariant)
 	}
 	if h.err != nil {
 		return hopperConfig{}, h.err
 	}
-	c, ok := h.configs[d]
+	c, ok := h.configs[hopperHead{dt, d}]
 	if !ok {
-		return c, fmt.Errorf("fused: %s: head dim %d: flash_hopper runs %v here", hopperVariant, d, slices.Sorted(maps.Keys(h.configs)))
+		var have []string
+		for k := range h.configs {
+			have = append(have, fmt.Sprintf("%v D=%d", k.DT, k.D))
+		}
+		slices.Sort(have)
+		return c, fmt.Errorf("fused: %s: %v, head dim %d: flash_hopper runs %v here", hopperVariant, dt, d, have)
 	}
 	return c, nil
 }
 
-// hopperVariantOf is the Variant entry of flash_hopper for head dim d on
-// target t; absent (ok false) where the target is not hopperArch.
-func hopperVariantOf(d int, t kernels.Target) (v kernels.Variant, ok bool) {
+// hopperVariantOf is the Variant entry of flash_hopper for element type dt
+// and head dim d on target t; absent (ok false) where the target is not
+// hopperArch.
+func hopperVariantOf(dt kernels.DType, d int, t kernels.Target) (v kernels.Variant, ok bool) {
 	if t.Arch != hopperArch {
 		return v, false
 	}
 	v.Name = hopperVariant
 	best := hopperConfig{}
 	for _, c := range hopperConfigs {
-		if c.D == d && c.shared() <= t.SharedPerBlock && c.Stages > best.Stages {
+		if c.hopperHead == (hopperHead{dt, d}) && c.shared() <= t.SharedPerBlock && c.Stages > best.Stages {
 			best = c
 		}
 	}
 	switch {
+	case !slices.Contains(hopperDTypes, dt):
+		v.Why = fmt.Sprintf("%v operands: flash_hopper is instantiated for %v", dt, hopperDTypes)
 	case !slices.Contains(hopperHeadDims, d):
 		v.Why = fmt.Sprintf("head dim %d: flash_hopper is instantiated for %v", d, hopperHeadDims)
 	case best.Stages == 0:
 		v.Why = fmt.Sprintf("no instance of head dim %d fits %d bytes of shared memory a block", d, t.SharedPerBlock)
 	default:
-		v.Params = fmt.Sprintf("warpgroups=1+2 rows=%d key_tile=%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16,m64n%dk16 tma=128B-swizzle",
-			hopperRows, hopperKeys, best.Stages, best.shared(), hopperProducerRegs, hopperConsumerRegs, hopperKeys, d)
+		v.Params = fmt.Sprintf("warpgroups=1+2 rows=%d key_tile=%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16,m64n%dk16 dtype=%v tma=128B-swizzle",
+			hopperRows, hopperKeys, best.Stages, best.shared(), hopperProducerRegs, hopperConsumerRegs, hopperKeys, d, dt)
 	}
 	return v, true
 }
@@ -212,7 +249,7 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 		return
 	}
 	d := a.HeadDim
-	const es = 2 // bytes of a bf16
+	es := a.Q.DType.Size() // the maps move 2-byte elements as they are, bf16 or f16
 	qm, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(a.Q), Elem: es,
 		Dims: []uint64{uint64(a.Heads * d), uint64(a.Q.Rows())}, Strides: []uint64{uint64(a.Q.Pitch * es)},
 		Box: []uint32{hopperBox, hopperRows}, Swizzle: hopperSwizzle})

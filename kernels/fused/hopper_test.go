@@ -12,28 +12,40 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
 // TestHopperInstances checks, without a GPU, that every instance the Go
-// side asks for is instantiated in hopper.cu and fits an H100/H200 block.
+// side asks for is instantiated in hopper.cu, under the name FLASH_HOPPER
+// gives it, and fits an H100/H200 block.
 func TestHopperInstances(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
+	for _, name := range []string{"flash_hopper_d##D##_s##STAGES, bf16,", "flash_hopper_f16_d##D##_s##STAGES, half_bits,"} {
+		if !strings.Contains(hopperSrc, "FLASH_HOPPER_OF("+name) {
+			t.Errorf("FLASH_HOPPER makes no %s", name)
+		}
+	}
 	for _, c := range hopperConfigs {
-		if !strings.Contains(hopperSrc, fmt.Sprintf("FLASH_HOPPER(%d, %d)", c.D, c.Stages)) {
+		if !strings.Contains(hopperSrc, fmt.Sprintf("\nFLASH_HOPPER(%d, %d)\n", c.D, c.Stages)) {
 			t.Errorf("%s: no FLASH_HOPPER(%d, %d) in hopper.cu", c.kernel(), c.D, c.Stages)
 		}
 		if c.shared() > h200.SharedPerBlock {
 			t.Errorf("%s: %d bytes of shared memory, an sm_90a block gets %d", c.kernel(), c.shared(), h200.SharedPerBlock)
 		}
 	}
-	for _, d := range hopperHeadDims {
-		v, ok := hopperVariantOf(d, h200)
-		if !ok || !v.Valid() || !strings.Contains(v.Params, "stages=") {
-			t.Errorf("D=%d on sm_90a: %+v", d, v)
+	for _, dt := range hopperDTypes {
+		for _, d := range hopperHeadDims {
+			v, ok := hopperVariantOf(dt, d, h200)
+			if !ok || !v.Valid() || !strings.Contains(v.Params, "stages=") {
+				t.Errorf("%v D=%d on sm_90a: %+v", dt, d, v)
+			}
 		}
+	}
+	if len(hopperConfigs) != 2*4 {
+		t.Errorf("%d instances, want each of 4 (head dim, stages) in bf16 and f16", len(hopperConfigs))
 	}
 }
 
@@ -124,10 +136,19 @@ type hopperCase struct {
 	heads, kv, d int
 	maxSeq       int
 	causal       bool
+	f16          bool // f16 operands (flash_hopper's f16 instances), else bf16
 }
 
 func (c hopperCase) String() string {
-	return fmt.Sprintf("new=%v,past=%v,H=%d,KV=%d,D=%d,max=%d,causal=%v", c.lens, c.past, c.heads, c.kv, c.d, c.maxSeq, c.causal)
+	return fmt.Sprintf("new=%v,past=%v,H=%d,KV=%d,D=%d,max=%d,causal=%v,%v", c.lens, c.past, c.heads, c.kv, c.d, c.maxSeq, c.causal, c.dtype())
+}
+
+// dtype is the element type of the case's operands.
+func (c hopperCase) dtype() kernels.DType {
+	if c.f16 {
+		return kernels.F16
+	}
+	return kernels.BF16
 }
 
 // hopperProblem is a hopperCase's operands on the device: q, the new k and
@@ -150,7 +171,7 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 	}
 	p.tokens = start[len(c.lens)]
 	upload := func(vals []float32, shape ...int) *kernels.Tensor {
-		tt := dev.Alloc(kernels.BF16, shape...)
+		tt := dev.Alloc(c.dtype(), shape...)
 		b := make([]byte, 4*len(vals))
 		for i, f := range vals {
 			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
@@ -186,7 +207,7 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 	p.v = upload(normal(p.tokens*c.kv*c.d), p.tokens, c.kv*c.d)
 	p.kc = upload(cache(), p.rows, c.kv, c.maxSeq, c.d)
 	p.vc = upload(cache(), p.rows, c.kv, c.maxSeq, c.d)
-	p.out = dev.Alloc(kernels.BF16, p.tokens, c.heads*c.d)
+	p.out = dev.Alloc(c.dtype(), p.tokens, c.heads*c.d)
 	ints := func(v []int) *kernels.Tensor {
 		tt := dev.Alloc(kernels.I32, len(v))
 		w := make([]int32, len(v))
@@ -207,8 +228,7 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 // flash_prefill's default tiling; it returns the output.
 func (p *hopperProblem) run(t *testing.T, dev *cuda.Device, o *ops, hopper bool) []float32 {
 	t.Helper()
-	key := fmt.Sprintf("D=%d", p.c.d)
-	o.hopperOn[key] = hopper
+	o.hopperOn[prefillKey(p.c.d, p.c.dtype())] = hopper
 	dev.MemsetD8(dev.Ptr(p.out), 0xff, p.out.Numel()*2) // NaN: a row the kernel does not write shows
 	o.AttentionPrefill(p.args())
 	out, err := dev.ReadF32(p.out)
@@ -233,6 +253,12 @@ func (p *hopperProblem) args() *kernels.AttnArgs {
 // outputs of magnitude below 1; a layout or masking bug gives O(1) errors.
 const hopperTol = 2e-2
 
+// hopperF16Tol bounds |flash_hopper f16 − the f32 reference| per element:
+// p rounded to f16 (2⁻¹² of each weight at most) and the output rounded to
+// f16 once (at most 2⁻¹⁰ for outputs below 4, the largest a mean of N(0,
+// 1) values reaches here by far).
+const hopperF16Tol = 5e-3
+
 // compareHopper holds got (flash_hopper) against want (flash_prefill) and,
 // on a mismatch, says where: the first mismatches with their token, row,
 // head and dim, and the mismatch counts by the kernel's own coordinates
@@ -240,12 +266,12 @@ const hopperTol = 2e-2
 // or descriptor layout shows as a pattern.
 func compareHopper(t *testing.T, p *hopperProblem, got, want []float32) {
 	t.Helper()
-	compareRows(t, p.c.String(), p.batch, p.c.heads, p.c.d, got, want)
+	compareRows(t, p.c.String(), p.batch, p.c.heads, p.c.d, got, want, hopperTol)
 }
 
-// compareRows is compareHopper's check of got against want, outputs bf16
-// [tokens, heads·d] of batch (as f32), described by desc.
-func compareRows(t *testing.T, desc string, batch *kernels.Batch, heads, d int, got, want []float32) {
+// compareRows is compareHopper's check of got against want within tol per
+// element, outputs [tokens, heads·d] of batch (as f32), described by desc.
+func compareRows(t *testing.T, desc string, batch *kernels.Batch, heads, d int, got, want []float32, tol float64) {
 	t.Helper()
 	width := heads * d
 	tokens := batch.Tokens
@@ -267,7 +293,7 @@ func compareRows(t *testing.T, desc string, batch *kernels.Batch, heads, d int, 
 			if isNaN {
 				nan++
 			}
-			if !isNaN && e <= hopperTol {
+			if !isNaN && e <= tol {
 				maxErr = math.Max(maxErr, e)
 				continue
 			}
@@ -280,7 +306,7 @@ func compareRows(t *testing.T, desc string, batch *kernels.Batch, heads, d int, 
 			byChunk[dim/8]++
 			byTile[i/hopperRows]++
 			if len(first) < 12 {
-				first = append(first, fmt.Sprintf("token %d (row %d, new token %d, position %d), head %d, dim %d: wgmma %g, mma.sync %g",
+				first = append(first, fmt.Sprintf("token %d (row %d, new token %d, position %d), head %d, dim %d: wgmma %g, reference %g",
 					tok, b, i, batch.Past[b]+i, h, dim, g, w))
 			}
 		}
@@ -288,43 +314,91 @@ func compareRows(t *testing.T, desc string, batch *kernels.Batch, heads, d int, 
 	t.Logf("%s: largest difference within tolerance %.3g", desc, maxErr)
 	if bad > 0 {
 		t.Errorf("%s: %d of %d elements differ by more than %g (%d NaN or Inf)\n  %s\n  by warpgroup %v\n  by warp of the warpgroup %v\n  by row of 16 %v\n  by 8-dim chunk %v\n  by block of %d queries %v",
-			desc, bad, len(got), hopperTol, nan, strings.Join(first, "\n  "), byWG, byWarp, byRow16, byChunk, hopperRows, byTile)
+			desc, bad, len(got), tol, nan, strings.Join(first, "\n  "), byWG, byWarp, byRow16, byChunk, hopperRows, byTile)
+	}
+}
+
+// hopperTinyCases are small problems of sizes that are multiples of no
+// tile: one block and one tile, the diagonal, ragged rows with past > 0,
+// GQA, head dims 128 and 64, causal and not.
+var hopperTinyCases = []hopperCase{
+	{lens: []int{64}, past: []int{0}, heads: 1, kv: 1, d: 128, maxSeq: 64, causal: false},  // one block, one tile, no tail
+	{lens: []int{128}, past: []int{0}, heads: 1, kv: 1, d: 128, maxSeq: 128, causal: true}, // the diagonal
+	{lens: []int{300}, past: []int{0}, heads: 2, kv: 1, d: 128, maxSeq: 320, causal: true},
+	{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 4, kv: 2, d: 128, maxSeq: 400, causal: true},
+	{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 4, kv: 2, d: 128, maxSeq: 400, causal: false},
+	{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: true},
+	{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: false},
+}
+
+// eachInstance runs f with each flash_hopper instance of element type dt
+// in turn as the one AttentionPrefill launches for its head dim, skipping
+// those that do not fit the device.
+func eachInstance(t *testing.T, o *ops, dt kernels.DType, f func(t *testing.T, inst hopperConfig)) {
+	for _, inst := range hopperConfigs {
+		if inst.DT != dt {
+			continue
+		}
+		t.Run(inst.kernel(), func(t *testing.T) {
+			saved := o.hopper.configs[inst.hopperHead]
+			o.hopper.configs[inst.hopperHead] = inst
+			defer func() { o.hopper.configs[inst.hopperHead] = saved }()
+			if err := o.Func(inst.kernel()).SetMaxDynamicShared(inst.shared()); err != nil {
+				t.Skipf("%s does not fit here: %v", inst.kernel(), err)
+			}
+			f(t, inst)
+		})
 	}
 }
 
 // TestHopperTiny runs flash_hopper on small problems against flash_prefill
-// on the same device and inputs, each instance in turn: the first check to
-// read when the kernel is wrong.
+// on the same device and inputs, each bf16 instance in turn: the first
+// check to read when the kernel is wrong (TestHopperF16 runs the f16 ones).
 func TestHopperTiny(t *testing.T) {
 	dev, o := openHopper(t)
-	cases := []hopperCase{
-		{lens: []int{64}, past: []int{0}, heads: 1, kv: 1, d: 128, maxSeq: 64, causal: false},  // one block, one tile, no tail
-		{lens: []int{128}, past: []int{0}, heads: 1, kv: 1, d: 128, maxSeq: 128, causal: true}, // the diagonal
-		{lens: []int{300}, past: []int{0}, heads: 2, kv: 1, d: 128, maxSeq: 320, causal: true},
-		{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 4, kv: 2, d: 128, maxSeq: 400, causal: true},
-		{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 4, kv: 2, d: 128, maxSeq: 400, causal: false},
-		{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: true},
-		{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: false},
-	}
-	for _, inst := range hopperConfigs {
-		t.Run(inst.kernel(), func(t *testing.T) {
-			saved := o.hopper.configs[inst.D]
-			o.hopper.configs[inst.D] = inst
-			defer func() { o.hopper.configs[inst.D] = saved }()
-			if err := o.Func(inst.kernel()).SetMaxDynamicShared(inst.shared()); err != nil {
-				t.Skipf("%s does not fit here: %v", inst.kernel(), err)
+	eachInstance(t, o, kernels.BF16, func(t *testing.T, inst hopperConfig) {
+		for i, c := range hopperTinyCases {
+			if c.d != inst.D {
+				continue
 			}
-			for i, c := range cases {
-				if c.d != inst.D {
-					continue
-				}
-				p := newHopperProblem(t, dev, c, int64(i))
-				want := p.run(t, dev, o, false)
-				got := p.run(t, dev, o, true)
-				compareHopper(t, p, got, want)
-			}
-		})
+			p := newHopperProblem(t, dev, c, int64(i))
+			want := p.run(t, dev, o, false)
+			got := p.run(t, dev, o, true)
+			compareHopper(t, p, got, want)
+		}
+	})
+}
+
+// flops is the problem's attention FLOPs: 4·d per (query head, key seen).
+func (p *hopperProblem) flops() float64 {
+	c, f := p.c, 0.0
+	for b, n := range c.lens {
+		keys := float64(c.past[b]) * float64(n)
+		if c.causal {
+			keys += float64(n) * float64(n+1) / 2
+		} else {
+			keys += float64(n) * float64(n)
+		}
+		f += 4 * keys * float64(c.heads*c.d)
 	}
+	return f
+}
+
+// time is the mean ms of AttentionPrefill of the problem (kv_append
+// included) with flash_hopper (hopper) or flash_prefill's default tiling,
+// and the kernel's name.
+func (p *hopperProblem) time(t *testing.T, dev *cuda.Device, o *ops, hopper bool) (float64, string) {
+	t.Helper()
+	dt := p.c.dtype()
+	o.hopperOn[prefillKey(p.c.d, dt)] = hopper
+	ms := msPerCall(t, dev, func() { o.AttentionPrefill(p.args()) })
+	if err := o.hopperWaits(); err != nil {
+		t.Fatal(err)
+	}
+	if !hopper {
+		return ms, prefillConfig.String()
+	}
+	return ms, hopperVariant + " " + o.hopper.configs[hopperHead{dt, p.c.d}].kernel()
 }
 
 // TestHopperLong runs flash_hopper over 16K keys and more (sizes that are
@@ -343,27 +417,9 @@ func TestHopperLong(t *testing.T) {
 		want := p.run(t, dev, o, false)
 		got := p.run(t, dev, o, true)
 		compareHopper(t, p, got, want)
-		flops := 0.0
-		for b, n := range c.lens {
-			keys := float64(c.past[b]) * float64(n)
-			if c.causal {
-				keys += float64(n) * float64(n+1) / 2
-			} else {
-				keys += float64(n) * float64(n)
-			}
-			flops += 4 * keys * float64(c.heads*c.d)
-		}
 		for _, hopper := range []bool{false, true} {
-			o.hopperOn[fmt.Sprintf("D=%d", c.d)] = hopper
-			ms := msPerCall(t, dev, func() { o.AttentionPrefill(p.args()) })
-			name := prefillConfig.String()
-			if hopper {
-				name = hopperVariant + " " + o.hopper.configs[c.d].kernel()
-			}
-			t.Logf("%v %s: %.3f ms, %.0f TFLOP/s (kv_append included)", c, name, ms, flops/ms/1e9)
-		}
-		if err := o.hopperWaits(); err != nil {
-			t.Fatal(err)
+			ms, name := p.time(t, dev, o, hopper)
+			t.Logf("%v %s: %.3f ms, %.0f TFLOP/s (kv_append included)", c, name, ms, p.flops()/ms/1e9)
 		}
 	}
 }
@@ -383,6 +439,193 @@ func msPerCall(t *testing.T, dev *cuda.Device, call func()) float64 {
 		t.Fatal(err)
 	}
 	return ms / reps
+}
+
+// read is t's values on the device, widened to f32.
+func read(t *testing.T, dev kernels.Device, x *kernels.Tensor) []float32 {
+	t.Helper()
+	v, err := dev.ReadF32(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// cpuReference is the problem's output by the cpu set on an f32 host
+// device, from the values the device holds (widened): f32 throughout, p
+// unrounded, the reference f16 results are held against.
+func (p *hopperProblem) cpuReference(t *testing.T, dev *cuda.Device) []float32 {
+	t.Helper()
+	host := cpu.NewDevice()
+	ref, err := cpu.New(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onHost := func(x *kernels.Tensor) *kernels.Tensor {
+		h := host.Alloc(kernels.F32, x.Shape...)
+		v := read(t, dev, x)
+		b := make([]byte, 4*len(v))
+		for i, f := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+		}
+		if err := host.Upload(h, b, kernels.F32); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	hb := *p.batch
+	hb.StartDev, hb.PastDev = onHost32(t, host, hb.Start), onHost32(t, host, hb.Past)
+	c := p.c
+	a := &kernels.AttnArgs{Out: host.Alloc(kernels.F32, p.tokens, c.heads*c.d), Q: onHost(p.q), K: onHost(p.k), V: onHost(p.v),
+		KCache: onHost(p.kc), VCache: onHost(p.vc), Batch: &hb, Heads: c.heads, KVHeads: c.kv, HeadDim: c.d,
+		Scale: float32(1 / math.Sqrt(float64(c.d))), NonCausal: !c.causal}
+	ref.AttentionPrefill(a)
+	if err := host.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	return read(t, host, a.Out)
+}
+
+// onHost32 is an i32 tensor of the host holding v.
+func onHost32(t *testing.T, host *cpu.Device, v []int) *kernels.Tensor {
+	t.Helper()
+	x := host.Alloc(kernels.I32, len(v))
+	w := make([]int32, len(v))
+	for i, n := range v {
+		w[i] = int32(n)
+	}
+	if err := host.WriteI32(x, w); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// TestHopperF16 runs each f16 instance of flash_hopper against the cpu set
+// (f32, on the values the device holds): hopperTinyCases, and two with more
+// than 16K keys (a long past, few queries: cheap for the cpu), D=128 and 64.
+func TestHopperF16(t *testing.T) {
+	dev, o := openHopper(t)
+	cases := append(slices.Clone(hopperTinyCases),
+		hopperCase{lens: []int{130, 7}, past: []int{16300, 0}, heads: 4, kv: 2, d: 128, maxSeq: 16500, causal: false},
+		hopperCase{lens: []int{200}, past: []int{16390}, heads: 2, kv: 1, d: 64, maxSeq: 16600, causal: true})
+	eachInstance(t, o, kernels.F16, func(t *testing.T, inst hopperConfig) {
+		for i, c := range cases {
+			if c.d != inst.D {
+				continue
+			}
+			c.f16 = true
+			p := newHopperProblem(t, dev, c, int64(i))
+			got := p.run(t, dev, o, true)
+			compareRows(t, c.String(), p.batch, c.heads, c.d, got, p.cpuReference(t, dev), hopperF16Tol)
+		}
+	})
+	// Without an f16 instance the call is declined (the dispatch then runs
+	// naive's): flash_prefill cannot take f16.
+	p := newHopperProblem(t, dev, hopperCase{lens: []int{5}, past: []int{0}, heads: 1, kv: 1, d: 128, maxSeq: 5, f16: true}, 1)
+	o.hopperOn[prefillKey(128, kernels.F16)] = false
+	defer delete(o.hopperOn, prefillKey(128, kernels.F16))
+	func() {
+		defer func() {
+			r := recover()
+			if u, ok := r.(kernels.Unsupported); !ok || !strings.Contains(u.Why, "take bf16 only") {
+				t.Errorf("f16 with flash_hopper off: %v, want it declined", r)
+			}
+		}()
+		o.AttentionPrefill(p.args())
+	}()
+}
+
+// TestHopperF16Long times flash_hopper's f16 instances beside the bf16 ones
+// on 16K-token rows (causal and not, D=128 and 64; the same f32 values
+// rounded to each type), and holds the f16 outputs at sampled (token,
+// head) pairs against float64 attention over the values the device holds
+// (the cpu set would take minutes here).
+func TestHopperF16Long(t *testing.T) {
+	dev, o := openHopper(t)
+	for i, c := range []hopperCase{
+		{lens: []int{16411}, past: []int{0}, heads: 8, kv: 2, d: 128, maxSeq: 16411, causal: true},
+		{lens: []int{16411}, past: []int{0}, heads: 8, kv: 2, d: 128, maxSeq: 16411, causal: false},
+		{lens: []int{5000, 300}, past: []int{11500, 16000}, heads: 8, kv: 2, d: 128, maxSeq: 16500, causal: true},
+		{lens: []int{16411}, past: []int{0}, heads: 8, kv: 8, d: 64, maxSeq: 16411, causal: true},
+	} {
+		c.f16 = true
+		p := newHopperProblem(t, dev, c, int64(200+i))
+		got := p.run(t, dev, o, true)
+		p.checkSampled(t, dev, got, 512, rand.New(rand.NewSource(int64(i))))
+		ms16, name16 := p.time(t, dev, o, true)
+		c.f16 = false
+		ms, name := newHopperProblem(t, dev, c, int64(200+i)).time(t, dev, o, true)
+		t.Logf("%v: %s %.3f ms, %.0f TFLOP/s; %s %.3f ms, %.0f TFLOP/s (kv_append included)",
+			p.c, name16, ms16, p.flops()/ms16/1e9, name, ms, p.flops()/ms/1e9)
+	}
+}
+
+// checkSampled holds got, the problem's output, at n (token, head) pairs
+// drawn by rng (the first and last token of each row among them) against
+// attention in float64 over the values the device holds.
+func (p *hopperProblem) checkSampled(t *testing.T, dev *cuda.Device, got []float32, n int, rng *rand.Rand) {
+	t.Helper()
+	c, b := p.c, p.batch
+	q, k, v := read(t, dev, p.q), read(t, dev, p.k), read(t, dev, p.v)
+	kc, vc := read(t, dev, p.kc), read(t, dev, p.vc)
+	width, group := c.heads*c.d, c.heads/c.kv
+	var toks []int
+	for r := range p.rows {
+		toks = append(toks, b.Start[r], b.Start[r+1]-1)
+	}
+	for len(toks) < n {
+		toks = append(toks, rng.Intn(p.tokens))
+	}
+	worst, bad := 0.0, 0
+	for _, tok := range toks {
+		r := 0
+		for b.Start[r+1] <= tok {
+			r++
+		}
+		i, h := tok-b.Start[r], rng.Intn(c.heads)
+		g, keys := h/group, b.Past[r]+c.lens[r]
+		if c.causal {
+			keys = b.Past[r] + i + 1
+		}
+		// key j of the row: cached below past, else the new token's
+		key := func(j int, cache, fresh []float32) []float32 {
+			if j < b.Past[r] {
+				at := ((r*c.kv+g)*c.maxSeq + j) * c.d
+				return cache[at : at+c.d]
+			}
+			at := (b.Start[r]+j-b.Past[r])*c.kv*c.d + g*c.d
+			return fresh[at : at+c.d]
+		}
+		qh := q[tok*width+h*c.d : tok*width+(h+1)*c.d]
+		s, m := make([]float64, keys), math.Inf(-1)
+		for j := range s {
+			for x, kx := range key(j, kc, k) {
+				s[j] += float64(qh[x]) * float64(kx)
+			}
+			s[j] /= math.Sqrt(float64(c.d))
+			m = math.Max(m, s[j])
+		}
+		sum, o := 0.0, make([]float64, c.d)
+		for j := range s {
+			e := math.Exp(s[j] - m)
+			sum += e
+			for x, vx := range key(j, vc, v) {
+				o[x] += e * float64(vx)
+			}
+		}
+		for x := range o {
+			e := math.Abs(float64(got[tok*width+h*c.d+x]) - o[x]/sum)
+			if !(e <= hopperF16Tol) {
+				if bad < 8 {
+					t.Errorf("%v: token %d (row %d, new token %d), head %d, dim %d: %g, want %g",
+						c, tok, r, i, h, x, got[tok*width+h*c.d+x], o[x]/sum)
+				}
+				bad++
+			}
+			worst = math.Max(worst, e)
+		}
+	}
+	t.Logf("%v: %d sampled (token, head) pairs, largest difference %.3g, %d beyond %g", c, len(toks), worst, bad, hopperF16Tol)
 }
 
 // TestHopperKernelTest runs the shared kernel test with flash_hopper as

@@ -34,10 +34,17 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// pack2 rounds two floats to a bf16 pair, lo in the low half.
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+// pack2 rounds two floats to a pair of T, bf16 or (for flash_hopper's f16
+// instances) half_bits, to nearest even, lo in the low half.
+template <typename T = bf16> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) {
 	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
 	return *reinterpret_cast<unsigned*>(&v);
+}
+template <> __device__ __forceinline__ unsigned pack2<half_bits>(float lo, float hi) {
+	unsigned v;
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo)); // the first source goes to the high half
+	return v;
 }
 
 // Tile is the shared-memory layout of row-major tiles of D-wide bf16 rows.

@@ -38,14 +38,20 @@ func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Varian
 	switch op {
 	case kernels.OpAttnPrefill:
 		headDim()
+		dt := s.DType(actType)
+		var onlyBF16 string
+		if dt != actType {
+			onlyBF16 = fmt.Sprintf("%v operands: flash_prefill's mma.sync tiles take bf16 only (flash_hopper, on %s, takes %v)",
+				dt, hopperArch, hopperDTypes)
+		}
 		var vs []kernels.Variant
 		for _, c := range flashConfigs {
 			shared := prefillShared(d, c)
 			vs = append(vs, kernels.Variant{Name: c.String(),
 				Params: fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d", c.Warps, c.MTiles, c.rows(), keyTile, shared),
-				Why:    join(fits(shared))})
+				Why:    join(onlyBF16, fits(shared))})
 		}
-		if v, ok := hopperVariantOf(d, t); ok {
+		if v, ok := hopperVariantOf(dt, d, t); ok {
 			vs = append(vs, v)
 		}
 		return vs
@@ -137,13 +143,14 @@ func archAtLeast(arch string, cc int) bool {
 }
 
 // TuningKey is the key of op's problems of shape s: attention's variants
-// are chosen per head dim, linear's per shape (M, N, K), mla_prefill's per
-// head dims, the grouped GEMM's (group_gemm, moe_experts) per tiling,
-// mla_decode's by batch (mlaDecodeKey); the other kernels have one variant.
+// are chosen per head dim (and attn_prefill's per element type, prefillKey),
+// linear's per shape (M, N, K), mla_prefill's per head dims, the grouped
+// GEMM's (group_gemm, moe_experts) per tiling, mla_decode's by batch
+// (mlaDecodeKey); the other kernels have one variant.
 func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
 	switch op {
 	case kernels.OpAttnPrefill:
-		return fmt.Sprintf("D=%d", s["D"])
+		return prefillKey(s["D"], s.DType(actType))
 	case kernels.OpLinear:
 		return linearKey{s["M"], s["N"], s["K"]}.String()
 	case kernels.OpMLAPrefill:
@@ -201,15 +208,16 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 		}
 		return nil
 	}
-	var d int
-	if _, err := fmt.Sscanf(key, "D=%d", &d); err != nil || !slices.Contains(headDims, d) {
-		return fmt.Errorf("tuning key %q is not D=<a head dim of %v>", key, headDims)
+	d, dt, err := parsePrefillKey(key)
+	if err != nil {
+		return err
 	}
+	key = prefillKey(d, dt)
 	if o.hopperOn == nil {
 		o.hopperOn = map[string]bool{}
 	}
 	if name == hopperVariant {
-		if _, err := o.hopper.config(d); err != nil {
+		if _, err := o.hopper.config(dt, d); err != nil {
 			return err // why flash_hopper cannot run here, NVRTC's log included
 		}
 		o.hopperOn[key] = true
@@ -219,19 +227,50 @@ func (o *ops) UseVariant(op kernels.Op, key, name string) error {
 	if !ok {
 		return fmt.Errorf("fused has no flash_prefill tiling %q (nor is it %q)", name, hopperVariant)
 	}
+	if dt != actType {
+		return fmt.Errorf("%s: %s: flash_prefill's tilings take bf16 only; %v operands run %q", key, name, dt, hopperVariant)
+	}
 	o.prefill[key] = c
 	o.hopperOn[key] = false
 	return nil
+}
+
+// prefillKey is attn_prefill's tuning key for head dim d and operands of
+// type dt: "D=128", and "D=128,dt=f16" for the kernel benchmarks' f16
+// (a shape's String, which parsePrefillKey reads).
+func prefillKey(d int, dt kernels.DType) string {
+	s := kernels.Shape{"D": d}
+	if dt != actType {
+		s[kernels.ShapeDType] = int(dt)
+	}
+	return s.String()
+}
+
+// parsePrefillKey reads a tuning key of attn_prefill (prefillKey): its head
+// dim, one fused has kernels for, and its element type, bf16 when unnamed.
+func parsePrefillKey(key string) (d int, dt kernels.DType, err error) {
+	s, err := kernels.ParseShape(key)
+	d, dt = s["D"], s.DType(actType)
+	delete(s, "D")
+	delete(s, kernels.ShapeDType)
+	if err != nil || len(s) > 0 || !slices.Contains(headDims, d) || dt != actType && !slices.Contains(hopperDTypes, dt) {
+		return 0, 0, fmt.Errorf("tuning key %q is not D=<a head dim of %v>[,dt=f16]", key, headDims)
+	}
+	return d, dt, nil
 }
 
 // VariantFor is the variant op runs for problems of key.
 func (o *ops) VariantFor(op kernels.Op, key string) string {
 	switch op {
 	case kernels.OpAttnPrefill:
-		var d int
-		if _, err := fmt.Sscanf(key, "D=%d", &d); err == nil {
-			if _, ok := o.hopperFor(key, d); ok {
+		d, dt, err := parsePrefillKey(key)
+		if err == nil {
+			key = prefillKey(d, dt)
+			if _, ok := o.hopperFor(key, dt, d); ok {
 				return hopperVariant
+			}
+			if dt != actType {
+				return "" // no kernel of fused's: AttentionPrefill declines, naive runs
 			}
 		}
 		return o.prefillFor(key).String()
@@ -265,9 +304,10 @@ func (o *ops) prefillFor(key string) flashConfig {
 }
 
 // hopperFor is the flash_hopper instance AttentionPrefill runs for tuning
-// key and head dim d, if it runs flash_hopper: when a choice for key names
-// it, or none names anything and prefillHopper is set; and it can run here.
-func (o *ops) hopperFor(key string, d int) (hopperConfig, bool) {
+// key, element type dt and head dim d, if it runs flash_hopper: when a
+// choice for key names it, or none names anything and prefillHopper is set;
+// and it can run here.
+func (o *ops) hopperFor(key string, dt kernels.DType, d int) (hopperConfig, bool) {
 	on, chosen := o.hopperOn[key]
 	if !chosen {
 		on = prefillHopper
@@ -275,6 +315,6 @@ func (o *ops) hopperFor(key string, d int) (hopperConfig, bool) {
 	if !on {
 		return hopperConfig{}, false
 	}
-	c, err := o.hopper.config(d)
+	c, err := o.hopper.config(dt, d)
 	return c, err == nil
 }
