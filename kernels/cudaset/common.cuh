@@ -14,8 +14,9 @@
 
 typedef __nv_bfloat16 bf16;
 
-// f16 weights are read through PTX conversions, so that no fp16 header is
-// needed: half is their raw bits.
+// f16 values (weights, and the operands of an f16 attention prefill) are
+// read and written through PTX conversions, so that no fp16 header is
+// needed: half_bits is their raw bits.
 struct half_bits {
 	unsigned short x;
 };
@@ -31,6 +32,11 @@ __device__ __forceinline__ float to_f32(half_bits v) {
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ half_bits from_f32<half_bits>(float v) {
+	half_bits h;
+	asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(v));
+	return h;
+}
 
 // round_bf16 is v rounded to bf16 and back: the value a bf16 tensor would hold.
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }

@@ -42,6 +42,8 @@ COPY_ROWS_ALL(1)
 COPY_ROWS_ALL(8)
 
 // kv_append writes the new keys and values of a packed batch into the cache.
+// It moves 2-byte elements as they are: bf16, or f16 (an f16 attention
+// prefill's), typed bf16 here.
 // kc, vc bf16 [B, heads, maxSeq, dim]; vc (and vs) may be null for a single
 // cache (MLA's latents: heads 1, dim = rank+ropeDim). ks, vs bf16 [T, ≥heads*dim]
 // with pitches kp, vp: head h of token t at t*pitch + h*dim. start i32 [B+1]

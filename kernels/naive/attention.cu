@@ -90,20 +90,32 @@ __device__ void softmax_mask(P* p, float* sums, const float* s, int cols, int nq
 	}
 SOFTMAX_MASK(softmax_mask_global_bf16, false, bf16)
 SOFTMAX_MASK(softmax_mask_smem_bf16, true, bf16)
+SOFTMAX_MASK(softmax_mask_global_f16, false, half_bits) // an f16 prefill's: SDPA's fused kernels round p to f16
+SOFTMAX_MASK(softmax_mask_smem_f16, true, half_bits)
 SOFTMAX_MASK(softmax_mask_global_f32, false, float)
 SOFTMAX_MASK(softmax_mask_smem_f32, true, float)
 
 // attn_normalize divides the P·V products of softmax_mask's numerators by
-// their sums and rounds: out[t, h*dim + d] = bf16(acc[t, h*dim + d] /
-// sums[t*lt + h*lh]). out bf16 [T, heads*dim] with pitch op; acc f32 [T,
-// heads*dim] with pitch ap; sums f32, indexed by the strides lt (tokens) and
-// lh (heads) of the scores' row order. Launch: 1-D grid-stride over T*heads*dim.
-extern "C" __global__ void attn_normalize(bf16* out, int op, const float* acc, int ap, const float* sums, int lt,
-                                          int lh, int T, int heads, int dim) {
+// their sums and rounds: out[t, h*dim + d] = O(acc[t, h*dim + d] /
+// sums[t*lt + h*lh]). out O [T, heads*dim] (bf16, or f16 for an f16
+// prefill) with pitch op; acc f32 [T, heads*dim] with pitch ap; sums f32,
+// indexed by the strides lt (tokens) and lh (heads) of the scores' row
+// order. Launch: 1-D grid-stride over T*heads*dim.
+template <typename O>
+__device__ void attn_normalize(O* out, int op, const float* acc, int ap, const float* sums, int lt, int lh, int T,
+                               int heads, int dim) {
 	const long long width = (long long)heads * dim;
 	GRID_STRIDE(i, (long long)T * width) {
 		const long long t = i / width;
 		const int c = (int)(i - t * width), h = c / dim;
-		out[t * op + c] = __float2bfloat16_rn(acc[t * ap + c] / sums[t * lt + (long long)h * lh]);
+		out[t * op + c] = from_f32<O>(acc[t * ap + c] / sums[t * lt + (long long)h * lh]);
 	}
 }
+
+#define ATTN_NORMALIZE(NAME, O)                                                                                   \
+	extern "C" __global__ void NAME(O* out, int op, const float* acc, int ap, const float* sums, int lt, int lh, \
+	                                int T, int heads, int dim) {                                                \
+		attn_normalize<O>(out, op, acc, ap, sums, lt, lh, T, heads, dim);                                       \
+	}
+ATTN_NORMALIZE(attn_normalize_bf16, bf16)
+ATTN_NORMALIZE(attn_normalize_f16, half_bits)

@@ -14,8 +14,8 @@ type mask struct {
 	base       int
 }
 
-// softmax launches softmax_mask: probs (bf16, or f32 for the math backend's
-// rounding) = the masked softmax numerators of scores, both packed [rows,
+// softmax launches softmax_mask: probs (bf16, f16 for an f16 prefill, or
+// f32 for the math backend's rounding) = the masked softmax numerators of scores, both packed [rows,
 // cols], row r being query r % nq of its sequence, and sums [rows] their f32
 // sums. A row that fits in shared memory is read once.
 func (o *ops) softmax(probs, sums, scores cudaset.Mat, rows, cols, nq int, m mask) {
@@ -27,11 +27,11 @@ func (o *ops) softmax(probs, sums, scores cudaset.Mat, rows, cols, nq int, m mas
 		probs.P, sums.P, scores.P, int32(cols), int32(nq), m.past, int32(max(1, m.rowsPerSeq)), int32(m.base))
 }
 
-// normalize launches attn_normalize: out (bf16, pitched [T, heads*dim]) =
-// acc (f32 P·V of the numerators, same layout) / the sum of the scores row
-// of token t and head h, sums[t*lt + h*lh].
+// normalize launches attn_normalize: out (bf16 or f16, pitched [T,
+// heads*dim]) = acc (f32 P·V of the numerators, same layout) / the sum of
+// the scores row of token t and head h, sums[t*lt + h*lh].
 func (o *ops) normalize(out, acc, sums cudaset.Mat, T, heads, dim, lt, lh int) {
-	o.LaunchItems("attn_normalize", int64(T)*int64(heads)*int64(dim), out.P, int32(out.Pitch), acc.P,
+	o.LaunchItems("attn_normalize_"+out.DT.String(), int64(T)*int64(heads)*int64(dim), out.P, int32(out.Pitch), acc.P,
 		int32(acc.Pitch), sums.P, int32(lt), int32(lh), int32(T), int32(heads), int32(dim))
 }
 
@@ -52,9 +52,12 @@ func (o *ops) maskedCache(cache *kernels.Tensor, b *kernels.Batch, heads, dim in
 // queries whose scores fit chunkBudget: per kv head g, S = Q·Kᵀ·Scale over
 // its group's query heads (one strided-batched GEMM, stride 0 on the shared
 // K), the masked softmax numerators, P·V in f32, then its division by the
-// numerators' sums written into Out (see softmax_mask for why).
+// numerators' sums written into Out (see softmax_mask for why). Its
+// operands may be f16 (kbench's fp16 rows, whose reference it is beyond
+// the cpu set's reach): the numerators are then rounded to f16, as SDPA's
+// fused kernels round them for f16 inputs.
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
-	a.Check(kernels.OpAttnPrefill, o.D.ActDType(), true)
+	a.Check(kernels.OpAttnPrefill, o.D.ActDType(), true, kernels.F16)
 	b := a.Batch
 	o.AppendKV(a.KCache, a.VCache, a.K, a.V, b, a.KVHeads, a.HeadDim)
 
@@ -75,7 +78,7 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 			}
 			t0 := b.Start[r] + i0
 			scores := o.Scratch(scrScores, kernels.F32, group*nq, keys)
-			probs := o.Scratch(scrProbs, kernels.BF16, group*nq, keys)
+			probs := o.Scratch(scrProbs, a.Q.DType, group*nq, keys)
 			sums := o.Scratch(scrAttnSum, kernels.F32, group*nq, 1)
 			acc := o.Scratch(scrAttnAcc, kernels.F32, nq, group*dim)
 			qkv := int64(nq) * int64(keys) // scores of one head

@@ -64,7 +64,7 @@ var (
 const (
 	scrRstd      = "rms.rstd"       // RMSNorm: rstd f32 [N]
 	scrScores    = "attn.scores"    // attention: scores f32 [heads*queries, keys]
-	scrProbs     = "attn.probs"     // attention: probabilities bf16 [heads*queries, keys]
+	scrProbs     = "attn.probs"     // attention: probabilities bf16 (f16 for f16 operands) [heads*queries, keys]
 	scrAttnAcc   = "attn.acc"       // attention: P·V of the softmax numerators f32 [queries, heads*dim]
 	scrAttnSum   = "attn.sums"      // attention: the numerators' sums f32 [heads*queries]
 	scrMaskedKV  = "attn.masked_kv" // decode: the cache with unused positions zeroed
@@ -92,10 +92,10 @@ func modules() []cudaset.Module {
 		moe = append(moe, vname("moe_expert_gemm", v))
 	}
 	ew = append(ew, "rope_half", "rope_interleaved", "argmax_bf16", "argmax_f32")
-	for _, p := range []string{"bf16", "f32"} {
+	for _, p := range []string{"bf16", "f16", "f32"} {
 		at = append(at, "softmax_mask_global_"+p, "softmax_mask_smem_"+p)
 	}
-	at = append(at, "attn_normalize")
+	at = append(at, "attn_normalize_bf16", "attn_normalize_f16")
 	moe = append(moe, "moe_route", "iota_i32", "moe_count", "moe_offsets", "moe_assign")
 	return []cudaset.Module{
 		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
@@ -117,7 +117,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o := &ops{Kit: kit, maxShared: kit.MaxShared}
 	// The dynamic shared memory softmax_mask_smem may have: what a block may
 	// opt in to, less the kernel's own static shared memory.
-	for _, name := range []string{"softmax_mask_smem_bf16", "softmax_mask_smem_f32"} {
+	for _, name := range []string{"softmax_mask_smem_bf16", "softmax_mask_smem_f16", "softmax_mask_smem_f32"} {
 		sm := o.Func(name)
 		attrs, err := sm.Attrs()
 		if err == nil {
