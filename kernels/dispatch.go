@@ -28,7 +28,8 @@ func (d *dispatch) timed(i int, cost func() Cost, f func(Ops)) {
 func (d *dispatch) run(i int, f func(Ops)) string {
 	name := d.names[i]
 	for {
-		u, declined := try(d.built[name], f)
+		ops := d.built[name]
+		u, declined := Declined(func() { f(ops) })
 		if !declined {
 			return name
 		}
@@ -38,20 +39,6 @@ func (d *dispatch) run(i int, f func(Ops)) string {
 		}
 		name = info.Fallback
 	}
-}
-
-// try calls f on ops and reports the Unsupported it panicked with, if it
-// did; any other panic goes on.
-func try(ops Ops, f func(Ops)) (u Unsupported, declined bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			if u, declined = r.(Unsupported); !declined {
-				panic(r)
-			}
-		}
-	}()
-	f(ops)
-	return u, false
 }
 
 func (d *dispatch) Embedding(out, table, ids *Tensor) {

@@ -321,3 +321,17 @@ type Unsupported struct {
 }
 
 func (u Unsupported) Error() string { return u.Set + ": " + string(u.Op) + ": " + u.Why }
+
+// Declined calls f and reports the Unsupported it panicked with, if it
+// did; any other panic goes on.
+func Declined(f func()) (u Unsupported, declined bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if u, declined = r.(Unsupported); !declined {
+				panic(r)
+			}
+		}
+	}()
+	f()
+	return u, false
+}

@@ -106,6 +106,20 @@ func cases(wdts []kernels.DType) []opCase {
 	} {
 		addLong(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
 	}
+	// f16 operands (kbench's fp16 rows) against the cpu set's f32 on the
+	// same values; a set whose kernels do not take them declines.
+	for _, s := range []attnCase{
+		{name: "gqa 2", lens: []int{5, 17, 1}, past: []int{0, 3, 130}, heads: 4, kv: 2, d: 128, maxSeq: 160, fused: true},
+		{name: "tiles", lens: []int{300, 129, 1}, past: []int{0, 77, 511}, heads: 8, kv: 2, d: 128, maxSeq: 520, fused: true},
+		{name: "all keys, tiles", lens: []int{300, 129}, past: []int{0, 77}, heads: 8, kv: 2, d: 64, maxSeq: 520, fused: true, nonCausal: true},
+		{name: "D=64 past", lens: []int{200, 65}, past: []int{50, 0}, heads: 4, kv: 4, d: 64, maxSeq: 256},
+		{name: "long past, all keys", lens: []int{130, 7}, past: []int{16300, 0}, heads: 4, kv: 2, d: 128, maxSeq: 16500, nonCausal: true, long: true},
+		{name: "D=64 long past", lens: []int{200}, past: []int{16390}, heads: 2, kv: 1, d: 64, maxSeq: 16600, fused: true, long: true},
+	} {
+		s.f16 = true
+		cs = append(cs, opCase{op: kernels.OpAttnPrefill, name: s.String(), wdt: kernels.BF16, long: s.long, declinable: true,
+			run: func(e *env) { attention(e, s, false) }})
+	}
 	for _, s := range []attnCase{
 		{name: "cache 1", past: []int{0}, heads: 2, kv: 2, d: 64, maxSeq: 1},
 		{name: "gqa 2", past: []int{0, 7, 299}, heads: 4, kv: 2, d: 128, maxSeq: 300},
@@ -399,6 +413,8 @@ type attnCase struct {
 	maxSeq       int
 	fused        bool // q, k, v are column slices of one qkv matrix
 	nonCausal    bool // every new token attends to all of its row's keys
+	f16          bool // f16 operands on the set under test (a prefill's)
+	long         bool // an f16 case over 16K keys and more: GPUs only
 }
 
 func (c attnCase) String() string {
@@ -412,18 +428,25 @@ func (c attnCase) String() string {
 	if c.nonCausal {
 		s += ",non-causal"
 	}
+	if c.f16 {
+		s += ",f16"
+	}
 	return s
 }
 
 func attention(e *env, c attnCase, decode bool) {
 	nb, t := len(c.lens), sum(c.lens)
 	hq, hkv, d := c.heads, c.kv, c.d
+	act := actK
+	if c.f16 {
+		act, e.tol = f16K, e.tols.F16
+	}
 	var q, k, v pair
 	if c.fused {
-		qkv := e.random(actK, 1, t, (hq+2*hkv)*d)
+		qkv := e.random(act, 1, t, (hq+2*hkv)*d)
 		q, k, v = qkv.cols(0, hq*d), qkv.cols(hq*d, (hq+hkv)*d), qkv.cols((hq+hkv)*d, (hq+2*hkv)*d)
 	} else {
-		q, k, v = e.random(actK, 1, t, hq*d), e.random(actK, 1, t, hkv*d), e.random(actK, 1, t, hkv*d)
+		q, k, v = e.random(act, 1, t, hq*d), e.random(act, 1, t, hkv*d), e.random(act, 1, t, hkv*d)
 	}
 	// Cached positions hold numbers, the rest NaN: a kernel that lets a
 	// position beyond a row's length into its result, or writes one, shows.
@@ -441,9 +464,9 @@ func attention(e *env, c attnCase, decode bool) {
 		}
 		return vals
 	}
-	kc := e.tensor(actK, cacheVals(), nb, hkv, c.maxSeq, d)
-	vc := e.tensor(actK, cacheVals(), nb, hkv, c.maxSeq, d)
-	out := e.poisoned(actK, t, hq*d)
+	kc := e.tensor(act, cacheVals(), nb, hkv, c.maxSeq, d)
+	vc := e.tensor(act, cacheVals(), nb, hkv, c.maxSeq, d)
+	out := e.poisoned(act, t, hq*d)
 	bt := e.batch(c.lens, c.past, c.maxSeq, decode)
 	e.run(func(o kernels.Ops, s int) {
 		a := &kernels.AttnArgs{Out: out[s], Q: q[s], K: k[s], V: v[s], KCache: kc[s], VCache: vc[s],

@@ -87,6 +87,7 @@ type tester interface {
 	Helper()
 	Errorf(format string, args ...any)
 	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
 	Run(name string, f func(t tester)) bool
 }
 
@@ -119,13 +120,15 @@ func runOps(t tester, dev kernels.Device, ops kernels.Ops, tol Tolerances, only 
 			h := fnv.New64a()
 			h.Write([]byte(name))
 			e := &env{
-				t:    t,
-				rng:  rand.New(rand.NewSource(int64(h.Sum64()))),
-				devs: [2]kernels.Device{host, dev},
-				mem:  [2]kernels.Allocs{{Dev: host}, {Dev: dev}},
-				ops:  [2]kernels.Ops{ref, ops},
-				tol:  tol.For(dev.ActDType()),
-				wdt:  c.wdt,
+				t:          t,
+				rng:        rand.New(rand.NewSource(int64(h.Sum64()))),
+				devs:       [2]kernels.Device{host, dev},
+				mem:        [2]kernels.Allocs{{Dev: host}, {Dev: dev}},
+				ops:        [2]kernels.Ops{ref, ops},
+				tol:        tol.For(dev.ActDType()),
+				tols:       tol,
+				wdt:        c.wdt,
+				declinable: c.declinable,
 			}
 			defer e.free()
 			c.run(e)
@@ -144,7 +147,11 @@ type opCase struct {
 	name string
 	long bool          // minutes on a cpu device: run on GPUs only
 	wdt  kernels.DType // the weights' dtype, for ops that take weights
-	run  func(e *env)
+	// declinable cases are ones a set may decline (kernels.Unsupported: the
+	// dispatch then runs its fallback's kernel), such as attention on f16
+	// operands, which only some kernels take: the case is skipped.
+	declinable bool
+	run        func(e *env)
 }
 
 // Sides of a pair: the reference (cpu set on the host) and the device under
@@ -167,6 +174,7 @@ type kind int
 
 const (
 	actK    kind = iota // the device's activation dtype; f32 on the reference
+	f16K                // f16 on the set under test, f32 on the reference
 	f32K                // f32 on both
 	i32K                // i32 on both
 	weightK             // the case's weight dtype on both
@@ -174,19 +182,26 @@ const (
 
 // env is the state of one case.
 type env struct {
-	t    tester
-	rng  *rand.Rand
-	devs [2]kernels.Device
-	ops  [2]kernels.Ops
-	tol  float64
-	wdt  kernels.DType
-	mem  [2]kernels.Allocs // every tensor of the case, by side
+	t          tester
+	rng        *rand.Rand
+	devs       [2]kernels.Device
+	ops        [2]kernels.Ops
+	tol        float64    // for the device's activations; a case on other types sets it from tols
+	tols       Tolerances //
+	wdt        kernels.DType
+	declinable bool              // see opCase
+	mem        [2]kernels.Allocs // every tensor of the case, by side
 }
 
 func (e *env) dtype(k kind, side int) kernels.DType {
 	switch k {
 	case actK:
 		return e.devs[side].ActDType()
+	case f16K:
+		if side == ref {
+			return kernels.F32
+		}
+		return kernels.F16
 	case f32K:
 		return kernels.F32
 	case i32K:
@@ -298,11 +313,17 @@ func (e *env) normal(n int, scale float64) []float32 {
 }
 
 // run calls the op on both sides and fails the case on an error either
-// device reports.
+// device reports; it skips a declinable case the set under test declines.
 func (e *env) run(f func(o kernels.Ops, side int)) {
 	e.t.Helper()
 	for s := range 2 {
-		f(e.ops[s], s)
+		if s == dut && e.declinable {
+			if u, declined := kernels.Declined(func() { f(e.ops[s], s) }); declined {
+				e.t.Skipf("the set declines it (the dispatch would run its fallback's kernel): %v", u)
+			}
+		} else {
+			f(e.ops[s], s)
+		}
 		if err := e.devs[s].Sync(); err != nil {
 			e.t.Fatalf("%s: %v", sideName[s], err)
 		}

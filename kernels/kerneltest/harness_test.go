@@ -33,6 +33,8 @@ func (r *recorder) Fatalf(format string, args ...any) {
 	runtime.Goexit()
 }
 
+func (r *recorder) Skipf(format string, args ...any) { runtime.Goexit() }
+
 func (r *recorder) fail(msg string) {
 	r.failed = true
 	r.log.mu.Lock()
@@ -122,6 +124,9 @@ func (f *faulty) AttentionPrefill(a *kernels.AttnArgs) {
 		c.NonCausal = false
 		a = &c
 	}
+	if f.fault == "prefill declines f16" && a.Q.DType == kernels.F16 {
+		panic(kernels.Unsupported{Set: "faulty", Op: kernels.OpAttnPrefill, Why: "no f16 kernel"})
+	}
 	f.Ops.AttentionPrefill(a)
 }
 
@@ -208,6 +213,7 @@ func TestHarnessFails(t *testing.T) {
 		{kernels.OpRoPE, "rope pairs the other way", always},
 		{kernels.OpAttnPrefill, "prefill reads one position too many", not(has("one token, cache 1"))},
 		{kernels.OpAttnPrefill, "prefill is always causal", has("non-causal")},
+		{kernels.OpAttnPrefill, "prefill declines f16", never}, // the f16 cases are declinable: skipped
 		{kernels.OpAttnDecode, "decode reads the host Past", not(has("cache 1"))},
 		{kernels.OpMLAPrefill, "none", never},
 		{kernels.OpMLADecode, "mla decode scale off by 1%", always},
