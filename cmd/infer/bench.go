@@ -57,7 +57,7 @@ Ops: ` + strings.Join(benchOps(), " ") + `
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.sets, "sets", "", "kernel sets side by side, comma-separated (default: every set of the device)")
-	fl.StringArrayVar(&f.shapes, "shape", nil, `a shape instead of the defaults, as "B=4,H=32,KVH=32,D=128,N=4096,causal=1" (repeatable)`)
+	fl.StringArrayVar(&f.shapes, "shape", nil, `a shape instead of the defaults, as "B=4,H=32,KVH=32,D=128,N=4096,causal=1" (repeatable; attn_prefill also takes dt=f16)`)
 	fl.BoolVar(&f.dryRun, "dry-run", false, "list each set's variants for every shape, valid or not, and run nothing")
 	fl.StringVar(&f.arch, "arch", "", "the target of --dry-run where no GPU is found: "+strings.Join(targetNames(), ", "))
 	fl.BoolVar(&f.optimize, "optimize", false, "keep the fastest variant per tuning key in the device's tuning cache")

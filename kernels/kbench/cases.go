@@ -21,10 +21,14 @@ import (
 // Case is one op's benchmark: the shapes it takes, its defaults, what a
 // problem of a shape costs, and how to build one on a device.
 type Case struct {
-	Op     kernels.Op
-	Bound  string   // "compute" (the table shows TFLOP/s) or "memory" (GB/s)
-	Dims   []string // the shape's names, all required
-	Doc    string   // what the shape's names mean
+	Op    kernels.Op
+	Bound string   // "compute" (the table shows TFLOP/s) or "memory" (GB/s)
+	Dims  []string // the shape's names, all required
+	Doc   string   // what the shape's names mean
+	// DTypes are the element types a shape may name (kernels.ShapeDType,
+	// "dt=f16") to run the op in besides the device's activation type; none:
+	// a shape may not name one.
+	DTypes []kernels.DType
 	Shapes []kernels.Shape
 	// FLOPs and Bytes count a problem: the arithmetic as TileGym's
 	// benchmarks count it, and the fewest bytes it must move (every input
@@ -62,7 +66,8 @@ func CaseFor(op kernels.Op) *Case {
 	return nil
 }
 
-// Check reports whether s gives every dimension c needs, and no other.
+// Check reports whether s gives every dimension c needs, and no other (but
+// an element type c takes).
 func (c *Case) Check(s kernels.Shape) error {
 	var missing, extra []string
 	for _, d := range c.Dims {
@@ -71,7 +76,7 @@ func (c *Case) Check(s kernels.Shape) error {
 		}
 	}
 	for d := range s {
-		if !slices.Contains(c.Dims, d) {
+		if !slices.Contains(c.Dims, d) && (d != kernels.ShapeDType || len(c.DTypes) == 0) {
 			extra = append(extra, d)
 		}
 	}
@@ -89,6 +94,10 @@ func (c *Case) Check(s kernels.Shape) error {
 		case !flags[d] && s[d] == 0:
 			return fmt.Errorf("%s: shape %s: %s must be at least 1", c.Op, s, d)
 		}
+	}
+	if dt, ok := s[kernels.ShapeDType]; ok && !slices.Contains(c.DTypes, kernels.DType(dt)) {
+		return fmt.Errorf("%s: shape %s: %s=%v: it runs in the device's activation type (no %s) or in %v",
+			c.Op, s, kernels.ShapeDType, kernels.DType(dt), kernels.ShapeDType, c.DTypes)
 	}
 	return nil
 }
@@ -166,7 +175,9 @@ var cases = []*Case{
 	},
 	{
 		Op: kernels.OpAttnPrefill, Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
-		Doc:    "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims",
+		Doc: "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims; " +
+			"dt=f16 runs it on f16 operands (a benchmark type: the models' activations stay bf16)",
+		DTypes: []kernels.DType{kernels.F16},
 		Shapes: prefillShapes(),
 		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "N", "N", "D") * causalHalf(s) },
 		Bytes: func(s kernels.Shape) float64 {
@@ -282,11 +293,19 @@ var normShapes = []kernels.Shape{
 	sh("M", 11041, "N", 2048), // DeepSeek-V2-Lite over W3's prompt
 }
 
+// prefillShapes are TileGym's bench_fused_attention table in bf16 (the
+// activations) and in fp16, then one W1 layer.
 func prefillShapes() []kernels.Shape {
 	var s []kernels.Shape
-	for _, causal := range []int{1, 0} {
-		for _, n := range []int{1024, 2048, 4096, 8192, 16384} { // TileGym's bench_fused_attention
-			s = append(s, sh("B", 4, "H", 32, "KVH", 32, "D", 128, "N", n, "causal", causal))
+	for _, f16 := range []bool{false, true} {
+		for _, causal := range []int{1, 0} {
+			for _, n := range []int{1024, 2048, 4096, 8192, 16384} {
+				x := sh("B", 4, "H", 32, "KVH", 32, "D", 128, "N", n, "causal", causal)
+				if f16 {
+					x[kernels.ShapeDType] = int(kernels.F16)
+				}
+				s = append(s, x)
+			}
 		}
 	}
 	return append(s, sh("B", 16, "H", 28, "KVH", 4, "D", 128, "N", 10816, "causal", 1)) // one W1 layer

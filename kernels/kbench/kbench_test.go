@@ -1,8 +1,10 @@
 package kbench
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ func TestCounts(t *testing.T) {
 		{kernels.OpLinear, "M=2,N=3,K=4", 48, 2 * (8 + 12 + 6)},
 		{kernels.OpAttnPrefill, "B=4,H=32,KVH=32,D=128,N=1024,causal=1", 34359738368, 2 * 4 * 1024 * 128 * (64 + 64)},
 		{kernels.OpAttnPrefill, "B=4,H=32,KVH=32,D=128,N=1024,causal=0", 68719476736, 2 * 4 * 1024 * 128 * (64 + 64)},
+		{kernels.OpAttnPrefill, "B=4,H=32,KVH=32,D=128,N=1024,causal=1,dt=f16", 34359738368, 2 * 4 * 1024 * 128 * (64 + 64)},
 		{kernels.OpAttnDecode, "B=16,H=28,KVH=4,D=128,ctx=32768", 4 * 16 * 28 * 32768 * 128, 1073971200},
 		{kernels.OpRMSNorm, "M=4096,N=1024", 4 * 4096 * 1024, 2 * (2*4096*1024 + 1024)},
 		{kernels.OpAddRMSNorm, "M=4096,N=1024", 5 * 4096 * 1024, 33556480},
@@ -80,6 +83,40 @@ func TestShapes(t *testing.T) {
 	if _, err := selectCases([]kernels.Op{"flash"}, nil); err == nil || !strings.Contains(err.Error(), "no benchmark") {
 		t.Errorf("an unknown op: %v", err)
 	}
+	// An element type: attn_prefill takes f16, not the activations' own
+	// spelled out, and no other case takes one.
+	for shape, want := range map[string]string{
+		"B=4,H=32,KVH=32,D=128,N=4096,causal=1,dt=f16":  "",
+		"B=4,H=32,KVH=32,D=128,N=4096,causal=1,dt=bf16": "dt=bf16: it runs in the device's activation type (no dt) or in [f16]",
+		"B=4,H=32,KVH=32,D=128,N=4096,causal=1,dt=f32":  "dt=f32",
+	} {
+		s, _ := kernels.ParseShape(shape)
+		if err := CaseFor(kernels.OpAttnPrefill).Check(s); want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("attn_prefill %s: %v, want %q", shape, err, want)
+		}
+	}
+	s, _ := kernels.ParseShape("B=16,H=28,KVH=4,D=128,ctx=4096,dt=f16")
+	if err := CaseFor(kernels.OpAttnDecode).Check(s); err == nil || !strings.Contains(err.Error(), "has dt") {
+		t.Errorf("attn_decode with dt=f16: %v", err)
+	}
+	f16 := 0
+	for _, s := range CaseFor(kernels.OpAttnPrefill).Shapes {
+		if s.DType(kernels.BF16) == kernels.F16 {
+			f16++
+		}
+	}
+	if f16 != 10 {
+		t.Errorf("attn_prefill's defaults have %d fp16 shapes, want TileGym's table of 10 (1K to 16K, causal and not)", f16)
+	}
+}
+
+// Shape labels of a plot name what differs, the element type included
+// where only some shapes name one.
+func TestShortLabels(t *testing.T) {
+	got := shortLabels([]string{"B=4,N=1024,causal=1", "B=4,N=2048,causal=1", "B=4,N=1024,causal=1,dt=f16"})
+	if want := []string{"N=1024", "N=2048", "N=1024 dt=f16"}; !slices.Equal(got, want) {
+		t.Errorf("labels %q, want %q", got, want)
+	}
 }
 
 // TestRunOnCPU runs small shapes of every case on the cpu device: every row
@@ -119,6 +156,44 @@ func TestRunOnCPU(t *testing.T) {
 			t.Errorf("%s: a floor without measured rates: %+v", op, r)
 		}
 	}
+}
+
+// An fp16 attn_prefill shape is built in f16 on the set and on the cpu
+// reference alike (f16 operands, f32 arithmetic) and held to the f16
+// tolerance.
+func TestPrefillF16OnCPU(t *testing.T) {
+	dev, _ := cpu.NewDeviceAct(kernels.BF16)
+	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
+	r := &runner{dev: dev, built: map[string]kernels.Ops{"cpu": ops}, rep: &Report{}}
+	c := CaseFor(kernels.OpAttnPrefill)
+	s, _ := kernels.ParseShape("B=2,H=4,KVH=2,D=16,N=9,causal=1,dt=f16")
+	p, err := build(newBuilder(dev, 0, 0), c, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dt := p.outs[0].DType; dt != kernels.F16 {
+		t.Fatalf("out is %v, want f16", dt)
+	}
+	row := Row{}
+	r.measure(&row, c, s, p, ops, "other", &reference{})
+	if row.Err != "" || row.Checked != "cpu 0.0e+00" || !(row.Ms > 0) {
+		t.Errorf("f16 prefill against the cpu reference: %+v", row)
+	}
+	row = Row{}
+	r.measure(&row, c, s, p, scaled{ops}, "scaled", &reference{})
+	if !strings.Contains(row.Err, "tolerance 0.005") {
+		t.Errorf("f16 prefill 3%% off: %+v, want it refused at f16's tolerance", row)
+	}
+}
+
+// scaled is the cpu set with attention's scale 3% off: within bf16's
+// tolerance, beyond f16's.
+type scaled struct{ kernels.Ops }
+
+func (s scaled) AttentionPrefill(a *kernels.AttnArgs) {
+	c := *a
+	c.Scale *= 1.03
+	s.Ops.AttentionPrefill(&c)
 }
 
 // broken is the cpu set with RMSNorm off by 10%.
@@ -177,6 +252,28 @@ func TestDryRun(t *testing.T) {
 		if !v.Valid() || !strings.Contains(v.Params, "shared=") {
 			t.Errorf("fused %s on sm_90a: %+v", v.Name, v)
 		}
+	}
+	// The same shape in fp16: flash_hopper only; naive takes it too.
+	f16 := maps.Clone(prefill)
+	f16[kernels.ShapeDType] = int(kernels.F16)
+	seen := 0
+	for _, o := range offers {
+		if o.Op != kernels.OpAttnPrefill || o.Shape != f16.String() {
+			continue
+		}
+		seen++
+		var valid []string
+		for _, v := range o.Variants {
+			if v.Valid() {
+				valid = append(valid, v.Name)
+			}
+		}
+		if want := map[string]string{"fused": "wgmma", "naive": "default"}[o.Set]; strings.Join(valid, ",") != want {
+			t.Errorf("%s on %s: valid %v, want %s: %+v", o.Set, o.Shape, valid, want, o.Variants)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d offers for %s among the defaults, want naive's and fused's", seen, f16)
 	}
 	// linear's first shape is 4096 rows: cuBLAS only.
 	if fusedLinear == nil || fusedLinear.Fallback != "" || len(fusedLinear.Variants) != 2 ||

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"image/color"
 	"math"
-	"sort"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -126,27 +125,35 @@ func shortLabels(shapes []string) []string {
 	for i, s := range shapes {
 		parsed[i], _ = kernels.ParseShape(s)
 	}
+	names := map[string]bool{}
+	for _, p := range parsed {
+		for name := range p {
+			names[name] = true
+		}
+	}
 	var differ []string
-	for name := range parsed[0] {
+	for name := range names {
+		v0, ok0 := parsed[0][name]
 		for _, p := range parsed[1:] {
-			if p[name] != parsed[0][name] {
+			if v, ok := p[name]; ok != ok0 || v != v0 { // a dimension some shapes lack (dt) differs too
 				differ = append(differ, name)
 				break
 			}
 		}
 	}
-	sort.Strings(differ)
 	out := make([]string, len(shapes))
 	for i, p := range parsed {
 		if len(differ) == 0 {
 			out[i] = shapes[i]
 			continue
 		}
-		var parts []string
+		sub := kernels.Shape{}
 		for _, d := range differ {
-			parts = append(parts, fmt.Sprintf("%s=%d", d, p[d]))
+			if v, ok := p[d]; ok {
+				sub[d] = v
+			}
 		}
-		out[i] = strings.Join(parts, " ")
+		out[i] = strings.ReplaceAll(sub.String(), ",", " ")
 	}
 	return out
 }

@@ -230,14 +230,17 @@ func buildSwiGLU(b *builder, c0 *Case, s kernels.Shape) *problem {
 
 // attnArgs are the operands of attention over B rows of n new tokens after
 // past cached ones: q, k, v as column slices of one qkv matrix, as the
-// model's fused projection writes them, and caches of maxSeq positions.
+// model's fused projection writes them, and caches of maxSeq positions; all
+// of the shape's element type (the device's activations unless it names
+// one).
 func (b *builder) attnArgs(s kernels.Shape, n, past, maxSeq int) *kernels.AttnArgs {
 	rows, h, kvh, d := s["B"], s["H"], s["KVH"], s["D"]
-	qkv := b.random(b.act(rows*n, (h+2*kvh)*d), 1)
-	a := &kernels.AttnArgs{Out: b.act(rows*n, h*d), Q: qkv.ColSlice(0, h*d), K: qkv.ColSlice(h*d, (h+kvh)*d),
+	dt := s.DType(b.dev.ActDType())
+	qkv := b.random(b.alloc(dt, rows*n, (h+2*kvh)*d), 1)
+	a := &kernels.AttnArgs{Out: b.alloc(dt, rows*n, h*d), Q: qkv.ColSlice(0, h*d), K: qkv.ColSlice(h*d, (h+kvh)*d),
 		V: qkv.ColSlice((h+kvh)*d, (h+2*kvh)*d), Batch: b.batch(rows, n, past, maxSeq),
 		Heads: h, KVHeads: kvh, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d)))}
-	a.KCache, a.VCache = b.act(rows, kvh, maxSeq, d), b.act(rows, kvh, maxSeq, d)
+	a.KCache, a.VCache = b.alloc(dt, rows, kvh, maxSeq, d), b.alloc(dt, rows, kvh, maxSeq, d)
 	if past > 0 {
 		b.random(a.KCache, 1)
 		b.random(a.VCache, 1)
