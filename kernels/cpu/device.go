@@ -160,7 +160,7 @@ func (d *Device) Upload(t *kernels.Tensor, data []byte, src kernels.DType) error
 		}
 		enc := f32ToBF16
 		if t.DType == kernels.F16 {
-			enc = f32ToF16
+			enc = kernels.F32ToF16
 		}
 		for i := range dst {
 			dst[i] = enc(rawF32(data, src, i))
@@ -177,7 +177,7 @@ func rawF32(data []byte, src kernels.DType, i int) float32 {
 	case kernels.BF16:
 		return bf16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
 	default:
-		return f16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
+		return kernels.F16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
 	}
 }
 

@@ -187,7 +187,7 @@ func (w wmat) put(i int, v []float32) {
 		return
 	}
 	for j, x := range v[:w.cols] {
-		dst[j] = f32ToF16(x)
+		dst[j] = kernels.F32ToF16(x)
 	}
 }
 

@@ -149,7 +149,7 @@ extern "C" __global__ void widen(float* out, const __nv_bfloat16* in, int n) {
 		}
 		binary.LittleEndian.PutUint16(h[i*2:], v)
 	}
-	half := func(i int) float32 { return math.Float32frombits(f16ToF32(binary.LittleEndian.Uint16(h[i*2:]))) }
+	half := func(i int) float32 { return kernels.F16ToF32(binary.LittleEndian.Uint16(h[i*2:])) }
 	if err := d.Upload(tb, h, kernels.F16); err != nil {
 		t.Fatal(err)
 	}

@@ -262,7 +262,7 @@ func convertRange(dst []byte, dt kernels.DType, src []byte, st kernels.DType, lo
 	case st == kernels.F16 && dt == kernels.BF16:
 		s, o := u16s(src, lo, hi), u16s(dst, lo, hi)
 		for i, v := range s {
-			o[i] = f32ToBF16(f16ToF32(v))
+			o[i] = f32ToBF16(math.Float32bits(kernels.F16ToF32(v)))
 		}
 	case st == kernels.BF16 && dt == kernels.F32:
 		s, o := u16s(src, lo, hi), u32s(dst, lo, hi)
@@ -272,17 +272,17 @@ func convertRange(dst []byte, dt kernels.DType, src []byte, st kernels.DType, lo
 	case st == kernels.F16 && dt == kernels.F32:
 		s, o := u16s(src, lo, hi), u32s(dst, lo, hi)
 		for i, v := range s {
-			o[i] = f16ToF32(v)
+			o[i] = math.Float32bits(kernels.F16ToF32(v))
 		}
 	case st == kernels.F32 && dt == kernels.F16:
 		s, o := u32s(src, lo, hi), u16s(dst, lo, hi)
 		for i, v := range s {
-			o[i] = f32ToF16(v)
+			o[i] = kernels.F32ToF16(math.Float32frombits(v))
 		}
 	case st == kernels.BF16 && dt == kernels.F16:
 		s, o := u16s(src, lo, hi), u16s(dst, lo, hi)
 		for i, v := range s {
-			o[i] = f32ToF16(uint32(v) << 16)
+			o[i] = kernels.F32ToF16(math.Float32frombits(uint32(v) << 16))
 		}
 	default:
 		panic(fmt.Sprintf("cuda: no conversion of %v into %v", st, dt))
@@ -309,62 +309,6 @@ func f32ToBF16(f uint32) uint16 {
 		return uint16(f>>16) | 0x40
 	}
 	return uint16((f + 0x7fff + (f>>16)&1) >> 16)
-}
-
-// f32ToF16 rounds float32 bits to IEEE half bits, to nearest even:
-// overflow gives ±inf, magnitudes below half's normals its subnormals or
-// ±0, NaNs stay NaN (quiet, sign kept).
-func f32ToF16(f uint32) uint16 {
-	sign := uint16(f>>16) & 0x8000
-	exp, man := int(f>>23)&0xff, f&0x7fffff
-	if exp == 0xff {
-		if man != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	}
-	e := exp - 127 + 15 // half's biased exponent
-	if e >= 0x1f {
-		return sign | 0x7c00
-	}
-	if e <= 0 { // a subnormal half: the 24-bit significand shifted right by 14-e, rounded
-		if e < -10 {
-			return sign // below half the smallest subnormal
-		}
-		m, shift := man|0x800000, uint(14-e)
-		r, rem, half := m>>shift, m&(1<<shift-1), uint32(1)<<(shift-1)
-		if rem > half || rem == half && r&1 == 1 {
-			r++
-		}
-		return sign | uint16(r)
-	}
-	r := uint32(e)<<10 | man>>13
-	if rem := man & 0x1fff; rem > 0x1000 || rem == 0x1000 && r&1 == 1 {
-		r++ // a carry into the exponent is still the right answer, up to inf
-	}
-	return sign | uint16(r)
-}
-
-// f16ToF32 widens IEEE half bits to float32 bits exactly.
-func f16ToF32(h uint16) uint32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
-	switch {
-	case exp == 0 && mant == 0:
-		return sign
-	case exp == 0: // subnormal: 2^-14 · mant/1024, renormalised
-		e := uint32(127 - 14)
-		for mant&0x400 == 0 {
-			mant <<= 1
-			e--
-		}
-		return sign | e<<23 | (mant&0x3ff)<<13
-	case exp == 0x1f: // inf, NaN
-		return sign | 0x7f800000 | mant<<13
-	default:
-		return sign | (exp+127-15)<<23 | mant<<13
-	}
 }
 
 // BF16ToF32 and F32ToBF16 are the host conversions Upload and ReadF32 use,
