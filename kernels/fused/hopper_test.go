@@ -170,17 +170,7 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 		start[b+1] = start[b] + n
 	}
 	p.tokens = start[len(c.lens)]
-	upload := func(vals []float32, shape ...int) *kernels.Tensor {
-		tt := dev.Alloc(c.dtype(), shape...)
-		b := make([]byte, 4*len(vals))
-		for i, f := range vals {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
-		}
-		if err := dev.Upload(tt, b, kernels.F32); err != nil {
-			t.Fatal(err)
-		}
-		return tt
-	}
+	upload := func(vals []float32, shape ...int) *kernels.Tensor { return tensorOn(t, dev, c.dtype(), vals, shape...) }
 	normal := func(n int) []float32 {
 		v := make([]float32, n)
 		for i := range v {
@@ -208,20 +198,37 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 	p.kc = upload(cache(), p.rows, c.kv, c.maxSeq, c.d)
 	p.vc = upload(cache(), p.rows, c.kv, c.maxSeq, c.d)
 	p.out = dev.Alloc(c.dtype(), p.tokens, c.heads*c.d)
-	ints := func(v []int) *kernels.Tensor {
-		tt := dev.Alloc(kernels.I32, len(v))
-		w := make([]int32, len(v))
-		for i, x := range v {
-			w[i] = int32(x)
-		}
-		if err := dev.WriteI32(tt, w); err != nil {
-			t.Fatal(err)
-		}
-		return tt
-	}
 	p.batch = &kernels.Batch{Rows: p.rows, Tokens: p.tokens, Start: start, Past: c.past, MaxSeq: c.maxSeq,
-		StartDev: ints(start), PastDev: ints(c.past)}
+		StartDev: intsOn(t, dev, start), PastDev: intsOn(t, dev, c.past)}
 	return p
+}
+
+// tensorOn is a packed tensor of dt on dev holding vals (rounded to dt).
+func tensorOn(t *testing.T, dev kernels.Device, dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
+	t.Helper()
+	x := dev.Alloc(dt, shape...)
+	b := make([]byte, 4*len(vals))
+	for i, f := range vals {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+	}
+	if err := dev.Upload(x, b, kernels.F32); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// intsOn is an i32 tensor on dev holding v.
+func intsOn(t *testing.T, dev kernels.Device, v []int) *kernels.Tensor {
+	t.Helper()
+	x := dev.Alloc(kernels.I32, len(v))
+	w := make([]int32, len(v))
+	for i, n := range v {
+		w[i] = int32(n)
+	}
+	if err := dev.WriteI32(x, w); err != nil {
+		t.Fatal(err)
+	}
+	return x
 }
 
 // run is AttentionPrefill of the problem with flash_hopper (hopper) or
@@ -462,19 +469,10 @@ func (p *hopperProblem) cpuReference(t *testing.T, dev *cuda.Device) []float32 {
 		t.Fatal(err)
 	}
 	onHost := func(x *kernels.Tensor) *kernels.Tensor {
-		h := host.Alloc(kernels.F32, x.Shape...)
-		v := read(t, dev, x)
-		b := make([]byte, 4*len(v))
-		for i, f := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
-		}
-		if err := host.Upload(h, b, kernels.F32); err != nil {
-			t.Fatal(err)
-		}
-		return h
+		return tensorOn(t, host, kernels.F32, read(t, dev, x), x.Shape...)
 	}
 	hb := *p.batch
-	hb.StartDev, hb.PastDev = onHost32(t, host, hb.Start), onHost32(t, host, hb.Past)
+	hb.StartDev, hb.PastDev = intsOn(t, host, hb.Start), intsOn(t, host, hb.Past)
 	c := p.c
 	a := &kernels.AttnArgs{Out: host.Alloc(kernels.F32, p.tokens, c.heads*c.d), Q: onHost(p.q), K: onHost(p.k), V: onHost(p.v),
 		KCache: onHost(p.kc), VCache: onHost(p.vc), Batch: &hb, Heads: c.heads, KVHeads: c.kv, HeadDim: c.d,
@@ -484,20 +482,6 @@ func (p *hopperProblem) cpuReference(t *testing.T, dev *cuda.Device) []float32 {
 		t.Fatal(err)
 	}
 	return read(t, host, a.Out)
-}
-
-// onHost32 is an i32 tensor of the host holding v.
-func onHost32(t *testing.T, host *cpu.Device, v []int) *kernels.Tensor {
-	t.Helper()
-	x := host.Alloc(kernels.I32, len(v))
-	w := make([]int32, len(v))
-	for i, n := range v {
-		w[i] = int32(n)
-	}
-	if err := host.WriteI32(x, w); err != nil {
-		t.Fatal(err)
-	}
-	return x
 }
 
 // TestHopperF16 runs each f16 instance of flash_hopper against the cpu set

@@ -1,7 +1,6 @@
 package fused
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand"
@@ -125,15 +124,7 @@ func newMLAHopperProblem(t *testing.T, dev *cuda.Device, c mlaHopperCase, seed i
 	}
 	tokens := start[rows]
 	upload := func(vals []float32, shape ...int) *kernels.Tensor {
-		tt := dev.Alloc(kernels.BF16, shape...)
-		buf := make([]byte, 4*len(vals))
-		for i, f := range vals {
-			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(f))
-		}
-		if err := dev.Upload(tt, buf, kernels.F32); err != nil {
-			t.Fatal(err)
-		}
-		return tt
+		return tensorOn(t, dev, kernels.BF16, vals, shape...)
 	}
 	normal := func(n int, sd float64) []float32 {
 		v := make([]float32, n)
@@ -154,19 +145,8 @@ func newMLAHopperProblem(t *testing.T, dev *cuda.Device, c mlaHopperCase, seed i
 	}
 	p.cache = upload(cache, rows, c.maxSeq, width)
 	p.o = dev.Alloc(kernels.BF16, tokens, c.heads*d.v)
-	ints := func(v []int) *kernels.Tensor {
-		tt := dev.Alloc(kernels.I32, len(v))
-		w := make([]int32, len(v))
-		for i, x := range v {
-			w[i] = int32(x)
-		}
-		if err := dev.WriteI32(tt, w); err != nil {
-			t.Fatal(err)
-		}
-		return tt
-	}
 	p.batch = &kernels.Batch{Rows: rows, Tokens: tokens, Start: start, Past: c.past, MaxSeq: c.maxSeq,
-		StartDev: ints(start), PastDev: ints(c.past)}
+		StartDev: intsOn(t, dev, start), PastDev: intsOn(t, dev, c.past)}
 	return p
 }
 
