@@ -43,12 +43,12 @@ template <int DQK, int DV, int BN, int STAGES> struct HopLayout {
 //   load_k(dst, bar, j), load_v(dst, bar, j): key tile j (keys [j·BN,
 //   j·BN+BN)), DQK/64 and DV/64 boxes of BN rows, out-of-range rows
 //   anything finite or zero (they are masked, and V's past kend zeroed).
-// T is the element type of Q, K, V and out: bf16, or half_bits (f16, with
-// wgmma's f16 form and P rounded to f16); everything else is as for bf16.
-//   out T [T, heads·DV], pitch op. The caller has returned already when
+//   out E [T, heads·DV], pitch op. The caller has returned already when
 //   q0 ≥ n. status: see hopper.cu.
-template <int DQK, int DV, int BN, int STAGES, typename Src, typename T>
-__device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, int t0, int n, int p0, int q0, int h,
+// E is the element type of Q, K, V and out: bf16, or half_bits (f16, with
+// wgmma's f16 form and P rounded to f16); everything else is as for bf16.
+template <int DQK, int DV, int BN, int STAGES, typename Src, typename E>
+__device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, int t0, int n, int p0, int q0, int h,
                                               float scale_log2, int causal, int* status) {
 	typedef HopLayout<DQK, DV, BN, STAGES> L;
 	constexpr int KS = DQK / 16, PK = BN / 16, NO = DV / 8, NS = BN / 8;
@@ -118,7 +118,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, in
 #pragma unroll
 		for (int k = 0; k < KS; k++) {
 			const int c = k / 4, kk = k % 4;
-			Wgmma<BN, T>::ss(sc, sw128_desc(qA + c * HOP_BM * HOP_ROW_BYTES + kk * 32, 16),
+			Wgmma<BN, E>::ss(sc, sw128_desc(qA + c * HOP_BM * HOP_ROW_BYTES + kk * 32, 16),
 			                 sw128_desc(sK(s) + c * BN * HOP_ROW_BYTES + kk * 32, 16), k > 0);
 		}
 	};
@@ -127,7 +127,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, in
 	auto issue_pv = [&](float (&o)[NO][4], const unsigned (&pa)[PK][4], int s) {
 #pragma unroll
 		for (int kk = 0; kk < PK; kk++)
-			Wgmma<DV, T>::rs(o, pa[kk], sw128_desc(sV(s) + kk * 16 * HOP_ROW_BYTES, BN * HOP_ROW_BYTES));
+			Wgmma<DV, E>::rs(o, pa[kk], sw128_desc(sV(s) + kk * 16 * HOP_ROW_BYTES, BN * HOP_ROW_BYTES));
 	};
 	// Mask keys past a row's position, or past kend, on tiles that cross
 	// the warpgroup's diagonal or the end.
@@ -177,7 +177,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, in
 	float alpha[2];
 	softmax_tile<NS>(sc, st, scale_log2, alpha); // O is 0: alpha unused
 #pragma unroll
-	for (int kk = 0; kk < PK; kk++) p_frag<NS, T>(pa[kk], sc, kk);
+	for (int kk = 0; kk < PK; kk++) p_frag<NS, E>(pa[kk], sc, kk);
 
 	// Tiles 0 .. nw-2: S of tile j+1 in flight with, then its softmax
 	// during, P·V of tile j.
@@ -208,7 +208,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, in
 		release(s);
 		rescale(o, alpha);
 #pragma unroll
-		for (int kk = 0; kk < PK; kk++) p_frag<NS, T>(pa[kk], sc, kk);
+		for (int kk = 0; kk < PK; kk++) p_frag<NS, E>(pa[kk], sc, kk);
 	}
 	{ // P·V of the last tile
 		const int j = nw - 1, s = j % STAGES;
@@ -236,9 +236,9 @@ __device__ __forceinline__ void hop_attention(const Src& src, T* out, int op, in
 		const int row = qrow + 8 * i;
 		const float inv = 1.0f / quad_sum(st[i].l);
 		if (row >= n) continue;
-		T* dst = out + (long long)(t0 + row) * op + h * DV + 2 * (lane & 3);
+		E* dst = out + (long long)(t0 + row) * op + h * DV + 2 * (lane & 3);
 #pragma unroll
 		for (int d = 0; d < NO; d++)
-			*reinterpret_cast<unsigned*>(dst + d * 8) = pack2<T>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+			*reinterpret_cast<unsigned*>(dst + d * 8) = pack2<E>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
 	}
 }

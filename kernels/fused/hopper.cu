@@ -64,20 +64,20 @@ template <int D> struct HopCache {
 	}
 };
 
-// flash_hopper: see the top of this file. T is the element type of q, the
+// flash_hopper: see the top of this file. E is the element type of q, the
 // caches and out: bf16, or half_bits (f16).
-//   qmap: q T [T, heads·D] (rotated; pitch qp), 2-D, box {64, HOP_BM};
-//   kmap, vmap: the caches T [B·kvh, maxSeq, D], 3-D, box {64, HOP_BN, 1};
+//   qmap: q E [T, heads·D] (rotated; pitch qp), 2-D, box {64, HOP_BM};
+//   kmap, vmap: the caches E [B·kvh, maxSeq, D], 3-D, box {64, HOP_BN, 1};
 //   all three with the 128-byte swizzle, out-of-bounds elements zero (the
 //   maps move 2-byte elements as they are: one map serves either type).
-//   out T [T, heads·D], pitch op; start i32 [B+1], past i32 [B]: token
+//   out E [T, heads·D], pitch op; start i32 [B+1], past i32 [B]: token
 //   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
 //   0..past[b]+i (all past[b]+n keys when causal is 0) of kv head
 //   h / (heads/kvh). status i32 [8], zero: see the top of this file.
 // Launch: grid (ceil(max new tokens / HOP_BM), heads, B), HOP_THREADS
 // threads, HopLayout<D, D, HOP_BN, STAGES>::SMEM bytes of dynamic shared memory.
-template <typename T, int D, int STAGES>
-__device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, T* out, int op,
+template <typename E, int D, int STAGES>
+__device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, E* out, int op,
                                              const int* start, const int* past, int heads, int kvh, float scale_log2,
                                              int causal, int* status) {
 	const int b = blockIdx.z, h = blockIdx.y;
@@ -90,12 +90,12 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 
 // FLASH_HOPPER instantiates head dim D with STAGES stages in both types:
 // flash_hopper_d<D>_s<STAGES> (bf16) and flash_hopper_f16_d<D>_s<STAGES>.
-#define FLASH_HOPPER_OF(NAME, T, D, STAGES)                                                                        \
+#define FLASH_HOPPER_OF(NAME, E, D, STAGES)                                                                        \
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1)                                                   \
 	    NAME(const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
-	         T* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2, int causal,  \
+	         E* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2, int causal,  \
 	         int* status) {                                                                                        \
-		flash_hopper<T, D, STAGES>(&qmap, &kmap, &vmap, out, op, start, past, heads, kvh, scale_log2, causal, status); \
+		flash_hopper<E, D, STAGES>(&qmap, &kmap, &vmap, out, op, start, past, heads, kvh, scale_log2, causal, status); \
 	}
 #define FLASH_HOPPER(D, STAGES)                                       \
 	FLASH_HOPPER_OF(flash_hopper_d##D##_s##STAGES, bf16, D, STAGES) \

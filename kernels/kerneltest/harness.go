@@ -186,8 +186,8 @@ type env struct {
 	rng        *rand.Rand
 	devs       [2]kernels.Device
 	ops        [2]kernels.Ops
-	tol        float64    // for the device's activations; a case on other types sets it from tols
-	tols       Tolerances //
+	tol        float64    // the case's tolerance: the device's activations', or (f16K) set from tols
+	tols       Tolerances // every type's, for a case on operands of another type
 	wdt        kernels.DType
 	declinable bool              // see opCase
 	mem        [2]kernels.Allocs // every tensor of the case, by side
