@@ -45,8 +45,11 @@
 #define GW_CONSUMERS 2       // consumer warpgroups
 #define GW_THREADS (128 * (1 + GW_CONSUMERS))
 #define GW_PRODUCER_REGS 56  // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
-#define GW_CONSUMER_REGS 224 // and of the consumers: 56·128 + 224·256 ≤ 64K registers
+#define GW_CONSUMER_REGS 224 // and of the consumers
 #define GW_ROW_BYTES 128     // bytes of a stage row: GW_BK bf16
+// Within the registers the block is launched with (hop_attention.cuh says why).
+static_assert(GW_PRODUCER_REGS * 128 + GW_CONSUMER_REGS * 128 * GW_CONSUMERS <= 65536 / GW_THREADS / 8 * 8 * GW_THREADS,
+              "setmaxnreg asks for more registers than the block has");
 
 // Codes of status[0] when a wait timed out.
 #define GW_WAIT_FULL 1

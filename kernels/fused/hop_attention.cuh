@@ -10,7 +10,14 @@
 #define HOP_CONSUMERS 2      // consumer warpgroups
 #define HOP_THREADS (128 * (1 + HOP_CONSUMERS))
 #define HOP_PRODUCER_REGS 24 // setmaxnreg of the producer warpgroup
-#define HOP_CONSUMER_REGS 240 // and of the consumers: 24·128 + 240·256 ≤ 64K registers
+#define HOP_CONSUMER_REGS 240 // and of the consumers
+// setmaxnreg moves registers within what the block was launched with (168
+// a thread: 64K / HOP_THREADS, in steps of 8): an increase beyond it never
+// completes, and no wait's timeout catches that (a branch's producer at 32
+// with these consumers hung the device).
+#define HOP_LAUNCH_REGS (65536 / HOP_THREADS / 8 * 8)
+static_assert(HOP_PRODUCER_REGS * 128 + HOP_CONSUMER_REGS * 128 * HOP_CONSUMERS <= HOP_LAUNCH_REGS * HOP_THREADS,
+              "setmaxnreg asks for more registers than the block has");
 #define HOP_BOX 64           // 2-byte columns of a tensor-copy box: 128 bytes, the swizzle's span
 #define HOP_ROW_BYTES 128    // bytes of a box row
 
