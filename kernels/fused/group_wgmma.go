@@ -86,13 +86,7 @@ type gwKit struct {
 // never fails: what went wrong is kept in the kit's err.
 func newGroupWgmma(k *cudaset.Kit) *gwKit {
 	g := &gwKit{}
-	p := k.D.Props()
-	if p.Arch != hopperArch {
-		g.err = notHopper(p, wgmmaVariant, "group_wgmma")
-		return g
-	}
-	if err := k.AddModule(gwModule()); err != nil {
-		g.err = fmt.Errorf("fused: %s: %w", wgmmaVariant, err)
+	if g.err = addHopperModule(k, wgmmaVariant, "group_wgmma", gwModule()); g.err != nil {
 		return g
 	}
 	var why []string

@@ -147,31 +147,55 @@ type hopperKit struct {
 // never fails: what went wrong is kept in the kit's err.
 func newHopper(k *cudaset.Kit) *hopperKit {
 	h := &hopperKit{configs: map[hopperHead]hopperConfig{}}
-	p := k.D.Props()
-	if p.Arch != hopperArch {
-		h.err = notHopper(p, hopperVariant, "flash_hopper")
+	if h.err = addHopperModule(k, hopperVariant, "flash_hopper", hopperModule()); h.err != nil {
 		return h
 	}
-	if err := k.AddModule(hopperModule()); err != nil {
-		h.err = fmt.Errorf("fused: %s: %w", hopperVariant, err)
+	fit, err := fitInstances(k, hopperVariant, hopperConfigs)
+	if err != nil {
+		h.err = err
 		return h
 	}
-	var why []string
-	for _, c := range hopperConfigs {
-		if err := k.FitShared(c.kernel(), c.shared()); err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
-			continue
-		}
+	for _, c := range fit {
 		if cur, ok := h.configs[c.hopperHead]; !ok || c.Stages > cur.Stages {
 			h.configs[c.hopperHead] = c
 		}
 	}
-	if len(h.configs) == 0 {
-		h.err = fmt.Errorf("fused: %s: no instance fits this device: %v", hopperVariant, why)
-		return h
-	}
 	h.status = newWaitStatus(k)
 	return h
+}
+
+// addHopperModule compiles m into k where the device's NVRTC target is
+// hopperArch, or says why it cannot (what: the variant, as errors name
+// it; kernel: the module's kernels).
+func addHopperModule(k *cudaset.Kit, what, kernel string, m cudaset.Module) error {
+	if p := k.D.Props(); p.Arch != hopperArch {
+		return notHopper(p, what, kernel)
+	}
+	if err := k.AddModule(m); err != nil {
+		return fmt.Errorf("fused: %s: %w", what, err)
+	}
+	return nil
+}
+
+// fitInstances readies the dynamic shared memory of each instance's kernel
+// on k: those that fit, in order, or why none does.
+func fitInstances[C interface {
+	kernel() string
+	shared() int
+}](k *cudaset.Kit, what string, cs []C) ([]C, error) {
+	var fit []C
+	var why []string
+	for _, c := range cs {
+		if err := k.FitShared(c.kernel(), c.shared()); err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
+			continue
+		}
+		fit = append(fit, c)
+	}
+	if len(fit) == 0 {
+		return nil, fmt.Errorf("fused: %s: no instance fits this device: %v", what, why)
+	}
+	return fit, nil
 }
 
 // notHopper is why the variant's kernel cannot be built on a device of

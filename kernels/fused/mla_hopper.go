@@ -79,28 +79,19 @@ type mlaHopperKit struct {
 // never fails: what went wrong is kept in the kit's err.
 func newMLAHopper(k *cudaset.Kit) *mlaHopperKit {
 	m := &mlaHopperKit{configs: map[mlaHeads]mlaHopperConfig{}}
-	p := k.D.Props()
-	if p.Arch != hopperArch {
-		m.err = notHopper(p, "mla_prefill "+mlaHopperVariant, "mla_hopper")
+	what := "mla_prefill " + mlaHopperVariant
+	if m.err = addHopperModule(k, what, "mla_hopper", mlaHopperModule()); m.err != nil {
 		return m
 	}
-	if err := k.AddModule(mlaHopperModule()); err != nil {
-		m.err = fmt.Errorf("fused: mla_prefill %s: %w", mlaHopperVariant, err)
+	fit, err := fitInstances(k, what, mlaHopperConfigs)
+	if err != nil {
+		m.err = err
 		return m
 	}
-	var why []string
-	for _, c := range mlaHopperConfigs {
-		if err := k.FitShared(c.kernel(), c.shared()); err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", c.kernel(), err))
-			continue
-		}
+	for _, c := range fit {
 		if _, ok := m.configs[c.Heads]; !ok {
 			m.configs[c.Heads] = c
 		}
-	}
-	if len(m.configs) == 0 {
-		m.err = fmt.Errorf("fused: mla_prefill %s: no instance fits this device: %v", mlaHopperVariant, why)
-		return m
 	}
 	m.status = newWaitStatus(k)
 	return m
