@@ -214,23 +214,23 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	const bf16* wg = w + (long long)g * N * K;
 	const unsigned base = smem_addr(smem);
 
+	// rows copies loads 16-byte chunks a thread of the k-tile at k0 into
+	// the tile at dst: tile row r from row idx[r] of src (pitch p), zeros
+	// where that is -1 or past K.
+	auto rows = [&](int loads, unsigned dst, const int* idx, const bf16* src, long long p, int k0) {
+#pragma unroll
+		for (int it = 0; it < loads; it++) {
+			const int i = tid + it * THREADS, r = i / T::CHUNKS, c = i - r * T::CHUNKS, k = k0 + c * 8;
+			const int row = idx[r];
+			const bool ok = row >= 0 && k < K;
+			cp16(T::at(dst, r, c), ok ? src + row * p + k : src, ok);
+		}
+	};
 	auto load = [&](int kt) {
 		const int k0 = kt * BK;
 		const unsigned a = base + (kt % STAGES) * STAGE_BYTES, b = a + A_BYTES;
-#pragma unroll
-		for (int it = 0; it < A_LOADS; it++) {
-			const int i = tid + it * THREADS, r = i / T::CHUNKS, c = i - r * T::CHUNKS, k = k0 + c * 8;
-			const int src = aRow[r];
-			const bool ok = src >= 0 && k < K;
-			cp16(T::at(a, r, c), ok ? x + (long long)src * xp + k : x, ok);
-		}
-#pragma unroll
-		for (int it = 0; it < B_LOADS; it++) {
-			const int i = tid + it * THREADS, r = i / T::CHUNKS, c = i - r * T::CHUNKS, k = k0 + c * 8;
-			const int wr = bRow[r];
-			const bool ok = wr >= 0 && k < K;
-			cp16(T::at(b, r, c), ok ? wg + (long long)wr * K + k : wg, ok);
-		}
+		rows(A_LOADS, a, aRow, x, xp, k0);
+		rows(B_LOADS, b, bRow, wg, K, k0);
 	};
 
 	const int ktiles = (K + BK - 1) / BK;
