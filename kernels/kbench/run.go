@@ -235,7 +235,7 @@ func (r *runner) denseRow(c *Case, s kernels.Shape) {
 	var p *problem
 	err = call(r.dev, func() { p = c.dense(b, s) })
 	if err == nil {
-		row.Ms, err = r.time(p, o)
+		row.Ms, _, err = r.time(p, o)
 	}
 	if err != nil {
 		row.Err = err.Error()
@@ -290,7 +290,7 @@ func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kerne
 		row.Err = err.Error()
 		return
 	}
-	ms, err := r.time(p, o)
+	ms, _, err := r.time(p, o)
 	if err != nil {
 		row.Err = err.Error()
 		return

@@ -18,53 +18,81 @@ const (
 	graphBelowMs = 0.05 // calls this short are replayed from a graph
 )
 
+// group is how time ran an op's calls: size calls a group, launched one by
+// one or replayed from a graph of them. The kernel trace (--cupti) runs a
+// group as time did.
+type group struct {
+	size  int
+	graph bool
+}
+
 // time is the median device time of one call of p's op with o, rotating
-// over p's copies, in ms.
-func (r *runner) time(p *problem, o kernels.Ops) (float64, error) {
-	dev := r.dev
-	i := 0
-	next := func() { p.run(o, i%p.copies); i++ }
+// over p's copies, in ms, and how it ran them.
+func (r *runner) time(p *problem, o kernels.Ops) (float64, group, error) {
+	next := p.caller(o)
 	// Warm-up: kernel loading, scratch buffers, cuBLAS's first calls.
-	if err := call(dev, func() { next(); next() }); err != nil {
-		return 0, err
+	if err := call(r.dev, func() { next(); next() }); err != nil {
+		return 0, group{}, err
 	}
 	one, err := r.elapsed(1, next)
 	if err != nil {
-		return 0, err
+		return 0, group{}, err
 	}
-	size := max(1, min(maxGroupSize, int(groupMs/math.Max(one, 1e-4))))
-	run := func() (float64, error) { return r.elapsed(size, next) }
-	if gr, ok := dev.(kernels.Grapher); ok && one < graphBelowMs {
-		if err := gr.BeginCapture(); err != nil {
-			return 0, err
-		}
-		for range size {
-			next()
-		}
-		g, err := gr.EndCapture()
-		if err != nil {
-			return 0, err
-		}
-		defer g.Close()
-		run = func() (float64, error) {
-			var rerr error
-			ms, err := r.elapsed(1, func() { rerr = g.Replay() })
-			if rerr != nil {
-				return 0, rerr
-			}
-			return ms, err
-		}
+	g := group{size: max(1, min(maxGroupSize, int(groupMs/math.Max(one, 1e-4))))}
+	_, canGraph := r.dev.(kernels.Grapher)
+	g.graph = canGraph && one < graphBelowMs
+	run, release, err := r.grouped(next, g)
+	if err != nil {
+		return 0, group{}, err
 	}
+	defer release()
 	var ms []float64
 	for range groups {
-		t, err := run()
-		if err != nil {
-			return 0, err
+		var rerr error
+		t, err := r.elapsed(1, func() { rerr = run() })
+		if err == nil {
+			err = rerr
 		}
-		ms = append(ms, t/float64(size))
+		if err != nil {
+			return 0, group{}, err
+		}
+		ms = append(ms, t/float64(g.size))
 	}
 	slices.Sort(ms)
-	return ms[len(ms)/2], nil
+	return ms[len(ms)/2], g, nil
+}
+
+// caller is a function that runs p's op with o once, on the next of p's
+// copies each time.
+func (p *problem) caller(o kernels.Ops) func() {
+	i := 0
+	return func() { p.run(o, i%p.copies); i++ }
+}
+
+// grouped is what runs one group g of calls of next: g.size calls, or a
+// replay of a graph of them captured here (g.graph); release frees the
+// graph.
+func (r *runner) grouped(next func(), g group) (run func() error, release func(), err error) {
+	if !g.graph {
+		return func() error {
+			for range g.size {
+				next()
+			}
+			return nil
+		}, func() {}, nil
+	}
+	gr := r.dev.(kernels.Grapher)
+	if err := gr.BeginCapture(); err != nil {
+		return nil, nil, err
+	}
+	for range g.size {
+		next()
+	}
+	graph, err := gr.EndCapture()
+	if err != nil {
+		return nil, nil, err
+	}
+	return graph.Replay, func() { graph.Close() }, nil
 }
 
 // elapsed is the device time of n calls of f, in ms.
