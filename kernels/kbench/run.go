@@ -17,7 +17,10 @@ type Options struct {
 	// Optimize times every valid variant of a set that has several (it
 	// always does) and returns the fastest per tuning key in Report.Tuned.
 	Optimize bool
-	Seed     uint64
+	// CUPTI traces, after every row is timed, the kernels of each timed
+	// row's calls through the device's kernel trace (Row.Kernels).
+	CUPTI bool
+	Seed  uint64
 	// Progress, when set, is called after each shape with the shapes done
 	// and in all.
 	Progress func(done, total int)
@@ -38,6 +41,22 @@ type Row struct {
 	Checked string     `json:"checked"`        // what the result was held against, and its relative error
 	Note    string     `json:"note,omitempty"`
 	Err     string     `json:"error,omitempty"`
+
+	// Kernels are the kernels of one call, the longest first, as the
+	// device traced them (Options.CUPTI) in a pass after the timing, which
+	// the trace does not slow: graph replays and cuBLAS's kernels included.
+	// Their times add up to Ms less the gaps between and around them.
+	Kernels []KernelTime `json:"kernels,omitempty"`
+	// NoAppendMs is the traced device time of one call without its KV
+	// cache append (kv_append), where the call ran one: the attention
+	// alone, which is what cuDNN's and FlashAttention's attention run (they
+	// append to no cache). NoAppendTFLOPS and NoAppendGBs are the op's
+	// FLOPs and bytes over it: the append does none of the op's arithmetic
+	// and moves none of the bytes it counts, so that for fused's
+	// attn_prefill they are flash_hopper's own rates.
+	NoAppendMs     float64 `json:"ms_without_kv_append,omitempty"`
+	NoAppendTFLOPS float64 `json:"tflop_s_without_kv_append,omitempty"`
+	NoAppendGBs    float64 `json:"gb_s_without_kv_append,omitempty"`
 }
 
 // Report is what Run measured.
@@ -48,6 +67,9 @@ type Report struct {
 	MatrixRate float64         `json:"matrix_flop_per_s"` // bf16 GEMM through the naive set's cuBLAS
 	Rows       []Row           `json:"rows"`
 	Tuned      []kernels.Tuned `json:"tuned,omitempty"`
+	// Note says what the run could not do for every row: why no kernels
+	// were traced (Options.CUPTI on a device that records none).
+	Note string `json:"note,omitempty"`
 }
 
 // Checks: where a problem is this cheap, the cpu set (bf16 activations)
@@ -85,14 +107,23 @@ func Run(dev kernels.Device, target kernels.Target, opt Options) (*Report, error
 	for _, c := range cs {
 		total += len(r.shapesOf(c))
 	}
+	if opt.CUPTI {
+		total *= 2 // the trace pass goes over the shapes again
+	}
+	progress := func() {
+		done++
+		if opt.Progress != nil {
+			opt.Progress(done, total)
+		}
+	}
 	for _, c := range cs {
 		for _, s := range r.shapesOf(c) {
 			r.shape(c, s)
-			done++
-			if opt.Progress != nil {
-				opt.Progress(done, total)
-			}
+			progress()
 		}
+	}
+	if opt.CUPTI {
+		r.traceKernels(cs, progress)
 	}
 	if opt.Optimize {
 		r.rep.Tuned = best(r.rep.Rows, r.keys)
@@ -135,6 +166,7 @@ type runner struct {
 	built  map[string]kernels.Ops
 	rep    *Report
 	keys   map[int]string // row index → its tuning key, for Optimize
+	timed  []timedRow     // the rows timed, in order, for the trace pass
 }
 
 func (r *runner) shapesOf(c *Case) []kernels.Shape {
@@ -198,7 +230,10 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 					continue
 				}
 			}
-			r.measure(&row, c, s, p, o, set, ref)
+			g := r.measure(&row, c, s, p, o, set, ref)
+			if row.Err == "" {
+				r.timed = append(r.timed, timedRow{index: len(r.rep.Rows), c: c, shape: s, group: g})
+			}
 			if tunable && len(vs) > 1 && row.Err == "" {
 				if r.keys == nil {
 					r.keys = map[int]string{}
@@ -232,21 +267,29 @@ func (r *runner) denseRow(c *Case, s kernels.Shape) {
 	}
 	b := newBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
 	defer r.release(b)
-	var p *problem
-	err = call(r.dev, func() { p = c.dense(b, s) })
+	p, err := buildDense(b, c, s)
+	var g group
 	if err == nil {
-		row.Ms, _, err = r.time(p, o)
+		row.Ms, g, err = r.time(p, o)
 	}
 	if err != nil {
 		row.Err = err.Error()
 		return
 	}
+	r.timed = append(r.timed, timedRow{index: len(r.rep.Rows), c: c, shape: s, group: g, dense: true})
 	flops := c.FLOPs(s)
 	row.TFLOPS, row.GBs = flops/row.Ms/1e9, p.bytes/row.Ms/1e6
 	row.Bound, row.FloorMs = bound(flops, p.bytes, r.rep.MatrixRate, r.rep.CopyRate)
 	if row.FloorMs > 0 {
 		row.OfFloor = row.FloorMs / row.Ms
 	}
+}
+
+// buildDense builds the dense problem of c at s (Case.dense), turning a
+// device error into an error.
+func buildDense(b *builder, c *Case, s kernels.Shape) (p *problem, err error) {
+	err = call(b.dev, func() { p = c.dense(b, s) })
+	return p, err
 }
 
 // build builds a problem, turning a device error into an error.
@@ -282,18 +325,19 @@ func (r *runner) release(b *builder) {
 	}
 }
 
-// measure checks then times one set (in its current variant) on p.
-func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) {
+// measure checks then times one set (in its current variant) on p, and
+// returns how it ran the calls it timed.
+func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) group {
 	checked, err := r.check(c, s, p, o, set, ref)
 	row.Checked = checked
 	if err != nil {
 		row.Err = err.Error()
-		return
+		return group{}
 	}
-	ms, _, err := r.time(p, o)
+	ms, g, err := r.time(p, o)
 	if err != nil {
 		row.Err = err.Error()
-		return
+		return group{}
 	}
 	row.Ms = ms
 	flops, bytes := c.FLOPs(s), c.Bytes(s)
@@ -306,6 +350,7 @@ func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kerne
 	if row.FloorMs > 0 {
 		row.OfFloor = row.FloorMs / ms
 	}
+	return g
 }
 
 // The H200's rates (DESIGN.md), which say what bounds a problem where the
