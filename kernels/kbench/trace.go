@@ -208,24 +208,29 @@ func (r *runner) traceGroup(tr kernels.KernelTracer, p *problem, o kernels.Ops, 
 // name into the launches and device time of one call, each with its share
 // of ms (the call's time between events), the longest first.
 func kernelTimes(recs []kernels.KernelRecord, calls int, ms float64) []KernelTime {
-	byName := map[string]*KernelTime{}
+	type sum struct {
+		source   string
+		launches int
+		ns       int64
+	}
+	byName := map[string]*sum{}
 	for _, k := range recs {
-		kt := byName[k.Name]
-		if kt == nil {
-			kt = &KernelTime{Name: k.Name, Source: k.Source}
-			byName[k.Name] = kt
+		s := byName[k.Name]
+		if s == nil {
+			s = &sum{source: k.Source}
+			byName[k.Name] = s
 		}
-		kt.Launches++
-		kt.Ms += float64(k.Ns()) / 1e6
+		s.launches++
+		s.ns += k.Ns()
 	}
 	out := make([]KernelTime, 0, len(byName))
-	for _, kt := range byName {
-		kt.Launches /= float64(calls)
-		kt.Ms /= float64(calls)
+	for name, s := range byName {
+		kt := KernelTime{Name: name, Source: s.source, Launches: float64(s.launches) / float64(calls),
+			Ms: float64(s.ns) / (1e6 * float64(calls))} // one rounding: the ns are whole
 		if ms > 0 {
 			kt.Share = kt.Ms / ms
 		}
-		out = append(out, *kt)
+		out = append(out, kt)
 	}
 	slices.SortFunc(out, func(a, b KernelTime) int {
 		if c := cmp.Compare(b.Ms, a.Ms); c != 0 {
