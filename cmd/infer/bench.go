@@ -27,7 +27,7 @@ import (
 type benchFlags struct {
 	sets, arch, device, plot string
 	shapes                   []string
-	dryRun, optimize         bool
+	dryRun, optimize, cupti  bool
 	jsonOut, csvOut, quiet   bool
 	seed                     uint64
 }
@@ -50,6 +50,14 @@ without running anything (with --arch, on a machine with no GPU). --optimize
 times every variant, keeps the fastest per tuning key in the device's tuning
 cache, and infer applies it.
 
+--cupti runs every timed row's calls again after the timing, under CUPTI, and
+gives each row the kernels of one call: launches and device time per call and
+their share of the row's time (graph replays and cuBLAS's kernels included).
+The tables add each row's longest kernel; attention's add the op's rate without
+its kv_append (on fused's attn_prefill, flash_hopper's own), the figure that
+cuDNN's and FlashAttention's attention, which append to no cache, are read
+against; --json holds every kernel.
+
 Ops: ` + strings.Join(benchOps(), " ") + `
 
 ` + exitRule,
@@ -61,6 +69,8 @@ Ops: ` + strings.Join(benchOps(), " ") + `
 	fl.BoolVar(&f.dryRun, "dry-run", false, "list each set's variants for every shape, valid or not, and run nothing")
 	fl.StringVar(&f.arch, "arch", "", "the target of --dry-run where no GPU is found: "+strings.Join(targetNames(), ", "))
 	fl.BoolVar(&f.optimize, "optimize", false, "keep the fastest variant per tuning key in the device's tuning cache")
+	fl.BoolVar(&f.cupti, "cupti", false, "time each row's kernels through CUPTI, graph replays and cuBLAS's included "+
+		"(in a pass of their own after the timing, which tracing would slow, so that the rows' times stay the events')")
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
 	fl.BoolVar(&f.jsonOut, "json", false, "stdout is one JSON document instead of tables")
 	fl.BoolVar(&f.csvOut, "csv", false, "stdout is CSV, one line per row, instead of tables")
@@ -102,7 +112,7 @@ func benchArgs(_ *cobra.Command, args []string) error {
 // check rejects flag combinations that cannot run, before any device work.
 func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 	bad := func(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
-	opt := kbench.Options{Seed: f.seed, Optimize: f.optimize}
+	opt := kbench.Options{Seed: f.seed, Optimize: f.optimize, CUPTI: f.cupti}
 	for _, op := range ops {
 		opt.Ops = append(opt.Ops, op)
 	}
@@ -113,6 +123,8 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 		return opt, bad("--dry-run runs nothing, so it cannot --optimize")
 	case f.dryRun && f.plot != "":
 		return opt, bad("--dry-run runs nothing, so there is nothing to --plot")
+	case f.dryRun && f.cupti:
+		return opt, bad("--dry-run runs nothing, so there are no kernels for --cupti to time")
 	case f.arch != "" && !f.dryRun:
 		return opt, bad("--arch names the target of a --dry-run; a run measures the device it runs on")
 	case f.device != "" && f.device != "cpu" && f.device != "cuda":
@@ -225,6 +237,9 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 	bar.Done()
 	if err != nil {
 		return err
+	}
+	if rep.Note != "" && f.csvOut { // the tables and the JSON say it; CSV has no place for it
+		fmt.Fprintf(logw, "bench: %s\n", rep.Note)
 	}
 	if f.optimize {
 		if err := keepTuning(dev, rep, opt, logw); err != nil {
@@ -391,40 +406,31 @@ func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
 		return enc.Encode(rep)
 	case f.csvOut:
 		cw := csv.NewWriter(w)
-		cw.Write([]string{"op", "shape", "set", "variant", "ms", "tflop_s", "gb_s", "floor_ms", "share_of_floor", "checked", "note", "error"})
+		cw.Write([]string{"op", "shape", "set", "variant", "ms", "tflop_s", "gb_s", "floor_ms", "share_of_floor", "checked", "note", "error",
+			"top_kernel", "top_kernel_ms", "top_kernel_share", "ms_without_kv_append", "tflop_s_without_kv_append", "gb_s_without_kv_append"})
 		for _, r := range rep.Rows {
+			var top kbench.KernelTime
+			if len(r.Kernels) > 0 {
+				top = r.Kernels[0]
+			}
 			cw.Write([]string{string(r.Op), r.Shape, r.Set, r.Variant, num(r.Ms), num(r.TFLOPS), num(r.GBs), num(r.FloorMs),
-				num(r.OfFloor), r.Checked, r.Note, r.Err})
+				num(r.OfFloor), r.Checked, r.Note, r.Err, top.Name, num(top.Ms), num(top.Share),
+				num(r.NoAppendMs), num(r.NoAppendTFLOPS), num(r.NoAppendGBs)})
 		}
 		cw.Flush()
 		return cw.Error()
 	}
 	fmt.Fprintf(w, "%s; copy %s, bf16 GEMM %s\n", rep.Device, rate(rep.CopyRate/1e9, "GB/s"), rate(rep.MatrixRate/1e12, "TFLOP/s"))
-	var op kernels.Op
-	var tw *tabwriter.Writer
-	for _, r := range rep.Rows {
-		if r.Op != op || tw == nil {
-			if tw != nil {
-				tw.Flush()
-			}
-			op = r.Op
-			fmt.Fprintf(w, "\n%s\n", op)
-			tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "shape\tset\tvariant\tms\tTFLOP/s\tGB/s\tbound\tfloor ms\tof floor\tchecked against\t\n")
-		}
-		if r.Err != "" || r.Note != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
-			continue
-		}
-		floor, share := "-", "-"
-		if r.FloorMs > 0 {
-			floor, share = fmt.Sprintf("%.4f", r.FloorMs), fmt.Sprintf("%.0f%%", 100*r.OfFloor)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Shape, r.Set, r.Variant, r.Ms, r.TFLOPS, r.GBs,
-			r.Bound, floor, share, r.Checked)
+	if rep.Note != "" {
+		fmt.Fprintln(w, rep.Note)
 	}
-	if tw != nil {
-		tw.Flush()
+	for from := 0; from < len(rep.Rows); {
+		to := from + 1
+		for to < len(rep.Rows) && rep.Rows[to].Op == rep.Rows[from].Op {
+			to++
+		}
+		writeBenchTable(w, rep.Rows[from:to])
+		from = to
 	}
 	if len(rep.Tuned) > 0 {
 		fmt.Fprintln(w, "\nfastest variants (kept by --optimize):")
@@ -433,6 +439,78 @@ func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
 		}
 	}
 	return nil
+}
+
+// writeBenchTable writes one op's rows. Where the kernels were traced
+// (--cupti) each row adds its longest kernel, with its ms a call and their
+// share of the row's; where a call appended to the KV cache, the op's
+// metric without the append.
+func writeBenchTable(w io.Writer, rows []kbench.Row) {
+	op := rows[0].Op
+	traced, appended := false, false
+	for _, r := range rows {
+		traced = traced || len(r.Kernels) > 0
+		appended = appended || r.NoAppendMs > 0
+	}
+	compute := kbench.CaseFor(op) != nil && kbench.CaseFor(op).Bound == "compute"
+	fmt.Fprintf(w, "\n%s\n", op)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	head := "shape\tset\tvariant\tms\tTFLOP/s\tGB/s\tbound\tfloor ms\tof floor\tchecked against\t"
+	if traced {
+		head += "top kernel\tits ms\t"
+	}
+	if appended && compute {
+		head += "TFLOP/s w/o kv_append\t"
+	} else if appended {
+		head += "GB/s w/o kv_append\t"
+	}
+	fmt.Fprintln(tw, head)
+	for _, r := range rows {
+		if r.Err != "" || r.Ms == 0 {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
+			continue
+		}
+		floor, share := "-", "-"
+		if r.FloorMs > 0 {
+			floor, share = fmt.Sprintf("%.4f", r.FloorMs), fmt.Sprintf("%.0f%%", 100*r.OfFloor)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t", r.Shape, r.Set, r.Variant, r.Ms, r.TFLOPS, r.GBs,
+			r.Bound, floor, share, r.Checked)
+		if traced {
+			name, ms := "-", "-"
+			if len(r.Kernels) > 0 {
+				k := r.Kernels[0]
+				name, ms = kernelCell(k.Name), fmt.Sprintf("%.4f (%.0f%%)", k.Ms, 100*k.Share)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t", name, ms)
+		}
+		if appended {
+			v := r.NoAppendGBs
+			if compute {
+				v = r.NoAppendTFLOPS
+			}
+			cell := "-"
+			if v > 0 {
+				cell = fmt.Sprintf("%.1f", v)
+			}
+			fmt.Fprintf(tw, "%s\t", cell)
+		}
+		if r.Note != "" { // after the last column, not in one, so that a long note widens none
+			fmt.Fprintf(tw, "  %s", r.Note)
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+}
+
+// kernelCell cuts a long kernel name (cuBLAS's run to a hundred
+// characters) for a table cell; --json holds it whole.
+func kernelCell(name string) string {
+	const most = 40
+	if len(name) <= most {
+		return name
+	}
+	return name[:most-3] + "..."
 }
 
 // writeOffers writes a dry run: every set's variants per op and shape.

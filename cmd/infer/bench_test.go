@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"image/png"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/kbench"
 )
@@ -29,6 +31,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"bench", "--arch", "sm_90a"}, "--arch names the target of a --dry-run"},
 		{[]string{"bench", "--dry-run", "--arch", "sm_99"}, `--arch "sm_99": known targets are`},
 		{[]string{"bench", "--dry-run", "--optimize"}, "cannot --optimize"},
+		{[]string{"bench", "--dry-run", "--cupti", "--arch", "sm_90a"}, "no kernels for --cupti"},
 		{[]string{"bench", "--sets", "turbo"}, `kernel set "turbo" is not built`},
 		{[]string{"bench", "--device", "tpu"}, "--device must be cpu or cuda"},
 		{[]string{"bench", "--device", "cpu", "rms_norm"}, "--device cpu needs --shape"},
@@ -126,5 +129,108 @@ func TestBenchOnCPU(t *testing.T) {
 	}
 	if code, _, stderr := runInfer(t, "bench", "rms_norm", "--quiet"); code != exitError || !strings.Contains(stderr, "finds no GPU") {
 		t.Errorf("bench without a GPU: exit %d, %q", code, stderr)
+	}
+}
+
+// With --cupti on the cpu device, which traces no kernels, bench times the
+// rows and says once, in the table and in the JSON, that it traced none.
+func TestBenchCUPTIOnCPU(t *testing.T) {
+	args := []string{"bench", "--device", "cpu", "--quiet", "--cupti", "rms_norm", "--shape", "M=8,N=64"}
+	code, stdout, stderr := runInfer(t, args...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if strings.Count(stdout, "kernels not traced: cpu") != 1 || strings.Contains(stdout, "top kernel") || !strings.Contains(stdout, "is the reference") {
+		t.Errorf("tables:\n%s", stdout)
+	}
+	// CSV has no place for the note: it goes to stderr, unless --quiet.
+	loud := []string{"bench", "--device", "cpu", "--cupti", "--csv", "rms_norm", "--shape", "M=8,N=64"}
+	if _, stdout, stderr := runInfer(t, loud...); !strings.Contains(stderr, "bench: kernels not traced: cpu") || strings.Contains(stdout, "not traced") {
+		t.Errorf("--csv: stdout %q, stderr %q", stdout, stderr)
+	}
+	_, stdout, _ = runInfer(t, append(args, "--json")...)
+	var rep kbench.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || !strings.Contains(rep.Note, "records no kernels") ||
+		len(rep.Rows) != 1 || rep.Rows[0].Kernels != nil || !(rep.Rows[0].Ms > 0) {
+		t.Errorf("--json: %v, %+v", err, rep)
+	}
+}
+
+// tracedReport is a report as --cupti gives it (the first row's kernels
+// are kbench's TestTraceKernels's): an attention call of kv_append and
+// flash_hopper, a row whose top kernel has a long cuBLAS name and whose
+// tracer lost records, and an op that appends nothing.
+func tracedReport() *kbench.Report {
+	return &kbench.Report{Device: "fake", Rows: []kbench.Row{
+		{Op: kernels.OpAttnPrefill, Shape: "B=1,H=2,KVH=1,D=16,N=8,causal=1", Set: "fused", Variant: "wgmma", Bound: "compute",
+			Ms: 0.104, TFLOPS: 393.8, GBs: 147.7, Checked: "cpu 1.2e-03",
+			Kernels: []kbench.KernelTime{
+				{Name: "flash_hopper_d16_s2", Source: kernels.SourceOwn, Launches: 1, Ms: 0.09, Share: 0.09 / 0.104},
+				{Name: "kv_append_v8", Source: kernels.SourceOwn, Launches: 1, Ms: 0.01, Share: 0.01 / 0.104}},
+			NoAppendMs: 0.09, NoAppendTFLOPS: 455.1, NoAppendGBs: 170.7},
+		{Op: kernels.OpAttnPrefill, Shape: "B=1,H=2,KVH=1,D=16,N=8,causal=1", Set: "naive", Variant: "default", Bound: "compute",
+			Ms: 0.5, TFLOPS: 81.9, GBs: 30.7, Checked: "cpu 2.0e-03", Note: "CUPTI dropped 3 records: kernel times miss some kernels",
+			Kernels: []kbench.KernelTime{
+				{Name: "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas", Source: kernels.SourceCUBLAS, Launches: 2, Ms: 0.3, Share: 0.6}}},
+		{Op: kernels.OpLinear, Shape: "M=3,N=16,K=32", Set: "naive", Variant: "default", Bound: "compute", Ms: 0.051, TFLOPS: 1, GBs: 1,
+			Checked: "is the reference",
+			Kernels: []kbench.KernelTime{{Name: "splitKreduce_kernel", Source: kernels.SourceCUBLAS, Launches: 1, Ms: 0.005, Share: 0.098}}},
+	}}
+}
+
+// The table adds each traced row's longest kernel (the name cut, its ms
+// and share) and, for the op whose calls appended to the cache, its metric
+// without the append; a lost-records note follows its row's numbers. CSV
+// carries the same.
+func TestBenchKernelColumns(t *testing.T) {
+	var out bytes.Buffer
+	if err := writeReport(&out, tracedReport(), &benchFlags{}); err != nil {
+		t.Fatal(err)
+	}
+	tables := out.String()
+	t.Logf("\n%s", tables)
+	lines := strings.Split(tables, "\n")
+	find := func(parts ...string) string {
+		for _, l := range lines {
+			all := true
+			for _, p := range parts {
+				all = all && strings.Contains(l, p)
+			}
+			if all {
+				return l
+			}
+		}
+		t.Errorf("no line holds %q:\n%s", parts, tables)
+		return ""
+	}
+	find("top kernel", "its ms", "TFLOP/s w/o kv_append")
+	find("fused", "wgmma", "0.1040", "flash_hopper_d16_s2", "0.0900 (87%)", "455.1")
+	naive := find("naive", "0.5000", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_t...", "0.3000 (60%)")
+	if !strings.HasSuffix(naive, "-  CUPTI dropped 3 records: kernel times miss some kernels") {
+		t.Errorf("the naive row's note is not after its numbers: %q", naive)
+	}
+	if l := find("linear"); l != "linear" {
+		t.Errorf("linear's title: %q", l)
+	}
+	find("top kernel", "its ms")
+	if strings.Count(tables, "w/o kv_append") != 1 {
+		t.Errorf("a table without an append has the column:\n%s", tables)
+	}
+
+	out.Reset()
+	if err := writeReport(&out, tracedReport(), &benchFlags{csvOut: true}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&out).ReadAll()
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("CSV: %v, %q", err, recs)
+	}
+	col := map[string]int{}
+	for i, name := range recs[0] {
+		col[name] = i
+	}
+	if r := recs[1]; r[col["top_kernel"]] != "flash_hopper_d16_s2" || r[col["top_kernel_ms"]] != "0.09" ||
+		r[col["tflop_s_without_kv_append"]] != "455.1" || recs[3][col["ms_without_kv_append"]] != "" {
+		t.Errorf("CSV: %q", recs)
 	}
 }
