@@ -70,7 +70,7 @@ Ops: ` + strings.Join(benchOps(), " ") + `
 	fl.StringVar(&f.arch, "arch", "", "the target of --dry-run where no GPU is found: "+strings.Join(targetNames(), ", "))
 	fl.BoolVar(&f.optimize, "optimize", false, "keep the fastest variant per tuning key in the device's tuning cache")
 	fl.BoolVar(&f.cupti, "cupti", false, "time each row's kernels through CUPTI, graph replays and cuBLAS's included "+
-		"(in a pass of their own after the timing, which tracing would slow, so that the rows' times stay the events')")
+		"(in a pass of their own after the timing, which tracing could slow, so that the rows' times stay the events')")
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: cuda when a GPU is found)")
 	fl.BoolVar(&f.jsonOut, "json", false, "stdout is one JSON document instead of tables")
 	fl.BoolVar(&f.csvOut, "csv", false, "stdout is CSV, one line per row, instead of tables")

@@ -6,7 +6,7 @@
 // take too long) before it is timed. It also lists what each set offers for
 // a shape on a device or an --arch without running anything, picks the
 // fastest variant (--optimize) and keeps the choice in a tuning cache that
-// infer applies.
+// infer applies, and traces the kernels of every row's calls (--cupti).
 package kbench
 
 import (

@@ -14,7 +14,7 @@ import (
 // (directly, or replayed from a graph), under the device's kernel trace,
 // whose records give the device time of every kernel of a call. The
 // timing itself never runs traced: the CUDA device keeps CUPTI's session
-// up once started, so a trace between two rows' timings would slow the
+// up once started, so that a trace between two rows' timings could slow the
 // second.
 
 // KernelTime is one kernel of an op's call, as the device traced it.
