@@ -27,6 +27,7 @@ type traceDevice struct {
 	ids       map[uint64]bool
 	starts    int
 	stops     int
+	replays   int // graph replays while tracing
 }
 
 type fakeKernel struct {
@@ -103,8 +104,15 @@ type fakeGraph struct {
 	ks []fakeKernel
 }
 
-func (g *fakeGraph) Replay() error { g.d.launch(g.ks...); return nil }
-func (g *fakeGraph) Close() error  { return nil }
+func (g *fakeGraph) Replay() error {
+	if g.d.tracing {
+		g.d.replays++
+	}
+	g.d.launch(g.ks...)
+	return nil
+}
+
+func (g *fakeGraph) Close() error { return nil }
 
 // The kernels tracedOps launches: attention's cache append and attention
 // kernel (one call: 10 + 90 µs and two gaps), cuBLAS's GEMM in two halves
@@ -247,6 +255,9 @@ func TestTraceKernels(t *testing.T) {
 		if g := tr.group; r.rep.Rows[tr.index].Op == kernels.OpAttnPrefill && g.graph {
 			t.Errorf("attn_prefill (104 µs a call) timed in a graph")
 		}
+	}
+	if d.replays != 2 {
+		t.Errorf("%d graph replays traced, want rms_norm's warm-up group and its traced one", d.replays)
 	}
 	if len(d.ids) != 4 || !d.ids[0] { // each row's id, then none
 		t.Errorf("trace ids set: %v, want one a row and 0", d.ids)
