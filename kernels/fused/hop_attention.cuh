@@ -50,13 +50,16 @@ template <int DQK, int DV, int BN, int STAGES> struct HopLayout {
 //   load_k(dst, bar, j), load_v(dst, bar, j): key tile j (keys [j·BN,
 //   j·BN+BN)), DQK/64 and DV/64 boxes of BN rows, out-of-range rows
 //   anything finite or zero (they are masked, and V's past kend zeroed).
-//   out E [T, heads·DV], pitch op. The caller has returned already when
-//   q0 ≥ n. status: see hopper.cu.
+//   out E [T, heads·DV], pitch op; omap, when not null, a 2-D map over out
+//   (box {HOP_BOX, 64}, the 128-byte swizzle) through which a warpgroup
+//   whose 64 rows are all new tokens of the row stores them (the others
+//   store directly). The caller has returned already when q0 ≥ n. status:
+//   see hopper.cu.
 // E is the element type of Q, K, V and out: bf16, or half_bits (f16, with
 // wgmma's f16 form and P rounded to f16); everything else is as for bf16.
 template <int DQK, int DV, int BN, int STAGES, typename Src, typename E>
-__device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, int t0, int n, int p0, int q0, int h,
-                                              float scale_log2, int causal, int* status) {
+__device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, const TmaMap* omap, int t0, int n, int p0,
+                                              int q0, int h, float scale_log2, int causal, int* status) {
 	typedef HopLayout<DQK, DV, BN, STAGES> L;
 	constexpr int KS = DQK / 16, PK = BN / 16, NO = DV / 8, NS = BN / 8;
 	constexpr int VBOXES = DV / HOP_BOX;
@@ -238,14 +241,41 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, in
 	}
 
 	// out = O / l for the rows that are new tokens of the row.
+	float inv[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) inv[i] = 1.0f / quad_sum(st[i].l);
+	if (omap && q0 + 64 * w + 64 <= n) {
+		// Through shared memory: the warpgroup's rows of the Q tile, which
+		// no wgmma reads any more, take its O in the layout the tensor
+		// copies swizzle (the 16-byte chunk of column d·8 of row r at
+		// chunk (d % 8) ^ (r % 8) of the row; each warp's stores then hit 32
+		// different banks), then one thread stores the DV/64 boxes.
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const unsigned row = sQ + (64 * w + 16 * wi + lane / 4 + 8 * i) * HOP_ROW_BYTES + 4 * (lane & 3);
+#pragma unroll
+			for (int d = 0; d < NO; d++)
+				asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row + (d / 8) * HOP_BM * HOP_ROW_BYTES + (((d % 8) ^ (lane / 4)) * 16)),
+				             "r"(pack2<E>(o[d][2 * i] * inv[i], o[d][2 * i + 1] * inv[i]))
+				             : "memory");
+		}
+		fence_async_shared();
+		asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+		if (tid == 0) {
+#pragma unroll
+			for (int c = 0; c < VBOXES; c++)
+				tma_store_2d(omap, sQ + c * HOP_BM * HOP_ROW_BYTES + 64 * w * HOP_ROW_BYTES, h * DV + c * HOP_BOX, t0 + q0 + 64 * w);
+			tma_store_wait();
+		}
+		return;
+	}
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		const int row = qrow + 8 * i;
-		const float inv = 1.0f / quad_sum(st[i].l);
 		if (row >= n) continue;
 		E* dst = out + (long long)(t0 + row) * op + h * DV + 2 * (lane & 3);
 #pragma unroll
 		for (int d = 0; d < NO; d++)
-			*reinterpret_cast<unsigned*>(dst + d * 8) = pack2<E>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+			*reinterpret_cast<unsigned*>(dst + d * 8) = pack2<E>(o[d][2 * i] * inv[i], o[d][2 * i + 1] * inv[i]);
 	}
 }

@@ -70,22 +70,25 @@ template <int D> struct HopCache {
 //   kmap, vmap: the caches E [B·kvh, maxSeq, D], 3-D, box {64, HOP_BN, 1};
 //   all three with the 128-byte swizzle, out-of-bounds elements zero (the
 //   maps move 2-byte elements as they are: one map serves either type).
-//   out E [T, heads·D], pitch op; start i32 [B+1], past i32 [B]: token
+//   out E [T, heads·D], pitch op; omap a 2-D map over out (box {64, 64},
+//   the 128-byte swizzle), used when ostore is 1 (else out is written
+//   directly; the host makes no map where out's rows are not on 16-byte
+//   boundaries); start i32 [B+1], past i32 [B]: token
 //   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
 //   0..past[b]+i (all past[b]+n keys when causal is 0) of kv head
 //   h / (heads/kvh). status i32 [8], zero: see the top of this file.
 // Launch: grid (ceil(max new tokens / HOP_BM), heads, B), HOP_THREADS
 // threads, HopLayout<D, D, HOP_BN, STAGES>::SMEM bytes of dynamic shared memory.
 template <typename E, int D, int STAGES>
-__device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, E* out, int op,
-                                             const int* start, const int* past, int heads, int kvh, float scale_log2,
+__device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap,
+                                             E* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2,
                                              int causal, int* status) {
 	const int b = blockIdx.z, h = blockIdx.y;
 	const int t0 = start[b], n = start[b + 1] - t0, p0 = past[b];
 	const int q0 = (gridDim.x - 1 - blockIdx.x) * HOP_BM; // the latest queries (most keys) first
 	if (q0 >= n) return;
 	const HopCache<D> src{qmap, kmap, vmap, h * D, t0 + q0, b * kvh + h / (heads / kvh)};
-	hop_attention<D, D, HOP_BN, STAGES>(src, out, op, t0, n, p0, q0, h, scale_log2, causal, status);
+	hop_attention<D, D, HOP_BN, STAGES>(src, out, op, omap, t0, n, p0, q0, h, scale_log2, causal, status);
 }
 
 // FLASH_HOPPER instantiates head dim D with STAGES stages in both types:
@@ -93,9 +96,10 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 #define FLASH_HOPPER_OF(NAME, E, D, STAGES)                                                                        \
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1)                                                   \
 	    NAME(const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
-	         E* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2, int causal,  \
-	         int* status) {                                                                                        \
-		flash_hopper<E, D, STAGES>(&qmap, &kmap, &vmap, out, op, start, past, heads, kvh, scale_log2, causal, status); \
+	         const __grid_constant__ TmaMap omap, int ostore, E* out, int op, const int* start, const int* past,     \
+	         int heads, int kvh, float scale_log2, int causal, int* status) {                                      \
+		flash_hopper<E, D, STAGES>(&qmap, &kmap, &vmap, ostore ? &omap : nullptr, out, op, start, past, heads, kvh,  \
+		                           scale_log2, causal, status);                                                    \
 	}
 #define FLASH_HOPPER(D, STAGES)                                       \
 	FLASH_HOPPER_OF(flash_hopper_d##D##_s##STAGES, bf16, D, STAGES) \

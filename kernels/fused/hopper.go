@@ -43,6 +43,9 @@ const (
 	hopperBox     = 64  // HOP_BOX: columns of a tensor-copy box, 128 bytes of bf16 or f16
 	hopperSwizzle = 128 // bytes: the copies' and the wgmma descriptors' swizzle
 	hopperAlign   = 1024
+	// hopperStoreRows are the rows of an output tensor store: a consumer
+	// warpgroup's 64 queries.
+	hopperStoreRows = hopperRows / 2
 	// hopperProducerRegs and hopperConsumerRegs are HOP_PRODUCER_REGS and
 	// HOP_CONSUMER_REGS: setmaxnreg's registers per thread of each role.
 	hopperProducerRegs = 24
@@ -291,14 +294,36 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 		return m
 	}
 	km, vm := cacheMap(a.KCache), cacheMap(a.VCache)
+	om, ostore, err := o.hopperOutMap(o.D.Ptr(a.Out), a.Out.Pitch, a.Heads*d, a.Out.Rows(), es)
+	if err != nil {
+		panic(fmt.Sprintf("fused: %s: out's tensor map: %v", op, err))
+	}
 	causalArg := int32(0)
 	if causal {
 		causalArg = 1
 	}
 	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(blocks), Y: uint32(a.Heads), Z: uint32(b.Rows)},
 		cuda.Dim3{X: hopperThreads}, c.shared(),
-		qm, km, vm, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev),
+		qm, km, vm, om, ostore, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev),
 		int32(a.Heads), int32(a.KVHeads), scaleLog2(a.Scale), causalArg, o.D.Ptr(o.hopper.status))
+}
+
+// hopperOutMap is the tensor map through which flash_hopper and mla_hopper
+// store their output out ([rows, cols] of es-byte elements, pitch
+// elements apart), and the kernels' ostore 1; or, where out's rows do not
+// start on the 16-byte boundaries a map needs, an empty map and 0: the
+// kernel then stores directly.
+func (o *ops) hopperOutMap(out uintptr, pitch, cols, rows, es int) (*cuda.TensorMap, int32, error) {
+	if out%16 != 0 || pitch*es%16 != 0 {
+		return &cuda.TensorMap{}, 0, nil
+	}
+	m, err := o.D.EncodeTiled(cuda.Tiled{Addr: out, Elem: es,
+		Dims: []uint64{uint64(cols), uint64(rows)}, Strides: []uint64{uint64(pitch * es)},
+		Box: []uint32{hopperBox, hopperStoreRows}, Swizzle: hopperSwizzle})
+	if err != nil {
+		return nil, 0, err
+	}
+	return m, 1, nil
 }
 
 // hopperWaits reports a wait of flash_hopper that timed out since the last

@@ -137,10 +137,18 @@ type hopperCase struct {
 	maxSeq       int
 	causal       bool
 	f16          bool // f16 operands (flash_hopper's f16 instances), else bf16
+	// outPad is elements between out's rows beyond heads·d: 4 puts them
+	// off the 16-byte boundaries a tensor store needs, so that the kernel
+	// stores directly.
+	outPad int
 }
 
 func (c hopperCase) String() string {
-	return fmt.Sprintf("new=%v,past=%v,H=%d,KV=%d,D=%d,max=%d,causal=%v,%v", c.lens, c.past, c.heads, c.kv, c.d, c.maxSeq, c.causal, c.dtype())
+	s := fmt.Sprintf("new=%v,past=%v,H=%d,KV=%d,D=%d,max=%d,causal=%v,%v", c.lens, c.past, c.heads, c.kv, c.d, c.maxSeq, c.causal, c.dtype())
+	if c.outPad > 0 {
+		s += fmt.Sprintf(",out pitch +%d", c.outPad)
+	}
+	return s
 }
 
 // dtype is the element type of the case's operands.
@@ -197,7 +205,8 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 	p.v = upload(normal(p.tokens*c.kv*c.d), p.tokens, c.kv*c.d)
 	p.kc = upload(cache(), p.rows, c.kv, c.maxSeq, c.d)
 	p.vc = upload(cache(), p.rows, c.kv, c.maxSeq, c.d)
-	p.out = dev.Alloc(c.dtype(), p.tokens, c.heads*c.d)
+	p.out = dev.Alloc(c.dtype(), p.tokens, c.heads*c.d+c.outPad)
+	p.out.Shape = []int{p.tokens, c.heads * c.d} // the first heads·d columns, rows still Pitch apart
 	p.batch = &kernels.Batch{Rows: p.rows, Tokens: p.tokens, Start: start, Past: c.past, MaxSeq: c.maxSeq,
 		StartDev: intsOn(t, dev, start), PastDev: intsOn(t, dev, c.past)}
 	return p
@@ -236,7 +245,7 @@ func intsOn(t *testing.T, dev kernels.Device, v []int) *kernels.Tensor {
 func (p *hopperProblem) run(t *testing.T, dev *cuda.Device, o *ops, hopper bool) []float32 {
 	t.Helper()
 	o.hopperOn[prefillKey(p.c.d, p.c.dtype())] = hopper
-	dev.MemsetD8(dev.Ptr(p.out), 0xff, p.out.Numel()*2) // NaN: a row the kernel does not write shows
+	dev.MemsetD8(dev.Ptr(p.out), 0xff, p.out.Rows()*p.out.Pitch*2) // NaN: a row the kernel does not write shows
 	o.AttentionPrefill(p.args())
 	out, err := dev.ReadF32(p.out)
 	if err != nil {
@@ -336,6 +345,9 @@ var hopperTinyCases = []hopperCase{
 	{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 4, kv: 2, d: 128, maxSeq: 400, causal: false},
 	{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: true},
 	{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: false},
+	// out's rows off 16-byte boundaries: every warpgroup stores directly
+	{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 4, kv: 2, d: 128, maxSeq: 400, causal: true, outPad: 4},
+	{lens: []int{129, 70}, past: []int{0, 77}, heads: 4, kv: 4, d: 64, maxSeq: 300, causal: false, outPad: 4},
 }
 
 // eachInstance runs f with each flash_hopper instance of element type dt

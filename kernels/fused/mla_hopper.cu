@@ -61,14 +61,15 @@ template <int DN, int DR, int DV, int BN> struct HopMla {
 //   pemap: the cache's k_pe, bf16 [B, maxSeq, DR] (the cache [B, maxSeq,
 //   rank+DR] from column rank on, the new latents appended), 3-D, box
 //   {64, BN, 1}; all three with the 128-byte swizzle, out-of-bounds
-//   elements zero. out bf16 [T, heads·DV], pitch op; start, past as
+//   elements zero. out bf16 [T, heads·DV], pitch op, and omap over it when
+//   ostore is 1, as flash_hopper's (hopper.cu); start, past as
 //   flash_prefill's; status i32 [8], zero (hopper.cu).
 // Launch: grid (ceil(max new tokens / HOP_BM), heads, rows), HOP_THREADS
 // threads, HopLayout<DN+DR, DV, BN, STAGES>::SMEM bytes of dynamic shared
 // memory.
 template <int DN, int DR, int DV, int BN, int STAGES>
-__device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvmap, const TmaMap* pemap, bf16* out, int op,
-                                           const int* start, const int* past, int r0, float scale_log2, int* status) {
+__device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvmap, const TmaMap* pemap, const TmaMap* omap,
+                                           bf16* out, int op, const int* start, const int* past, int r0, float scale_log2, int* status) {
 	static_assert(DN % HOP_BOX == 0 && DR % HOP_BOX == 0 && DV % HOP_BOX == 0, "head dims are whole 64-column boxes");
 	const int b = r0 + blockIdx.z, h = blockIdx.y;
 	const int t0 = start[b], n = start[b + 1] - t0, p0 = past[b];
@@ -78,14 +79,16 @@ __device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvm
 	for (int r = r0; r < b; r++)
 		if (start[r + 1] > start[r]) at += past[r] + start[r + 1] - start[r];
 	const HopMla<DN, DR, DV, BN> src{qmap, kvmap, pemap, h * (DN + DR), t0 + q0, h * (DN + DV), at, b};
-	hop_attention<DN + DR, DV, BN, STAGES>(src, out, op, t0, n, p0, q0, h, scale_log2, 1, status);
+	hop_attention<DN + DR, DV, BN, STAGES>(src, out, op, omap, t0, n, p0, q0, h, scale_log2, 1, status);
 }
 
 #define MLA_HOPPER(DN, DR, DV, BN, STAGES)                                                                          \
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) mla_hopper_n##DN##_r##DR##_v##DV##_k##BN##_s##STAGES( \
 	    const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kvmap, const __grid_constant__ TmaMap pemap, \
-	    bf16* out, int op, const int* start, const int* past, int r0, float scale_log2, int* status) {               \
-		mla_hopper<DN, DR, DV, BN, STAGES>(&qmap, &kvmap, &pemap, out, op, start, past, r0, scale_log2, status);      \
+	    const __grid_constant__ TmaMap omap, int ostore, bf16* out, int op, const int* start, const int* past, int r0,  \
+	    float scale_log2, int* status) {                                                                              \
+		mla_hopper<DN, DR, DV, BN, STAGES>(&qmap, &kvmap, &pemap, ostore ? &omap : nullptr, out, op, start, past, r0,   \
+		                                   scale_log2, status);                                                       \
 	}
 MLA_HOPPER(128, 64, 128, 128, 2) // DeepSeek-V2, V2-Lite, V3: 209 KiB of shared memory
 MLA_HOPPER(128, 64, 128, 64, 4)  // the same dims, half the key tile, twice the stages: 209 KiB

@@ -187,9 +187,11 @@ func (o *ops) mlaHopperLaunch(c mlaHopperConfig, a *kernels.MLAArgs, kv cudaset.
 		Dims:    []uint64{uint64(d.Rope), uint64(b.MaxSeq), uint64(rows)},
 		Strides: []uint64{uint64(a.Cache.Pitch * es), uint64(b.MaxSeq * a.Cache.Pitch * es)},
 		Box:     []uint32{hopperBox, uint32(c.Keys), 1}, Swizzle: hopperSwizzle})
+	om, ostore, err := o.hopperOutMap(o.D.Ptr(a.Out), a.Out.Pitch, a.Heads*d.V, a.Out.Rows(), es)
+	o.Need(err == nil, op, "out's tensor map: %v", err)
 	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(blocks), Y: uint32(a.Heads), Z: uint32(r1 - r0)},
 		cuda.Dim3{X: hopperThreads}, c.shared(),
-		qm, kvm, pem, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev), int32(r0),
+		qm, kvm, pem, om, ostore, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev), int32(r0),
 		scaleLog2(a.Scale), o.D.Ptr(o.mlaHopper.status))
 }
 
