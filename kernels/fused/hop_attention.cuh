@@ -18,6 +18,12 @@
 #define HOP_LAUNCH_REGS (65536 / HOP_THREADS / 8 * 8)
 static_assert(HOP_PRODUCER_REGS * 128 + HOP_CONSUMER_REGS * 128 * HOP_CONSUMERS <= HOP_LAUNCH_REGS * HOP_THREADS,
               "setmaxnreg asks for more registers than the block has");
+// Named barriers of the consumer warpgroups (0 is __syncthreads'):
+// HOP_WG_BAR + w is warpgroup w's own (128 threads), HOP_TURN_BAR + w says
+// it is warpgroup w's turn to issue wgmmas (256 threads: see the turns in
+// hop_attention).
+#define HOP_WG_BAR 1
+#define HOP_TURN_BAR (HOP_WG_BAR + HOP_CONSUMERS)
 #define HOP_BOX 64           // 2-byte columns of a tensor-copy box: 128 bytes, the swizzle's span
 #define HOP_ROW_BYTES 128    // bytes of a box row
 
@@ -114,9 +120,31 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	const int qrow = q0 + 64 * w + 16 * wi + lane / 4; // the thread's first row in the row's new tokens
 	const int qpos = p0 + qrow;                        // its position
 	// Tiles this warpgroup computes: those holding a key some row of it sees.
-	const int wend = causal ? min(kend, p0 + q0 + 64 * w + 64) : kend;
-	const int nw = (wend + BN - 1) / BN;
+	auto tiles_of = [&](int wg) { return ((causal ? min(kend, p0 + q0 + 64 * wg + 64) : kend) + BN - 1) / BN; };
+	const int nw = tiles_of(w);
 	const unsigned qA = sQ + 64 * w * HOP_ROW_BYTES; // this warpgroup's rows of box 0 of Q
+
+	// Turns (FA3's ping-pong): the two consumer warpgroups issue their
+	// wgmmas in turn, each while the other runs its softmax, rather than
+	// both at once and then both waiting. A turn is taken before a group of
+	// wgmmas is issued (tile 0's Q·Kᵀ, each step's Q·Kᵀ and P·V, the last
+	// P·V: nw + 1 turns) and passed right after. Warpgroup 0 goes first; a
+	// warpgroup with fewer tiles (by one at most: the causal diagonal)
+	// takes and passes the turns it lacks once done, and the last turn of
+	// all is not passed, so that every arrival meets its wait.
+	const int turns = max(tiles_of(0), tiles_of(1)) + 1;
+	int turn = 0;
+	auto take_turn = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(HOP_TURN_BAR + w) : "memory"); };
+	auto pass_turn = [&]() {
+		if (++turn < turns || w == 0) asm volatile("bar.arrive %0, 256;\n" ::"r"(HOP_TURN_BAR + 1 - w) : "memory");
+	};
+	auto idle_turns = [&]() { // the turns this warpgroup has not taken
+		while (turn < turns) {
+			take_turn();
+			pass_turn();
+		}
+	};
+	if (w == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(HOP_TURN_BAR) : "memory"); // warpgroup 0 first
 
 	auto release = [&](int s) { // this warp's wgmmas no longer read stage s
 		__syncwarp();
@@ -164,7 +192,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 			             : "memory");
 		}
 		asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the zeros, seen by wgmma
-		asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+		asm volatile("bar.sync %0, 128;\n" ::"r"(HOP_WG_BAR + w) : "memory");
 	};
 
 	float o[NO][4];
@@ -173,14 +201,19 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
 	float sc[NS][4];
 	unsigned pa[PK][4];
+	// A wait that gave up: the turns left are passed on, so that the other
+	// warpgroup winds down too instead of waiting for one forever.
+	auto give_up = [&]() { idle_turns(); };
 	bool ok = mbar_wait(barQ, 0, status, HOP_WAIT_Q, -1) && mbar_wait(kfull(0), 0, status, HOP_WAIT_K, 0);
-	if (!ok) return;
+	if (!ok) return give_up();
 	__syncwarp();
 
 	// Tile 0's scores and p.
+	take_turn();
 	wg_fence();
 	issue_qk(sc, 0);
 	wg_commit();
+	pass_turn();
 	wg_wait<0>();
 	keep(sc);
 	mask(sc, 0);
@@ -198,16 +231,18 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 		// which ptxas serializes every wgmma of the kernel (C7518). V of tile
 		// j was copied before K of tile j+1, so waiting for it first costs
 		// nothing.
-		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return;
-		if (!mbar_wait(kfull(s1), ((j + 1) / STAGES) & 1, status, HOP_WAIT_K, j + 1)) return;
+		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return give_up();
+		if (!mbar_wait(kfull(s1), ((j + 1) / STAGES) & 1, status, HOP_WAIT_K, j + 1)) return give_up();
 		__syncwarp();
 		zero_tail(j, s);
+		take_turn();
 		wg_fence();
 		issue_qk(sc, s1);
 		wg_commit();
 		wg_fence();
 		issue_pv(o, pa, s);
 		wg_commit();
+		pass_turn();
 		wg_wait<1>(); // S of tile j+1 is done, P·V of tile j may not be
 		keep(sc);
 		mask(sc, j + 1);
@@ -222,12 +257,14 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	}
 	{ // P·V of the last tile
 		const int j = nw - 1, s = j % STAGES;
-		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return;
+		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return give_up();
 		__syncwarp();
 		zero_tail(j, s);
+		take_turn();
 		wg_fence();
 		issue_pv(o, pa, s);
 		wg_commit();
+		pass_turn();
 		wg_wait<0>();
 		keep(o);
 		keep(pa);
@@ -236,9 +273,10 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	// Tiles wholly above this warpgroup's diagonal: the other one reads
 	// them; waiting for each copy keeps the empty arrivals in their phase.
 	for (int j = nw; j < ntiles; j++) {
-		if (!mbar_wait(kfull(j % STAGES), (j / STAGES) & 1, status, HOP_WAIT_K, j)) return;
+		if (!mbar_wait(kfull(j % STAGES), (j / STAGES) & 1, status, HOP_WAIT_K, j)) return give_up();
 		release(j % STAGES);
 	}
+	idle_turns();
 
 	// out = O / l for the rows that are new tokens of the row.
 	float inv[2];
@@ -260,7 +298,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 				             : "memory");
 		}
 		fence_async_shared();
-		asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+		asm volatile("bar.sync %0, 128;\n" ::"r"(HOP_WG_BAR + w) : "memory");
 		if (tid == 0) {
 #pragma unroll
 			for (int c = 0; c < VBOXES; c++)
