@@ -8,8 +8,9 @@ field's kernels measured on the same device the same day.
 Shapes: B=4, H=32, D=128, N in --n, causal and not, bf16 and fp16. For each shape every backend's
 output is first held against the flash backend's (or, where flash is the one timed, cuDNN's): a
 backend whose output differs by more than 2e-2 (bf16) or 5e-3 (fp16), relative to the largest
-output, is reported and not timed. Timing: CUDA events around each call, 3 warm-up calls, then
-the median of --repeat. TFLOP/s = 4·B·H·N²·D / t, halved when causal (cuDNN's row of issue 9 is
+output, is reported and not timed. Timing: CUDA events around groups of --group calls issued back
+to back (so that the time is the GPU's, not the gaps while Python launches the next call), 3
+warm-up groups, then the median of --repeat groups, divided by --group. TFLOP/s = 4·B·H·N²·D / t, halved when causal (cuDNN's row of issue 9 is
 counted the same way). stdout is one JSON record (command, date, GPU, driver, torch and cuDNN
 versions, rows); logs go to stderr.
 """
@@ -37,18 +38,19 @@ def run(backend, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def median_ms(backend, q, k, v, causal, repeat):
-    for _ in range(3):
-        run(backend, q, k, v, causal)
-    times = []
-    for _ in range(repeat):
+def median_ms(backend, q, k, v, causal, repeat, group):
+    def timed():
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        run(backend, q, k, v, causal)
+        for _ in range(group):
+            run(backend, q, k, v, causal)
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        return a.elapsed_time(b) / group
+
+    for _ in range(3):
+        timed()
+    return statistics.median(timed() for _ in range(repeat))
 
 
 def driver():
@@ -63,8 +65,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="cudnn,flash")
     ap.add_argument("--n", default="1024,2048,4096,8192,16384")
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--group", type=int, default=10)
     args = ap.parse_args()
+    if args.repeat < 1 or args.group < 1:
+        print("sdpa_bench.py: --repeat and --group must be at least 1", file=sys.stderr)
+        sys.exit(2)
     backends = args.backends.split(",")
     for b in backends:
         if b not in BACKENDS:
@@ -102,7 +108,7 @@ def main():
                     else:
                         if ref is not None:
                             row["checked"] = f"{ref} {err:.1e}"
-                        ms = median_ms(b, q, k, v, causal, args.repeat)
+                        ms = median_ms(b, q, k, v, causal, args.repeat, args.group)
                         row.update(ms=ms, tflop_s=flops / ms / 1e9)
                     log(json.dumps(row))
                     rows.append(row)
