@@ -21,10 +21,13 @@
 //     m64n128k16 with Q and K from shared memory, the softmax in registers,
 //     O += P·V by wgmma m64nDk16 with P from registers (the S accumulator
 //     repacked to bf16 A fragments) and V from shared memory read N-major.
-//     Within a warpgroup the next tile's Q·Kᵀ is issued before this tile's
-//     P·V, and its softmax runs while that P·V is in flight; the two
-//     consumer warpgroups overlap each other's softmax and GEMMs as the warp
-//     schedulers interleave them.
+//     Within a warpgroup the next tile's Q·Kᵀ is issued right before this
+//     tile's P·V. The two consumer warpgroups issue their wgmmas in turns
+//     (named barriers, FA3's ping-pong), so that one's softmax runs while
+//     the other's GEMMs do. (ptxas places the wait for P·V before the
+//     softmax; holding it below measured slower: kernels/fused/NOTES.md.)
+//     Each warpgroup writes O / l into its rows of the Q tile, which no
+//     wgmma reads by then, and one thread stores them by tensor copies.
 // Shared tiles are rows of 64 bf16 or f16 (128 bytes) written by the copy engine
 // with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)), a
 // D-wide tile being D/64 such boxes one after the other; every box starts
