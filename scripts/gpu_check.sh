@@ -47,11 +47,13 @@ step() {
 	echo "== $name: $st ($((SECONDS - t0))s)" >&2
 }
 
-# pkgtest runs a package's test binary in its directory, as go test does.
+# pkgtest runs a package's test binary in its directory, as go test does,
+# with go test's default limit of 10 minutes unless the arguments set one: a
+# test binary run directly has none, and a hung kernel would hold the step.
 pkgtest() {
 	local pkg=$1
 	shift
-	(cd "kernels/$pkg" && "$root/bin/$pkg.test" -test.v "$@")
+	(cd "kernels/$pkg" && "$root/bin/$pkg.test" -test.v -test.timeout 10m "$@")
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
@@ -63,8 +65,8 @@ if $units; then
 	step kerneltest pkgtest kerneltest -test.timeout 20m
 	step naive pkgtest naive
 	step fused pkgtest fused
-	step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v"
-	step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v"
+	step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v -test.timeout 10m"
+	step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v -test.timeout 10m"
 	# infer with CUPTI on the tiny checkpoint (every decode step traced, the
 	# kernel sum against the busy time, the events' fallback) and compare.
 	step infer-cupti sh -c "cd cmd/infer && ../../bin/infer.test -test.v -test.run 'TestCUPTIGeneration|TestCompareOnGPU'"
