@@ -201,11 +201,10 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
 	float sc[NS][4];
 	unsigned pa[PK][4];
-	// A wait that gave up: the turns left are passed on, so that the other
-	// warpgroup winds down too instead of waiting for one forever.
-	auto give_up = [&]() { idle_turns(); };
+	// A wait that gives up passes the turns left on (idle_turns), so that
+	// the other warpgroup winds down too instead of waiting for one forever.
 	bool ok = mbar_wait(barQ, 0, status, HOP_WAIT_Q, -1) && mbar_wait(kfull(0), 0, status, HOP_WAIT_K, 0);
-	if (!ok) return give_up();
+	if (!ok) return idle_turns();
 	__syncwarp();
 
 	// Tile 0's scores and p.
@@ -231,8 +230,8 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 		// which ptxas serializes every wgmma of the kernel (C7518). V of tile
 		// j was copied before K of tile j+1, so waiting for it first costs
 		// nothing.
-		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return give_up();
-		if (!mbar_wait(kfull(s1), ((j + 1) / STAGES) & 1, status, HOP_WAIT_K, j + 1)) return give_up();
+		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return idle_turns();
+		if (!mbar_wait(kfull(s1), ((j + 1) / STAGES) & 1, status, HOP_WAIT_K, j + 1)) return idle_turns();
 		__syncwarp();
 		zero_tail(j, s);
 		take_turn();
@@ -257,7 +256,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	}
 	{ // P·V of the last tile
 		const int j = nw - 1, s = j % STAGES;
-		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return give_up();
+		if (!mbar_wait(vfull(s), (j / STAGES) & 1, status, HOP_WAIT_V, j)) return idle_turns();
 		__syncwarp();
 		zero_tail(j, s);
 		take_turn();
@@ -273,7 +272,7 @@ __device__ __forceinline__ void hop_attention(const Src& src, E* out, int op, co
 	// Tiles wholly above this warpgroup's diagonal: the other one reads
 	// them; waiting for each copy keeps the empty arrivals in their phase.
 	for (int j = nw; j < ntiles; j++) {
-		if (!mbar_wait(kfull(j % STAGES), (j / STAGES) & 1, status, HOP_WAIT_K, j)) return give_up();
+		if (!mbar_wait(kfull(j % STAGES), (j / STAGES) & 1, status, HOP_WAIT_K, j)) return idle_turns();
 		release(j % STAGES);
 	}
 	idle_turns();

@@ -129,15 +129,19 @@ func withHopAttention(file, src string) string {
 	return withHopper(withMMA("flash.cuh", flashSrc), "hop_attention.cuh", hopAttentionSrc+fmt.Sprintf("#line 1 %q\n", file)+src)
 }
 
-// hopperModule is flash_hopper's NVRTC module: mma.cuh, flash.cuh,
-// hopper.cuh, hop_attention.cuh, hopper.cu.
-func hopperModule() cudaset.Module {
+// hopAttentionModule is the NVRTC module of file (src after mma.cuh,
+// flash.cuh, hopper.cuh and hop_attention.cuh) with the kernels of
+// instances cs.
+func hopAttentionModule[C interface{ kernel() string }](file, src string, cs []C) cudaset.Module {
 	var fs []string
-	for _, c := range hopperConfigs {
+	for _, c := range cs {
 		fs = append(fs, c.kernel())
 	}
-	return cudaset.Module{File: "hopper.cu", Src: withHopAttention("hopper.cu", hopperSrc), Funcs: fs}
+	return cudaset.Module{File: file, Src: withHopAttention(file, src), Funcs: fs}
 }
+
+// hopperModule is flash_hopper's NVRTC module.
+func hopperModule() cudaset.Module { return hopAttentionModule("hopper.cu", hopperSrc, hopperConfigs) }
 
 // hopperKit is flash_hopper on one device.
 type hopperKit struct {

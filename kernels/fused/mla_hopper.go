@@ -61,11 +61,7 @@ var mlaPrefillHopper = true
 
 // mlaHopperModule is mla_hopper's NVRTC module.
 func mlaHopperModule() cudaset.Module {
-	var fs []string
-	for _, c := range mlaHopperConfigs {
-		fs = append(fs, c.kernel())
-	}
-	return cudaset.Module{File: "mla_hopper.cu", Src: withHopAttention("mla_hopper.cu", mlaHopperSrc), Funcs: fs}
+	return hopAttentionModule("mla_hopper.cu", mlaHopperSrc, mlaHopperConfigs)
 }
 
 // mlaHopperKit is mla_hopper on one device.
