@@ -8,14 +8,20 @@
 // benchmarks' fp16 rows): the same kernel on f16 operands, wgmma's f16 form,
 // p and O / l rounded to f16.
 //
-// A block takes HOP_BM = 128 queries of one row and head, as three
+// The grid is persistent: a block takes items of HOP_BM = 128 queries of
+// one row and head one after the other (HopGrid, below), as three
 // warpgroups of 128 threads:
 //   - warpgroup 0, the producer, gives its registers back (setmaxnreg down
-//     to HOP_PRODUCER_REGS); one thread issues the tensor copies: the Q tile
-//     once, then every K and V tile of BN = 128 keys into a ring of STAGES
-//     stages, each stage guarded by mbarriers: kfull/vfull (the copy engine
-//     completes them with the bytes it wrote) and empty (each consumer warp
-//     arrives when its wgmmas no longer read the stage).
+//     to HOP_PRODUCER_REGS); one thread issues the tensor copies: each
+//     item's Q tile into one of QBUF buffers, then its K and V tiles of BN
+//     = 128 keys into a ring of KST K stages and one of VST V stages, K one
+//     tile ahead of V. Every buffer has an mbarrier the copy engine
+//     completes with the bytes it wrote (qfull, kfull, vfull) and one the
+//     consumers arrive on when they no longer read it (qfree, kfree,
+//     vfree): a K tile is free once its Q·Kᵀ is done, half a step before
+//     its V tile, and with two Q buffers an item's Q copies while the last
+//     item runs. The rings run on across items, so the next item's first
+//     tiles are in flight while the consumers finish the last one.
 //   - warpgroups 1 and 2, the consumers (setmaxnreg up to
 //     HOP_CONSUMER_REGS), own 64 query rows each: S = Q·Kᵀ by wgmma
 //     m64n128k16 with Q and K from shared memory, the softmax in registers,
@@ -26,8 +32,10 @@
 //     (named barriers, FA3's ping-pong), so that one's softmax runs while
 //     the other's GEMMs do. (ptxas places the wait for P·V before the
 //     softmax; holding it below measured slower: kernels/fused/NOTES.md.)
-//     Each warpgroup writes O / l into its rows of the Q tile, which no
-//     wgmma reads by then, and one thread stores them by tensor copies.
+//     Each warpgroup writes O / l into its rows of the item's Q tile, which
+//     no wgmma reads by then, and one thread stores them by tensor copies,
+//     which run on while the next item starts; that Q buffer is released
+//     once they have read it.
 // Shared tiles are rows of 64 bf16 or f16 (128 bytes) written by the copy engine
 // with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)), a
 // D-wide tile being D/64 such boxes one after the other; every box starts
@@ -67,6 +75,37 @@ template <int D> struct HopCache {
 	}
 };
 
+// HopGrid is flash_hopper's schedule: a persistent grid (a block per
+// multiprocessor) whose block c takes items k = 0, 1, ... of the ids
+// k·G + c (k even) or k·G + G-1-c (k odd), G blocks: each round of G items
+// in the order opposite to the last, so that a block that took a longer
+// item in one round takes a shorter one in the next. An item is HOP_BM
+// queries of one (row, head); ids run over (row, head) pairs in sections of
+// sect (the heads whose keys and values L2 can hold while the section runs,
+// whole groups of query heads), and within a section over the q-tiles, the
+// latest queries (the most keys when causal) first, across all its pairs:
+// the blocks running together share a few heads' keys in L2, and the
+// shortest items make the tail. An id past the end, or a q-tile past its
+// row's new tokens, is an empty item.
+template <int D> struct HopGrid {
+	typedef HopCache<D> Src;
+	const TmaMap *qmap, *kmap, *vmap;
+	const int *start, *past;
+	int heads, kvh, rows, qtiles, sect;
+	__device__ int items() const { return (rows * heads * qtiles + gridDim.x - 1) / gridDim.x; }
+	__device__ bool item(int k, HopWork<Src>& w) const {
+		const int g = gridDim.x, id = k * g + (k % 2 ? g - 1 - blockIdx.x : blockIdx.x);
+		if (id >= rows * heads * qtiles) return false;
+		const int per = sect * qtiles, s = id / per, first = s * sect;
+		const int cnt = min(sect, rows * heads - first), j = id - s * per;
+		const int bh = first + j % cnt, b = bh / heads, h = bh % heads;
+		const int t0 = start[b], n = start[b + 1] - t0, q0 = (qtiles - 1 - j / cnt) * HOP_BM;
+		if (q0 >= n) return false;
+		w = {Src{qmap, kmap, vmap, h * D, t0 + q0, b * kvh + h / (heads / kvh)}, t0, n, past[b], q0, h};
+		return true;
+	}
+};
+
 // flash_hopper: see the top of this file. E is the element type of q, the
 // caches and out: bf16, or half_bits (f16).
 //   qmap: q E [T, heads·D] (rotated; pitch qp), 2-D, box {64, HOP_BM};
@@ -79,35 +118,35 @@ template <int D> struct HopCache {
 //   boundaries); start i32 [B+1], past i32 [B]: token
 //   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
 //   0..past[b]+i (all past[b]+n keys when causal is 0) of kv head
-//   h / (heads/kvh). status i32 [8], zero: see the top of this file.
-// Launch: grid (ceil(max new tokens / HOP_BM), heads, B), HOP_THREADS
-// threads, HopLayout<D, D, HOP_BN, STAGES>::SMEM bytes of dynamic shared memory.
-template <typename E, int D, int STAGES>
+//   h / (heads/kvh). rows: B; qtiles: ceil(the most new tokens of a row /
+//   HOP_BM); sect: HopGrid's. status i32 [8], zero: see the top of this
+//   file.
+// Launch: a grid of at most one block per multiprocessor (HopGrid hands out
+// the items), HOP_THREADS threads, HopLayout<D, D, HOP_BN, KST, VST,
+// QBUF>::SMEM bytes of dynamic shared memory.
+template <typename E, int D, int KST, int VST, int QBUF>
 __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap,
-                                             E* out, int op, const int* start, const int* past, int heads, int kvh, float scale_log2,
-                                             int causal, int* status) {
-	const int b = blockIdx.z, h = blockIdx.y;
-	const int t0 = start[b], n = start[b + 1] - t0, p0 = past[b];
-	const int q0 = (gridDim.x - 1 - blockIdx.x) * HOP_BM; // the latest queries (most keys) first
-	if (q0 >= n) return;
-	const HopCache<D> src{qmap, kmap, vmap, h * D, t0 + q0, b * kvh + h / (heads / kvh)};
-	hop_attention<D, D, HOP_BN, STAGES>(src, out, op, omap, t0, n, p0, q0, h, scale_log2, causal, status);
+                                             E* out, int op, const int* start, const int* past, int heads, int kvh, int rows,
+                                             int qtiles, int sect, float scale_log2, int causal, int* status) {
+	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles, sect};
+	hop_attention<D, D, HOP_BN, KST, VST, QBUF>(grid, out, op, omap, scale_log2, causal, status);
 }
 
-// FLASH_HOPPER instantiates head dim D with STAGES stages in both types:
-// flash_hopper_d<D>_s<STAGES> (bf16) and flash_hopper_f16_d<D>_s<STAGES>.
-#define FLASH_HOPPER_OF(NAME, E, D, STAGES)                                                                        \
+// FLASH_HOPPER instantiates head dim D with rings of KST K tiles and VST V
+// tiles and QBUF Q tiles, in both types: flash_hopper_d<D>_k<KST>v<VST>q<QBUF>
+// (bf16) and flash_hopper_f16_d<D>_k<KST>v<VST>q<QBUF>.
+#define FLASH_HOPPER_OF(NAME, E, D, KST, VST, QBUF)                                                                \
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1)                                                   \
 	    NAME(const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
 	         const __grid_constant__ TmaMap omap, int ostore, E* out, int op, const int* start, const int* past,     \
-	         int heads, int kvh, float scale_log2, int causal, int* status) {                                      \
-		flash_hopper<E, D, STAGES>(&qmap, &kmap, &vmap, ostore ? &omap : nullptr, out, op, start, past, heads, kvh,  \
-		                           scale_log2, causal, status);                                                    \
+	         int heads, int kvh, int rows, int qtiles, int sect, float scale_log2, int causal, int* status) {        \
+		flash_hopper<E, D, KST, VST, QBUF>(&qmap, &kmap, &vmap, ostore ? &omap : nullptr, out, op, start, past, heads, kvh, \
+		                                   rows, qtiles, sect, scale_log2, causal, status);                         \
 	}
-#define FLASH_HOPPER(D, STAGES)                                       \
-	FLASH_HOPPER_OF(flash_hopper_d##D##_s##STAGES, bf16, D, STAGES) \
-	FLASH_HOPPER_OF(flash_hopper_f16_d##D##_s##STAGES, half_bits, D, STAGES)
-FLASH_HOPPER(128, 2)
-FLASH_HOPPER(128, 3)
-FLASH_HOPPER(64, 2)
-FLASH_HOPPER(64, 4)
+#define FLASH_HOPPER(D, KST, VST, QBUF)                                                               \
+	FLASH_HOPPER_OF(flash_hopper_d##D##_k##KST##v##VST##q##QBUF, bf16, D, KST, VST, QBUF) \
+	FLASH_HOPPER_OF(flash_hopper_f16_d##D##_k##KST##v##VST##q##QBUF, half_bits, D, KST, VST, QBUF)
+FLASH_HOPPER(128, 3, 2, 2)
+FLASH_HOPPER(128, 2, 2, 1)
+FLASH_HOPPER(64, 4, 4, 2)
+FLASH_HOPPER(64, 2, 2, 1)

@@ -91,21 +91,21 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, uns
 // tma_store_2d copies the box at src in shared memory (written with the
 // map's swizzle, and made visible to the copy engine by fence_async_shared
 // and a barrier) to coordinates (c0, c1) of map; elements past the map's
-// bounds are not written. The copy joins this thread's bulk group:
-// tma_store_wait is when it has read src.
+// bounds are not written. The copy joins this thread's open bulk group,
+// which tma_store_commit closes.
 __device__ __forceinline__ void tma_store_2d(const TmaMap* map, unsigned src, int c0, int c1) {
 	asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map), "r"(c0), "r"(c1),
 	             "r"(src)
 	             : "memory");
 }
 
-// tma_store_wait commits this thread's tensor stores as a bulk group and
-// waits until they have read their shared memory (the writes to global
-// memory complete by the kernel's end).
-__device__ __forceinline__ void tma_store_wait() {
-	asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-	asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
+// tma_store_commit closes this thread's bulk group of tensor stores.
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// tma_store_wait waits until this thread's committed tensor stores have
+// read their shared memory (their writes to global memory complete by the
+// kernel's end).
+__device__ __forceinline__ void tma_store_wait() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 // --- wgmma -----------------------------------------------------------------
 

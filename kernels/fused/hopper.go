@@ -62,24 +62,25 @@ type hopperHead struct {
 }
 
 // hopperConfig is an instance of flash_hopper: its element type and head
-// dim, and the stages of its K/V ring.
+// dim, the stages of its K ring and of its V ring, and its Q buffers.
 type hopperConfig struct {
 	hopperHead
-	Stages int
+	KStages, VStages, QBufs int
 }
 
 // kernel is the instance's name, as FLASH_HOPPER makes it.
 func (c hopperConfig) kernel() string {
+	t := ""
 	if c.DT == kernels.F16 {
-		return fmt.Sprintf("flash_hopper_f16_d%d_s%d", c.D, c.Stages)
+		t = "f16_"
 	}
-	return fmt.Sprintf("flash_hopper_d%d_s%d", c.D, c.Stages)
+	return fmt.Sprintf("flash_hopper_%sd%d_k%dv%dq%d", t, c.D, c.KStages, c.VStages, c.QBufs)
 }
 
-// shared is HopLayout<D, STAGES>::SMEM: the Q tile, a K and a V tile per
-// stage, and the slack that aligns them to the swizzle's period.
+// shared is HopLayout<D, D, HOP_BN, KST, VST, QBUF>::SMEM: the Q tiles, the
+// K and V rings, and the slack that aligns them to the swizzle's period.
 func (c hopperConfig) shared() int {
-	return (hopperRows*c.D+2*c.Stages*hopperKeys*c.D)*c.DT.Size() + hopperAlign
+	return (c.QBufs*hopperRows*c.D+(c.KStages+c.VStages)*hopperKeys*c.D)*c.DT.Size() + hopperAlign
 }
 
 // hopperDTypes are the element types flash_hopper is instantiated for: the
@@ -87,15 +88,16 @@ func (c hopperConfig) shared() int {
 var hopperDTypes = []kernels.DType{kernels.BF16, kernels.F16}
 
 // hopperConfigs are the instances compiled (FLASH_HOPPER in hopper.cu: each
-// head dim and stage count in both element types); per element type and
-// head dim the one with the most stages that fits the device's shared
-// memory per block runs (see newHopper). D=128: 2 stages take 161 KiB, 3
-// take 225 KiB (an H100/H200 block may have 227); D=64: 2 and 4 stages.
+// head dim's shapes in both element types), per element type and head dim
+// in the order of preference: the first that fits the device's shared
+// memory per block runs (see newHopper). D=128: 3 K stages, 2 V stages and
+// 2 Q tiles take 225 KiB (an H100/H200 block may have 227), 2, 2 and 1
+// take 161 KiB; D=64: 4, 4, 2 take 161 KiB, 2, 2, 1 take 81.
 var hopperConfigs = func() []hopperConfig {
 	var cs []hopperConfig
 	for _, dt := range hopperDTypes {
-		for _, c := range []struct{ d, stages int }{{128, 2}, {128, 3}, {64, 2}, {64, 4}} {
-			cs = append(cs, hopperConfig{hopperHead{dt, c.d}, c.stages})
+		for _, c := range []struct{ d, k, v, q int }{{128, 3, 2, 2}, {128, 2, 2, 1}, {64, 4, 4, 2}, {64, 2, 2, 1}} {
+			cs = append(cs, hopperConfig{hopperHead{dt, c.d}, c.k, c.v, c.q})
 		}
 	}
 	return cs
@@ -163,7 +165,7 @@ func newHopper(k *cudaset.Kit) *hopperKit {
 		return h
 	}
 	for _, c := range fit {
-		if cur, ok := h.configs[c.hopperHead]; !ok || c.Stages > cur.Stages {
+		if _, ok := h.configs[c.hopperHead]; !ok {
 			h.configs[c.hopperHead] = c
 		}
 	}
@@ -249,10 +251,10 @@ func hopperVariantOf(dt kernels.DType, d int, t kernels.Target) (v kernels.Varia
 		return v, false
 	}
 	v.Name = hopperVariant
-	best := hopperConfig{}
+	var best *hopperConfig
 	for _, c := range hopperConfigs {
-		if c.hopperHead == (hopperHead{dt, d}) && c.shared() <= t.SharedPerBlock && c.Stages > best.Stages {
-			best = c
+		if best == nil && c.hopperHead == (hopperHead{dt, d}) && c.shared() <= t.SharedPerBlock {
+			best = &c
 		}
 	}
 	switch {
@@ -260,11 +262,11 @@ func hopperVariantOf(dt kernels.DType, d int, t kernels.Target) (v kernels.Varia
 		v.Why = fmt.Sprintf("%v operands: flash_hopper is instantiated for %v", dt, hopperDTypes)
 	case !slices.Contains(hopperHeadDims, d):
 		v.Why = fmt.Sprintf("head dim %d: flash_hopper is instantiated for %v", d, hopperHeadDims)
-	case best.Stages == 0:
+	case best == nil:
 		v.Why = fmt.Sprintf("no instance of head dim %d fits %d bytes of shared memory a block", d, t.SharedPerBlock)
 	default:
-		v.Params = fmt.Sprintf("warpgroups=1+2 rows=%d key_tile=%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16,m64n%dk16 dtype=%v tma=128B-swizzle",
-			hopperRows, hopperKeys, best.Stages, best.shared(), hopperProducerRegs, hopperConsumerRegs, hopperKeys, d, dt)
+		v.Params = fmt.Sprintf("warpgroups=1+2 rows=%d key_tile=%d k_stages=%d v_stages=%d q_tiles=%d shared=%d regs=%d/%d wgmma=m64n%dk16,m64n%dk16 dtype=%v tma=128B-swizzle grid=persistent",
+			hopperRows, hopperKeys, best.KStages, best.VStages, best.QBufs, best.shared(), hopperProducerRegs, hopperConsumerRegs, hopperKeys, d, dt)
 	}
 	return v, true
 }
@@ -306,10 +308,35 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 	if causal {
 		causalArg = 1
 	}
-	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(blocks), Y: uint32(a.Heads), Z: uint32(b.Rows)},
-		cuda.Dim3{X: hopperThreads}, c.shared(),
+	keys := 0
+	for r := range b.Rows {
+		keys = max(keys, b.Past[r]+b.Start[r+1]-b.Start[r])
+	}
+	sect := hopperSection(o.D.Props().L2Bytes, 2*keys*d*es, a.Heads/a.KVHeads, b.Rows*a.Heads)
+	grid := min(blocks*a.Heads*b.Rows, o.SMs) // a block a multiprocessor: the most its shared memory lets run
+	if hopperGridCap > 0 {
+		grid = min(grid, hopperGridCap)
+	}
+	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(grid)}, cuda.Dim3{X: hopperThreads}, c.shared(),
 		qm, km, vm, om, ostore, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev),
-		int32(a.Heads), int32(a.KVHeads), scaleLog2(a.Scale), causalArg, o.D.Ptr(o.hopper.status))
+		int32(a.Heads), int32(a.KVHeads), int32(b.Rows), int32(blocks), int32(sect), scaleLog2(a.Scale), causalArg,
+		o.D.Ptr(o.hopper.status))
+}
+
+// hopperGridCap, when above 0, caps flash_hopper's grid: tests set it so
+// that each block takes many items.
+var hopperGridCap = 0
+
+// hopperSection is how many (row, head) pairs of a launch HopGrid runs
+// together, of all: the query heads of as many kv heads as fit half of
+// an L2 of l2 bytes with kvBytes of keys and values each (the other half
+// is the queries' and outputs' traffic), whole groups of group query
+// heads, at least one group.
+func hopperSection(l2, kvBytes, group, all int) int {
+	if kvBytes <= 0 {
+		return all
+	}
+	return min(all, max(1, l2/2/kvBytes)*group)
 }
 
 // hopperOutMap is the tensor map through which flash_hopper and mla_hopper
@@ -353,7 +380,8 @@ func (o *ops) hopWaits(kernel string, st *kernels.Tensor) error {
 		return nil
 	}
 	o.D.Zero(st)
-	what := map[int32]string{1: "the Q tile (barQ)", 2: "a K tile (kfull)", 3: "a V tile (vfull)", 4: "a free stage (empty)"}[w[0]]
+	what := map[int32]string{1: "a Q tile (qfull)", 2: "a K tile (kfull)", 3: "a V tile (vfull)", 4: "a free K stage (kfree)",
+		5: "a free V stage (vfree)", 6: "a free Q tile (qfree)"}[w[0]]
 	return fmt.Errorf("fused: %s: a wait for %s timed out: block (%d, %d, %d), thread %d, tile %d, parity %d (the kernel gave up; its output is garbage)",
 		kernel, what, w[1], w[2], w[3], w[4], w[5], w[6])
 }

@@ -23,14 +23,14 @@ import (
 // gives it, and fits an H100/H200 block.
 func TestHopperInstances(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
-	for _, name := range []string{"flash_hopper_d##D##_s##STAGES, bf16,", "flash_hopper_f16_d##D##_s##STAGES, half_bits,"} {
+	for _, name := range []string{"flash_hopper_d##D##_k##KST##v##VST##q##QBUF, bf16,", "flash_hopper_f16_d##D##_k##KST##v##VST##q##QBUF, half_bits,"} {
 		if !strings.Contains(hopperSrc, "FLASH_HOPPER_OF("+name) {
 			t.Errorf("FLASH_HOPPER makes no %s", name)
 		}
 	}
 	for _, c := range hopperConfigs {
-		if !strings.Contains(hopperSrc, fmt.Sprintf("\nFLASH_HOPPER(%d, %d)\n", c.D, c.Stages)) {
-			t.Errorf("%s: no FLASH_HOPPER(%d, %d) in hopper.cu", c.kernel(), c.D, c.Stages)
+		if !strings.Contains(hopperSrc, fmt.Sprintf("\nFLASH_HOPPER(%d, %d, %d, %d)\n", c.D, c.KStages, c.VStages, c.QBufs)) {
+			t.Errorf("%s: no FLASH_HOPPER(%d, %d, %d, %d) in hopper.cu", c.kernel(), c.D, c.KStages, c.VStages, c.QBufs)
 		}
 		if c.shared() > h200.SharedPerBlock {
 			t.Errorf("%s: %d bytes of shared memory, an sm_90a block gets %d", c.kernel(), c.shared(), h200.SharedPerBlock)
@@ -39,13 +39,13 @@ func TestHopperInstances(t *testing.T) {
 	for _, dt := range hopperDTypes {
 		for _, d := range hopperHeadDims {
 			v, ok := hopperVariantOf(dt, d, h200)
-			if !ok || !v.Valid() || !strings.Contains(v.Params, "stages=") {
+			if !ok || !v.Valid() || !strings.Contains(v.Params, "k_stages=") {
 				t.Errorf("%v D=%d on sm_90a: %+v", dt, d, v)
 			}
 		}
 	}
 	if len(hopperConfigs) != 2*4 {
-		t.Errorf("%d instances, want each of 4 (head dim, stages) in bf16 and f16", len(hopperConfigs))
+		t.Errorf("%d instances, want each of 4 (head dim, rings) in bf16 and f16", len(hopperConfigs))
 	}
 }
 
@@ -384,6 +384,33 @@ func TestHopperTiny(t *testing.T) {
 			want := p.run(t, dev, o, false)
 			got := p.run(t, dev, o, true)
 			compareHopper(t, p, got, want)
+		}
+	})
+}
+
+// TestHopperGridCap runs flash_hopper with its grid capped to 1, 2 and 3
+// blocks, so that each block takes many items one after the other (the K,
+// V and Q rings running on across items, the turns and the output stores
+// of one item overlapping the next), on hopperTinyCases and two with more
+// items than blocks of either kind, against flash_prefill.
+func TestHopperGridCap(t *testing.T) {
+	dev, o := openHopper(t)
+	cases := append(slices.Clone(hopperTinyCases),
+		hopperCase{lens: []int{1000, 515, 3}, past: []int{0, 700, 90}, heads: 4, kv: 2, d: 128, maxSeq: 1300, causal: true},
+		hopperCase{lens: []int{700, 260}, past: []int{0, 0}, heads: 3, kv: 3, d: 64, maxSeq: 700, causal: false})
+	defer func(c int) { hopperGridCap = c }(hopperGridCap)
+	eachInstance(t, o, kernels.BF16, func(t *testing.T, inst hopperConfig) {
+		for _, grid := range []int{1, 2, 3} {
+			hopperGridCap = grid
+			for i, c := range cases {
+				if c.d != inst.D {
+					continue
+				}
+				p := newHopperProblem(t, dev, c, int64(200+i))
+				want := p.run(t, dev, o, false)
+				got := p.run(t, dev, o, true)
+				compareRows(t, fmt.Sprintf("grid %d, %v", grid, c), p.batch, c.heads, c.d, got, want, hopperTol)
+			}
 		}
 	})
 }

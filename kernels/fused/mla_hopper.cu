@@ -53,7 +53,8 @@ template <int DN, int DR, int DV, int BN> struct HopMla {
 
 // mla_hopper_n<DN>_r<DR>_v<DV>_k<BN>_s<STAGES> is mla_prefill (causal) of
 // rows r0 + blockIdx.z of the batch, query head blockIdx.y, by
-// hop_attention with key tiles of BN and STAGES stages.
+// hop_attention with key tiles of BN, STAGES stages of K and as many of V,
+// one item a block.
 //   qmap: q bf16 [T, heads·(DN+DR)], pitch qp, 2-D, box {64, HOP_BM};
 //   kvmap: kv bf16 [keys, heads·(DN+DV)], pitch kvp, 2-D, box {64, BN}: the
 //   decompressed positions 0..past[b]+n_b-1 of the rows r0.. one after
@@ -65,8 +66,8 @@ template <int DN, int DR, int DV, int BN> struct HopMla {
 //   ostore is 1, as flash_hopper's (hopper.cu); start, past as
 //   flash_prefill's; status i32 [8], zero (hopper.cu).
 // Launch: grid (ceil(max new tokens / HOP_BM), heads, rows), HOP_THREADS
-// threads, HopLayout<DN+DR, DV, BN, STAGES>::SMEM bytes of dynamic shared
-// memory.
+// threads, HopLayout<DN+DR, DV, BN, STAGES, STAGES, 1>::SMEM bytes of
+// dynamic shared memory.
 template <int DN, int DR, int DV, int BN, int STAGES>
 __device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvmap, const TmaMap* pemap, const TmaMap* omap,
                                            bf16* out, int op, const int* start, const int* past, int r0, float scale_log2, int* status) {
@@ -78,8 +79,9 @@ __device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvm
 	int at = 0; // the row's position 0 in kv (mla.go's MLAPrefill counts the same)
 	for (int r = r0; r < b; r++)
 		if (start[r + 1] > start[r]) at += past[r] + start[r + 1] - start[r];
-	const HopMla<DN, DR, DV, BN> src{qmap, kvmap, pemap, h * (DN + DR), t0 + q0, h * (DN + DV), at, b};
-	hop_attention<DN + DR, DV, BN, STAGES>(src, out, op, omap, t0, n, p0, q0, h, scale_log2, 1, status);
+	typedef HopMla<DN, DR, DV, BN> Src;
+	const HopOne<Src> one{{Src{qmap, kvmap, pemap, h * (DN + DR), t0 + q0, h * (DN + DV), at, b}, t0, n, p0, q0, h}};
+	hop_attention<DN + DR, DV, BN, STAGES, STAGES, 1>(one, out, op, omap, scale_log2, 1, status);
 }
 
 #define MLA_HOPPER(DN, DR, DV, BN, STAGES)                                                                          \
