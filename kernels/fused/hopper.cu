@@ -75,31 +75,31 @@ template <int D> struct HopCache {
 	}
 };
 
-// HopGrid is flash_hopper's schedule: a persistent grid (a block per
-// multiprocessor) whose block c takes items k = 0, 1, ... of the ids
-// k·G + c (k even) or k·G + G-1-c (k odd), G blocks: each round of G items
-// in the order opposite to the last, so that a block that took a longer
-// item in one round takes a shorter one in the next. An item is HOP_BM
-// queries of one (row, head); ids run over (row, head) pairs in sections of
-// sect (the heads whose keys and values L2 can hold while the section runs,
-// whole groups of query heads), and within a section over the q-tiles, the
-// latest queries (the most keys when causal) first, across all its pairs:
-// the blocks running together share a few heads' keys in L2, and the
-// shortest items make the tail. An id past the end, or a q-tile past its
-// row's new tokens, is an empty item.
+// HopGrid is flash_hopper's schedule: a persistent grid of G blocks (one
+// per multiprocessor) over units of two items, an item being HOP_BM
+// queries of one (row, head). Unit u of a (row, head) with qtiles q-tiles
+// pairs q-tile qtiles-1-u with q-tile u (and the middle one, for an odd
+// count, with none): under a causal mask the pair reads as many keys
+// whatever u, qtiles + 1 tiles, so equal units dealt round-robin (block c
+// takes units c, c+G, c+2G, ...; each unit's longer item first) balance
+// the blocks without a queue. Units run (row, head) by (row, head), so the
+// G running at once share the keys and values of about G·2/qtiles heads in
+// L2 (17 MB at D = 128, whatever the length). An item whose q-tile lies
+// past its row's new tokens is empty.
 template <int D> struct HopGrid {
 	typedef HopCache<D> Src;
 	const TmaMap *qmap, *kmap, *vmap;
 	const int *start, *past;
-	int heads, kvh, rows, qtiles, sect;
-	__device__ int items() const { return (rows * heads * qtiles + gridDim.x - 1) / gridDim.x; }
+	int heads, kvh, rows, qtiles;
+	__device__ int units() const { return rows * heads * ((qtiles + 1) / 2); }
+	__device__ int items() const { return 2 * ((units() + gridDim.x - 1) / gridDim.x); }
 	__device__ bool item(int k, HopWork<Src>& w) const {
-		const int g = gridDim.x, id = k * g + (k % 2 ? g - 1 - blockIdx.x : blockIdx.x);
-		if (id >= rows * heads * qtiles) return false;
-		const int per = sect * qtiles, s = id / per, first = s * sect;
-		const int cnt = min(sect, rows * heads - first), j = id - s * per;
-		const int bh = first + j % cnt, b = bh / heads, h = bh % heads;
-		const int t0 = start[b], n = start[b + 1] - t0, q0 = (qtiles - 1 - j / cnt) * HOP_BM;
+		const int id = k / 2 * gridDim.x + blockIdx.x, per = (qtiles + 1) / 2;
+		if (id >= units()) return false;
+		const int bh = id / per, u = id % per, b = bh / heads, h = bh % heads;
+		const int qt = k % 2 ? u : qtiles - 1 - u;
+		if (k % 2 && qt == qtiles - 1 - u) return false; // the middle q-tile: a unit of one
+		const int t0 = start[b], n = start[b + 1] - t0, q0 = qt * HOP_BM;
 		if (q0 >= n) return false;
 		w = {Src{qmap, kmap, vmap, h * D, t0 + q0, b * kvh + h / (heads / kvh)}, t0, n, past[b], q0, h};
 		return true;
@@ -119,16 +119,15 @@ template <int D> struct HopGrid {
 //   t0+i of row b (t0 = start[b]) sits at position past[b]+i and sees keys
 //   0..past[b]+i (all past[b]+n keys when causal is 0) of kv head
 //   h / (heads/kvh). rows: B; qtiles: ceil(the most new tokens of a row /
-//   HOP_BM); sect: HopGrid's. status i32 [8], zero: see the top of this
-//   file.
+//   HOP_BM). status i32 [8], zero: see the top of this file.
 // Launch: a grid of at most one block per multiprocessor (HopGrid hands out
 // the items), HOP_THREADS threads, HopLayout<D, D, HOP_BN, KST, VST,
 // QBUF>::SMEM bytes of dynamic shared memory.
 template <typename E, int D, int KST, int VST, int QBUF>
 __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap,
                                              E* out, int op, const int* start, const int* past, int heads, int kvh, int rows,
-                                             int qtiles, int sect, float scale_log2, int causal, int* status) {
-	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles, sect};
+                                             int qtiles, float scale_log2, int causal, int* status) {
+	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles};
 	hop_attention<D, D, HOP_BN, KST, VST, QBUF>(grid, out, op, omap, scale_log2, causal, status);
 }
 
@@ -139,9 +138,9 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1)                                                   \
 	    NAME(const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
 	         const __grid_constant__ TmaMap omap, int ostore, E* out, int op, const int* start, const int* past,     \
-	         int heads, int kvh, int rows, int qtiles, int sect, float scale_log2, int causal, int* status) {        \
+	         int heads, int kvh, int rows, int qtiles, float scale_log2, int causal, int* status) {                  \
 		flash_hopper<E, D, KST, VST, QBUF>(&qmap, &kmap, &vmap, ostore ? &omap : nullptr, out, op, start, past, heads, kvh, \
-		                                   rows, qtiles, sect, scale_log2, causal, status);                         \
+		                                   rows, qtiles, scale_log2, causal, status);                               \
 	}
 #define FLASH_HOPPER(D, KST, VST, QBUF)                                                               \
 	FLASH_HOPPER_OF(flash_hopper_d##D##_k##KST##v##VST##q##QBUF, bf16, D, KST, VST, QBUF) \

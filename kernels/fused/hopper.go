@@ -308,36 +308,20 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 	if causal {
 		causalArg = 1
 	}
-	keys := 0
-	for r := range b.Rows {
-		keys = max(keys, b.Past[r]+b.Start[r+1]-b.Start[r])
-	}
-	sect := hopperSection(o.D.Props().L2Bytes, 2*keys*d*es, a.Heads/a.KVHeads, b.Rows*a.Heads)
-	grid := min(blocks*a.Heads*b.Rows, o.SMs) // a block a multiprocessor: the most its shared memory lets run
+	units := (blocks + 1) / 2 * a.Heads * b.Rows // HopGrid's
+	grid := min(units, o.SMs)                    // a block a multiprocessor: the most its shared memory lets run
 	if hopperGridCap > 0 {
 		grid = min(grid, hopperGridCap)
 	}
 	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(grid)}, cuda.Dim3{X: hopperThreads}, c.shared(),
 		qm, km, vm, om, ostore, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev),
-		int32(a.Heads), int32(a.KVHeads), int32(b.Rows), int32(blocks), int32(sect), scaleLog2(a.Scale), causalArg,
+		int32(a.Heads), int32(a.KVHeads), int32(b.Rows), int32(blocks), scaleLog2(a.Scale), causalArg,
 		o.D.Ptr(o.hopper.status))
 }
 
 // hopperGridCap, when above 0, caps flash_hopper's grid: tests set it so
 // that each block takes many items.
 var hopperGridCap = 0
-
-// hopperSection is how many (row, head) pairs of a launch HopGrid runs
-// together, of all: the query heads of as many kv heads as fit half of
-// an L2 of l2 bytes with kvBytes of keys and values each (the other half
-// is the queries' and outputs' traffic), whole groups of group query
-// heads, at least one group.
-func hopperSection(l2, kvBytes, group, all int) int {
-	if kvBytes <= 0 {
-		return all
-	}
-	return min(all, max(1, l2/2/kvBytes)*group)
-}
 
 // hopperOutMap is the tensor map through which flash_hopper and mla_hopper
 // store their output out ([rows, cols] of es-byte elements, pitch
