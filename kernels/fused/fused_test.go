@@ -121,7 +121,7 @@ func TestVariants(t *testing.T) {
 		t.Errorf("UseVariant wgmma without flash_hopper: %v, want its error", err)
 	}
 	bf128 := hopperHead{kernels.BF16, 128}
-	o.hopper = &hopperKit{configs: map[hopperHead]hopperConfig{bf128: {bf128, 3, 2, 2}}}
+	o.hopper = &hopperKit{configs: map[hopperHead]hopperConfig{bf128: {bf128, 2, 2, 2}}}
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != hopperVariant {
 		t.Errorf("UseVariant wgmma: %v, now %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
@@ -195,18 +195,18 @@ func TestVariantsF16(t *testing.T) {
 		t.Fatalf("tuning keys %q and %q", key, o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128}))
 	}
 	bf128, f128 := hopperHead{kernels.BF16, 128}, hopperHead{kernels.F16, 128}
-	o.hopper = &hopperKit{configs: map[hopperHead]hopperConfig{bf128: {bf128, 3, 2, 2}}}
+	o.hopper = &hopperKit{configs: map[hopperHead]hopperConfig{bf128: {bf128, 2, 2, 2}}}
 	if v := o.VariantFor(kernels.OpAttnPrefill, key); v != "" {
 		t.Errorf("f16 without an f16 instance runs %q, want none of fused's", v)
 	}
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err == nil || !strings.Contains(err.Error(), "f16, head dim 128") {
 		t.Errorf("UseVariant wgmma for f16 with bf16 instances only: %v", err)
 	}
-	o.hopper.configs[f128] = hopperConfig{f128, 3, 2, 2}
+	o.hopper.configs[f128] = hopperConfig{f128, 2, 2, 2}
 	if v := o.VariantFor(kernels.OpAttnPrefill, key); v != hopperVariant {
 		t.Errorf("f16 with its instance runs %q", v)
 	}
-	if c, ok := o.hopperFor(key, kernels.F16, 128); !ok || c.kernel() != "flash_hopper_f16_d128_k3v2q2" {
+	if c, ok := o.hopperFor(key, kernels.F16, 128); !ok || c.kernel() != "flash_hopper_f16_d128_k2v2q2" {
 		t.Errorf("f16 D=128 runs %v, %v", c, ok)
 	}
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w4_m2"); err == nil || !strings.Contains(err.Error(), "bf16 only") {

@@ -145,7 +145,7 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 #define FLASH_HOPPER(D, KST, VST, QBUF)                                                               \
 	FLASH_HOPPER_OF(flash_hopper_d##D##_k##KST##v##VST##q##QBUF, bf16, D, KST, VST, QBUF) \
 	FLASH_HOPPER_OF(flash_hopper_f16_d##D##_k##KST##v##VST##q##QBUF, half_bits, D, KST, VST, QBUF)
-FLASH_HOPPER(128, 3, 2, 2)
+FLASH_HOPPER(128, 2, 2, 2)
 FLASH_HOPPER(128, 2, 2, 1)
 FLASH_HOPPER(64, 4, 4, 2)
 FLASH_HOPPER(64, 2, 2, 1)

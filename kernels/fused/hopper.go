@@ -90,13 +90,15 @@ var hopperDTypes = []kernels.DType{kernels.BF16, kernels.F16}
 // hopperConfigs are the instances compiled (FLASH_HOPPER in hopper.cu: each
 // head dim's shapes in both element types), per element type and head dim
 // in the order of preference: the first that fits the device's shared
-// memory per block runs (see newHopper). D=128: 3 K stages, 2 V stages and
-// 2 Q tiles take 225 KiB (an H100/H200 block may have 227), 2, 2 and 1
-// take 161 KiB; D=64: 4, 4, 2 take 161 KiB, 2, 2, 1 take 81.
+// memory per block runs (see newHopper). D=128: 2 K stages, 2 V stages and
+// 2 Q tiles take 193 KiB, 2, 2 and 1 take 161 KiB; D=64: 4, 4, 2 take 161
+// KiB, 2, 2, 1 take 81. At D=128 on the H200, 2, 2, 2 measured 0–2% above
+// 3, 2, 2 (225 KiB) and 2, 3, 2, and 9–14% above 3, 3, 1 at 1K–2K, kernel
+// alone (kernels/fused/NOTES.md, "Seventh pass").
 var hopperConfigs = func() []hopperConfig {
 	var cs []hopperConfig
 	for _, dt := range hopperDTypes {
-		for _, c := range []struct{ d, k, v, q int }{{128, 3, 2, 2}, {128, 2, 2, 1}, {64, 4, 4, 2}, {64, 2, 2, 1}} {
+		for _, c := range []struct{ d, k, v, q int }{{128, 2, 2, 2}, {128, 2, 2, 1}, {64, 4, 4, 2}, {64, 2, 2, 1}} {
 			cs = append(cs, hopperConfig{hopperHead{dt, c.d}, c.k, c.v, c.q})
 		}
 	}

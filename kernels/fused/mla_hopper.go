@@ -24,7 +24,7 @@ var mlaHopperSrc string
 const mlaHopperVariant = hopperVariant
 
 // mlaHopperConfig is an instance of mla_hopper: its head dims, key tile and
-// the stages of its K/V ring.
+// the stages of its K ring and of its V ring (as many each).
 type mlaHopperConfig struct {
 	Heads        mlaHeads
 	Keys, Stages int
@@ -34,8 +34,9 @@ func (c mlaHopperConfig) kernel() string {
 	return fmt.Sprintf("mla_hopper_n%d_r%d_v%d_k%d_s%d", c.Heads.Nope, c.Heads.Rope, c.Heads.V, c.Keys, c.Stages)
 }
 
-// shared is HopLayout<DN+DR, DV, BN, STAGES>::SMEM: the Q tile, a K and a V
-// tile per stage, and the slack that aligns them to the swizzle's period.
+// shared is HopLayout<DN+DR, DV, BN, STAGES, STAGES, 1>::SMEM: the Q tile, a
+// K and a V tile per stage, and the slack that aligns them to the swizzle's
+// period.
 func (c mlaHopperConfig) shared() int {
 	qk := c.Heads.Nope + c.Heads.Rope
 	return (hopperRows*qk+c.Stages*c.Keys*(qk+c.Heads.V))*2 + hopperAlign
