@@ -25,11 +25,11 @@ import (
 
 // benchFlags are the flags of infer bench.
 type benchFlags struct {
-	sets, arch, device, plot string
-	shapes                   []string
-	dryRun, optimize, cupti  bool
-	jsonOut, csvOut, quiet   bool
-	seed                     uint64
+	sets, variants, arch, device, plot string
+	shapes                             []string
+	dryRun, optimize, cupti            bool
+	jsonOut, csvOut, quiet             bool
+	seed                               uint64
 }
 
 func newBenchCmd() *cobra.Command {
@@ -50,6 +50,10 @@ without running anything (with --arch, on a machine with no GPU). --optimize
 times every variant, keeps the fastest per tuning key in the device's tuning
 cache, and infer applies it.
 
+--variants times, of a set that offers several variants of an op, only those
+named (comma-separated, e.g. --variants wgmma): the kernel under work, without
+timing every tiling beside it. With --optimize, the fastest of those is kept.
+
 --cupti runs every timed row's calls again after the timing, under CUPTI, and
 gives each row the kernels of one call: launches and device time per call and
 their share of the row's time (graph replays and cuBLAS's kernels included).
@@ -65,6 +69,7 @@ Ops: ` + strings.Join(benchOps(), " ") + `
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.sets, "sets", "", "kernel sets side by side, comma-separated (default: every set of the device)")
+	fl.StringVar(&f.variants, "variants", "", "of a set with several variants of an op, time only these, comma-separated (default: all)")
 	fl.StringArrayVar(&f.shapes, "shape", nil, `a shape instead of the defaults, as "B=4,H=32,KVH=32,D=128,N=4096,causal=1" (repeatable; attn_prefill also takes dt=f16)`)
 	fl.BoolVar(&f.dryRun, "dry-run", false, "list each set's variants for every shape, valid or not, and run nothing")
 	fl.StringVar(&f.arch, "arch", "", "the target of --dry-run where no GPU is found: "+strings.Join(targetNames(), ", "))
@@ -163,12 +168,32 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 			}
 		}
 	}
+	if f.variants != "" {
+		for _, v := range strings.Split(f.variants, ",") {
+			v = strings.TrimSpace(v)
+			if v == "" {
+				return opt, bad("--variants: an empty name in %q", f.variants)
+			}
+			if !slices.Contains(opt.Variants, v) {
+				opt.Variants = append(opt.Variants, v)
+			}
+		}
+	}
 	if f.plot != "" {
 		if err := outfile.Check(f.plot); err != nil {
 			return opt, err
 		}
 	}
 	return opt, nil
+}
+
+// checkVariants is kbench.CheckVariants's verdict on --variants for the
+// sets of opt on target, as a usage error.
+func checkVariants(target kernels.Target, opt kbench.Options) error {
+	if err := kbench.CheckVariants(target, opt.Sets, opt); err != nil {
+		return usageError{fmt.Errorf("--variants: %w", err)}
+	}
+	return nil
 }
 
 func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
@@ -192,6 +217,9 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 		}
 		if len(opt.Sets) == 0 {
 			opt.Sets = setsOf(kind)
+		}
+		if err := checkVariants(target, opt); err != nil {
+			return err
 		}
 		offers, err := kbench.DryRun(target, opt.Sets, opt)
 		if err != nil {
@@ -225,6 +253,9 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 	}
 	defer dev.Close()
 	target := deviceTarget(dev)
+	if err := checkVariants(target, opt); err != nil {
+		return err
+	}
 	fmt.Fprintf(logw, "bench: %s, sets %s\n", dev.Name(), strings.Join(opt.Sets, ", "))
 	bar := newProgress(stderr, f.quiet, 1, "bench", false)
 	opt.Progress = func(done, total int) {

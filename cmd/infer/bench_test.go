@@ -34,6 +34,9 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"bench", "--dry-run", "--cupti", "--arch", "sm_90a"}, "no kernels for --cupti"},
 		{[]string{"bench", "--sets", "turbo"}, `kernel set "turbo" is not built`},
 		{[]string{"bench", "--device", "tpu"}, "--device must be cpu or cuda"},
+		{[]string{"bench", "--variants", "wgmma,"}, `--variants: an empty name in "wgmma,"`},
+		{[]string{"bench", "--dry-run", "--arch", "sm_90a", "attn_prefill", "--variants", "w9_m9"}, `no set offers a variant "w9_m9"`},
+		{[]string{"bench", "--dry-run", "--arch", "sm_90a", "rms_norm", "--variants", "wgmma"}, "no set offers a choice of variants"},
 		{[]string{"bench", "--device", "cpu", "rms_norm"}, "--device cpu needs --shape"},
 		{[]string{"bench", "--device", "cpu", "--sets", "naive", "rms_norm", "--shape", "M=4,N=8"}, "naive runs on cuda, not on the cpu device"},
 		{[]string{"bench", "--device", "cpu", "--optimize", "rms_norm", "--shape", "M=4,N=8", "--quiet"}, "--optimize keeps choices for a CUDA device"},
@@ -68,6 +71,13 @@ func TestBenchDryRun(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, stdout)
 		}
+	}
+	// --variants leaves out the other tilings of a set that has several,
+	// and nothing of a set that has one.
+	_, picked, _ := runInfer(t, "bench", "--dry-run", "--arch", "sm_90a", "attn_prefill",
+		"--shape", "B=1,H=28,KVH=4,D=128,N=4096,causal=1", "--sets", "fused,naive", "--variants", "wgmma")
+	if !strings.Contains(picked, "fused  wgmma") || !strings.Contains(picked, "naive  default") || strings.Contains(picked, "w4_m2") {
+		t.Errorf("--variants wgmma:\n%s", picked)
 	}
 	_, stdout, _ = runInfer(t, "bench", "--dry-run", "--arch", "sm_80", "attn_prefill", "--shape", "B=1,H=8,KVH=8,D=48,N=64,causal=0", "--json")
 	var doc struct {

@@ -2,6 +2,8 @@ package kbench
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
 )
@@ -37,7 +39,7 @@ func DryRun(target kernels.Target, sets []string, opt Options) ([]Offer, error) 
 				}
 				o := Offer{Op: c.Op, Shape: s.String(), Set: set}
 				if info.Owns(c.Op) {
-					o.Variants = info.VariantsOf(c.Op, s, target)
+					o.Variants = opt.pick(info.VariantsOf(c.Op, s, target))
 				} else {
 					o.Fallback = kernels.Spec{Base: set}.Runner(c.Op)
 				}
@@ -46,4 +48,49 @@ func DryRun(target kernels.Target, sets []string, opt Options) ([]Offer, error) 
 		}
 	}
 	return out, nil
+}
+
+// pick is vs less the variants opt.Variants leaves out: none when it is
+// empty or vs has one variant only.
+func (opt Options) pick(vs []kernels.Variant) []kernels.Variant {
+	if len(opt.Variants) == 0 || len(vs) < 2 {
+		return vs
+	}
+	return slices.DeleteFunc(slices.Clone(vs), func(v kernels.Variant) bool { return !slices.Contains(opt.Variants, v.Name) })
+}
+
+// CheckVariants says which name of opt.Variants, if any, no set of sets
+// offers among several variants of one of opt's cases, on its shapes, on
+// target: a name that would leave every row out.
+func CheckVariants(target kernels.Target, sets []string, opt Options) error {
+	if len(opt.Variants) == 0 {
+		return nil
+	}
+	all := opt
+	all.Variants = nil
+	offers, err := DryRun(target, sets, all)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, o := range offers {
+		if len(o.Variants) < 2 {
+			continue
+		}
+		for _, v := range o.Variants {
+			if !slices.Contains(names, v.Name) {
+				names = append(names, v.Name)
+			}
+		}
+	}
+	slices.Sort(names)
+	for _, v := range opt.Variants {
+		if !slices.Contains(names, v) {
+			if len(names) == 0 {
+				return fmt.Errorf("no set offers a choice of variants for these ops and shapes on %s, so %q cannot be picked", target.Arch, v)
+			}
+			return fmt.Errorf("no set offers a variant %q of these ops and shapes on %s (offered: %s)", v, target.Arch, strings.Join(names, ", "))
+		}
+	}
+	return nil
 }

@@ -297,6 +297,40 @@ func TestDryRun(t *testing.T) {
 	}
 }
 
+// TestVariants: Options.Variants narrows a set's choice of variants to the
+// names given, leaves a set with one variant alone, and CheckVariants
+// refuses a name no set offers among several.
+func TestVariants(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	prefill, _ := kernels.ParseShape("B=4,H=32,KVH=32,D=128,N=4096,causal=1")
+	opt := Options{Ops: []kernels.Op{kernels.OpAttnPrefill}, Shapes: []kernels.Shape{prefill}, Variants: []string{"wgmma", "w4_m2"}}
+	offers, err := DryRun(h200, []string{"naive", "fused"}, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, o := range offers {
+		for _, v := range o.Variants {
+			got[o.Set] = append(got[o.Set], v.Name)
+		}
+	}
+	if strings.Join(got["fused"], ",") != "w4_m2,wgmma" || strings.Join(got["naive"], ",") != "default" {
+		t.Errorf("variants offered under %v: %v", opt.Variants, got)
+	}
+	if err := CheckVariants(h200, []string{"naive", "fused"}, opt); err != nil {
+		t.Errorf("CheckVariants %v: %v", opt.Variants, err)
+	}
+	opt.Variants = []string{"wgmma", "w9_m9"}
+	if err := CheckVariants(h200, []string{"naive", "fused"}, opt); err == nil || !strings.Contains(err.Error(), `"w9_m9"`) ||
+		!strings.Contains(err.Error(), "offered: w4_m1, w4_m2, w8_m1, w8_m2, wgmma") {
+		t.Errorf("CheckVariants %v: %v", opt.Variants, err)
+	}
+	opt.Variants = []string{"default"} // naive's only variant is no choice to make
+	if err := CheckVariants(h200, []string{"naive"}, opt); err == nil {
+		t.Errorf("CheckVariants %v on naive alone: no error", opt.Variants)
+	}
+}
+
 // TestCache writes choices, reads them back for the same device and
 // compiler, and refuses a file of another device, compiler or version.
 func TestCache(t *testing.T) {

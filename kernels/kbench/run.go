@@ -14,6 +14,10 @@ type Options struct {
 	Ops    []kernels.Op    // the cases to run; nil: all
 	Shapes []kernels.Shape // shapes for every case named; nil: each case's defaults
 	Sets   []string        // the sets side by side, each on its own kernels
+	// Variants, when set, leaves out every variant of a set that offers
+	// several for an op but those named (CheckVariants says whether each
+	// name is offered); a set with one variant runs it as always.
+	Variants []string
 	// Optimize times every valid variant of a set that has several (it
 	// always does) and returns the fastest per tuning key in Report.Tuned.
 	Optimize bool
@@ -209,6 +213,8 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 		}
 		o, _ := r.ops(set)
 		vs := info.VariantsOf(c.Op, s, r.target)
+		several := len(vs) > 1 // a choice the tuner makes, before Variants narrows it
+		vs = r.opt.pick(vs)
 		tuner, tunable := kernels.TunerOf(o, c.Op)
 		var key, was string
 		if tunable {
@@ -223,7 +229,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 				r.rep.Rows = append(r.rep.Rows, row)
 				continue
 			}
-			if tunable && len(vs) > 1 {
+			if tunable && several {
 				if err := tuner.UseVariant(c.Op, key, v.Name); err != nil {
 					row.Err = err.Error()
 					r.rep.Rows = append(r.rep.Rows, row)
@@ -234,7 +240,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 			if row.Err == "" {
 				r.timed = append(r.timed, timedRow{index: len(r.rep.Rows), c: c, shape: s, group: g})
 			}
-			if tunable && len(vs) > 1 && row.Err == "" {
+			if tunable && several && row.Err == "" {
 				if r.keys == nil {
 					r.keys = map[int]string{}
 				}
@@ -242,7 +248,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 			}
 			r.rep.Rows = append(r.rep.Rows, row)
 		}
-		if tunable && was != "" && len(vs) > 1 {
+		if tunable && was != "" && several {
 			tuner.UseVariant(c.Op, key, was)
 		}
 	}
