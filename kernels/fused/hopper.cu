@@ -92,18 +92,16 @@ template <int D> struct HopGrid {
 	typedef HopCache<D> Src;
 	const TmaMap *qmap, *kmap, *vmap;
 	const int *start, *past;
-	int heads, kvh, rows, qtiles;
-	bool pairs; // a unit is two items (causal), else one
-	__device__ int per() const { return pairs ? (qtiles + 1) / 2 : qtiles; } // units of a (row, head)
+	int heads, kvh, rows, qtiles, span; // span: items a unit, 2 when causal, else 1
+	__device__ int per() const { return (qtiles + span - 1) / span; } // units of a (row, head)
 	__device__ int units() const { return rows * heads * per(); }
-	__device__ int items() const { return (pairs ? 2 : 1) * ((units() + gridDim.x - 1) / gridDim.x); }
+	__device__ int items() const { return span * ((units() + gridDim.x - 1) / gridDim.x); }
 	__device__ bool item(int k, HopWork<Src>& w) const {
-		const bool second = pairs && k % 2; // the unit's shorter item
-		const int id = (pairs ? k / 2 : k) * gridDim.x + blockIdx.x;
+		const int id = k / span * gridDim.x + blockIdx.x;
 		if (id >= units()) return false;
 		const int bh = id / per(), u = id % per(), b = bh / heads, h = bh % heads;
-		const int qt = second ? u : qtiles - 1 - u;
-		if (second && qt == qtiles - 1 - u) return false; // the middle q-tile: a unit of one
+		const int qt = k % span ? u : qtiles - 1 - u;
+		if (k % span && qt == qtiles - 1 - u) return false; // the middle q-tile: a unit of one
 		const int t0 = start[b], n = start[b + 1] - t0, q0 = qt * HOP_BM;
 		if (q0 >= n) return false;
 		w = {Src{qmap, kmap, vmap, h * D, t0 + q0, b * kvh + h / (heads / kvh)}, t0, n, past[b], q0, h};
@@ -132,7 +130,7 @@ template <typename E, int D, int KST, int VST, int QBUF>
 __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap,
                                              E* out, int op, const int* start, const int* past, int heads, int kvh, int rows,
                                              int qtiles, float scale_log2, int causal, int* status) {
-	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles, causal != 0};
+	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles, causal ? 2 : 1};
 	hop_attention<D, D, HOP_BN, KST, VST, QBUF>(grid, out, op, omap, scale_log2, causal, status);
 }
 
