@@ -76,32 +76,29 @@ template <int D> struct HopCache {
 };
 
 // HopGrid is flash_hopper's schedule: a persistent grid of G blocks (one
-// per multiprocessor) over units of work dealt round-robin (block c takes
-// units c, c+G, c+2G, ...), an item being HOP_BM queries of one (row,
-// head). Without a mask every item reads as many keys, and a unit is one
-// item. Under a causal mask a unit is two: unit u of a (row, head) with
-// qtiles q-tiles pairs q-tile qtiles-1-u with q-tile u (the longer first;
-// the middle one, for an odd count, with none), and every pair reads
-// qtiles + 1 tiles whatever u. So the units are equal either way, and
-// dealing them balances the blocks without a queue. Units run (row, head)
-// by (row, head), so the G running at once share the keys and values of a
-// few heads in L2 (at D = 128, 9 MB unmasked and 17 MB causal, whatever
-// the length). An item whose q-tile lies past its row's new tokens is
-// empty.
+// per multiprocessor) over units of two items, an item being HOP_BM
+// queries of one (row, head). Unit u of a (row, head) with qtiles q-tiles
+// pairs q-tile qtiles-1-u with q-tile u (and the middle one, for an odd
+// count, with none): under a causal mask the pair reads as many keys
+// whatever u, qtiles + 1 tiles, so equal units dealt round-robin (block c
+// takes units c, c+G, c+2G, ...; each unit's longer item first) balance
+// the blocks without a queue. Units run (row, head) by (row, head), so the
+// G running at once share the keys and values of about G·2/qtiles heads in
+// L2 (17 MB at D = 128, whatever the length). An item whose q-tile lies
+// past its row's new tokens is empty.
 template <int D> struct HopGrid {
 	typedef HopCache<D> Src;
 	const TmaMap *qmap, *kmap, *vmap;
 	const int *start, *past;
-	int heads, kvh, rows, qtiles, span; // span: items a unit, 2 when causal, else 1
-	__device__ int per() const { return (qtiles + span - 1) / span; } // units of a (row, head)
-	__device__ int units() const { return rows * heads * per(); }
-	__device__ int items() const { return span * ((units() + gridDim.x - 1) / gridDim.x); }
+	int heads, kvh, rows, qtiles;
+	__device__ int units() const { return rows * heads * ((qtiles + 1) / 2); }
+	__device__ int items() const { return 2 * ((units() + gridDim.x - 1) / gridDim.x); }
 	__device__ bool item(int k, HopWork<Src>& w) const {
-		const int id = k / span * gridDim.x + blockIdx.x;
+		const int id = k / 2 * gridDim.x + blockIdx.x, per = (qtiles + 1) / 2;
 		if (id >= units()) return false;
-		const int bh = id / per(), u = id % per(), b = bh / heads, h = bh % heads;
-		const int qt = k % span ? u : qtiles - 1 - u;
-		if (k % span && qt == qtiles - 1 - u) return false; // the middle q-tile: a unit of one
+		const int bh = id / per, u = id % per, b = bh / heads, h = bh % heads;
+		const int qt = k % 2 ? u : qtiles - 1 - u;
+		if (k % 2 && qt == qtiles - 1 - u) return false; // the middle q-tile: a unit of one
 		const int t0 = start[b], n = start[b + 1] - t0, q0 = qt * HOP_BM;
 		if (q0 >= n) return false;
 		w = {Src{qmap, kmap, vmap, h * D, t0 + q0, b * kvh + h / (heads / kvh)}, t0, n, past[b], q0, h};
@@ -130,7 +127,7 @@ template <typename E, int D, int KST, int VST, int QBUF>
 __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap,
                                              E* out, int op, const int* start, const int* past, int heads, int kvh, int rows,
                                              int qtiles, float scale_log2, int causal, int* status) {
-	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles, causal ? 2 : 1};
+	const HopGrid<D> grid{qmap, kmap, vmap, start, past, heads, kvh, rows, qtiles};
 	hop_attention<D, D, HOP_BN, KST, VST, QBUF>(grid, out, op, omap, scale_log2, causal, status);
 }
 

@@ -310,11 +310,8 @@ func (o *ops) hopperPrefill(c hopperConfig, a *kernels.AttnArgs, longest int, ca
 	if causal {
 		causalArg = 1
 	}
-	units := blocks * a.Heads * b.Rows // HopGrid's: a q-tile each, or two when causal
-	if causal {
-		units = (blocks + 1) / 2 * a.Heads * b.Rows
-	}
-	grid := min(units, o.SMs) // a block a multiprocessor: the most its shared memory lets run
+	units := (blocks + 1) / 2 * a.Heads * b.Rows // HopGrid's
+	grid := min(units, o.SMs)                    // a block a multiprocessor: the most its shared memory lets run
 	if hopperGridCap > 0 {
 		grid = min(grid, hopperGridCap)
 	}
