@@ -262,13 +262,33 @@ __device__ __forceinline__ void hop_attention(const Sched& sched, E* out, int op
 				asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the zeros, seen by wgmma
 				asm volatile("bar.sync %0, 128;\n" ::"r"(HOP_WG_BAR + w) : "memory");
 			};
-
 			float o[NO][4];
 #pragma unroll
 			for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 			RowState st[2] = {{NEG_INF, 0.0f}, {NEG_INF, 0.0f}};
 			float sc[NS][4];
 			unsigned pa[PK][4];
+			// A step's turn, once its tiles have landed: V of tile j readied
+			// for P·V, the turn taken and the wgmmas fenced; end_turn passes
+			// it on.
+			auto begin_turn = [&](int j) {
+				__syncwarp();
+				zero_tail(j);
+				take_turn();
+				wg_fence();
+			};
+			auto end_turn = [&]() {
+				pass_turn();
+				turn++;
+			};
+			// P·V of tile j is done: O and P may be read, V's stage freed.
+			auto pv_done = [&](int j) {
+				wg_wait<0>();
+				keep(o);
+				keep(pa);
+				release(vfree(vs(j)));
+			};
+
 			// A wait that gives up ends the warpgroup's work (live false):
 			// it passes the item's turns left on, and those of every item
 			// after, so that the other warpgroup winds down too instead of
@@ -284,8 +304,7 @@ __device__ __forceinline__ void hop_attention(const Sched& sched, E* out, int op
 			wg_fence();
 			issue_qk(sc, qA, ks(0));
 			wg_commit();
-			pass_turn();
-			turn++;
+			end_turn();
 			wg_wait<0>();
 			keep(sc);
 			release(kfree(ks(0)));
@@ -316,26 +335,19 @@ __device__ __forceinline__ void hop_attention(const Sched& sched, E* out, int op
 					live = false;
 					break;
 				}
-				__syncwarp();
-				zero_tail(j);
-				take_turn();
-				wg_fence();
+				begin_turn(j);
 				issue_qk(sc, qA, ks(j + 1));
 				wg_commit();
 				wg_fence();
 				issue_pv(o, pa, vs(j));
 				wg_commit();
-				pass_turn();
-				turn++;
+				end_turn();
 				wg_wait<1>(); // S of tile j+1 is done, P·V of tile j may not be
 				keep(sc);
 				release(kfree(ks(j + 1)));
 				mask(sc, j + 1);
 				softmax_tile<NS>(sc, st, scale_log2, alpha);
-				wg_wait<0>();
-				keep(o);
-				keep(pa);
-				release(vfree(vs(j)));
+				pv_done(j);
 				rescale(o, alpha);
 #pragma unroll
 				for (int kk = 0; kk < PK; kk++) p_frag<NS, E>(pa[kk], sc, kk);
@@ -347,18 +359,11 @@ __device__ __forceinline__ void hop_attention(const Sched& sched, E* out, int op
 					live = false;
 					break;
 				}
-				__syncwarp();
-				zero_tail(j);
-				take_turn();
-				wg_fence();
+				begin_turn(j);
 				issue_pv(o, pa, vs(j));
 				wg_commit();
-				pass_turn();
-				turn++;
-				wg_wait<0>();
-				keep(o);
-				keep(pa);
-				release(vfree(vs(j)));
+				end_turn();
+				pv_done(j);
 			}
 			// Tiles wholly above this warpgroup's diagonal: the other one
 			// reads them; waiting for each copy keeps the free arrivals in
