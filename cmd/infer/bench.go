@@ -157,27 +157,15 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 			}
 		}
 	}
-	if f.sets != "" {
-		for _, s := range strings.Split(f.sets, ",") {
-			s = strings.TrimSpace(s)
-			if _, ok := kernels.Set(s); !ok {
-				return opt, bad("--sets: kernel set %q is not built into this binary", s)
-			}
-			if !slices.Contains(opt.Sets, s) {
-				opt.Sets = append(opt.Sets, s)
-			}
+	opt.Sets = names(f.sets)
+	for _, s := range opt.Sets {
+		if _, ok := kernels.Set(s); !ok {
+			return opt, bad("--sets: kernel set %q is not built into this binary", s)
 		}
 	}
-	if f.variants != "" {
-		for _, v := range strings.Split(f.variants, ",") {
-			v = strings.TrimSpace(v)
-			if v == "" {
-				return opt, bad("--variants: an empty name in %q", f.variants)
-			}
-			if !slices.Contains(opt.Variants, v) {
-				opt.Variants = append(opt.Variants, v)
-			}
-		}
+	opt.Variants = names(f.variants)
+	if slices.Contains(opt.Variants, "") {
+		return opt, bad("--variants: an empty name in %q", f.variants)
 	}
 	if f.plot != "" {
 		if err := outfile.Check(f.plot); err != nil {
@@ -185,6 +173,21 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 		}
 	}
 	return opt, nil
+}
+
+// names are the comma-separated names of a flag's value, trimmed, each
+// once, in order; none for an empty value.
+func names(value string) []string {
+	var out []string
+	if value == "" {
+		return out
+	}
+	for _, n := range strings.Split(value, ",") {
+		if n = strings.TrimSpace(n); !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // checkVariants is kbench.CheckVariants's verdict on --variants for the
