@@ -74,10 +74,14 @@ for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
         table.append(f"| {workload} | {spec} | FAILED: {r['failed'][-120:]!r} |")
     else:
         t = r["timings"]
+        rec["commit"] = r.get("commit") or commit
         rec.update({"model": r.get("model"), "device": r.get("device"), "kernels": r.get("kernels", spec),
                     "prompt_tokens": len(r["rows"][0]["prompt_ids"]), "new_tokens": t["new_tokens"],
                     "tokens_per_s": t["tokens_per_s"], "wall_s": t["wall_s"], "runs_wall_s": t["runs_wall_s"],
                     "prefill_ms": t["prefill_ms"], "decode_ms": t["decode_ms"], "graph_replays": t["graph_replays"],
+                    "ttft_ms": t.get("ttft_ms"), "prefill_tokens_per_s": t.get("prefill_tokens_per_s"),
+                    "decode_tokens_per_s": t.get("decode_tokens_per_s"), "tpot_ms": t.get("tpot_ms"),
+                    "wall_s_spread": t.get("wall_s_spread"), "version": r.get("version"),
                     "load_s": t.get("load_s"), "compute_ms": t.get("compute_ms"),
                     "profile_note": r.get("profile_note"), "per_op": r.get("profile", [])})
         rec["_first_ids"] = r["rows"][0]["generated_ids"][:20]

@@ -7,7 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=0
 mkdir -p bin
-strip=(-ldflags "-s -w")
+# The commit infer --version and every JSON document name ("+dirty" when the
+# tree holds uncommitted changes); the toolchain's own VCS stamp is not
+# relied on (GOFLAGS may turn it off, and worktrees may not carry it).
+rev=$(git rev-parse HEAD 2>/dev/null || true)
+if [ -n "$rev" ] && ! git diff --quiet HEAD 2>/dev/null; then rev="$rev+dirty"; fi
+ver=$(git describe --tags --dirty 2>/dev/null || echo devel)
+strip=(-ldflags "-s -w -X main.version=$ver -X main.commit=$rev")
 go build "${strip[@]}" -o bin/infer ./cmd/infer
 for pkg in kernels/cuda kernels/naive kernels/fused kernels/kerneltest model cmd/infer; do
 	[ -d "$pkg" ] || continue

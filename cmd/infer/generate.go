@@ -17,6 +17,7 @@ import (
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/spread"
 )
 
 // genFlags are the flags of the generate command (the root command).
@@ -198,6 +199,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	defer closeRun()
 	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
+	ignoredOnCPU(cmd, dev, logf)
 	tuned := applyTuning(dev, ops, logf)
 
 	tLoad := time.Now()
@@ -238,15 +240,15 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	gen := med.gen
 
 	rep := &runReport{
-		Model:   modelName(f.model, dir),
-		Kernels: spec.String(),
-		Device:  dev.Name(),
-		DType:   dev.ActDType().String(),
-		Batch:   f.batch,
-		Profile: med.profile,
-		Tuning:  tuned,
+		provenance: newProvenance(dev.Name()),
+		Model:      modelName(f.model, dir),
+		Kernels:    spec.String(),
+		DType:      dev.ActDType().String(),
+		Batch:      f.batch,
+		Profile:    med.profile,
+		Tuning:     tuned,
 	}
-	rep.ProfileNote = med.report.Note
+	rep.ProfileNote = nullString(med.report.Note)
 	rep.ProfileSource = med.report.Source
 	rep.GPU = newGPUReport(med.report, gen.WallMs)
 	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile)
@@ -257,13 +259,13 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		NewTokens:    gen.NewTokens,
 		TokensPerSec: float64(gen.NewTokens) / (gen.WallMs / 1000),
 		WallS:        gen.WallMs / 1000,
-		PrefillMs:    gen.PrefillMs,
-		DecodeMs:     gen.DecodeMs,
+		phases:       phasesOf(gen, f.batch),
 		ComputeMs:    med.report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
 		Warmup:       f.warmup,
 		RunsWallS:    walls,
+		WallSpread:   spread.Of(walls),
 	}
 	if gen.GraphReplays == 0 && gen.Graph != "" && dev.ActDType() != kernels.F32 {
 		logf("infer: CUDA graphs %s", gen.Graph)
@@ -317,4 +319,19 @@ func modelName(arg, dir string) string {
 		return name
 	}
 	return filepath.Base(dir)
+}
+
+// ignoredOnCPU says on logf which flags the cpu device ignores, when the
+// command line gave them: it has no kernel trace and no graphs.
+func ignoredOnCPU(cmd *cobra.Command, dev kernels.Device, logf func(string, ...any)) {
+	if _, ok := dev.(*cuda.Device); ok {
+		return
+	}
+	fl := cmd.Flags()
+	if fl.Changed("cupti") {
+		logf("infer: --cupti is ignored on the cpu device (%s): it has no kernel trace, and its op times are wall time around each op", dev.Name())
+	}
+	if fl.Changed("no-graphs") {
+		logf("infer: --no-graphs is ignored on the cpu device (%s): it records no graphs, and every decode step runs eagerly", dev.Name())
+	}
 }

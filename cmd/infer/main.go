@@ -42,6 +42,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd())
 	root.SetHelpCommand(newHelpCmd())
 	root.CompletionOptions.HiddenDefaultCmd = true
+	root.Version = versionLine()
+	root.SetVersionTemplate("{{.Version}}\n")
 	// Cobra parses flags, finds the command and checks its arguments before
 	// any PersistentPreRun: what fails before is the command line's fault.
 	parsed := false
@@ -74,6 +76,9 @@ func silence(c *cobra.Command) *cobra.Command {
 func noArgs(c *cobra.Command, args []string) error {
 	if len(args) == 0 {
 		return nil
+	}
+	if js := c.Flags().Lookup("json"); js != nil && js.Changed && js.Value.Type() == "bool" && strings.HasSuffix(args[0], ".json") {
+		return usageError{fmt.Errorf("--json takes no file name: stdout is the JSON document (redirect it: --json > %s)", args[0])}
 	}
 	msg := fmt.Sprintf("unexpected argument %q: %s takes only flags", args[0], c.CommandPath())
 	if !c.HasParent() {

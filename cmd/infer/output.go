@@ -8,21 +8,24 @@ import (
 	"text/tabwriter"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/spread"
 )
 
 // runReport is what one generation run reports: the --json document, and the
 // content of the --profile file.
 type runReport struct {
-	Model       string           `json:"model"`
-	Kernels     string           `json:"kernels"`
-	Device      string           `json:"device"`
-	DType       string           `json:"dtype"`
-	Batch       int              `json:"batch"`
-	Rows        []rowReport      `json:"rows,omitempty"`
-	Timings     timings          `json:"timings"`
-	Profile     []kernels.OpStat `json:"profile"`
-	ProfileNote string           `json:"profile_note,omitempty"`
-	Tuning      []kernels.Tuned  `json:"tuning,omitempty"` // the tuning cache's choices this run applied
+	provenance
+	Model   string           `json:"model"`
+	Kernels string           `json:"kernels"`
+	DType   string           `json:"dtype"`
+	Batch   int              `json:"batch"`
+	Rows    []rowReport      `json:"rows"` // null in the --profile file
+	Timings timings          `json:"timings"`
+	Profile []kernels.OpStat `json:"profile"`
+	// ProfileNote says what the profile's times miss (null when nothing).
+	ProfileNote *string         `json:"profile_note"`
+	Tuning      []kernels.Tuned `json:"tuning"` // the tuning cache's choices this run applied
 	profileDetail
 }
 
@@ -31,8 +34,8 @@ type profileDetail struct {
 	// ProfileSource is where the profile's times come from: "cupti" (every
 	// kernel) or "events" (marks around each op call and graph replay).
 	ProfileSource string        `json:"profile_source"`
-	GPU           *gpuReport    `json:"gpu,omitempty"`
-	Memory        *memoryReport `json:"memory,omitempty"`
+	GPU           *gpuReport    `json:"gpu"` // null where kernels were not traced
+	Memory        *memoryReport `json:"memory"`
 }
 
 type rowReport struct {
@@ -41,17 +44,78 @@ type rowReport struct {
 	Text         string `json:"text"`
 }
 
+// timings are the reported (median) generation's times, its phases apart,
+// and the spread of every timed run's wall time.
 type timings struct {
-	NewTokens    int       `json:"new_tokens"`
-	TokensPerSec float64   `json:"tokens_per_s"`
-	WallS        float64   `json:"wall_s"`
-	PrefillMs    float64   `json:"prefill_ms"`
-	DecodeMs     float64   `json:"decode_ms"`
-	ComputeMs    float64   `json:"compute_ms"`
-	LoadS        float64   `json:"load_s"`
-	GraphSteps   int       `json:"graph_replays"`
-	Warmup       int       `json:"warmup_runs"`
-	RunsWallS    []float64 `json:"runs_wall_s"`
+	NewTokens    int     `json:"new_tokens"`
+	TokensPerSec float64 `json:"tokens_per_s"`
+	WallS        float64 `json:"wall_s"`
+	phases
+	ComputeMs  float64        `json:"compute_ms"`
+	LoadS      float64        `json:"load_s"`
+	GraphSteps int            `json:"graph_replays"`
+	Warmup     int            `json:"warmup_runs"`
+	RunsWallS  []float64      `json:"runs_wall_s"` // in the order they ran
+	WallSpread spread.Summary `json:"wall_s_spread"`
+}
+
+// phases are a generation's prefill and decode apart, as llama-bench's pp
+// and tg and vLLM's TTFT and TPOT split them.
+type phases struct {
+	PromptTokens int     `json:"prompt_tokens"` // every row's
+	PrefillMs    float64 `json:"prefill_ms"`
+	DecodeMs     float64 `json:"decode_ms"`
+	// TTFTMs is the time to the first new token of every row: the prefill,
+	// the first token's choice included (prefill_ms, under vLLM's name).
+	TTFTMs              float64 `json:"ttft_ms"`
+	PrefillTokensPerSec float64 `json:"prefill_tokens_per_s"` // prompt tokens over the prefill
+	DecodeSteps         int     `json:"decode_steps"`
+	// DecodeTokensPerSec is the tokens the decode steps made (all but
+	// each row's first) over the decode time; TPOTMs the time of one
+	// decode step, each row's time per output token after its first. Both
+	// are null when no decode step ran.
+	DecodeTokensPerSec *float64 `json:"decode_tokens_per_s"`
+	TPOTMs             *float64 `json:"tpot_ms"`
+}
+
+// phasesOf is gen's phases; rows is the batch.
+func phasesOf(gen *model.Generation, rows int) phases {
+	p := phases{PromptTokens: gen.PromptTokens, PrefillMs: gen.PrefillMs, DecodeMs: gen.DecodeMs, TTFTMs: gen.PrefillMs,
+		DecodeSteps: gen.DecodeSteps}
+	if gen.PrefillMs > 0 {
+		p.PrefillTokensPerSec = float64(gen.PromptTokens) / (gen.PrefillMs / 1000)
+	}
+	if gen.DecodeSteps > 0 && gen.DecodeMs > 0 {
+		p.DecodeTokensPerSec = nullNum(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
+		p.TPOTMs = nullNum(gen.DecodeMs / float64(gen.DecodeSteps))
+	}
+	return p
+}
+
+// line is the phases' line under the summary line.
+func (p phases) line(rows int) string {
+	s := fmt.Sprintf("prefill %d tokens: TTFT %.2f ms, %.1f tokens/s", p.PromptTokens, p.TTFTMs, p.PrefillTokensPerSec)
+	if p.DecodeTokensPerSec == nil {
+		return s + " | decode: no step (one new token)"
+	}
+	return s + fmt.Sprintf(" | decode %s × %s: TPOT %.3f ms, %.2f tokens/s", plural(p.DecodeSteps, "step"), plural(rows, "row"),
+		*p.TPOTMs, *p.DecodeTokensPerSec)
+}
+
+// plural is "1 row", "2 rows".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// spreadLine says how the timed runs' wall times spread; "" for one run.
+func spreadLine(s spread.Summary) string {
+	if s.N < 2 {
+		return ""
+	}
+	return fmt.Sprintf("%d runs: wall median %.4f s, min %.4f, max %.4f, stddev %.2f%% of the mean", s.N, s.Median, s.Min, s.Max, 100*s.Rel())
 }
 
 // summaryLine is TileGym's one-line result:
@@ -107,10 +171,14 @@ func (r *runReport) writeText(w io.Writer) {
 // kernel trace and the allocator say.
 func (r *runReport) writeProfile(w io.Writer) {
 	fmt.Fprintln(w, r.summaryLine())
+	fmt.Fprintln(w, r.Timings.phases.line(r.Batch))
+	if l := spreadLine(r.Timings.WallSpread); l != "" {
+		fmt.Fprintln(w, l)
+	}
 	fmt.Fprintln(w)
 	writeOpTable(w, r.Profile)
-	if r.ProfileNote != "" {
-		fmt.Fprintln(w, r.ProfileNote)
+	if r.ProfileNote != nil {
+		fmt.Fprintln(w, *r.ProfileNote)
 	}
 	if r.GPU != nil {
 		fmt.Fprintln(w)

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fuselm/fuselm/kernels"
 )
@@ -67,12 +70,15 @@ func TestProfileJSONOnCPU(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	var rep map[string]any
-	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
-		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
-	}
+	rep := checkDocument(t, stdout, true)
 	if rep["profile_source"] != "events" || rep["memory"] == nil || rep["gpu"] != nil {
 		t.Errorf("profile_source %v, memory %v, gpu %v", rep["profile_source"], rep["memory"], rep["gpu"])
+	}
+	// Absent figures are null, not missing.
+	for _, k := range []string{"gpu", "profile_note", "tuning"} {
+		if v, ok := rep[k]; !ok || v != nil {
+			t.Errorf("%s: %v (present %v), want null", k, v, ok)
+		}
 	}
 	if !strings.Contains(stderr, "qwen2-tiny_cpu_float32 | ") || !strings.Contains(stderr, "ms compute") || !strings.Contains(stderr, "op  set  calls") {
 		t.Errorf("stderr lacks the summary line and table:\n%s", stderr)
@@ -80,5 +86,113 @@ func TestProfileJSONOnCPU(t *testing.T) {
 	_, _, stderr = runInfer(t, append(args, "--quiet")...)
 	if stderr != "" {
 		t.Errorf("--quiet --json: stderr %q", stderr)
+	}
+}
+
+// snakeKey is the form of every key of infer's JSON documents.
+var snakeKey = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+
+// checkDocument parses doc as one of infer's JSON documents and fails
+// unless it opens with the build, the date and the device (device says
+// whether one is named), and every key, at every depth, is snake_case.
+func checkDocument(t *testing.T, doc string, device bool) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(doc), &m); err != nil {
+		t.Fatalf("not one JSON document: %v\n%.400s", err, doc)
+	}
+	ver, rev := buildVersion()
+	if m["version"] != ver {
+		t.Errorf("version %v, want %q", m["version"], ver)
+	}
+	if c, ok := m["commit"]; !ok || (rev == "" && c != nil) || (rev != "" && c != rev) {
+		t.Errorf("commit %v (present %v), want %q or null", c, ok, rev)
+	}
+	if d, _ := m["date"].(string); d == "" {
+		t.Errorf("date %v", m["date"])
+	} else if tm, err := time.Parse(time.RFC3339, d); err != nil || time.Since(tm) > time.Hour || tm.Location() != time.UTC {
+		t.Errorf("date %q: %v", d, err)
+	}
+	if d, ok := m["device"]; !ok || (d != nil) != device {
+		t.Errorf("device %v (present %v), want named: %v", d, ok, device)
+	}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if !snakeKey.MatchString(k) {
+					t.Errorf("key %q at %s is not snake_case", k, path)
+				}
+				walk(path+"."+k, x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(path+"[]", x)
+			}
+		}
+	}
+	walk("", m)
+	return m
+}
+
+// The phases and the spread of the timed runs are in the JSON and under
+// the summary line.
+func TestPhasesAndSpread(t *testing.T) {
+	args := []string{"--model", tinyQwen, "--prompt", "hello there", "--max-new-tokens", "5", "--min-new-tokens", "5", "--batch", "2",
+		"--repeat", "3", "--json", "--quiet"}
+	code, stdout, stderr := runInfer(t, args...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	checkDocument(t, stdout, true)
+	var rep runReport
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	tm := rep.Timings
+	if tm.PromptTokens != 2*len(rep.Rows[0].PromptIDs) || tm.DecodeSteps != 4 || tm.TTFTMs != tm.PrefillMs || tm.TTFTMs <= 0 {
+		t.Errorf("phases %+v", tm.phases)
+	}
+	if tm.DecodeTokensPerSec == nil || tm.TPOTMs == nil ||
+		math.Abs(*tm.DecodeTokensPerSec-8/(tm.DecodeMs/1000)) > 1e-6**tm.DecodeTokensPerSec ||
+		math.Abs(*tm.TPOTMs-tm.DecodeMs/4) > 1e-9 ||
+		math.Abs(tm.PrefillTokensPerSec-float64(tm.PromptTokens)/(tm.PrefillMs/1000)) > 1e-6*tm.PrefillTokensPerSec {
+		t.Errorf("rates: decode %v tokens/s, TPOT %v ms, prefill %v tokens/s from %+v", tm.DecodeTokensPerSec, tm.TPOTMs, tm.PrefillTokensPerSec, tm.phases)
+	}
+	sp := tm.WallSpread
+	if sp.N != 3 || sp.Median != tm.WallS || sp.Min > sp.Median || sp.Max < sp.Median || sp.StdDev == nil || len(tm.RunsWallS) != 3 {
+		t.Errorf("spread %+v of %v, reported %v", sp, tm.RunsWallS, tm.WallS)
+	}
+
+	// One new token: no decode step, so the decode figures are null.
+	code, stdout, stderr = runInfer(t, "--model", tinyQwen, "--prompt", "hi", "--max-new-tokens", "1", "--min-new-tokens", "1")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "| decode: no step (one new token)") || strings.Contains(stdout, "runs: wall median") {
+		t.Errorf("one token, one run:\n%s", stdout)
+	}
+	code, stdout, _ = runInfer(t, "--model", tinyQwen, "--prompt", "hi", "--max-new-tokens", "3", "--repeat", "2")
+	if code != exitOK || !regexp.MustCompile(`(?m)^prefill \d+ tokens: TTFT [0-9.]+ ms, [0-9.]+ tokens/s \| decode 2 steps × 1 row: TPOT [0-9.]+ ms, [0-9.]+ tokens/s\n2 runs: wall median `).MatchString(stdout) {
+		t.Errorf("the lines under the summary line:\n%s", stdout)
+	}
+}
+
+// --version names the build; a JSON document names the same.
+func TestVersion(t *testing.T) {
+	defer func(v, c string) { version, commit = v, c }(version, commit)
+	version, commit = "v9.9.9", "0123abc"
+	code, stdout, stderr := runInfer(t, "--version")
+	if code != exitOK || stdout != "infer (fuselm) v9.9.9, commit 0123abc\n" || stderr != "" {
+		t.Errorf("--version: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	p := newProvenance("")
+	if p.Version != "v9.9.9" || p.Commit == nil || *p.Commit != "0123abc" || p.Device != nil {
+		t.Errorf("provenance %+v", p)
+	}
+	version, commit = "", ""
+	if ver, _ := buildVersion(); ver == "" {
+		t.Error("no version at all")
 	}
 }
