@@ -6,7 +6,7 @@
 # written by scripts/hf_checkpoint.py when absent).
 #
 # Writes to $OUT (or out/): compare_<workload>.json, .png and .txt (the
-# table compare prints), for bench/RESULTS.md and bench/. REPEAT timed runs
+# tables and logs compare prints), for bench/RESULTS.md and bench/. REPEAT timed runs
 # per variant (default 1; each variant's checked run warms it up first).
 #
 #   scripts/compare.sh [W1] [W2-b1] [W3] [W4]
@@ -35,9 +35,10 @@ for w in "${workloads[@]}"; do
 	*) echo "compare.sh: unknown workload $w (W1, W2-b1, W3, W4)" >&2; exit 2 ;;
 	esac
 	checkpoint "$model" "$ckpt" || { status=1; continue; }
-	cmd=(bin/infer compare --model "$ckpt" "${args[@]}" --repeat "$REPEAT" --quiet
-		--json "$out/compare_$w.json" --plot "$out/compare_$w.png")
+	# --json makes stdout the JSON document; the tables (and the logs) go
+	# to stderr, kept in the .txt.
+	cmd=(bin/infer compare --model "$ckpt" "${args[@]}" --repeat "$REPEAT" --json --plot "$out/compare_$w.png")
 	echo "== ${cmd[*]}" >&2
-	"${cmd[@]}" | tee "$out/compare_$w.txt" || status=1
+	"${cmd[@]}" >"$out/compare_$w.json" 2> >(tee "$out/compare_$w.txt" >&2) || status=1
 done
 exit $status

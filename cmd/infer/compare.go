@@ -19,6 +19,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/spread"
 )
 
 // compareFlags are infer compare's flags: those it shares with generation,
@@ -27,7 +28,8 @@ type compareFlags struct {
 	gen                 genFlags
 	baseline, candidate string
 	ops                 string
-	jsonPath, plotPath  string
+	jsonOut             bool
+	plotPath            string
 	checkTokens         int
 	tolerance           float64
 }
@@ -53,12 +55,27 @@ round in different orders differ by about 5% on random-weight Qwen2-7B).
 Then --warmup untimed and --repeat timed generations, as infer runs them;
 the median is reported.
 
+The tokens/s come from those untraced runs. The per-op times of the
+baseline and the candidate come from one more generation each, traced by
+CUPTI where it loads (--cupti, on by default), so that every kernel, those
+of CUDA graph replays and cuBLAS's included, is charged to its op. Where
+kernels are not traced (--cupti=false, CUPTI missing, or the cpu device),
+the ops are timed by events and each graph replay (every decode step after
+the first two) is timed whole: that time is in no op's row.
+
 It prints each variant's summary line, a table of every op (baseline ms,
 candidate ms, speedup, the op's share of the end-to-end gain, and the
-tokens/s of its two ablations), and each variant's peak memory. --json
-writes all of it, --plot a PNG of per-op time and tokens/s per variant.
-When a variant fails the check, compare says which and exits 1 after
-writing its files.
+tokens/s of its two ablations) closed by two rows that hold the rest of the
+gain (device time charged to no op, and wall time outside the device's
+timed work), and each variant's peak memory. --json makes stdout one JSON
+document of all of it (the tables then go to stderr, unless --quiet),
+--plot writes a PNG of per-op time and tokens/s per variant. When a
+variant fails the check, compare says which and exits 1 after writing its
+output.
+
+compare needs nothing but two kernel specs of one device: on a machine
+with no GPU, compare the cpu set with a test set, or run it where a CUDA
+device is found (the defaults, naive and fused, are CUDA sets).
 
 ` + exitRule,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runCompare(cmd, &cf) },
@@ -68,15 +85,15 @@ writing its files.
 	f.workloadFlags(cmd)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: the device of the kernel sets)")
 	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph")
-	fl.BoolVar(&f.cupti, "cupti", false, "time every kernel through CUPTI, graph replays and cuBLAS's included "+
-		"(tracing slows the run a little: W1 148.0 tokens/s with it, 153.5 without, so events time the ops by default)")
+	fl.BoolVar(&f.cupti, "cupti", true, "time the per-op table by CUPTI where it loads, in one more traced generation of the baseline "+
+		"and the candidate (graph replays and cuBLAS's kernels included; tokens/s stay the untraced runs'); --cupti=false times ops by events")
 	fl.IntVar(&f.warmup, "warmup", 0, "untimed generations per variant after the checked one")
 	fl.IntVar(&f.repeat, "repeat", 1, "timed generations per variant; the one of median wall time is reported")
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar or logs on stderr")
 	fl.StringVar(&cf.baseline, "baseline", "naive", "the baseline kernel spec")
 	fl.StringVar(&cf.candidate, "candidate", "fused", "the candidate kernel spec")
 	fl.StringVar(&cf.ops, "ops", "", "comma-separated ops or groups to ablate (default: every one that differs)")
-	fl.StringVar(&cf.jsonPath, "json", "", "write every variant's results as JSON to this file")
+	fl.BoolVar(&cf.jsonOut, "json", false, "stdout is one JSON document of every variant's results; the tables go to stderr")
 	fl.StringVar(&cf.plotPath, "plot", "", "draw per-op time and tokens/s per variant to this PNG file")
 	fl.IntVar(&cf.checkTokens, "check-tokens", 8, "leading greedy tokens of every row that must be the baseline's")
 	fl.Float64Var(&cf.tolerance, "tolerance", 0, "prefill logits' relative error to the baseline's that passes (default: by dtype)")
@@ -183,8 +200,8 @@ func withOps(s kernels.Spec, ops []kernels.Op, from kernels.Spec) kernels.Spec {
 
 // compareReport is what infer compare reports; --json writes it.
 type compareReport struct {
+	provenance
 	Model        string          `json:"model"`
-	Device       string          `json:"device"`
 	DType        string          `json:"dtype"`
 	Batch        int             `json:"batch"`
 	PromptTokens int             `json:"prompt_tokens"`
@@ -198,6 +215,21 @@ type compareReport struct {
 	GainMs       float64         `json:"gain_ms"` // the baseline's wall time less the candidate's
 	Variants     []variantReport `json:"variants"`
 	Ops          []opComparison  `json:"ops"`
+	// The rest of the gain, beside Ops': device time charged to no op
+	// (Unattributed: under events, the graph replays, timed whole), and
+	// wall time outside the device's timed work (Outside: the host,
+	// launch gaps, what ran concurrently). The op rows' shares and these
+	// two add up to the whole gain.
+	Unattributed gainPart `json:"unattributed_device"`
+	Outside      gainPart `json:"outside_device"`
+}
+
+// gainPart is a part of the baseline's and the candidate's time and its
+// share of the end-to-end gain (null when there is no gain).
+type gainPart struct {
+	BaselineMs  float64  `json:"baseline_ms"`
+	CandidateMs float64  `json:"candidate_ms"`
+	GainShare   *float64 `json:"gain_share"`
 }
 
 // variantReport is one kernel spec's run.
@@ -205,43 +237,49 @@ type variantReport struct {
 	Spec string `json:"spec"`
 	// Role is "baseline", "candidate", or the ablation: "candidate, OP on
 	// baseline" or "baseline, OP on candidate".
-	Role          string           `json:"role"`
-	Ablated       string           `json:"ablated,omitempty"`
-	Summary       string           `json:"summary"`
-	TokensPerSec  float64          `json:"tokens_per_s"`
-	WallS         float64          `json:"wall_s"`
-	RunsWallS     []float64        `json:"runs_wall_s"`
-	ComputeMs     float64          `json:"compute_ms"`
-	ProfileSource string           `json:"profile_source"`
-	ProfileNote   string           `json:"profile_note,omitempty"`
-	Memory        *memoryReport    `json:"memory"`
-	SameTokens    int              `json:"same_leading_tokens"` // the fewest leading tokens any row shares with the baseline's
-	LogitsRelErr  float64          `json:"prefill_logits_rel_err"`
-	OK            bool             `json:"ok"`
-	Check         string           `json:"check"` // why it passed or failed
-	Ops           []kernels.OpStat `json:"ops"`
-	tokens        [][]int
-	logits        [][]float32
+	Role         string         `json:"role"`
+	Ablated      *string        `json:"ablated"` // the op or group an ablation moves; null for the two specs
+	Summary      string         `json:"summary"`
+	TokensPerSec float64        `json:"tokens_per_s"`
+	WallS        float64        `json:"wall_s"`
+	RunsWallS    []float64      `json:"runs_wall_s"`
+	WallSpread   spread.Summary `json:"wall_s_spread"`
+	phases
+	// ComputeMs is the summed device time of the run Ops come from (the
+	// traced one where kernels were traced), UnattributedMs the part of it
+	// charged to no op.
+	ComputeMs      float64          `json:"compute_ms"`
+	UnattributedMs float64          `json:"unattributed_ms"`
+	ProfileSource  string           `json:"profile_source"`
+	ProfileNote    *string          `json:"profile_note"`
+	Memory         *memoryReport    `json:"memory"`
+	SameTokens     int              `json:"same_leading_tokens"` // the fewest leading tokens any row shares with the baseline's
+	LogitsRelErr   float64          `json:"prefill_logits_rel_err"`
+	OK             bool             `json:"ok"`
+	Check          string           `json:"check"` // why it passed or failed
+	Ops            []kernels.OpStat `json:"ops"`
+	tokens         [][]int
+	logits         [][]float32
 }
 
 // opComparison is one op's row: its time under the baseline and the
-// candidate, and the tokens/s of its two ablations (0 when not run).
+// candidate, and the tokens/s of its two ablations (null when not run).
 type opComparison struct {
 	Op           kernels.Op `json:"op"`
 	BaselineSet  string     `json:"baseline_set"`
 	CandidateSet string     `json:"candidate_set"`
 	BaselineMs   float64    `json:"baseline_ms"`
 	CandidateMs  float64    `json:"candidate_ms"`
-	Speedup      float64    `json:"speedup"`
+	Speedup      *float64   `json:"speedup"` // null when the candidate's time is 0
 	// GainShare is the op's time saved over the end-to-end gain (the
-	// baseline's wall time less the candidate's).
-	GainShare float64 `json:"gain_share"`
+	// baseline's wall time less the candidate's); null without a gain.
+	GainShare *float64 `json:"gain_share"`
 	// AloneTokensPerSec is the baseline with this op (or its group) on
 	// the candidate's set; WithoutTokensPerSec the candidate with it on the
 	// baseline's.
-	Unit                string  `json:"ablation,omitempty"`
-	AloneTokensPerSec   float64 `json:"baseline_with_op_tokens_per_s,omitempty"`
-	WithoutTokensPerSec float64 `json:"candidate_without_op_tokens_per_s,omitempty"`
+	Unit                *string  `json:"ablation"`
+	AloneTokensPerSec   *float64 `json:"baseline_with_op_tokens_per_s"`
+	WithoutTokensPerSec *float64 `json:"candidate_without_op_tokens_per_s"`
 }
 
 func runCompare(cmd *cobra.Command, cf *compareFlags) error {
@@ -249,11 +287,9 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	if err != nil {
 		return err
 	}
-	for _, o := range []struct{ flag, path string }{{"--json", cf.jsonPath}, {"--plot", cf.plotPath}} {
-		if o.path != "" {
-			if err := outfile.Check(o.path); err != nil {
-				return fmt.Errorf("%s %w", o.flag, err)
-			}
+	if cf.plotPath != "" {
+		if err := outfile.Check(cf.plotPath); err != nil {
+			return fmt.Errorf("--plot %w", err)
 		}
 	}
 	f := &cf.gen
@@ -263,12 +299,23 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		return err
 	}
 	defer in.weights.Close()
-	dev, prof, ops, closeRun, err := openRun(f, in, base)
+	if in.kind == "cuda" {
+		if err := cuda.Probe(); err != nil {
+			return fmt.Errorf("compare needs a CUDA device for --baseline %s and --candidate %s (the cpu set alone leaves nothing to compare): %w",
+				base, cand, err)
+		}
+	}
+	// The timed runs are not traced: runVariant traces a run of its own.
+	untraced := *f
+	untraced.cupti = false
+	dev, prof, ops, closeRun, err := openRun(&untraced, in, base)
 	if err != nil {
 		return err
 	}
 	defer closeRun()
 	logf("infer compare: %s (%s) on %s, %s against %s", filepath.Base(in.dir), in.cfg.Arch, dev.Name(), cand, base)
+	ignoredOnCPU(cmd, dev, logf)
+	tracer := newVariantTracer(dev, prof, f.cupti)
 	m, _, err := loadModel(cmd, f, in, dev, ops, time.Now())
 	if err != nil {
 		return err
@@ -276,7 +323,8 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	defer m.Close()
 
 	rep := &compareReport{
-		Model: modelName(f.model, in.dir), Device: dev.Name(), DType: dev.ActDType().String(), Batch: f.batch,
+		provenance: newProvenance(dev.Name()),
+		Model:      modelName(f.model, in.dir), DType: dev.ActDType().String(), Batch: f.batch,
 		PromptTokens: len(in.ids), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
 		Warmup: f.warmup, Repeat: f.repeat, CheckTokens: min(cf.checkTokens, f.maxNew), Tolerance: cf.tolerance,
 	}
@@ -292,17 +340,25 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	}
 	opts := model.GenerateOptions{MaxNewTokens: f.maxNew, MinNewTokens: f.minNew, EOS: in.tok.EOS(), NoGraphs: f.noGraphs, Profile: prof, Logf: logf}
 	perVariant := int64(1 + f.warmup + f.repeat)
-	bar := newProgress(cmd.ErrOrStderr(), f.quiet, 2*perVariant, "comparing", false)
+	traced := int64(0)
+	if tracer != nil {
+		traced = 2
+	}
+	bar := newProgress(cmd.ErrOrStderr(), f.quiet, 2*perVariant+traced, "comparing", false)
 	var done int64
 	progress := func(int, bool) (func(model.StepEvent), func()) {
 		return func(model.StepEvent) {}, func() { done++; bar.Set(done) }
 	}
 	run := func(spec kernels.Spec, role, unit string) error {
-		v, err := runVariant(m, dev, ops, prof, prompts, opts, spec, f, progress)
+		var t *variantTracer
+		if unit == "" {
+			t = tracer // the table's two variants
+		}
+		v, err := runVariant(m, dev, ops, prof, prompts, opts, spec, f, progress, t)
 		if err != nil {
 			return fmt.Errorf("%s (%s): %w", spec, role, err)
 		}
-		v.Role, v.Ablated = role, unit
+		v.Role, v.Ablated = role, nullString(unit)
 		r := runReport{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
 			Timings: timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
 		r.ProfileSource = v.ProfileSource
@@ -323,7 +379,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	units := ablationUnits(base, cand, used, only)
-	bar.SetMax(int64(2+2*len(units)) * perVariant)
+	bar.SetMax(int64(2+2*len(units))*perVariant + traced)
 	for _, u := range units {
 		uops, _ := opsOf(u)
 		without, alone := withOps(cand, uops, base), withOps(base, uops, cand)
@@ -338,15 +394,6 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	rep.check()
 	rep.compareOps(base, cand, units)
 
-	if cf.jsonPath != "" {
-		b, err := marshalJSON(rep)
-		if err != nil {
-			return err
-		}
-		if err := outfile.Write(cf.jsonPath, b); err != nil {
-			return fmt.Errorf("--json %w", err)
-		}
-	}
 	if cf.plotPath != "" {
 		png, err := comparePlot(rep)
 		if err != nil {
@@ -356,7 +403,20 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 			return fmt.Errorf("--plot %w", err)
 		}
 	}
-	rep.writeText(cmd.OutOrStdout())
+	if cf.jsonOut {
+		b, err := marshalJSON(rep)
+		if err != nil {
+			return err
+		}
+		if !f.quiet {
+			rep.writeText(cmd.ErrOrStderr())
+		}
+		if _, err := cmd.OutOrStdout().Write(b); err != nil {
+			return err
+		}
+	} else {
+		rep.writeText(cmd.OutOrStdout())
+	}
 	var wrong []string
 	for _, v := range rep.Variants {
 		if !v.OK {
@@ -370,11 +430,12 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 }
 
 // runVariant runs spec on the loaded model: one checked generation (its
-// tokens and prefill logits kept), then the warm-up and timed ones. On a
-// CUDA device the scratch memory of earlier variants is freed first, so
-// that the peak is the variant's own.
+// tokens and prefill logits kept), then the warm-up and timed ones, then,
+// with a tracer, one traced generation whose profile gives the op times.
+// On a CUDA device the scratch memory of earlier variants is freed first,
+// so that the peak is the variant's own.
 func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernels.Profile, prompts [][]int, opts model.GenerateOptions,
-	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func())) (*variantReport, error) {
+	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func()), tracer *variantTracer) (*variantReport, error) {
 	if err := kernels.Switch(ops, spec); err != nil {
 		return nil, err
 	}
@@ -398,19 +459,83 @@ func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernel
 		return nil, err
 	}
 	med := runs[len(runs)/2]
-	return &variantReport{
+	profiled := med
+	if tracer != nil {
+		if profiled, err = tracer.run(m, prompts, opts, f, progress, med); err != nil {
+			return nil, err
+		}
+	}
+	v := &variantReport{
 		Spec:          spec.String(),
 		TokensPerSec:  float64(med.gen.NewTokens) / (med.gen.WallMs / 1000),
 		WallS:         med.gen.WallMs / 1000,
 		RunsWallS:     walls,
-		ComputeMs:     med.report.ComputeMs,
-		ProfileSource: med.report.Source,
-		ProfileNote:   med.report.Note,
-		Memory:        newMemoryReport(dev, m.Memory(), med.profile),
-		Ops:           med.profile,
+		WallSpread:    spread.Of(walls),
+		phases:        phasesOf(med.gen, len(prompts)),
+		ComputeMs:     profiled.report.ComputeMs,
+		ProfileSource: profiled.report.Source,
+		ProfileNote:   nullString(profiled.report.Note),
+		Memory:        newMemoryReport(dev, m.Memory(), profiled.profile),
+		Ops:           profiled.profile,
 		tokens:        first.Tokens,
 		logits:        first.PrefillLogits,
-	}, nil
+	}
+	v.UnattributedMs = v.ComputeMs
+	for _, o := range v.Ops {
+		v.UnattributedMs -= o.Ms
+	}
+	if math.Abs(v.UnattributedMs) < 1e-9*max(1, v.ComputeMs) { // rounding in the sums
+		v.UnattributedMs = 0
+	}
+	return v, nil
+}
+
+// variantTracer traces one more generation of a variant with the device's
+// kernel trace (CUPTI), for its per-op times: the timed runs stay
+// untraced. It tries to start the trace once per compare; when that
+// fails, the variants keep their events profile, whose note says why.
+type variantTracer struct {
+	prof *kernels.Profile
+	why  string // why the trace could not start; "" before any try or on success
+}
+
+// newVariantTracer is the tracer of compare's profile on dev when asked
+// for (--cupti) and the device has a kernel trace; nil otherwise.
+func newVariantTracer(dev kernels.Device, prof *kernels.Profile, asked bool) *variantTracer {
+	if _, ok := dev.(kernels.KernelTracer); !ok || !asked {
+		return nil
+	}
+	return &variantTracer{prof: prof}
+}
+
+// run traces one generation and returns it; where the trace cannot start,
+// it returns untraced, the run the events timed.
+func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateOptions, f *genFlags,
+	progress func(int, bool) (func(model.StepEvent), func()), untraced timedRun) (timedRun, error) {
+	if t.why == "" {
+		if err := t.prof.TraceKernels(); err != nil {
+			t.why = fmt.Sprintf("kernels not traced (%v): times are events around each op", err)
+		}
+	}
+	if t.why != "" {
+		_, done := progress(-1, false)
+		done()
+		// Runs timed before the trace failed do not say why yet.
+		if rep := *untraced.report; !strings.Contains(rep.Note, t.why) {
+			rep.Note = strings.TrimPrefix(t.why+"; "+rep.Note, "; ")
+			rep.Note = strings.TrimSuffix(rep.Note, "; ")
+			untraced.report = &rep
+		}
+		return untraced, nil
+	}
+	runs, _, err := generateRuns(m, prompts, opts, t.prof, 0, 1, false, progress)
+	if cerr := t.prof.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return timedRun{}, fmt.Errorf("the traced generation: %w", err)
+	}
+	return runs[0], nil
 }
 
 // check holds every variant's tokens and prefill logits against the
@@ -491,10 +616,14 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 	ablation := map[string]*variantReport{}
 	for i := range r.Variants {
 		v := &r.Variants[i]
-		if v.Ablated != "" {
+		if v.Ablated != nil {
 			ablation[v.Role] = v
 		}
 	}
+	r.Unattributed = gainPart{BaselineMs: b.UnattributedMs, CandidateMs: c.UnattributedMs}
+	r.Unattributed.GainShare = r.share(b.UnattributedMs, c.UnattributedMs)
+	r.Outside = gainPart{BaselineMs: 1000*b.WallS - b.ComputeMs, CandidateMs: 1000*c.WallS - c.ComputeMs}
+	r.Outside.GainShare = r.share(r.Outside.BaselineMs, r.Outside.CandidateMs)
 	seen := map[kernels.Op]bool{}
 	for _, ops := range [][]kernels.OpStat{b.Ops, c.Ops} {
 		for _, o := range ops {
@@ -502,19 +631,18 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 				continue
 			}
 			seen[o.Op] = true
+			unit := unitOf(o.Op)
 			row := opComparison{Op: o.Op, BaselineSet: base.Runner(o.Op), CandidateSet: cand.Runner(o.Op),
-				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: unitOf(o.Op)}
+				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: nullString(unit)}
 			if row.CandidateMs > 0 {
-				row.Speedup = row.BaselineMs / row.CandidateMs
+				row.Speedup = nullNum(row.BaselineMs / row.CandidateMs)
 			}
-			if r.GainMs != 0 {
-				row.GainShare = (row.BaselineMs - row.CandidateMs) / r.GainMs
+			row.GainShare = r.share(row.BaselineMs, row.CandidateMs)
+			if v := ablation["baseline, "+unit+" on candidate"]; v != nil && unit != "" {
+				row.AloneTokensPerSec = nullNum(v.TokensPerSec)
 			}
-			if v := ablation["baseline, "+row.Unit+" on candidate"]; v != nil {
-				row.AloneTokensPerSec = v.TokensPerSec
-			}
-			if v := ablation["candidate, "+row.Unit+" on baseline"]; v != nil {
-				row.WithoutTokensPerSec = v.TokensPerSec
+			if v := ablation["candidate, "+unit+" on baseline"]; v != nil && unit != "" {
+				row.WithoutTokensPerSec = nullNum(v.TokensPerSec)
 			}
 			r.Ops = append(r.Ops, row)
 		}
@@ -522,6 +650,16 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 	slices.SortStableFunc(r.Ops, func(x, y opComparison) int {
 		return -cmp.Compare(x.BaselineMs+x.CandidateMs, y.BaselineMs+y.CandidateMs)
 	})
+}
+
+// share is the part of the end-to-end gain that going from baseMs to
+// candMs makes; null without a gain.
+func (r *compareReport) share(baseMs, candMs float64) *float64 {
+	if r.GainMs == 0 {
+		return nil
+	}
+	v := (baseMs - candMs) / r.GainMs
+	return &v
 }
 
 func (r *compareReport) writeText(w io.Writer) {
@@ -534,19 +672,35 @@ func (r *compareReport) writeText(w io.Writer) {
 	fmt.Fprintf(tw, "op\t%s ms\t%s ms\tspeedup\tshare of gain\tbaseline+op tok/s\tcandidate−op tok/s\t\n", r.Baseline, r.Candidate)
 	for _, o := range r.Ops {
 		speed := "-"
-		if o.Speedup > 0 {
-			speed = fmt.Sprintf("%.2f×", o.Speedup)
+		if o.Speedup != nil {
+			speed = fmt.Sprintf("%.2f×", *o.Speedup)
 		}
-		share := "-"
-		if r.GainMs != 0 {
-			share = fmt.Sprintf("%.1f%%", 100*o.GainShare)
-		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t\n", o.Op, o.BaselineMs, o.CandidateMs, speed, share,
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t\n", o.Op, o.BaselineMs, o.CandidateMs, speed, shareCell(o.GainShare),
 			tokensOrDash(o.AloneTokensPerSec), tokensOrDash(o.WithoutTokensPerSec))
 	}
+	for _, p := range []struct {
+		name string
+		part gainPart
+	}{{unattributedName, r.Unattributed}, {outsideName, r.Outside}} {
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t\t%s\t\t\t\n", p.name, p.part.BaselineMs, p.part.CandidateMs, shareCell(p.part.GainShare))
+	}
 	tw.Flush()
-	fmt.Fprintf(w, "end to end: %s %.3f s, %s %.3f s (%.2f×); gain %.1f ms. baseline+op: %s with the op (or its group) on %s's set; candidate−op: %s with it on %s's\n\n",
+	fmt.Fprintf(w, "end to end: %s %.3f s, %s %.3f s (%.2f×); gain %.1f ms. baseline+op: %s with the op (or its group) on %s's set; candidate−op: %s with it on %s's\n",
 		r.Baseline, b.WallS, r.Candidate, c.WallS, b.WallS/c.WallS, r.GainMs, r.Baseline, r.Candidate, r.Candidate, r.Baseline)
+	fmt.Fprintf(w, "%s: device time charged to no op (%s); %s: wall time less device time (host, launch gaps; negative where kernels overlapped)\n",
+		unattributedName, r.unattributedWhy(), outsideName)
+	for _, v := range r.Variants[:2] {
+		if v.ProfileNote != nil {
+			fmt.Fprintf(w, "%s's op times: %s\n", v.Spec, *v.ProfileNote)
+		}
+	}
+	for _, v := range r.Variants[:2] {
+		fmt.Fprintf(w, "%s: %s\n", v.Spec, v.phases.line(r.Batch))
+		if l := spreadLine(v.WallSpread); l != "" {
+			fmt.Fprintf(w, "%s: %s\n", v.Spec, l)
+		}
+	}
+	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "variant\ttokens/s\twall s\tdevice ms\tpeak memory\tworking sets\tcheck\t")
 	for _, v := range r.Variants {
@@ -564,9 +718,34 @@ func (r *compareReport) writeText(w io.Writer) {
 	tw.Flush()
 }
 
-func tokensOrDash(v float64) string {
-	if v <= 0 {
+// The names of the op table's two closing rows.
+const (
+	unattributedName = "(no op)"
+	outsideName      = "(not device)"
+)
+
+// unattributedWhy says what the device time charged to no op is, by
+// where the op times come from.
+func (r *compareReport) unattributedWhy() string {
+	if r.Variants[0].ProfileSource == "cupti" && r.Variants[1].ProfileSource == "cupti" {
+		return "kernels CUPTI could not tie to an op call"
+	}
+	if r.Unattributed.BaselineMs == 0 && r.Unattributed.CandidateMs == 0 {
+		return "none: events timed every op call"
+	}
+	return "the CUDA graph replays of decode steps, timed whole by events; --cupti where CUPTI loads charges their kernels to ops"
+}
+
+func shareCell(v *float64) string {
+	if v == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%.2f", v)
+	return fmt.Sprintf("%.1f%%", 100**v)
+}
+
+func tokensOrDash(v *float64) string {
+	if v == nil || *v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -75,28 +76,30 @@ func compareArgs(extra ...string) []string {
 
 // compare runs the baseline, the candidate and both ablations of each op
 // that differs on weights loaded once; every variant passes the check; the
-// JSON and the plot are written.
+// text, the JSON and the plot are written.
 func TestCompareOnCPU(t *testing.T) {
 	withTestSets(t)
 	dir := t.TempDir()
-	jsonPath, plotPath := filepath.Join(dir, "c.json"), filepath.Join(dir, "c.png")
-	args := compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--json", jsonPath, "--plot", plotPath)
+	plotPath := filepath.Join(dir, "c.png")
+	args := compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--plot", plotPath, "--repeat", "2")
 	code, stdout, stderr := runInfer(t, args...)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)
 	}
-	var rep compareReport
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
+	code, jsonOut, stderr := runInfer(t, append(args, "--json")...)
+	if code != exitOK || stderr != "" {
+		t.Fatalf("--json --quiet: exit %d, stderr %q", code, stderr)
 	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
+	checkDocument(t, jsonOut, true)
+	var rep compareReport
+	if err := json.Unmarshal([]byte(jsonOut), &rep); err != nil {
+		t.Fatalf("stdout is not JSON: %v", err)
 	}
 	var roles []string
 	for _, v := range rep.Variants {
 		roles = append(roles, v.Role)
-		if !v.OK || v.SameTokens != 4 || v.LogitsRelErr != 0 || v.Memory == nil || len(v.RunsWallS) != 1 {
+		if !v.OK || v.SameTokens != 4 || v.LogitsRelErr != 0 || v.Memory == nil || len(v.RunsWallS) != 2 || v.WallSpread.N != 2 ||
+			v.WallSpread.Min > v.WallSpread.Max || v.PromptTokens == 0 || v.TPOTMs == nil || v.ProfileSource != "events" {
 			t.Errorf("variant %s: %+v", v.Spec, v)
 		}
 	}
@@ -114,11 +117,21 @@ func TestCompareOnCPU(t *testing.T) {
 			swiglu = &rep.Ops[i]
 		}
 	}
-	if swiglu == nil || swiglu.BaselineSet != "cpu_slow" || swiglu.CandidateSet != "cpu" || swiglu.Speedup <= 1 ||
-		swiglu.AloneTokensPerSec == 0 || swiglu.WithoutTokensPerSec == 0 {
+	if swiglu == nil || swiglu.BaselineSet != "cpu_slow" || swiglu.CandidateSet != "cpu" || swiglu.Speedup == nil || *swiglu.Speedup <= 1 ||
+		swiglu.AloneTokensPerSec == nil || swiglu.WithoutTokensPerSec == nil {
 		t.Errorf("swiglu row %+v", swiglu)
 	}
-	for _, w := range []string{"qwen2-tiny_cpu_slow_float32 | ", "[baseline: same first 4 tokens]", "share of gain", "end to end: cpu_slow", "peak memory"} {
+	// The op rows and the two closing rows hold the whole gain.
+	total := 0.0
+	for _, o := range rep.Ops {
+		total += *o.GainShare
+	}
+	total += *rep.Unattributed.GainShare + *rep.Outside.GainShare
+	if math.Abs(total-1) > 1e-6 {
+		t.Errorf("the shares of the gain add up to %g", total)
+	}
+	for _, w := range []string{"qwen2-tiny_cpu_slow_float32 | ", "[baseline: same first 4 tokens]", "share of gain", "end to end: cpu_slow",
+		"peak memory", unattributedName, outsideName, "cpu_slow: prefill ", "cpu: 2 runs: wall median"} {
 		if !strings.Contains(stdout, w) {
 			t.Errorf("stdout lacks %q:\n%s", w, stdout)
 		}
@@ -131,16 +144,25 @@ func TestCompareOnCPU(t *testing.T) {
 		t.Errorf("plot %v", img.Bounds())
 	}
 
-	// --ops limits the ablations.
-	code, _, stderr = runInfer(t, compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--ops", "swiglu", "--json", jsonPath)...)
+	// --ops limits the ablations; without --quiet, --json leaves the
+	// tables on stderr.
+	args = []string{"compare", "--model", tinyQwen, "--prompt", "hello there", "--max-new-tokens", "4", "--min-new-tokens", "4",
+		"--baseline", "cpu_slow", "--candidate", "cpu", "--ops", "swiglu", "--json", "--cupti", "--no-graphs"}
+	code, jsonOut, stderr = runInfer(t, args...)
 	if code != exitOK {
 		t.Fatalf("--ops swiglu: exit %d: %s", code, stderr)
 	}
-	b, _ = os.ReadFile(jsonPath)
 	rep = compareReport{}
-	json.Unmarshal(b, &rep)
-	if len(rep.Variants) != 4 || rep.Variants[3].Ablated != "swiglu" {
+	if err := json.Unmarshal([]byte(jsonOut), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Variants) != 4 || rep.Variants[3].Ablated == nil || *rep.Variants[3].Ablated != "swiglu" {
 		t.Errorf("--ops swiglu: %d variants", len(rep.Variants))
+	}
+	for _, w := range []string{"share of gain", "--cupti is ignored on the cpu device", "--no-graphs is ignored on the cpu device"} {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, stderr)
+		}
 	}
 }
 
@@ -157,8 +179,7 @@ func bytesReader(t *testing.T, path string) *bytes.Reader {
 // files, names it, and exits 1.
 func TestCompareCatchesWrongResults(t *testing.T) {
 	withTestSets(t)
-	jsonPath := filepath.Join(t.TempDir(), "c.json")
-	args := compareArgs("--baseline", "cpu", "--candidate", "cpu_wrong", "--ops", "rms_norm", "--json", jsonPath)
+	args := compareArgs("--baseline", "cpu", "--candidate", "cpu_wrong", "--ops", "rms_norm", "--json")
 	code, stdout, stderr := runInfer(t, args...)
 	if code != exitError {
 		t.Fatalf("exit %d: %s", code, stdout)
@@ -166,8 +187,7 @@ func TestCompareCatchesWrongResults(t *testing.T) {
 	// Every variant but the baseline runs a wrong norm.
 	oneLine(t, args, stderr, "compare: cpu_wrong; cpu_wrong,rms_norm=cpu; cpu,rms_norm=cpu_wrong: tokens and prefill logits differ from the baseline's (cpu)")
 	var rep compareReport
-	b, _ := os.ReadFile(jsonPath)
-	if err := json.Unmarshal(b, &rep); err != nil {
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range rep.Variants {
@@ -195,6 +215,7 @@ func TestCompareUsage(t *testing.T) {
 		{compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--tolerance", "NaN"), exitUsage, "--tolerance must be a finite number"},
 		{compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--plot", filepath.Join(dir, "no", "p.png")), exitError, "--plot " + filepath.Join(dir, "no", "p.png")},
 		{compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "stray"), exitUsage, `unexpected argument "stray"`},
+		{compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--json", "c.json"), exitUsage, `--json takes no file name: stdout is the JSON document (redirect it: --json > c.json)`},
 	} {
 		code, stdout, stderr := runInfer(t, c.args...)
 		if code != c.code || stdout != "" {
@@ -206,7 +227,7 @@ func TestCompareUsage(t *testing.T) {
 
 // syntheticCompare is a report of known values for the plot.
 func syntheticCompare() *compareReport {
-	r := &compareReport{Model: "Qwen2-7B", Device: "cuda:0 NVIDIA H200", DType: "bf16", Batch: 16, MaxNew: 50, Baseline: "naive", Candidate: "fused"}
+	r := &compareReport{provenance: newProvenance("cuda:0 NVIDIA H200"), Model: "Qwen2-7B", DType: "bf16", Batch: 16, MaxNew: 50, Baseline: "naive", Candidate: "fused"}
 	r.Ops = []opComparison{
 		{Op: kernels.OpLinear, BaselineMs: 3000, CandidateMs: 3000},
 		{Op: kernels.OpAttnPrefill, BaselineMs: 4000, CandidateMs: 1000},
@@ -216,8 +237,8 @@ func syntheticCompare() *compareReport {
 	r.Variants = []variantReport{
 		{Spec: "naive", Role: "baseline", OK: true, TokensPerSec: 90},
 		{Spec: "fused", Role: "candidate", OK: true, TokensPerSec: 150},
-		{Spec: "fused,attn=naive", Role: "candidate, attn on baseline", Ablated: "attn", OK: true, TokensPerSec: 100},
-		{Spec: "naive,attn=fused", Role: "baseline, attn on candidate", Ablated: "attn", OK: false, TokensPerSec: 140},
+		{Spec: "fused,attn=naive", Role: "candidate, attn on baseline", Ablated: nullString("attn"), OK: true, TokensPerSec: 100},
+		{Spec: "naive,attn=fused", Role: "baseline, attn on candidate", Ablated: nullString("attn"), OK: false, TokensPerSec: 140},
 	}
 	return r
 }
@@ -295,5 +316,67 @@ func TestComparePlot(t *testing.T) {
 	all := render(func() ([]byte, error) { return comparePlot(r) })
 	if all.Bounds().Dx() <= ops.Bounds().Dx() {
 		t.Errorf("the two panels are %d pixels wide, one is %d", all.Bounds().Dx(), ops.Bounds().Dx())
+	}
+}
+
+// Under events, the decode steps replayed from a graph are charged to no
+// op: the table, the JSON and the plot say how much of the gain that is,
+// and the op rows with the two closing rows hold the whole gain.
+func TestCompareUnattributed(t *testing.T) {
+	naive, fused := kernels.Spec{Base: "naive"}, kernels.Spec{Base: "fused"}
+	r := &compareReport{provenance: newProvenance("cuda:0 NVIDIA H200"), Model: "Qwen2-7B", DType: "bf16", Batch: 1, MaxNew: 100,
+		Baseline: "naive", Candidate: "fused"}
+	r.Variants = []variantReport{
+		{Spec: "naive", Role: "baseline", OK: true, WallS: 0.500, ComputeMs: 480, UnattributedMs: 400, ProfileSource: "events",
+			Ops: []kernels.OpStat{{Op: kernels.OpLinear, Ms: 50}, {Op: kernels.OpAttnPrefill, Ms: 30}}},
+		{Spec: "fused", Role: "candidate", OK: true, WallS: 0.450, ComputeMs: 435, UnattributedMs: 360, ProfileSource: "events",
+			Ops: []kernels.OpStat{{Op: kernels.OpLinear, Ms: 50}, {Op: kernels.OpAttnPrefill, Ms: 25}}},
+	}
+	r.compareOps(naive, fused, nil)
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	if !near(r.GainMs, 50) || !near(*r.Unattributed.GainShare, 0.8) || !near(r.Outside.BaselineMs, 20) || !near(r.Outside.CandidateMs, 15) {
+		t.Errorf("gain %v ms, unattributed %+v (share %v), outside %+v", r.GainMs, r.Unattributed, *r.Unattributed.GainShare, r.Outside)
+	}
+	total := *r.Unattributed.GainShare + *r.Outside.GainShare
+	for _, o := range r.Ops {
+		total += *o.GainShare
+	}
+	if math.Abs(total-1) > 1e-9 {
+		t.Errorf("the shares add up to %g", total)
+	}
+	var text bytes.Buffer
+	r.writeText(&text)
+	for _, w := range []string{`\(no op\)\s+400\.000\s+360\.000\s+80\.0%`, `\(not device\)\s+20\.000\s+15\.000\s+10\.0%`, "the CUDA graph replays of decode steps"} {
+		if !regexp.MustCompile(w).MatchString(text.String()) {
+			t.Errorf("the table lacks %q:\n%s", w, text.String())
+		}
+	}
+	names, b, c := r.opTimes()
+	if names[len(names)-1] != unattributedName || b[len(b)-1] != 400 || c[len(c)-1] != 360 {
+		t.Errorf("plot rows %v %v %v", names, b, c)
+	}
+	if a := r.timeAxis(); !strings.Contains(a, "events") || !strings.Contains(a, unattributedName) {
+		t.Errorf("axis %q", a)
+	}
+	p, err := r.opTimePlot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(p.Title.Text, "80% of the gain in (no op)") {
+		t.Errorf("title %q", p.Title.Text)
+	}
+	doc, err := marshalJSON(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := checkDocument(t, string(doc), true)
+	if u, _ := m["unattributed_device"].(map[string]any); u == nil || !near(u["gain_share"].(float64), 0.8) {
+		t.Errorf("unattributed_device %v", m["unattributed_device"])
+	}
+
+	// Traced by CUPTI, the axis says so.
+	r.Variants[0].ProfileSource, r.Variants[1].ProfileSource = "cupti", "cupti"
+	if a := r.timeAxis(); !strings.Contains(a, "CUPTI") {
+		t.Errorf("traced axis %q", a)
 	}
 }

@@ -22,8 +22,9 @@ var (
 	wrongColor     = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
 )
 
-// opTimes is the left panel's data: the ops, largest first, and their
-// device time in ms under the baseline and the candidate.
+// opTimes is the left panel's data: the ops, largest first, then the
+// device time charged to no op where there is some, in ms under the
+// baseline and the candidate.
 func (r *compareReport) opTimes() (names []string, baseline, candidate []float64) {
 	for _, o := range r.Ops {
 		if o.BaselineMs <= 0 && o.CandidateMs <= 0 {
@@ -33,7 +34,32 @@ func (r *compareReport) opTimes() (names []string, baseline, candidate []float64
 		baseline = append(baseline, o.BaselineMs)
 		candidate = append(candidate, o.CandidateMs)
 	}
+	if u := r.Unattributed; u.BaselineMs > 0 || u.CandidateMs > 0 {
+		names = append(names, unattributedName)
+		baseline = append(baseline, max(0, u.BaselineMs))
+		candidate = append(candidate, max(0, u.CandidateMs))
+	}
 	return names, baseline, candidate
+}
+
+// deviceName is the device of the report, "" where none is named.
+func (r *compareReport) deviceName() string {
+	if r.Device == nil {
+		return ""
+	}
+	return *r.Device
+}
+
+// timeAxis is the left panel's axis label: what the op times hold.
+func (r *compareReport) timeAxis() string {
+	traced := len(r.Variants) >= 2 && r.Variants[0].ProfileSource == "cupti" && r.Variants[1].ProfileSource == "cupti"
+	if traced {
+		return "device time per generation (ms), every kernel (CUPTI)"
+	}
+	if r.Unattributed.BaselineMs > 0 || r.Unattributed.CandidateMs > 0 {
+		return "device time per generation (ms), events: graph replays timed whole in " + unattributedName
+	}
+	return "time per generation (ms), events around each op"
 }
 
 // barRows lays out horizontal bars top to bottom in the order given: gonum
@@ -59,8 +85,11 @@ func (r *compareReport) opTimePlot() (*plot.Plot, error) {
 	names, b, c := r.opTimes()
 	names, vals := barRows(names, b, c)
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s on %s: per-op device time", r.Model, r.Device)
-	p.X.Label.Text = "device time per generation (ms)"
+	p.Title.Text = fmt.Sprintf("%s on %s: per-op device time", r.Model, r.deviceName())
+	if s := r.Unattributed.GainShare; s != nil && *s != 0 {
+		p.Title.Text += fmt.Sprintf("; %.0f%% of the gain in %s", 100**s, unattributedName)
+	}
+	p.X.Label.Text = r.timeAxis()
 	p.Y.Label.Text = "op"
 	p.Legend.Top = true
 	w := vg.Points(9)

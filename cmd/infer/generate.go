@@ -329,9 +329,9 @@ func ignoredOnCPU(cmd *cobra.Command, dev kernels.Device, logf func(string, ...a
 	}
 	fl := cmd.Flags()
 	if fl.Changed("cupti") {
-		logf("infer: --cupti is ignored on the cpu device (%s): it has no kernel trace, and its op times are wall time around each op", dev.Name())
+		logf("infer: --cupti is ignored on the cpu device: it has no kernel trace, and its op times are wall time around each op")
 	}
 	if fl.Changed("no-graphs") {
-		logf("infer: --no-graphs is ignored on the cpu device (%s): it records no graphs, and every decode step runs eagerly", dev.Name())
+		logf("infer: --no-graphs is ignored on the cpu device: it records no graphs, and every decode step runs eagerly")
 	}
 }

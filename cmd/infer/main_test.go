@@ -263,6 +263,16 @@ func TestNoGPUMessage(t *testing.T) {
 	if len(stderr) > 400 {
 		t.Errorf("the message is %d characters long: %s", len(stderr), stderr)
 	}
+	// compare names its own flags, and what it needs.
+	args = []string{"compare", "--model", tinyQwen, "--prompt", "hi"}
+	code, _, stderr = runInfer(t, args...)
+	if code != exitError {
+		t.Errorf("compare: exit %d", code)
+	}
+	oneLine(t, args, stderr, "infer: compare needs a CUDA device for --baseline naive and --candidate fused (the cpu set alone leaves nothing to compare): cuda: no CUDA")
+	if strings.Contains(stderr, "--kernels") || len(stderr) > 450 {
+		t.Errorf("compare: %s", stderr)
+	}
 }
 
 // The README states the exit statuses in the words --help uses.
