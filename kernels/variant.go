@@ -94,11 +94,11 @@ func shapeOrder(name string) string {
 // Target is what a kernel's launch configuration depends on: the
 // architecture it is compiled for and the limits of the device.
 type Target struct {
-	Arch           string // NVRTC's target: "sm_90a"
-	SMs            int
-	SharedPerBlock int // bytes of shared memory a block may opt in to
-	SharedPerSM    int
-	L2Bytes        int
+	Arch           string `json:"arch"` // NVRTC's target: "sm_90a"
+	SMs            int    `json:"sms"`
+	SharedPerBlock int    `json:"shared_per_block_bytes"` // bytes of shared memory a block may opt in to
+	SharedPerSM    int    `json:"shared_per_sm_bytes"`
+	L2Bytes        int    `json:"l2_bytes"`
 }
 
 // Targets are the architectures --arch may name where no GPU is present,

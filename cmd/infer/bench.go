@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -30,6 +30,7 @@ type benchFlags struct {
 	dryRun, optimize, cupti            bool
 	jsonOut, csvOut, quiet             bool
 	seed                               uint64
+	groups                             int
 }
 
 func newBenchCmd() *cobra.Command {
@@ -53,6 +54,12 @@ cache, and infer applies it.
 --variants times, of a set that offers several variants of an op, only those
 named (comma-separated, e.g. --variants wgmma): the kernel under work, without
 timing every tiling beside it. With --optimize, the fastest of those is kept.
+
+Each row's time is the median over --groups groups of calls (a group is as
+many calls as fill about 5 ms, at most 200); the tables give the spread of
+one call's time over the groups as its standard deviation relative to the
+mean (±), the JSON and CSV its min, max and standard deviation. More groups
+narrow it.
 
 --cupti runs every timed row's calls again after the timing, under CUPTI, and
 gives each row the kernels of one call: launches and device time per call and
@@ -81,6 +88,7 @@ Ops: ` + strings.Join(benchOps(), " ") + `
 	fl.BoolVar(&f.csvOut, "csv", false, "stdout is CSV, one line per row, instead of tables")
 	fl.StringVar(&f.plot, "plot", "", "draw each op's metric against its shapes, one line per set and variant, the floor dashed, to this PNG")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the random inputs")
+	fl.IntVar(&f.groups, "groups", kbench.DefaultGroups, "groups of calls each row's time is the median of")
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar or logs on stderr")
 	c := silence(cmd)
 	c.Args = benchArgs
@@ -117,7 +125,7 @@ func benchArgs(_ *cobra.Command, args []string) error {
 // check rejects flag combinations that cannot run, before any device work.
 func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 	bad := func(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
-	opt := kbench.Options{Seed: f.seed, Optimize: f.optimize, CUPTI: f.cupti}
+	opt := kbench.Options{Seed: f.seed, Optimize: f.optimize, CUPTI: f.cupti, Groups: f.groups}
 	for _, op := range ops {
 		opt.Ops = append(opt.Ops, op)
 	}
@@ -134,6 +142,10 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 		return opt, bad("--arch names the target of a --dry-run; a run measures the device it runs on")
 	case f.device != "" && f.device != "cpu" && f.device != "cuda":
 		return opt, bad("--device must be cpu or cuda, not %q", f.device)
+	case f.groups < 1:
+		return opt, bad("--groups must be at least 1, not %d", f.groups)
+	case f.dryRun && f.groups != kbench.DefaultGroups:
+		return opt, bad("--dry-run runs nothing, so there are no --groups to time")
 	}
 	if f.arch != "" {
 		if _, ok := kernels.Targets[f.arch]; !ok {
@@ -214,7 +226,7 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 		logw = io.Discard
 	}
 	if f.dryRun {
-		target, kind, err := f.dryTarget()
+		target, kind, device, err := f.dryTarget()
 		if err != nil {
 			return err
 		}
@@ -228,7 +240,7 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 		if err != nil {
 			return usageError{err}
 		}
-		return writeOffers(stdout, target, offers, f)
+		return writeOffers(stdout, target, device, offers, f)
 	}
 
 	kind := f.device
@@ -307,24 +319,25 @@ func setsOf(kind string) []string {
 	return out
 }
 
-// dryTarget is --arch's target, else the GPU's own.
-func (f *benchFlags) dryTarget() (kernels.Target, string, error) {
+// dryTarget is --arch's target, else the device's own, with the device
+// kind and the device's name ("" for --arch, which names no device).
+func (f *benchFlags) dryTarget() (kernels.Target, string, string, error) {
 	if f.arch != "" {
-		return kernels.Targets[f.arch], "cuda", nil
+		return kernels.Targets[f.arch], "cuda", "", nil
 	}
 	if f.device == "cpu" {
-		return kernels.Target{Arch: "cpu"}, "cpu", nil
+		return kernels.Target{Arch: "cpu"}, "cpu", cpuDevice().Name(), nil
 	}
 	if err := cuda.Probe(); err != nil {
-		return kernels.Target{}, "", usageError{fmt.Errorf("--dry-run needs --arch (%s) where no GPU is found: %v",
+		return kernels.Target{}, "", "", usageError{fmt.Errorf("--dry-run needs --arch (%s) where no GPU is found: %v",
 			strings.Join(targetNames(), ", "), err)}
 	}
 	dev, err := cuda.Open(0)
 	if err != nil {
-		return kernels.Target{}, "", err
+		return kernels.Target{}, "", "", err
 	}
 	defer dev.Close()
-	return deviceTarget(dev), "cuda", nil
+	return deviceTarget(dev), "cuda", dev.Name(), nil
 }
 
 func openBenchDevice(kind string) (kernels.Device, error) {
@@ -431,30 +444,58 @@ func applyTuning(dev kernels.Device, ops kernels.Ops, logf func(string, ...any))
 	return applied
 }
 
+// benchDoc is bench's --json document: the report, opened as every JSON
+// document of infer is, with null for the rates not measured.
+type benchDoc struct {
+	provenance
+	Target     kernels.Target  `json:"target"`
+	CopyRate   *float64        `json:"copy_bytes_per_s"`  // device-to-device, bytes read + written
+	MatrixRate *float64        `json:"matrix_flop_per_s"` // bf16 GEMM through the naive set's cuBLAS
+	Groups     int             `json:"groups"`
+	Rows       []kbench.Row    `json:"rows"`
+	Tuned      []kernels.Tuned `json:"tuned"`
+	Note       *string         `json:"note"`
+}
+
+// writeJSON writes v as one indented JSON document.
+func writeJSON(w io.Writer, v any) error {
+	b, err := marshalJSON(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
 // writeReport writes the rows as tables (one per op), JSON or CSV.
 func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
 	switch {
 	case f.jsonOut:
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(w, benchDoc{provenance: newProvenance(rep.Device), Target: rep.Target, CopyRate: nullNum(rep.CopyRate),
+			MatrixRate: nullNum(rep.MatrixRate), Groups: rep.Groups, Rows: rep.Rows, Tuned: rep.Tuned, Note: nullString(rep.Note)})
 	case f.csvOut:
 		cw := csv.NewWriter(w)
-		cw.Write([]string{"op", "shape", "set", "variant", "ms", "tflop_s", "gb_s", "floor_ms", "share_of_floor", "checked", "note", "error",
-			"top_kernel", "top_kernel_ms", "top_kernel_share", "ms_without_kv_append", "tflop_s_without_kv_append", "gb_s_without_kv_append"})
+		cw.Write([]string{"op", "shape", "set", "variant", "ms", "ms_min", "ms_max", "ms_rel_stddev", "tflop_s", "gb_s", "floor_ms",
+			"share_of_floor", "checked", "note", "error", "top_kernel", "top_kernel_ms", "top_kernel_share",
+			"ms_without_kv_append", "tflop_s_without_kv_append", "gb_s_without_kv_append"})
 		for _, r := range rep.Rows {
 			var top kbench.KernelTime
 			if len(r.Kernels) > 0 {
 				top = r.Kernels[0]
 			}
-			cw.Write([]string{string(r.Op), r.Shape, r.Set, r.Variant, num(r.Ms), num(r.TFLOPS), num(r.GBs), num(r.FloorMs),
+			var lo, hi, rel string
+			if r.Ms > 0 {
+				lo, hi, rel = num(r.Spread.Min), num(r.Spread.Max), num(r.Spread.Rel())
+			}
+			cw.Write([]string{string(r.Op), r.Shape, r.Set, r.Variant, num(r.Ms), lo, hi, rel, num(r.TFLOPS), num(r.GBs), num(r.FloorMs),
 				num(r.OfFloor), r.Checked, r.Note, r.Err, top.Name, num(top.Ms), num(top.Share),
 				num(r.NoAppendMs), num(r.NoAppendTFLOPS), num(r.NoAppendGBs)})
 		}
 		cw.Flush()
 		return cw.Error()
 	}
-	fmt.Fprintf(w, "%s; copy %s, bf16 GEMM %s\n", rep.Device, rate(rep.CopyRate/1e9, "GB/s"), rate(rep.MatrixRate/1e12, "TFLOP/s"))
+	fmt.Fprintf(w, "%s; copy %s, bf16 GEMM %s; each time the median of %d groups of calls, ± their relative standard deviation\n",
+		rep.Device, rate(rep.CopyRate/1e9, "GB/s"), rate(rep.MatrixRate/1e12, "TFLOP/s"), rep.Groups)
 	if rep.Note != "" {
 		fmt.Fprintln(w, rep.Note)
 	}
@@ -489,7 +530,7 @@ func writeBenchTable(w io.Writer, rows []kbench.Row) {
 	compute := kbench.CaseFor(op) != nil && kbench.CaseFor(op).Bound == "compute"
 	fmt.Fprintf(w, "\n%s\n", op)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	head := "shape\tset\tvariant\tms\tTFLOP/s\tGB/s\tbound\tfloor ms\tof floor\tchecked against\t"
+	head := "shape\tset\tvariant\tms\t±\tTFLOP/s\tGB/s\tbound\tfloor ms\tof floor\tchecked against\t"
 	if traced {
 		head += "top kernel\tits ms\t"
 	}
@@ -501,14 +542,18 @@ func writeBenchTable(w io.Writer, rows []kbench.Row) {
 	fmt.Fprintln(tw, head)
 	for _, r := range rows {
 		if r.Err != "" || r.Ms == 0 {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
 			continue
 		}
 		floor, share := "-", "-"
 		if r.FloorMs > 0 {
 			floor, share = fmt.Sprintf("%.4f", r.FloorMs), fmt.Sprintf("%.0f%%", 100*r.OfFloor)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t", r.Shape, r.Set, r.Variant, r.Ms, r.TFLOPS, r.GBs,
+		dev := "-"
+		if r.Spread.N > 1 {
+			dev = fmt.Sprintf("%.1f%%", 100*r.Spread.Rel())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t", r.Shape, r.Set, r.Variant, r.Ms, dev, r.TFLOPS, r.GBs,
 			r.Bound, floor, share, r.Checked)
 		if traced {
 			name, ms := "-", "-"
@@ -547,41 +592,172 @@ func kernelCell(name string) string {
 	return name[:most-3] + "..."
 }
 
-// writeOffers writes a dry run: every set's variants per op and shape.
-func writeOffers(w io.Writer, target kernels.Target, offers []kbench.Offer, f *benchFlags) error {
-	if f.jsonOut {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"target": target, "offers": offers})
-	}
-	rows := [][]string{}
+// dryRunWidth is the most columns a dry run's table takes: the parameters
+// wrap beneath their row; --json and --csv hold them on one line.
+const dryRunWidth = 160
+
+// dryDoc is a dry run's --json document.
+type dryDoc struct {
+	provenance
+	Target kernels.Target `json:"target"`
+	Offers []dryOffer     `json:"offers"`
+}
+
+// dryOffer is what one set offers for one shape of one op.
+type dryOffer struct {
+	Op    kernels.Op `json:"op"`
+	Shape string     `json:"shape"`
+	Set   string     `json:"set"`
+	// Runs is the set whose kernel runs where Set has none of its own
+	// (Variants is then null); null where Set has its own.
+	Runs     *string      `json:"runs"`
+	Variants []dryVariant `json:"variants"`
+}
+
+type dryVariant struct {
+	Name   string  `json:"name"`
+	Params string  `json:"params"`
+	Valid  bool    `json:"valid"`
+	Reason *string `json:"reason"` // why it cannot run this shape here; null when it can
+}
+
+// writeOffers writes a dry run: every set's variants per op and shape, as
+// a table per op, JSON or CSV.
+func writeOffers(w io.Writer, target kernels.Target, device string, offers []kbench.Offer, f *benchFlags) error {
+	doc := dryDoc{provenance: newProvenance(device), Target: target, Offers: []dryOffer{}}
 	for _, o := range offers {
-		if o.Fallback != "" {
-			rows = append(rows, []string{string(o.Op), o.Shape, o.Set, "", "", "no kernel of its own: runs " + o.Fallback + "'s"})
-			continue
-		}
+		d := dryOffer{Op: o.Op, Shape: o.Shape, Set: o.Set, Runs: nullString(o.Fallback)}
 		for _, v := range o.Variants {
-			valid := "valid"
-			if !v.Valid() {
-				valid = "not valid: " + v.Why
-			}
-			rows = append(rows, []string{string(o.Op), o.Shape, o.Set, v.Name, v.Params, valid})
+			d.Variants = append(d.Variants, dryVariant{Name: v.Name, Params: v.Params, Valid: v.Valid(), Reason: nullString(v.Why)})
 		}
+		doc.Offers = append(doc.Offers, d)
 	}
-	if f.csvOut {
+	switch {
+	case f.jsonOut:
+		return writeJSON(w, doc)
+	case f.csvOut:
 		cw := csv.NewWriter(w)
-		cw.Write([]string{"op", "shape", "set", "variant", "params", "valid"})
-		cw.WriteAll(rows)
+		cw.Write([]string{"op", "shape", "set", "variant", "params", "valid", "reason"})
+		for _, o := range doc.Offers {
+			if o.Runs != nil {
+				cw.Write([]string{string(o.Op), o.Shape, o.Set, "", "", "", "no kernel of its own: runs " + *o.Runs + "'s"})
+				continue
+			}
+			for _, v := range o.Variants {
+				reason := ""
+				if v.Reason != nil {
+					reason = *v.Reason
+				}
+				cw.Write([]string{string(o.Op), o.Shape, o.Set, v.Name, v.Params, strconv.FormatBool(v.Valid), reason})
+			}
+		}
+		cw.Flush()
 		return cw.Error()
 	}
-	fmt.Fprintf(w, "dry run for %s (%d SMs, %d KiB of shared memory a block, L2 %d MiB)\n",
+	fmt.Fprintf(w, "dry run for %s (%d SMs, %d KiB of shared memory a block, L2 %d MiB): each set's variants per shape;\n"+
+		"parameters wrap beneath their row, --json and --csv hold each on one line\n",
 		target.Arch, target.SMs, target.SharedPerBlock>>10, target.L2Bytes>>20)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "op\tshape\tset\tvariant\tparams\t")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r[0], r[1], r[2], r[3], r[4], r[5])
+	for from := 0; from < len(doc.Offers); {
+		to := from + 1
+		for to < len(doc.Offers) && doc.Offers[to].Op == doc.Offers[from].Op {
+			to++
+		}
+		writeOfferTable(w, doc.Offers[from:to], dryRunWidth)
+		from = to
 	}
-	return tw.Flush()
+	return nil
+}
+
+// writeOfferTable writes one op's offers within width columns: the shape
+// and the set once where they repeat, the last column (the parameters, or
+// why a variant is not valid) wrapped beneath its row.
+func writeOfferTable(w io.Writer, offers []dryOffer, width int) {
+	head := []string{"shape", "set", "variant", "valid", "parameters, or why not valid"}
+	var rows [][]string
+	lastShape, lastSet := "", ""
+	for _, o := range offers {
+		shape, set := o.Shape, o.Set
+		if shape == lastShape {
+			shape = ""
+			if set == lastSet {
+				set = ""
+			}
+		}
+		lastShape, lastSet = o.Shape, o.Set
+		if o.Runs != nil {
+			rows = append(rows, []string{shape, set, "-", "-", "no kernel of its own: runs " + *o.Runs + "'s"})
+			continue
+		}
+		for i, v := range o.Variants {
+			valid, last := "yes", v.Params
+			if !v.Valid {
+				valid, last = "no", *v.Reason
+			}
+			if i > 0 {
+				shape, set = "", ""
+			}
+			rows = append(rows, []string{shape, set, v.Name, valid, last})
+		}
+	}
+	const indent, gap = 2, 2
+	widths := make([]int, len(head)-1)
+	for _, r := range append([][]string{head}, rows...) {
+		for c := range widths {
+			widths[c] = max(widths[c], utf8.RuneCountInString(r[c]))
+		}
+	}
+	lead := indent
+	for _, wd := range widths {
+		lead += wd + gap
+	}
+	lastWidth := max(30, width-lead)
+	line := func(r []string) {
+		var b strings.Builder
+		b.WriteString(strings.Repeat(" ", indent))
+		for c, wd := range widths {
+			b.WriteString(r[c] + strings.Repeat(" ", wd+gap-utf8.RuneCountInString(r[c])))
+		}
+		for i, part := range wrap(r[len(r)-1], lastWidth) {
+			if i > 0 {
+				b.WriteString("\n" + strings.Repeat(" ", lead))
+			}
+			b.WriteString(part)
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+	fmt.Fprintf(w, "\n%s\n", offers[0].Op)
+	line(head)
+	for _, r := range rows {
+		line(r)
+	}
+}
+
+// wrap breaks s into lines of at most width runes, between words where it
+// can, and inside a word longer than a line.
+func wrap(s string, width int) []string {
+	var lines []string
+	cur := ""
+	for _, word := range strings.Fields(s) {
+		for utf8.RuneCountInString(word) > width {
+			if cur != "" {
+				lines, cur = append(lines, cur), ""
+			}
+			r := []rune(word)
+			lines, word = append(lines, string(r[:width])), string(r[width:])
+		}
+		switch {
+		case cur == "":
+			cur = word
+		case utf8.RuneCountInString(cur)+1+utf8.RuneCountInString(word) <= width:
+			cur += " " + word
+		default:
+			lines, cur = append(lines, cur), word
+		}
+	}
+	if cur != "" || len(lines) == 0 {
+		lines = append(lines, cur)
+	}
+	return lines
 }
 
 func num(v float64) string {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -34,6 +35,8 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"bench", "--dry-run", "--cupti", "--arch", "sm_90a"}, "no kernels for --cupti"},
 		{[]string{"bench", "--sets", "turbo"}, `kernel set "turbo" is not built`},
 		{[]string{"bench", "--device", "tpu"}, "--device must be cpu or cuda"},
+		{[]string{"bench", "--groups", "0"}, "--groups must be at least 1, not 0"},
+		{[]string{"bench", "--dry-run", "--arch", "sm_90a", "--groups", "20"}, "no --groups to time"},
 		{[]string{"bench", "--variants", "wgmma,"}, `--variants: an empty name in "wgmma,"`},
 		{[]string{"bench", "--dry-run", "--arch", "sm_90a", "attn_prefill", "--variants", "w9_m9"}, `no set offers a variant "w9_m9"`},
 		{[]string{"bench", "--dry-run", "--arch", "sm_90a", "rms_norm", "--variants", "wgmma"}, "no set offers a choice of variants"},
@@ -66,7 +69,7 @@ func TestBenchDryRun(t *testing.T) {
 	_, linear, _ := runInfer(t, "bench", "--dry-run", "--arch", "sm_90a", "linear")
 	_, mla, _ := runInfer(t, "bench", "--dry-run", "--arch", "sm_90a", "mla_decode")
 	stdout += linear + mla
-	for _, want := range []string{"dry run for sm_90a (132 SMs, 227 KiB", "fused  w4_m2", "shared=98304", "naive  default",
+	for _, want := range []string{"dry run for sm_90a (132 SMs, 227 KiB", "fused  w4_m1", " w4_m2    yes", "shared=98304", "naive  default",
 		"fused  skinny", "fused  latent_split"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, stdout)
@@ -80,18 +83,85 @@ func TestBenchDryRun(t *testing.T) {
 		t.Errorf("--variants wgmma:\n%s", picked)
 	}
 	_, stdout, _ = runInfer(t, "bench", "--dry-run", "--arch", "sm_80", "attn_prefill", "--shape", "B=1,H=8,KVH=8,D=48,N=64,causal=0", "--json")
-	var doc struct {
-		Offers []kbench.Offer `json:"offers"`
+	m := checkDocument(t, stdout, false) // --arch names no device
+	if tg, _ := m["target"].(map[string]any); tg["arch"] != "sm_80" || tg["sms"] != 108.0 {
+		t.Errorf("target %v", m["target"])
 	}
+	var doc dryDoc
 	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
 		t.Fatalf("--json: %v\n%s", err, stdout)
 	}
+	fusedRows := 0
 	for _, o := range doc.Offers {
 		for _, v := range o.Variants {
-			if o.Set == "fused" && !strings.Contains(v.Why, "head dim 48") {
-				t.Errorf("fused %s at D=48: %+v", v.Name, v)
+			if o.Set == "fused" {
+				fusedRows++
+				if v.Valid || v.Reason == nil || !strings.Contains(*v.Reason, "head dim 48") || v.Params == "" {
+					t.Errorf("fused %s at D=48: %+v", v.Name, v)
+				}
+			}
+			if o.Set == "naive" && (!v.Valid || v.Reason != nil) {
+				t.Errorf("naive at D=48: %+v", v)
 			}
 		}
+	}
+	if fusedRows == 0 {
+		t.Errorf("no fused rows: %+v", doc)
+	}
+	// CSV: valid and the reason apart.
+	_, stdout, _ = runInfer(t, "bench", "--dry-run", "--arch", "sm_80", "attn_prefill", "--shape", "B=1,H=8,KVH=8,D=48,N=64,causal=0", "--csv")
+	recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+	if err != nil || strings.Join(recs[0], ",") != "op,shape,set,variant,params,valid,reason" {
+		t.Fatalf("--csv: %v %q", err, stdout)
+	}
+	for _, r := range recs[1:] {
+		if (r[2] == "fused") != (r[5] == "false" && strings.Contains(r[6], "head dim 48")) || (r[2] == "naive" && (r[5] != "true" || r[6] != "")) {
+			t.Errorf("--csv row %q", r)
+		}
+	}
+}
+
+// The dry run at the default shapes fits a wide terminal: a table per op,
+// every column headed, no line over 160 columns, every variant and
+// parameter there (wrapped).
+func TestBenchDryRunWidth(t *testing.T) {
+	for _, arch := range targetNames() {
+		code, stdout, stderr := runInfer(t, "bench", "--dry-run", "--arch", arch)
+		if code != exitOK {
+			t.Fatalf("--arch %s: exit %d: %s", arch, code, stderr)
+		}
+		lines := strings.Split(strings.TrimRight(stdout, "\n"), "\n")
+		for i, l := range lines {
+			if n := utf8.RuneCountInString(l); n > 160 {
+				t.Errorf("--arch %s: line %d is %d columns wide: %q", arch, i+1, n, l)
+			}
+		}
+		for _, op := range benchOps() {
+			if strings.Count(stdout, "\n"+op+"\n") != 1 {
+				t.Errorf("--arch %s: op %s has not one table", arch, op)
+			}
+		}
+		if heads := strings.Count(stdout, "  shape "); heads != len(benchOps()) ||
+			strings.Count(stdout, "set    variant") != heads || strings.Count(stdout, "valid  parameters, or why not valid") != heads {
+			t.Errorf("--arch %s: %d tables headed shape, set, variant, valid, parameters:\n%.2000s", arch, heads, stdout)
+		}
+		// Every word of every parameter list is in the table.
+		_, js, _ := runInfer(t, "bench", "--dry-run", "--arch", arch, "--json")
+		var doc dryDoc
+		if err := json.Unmarshal([]byte(js), &doc); err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(strings.Fields(stdout), " ")
+		for _, o := range doc.Offers {
+			for _, v := range o.Variants {
+				if v.Valid && !strings.Contains(text, strings.Join(strings.Fields(v.Params), " ")) {
+					t.Errorf("--arch %s: %s %s %s: params %q not in the table", arch, o.Op, o.Set, v.Name, v.Params)
+				}
+			}
+		}
+	}
+	if got := wrap("aaaa bb cccccccccc d", 4); strings.Join(got, "|") != "aaaa|bb|cccc|cccc|cc d" {
+		t.Errorf("wrap: %q", got)
 	}
 }
 
@@ -103,19 +173,38 @@ func TestBenchOnCPU(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"\nrms_norm\n", "\nadd_rms_norm\n", "M=16,N=64", "is the reference", "copy not measured", "memory"} {
+	for _, want := range []string{"\nrms_norm\n", "\nadd_rms_norm\n", "M=16,N=64", "is the reference", "copy not measured", "memory",
+		"the median of 7 groups of calls", "  ±  "} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("tables lack %q:\n%s", want, stdout)
 		}
 	}
 	_, stdout, _ = runInfer(t, append(args, "--csv")...)
-	if lines := strings.Split(strings.TrimSpace(stdout), "\n"); len(lines) != 5 || !strings.HasPrefix(lines[0], "op,shape,set,variant,ms") {
+	if lines := strings.Split(strings.TrimSpace(stdout), "\n"); len(lines) != 5 || !strings.HasPrefix(lines[0], "op,shape,set,variant,ms,ms_min,ms_max,ms_rel_stddev,") {
 		t.Errorf("--csv: %q", stdout)
 	}
-	_, stdout, _ = runInfer(t, append(args, "--json")...)
+	_, stdout, _ = runInfer(t, append(args, "--json", "--groups", "4")...)
+	m := checkDocument(t, stdout, true)
+	// Not measured on the cpu: null, not 0.
+	for _, k := range []string{"copy_bytes_per_s", "matrix_flop_per_s", "note", "tuned"} {
+		if v, ok := m[k]; !ok || v != nil {
+			t.Errorf("%s: %v (present %v), want null", k, v, ok)
+		}
+	}
+	row0 := m["rows"].([]any)[0].(map[string]any)
+	for _, k := range []string{"floor_ms", "share_of_floor", "kernels", "error", "ms_without_kv_append"} {
+		if v, ok := row0[k]; !ok || v != nil {
+			t.Errorf("row %s: %v (present %v), want null", k, v, ok)
+		}
+	}
 	var rep kbench.Report
-	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || len(rep.Rows) != 4 || rep.Rows[0].Ms <= 0 {
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || len(rep.Rows) != 4 || rep.Rows[0].Ms <= 0 || rep.Groups != 4 {
 		t.Errorf("--json: %v, %+v", err, rep)
+	}
+	for _, r := range rep.Rows {
+		if sp := r.Spread; sp.N != 4 || sp.Median != r.Ms || sp.Min > sp.Median || sp.Max < sp.Median || sp.StdDev == nil {
+			t.Errorf("%s %s: spread %+v, ms %v", r.Op, r.Shape, sp, r.Ms)
+		}
 	}
 	plot := filepath.Join(t.TempDir(), "bench.png")
 	if code, _, stderr := runInfer(t, append(args, "--plot", plot)...); code != exitOK {

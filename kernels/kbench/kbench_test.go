@@ -1,6 +1,7 @@
 package kbench
 
 import (
+	"encoding/json"
 	"maps"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
+	"github.com/fuselm/fuselm/spread"
 )
 
 // TestCounts holds the FLOP and byte counts against values worked out by
@@ -460,5 +462,30 @@ func TestBound(t *testing.T) {
 	}
 	if b, f := bound(1e12, 1, 0, 0); b != "compute" || f != 0 {
 		t.Errorf("no measured rates: %s, %g", b, f)
+	}
+}
+
+// A row writes null for what was not measured, and reads back as it was.
+func TestRowJSON(t *testing.T) {
+	failed := Row{Op: kernels.OpRMSNorm, Shape: "M=4,N=8", Set: "fused", Variant: "default", Bound: "memory", Err: "not valid here"}
+	b, err := json.Marshal(failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	for _, k := range []string{"ms", "ms_spread", "tflop_s", "gb_s", "floor_ms", "share_of_floor", "note", "kernels", "ms_without_kv_append"} {
+		if v, ok := m[k]; !ok || v != nil {
+			t.Errorf("%s: %v (present %v), want null", k, v, ok)
+		}
+	}
+	if m["error"] != "not valid here" || m["op"] != "rms_norm" {
+		t.Errorf("%s", b)
+	}
+	timed := Row{Op: kernels.OpRMSNorm, Shape: "M=4,N=8", Set: "cpu", Ms: 0.5, Spread: spread.Of([]float64{0.4, 0.5, 0.7}), GBs: 12, FloorMs: 0.1, OfFloor: 0.2}
+	b, _ = json.Marshal(timed)
+	var back Row
+	if err := json.Unmarshal(b, &back); err != nil || back.Ms != 0.5 || back.Spread.N != 3 || back.Spread.Max != 0.7 || back.GBs != 12 || back.OfFloor != 0.2 {
+		t.Errorf("round trip: %v, %+v from %s", err, back, b)
 	}
 }

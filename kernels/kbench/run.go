@@ -1,12 +1,14 @@
 package kbench
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"sort"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/spread"
 )
 
 // Options say what Run measures.
@@ -24,7 +26,10 @@ type Options struct {
 	// CUPTI traces, after every row is timed, the kernels of each timed
 	// row's calls through the device's kernel trace (Row.Kernels).
 	CUPTI bool
-	Seed  uint64
+	// Groups is how many groups of calls each row's time is the median of
+	// (DefaultGroups when 0): more narrow the spread (Row.Spread).
+	Groups int
+	Seed   uint64
 	// Progress, when set, is called after each shape with the shapes done
 	// and in all.
 	Progress func(done, total int)
@@ -38,13 +43,16 @@ type Row struct {
 	Variant string     `json:"variant"`
 	Bound   string     `json:"bound"`
 	Ms      float64    `json:"ms"`
-	TFLOPS  float64    `json:"tflop_s"`
-	GBs     float64    `json:"gb_s"`
-	FloorMs float64    `json:"floor_ms"`       // bytes / copy rate or FLOPs / matrix rate: 0 when not measured
-	OfFloor float64    `json:"share_of_floor"` // FloorMs / Ms
-	Checked string     `json:"checked"`        // what the result was held against, and its relative error
-	Note    string     `json:"note,omitempty"`
-	Err     string     `json:"error,omitempty"`
+	// Spread is the spread of one call's time over the groups timed, in
+	// ms; Ms is its median.
+	Spread  spread.Summary `json:"ms_spread"`
+	TFLOPS  float64        `json:"tflop_s"`
+	GBs     float64        `json:"gb_s"`
+	FloorMs float64        `json:"floor_ms"`       // bytes / copy rate or FLOPs / matrix rate: 0 when not measured
+	OfFloor float64        `json:"share_of_floor"` // FloorMs / Ms
+	Checked string         `json:"checked"`        // what the result was held against, and its relative error
+	Note    string         `json:"note,omitempty"`
+	Err     string         `json:"error,omitempty"`
 
 	// Kernels are the kernels of one call, the longest first, as the
 	// device traced them (Options.CUPTI) in a pass after the timing, which
@@ -63,12 +71,56 @@ type Row struct {
 	NoAppendGBs    float64 `json:"gb_s_without_kv_append,omitempty"`
 }
 
+// MarshalJSON writes every field of a row, null where nothing was
+// measured: the times, rates and spread of a row that did not run, the
+// floor where the device's rates were not measured, the kernels where they
+// were not traced; a note or an error is null when there is none.
+func (r Row) MarshalJSON() ([]byte, error) {
+	type fields Row // Row's fields and tags, without this method
+	var sp *spread.Summary
+	if r.Ms > 0 {
+		sp = &r.Spread
+	}
+	return json.Marshal(struct {
+		fields
+		Ms             *float64        `json:"ms"`
+		Spread         *spread.Summary `json:"ms_spread"`
+		TFLOPS         *float64        `json:"tflop_s"`
+		GBs            *float64        `json:"gb_s"`
+		FloorMs        *float64        `json:"floor_ms"`
+		OfFloor        *float64        `json:"share_of_floor"`
+		Note           *string         `json:"note"`
+		Err            *string         `json:"error"`
+		Kernels        []KernelTime    `json:"kernels"`
+		NoAppendMs     *float64        `json:"ms_without_kv_append"`
+		NoAppendTFLOPS *float64        `json:"tflop_s_without_kv_append"`
+		NoAppendGBs    *float64        `json:"gb_s_without_kv_append"`
+	}{fields(r), orNull(r.Ms), sp, orNull(r.TFLOPS), orNull(r.GBs), orNull(r.FloorMs), orNull(r.OfFloor),
+		orNullString(r.Note), orNullString(r.Err), r.Kernels, orNull(r.NoAppendMs), orNull(r.NoAppendTFLOPS), orNull(r.NoAppendGBs)})
+}
+
+// orNull is &v, or nil (JSON null) for 0: a figure not measured.
+func orNull(v float64) *float64 {
+	if v == 0 {
+		return nil
+	}
+	return &v
+}
+
+func orNullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
 // Report is what Run measured.
 type Report struct {
 	Device     string          `json:"device"`
 	Target     kernels.Target  `json:"target"`
 	CopyRate   float64         `json:"copy_bytes_per_s"`  // device-to-device, bytes read + written
 	MatrixRate float64         `json:"matrix_flop_per_s"` // bf16 GEMM through the naive set's cuBLAS
+	Groups     int             `json:"groups"`            // the groups each row's time is the median of
 	Rows       []Row           `json:"rows"`
 	Tuned      []kernels.Tuned `json:"tuned,omitempty"`
 	// Note says what the run could not do for every row: why no kernels
@@ -96,7 +148,7 @@ func Run(dev kernels.Device, target kernels.Target, opt Options) (*Report, error
 		return nil, err
 	}
 	r := &runner{dev: dev, target: target, opt: opt, built: map[string]kernels.Ops{},
-		rep: &Report{Device: dev.Name(), Target: target}}
+		rep: &Report{Device: dev.Name(), Target: target, Groups: opt.groups()}}
 	for _, set := range opt.Sets {
 		info, ok := kernels.Set(set)
 		if !ok {
@@ -276,7 +328,8 @@ func (r *runner) denseRow(c *Case, s kernels.Shape) {
 	p, err := buildDense(b, c, s)
 	var g group
 	if err == nil {
-		row.Ms, g, err = r.time(p, o)
+		row.Spread, g, err = r.time(p, o)
+		row.Ms = row.Spread.Median
 	}
 	if err != nil {
 		row.Err = err.Error()
@@ -340,12 +393,13 @@ func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kerne
 		row.Err = err.Error()
 		return group{}
 	}
-	ms, g, err := r.time(p, o)
+	sp, g, err := r.time(p, o)
 	if err != nil {
 		row.Err = err.Error()
 		return group{}
 	}
-	row.Ms = ms
+	ms := sp.Median
+	row.Ms, row.Spread = ms, sp
 	flops, bytes := c.FLOPs(s), c.Bytes(s)
 	if p.bytes > 0 {
 		bytes = p.bytes

@@ -5,17 +5,19 @@ import (
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/spread"
 )
 
 // Timing: device time between marks (CUDA events on a GPU) around groups of
-// calls after warm-up calls, the median of several groups. A call shorter
-// than graphBelowMs is timed inside a recorded graph of many calls, where
-// the device can record one, so that launch gaps do not count.
+// calls after warm-up calls, the median of several groups (Options.Groups,
+// DefaultGroups when 0). A call shorter than graphBelowMs is timed inside a
+// recorded graph of many calls, where the device can record one, so that
+// launch gaps do not count.
 const (
-	groups       = 7
-	groupMs      = 5.0  // the time one group of calls aims at
-	maxGroupSize = 200  // the most calls in one group
-	graphBelowMs = 0.05 // calls this short are replayed from a graph
+	DefaultGroups = 7
+	groupMs       = 5.0  // the time one group of calls aims at
+	maxGroupSize  = 200  // the most calls in one group
+	graphBelowMs  = 0.05 // calls this short are replayed from a graph
 )
 
 // group is how time ran an op's calls: size calls a group, launched one by
@@ -26,40 +28,48 @@ type group struct {
 	graph bool
 }
 
-// time is the median device time of one call of p's op with o, rotating
-// over p's copies, in ms, and how it ran them.
-func (r *runner) time(p *problem, o kernels.Ops) (float64, group, error) {
+// time is the spread over the groups of the device time of one call of p's
+// op with o, rotating over p's copies, in ms (its median is the row's time),
+// and how it ran them.
+func (r *runner) time(p *problem, o kernels.Ops) (spread.Summary, group, error) {
 	next := p.caller(o)
 	// Warm-up: kernel loading, scratch buffers, cuBLAS's first calls.
 	if err := call(r.dev, func() { next(); next() }); err != nil {
-		return 0, group{}, err
+		return spread.Summary{}, group{}, err
 	}
 	one, err := r.elapsed(1, next)
 	if err != nil {
-		return 0, group{}, err
+		return spread.Summary{}, group{}, err
 	}
 	g := group{size: max(1, min(maxGroupSize, int(groupMs/math.Max(one, 1e-4))))}
 	_, canGraph := r.dev.(kernels.Grapher)
 	g.graph = canGraph && one < graphBelowMs
 	run, release, err := r.grouped(next, g)
 	if err != nil {
-		return 0, group{}, err
+		return spread.Summary{}, group{}, err
 	}
 	defer release()
 	var ms []float64
-	for range groups {
+	for range r.opt.groups() {
 		var rerr error
 		t, err := r.elapsed(1, func() { rerr = run() })
 		if err == nil {
 			err = rerr
 		}
 		if err != nil {
-			return 0, group{}, err
+			return spread.Summary{}, group{}, err
 		}
 		ms = append(ms, t/float64(g.size))
 	}
-	slices.Sort(ms)
-	return ms[len(ms)/2], g, nil
+	return spread.Of(ms), g, nil
+}
+
+// groups is the number of groups a row's time is the median of.
+func (opt Options) groups() int {
+	if opt.Groups > 0 {
+		return opt.Groups
+	}
+	return DefaultGroups
 }
 
 // caller is a function that runs p's op with o once, on the next of p's
