@@ -85,7 +85,7 @@ func (r *compareReport) opTimePlot() (*plot.Plot, error) {
 	names, b, c := r.opTimes()
 	names, vals := barRows(names, b, c)
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s on %s: per-op device time", r.Model, r.deviceName())
+	p.Title.Text = fmt.Sprintf("%s on %s\nper-op device time", r.Model, r.deviceName())
 	if s := r.Unattributed.GainShare; s != nil && *s != 0 {
 		p.Title.Text += fmt.Sprintf("; %.0f%% of the gain in %s", 100**s, unattributedName)
 	}

@@ -1,7 +1,10 @@
 package kbench
 
 import (
+	"bytes"
 	"encoding/json"
+	"image/color"
+	"image/png"
 	"maps"
 	"os"
 	"path/filepath"
@@ -487,5 +490,74 @@ func TestRowJSON(t *testing.T) {
 	var back Row
 	if err := json.Unmarshal(b, &back); err != nil || back.Ms != 0.5 || back.Spread.N != 3 || back.Spread.Max != 0.7 || back.GBs != 12 || back.OfFloor != 0.2 {
 		t.Errorf("round trip: %v, %+v from %s", err, back, b)
+	}
+}
+
+// The plot keeps its legend off the data, under the shapes' labels, and
+// its slanted labels inside the image; a shape a series did not run breaks
+// its line.
+func TestPlotLayout(t *testing.T) {
+	rep := &Report{Device: "cuda:0 test", CopyRate: 4e12}
+	shapes := []string{"M=4096,N=16384", "M=4096,N=1024", "M=16,N=3584", "M=43264,N=3584"}
+	for i, s := range shapes {
+		rep.Rows = append(rep.Rows, Row{Op: kernels.OpRMSNorm, Shape: s, Set: "fused", Variant: "default", Ms: 1, GBs: 3900})
+		if i != 2 {
+			rep.Rows = append(rep.Rows, Row{Op: kernels.OpRMSNorm, Shape: s, Set: "naive", Variant: "default", Ms: 1, GBs: 3000})
+		}
+	}
+	b, err := Plot(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blue := palette[0].(color.RGBA) // fused: its line near the top of the data
+	top, bottom := -1, -1
+	bd := img.Bounds()
+	for y := bd.Min.Y; y < bd.Max.Y; y++ {
+		for x := bd.Min.X; x < bd.Max.X; x++ {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			near := func(a uint32, b uint8) bool { d := int(a>>8) - int(b); return d > -24 && d < 24 }
+			if near(r, blue.R) && near(g, blue.G) && near(bl, blue.B) {
+				if top < 0 {
+					top = y
+				}
+				bottom = y
+			}
+		}
+	}
+	h := bd.Dy()
+	if top < 0 || top > h/4 || bottom < h*8/10 {
+		t.Errorf("fused's pixels run from row %d to %d of %d: want its line near the top and its legend entry at the bottom", top, bottom, h)
+	}
+	// No ink at the left or right edge: no label runs off the image.
+	for _, x := range []int{bd.Min.X, bd.Min.X + 1, bd.Max.X - 2, bd.Max.X - 1} {
+		for y := bd.Min.Y; y < bd.Max.Y; y++ {
+			if r, g, bl, _ := img.At(x, y).RGBA(); r < 0xe000 || g < 0xe000 || bl < 0xe000 {
+				t.Fatalf("ink at the image's edge, column %d row %d", x, y)
+			}
+		}
+	}
+	// The naive series skips shape 2: two segments.
+	if segs := segments([]float64{3000, 3000, nan, 3000}); len(segs) != 2 || len(segs[0]) != 2 || segs[1][0].X != 3 {
+		t.Errorf("segments %v", segs)
+	}
+	p, legend, err := panel(rep, kernels.OpRMSNorm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(legend) != 3 { // fused, naive, the floor
+		t.Errorf("%d legend entries", len(legend))
+	}
+	boxes := labelRoom{}.GlyphBoxes(p)
+	if len(boxes) != len(shapes) {
+		t.Errorf("%d label boxes for %d shapes", len(boxes), len(shapes))
+	}
+	for _, b := range boxes {
+		if !(b.Rectangle.Min.X < 0) || b.Rectangle.Min.Y != 0 || b.Rectangle.Max.Y != 0 {
+			t.Errorf("label box %+v: want room to the left only", b.Rectangle)
+		}
 	}
 }

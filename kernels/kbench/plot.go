@@ -18,7 +18,8 @@ import (
 
 // Plot draws the report as a PNG: one panel per op, its metric (TFLOP/s or
 // GB/s) against its shapes, one line per set and variant, and the floor's
-// rate (the measured GEMM or copy rate) dashed; the device in each title.
+// rate (the measured GEMM or copy rate) dashed; the device in each title,
+// the legend under the shapes' labels, off the data.
 func Plot(rep *Report) ([]byte, error) {
 	var ops []kernels.Op
 	for _, r := range rep.Rows {
@@ -31,17 +32,38 @@ func Plot(rep *Report) ([]byte, error) {
 	}
 	cols := min(2, len(ops))
 	rowsN := (len(ops) + cols - 1) / cols
-	const panelW, panelH = 7 * vg.Inch, 5.5 * vg.Inch
+	const plotH, pad = 5.5 * vg.Inch, 2 * vg.Millimeter
+	// Panels widen with their shapes, so that slanted labels do not touch.
+	panelW := 7 * vg.Inch
+	for _, op := range ops {
+		labels, _, _, _ := panelData(rep, op)
+		panelW = max(panelW, 1.5*vg.Inch+vg.Length(len(labels))*labelPitch)
+	}
+	panels := make([]*plot.Plot, len(ops))
+	legends := make([][]plot.Legend, len(ops))
+	legendH := vg.Length(0) // one height for every panel's legend, so that panels of a row align
+	for i, op := range ops {
+		p, entries, err := panel(rep, op)
+		if err != nil {
+			return nil, err
+		}
+		panels[i] = p
+		legends[i] = legendColumns(entries, panelW-4*pad)
+		legendH = max(legendH, legendHeight(legends[i][0]))
+	}
+	panelH := plotH + legendH
 	img := vgimg.New(panelW*vg.Length(cols), panelH*vg.Length(rowsN))
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: rowsN, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
 		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	for i, op := range ops {
-		p, err := panel(rep, op)
-		if err != nil {
-			return nil, err
+	for i, p := range panels {
+		tile := tiles.At(dc, i%cols, i/cols)
+		p.Draw(draw.Crop(tile, 0, 0, legendH, 0))
+		strip := draw.Crop(tile, 0, 0, 0, -(tile.Max.Y - tile.Min.Y - legendH))
+		for _, l := range legends[i] {
+			l.Draw(strip)
+			strip = draw.Crop(strip, legendWidth(l)+legendGap, 0, 0, 0)
 		}
-		p.Draw(tiles.At(dc, i%cols, i/cols))
 	}
 	var buf bytes.Buffer
 	png := vgimg.PngCanvas{Canvas: img}
@@ -119,7 +141,10 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// shortLabels names each shape by the dimensions that differ between them.
+// shortLabels names each shape by the dimensions that differ between them;
+// a dimension that nearly every shape shares (three in four or more) is
+// named only where a shape departs from it (the model layer among
+// TileGym's shapes).
 func shortLabels(shapes []string) []string {
 	parsed := make([]kernels.Shape, len(shapes))
 	for i, s := range shapes {
@@ -141,6 +166,24 @@ func shortLabels(shapes []string) []string {
 			}
 		}
 	}
+	// common[d] is the value of d that three in four shapes or more have.
+	common := map[string]string{}
+	for _, d := range differ {
+		count := map[string]int{}
+		for _, p := range parsed {
+			v, ok := p[d]
+			key := "absent"
+			if ok {
+				key = fmt.Sprint(v)
+			}
+			count[key]++
+		}
+		for v, n := range count {
+			if 4*n >= 3*len(parsed) {
+				common[d] = v
+			}
+		}
+	}
 	out := make([]string, len(shapes))
 	for i, p := range parsed {
 		if len(differ) == 0 {
@@ -149,7 +192,7 @@ func shortLabels(shapes []string) []string {
 		}
 		sub := kernels.Shape{}
 		for _, d := range differ {
-			if v, ok := p[d]; ok {
+			if v, ok := p[d]; ok && common[d] != fmt.Sprint(v) {
 				sub[d] = v
 			}
 		}
@@ -158,48 +201,120 @@ func shortLabels(shapes []string) []string {
 	return out
 }
 
-func panel(rep *Report, op kernels.Op) (*plot.Plot, error) {
+// legendEntry is one line of a panel's legend.
+type legendEntry struct {
+	name   string
+	thumbs []plot.Thumbnailer
+}
+
+// labelPitch is the least room a shape's slanted label needs along the axis.
+const labelPitch = vg.Inch / 4
+
+// legendGap is the space before a legend column.
+const legendGap = 8 * vg.Millimeter
+
+// legendColumns lays a panel's legend entries out in two columns, the
+// first holding the extra one, where both fit in width; else in one.
+func legendColumns(entries []legendEntry, width vg.Length) []plot.Legend {
+	split := (len(entries) + 1) / 2
+	two := []plot.Legend{newLegend(entries[:split]), newLegend(entries[split:])}
+	if len(entries) > 1 && 2*legendGap+legendWidth(two[0])+legendWidth(two[1]) <= width {
+		return two
+	}
+	return []plot.Legend{newLegend(entries)}
+}
+
+func newLegend(entries []legendEntry) plot.Legend {
+	l := plot.NewLegend()
+	l.Top, l.Left = true, true
+	l.XOffs = legendGap
+	for _, e := range entries {
+		l.Add(e.name, e.thumbs...)
+	}
+	return l
+}
+
+// legendCanvas is a canvas to measure legends on.
+var legendCanvas = draw.New(vgimg.New(vg.Inch, vg.Inch))
+
+// legendWidth is the width a legend column's entries take.
+func legendWidth(l plot.Legend) vg.Length {
+	r := l.Rectangle(legendCanvas)
+	return r.Max.X - r.Min.X
+}
+
+// legendHeight is the height a legend column takes, with a margin above.
+func legendHeight(l plot.Legend) vg.Length {
+	r := l.Rectangle(legendCanvas)
+	return r.Max.Y - r.Min.Y + vg.Millimeter*3
+}
+
+// labelRoom is an invisible plotter whose glyph boxes are the x axis's
+// slanted tick labels: gonum makes room for the glyphs of plotters on both
+// sides but for the tick labels' only on the right, so that the first
+// labels would run off the left edge.
+type labelRoom struct{}
+
+func (labelRoom) Plot(draw.Canvas, *plot.Plot) {}
+
+func (l labelRoom) GlyphBoxes(p *plot.Plot) []plot.GlyphBox {
+	var boxes []plot.GlyphBox
+	for _, t := range p.X.Tick.Marker.Ticks(p.X.Min, p.X.Max) {
+		r := p.X.Tick.Label.Rectangle(t.Label)
+		r.Min.Y, r.Max.Y = 0, 0 // room across, none up or down
+		boxes = append(boxes, plot.GlyphBox{X: p.X.Norm(t.Value), Y: 0.5, Rectangle: r})
+	}
+	return boxes
+}
+
+// panel is one op's plot and its legend's entries.
+func panel(rep *Report, op kernels.Op) (*plot.Plot, []legendEntry, error) {
 	labels, lines, unit, floor := panelData(rep, op)
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s on %s", op, rep.Device)
 	p.X.Label.Text = "shape"
 	p.Y.Label.Text = unit
 	p.Y.Min = 0
-	p.Legend.Top = true
 	p.X.Tick.Marker = labelTicks(labels)
 	// Shape labels are long: slanted, they do not run into each other.
 	p.X.Tick.Label.Rotation = math.Pi / 5
 	p.X.Tick.Label.XAlign = draw.XRight
 	p.X.Tick.Label.YAlign = draw.YCenter
-	p.Legend.Left = true
-	p.Add(plotter.NewGrid())
+	if len(labels) > 12 {
+		p.X.Tick.Label.Font.Size = vg.Points(8)
+	}
+	p.X.Min, p.X.Max = -0.5, math.Max(0.5, float64(len(labels))-0.5)
+	p.Add(plotter.NewGrid(), labelRoom{})
+	var legend []legendEntry
 	for i, s := range lines {
-		pts := plotter.XYs{}
-		for j, v := range s.Values {
-			if v == v {
-				pts = append(pts, plotter.XY{X: float64(j), Y: v})
-			}
-		}
-		if len(pts) == 0 {
+		segs := segments(s.Values)
+		if len(segs) == 0 {
 			continue
 		}
-		l, sc, err := plotter.NewLinePoints(pts)
-		if err != nil {
-			return nil, err
-		}
 		c := palette[i%len(palette)]
-		l.Color, sc.Color = c, c
-		p.Add(l, sc)
-		p.Legend.Add(s.Name, l, sc)
+		var thumbs []plot.Thumbnailer
+		for _, seg := range segs {
+			l, sc, err := plotter.NewLinePoints(seg)
+			if err != nil {
+				return nil, nil, err
+			}
+			l.Color, sc.Color = c, c
+			p.Add(l, sc)
+			if thumbs == nil {
+				thumbs = []plot.Thumbnailer{l, sc}
+			}
+		}
+		legend = append(legend, legendEntry{s.Name, thumbs})
 	}
 	if floor > 0 && len(labels) > 0 {
 		f := plotter.XYs{{X: 0, Y: floor}, {X: float64(len(labels) - 1), Y: floor}}
 		if len(labels) == 1 {
 			f[1].X = 1
 		}
+		f[0].X, f[len(f)-1].X = p.X.Min, p.X.Max
 		l, err := plotter.NewLine(f)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		l.Color = color.Gray{Y: 90}
@@ -208,9 +323,29 @@ func panel(rep *Report, op kernels.Op) (*plot.Plot, error) {
 		if unit == "TFLOP/s" {
 			what = "bf16 GEMM rate"
 		}
-		p.Legend.Add(fmt.Sprintf("floor: measured %s (%.0f %s)", what, floor, unit), l)
+		legend = append(legend, legendEntry{fmt.Sprintf("floor: measured %s (%.0f %s)", what, floor, unit), []plot.Thumbnailer{l}})
 	}
-	return p, nil
+	return p, legend, nil
+}
+
+// segments are the runs of values a line joins: the shapes a series ran
+// in a row, at x 0, 1, 2, ...; a shape it did not run (NaN) breaks it.
+func segments(values []float64) []plotter.XYs {
+	var segs []plotter.XYs
+	cur := plotter.XYs{}
+	for j, v := range values {
+		if v != v {
+			if len(cur) > 0 {
+				segs, cur = append(segs, cur), plotter.XYs{}
+			}
+			continue
+		}
+		cur = append(cur, plotter.XY{X: float64(j), Y: v})
+	}
+	if len(cur) > 0 {
+		segs = append(segs, cur)
+	}
+	return segs
 }
 
 // labelTicks puts the shapes' labels at 0, 1, 2, ...
