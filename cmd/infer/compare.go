@@ -84,7 +84,7 @@ device is found (the defaults, naive and fused, are CUDA sets).
 	fl := cmd.Flags()
 	f.workloadFlags(cmd)
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: the device of the kernel sets)")
-	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph")
+	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph (ignored on the cpu device, which records none)")
 	fl.BoolVar(&f.cupti, "cupti", true, "time the per-op table by CUPTI where it loads, in one more traced generation of the baseline "+
 		"and the candidate (graph replays and cuBLAS's kernels included; tokens/s stay the untraced runs'); --cupti=false times ops by events")
 	fl.IntVar(&f.warmup, "warmup", 0, "untimed generations per variant after the checked one")

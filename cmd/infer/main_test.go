@@ -8,8 +8,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 
 	"github.com/fuselm/fuselm/kernels/cuda"
 )
@@ -284,5 +287,58 @@ func TestREADMEExitRule(t *testing.T) {
 	readme := strings.Join(strings.Fields(string(b)), " ")
 	if rule := strings.Join(strings.Fields(exitRule), " "); !strings.Contains(readme, rule) {
 		t.Errorf("README.md does not state the exit rule of --help:\n%s", rule)
+	}
+}
+
+// The README's synopses name every flag each command's --help has.
+func TestREADMESynopses(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Skip(err)
+	}
+	_, usage, ok := strings.Cut(string(b), "\n## Usage\n")
+	if !ok {
+		t.Fatal("README.md has no Usage section")
+	}
+	synopsis := map[string]string{} // command name ("" for generate) → its synopsis lines
+	cmd := ""
+	for _, line := range strings.Split(usage, "\n") {
+		switch {
+		case strings.HasPrefix(line, "    infer "):
+			cmd = ""
+			if w := strings.Fields(line)[1]; !strings.HasPrefix(w, "-") {
+				cmd = w
+			}
+			synopsis[cmd] += line
+		case strings.HasPrefix(line, "          ") && len(synopsis) > 0:
+			synopsis[cmd] += line
+		case len(synopsis) > 0 && strings.TrimSpace(line) != "" && !strings.HasPrefix(line, "    "):
+			goto done
+		}
+	}
+done:
+	root := newRootCmd()
+	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd())
+	root.Version = "v"
+	root.InitDefaultVersionFlag()
+	for _, c := range append([]*cobra.Command{root}, root.Commands()...) {
+		name := c.Name()
+		if c == root {
+			name = ""
+		}
+		syn, ok := synopsis[name]
+		if !ok {
+			t.Errorf("README.md has no synopsis of infer %s", name)
+			continue
+		}
+		flags := regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllStringSubmatch(c.Flags().FlagUsages(), -1)
+		if len(flags) == 0 {
+			t.Errorf("infer %s: no flags read from its usage", name)
+		}
+		for _, f := range flags {
+			if f[1] != "help" && !strings.Contains(syn, "--"+f[1]) {
+				t.Errorf("README.md's synopsis of infer %s lacks --%s", name, f[1])
+			}
+		}
 	}
 }
