@@ -68,12 +68,13 @@ if $units; then
 	step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v -test.timeout 10m"
 	step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v -test.timeout 10m"
 	# infer with CUPTI on the tiny checkpoint (every decode step traced, the
-	# kernel sum against the busy time, the events' fallback) and compare.
+	# kernel sum against the busy time, the events' fallback) and compare
+	# (its traced per-op table holding the gain, and the events' (no op)).
 	step infer-cupti sh -c "cd cmd/infer && ../../bin/infer.test -test.v -test.run 'TestCUPTIGeneration|TestCompareOnGPU'"
 fi
 if $kbench; then
 	step kernel-bench sh -c "bin/infer bench --quiet --json --plot $out/kernel_bench.png >$out/kernel_bench.json && \
-		python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [print(x[\"op\"], x[\"shape\"], x[\"set\"], x[\"variant\"], round(x[\"ms\"],4), round(x[\"tflop_s\"] or x[\"gb_s\"],1), x[\"checked\"], x.get(\"error\",\"\")) for x in r[\"rows\"]]' $out/kernel_bench.json"
+		python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [print(x[\"op\"], x[\"shape\"], x[\"set\"], x[\"variant\"], x[\"ms\"] and round(x[\"ms\"],4), round(x[\"tflop_s\"] or x[\"gb_s\"] or 0,1), x[\"checked\"], x[\"error\"] or \"\") for x in r[\"rows\"]]' $out/kernel_bench.json"
 	step bench-optimize sh -c "bin/infer bench attn_prefill linear --optimize --quiet && \
 		bin/infer --model testdata/models/qwen2-tiny-bf16 --prompt-file testdata/prompts/short.txt --max-new-tokens 4 2>&1 | grep 'tuning:'"
 fi

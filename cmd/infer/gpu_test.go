@@ -96,28 +96,60 @@ func TestCUPTIGeneration(t *testing.T) {
 }
 
 // compare on the GPU: naive against fused and their ablations on the tiny
-// checkpoint, every variant within the bf16 tolerance of naive.
+// checkpoint, every variant within the bf16 tolerance of naive. By default
+// the per-op times of the two specs are traced by CUPTI (the ablations stay
+// untraced), so that the ops hold nearly all the device time; with
+// --cupti=false the graph replays of the decode steps are in (no op), said
+// on the table, in the JSON and in the plot's title. Either way the op rows
+// and the two closing rows hold the whole gain.
 func TestCompareOnGPU(t *testing.T) {
 	needGPU(t)
 	dir := t.TempDir()
-	args := []string{"compare", "--model", tinyQwenBF16, "--prompt-file", shortPrompt, "--max-new-tokens", "8", "--batch", "2",
-		"--quiet", "--json", filepath.Join(dir, "c.json"), "--plot", filepath.Join(dir, "c.png"), "--cupti"}
-	code, stdout, stderr := runInfer(t, args...)
-	if code != exitOK {
-		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)
-	}
-	t.Log("\n" + stdout)
-	var rep compareReport
-	b, _ := os.ReadFile(filepath.Join(dir, "c.json"))
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Variants) < 4 {
-		t.Errorf("%d variants", len(rep.Variants))
-	}
-	for _, v := range rep.Variants {
-		if v.Memory == nil || v.Memory.PeakBytes == 0 || v.ProfileSource != "cupti" {
-			t.Errorf("%s: memory %+v, source %s", v.Spec, v.Memory, v.ProfileSource)
+	for _, traced := range []bool{true, false} {
+		args := []string{"compare", "--model", tinyQwenBF16, "--prompt-file", shortPrompt, "--max-new-tokens", "8", "--min-new-tokens", "8", "--batch", "2",
+			"--json", "--plot", filepath.Join(dir, "c.png")}
+		if !traced {
+			args = append(args, "--cupti=false")
+		}
+		code, stdout, stderr := runInfer(t, args...)
+		if code != exitOK {
+			t.Fatalf("%q: exit %d: %s", args, code, stderr)
+		}
+		t.Log("\n" + stderr)
+		checkDocument(t, stdout, true)
+		var rep compareReport
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Variants) < 4 {
+			t.Errorf("%d variants", len(rep.Variants))
+		}
+		for i, v := range rep.Variants {
+			want := "events"
+			if traced && i < 2 {
+				want = "cupti"
+			}
+			if v.Memory == nil || v.Memory.PeakBytes == 0 || v.ProfileSource != want {
+				t.Errorf("traced %v: %s: memory %+v, source %s, want %s", traced, v.Spec, v.Memory, v.ProfileSource, want)
+			}
+			if i < 2 && traced && v.UnattributedMs > 0.05*v.ComputeMs {
+				t.Errorf("%s: %.3f of %.3f ms of kernels charged to no op", v.Spec, v.UnattributedMs, v.ComputeMs)
+			}
+			if i < 2 && !traced && !(v.UnattributedMs > 0) {
+				t.Errorf("%s under events: no graph replay time in (no op): %+v", v.Spec, v)
+			}
+		}
+		if rep.GainMs != 0 {
+			total := *rep.Unattributed.GainShare + *rep.Outside.GainShare
+			for _, o := range rep.Ops {
+				total += *o.GainShare
+			}
+			if math.Abs(total-1) > 1e-6 {
+				t.Errorf("traced %v: the shares add up to %g", traced, total)
+			}
+		}
+		if !strings.Contains(stderr, unattributedName) || !strings.Contains(stderr, outsideName) {
+			t.Errorf("the table lacks its closing rows:\n%s", stderr)
 		}
 	}
 }

@@ -87,6 +87,16 @@ func TestProfileJSONOnCPU(t *testing.T) {
 	if stderr != "" {
 		t.Errorf("--quiet --json: stderr %q", stderr)
 	}
+	// The cpu device ignores --cupti and --no-graphs, and says so.
+	_, _, stderr = runInfer(t, append(args, "--cupti", "--no-graphs")...)
+	for _, w := range []string{"infer: --cupti is ignored on the cpu device", "infer: --no-graphs is ignored on the cpu device"} {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, stderr)
+		}
+	}
+	if _, _, stderr = runInfer(t, args...); strings.Contains(stderr, "ignored") {
+		t.Errorf("without the flags, stderr says %q", stderr)
+	}
 }
 
 // snakeKey is the form of every key of infer's JSON documents.
