@@ -702,7 +702,7 @@ func (r *compareReport) writeText(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "variant\ttokens/s\twall s\tdevice ms\tpeak memory\tworking sets\tcheck\t")
+	fmt.Fprintln(tw, "variant\ttokens/s\twall s\t±\tdevice ms\tpeak memory\tworking sets\tcheck\t")
 	for _, v := range r.Variants {
 		peak, ws := "-", "-"
 		if v.Memory != nil {
@@ -713,9 +713,14 @@ func (r *compareReport) writeText(w io.Writer) {
 			}
 			ws = bytesOrDash(sum)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.3f\t%.1f\t%s\t%s\t%s\t\n", v.Spec, v.TokensPerSec, v.WallS, v.ComputeMs, peak, ws, v.Check)
+		dev := "-"
+		if v.WallSpread.N > 1 {
+			dev = fmt.Sprintf("%.1f%%", 100*v.WallSpread.Rel())
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.3f\t%s\t%.1f\t%s\t%s\t%s\t\n", v.Spec, v.TokensPerSec, v.WallS, dev, v.ComputeMs, peak, ws, v.Check)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "wall s: the median of --repeat %d runs; ±: their standard deviation over their mean\n", r.Repeat)
 }
 
 // The names of the op table's two closing rows.

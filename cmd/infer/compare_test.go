@@ -131,7 +131,7 @@ func TestCompareOnCPU(t *testing.T) {
 		t.Errorf("the shares of the gain add up to %g", total)
 	}
 	for _, w := range []string{"qwen2-tiny_cpu_slow_float32 | ", "[baseline: same first 4 tokens]", "share of gain", "end to end: cpu_slow",
-		"peak memory", unattributedName, outsideName, "cpu_slow: prefill ", "cpu: 2 runs: wall median"} {
+		"peak memory", unattributedName, outsideName, "cpu_slow: prefill ", "cpu: 2 runs: wall median", "the median of --repeat 2 runs"} {
 		if !strings.Contains(stdout, w) {
 			t.Errorf("stdout lacks %q:\n%s", w, stdout)
 		}

@@ -284,8 +284,11 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	if f.trace != "" {
 		med.trace.Host = append([]kernels.HostSpan{loadSpan}, med.trace.Host...)
+		// Chrome's trace format names its own keys (traceEvents, otherData):
+		// the provenance goes in otherData.
 		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
-			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource})
+			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource,
+			"version": rep.Version, "commit": rep.Commit, "date": rep.Date, "device": rep.Device})
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -52,14 +53,34 @@ type memoryReport struct {
 	// PeakBytes is the allocator's high-water mark plus the memory held
 	// outside it (cuBLAS's workspace); 0 where the device keeps no count
 	// (the cpu).
-	PeakBytes   int64                `json:"peak_bytes,omitempty"`
+	PeakBytes   int64                `json:"peak_bytes"`
 	Weights     int64                `json:"weights_bytes"`
 	KVCache     int64                `json:"kv_cache_bytes"`
 	Work        int64                `json:"work_bytes"`
-	Scratch     int64                `json:"scratch_bytes,omitempty"`
-	Libraries   int64                `json:"library_bytes,omitempty"`
-	Other       int64                `json:"other_bytes,omitempty"` // the allocator's rounding and cached blocks
-	WorkingSets map[kernels.Op]int64 `json:"working_sets,omitempty"`
+	Scratch     int64                `json:"scratch_bytes"`
+	Libraries   int64                `json:"library_bytes"`
+	Other       int64                `json:"other_bytes"` // the allocator's rounding and cached blocks
+	WorkingSets map[kernels.Op]int64 `json:"working_sets"`
+}
+
+// MarshalJSON writes null for what the device keeps no count of: the
+// peak, scratch, library and other bytes on the cpu, and no working sets.
+func (m memoryReport) MarshalJSON() ([]byte, error) {
+	type fields memoryReport // its fields and tags, without this method
+	counted := m.PeakBytes > 0
+	orNull := func(n int64) *int64 {
+		if !counted {
+			return nil
+		}
+		return &n
+	}
+	return json.Marshal(struct {
+		fields
+		PeakBytes *int64 `json:"peak_bytes"`
+		Scratch   *int64 `json:"scratch_bytes"`
+		Libraries *int64 `json:"library_bytes"`
+		Other     *int64 `json:"other_bytes"`
+	}{fields(m), orNull(m.PeakBytes), orNull(m.Scratch), orNull(m.Libraries), orNull(m.Other)})
 }
 
 func newMemoryReport(dev kernels.Device, m model.Memory, ops []kernels.OpStat) *memoryReport {
