@@ -61,6 +61,8 @@ __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, 
 	extern "C" __global__ void NAME##_##NW##_v##V##_n##NV(bf16* out, int op, bf16* resid, int rp,          \
 	                                                         const bf16* x, int xp, const TW* w, int cols, \
 	                                                         float eps) {                                   \
+		grid_wait();                                                                                       \
+		grid_release();                                                                                    \
 		rms_norm<ADD, TW, V, NV>(out, op, resid, rp, x, xp, w, cols, eps);                                 \
 	}
 #define RMS_NORM_NV(NW, TW, V, NV) RMS_NORM(rms_norm, false, NW, TW, V, NV) RMS_NORM(add_rms_norm, true, NW, TW, V, NV)
@@ -120,6 +122,8 @@ __device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, con
 #define ROPE(NAME, INTERLEAVED, V)                                                                             \
 	extern "C" __global__ void NAME##_v##V(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, \
 	                                       const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \
+		grid_wait();                                                                                                \
+		grid_release();                                                                                             \
 		rope<INTERLEAVED, V>(x, pitch, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);              \
 	}
 ROPE(rope_half, false, 1)
@@ -151,6 +155,8 @@ template <int VEC> __device__ void swiglu(bf16* out, int op, const bf16* gu, int
 
 #define SWIGLU(V)                                                                                            \
 	extern "C" __global__ void swiglu_v##V(bf16* out, int op, const bf16* gu, int gp, int rows, int inter) { \
+		grid_wait();                                                                                         \
+		grid_release();                                                                                      \
 		swiglu<V>(out, op, gu, gp, rows, inter);                                                             \
 	}
 SWIGLU(1)

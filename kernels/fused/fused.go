@@ -165,6 +165,31 @@ func modules() []cudaset.Module {
 
 var vname = cudaset.VName
 
+// overlapKernels are the kernels launched to overlap the kernel before them
+// (cudaset.Kit.Overlap): those of a decode step, each of which calls
+// grid_wait before it touches another kernel's data. A decode step is a
+// chain of short kernels; overlapped, each one's launch and prologue (the
+// linears' first weights) run under the previous one's tail.
+func overlapKernels() []string {
+	ks := append([]string{"attn_merge"}, moeFuncs()...)
+	ks = append(ks, linearKernels()...)
+	for _, m := range modules() {
+		if m.File == "elementwise.cu" {
+			ks = append(ks, m.Funcs...)
+		}
+	}
+	for _, d := range headDims {
+		ks = append(ks, decodeKernel(d))
+	}
+	for _, d := range mlaDecodeDims {
+		ks = append(ks, mlaDecodeKernel(d))
+		for _, s := range mlaKeysStageCounts {
+			ks = append(ks, mlaKeysKernel(d, s))
+		}
+	}
+	return ks
+}
+
 // New compiles the set's kernels for dev, which must be a *cuda.Device.
 func New(dev kernels.Device) (kernels.Ops, error) {
 	kit, err := cudaset.New(dev, "fused", modules())
@@ -185,6 +210,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			return nil, fmt.Errorf("fused: %s: %w", name, err)
 		}
 	}
+	o.Overlap(overlapKernels()...)
 	if err := o.initLinear(); err != nil {
 		return nil, err
 	}
