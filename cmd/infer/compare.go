@@ -69,7 +69,7 @@ writing its files.
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (default: the device of the kernel sets)")
 	fl.BoolVar(&f.noGraphs, "no-graphs", false, "run decode steps eagerly instead of replaying a CUDA graph")
 	fl.BoolVar(&f.cupti, "cupti", false, "time every kernel through CUPTI, graph replays and cuBLAS's included "+
-		"(tracing slows the run a little: W1 148.0 tokens/s with it, 153.5 without, so events time the ops by default)")
+		"(tracing slows the run a little, so events time the ops by default)")
 	fl.IntVar(&f.warmup, "warmup", 0, "untimed generations per variant after the checked one")
 	fl.IntVar(&f.repeat, "repeat", 1, "timed generations per variant; the one of median wall time is reported")
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar or logs on stderr")

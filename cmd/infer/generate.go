@@ -61,7 +61,7 @@ both.
 	fl.StringVar(&f.profile, "profile", "", "write the per-op profile and timings as JSON to this file")
 	fl.StringVar(&f.trace, "trace", "", "write a Chrome trace (Perfetto, chrome://tracing) of the reported generation to this file")
 	fl.BoolVar(&f.cupti, "cupti", false, "time every kernel through CUPTI, graph replays and cuBLAS's included "+
-		"(tracing slows the run a little: W1 148.0 tokens/s with it, 153.5 without, so events time the ops by default)")
+		"(tracing slows the run a little, so events time the ops by default)")
 	fl.Uint64Var(&f.seed, "seed", 0, "sampling seed")
 	fl.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
 	fl.IntVar(&f.topK, "top-k", 0, "sample among the k most likely tokens (0: all)")

@@ -315,7 +315,7 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 // value are read from kn, vn and appended to the cache by the block whose
 // split holds them, so no other kernel runs first. (An earlier variant,
 // every warp scoring the whole tile and the last block merging, reached
-// 61–72% of the copy rate against this one's 69–98%: kernels/fused/NOTES.md.)
+// 63–76% of the copy rate against this one's 81–96%: bench/RESULTS.md.)
 //   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D];
 //   stats f32 [B·heads, splits, 2]; q bf16 [B, heads·D] (rotated), pitch qp;
 //   kn, vn bf16 [B, kvh·D], pitches kp, vp; kc, vc bf16 [B, kvh, maxSeq, D];

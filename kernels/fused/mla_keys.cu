@@ -5,8 +5,8 @@
 // DecodeSplit's row, split and new-latent bookkeeping, and attn_merge
 // merges its splits.
 //
-// What changes against mla_decode, and why (kernels/fused/NOTES.md, "the
-// keys variant of mla_decode"): mla_decode splits Q·Kᵀ of each 64-key tile
+// What changes against mla_decode, and why (kernels/fused/DESIGN.md,
+// mla_decode): mla_decode splits Q·Kᵀ of each 64-key tile
 // between its 4 warps by dims and sums the partial scores through shared
 // memory, 64 KB of reads a tile; its 166 KB of shared memory leave one block
 // of 4 warps an SM. Here
