@@ -219,10 +219,11 @@ func CheckGroupGemm(act DType, out, x, w, first *Tensor) {
 	need(isInts(first, w.Shape[0]+1), op, "first %v for %d groups", first, w.Shape[0])
 }
 
-// CheckArgmax: out [B] i32; logits [B,V] f32 or act, V > 0.
+// CheckArgmax: out [B] or [B,2] i32; logits [B,V] f32 or act, V > 0.
 func CheckArgmax(act DType, out, logits *Tensor) {
 	need(logits.DType == F32 || logits.DType == act, OpArgmax, "logits are %v", logits)
-	need(logits.Cols() > 0 && isInts(out, logits.Rows()), OpArgmax, "out %v for logits %v", out, logits)
+	B := logits.Rows()
+	need(logits.Cols() > 0 && (isInts(out, B) || isInts(out, 2*B) && rowsCols(out, B, 2)), OpArgmax, "out %v for logits %v", out, logits)
 }
 
 // RelErr is ‖got − want‖ / ‖want‖ over two sets of values (NaN when either

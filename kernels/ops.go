@@ -194,7 +194,9 @@ type Ops interface {
 
 	// Argmax is out[b] = the first index of the largest element of row b,
 	// NaN counting as the largest (as torch.argmax).
-	// out [B] i32; logits [B,V] f32 or act.
+	// out [B] i32, or [B,2] i32: then out[b,1] is that element's value, as
+	// f32 bits, so that a caller reads the choice and the value it checks in
+	// one transfer; logits [B,V] f32 or act.
 	Argmax(out, logits *Tensor)
 }
 

@@ -163,7 +163,7 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 		return nil, err
 	}
 	if greedy {
-		e.ops.Argmax(vec(e.next, B), e.logits.Slice(0, B))
+		e.ops.Argmax(e.next.Slice(0, B), e.logits.Slice(0, B))
 	}
 	if opt.KeepPrefillLogits {
 		rows, err := e.readLogits(B)
@@ -332,10 +332,10 @@ func (c *chooser) suppressEOS(b int) bool {
 }
 
 // choose returns the next token of every row for step step (1: the one
-// after the prefill). Greedy reads back the device's argmax (e.next) and the
-// logit it chose, and re-picks on the host only for a row whose argmax is an
-// end-of-sequence token it may not choose yet; sampling reads back the
-// logits.
+// after the prefill). Greedy reads back the device's argmax of every row
+// with the logit it chose (e.next, one transfer for the batch), and
+// re-picks on the host only for a row whose argmax is an end-of-sequence
+// token it may not choose yet; sampling reads back the logits.
 //
 // A row whose chosen logit (the largest, under greedy) is NaN or infinite,
 // or whose logits are all -inf, stops the generation with an error: the
@@ -346,16 +346,17 @@ func (c *chooser) choose(step int) ([]int, error) {
 	e, V := c.e, c.e.cfg.VocabSize
 	next := make([]int, c.B)
 	if c.greedy {
-		ids, err := e.dev.ReadI32(vec(e.next, c.B))
+		// One transfer: each row's argmax and its logit (Argmax's [B, 2] out).
+		choice, err := e.dev.ReadI32(e.next.Slice(0, c.B))
 		if err != nil {
 			return nil, err
 		}
-		for b, id := range ids {
-			next[b] = int(id)
+		for b := range c.B {
+			next[b] = int(choice[2*b])
 			if next[b] < 0 || next[b] >= V {
 				return nil, fmt.Errorf("model: step %d: row %d: argmax gave token %d, outside the vocabulary [0, %d)", step, b, next[b], V)
 			}
-			var chosen float32
+			chosen := math.Float32frombits(uint32(choice[2*b+1]))
 			if c.suppressEOS(b) && slices.Contains(c.eos, next[b]) {
 				row, err := e.dev.ReadF32(e.logits.Slice(b, b+1))
 				if err != nil {
@@ -364,12 +365,6 @@ func (c *chooser) choose(step int) ([]int, error) {
 				c.maskEOS(row)
 				next[b] = argmax(row)
 				chosen = row[next[b]]
-			} else {
-				v, err := e.dev.ReadF32(e.logits.Slice(b, b+1).ColSlice(next[b], next[b]+1))
-				if err != nil {
-					return nil, err
-				}
-				chosen = v[0]
 			}
 			if math.IsNaN(float64(chosen)) || math.IsInf(float64(chosen), 0) {
 				return nil, nonFinite(step, b, chosen)

@@ -13,6 +13,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/layers"
@@ -208,14 +209,18 @@ type engine struct {
 	weights *weightSet
 	ws      *layers.Workspace
 
-	// Step inputs, i32; a step uses views of their first entries.
-	ids, pos    *kernels.Tensor // [maxTokens]: token ids, positions
-	start, past *kernels.Tensor // [maxRows+1], [maxRows]: Batch.StartDev, Batch.PastDev
-	last        *kernels.Tensor // [maxRows]: the index of each row's last new token
+	// Step inputs, i32, in one buffer [2·maxTokens + 3·maxRows + 1], so that
+	// a step writes them in one transfer: newStep packs a step's token ids,
+	// positions, Batch.StartDev, Batch.PastDev and last at its start
+	// (stepViews), and stepIDs and stepLast are the current step's views.
+	in                *kernels.Tensor
+	stepIDs, stepLast *kernels.Tensor
 	// Outputs.
 	lastHidden *kernels.Tensor // [maxRows, H] act: the last new token of each row, after the final norm
 	logits     *kernels.Tensor // [maxRows, V] f32
-	next       *kernels.Tensor // [maxRows] i32: argmax of logits
+	// next is [maxRows, 2] i32: each row's argmax and its logit's f32
+	// bits, read back in one transfer per step (chooser.choose).
+	next *kernels.Tensor
 
 	cacheTensors, workTensors []*kernels.Tensor
 	closed                    bool
@@ -300,14 +305,10 @@ type ioBuffer struct {
 // steps of up to tokens tokens.
 func (e *engine) ioBuffers(act kernels.DType, rows, tokens int) []ioBuffer {
 	return []ioBuffer{
-		{&e.ids, kernels.I32, []int{tokens}},
-		{&e.pos, kernels.I32, []int{tokens}},
-		{&e.start, kernels.I32, []int{rows + 1}},
-		{&e.past, kernels.I32, []int{rows}},
-		{&e.last, kernels.I32, []int{rows}},
+		{&e.in, kernels.I32, []int{2*tokens + 3*rows + 1}},
 		{&e.lastHidden, act, []int{rows, e.cfg.HiddenSize}},
 		{&e.logits, kernels.F32, []int{rows, e.cfg.VocabSize}},
-		{&e.next, kernels.I32, []int{rows}},
+		{&e.next, kernels.I32, []int{rows, 2}},
 	}
 }
 
@@ -364,24 +365,35 @@ func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLog
 		last[b] = int32(start[b+1] - 1)
 	}
 	T := start[B]
+	v := e.stepViews(T, B, nLogits)
 	batch := &kernels.Batch{
 		Rows: B, Tokens: T, Start: start, Past: append([]int(nil), past...), MaxSeq: e.maxSeq,
-		StartDev: vec(e.start, B+1), PastDev: vec(e.past, B),
+		StartDev: v.start, PastDev: v.past,
 	}
-	s := &layers.Step{Ops: e.ops, WS: e.ws, Batch: batch, Row0: row0, Pos: vec(e.pos, T), Decode: decode}
-	err := errors.Join(
-		e.dev.WriteI32(vec(e.ids, T), ids),
-		e.dev.WriteI32(s.Pos, pos),
-		e.dev.WriteI32(batch.StartDev, start32),
-		e.dev.WriteI32(batch.PastDev, past32),
-	)
-	if nLogits > 0 {
-		err = errors.Join(err, e.dev.WriteI32(vec(e.last, nLogits), last))
-	}
-	if err != nil {
+	s := &layers.Step{Ops: e.ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode}
+	e.stepIDs, e.stepLast = v.ids, v.last
+	in := slices.Concat(ids, pos, start32, past32, last)
+	if err := e.dev.WriteI32(vec(e.in, len(in)), in); err != nil {
 		return nil, fmt.Errorf("model: writing step inputs: %w", err)
 	}
 	return s, nil
+}
+
+// stepInputs are the views of one step's inputs in engine.in.
+type stepInputs struct{ ids, pos, start, past, last *kernels.Tensor }
+
+// stepViews lays out the inputs of a step of T tokens in B rows, nLogits
+// of which give logits, at the start of e.in, in the order newStep writes
+// them. Every decode step of a batch has the same layout, so that a graph
+// captured on one replays with the inputs of the next.
+func (e *engine) stepViews(T, B, nLogits int) stepInputs {
+	at := 0
+	next := func(n int) *kernels.Tensor {
+		t := kernels.NewTensor(e.in.Buf, kernels.I32, e.in.Offset+at, n)
+		at += n
+		return t
+	}
+	return stepInputs{ids: next(T), pos: next(T), start: next(B + 1), past: next(B), last: next(nLogits)}
 }
 
 // forward runs the decoder over the step's new tokens, as HF's *Model then
@@ -396,7 +408,7 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 	h := e.ws.Get(bufNormed, T, H)
 	y := e.ws.Get(bufOut, T, H)
 	kernels.SetLayer(e.ops, -1)
-	e.embedTokens.Forward(s, x, vec(e.ids, T))
+	e.embedTokens.Forward(s, x, e.stepIDs)
 	kernels.SetLayer(e.ops, 0)
 	e.layers[0].InputLayernorm.Forward(s, h, x)
 	for i, l := range e.layers {
@@ -416,7 +428,7 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 	}
 	// Only the last new token of each row needs logits: gather those rows.
 	last := e.lastHidden.Slice(0, nLogits)
-	e.ops.Embedding(last, h, vec(e.last, nLogits))
+	e.ops.Embedding(last, h, e.stepLast)
 	e.lmHead.Forward(s, e.logits.Slice(s.Row0, s.Row0+nLogits), last)
 }
 
@@ -462,6 +474,6 @@ func decodeOne(e *engine, s *layers.Step, greedy bool) {
 	B := s.Batch.Rows
 	e.forward(s, B)
 	if greedy {
-		e.ops.Argmax(vec(e.next, B), e.logits.Slice(0, B))
+		e.ops.Argmax(e.next.Slice(0, B), e.logits.Slice(0, B))
 	}
 }

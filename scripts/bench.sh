@@ -11,7 +11,13 @@
 # bench/runs/ keeps (command, commit, date, GPU, driver, workload, kernels,
 # tokens/s, wall times, per-op times; no token ids). Prints a table last.
 #
-#   [MODEL=deepseek-v2-lite] scripts/bench.sh [SPEC...]
+#   [MODEL=deepseek-v2-lite] [ONLY="W2-b1 ..."] [INFER=bin/infer] [LABEL=name] scripts/bench.sh [SPEC...]
+#
+# ONLY runs just the named workloads. INFER and LABEL compare builds or
+# settings on one machine: INFER is the binary to run (another commit's,
+# built with scripts/gpu_build.sh into another folder), LABEL names the
+# variant in the records ("variant") and the table, and the records go to
+# bench_runs_LABEL.json; the environment reaches infer (FUSELM_PDL=off, say).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -40,9 +46,19 @@ deepseek-v2-lite)
 	;;
 esac
 [ -f "$ckpt/config.json" ] || python3 scripts/hf_checkpoint.py --model "$model" --out "$ckpt" >&2 || exit 1
+only=${ONLY:-}
+infer=${INFER:-./bin/infer}
+label=${LABEL:-}
+if [ -n "$only" ]; then
+	kept=()
+	for w in "${workloads[@]}"; do
+		[[ " $only " == *" ${w%%|*} "* ]] && kept+=("$w")
+	done
+	workloads=("${kept[@]}")
+fi
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(naive fused)
-commit=$(cat bin/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=$(cat "$(dirname "$infer")/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
 raw=$(mktemp -d)
 
@@ -50,16 +66,16 @@ for spec in "${specs[@]}"; do
 	for w in "${workloads[@]}"; do
 		IFS='|' read -r name prompt batch new <<<"$w"
 		log="$raw/${name}_${spec//[^a-z0-9_]/-}.json"
-		cmd=(./bin/infer --model "$ckpt" --prompt-file "$prompt" --batch "$batch" --max-new-tokens "$new"
+		cmd=("$infer" --model "$ckpt" --prompt-file "$prompt" --batch "$batch" --max-new-tokens "$new"
 			--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
 		"${cmd[@]}" >"$log" 2>"$log.err" || echo "{\"failed\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-400:]))' "$log.err")}" >"$log"
 		printf '%s\n' "$name" "$spec" "$batch" "$new" "${cmd[*]}" >"$log.meta"
 	done
 done
 
-python3 - "$raw" "$out" "$commit" "$gpu" <<'PY'
+python3 - "$raw" "$out" "$commit" "$gpu" "$label" <<'PY'
 import glob, json, os, sys, datetime
-raw, out, commit, gpu = sys.argv[1:5]
+raw, out, commit, gpu, label = sys.argv[1:6]
 name, driver = [s.strip() for s in gpu.split(",")]
 date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 records, table = [], []
@@ -69,6 +85,8 @@ for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
     rec = {"command": cmd, "commit": commit, "date": date, "gpu": name, "driver": driver,
            "machine": "device tool, nvidia-h200", "workload": workload, "kernels": spec,
            "batch": int(batch), "new_tokens_per_row": int(new)}
+    if label:
+        rec["variant"] = label
     if "failed" in r:
         rec["failed"] = r["failed"]
         table.append(f"| {workload} | {spec} | FAILED: {r['failed'][-120:]!r} |")
@@ -85,7 +103,7 @@ for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
                     "load_s": t.get("load_s"), "compute_ms": t.get("compute_ms"),
                     "profile_note": r.get("profile_note"), "per_op": r.get("profile", [])})
         rec["_first_ids"] = r["rows"][0]["generated_ids"][:20]
-        table.append(f"| {workload} | {rec['kernels']} | {batch} | {rec['prompt_tokens']} | {t['new_tokens']} | "
+        table.append(f"| {workload} | {rec['kernels']}{' [' + label + ']' if label else ''} | {batch} | {rec['prompt_tokens']} | {t['new_tokens']} | "
                      f"{t['tokens_per_s']:.1f} | {t['wall_s']:.3f} | {' '.join(f'{x:.3f}' for x in t['runs_wall_s'])} | "
                      f"{t['prefill_ms']:.0f} | {t['decode_ms']:.0f} | {t['graph_replays']} |")
     records.append(rec)
@@ -99,7 +117,7 @@ for rec in records:
     ref = first.setdefault(rec["workload"], ids)
     same = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
     rec["leading_tokens_as_first_spec"] = same
-json.dump(records, open(os.path.join(out, "bench_runs.json"), "w"), indent=1)
+json.dump(records, open(os.path.join(out, "bench_runs" + ("_" + label if label else "") + ".json"), "w"), indent=1)
 print(gpu)
 print("| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s (median) | runs (s) | prefill ms | decode ms | graph replays |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -1,37 +1,58 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after scripts/gpu_build.sh here:
-# every GPU test (the shared kernel test over every set, each set's own tests,
-# the model tests on each set), then fuselm against HF transformers on a
-# full-size random Qwen2-7B (written once to $QWEN2_7B by
-# scripts/hf_checkpoint.py) for naive, fused and every single-op ablation,
-# and with `deepseek` the same on a full-size random DeepSeek-V2-Lite
-# ($DSV2_LITE) for naive, fused and the MLA and MoE ablations.
-# Logs go to $OUT (or out/); a short table is printed last.
 #
-#   scripts/gpu_check.sh [quick] [kbench] [deepseek] [deepseek-only]
-#     quick:  skip the full-size checkpoints
-#     deepseek: also check DeepSeek-V2-Lite (writing it takes minutes and 31 GB)
-#     deepseek-only: only the DeepSeek-V2-Lite checks (no unit tests, no Qwen2-7B)
-#     kbench: also run the kernel benchmarks (bin/infer bench, every op and set
-#             on the default shapes: $OUT/kernel_bench.json and .png), then
+#   scripts/gpu_check.sh [quick | full | none] [qwen] [deepseek] [kbench]
+#
+# One tier of GPU tests (full when none is named):
+#   quick  every kernel of every set once: the shared kernel test (TestSets
+#          with -test.short, so without its 16K-key cases) over cpu, naive
+#          and fused, which also replays each CUDA set's decode graph; then
+#          the tiny checkpoints against HF with FUSELM_TEST_KERNELS=fused.
+#          Aimed at 3 minutes or less on the H200.
+#   full   every GPU test of every package: kernels/cuda (CUPTI on a line of
+#          its own), the shared kernel test with its long cases, naive's and
+#          fused's own tests (every tiling, variant and Hopper instance, the
+#          *Long timings, the compile reports), the model tests on naive and
+#          on fused, and infer's CUPTI and compare tests on the tiny
+#          checkpoint. Aimed at under 10 minutes, one device call.
+#   none   no unit tests, only what the words below ask for.
+# The full-size checks, each a device call of its own:
+#   qwen      fuselm against HF transformers on a full-size random Qwen2-7B
+#             ($QWEN2_7B, written once by scripts/hf_checkpoint.py) for
+#             naive, fused and every single-op ablation; then W1 traced by
+#             CUPTI, its trace file parsed, and its kernel time held against
+#             the CUDA events of a --no-graphs run.
+#   deepseek  the same on a full-size random DeepSeek-V2-Lite ($DSV2_LITE;
+#             writing it takes minutes and 31 GB) for naive, fused and the
+#             MLA and MoE ablations.
+#   kbench    the kernel benchmarks (bin/infer bench, every op and set on the
+#             default shapes: $OUT/kernel_bench.json and .png), then
 #             --optimize on attn_prefill and linear and an infer run that
-#             must say which tuning choices it applied
+#             must say which tuning choices it applied.
+#   deepseek-only is `none deepseek`.
+# Each step's log is written to $OUT/gpu_check/ (or out/gpu_check/) as it
+# runs, so a call cut off at its limit still brings back what ran; all of
+# them, with the W1 trace and profiles, go into $OUT/gpu_check_logs.tgz at
+# the end, and a table of the steps (status, seconds) is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 out=${OUT:-out}
-logs=$(mktemp -d)
-mkdir -p "$out"
+logs=$out/gpu_check
+work=$(mktemp -d)
+rm -rf "$logs"
+mkdir -p "$logs"
 QWEN2_7B=${QWEN2_7B:-/tmp/qwen2-7b}
 DSV2_LITE=${DSV2_LITE:-/tmp/deepseek-v2-lite}
-quick=false kbench=false deepseek=false units=true qwen=true
+tier=full kbench=false deepseek=false qwen=false
 for a in "$@"; do
 	case $a in
-	quick) quick=true ;;
+	quick | full | none) tier=$a ;;
+	qwen) qwen=true ;;
 	kbench) kbench=true ;;
 	deepseek) deepseek=true ;;
-	deepseek-only) deepseek=true units=false qwen=false ;;
-	*) echo "gpu_check.sh: unknown argument $a" >&2; exit 2 ;;
+	deepseek-only) deepseek=true tier=none ;;
+	*) echo "gpu_check.sh: unknown argument $a (tiers: quick, full, none; checks: qwen, deepseek, kbench)" >&2; exit 2 ;;
 	esac
 done
 rows=()
@@ -57,14 +78,26 @@ pkgtest() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
-if $units; then
+if [ $tier = quick ]; then
+	# Every op of every set on the harness's cases but the long ones, and
+	# the decode graph of naive and fused (TestSets runs both per set).
+	step kerneltest-short pkgtest kerneltest -test.short -test.run '^TestSets$'
+	# One HF check: the tiny checkpoints (Qwen2, DeepSeek-V2, its q-LoRA
+	# form, bf16 and f32) against HF's logits, on fused.
+	step model-fused-hf sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v -test.run '^TestHFReference' -test.timeout 5m"
+fi
+if [ $tier = full ]; then
 	step cuda pkgtest cuda
 	# CUPTI on its own line: the kernel trace (graph replays, cuBLAS), the
 	# record layout against the installed header and library.
 	step cupti pkgtest cuda -test.run 'CUPTI|KernelLayout'
-	step kerneltest pkgtest kerneltest -test.timeout 20m
+	step kerneltest pkgtest kerneltest
 	step naive pkgtest naive
-	step fused pkgtest fused
+	# fused's own tests in two steps, so that the step table says which
+	# half takes the time: the mma.sync kernels' tilings and variants, then
+	# the Hopper kernels (flash_hopper, mla_hopper, group_wgmma).
+	step fused pkgtest fused -test.skip 'Hopper|Wgmma'
+	step fused-hopper pkgtest fused -test.run 'Hopper|Wgmma'
 	step model-naive sh -c "cd model && FUSELM_TEST_KERNELS=naive ../bin/model.test -test.v -test.timeout 10m"
 	step model-fused sh -c "cd model && FUSELM_TEST_KERNELS=fused ../bin/model.test -test.v -test.timeout 10m"
 	# infer with CUPTI on the tiny checkpoint (every decode step traced, the
@@ -78,7 +111,7 @@ if $kbench; then
 	step bench-optimize sh -c "bin/infer bench attn_prefill linear --optimize --quiet && \
 		bin/infer --model testdata/models/qwen2-tiny-bf16 --prompt-file testdata/prompts/short.txt --max-new-tokens 4 2>&1 | grep 'tuning:'"
 fi
-if ! $quick && $qwen; then
+if $qwen; then
 	[ -f "$QWEN2_7B/reference_f32.json" ] || step qwen2-7b-write python3 scripts/hf_checkpoint.py --model qwen2-7b --out "$QWEN2_7B"
 	# naive, fused, then fused with one op on naive and naive with one op
 	# on fused: every op fused owns, alone.
@@ -94,13 +127,13 @@ if ! $quick && $qwen; then
 	# step (TestTraceFile parses it), and its ms CUDA against the events
 	# around every op of a --no-graphs run without --cupti (TestProfileAgreement).
 	w1="--model $QWEN2_7B --prompt-file bench/prompts/input_prompt_small.txt --batch 16 --max-new-tokens 50 --min-new-tokens 50 --kernels fused --warmup 1 --quiet"
-	step w1-trace sh -c "bin/infer $w1 --cupti --trace $logs/w1_trace.json --profile $logs/w1_profile.json >$logs/w1_trace.out"
-	step w1-trace-check sh -c "cd cmd/infer && FUSELM_TRACE_CHECK=$logs/w1_trace.json ../../bin/infer.test -test.v -test.run TestTraceFile"
-	step w1-events sh -c "bin/infer $w1 --no-graphs --profile $logs/w1_events.json >$logs/w1_events.out"
-	step w1-cuda-vs-events sh -c "cd cmd/infer && FUSELM_PROFILE_CUPTI=$logs/w1_profile.json FUSELM_PROFILE_EVENTS=$logs/w1_events.json \
+	step w1-trace sh -c "bin/infer $w1 --cupti --trace $work/w1_trace.json --profile $work/w1_profile.json >$work/w1_trace.out"
+	step w1-trace-check sh -c "cd cmd/infer && FUSELM_TRACE_CHECK=$work/w1_trace.json ../../bin/infer.test -test.v -test.run TestTraceFile"
+	step w1-events sh -c "bin/infer $w1 --no-graphs --profile $work/w1_events.json >$work/w1_events.out"
+	step w1-cuda-vs-events sh -c "cd cmd/infer && FUSELM_PROFILE_CUPTI=$work/w1_profile.json FUSELM_PROFILE_EVENTS=$work/w1_events.json \
 		../../bin/infer.test -test.v -test.run TestProfileAgreement"
 fi
-if ! $quick && $deepseek; then
+if $deepseek; then
 	[ -f "$DSV2_LITE/reference_f32.json" ] || step dsv2-lite-write python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out "$DSV2_LITE"
 	# naive, fused, and each of MLA and MoE alone on the other set.
 	for spec in naive fused fused,mla=naive naive,mla=fused fused,moe=naive naive,moe=fused; do
@@ -108,9 +141,11 @@ if ! $quick && $deepseek; then
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
 fi
-tar czf "$out/gpu_check_logs.tgz" -C "$logs" .
-cp "$logs"/kernel-bench.log "$out/" 2>/dev/null
+tar czf "$out/gpu_check_logs.tgz" -C "$logs" . -C "$work" .
 cat "$logs/gpu.txt"
 for f in "$logs"/*.log; do echo "---- $(basename "$f") (tail)"; tail -12 "$f"; done
 echo
 printf '%s\n' "${rows[@]}"
+aim=
+case $tier in quick) aim=" (the quick tier aims at 180 s)" ;; full) aim=" (the full tier aims at under 600 s)" ;; esac
+echo "tier $tier: ${SECONDS}s in all$aim"

@@ -258,14 +258,21 @@ func swiglu(out, gu []float32, bf16 bool) {
 func silu(g float32) float32 { return g / (1 + float32(math.Exp(float64(-g)))) }
 
 // Argmax is out[b] = the lowest index of the largest element of logits row
-// b: out [B] i32; logits [B,V] f32 or act. NaN counts as the largest.
+// b: out [B] i32, or [B,2] with the element's value (f32 bits) beside it;
+// logits [B,V] f32 or act. NaN counts as the largest.
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	const op = kernels.OpArgmax
 	kernels.CheckArgmax(o.dev.ActDType(), out, logits)
 	res, lm := ints(op, "out", out), o.in(op, "logits", logits)
+	stride := len(res) / lm.rows
 	parallel(lm.rows, grainFor(lm.cols), func(lo, hi int) {
 		for b := lo; b < hi; b++ {
-			res[b] = int32(argmax(lm.row(b)))
+			row := lm.row(b)
+			i := argmax(row)
+			res[b*stride] = int32(i)
+			if stride == 2 {
+				res[b*stride+1] = int32(math.Float32bits(row[i]))
+			}
 		}
 	})
 }

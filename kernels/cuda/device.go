@@ -74,6 +74,12 @@ type Device struct {
 	argVals [maxKernelArgs]uint64
 	argPtrs [maxKernelArgs]uintptr
 	mapArgs []byte // room for maxTensorMapArgs TensorMap arguments on 64-byte boundaries (see Launch)
+	// pdl says whether kernels may be launched to overlap the one before
+	// (LaunchOverlapped); launchCfg and launchAttr are cuLaunchKernelEx's
+	// arguments for those launches.
+	pdl        bool
+	launchCfg  launchConfig
+	launchAttr launchAttribute
 
 	stage     [2]staging // pinned host buffers for transfers
 	stageNext int
@@ -96,6 +102,38 @@ type Device struct {
 	own      map[string]bool // the kernels loaded through Module.Func: fuselm's own
 	tracing  atomic.Bool     // CUPTI records the device's kernels (StartKernelTrace)
 	pushedID bool            // enter pushed a trace id for CUPTI; leave pops it
+}
+
+// launchConfig is CUlaunchConfig, cuLaunchKernelEx's description of a
+// launch.
+type launchConfig struct {
+	gridX, gridY, gridZ    uint32
+	blockX, blockY, blockZ uint32
+	shared                 uint32
+	_                      uint32
+	stream                 uintptr
+	attrs                  uintptr // *launchAttribute
+	numAttrs               uint32
+	_                      uint32
+}
+
+// launchAttribute is CUlaunchAttribute: an id, padding to 8 bytes, and a
+// 64-byte union of values.
+type launchAttribute struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+// cuLaunchAttributeProgrammaticStreamSerialization is
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+const cuLaunchAttributeProgrammaticStreamSerialization = 6
+
+// overlapAllowed reports whether kernels may overlap the one before them
+// (LaunchOverlapped): compute capability 9.0 or later, a driver with
+// cuLaunchKernelEx, and FUSELM_PDL not "off".
+func overlapAllowed(ccMajor int, haveLaunchEx bool, env string) bool {
+	return ccMajor >= 9 && haveLaunchEx && env != "off"
 }
 
 // maxKernelArgs is the most arguments Launch passes.
@@ -188,6 +226,9 @@ func Open(ordinal int) (dev *Device, err error) {
 		d.ccOpts = append(d.ccOpts, "--include-path="+inc)
 	}
 	d.cacheDir = cacheDirFrom(os.Getenv, os.UserCacheDir)
+	d.pdl = overlapAllowed(d.props.CCMajor, drv.cuLaunchKernelEx != 0, os.Getenv("FUSELM_PDL"))
+	d.launchAttr.id = cuLaunchAttributeProgrammaticStreamSerialization
+	d.launchAttr.value[0] = 1 // programmaticStreamSerializationAllowed, an int
 
 	d.mu.Lock()
 	runtime.LockOSThread()

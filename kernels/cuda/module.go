@@ -242,6 +242,27 @@ func (d *Device) argBits(a any) (uint64, bool) {
 
 func dim(v uint32) uintptr { return uintptr(max(v, 1)) }
 
+// Overlaps reports whether LaunchOverlapped lets a kernel start while the
+// kernel before it on the stream is still running: compute capability 9.0
+// and CUDA 12 on, unless FUSELM_PDL=off turned it off (to measure what it
+// buys).
+func (d *Device) Overlaps() bool { return d.pdl }
+
+// LaunchOverlapped is Launch for a kernel that may start while the kernel
+// before it on the stream is still running (programmatic dependent
+// launch): its blocks begin once every block of that kernel has run
+// griddepcontrol.launch_dependents or exited, and it must run
+// griddepcontrol.wait before it reads anything the kernels before it write,
+// or writes anything they read (common.cuh's grid_wait and grid_release).
+// What it runs before grid_wait (address arithmetic, loads of weights no
+// kernel writes) overlaps the previous kernel's tail. Where the device
+// cannot (Overlaps), it is Launch, and the griddepcontrol instructions
+// return at once. Stream capture keeps the overlap as a programmatic edge
+// of the graph.
+func (d *Device) LaunchOverlapped(f *Func, grid, block Dim3, sharedBytes int, args ...any) {
+	d.launch(f, d.pdl, grid, block, sharedBytes, args...)
+}
+
 // Launch queues f on the device stream with a grid of blocks, sharedBytes
 // of dynamic shared memory and args, each passed by address as the
 // kernel's parameters: uintptr (device pointers), int32, uint32, int64,
@@ -250,6 +271,10 @@ func dim(v uint32) uintptr { return uintptr(max(v, 1)) }
 // into a `const __grid_constant__` struct parameter. Errors are recorded
 // with Fail.
 func (d *Device) Launch(f *Func, grid, block Dim3, sharedBytes int, args ...any) {
+	d.launch(f, false, grid, block, sharedBytes, args...)
+}
+
+func (d *Device) launch(f *Func, overlap bool, grid, block Dim3, sharedBytes int, args ...any) {
 	if len(args) > maxKernelArgs {
 		panic(fmt.Sprintf("cuda: Launch(%s) with %d arguments (at most %d)", f.name, len(args), maxKernelArgs))
 	}
@@ -279,16 +304,28 @@ func (d *Device) Launch(f *Func, grid, block Dim3, sharedBytes int, args ...any)
 		}
 		d.argVals[i] = v
 	}
-	r := ccall(d.drv.cuLaunchKernel, f.h,
-		dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z),
-		uintptr(sharedBytes), d.stream, uintptr(unsafe.Pointer(&d.argPtrs[0])), 0)
+	var r uintptr
+	call := "cuLaunchKernel"
+	if overlap {
+		call = "cuLaunchKernelEx"
+		c := &d.launchCfg
+		c.gridX, c.gridY, c.gridZ = uint32(dim(grid.X)), uint32(dim(grid.Y)), uint32(dim(grid.Z))
+		c.blockX, c.blockY, c.blockZ = uint32(dim(block.X)), uint32(dim(block.Y)), uint32(dim(block.Z))
+		c.shared, c.stream = uint32(sharedBytes), d.stream
+		c.attrs, c.numAttrs = uintptr(unsafe.Pointer(&d.launchAttr)), 1
+		r = ccall(d.drv.cuLaunchKernelEx, uintptr(unsafe.Pointer(c)), f.h, uintptr(unsafe.Pointer(&d.argPtrs[0])), 0)
+	} else {
+		r = ccall(d.drv.cuLaunchKernel, f.h,
+			dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z),
+			uintptr(sharedBytes), d.stream, uintptr(unsafe.Pointer(&d.argPtrs[0])), 0)
+	}
 	if maps > 0 { // the driver has copied the maps: the slots point at the scalar values again
 		for i := range args {
 			d.argPtrs[i] = uintptr(unsafe.Pointer(&d.argVals[i]))
 		}
 	}
 	if uint32(r) != 0 {
-		d.failLocked(d.drv.errorOf(uint32(r), fmt.Sprintf("cuLaunchKernel(%s, grid %dx%dx%d, block %dx%dx%d, shared %d)",
-			f.name, dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z), sharedBytes)))
+		d.failLocked(d.drv.errorOf(uint32(r), fmt.Sprintf("%s(%s, grid %dx%dx%d, block %dx%dx%d, shared %d)",
+			call, f.name, dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z), sharedBytes)))
 	}
 }

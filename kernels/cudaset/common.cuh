@@ -140,3 +140,23 @@ __device__ __forceinline__ int row_of(const int* start, int B, int t) {
 	}
 	return lo;
 }
+
+// Programmatic dependent launch (cuda.Func.SetOverlap): a kernel launched to
+// overlap the one before it on the stream calls grid_wait before it reads
+// what the kernels before it wrote or writes what they read, and
+// grid_release once the kernel after it may begin (its blocks then take the
+// SMs this grid leaves free and run up to their own grid_wait). Work before
+// grid_wait overlaps the previous kernel's tail: address arithmetic, and
+// loads of weights, which no kernel writes. Launched without overlap, or
+// below sm_90, both return at once.
+__device__ __forceinline__ void grid_wait() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_release() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -70,6 +70,7 @@ type Kit struct {
 	SMs       int    // multiprocessors
 	MaxShared int    // bytes of shared memory a block may opt in to
 	fn        map[string]*cuda.Func
+	overlap   map[string]bool // kernels launched to overlap the one before (Overlap)
 }
 
 // New compiles the set's modules, and the shared row movers, for dev, which
@@ -80,7 +81,7 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 		return nil, fmt.Errorf("%s: needs a cuda device, got %T (%s)", set, dev, dev.Name())
 	}
 	p := d.Props()
-	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}}
+	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}, overlap: map[string]bool{}}
 	if err := k.add(rowsModule(), "cudaset"); err != nil {
 		return nil, err
 	}
@@ -127,6 +128,18 @@ func (k *Kit) Func(name string) *cuda.Func {
 		panic(k.Set + ": no kernel " + name)
 	}
 	return f
+}
+
+// Overlap makes the set's launches of the named kernels overlap the kernel
+// before them on the stream (cuda.Device.LaunchOverlapped): each must call
+// common.cuh's grid_wait before it touches what earlier kernels write or
+// read. The mark is the set's own: another set launching the same shared
+// kernel (the row movers) launches it as before.
+func (k *Kit) Overlap(names ...string) {
+	for _, name := range names {
+		k.Func(name) // panics on a name the set lacks
+		k.overlap[name] = true
+	}
 }
 
 // NoRoom is FitShared's error when a block cannot hold a kernel's shared
@@ -177,10 +190,13 @@ func (k *Kit) LaunchShared(name string, blocks, threads, shared int, args ...any
 // Z counts as 1); a grid whose X is 0 launches nothing.
 func (k *Kit) LaunchGrid(name string, grid, block cuda.Dim3, shared int, args ...any) {
 	f := k.Func(name)
-	if grid.X == 0 {
-		return
+	switch {
+	case grid.X == 0:
+	case k.overlap[name]:
+		k.D.LaunchOverlapped(f, grid, block, shared, args...)
+	default:
+		k.D.Launch(f, grid, block, shared, args...)
 	}
-	k.D.Launch(f, grid, block, shared, args...)
 }
 
 // LaunchItems runs a grid-stride kernel over n items: one wave of

@@ -315,7 +315,7 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 // value are read from kn, vn and appended to the cache by the block whose
 // split holds them, so no other kernel runs first. (An earlier variant,
 // every warp scoring the whole tile and the last block merging, reached
-// 61–72% of the copy rate against this one's 69–98%: kernels/fused/NOTES.md.)
+// 63–76% of the copy rate against this one's 81–96%: bench/RESULTS.md.)
 //   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D];
 //   stats f32 [B·heads, splits, 2]; q bf16 [B, heads·D] (rotated), pitch qp;
 //   kn, vn bf16 [B, kvh·D], pitches kp, vp; kc, vc bf16 [B, kvh, maxSeq, D];
@@ -456,6 +456,8 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 	    bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn, int kp,            \
 	    const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, int chunk, \
 	    float scale_log2) {                                                                                     \
+		grid_wait();                                                                                               \
+		grid_release();                                                                                            \
 		flash_decode_keys<D>(out, op, part, stats, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk, \
 		                     scale_log2);                                                                       \
 	}
@@ -482,6 +484,8 @@ extern "C" __global__ void __launch_bounds__(MERGE_WARPS * 32) attn_merge(bf16* 
                                                                           const float* stats, int heads, int splits, int D) {
 	__shared__ float4 acc_s[MERGE_WARPS][MERGE_DIMS / 4];
 	__shared__ float l_s[MERGE_WARPS];
+	grid_wait();
+	grid_release();
 	const long long bh = blockIdx.x;
 	const float* st = stats + bh * splits * 2;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -61,6 +61,8 @@ __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, 
 	extern "C" __global__ void NAME##_##NW##_v##V##_n##NV(bf16* out, int op, bf16* resid, int rp,          \
 	                                                         const bf16* x, int xp, const TW* w, int cols, \
 	                                                         float eps) {                                   \
+		grid_wait();                                                                                       \
+		grid_release();                                                                                    \
 		rms_norm<ADD, TW, V, NV>(out, op, resid, rp, x, xp, w, cols, eps);                                 \
 	}
 #define RMS_NORM_NV(NW, TW, V, NV) RMS_NORM(rms_norm, false, NW, TW, V, NV) RMS_NORM(add_rms_norm, true, NW, TW, V, NV)
@@ -120,6 +122,8 @@ __device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, con
 #define ROPE(NAME, INTERLEAVED, V)                                                                             \
 	extern "C" __global__ void NAME##_v##V(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, \
 	                                       const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \
+		grid_wait();                                                                                                \
+		grid_release();                                                                                             \
 		rope<INTERLEAVED, V>(x, pitch, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);              \
 	}
 ROPE(rope_half, false, 1)
@@ -151,7 +155,76 @@ template <int VEC> __device__ void swiglu(bf16* out, int op, const bf16* gu, int
 
 #define SWIGLU(V)                                                                                            \
 	extern "C" __global__ void swiglu_v##V(bf16* out, int op, const bf16* gu, int gp, int rows, int inter) { \
+		grid_wait();                                                                                         \
+		grid_release();                                                                                      \
 		swiglu<V>(out, op, gu, gp, rows, inter);                                                             \
 	}
 SWIGLU(1)
 SWIGLU(8)
+
+// argmax_split is out[b·os] = the first index of the largest element of row
+// b, NaN counting as the largest (as torch.argmax), and with os = 2
+// out[b·2 + 1] = that element's value as f32 bits. One block per row reads
+// a vocabulary's logits at a fraction of the memory's rate; here a row is
+// cut into ARGMAX_CHUNK columns a block, so that the row's bytes are read
+// by many SMs at once, and the row's last block to finish reduces the
+// blocks' pairs.
+// out i32 [B, os]; x T [B, cols] with pitch xp; part int2 [B, splits]
+// scratch (value bits, index); counters i32 [≥ B], zero between launches
+// (the last block puts its row's back).
+// Launch: grid (splits, B) of ARGMAX_THREADS, splits = ceil(cols / ARGMAX_CHUNK).
+#define ARGMAX_THREADS 256
+#define ARGMAX_CHUNK 4096
+
+template <typename T>
+__device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int2* part, int* counters) {
+	__shared__ bool lastBlock;
+	const int b = blockIdx.y, s = blockIdx.x, splits = gridDim.x;
+	const T* row = x + (long long)b * xp;
+	float bv = NEG_INF;
+	int bi = NO_INDEX;
+	const int c1 = min(cols, (s + 1) * ARGMAX_CHUNK);
+#pragma unroll 4
+	for (int c = s * ARGMAX_CHUNK + threadIdx.x; c < c1; c += ARGMAX_THREADS) {
+		float v = to_f32(row[c]);
+		if (v != v) v = __int_as_float(0x7f800000u);
+		if (better(v, c, bv, bi)) {
+			bv = v;
+			bi = c;
+		}
+	}
+	block_argmax(bv, bi);
+	if (threadIdx.x == 0) {
+		part[(long long)b * splits + s] = make_int2(__float_as_int(bv), bi);
+		__threadfence();
+		lastBlock = atomicAdd(&counters[b], 1) == splits - 1;
+	}
+	__syncthreads();
+	if (!lastBlock) return;
+	__threadfence();
+	bv = NEG_INF;
+	bi = NO_INDEX;
+	for (int i = threadIdx.x; i < splits; i += ARGMAX_THREADS) {
+		const int2 p = __ldcg(&part[(long long)b * splits + i]);
+		if (better(__int_as_float(p.x), p.y, bv, bi)) {
+			bv = __int_as_float(p.x);
+			bi = p.y;
+		}
+	}
+	block_argmax(bv, bi);
+	if (threadIdx.x == 0) {
+		out[b * os] = bi;
+		if (os == 2) out[b * 2 + 1] = __float_as_int(to_f32(row[bi]));
+		counters[b] = 0; // ready for the next launch
+	}
+}
+
+#define ARGMAX_SPLIT(N, T)                                                                                   \
+	extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)                                             \
+	    argmax_split_##N(int* out, int os, const T* x, int xp, int cols, int2* part, int* counters) {          \
+		grid_wait();                                                                                         \
+		grid_release();                                                                                      \
+		argmax_split<T>(out, os, x, xp, cols, part, counters);                                               \
+	}
+ARGMAX_SPLIT(bf16, bf16)
+ARGMAX_SPLIT(f32, float)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
@@ -90,4 +91,36 @@ func (o *ops) swiglu(out, gu cudaset.Mat, rows, inter int) {
 	v := cudaset.VecFor(inter, out, gu, gu.Sub(0, inter))
 	o.LaunchItems(vname("swiglu", v), int64(rows)*int64(inter/v), out.P, int32(out.Pitch), gu.P, int32(gu.Pitch),
 		int32(rows), int32(inter))
+}
+
+// argmaxChunk and argmaxThreads are elementwise.cu's ARGMAX_CHUNK, the
+// columns of one block of argmax_split, and ARGMAX_THREADS.
+const (
+	argmaxChunk   = 4096
+	argmaxThreads = 256
+)
+
+// Argmax is argmax_split: each row cut into blocks of argmaxChunk columns
+// over the SMs, the row's last block reducing theirs in the same launch
+// (naive's one block a row reads a vocabulary at a fraction of the memory's
+// rate).
+func (o *ops) Argmax(out, logits *kernels.Tensor) {
+	kernels.CheckArgmax(o.D.ActDType(), out, logits)
+	rows, cols := logits.Rows(), logits.Cols()
+	if rows == 0 {
+		return
+	}
+	if o.argmaxCounters == nil || o.argmaxCounters.Numel() < rows {
+		if o.argmaxCounters != nil {
+			o.D.Free(o.argmaxCounters)
+		}
+		o.argmaxCounters = o.D.Alloc(kernels.I32, max(rows, 64))
+		o.D.Zero(o.argmaxCounters)
+	}
+	splits := (cols + argmaxChunk - 1) / argmaxChunk
+	part := o.Scratch("argmax.part", kernels.I32, rows*splits, 2)
+	o.LaunchGrid("argmax_split_"+logits.DType.String(), cuda.Dim3{X: uint32(splits), Y: uint32(rows)},
+		cuda.Dim3{X: argmaxThreads}, 0,
+		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(cols), part.P,
+		o.D.Ptr(o.argmaxCounters))
 }

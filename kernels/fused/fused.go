@@ -4,8 +4,9 @@
 // residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
 // decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
-// sorted by expert). The ops it has no kernel of its own for (embedding,
-// add, argmax) run the naive set's, and the profile says so. The .cu
+// sorted by expert), and an argmax over many blocks a row. The ops it has
+// no kernel of its own for (embedding, add) run the naive set's, and the
+// profile says so. The .cu
 // sources are embedded and compiled by NVRTC (through cudaset) when the set
 // is built for a device.
 package fused
@@ -50,7 +51,7 @@ var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
-	kernels.OpMLAPrefill, kernels.OpMLADecode,
+	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax,
 }
 
 func init() {
@@ -139,6 +140,7 @@ func modules() []cudaset.Module {
 		}
 		ew = append(ew, vname("swiglu", v))
 	}
+	ew = append(ew, "argmax_split_bf16", "argmax_split_f32")
 	for _, v := range []int{1, ropeVec} {
 		ew = append(ew, vname("rope_half", v), vname("rope_interleaved", v))
 	}
@@ -165,6 +167,31 @@ func modules() []cudaset.Module {
 
 var vname = cudaset.VName
 
+// overlapKernels are the kernels launched to overlap the kernel before them
+// (cudaset.Kit.Overlap): those of a decode step, each of which calls
+// grid_wait before it touches another kernel's data. A decode step is a
+// chain of short kernels; overlapped, each one's launch and prologue (the
+// linears' first weights) run under the previous one's tail.
+func overlapKernels() []string {
+	ks := append([]string{"attn_merge"}, moeFuncs()...)
+	ks = append(ks, linearKernels()...)
+	for _, m := range modules() {
+		if m.File == "elementwise.cu" {
+			ks = append(ks, m.Funcs...)
+		}
+	}
+	for _, d := range headDims {
+		ks = append(ks, decodeKernel(d))
+	}
+	for _, d := range mlaDecodeDims {
+		ks = append(ks, mlaDecodeKernel(d))
+		for _, s := range mlaKeysStageCounts {
+			ks = append(ks, mlaKeysKernel(d, s))
+		}
+	}
+	return ks
+}
+
 // New compiles the set's kernels for dev, which must be a *cuda.Device.
 func New(dev kernels.Device) (kernels.Ops, error) {
 	kit, err := cudaset.New(dev, "fused", modules())
@@ -185,6 +212,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 			return nil, fmt.Errorf("fused: %s: %w", name, err)
 		}
 	}
+	o.Overlap(overlapKernels()...)
 	if err := o.initLinear(); err != nil {
 		return nil, err
 	}
@@ -216,4 +244,6 @@ type ops struct {
 
 	mlaHopper   *mlaHopperKit   // mla_hopper, or why it is absent (mla_hopper.go)
 	mlaHopperOn map[string]bool // tuning choices of mla_hopper (true) or an mla_prefill tiling (false) by key
+
+	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 }

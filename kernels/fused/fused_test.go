@@ -11,8 +11,8 @@ import (
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
-// TestFlashConfigs runs the shared harness once per flash_prefill tiling
-// (the kernel-set test runs the default one only).
+// TestFlashConfigs runs the shared harness's attn_prefill cases once per
+// flash_prefill tiling (the kernel-set test runs the default one only).
 func TestFlashConfigs(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	saved := prefillConfig
@@ -20,7 +20,7 @@ func TestFlashConfigs(t *testing.T) {
 	for _, c := range flashConfigs {
 		t.Run(c.String(), func(t *testing.T) {
 			prefillConfig = c
-			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpAttnPrefill)
 		})
 	}
 }
@@ -316,15 +316,15 @@ func TestLinearPlan(t *testing.T) {
 	}
 }
 
-// TestLinearSkinny runs the shared harness, the decode graph included, with
-// linear_skinny the default of every problem of up to 16 rows (the shared
-// kernel-set test's small linears would otherwise run cuBLAS).
+// TestLinearSkinny runs the shared harness's linear cases and the decode
+// graph with linear_skinny the default of every problem of up to 16 rows (the
+// shared kernel-set test's small linears would otherwise run cuBLAS).
 func TestLinearSkinny(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	saved := linSkinnyBytes
 	defer func() { linSkinnyBytes = saved }()
 	linSkinnyBytes = 0
-	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 
@@ -368,9 +368,10 @@ func TestLinearVariants(t *testing.T) {
 	}
 }
 
-// TestMLAPrefillConfigs runs the shared harness once per mla_prefill
-// tiling, and once with a budget so small that every row of a batch gets a
-// launch of its own (the kernel-set test runs the default, all rows in one).
+// TestMLAPrefillConfigs runs the shared harness's mla_prefill cases once per
+// mla_prefill tiling, and once with a budget so small that every row of a
+// batch gets a launch of its own (the kernel-set test runs the default, all
+// rows in one).
 func TestMLAPrefillConfigs(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	saved, savedBudget := mlaPrefillConfig, mlaPrefillBudget
@@ -378,11 +379,13 @@ func TestMLAPrefillConfigs(t *testing.T) {
 	for _, c := range flashConfigs {
 		t.Run(c.String(), func(t *testing.T) {
 			mlaPrefillConfig = c
-			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLAPrefill)
 		})
 	}
 	mlaPrefillConfig, mlaPrefillBudget = saved, 1
-	t.Run("a launch per row", func(t *testing.T) { kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances()) })
+	t.Run("a launch per row", func(t *testing.T) {
+		kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLAPrefill)
+	})
 }
 
 // TestMLAVariants checks what fused offers for MLA: DeepSeek-V2-Lite's
@@ -504,15 +507,15 @@ func TestMLAKeysVariant(t *testing.T) {
 	}
 }
 
-// TestMLADecodeKeys runs the shared harness, the decode graph included, with
-// mla_decode's keys variant the default (the stage count the device's
-// shared memory gives, mlaKeysStages: 2 at V2-Lite's 576 dims on an H200,
-// 4 at the tests' small ones).
+// TestMLADecodeKeys runs the shared harness's mla_decode cases and the decode
+// graph with mla_decode's keys variant the default (the stage count the
+// device's shared memory gives, mlaKeysStages: 2 at V2-Lite's 576 dims on an
+// H200, 4 at the tests' small ones).
 func TestMLADecodeKeys(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	saved := mlaDecodeDefault
 	defer func() { mlaDecodeDefault = saved }()
 	mlaDecodeDefault = mlaKeysVariant
-	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }

@@ -60,7 +60,7 @@ var wgmmaGather = true
 // prefillWgmma makes group_gemm and moe_experts run group_wgmma at the
 // prefill tiling where it can: 610 and 576 TFLOP/s on W3's gate/up and down
 // shapes, 2.2× grouped_mma and 1.0–1.3× cuBLAS per group (infer bench
-// group_gemm, H200, 2026-11-23). Tests and `infer bench --optimize` set it
+// group_gemm; bench/RESULTS.md, group GEMM). Tests and `infer bench --optimize` set it
 // per op.
 var prefillWgmma = true
 

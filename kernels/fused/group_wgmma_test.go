@@ -93,7 +93,7 @@ func TestWgmmaKernels(t *testing.T) {
 	for _, gather := range []bool{true, false} {
 		wgmmaGather = gather
 		t.Run(fmt.Sprintf("gather=%v", gather), func(t *testing.T) {
-			kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpGroupGemm, kernels.OpMoEExperts)
 		})
 	}
 }

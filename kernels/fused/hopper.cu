@@ -31,7 +31,7 @@
 //     tile's P·V. The two consumer warpgroups issue their wgmmas in turns
 //     (named barriers, FA3's ping-pong), so that one's softmax runs while
 //     the other's GEMMs do. (ptxas places the wait for P·V before the
-//     softmax; holding it below measured slower: kernels/fused/NOTES.md.)
+//     softmax; holding it below ran slower: bench/RESULTS.md.)
 //     Each warpgroup writes O / l into its rows of the item's Q tile, which
 //     no wgmma reads by then, and one thread stores them by tensor copies,
 //     which run on while the next item starts; that Q buffer is released

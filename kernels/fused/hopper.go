@@ -92,9 +92,9 @@ var hopperDTypes = []kernels.DType{kernels.BF16, kernels.F16}
 // in the order of preference: the first that fits the device's shared
 // memory per block runs (see newHopper). D=128: 2 K stages, 2 V stages and
 // 2 Q tiles take 193 KiB, 2, 2 and 1 take 161 KiB; D=64: 4, 4, 2 take 161
-// KiB, 2, 2, 1 take 81. At D=128 on the H200, 2, 2, 2 measured 0–2% above
-// 3, 2, 2 (225 KiB) and 2, 3, 2, and 9–14% above 3, 3, 1 at 1K–2K, kernel
-// alone (kernels/fused/NOTES.md, "Seventh pass").
+// KiB, 2, 2, 1 take 81. At D=128, 2, 2, 2 ran 0–2% above 3, 2, 2 (225 KiB)
+// and 2, 3, 2, and 9–14% above 3, 3, 1 at 1K–2K, kernel alone
+// (bench/RESULTS.md, "Tried and not kept").
 var hopperConfigs = func() []hopperConfig {
 	var cs []hopperConfig
 	for _, dt := range hopperDTypes {
@@ -110,8 +110,8 @@ var hopperHeadDims = []int{64, 128}
 
 // prefillHopper makes AttentionPrefill run flash_hopper, where it can (a
 // 9.0 device, head dims 64 and 128), for the head dims no tuning choice
-// covers: 1.4–1.5× flash_prefill w4_m2 on the H200 (2026-11-23, infer bench
-// attn_prefill). Tests set it.
+// covers: 1.7–1.9× flash_prefill w4_m2 (infer bench attn_prefill;
+// bench/RESULTS.md, attention prefill). Tests set it.
 var prefillHopper = true
 
 // withFlash is a module source of file that starts with mma.cuh and

@@ -651,15 +651,15 @@ func (p *hopperProblem) checkSampled(t *testing.T, dev *cuda.Device, got []float
 	t.Logf("%v: %d sampled (token, head) pairs, largest difference %.3g, %d beyond %g", c, len(toks), worst, bad, hopperF16Tol)
 }
 
-// TestHopperKernelTest runs the shared kernel test with flash_hopper as
-// attn_prefill's kernel for its head dims (64 and 128; the others run
-// flash_prefill), long cases included, with the instances New picks for
-// this device (TestHopperTiny runs every instance).
+// TestHopperKernelTest runs the shared kernel test's attn_prefill cases with
+// flash_hopper as attn_prefill's kernel for its head dims (64 and 128; the
+// others run flash_prefill), long cases included, with the instances New
+// picks for this device (TestHopperTiny runs every instance).
 func TestHopperKernelTest(t *testing.T) {
 	dev, o := openHopper(t)
 	t.Logf("instances: %v", o.hopper.configs)
 	saved := prefillHopper
 	defer func() { prefillHopper = saved }()
 	prefillHopper = true
-	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpAttnPrefill)
 }

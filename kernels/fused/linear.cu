@@ -52,6 +52,7 @@
 #define LIN_XROW (LIN_PHASE + 32)        // shared row pitch: 64 bytes of pad, no bank conflicts
 #define LIN_THREADS (LIN_WARPS * 32)
 #define LIN_MIN_BLOCKS 2                 // blocks an SM should hold (caps registers at 128)
+#define LIN_PREFETCH 2                   // stages asked of L2 before the wait on the kernel before
 
 __device__ __forceinline__ uint4 lin_ldg(const bf16* p) {
 	uint4 v;
@@ -59,6 +60,10 @@ __device__ __forceinline__ uint4 lin_ldg(const bf16* p) {
 	             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
 	             : "l"(p));
 	return v;
+}
+
+__device__ __forceinline__ void lin_prefetch(const bf16* p) {
+	asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 __device__ __forceinline__ uint4 lin_lds(const bf16* p) {
@@ -164,6 +169,18 @@ __device__ __forceinline__ void linear_skinny(TO* out, int op, const bf16* x, in
 	};
 
 	const int stages = (ke - kb + LIN_STAGE - 1) / LIN_STAGE;
+	// Launched to overlap the kernel before it (which writes x, or what x
+	// is made from): the first LIN_PREFETCH stages of the warp's weight
+	// rows are asked of L2 before the wait, each of a row's four lanes one
+	// 128-byte line, so that their loads find them there. (Loads themselves
+	// would be sunk below the wait by the compiler.)
+	static_assert(LIN_PREFETCH * LIN_STAGE == 4 * 64, "a row's four lanes ask one 128-byte line each");
+	if (kb + 64 * t < ke) {
+		if (okA) lin_prefetch(wa - 8 * t + kb + 64 * t);
+		if (okB) lin_prefetch(wb - 8 * t + kb + 64 * t);
+	}
+	grid_wait();
+	grid_release();
 	LinStage s0, s1;
 	loadStage(s0, kb);
 	// visit handles stage st held in cur: at a phase start, the next phase

@@ -39,8 +39,8 @@ const (
 // Linear variants: "skinny", linear_skinny (weights streamed once, rows ≤
 // linMaxRows); "cublas", the shared cuBLAS addmm naive runs too. Without a
 // tuning choice a shape runs skinny when it has at most linMaxRows rows and
-// at least linSkinnyBytes of weights: measured on the H200 (infer bench
-// linear, 2026-11-23, bench/RESULTS.md), skinny reads the big streams at
+// at least linSkinnyBytes of weights: in infer bench linear
+// (bench/RESULTS.md, linear), skinny reads the big streams at
 // 95–101% of the copy rate where cuBLAS reaches 86–100% (gate_up 67.8 µs
 // against 74.4 at one row, lm_heads 99 against 108), but loses 1–4 µs on
 // every matrix under ~150 MB (its split-K reduction and launch cost more

@@ -286,6 +286,8 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) mla_decode_r##R##_p##DR(                     \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn, \
 	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {             \
+		grid_wait();                                                                                           \
+		grid_release();                                                                                        \
 		mla_decode<R, DR>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk,    \
 		                  scale_log2);                                                                      \
 	}

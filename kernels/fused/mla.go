@@ -50,10 +50,10 @@ const (
 // mlaPrefillConfig is the tiling mla_prefill runs unless a tuning choice
 // names another (a variable, so that tests can run the others). w4_m1 was
 // chosen first for keeping Q in registers without spills (225 registers at
-// 192/128) where the m2 tilings spill; measured on the H200 (infer bench
-// mla_prefill, 2026-11-23), w8_m2 is the fastest from 2K tokens on in
-// spite of its spills (248 TFLOP/s at W3's 11,041 against w4_m1's 195,
-// 290 against 206 at B=4 N=8K) and within 4% at 1K.
+// 192/128) where the m2 tilings spill; in infer bench mla_prefill
+// (bench/RESULTS.md, MLA prefill), w8_m2 is the fastest from 2K tokens on
+// in spite of its spills (1.3× w4_m1 at W3's 11,041 tokens, 1.4× at B=4
+// N=8K) and within 4% at 1K.
 var mlaPrefillConfig = flashConfig{8, 2}
 
 // mlaPrefillBudget is the most bytes of decompressed keys and values one

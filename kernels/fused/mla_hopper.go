@@ -55,9 +55,8 @@ var mlaHopperConfigs = []mlaHopperConfig{
 }
 
 // mlaPrefillHopper makes MLAPrefill run mla_hopper, where it can, for the
-// head dims no tuning choice covers: 1.6–1.9× w8_m2 on the H200 (431 TFLOP/s
-// at B=4 × 4K, 463 at W3's 11,041 tokens; infer bench mla_prefill,
-// 2026-11-23). Tests set it.
+// head dims no tuning choice covers: 1.8–2.5× w8_m2 (infer bench
+// mla_prefill; bench/RESULTS.md, MLA prefill). Tests set it.
 var mlaPrefillHopper = true
 
 // mlaHopperModule is mla_hopper's NVRTC module.

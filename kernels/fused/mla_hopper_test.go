@@ -245,15 +245,15 @@ func TestMLAHopperLong(t *testing.T) {
 	}
 }
 
-// TestMLAHopperKernelTest runs the shared kernel test with mla_hopper as
-// mla_prefill's kernel for DeepSeek-V2's head dims (the kernel tests' small
-// dims run mla_prefill), long cases included, with the instance New picks
-// for this device (TestMLAHopperTiny runs every instance).
+// TestMLAHopperKernelTest runs the shared kernel test's mla_prefill cases
+// with mla_hopper as mla_prefill's kernel for DeepSeek-V2's head dims (the
+// kernel tests' small dims run mla_prefill), long cases included, with the
+// instance New picks for this device (TestMLAHopperTiny runs every instance).
 func TestMLAHopperKernelTest(t *testing.T) {
 	dev, o := openMLAHopper(t)
 	t.Logf("instances: %v", o.mlaHopper.configs)
 	saved := mlaPrefillHopper
 	defer func() { mlaPrefillHopper = saved }()
 	mlaPrefillHopper = true
-	kerneltest.Run(t, dev, "fused", kerneltest.DefaultTolerances())
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLAPrefill)
 }

@@ -5,8 +5,8 @@
 // DecodeSplit's row, split and new-latent bookkeeping, and attn_merge
 // merges its splits.
 //
-// What changes against mla_decode, and why (kernels/fused/NOTES.md, "the
-// keys variant of mla_decode"): mla_decode splits Q·Kᵀ of each 64-key tile
+// What changes against mla_decode, and why (kernels/fused/DESIGN.md,
+// mla_decode): mla_decode splits Q·Kᵀ of each 64-key tile
 // between its 4 warps by dims and sums the partial scores through shared
 // memory, 64 KB of reads a tile; its 166 KB of shared memory leave one block
 // of 4 warps an SM. Here
@@ -192,6 +192,8 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) mla_decode_keys_r##R##_p##DR##_s##S(           \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn,     \
 	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {                 \
+		grid_wait();                                                                                                \
+		grid_release();                                                                                             \
 		mla_decode_keys<R, DR, S>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk, \
 		                          scale_log2);                                                                   \
 	}

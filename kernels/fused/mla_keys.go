@@ -26,10 +26,9 @@ const (
 )
 
 // mlaKeysMinRows is the batch from which mla_decode runs keys by default:
-// on the H200 (infer bench mla_decode, 2026-11-23) keys took 27 / 53 / 132
-// µs at batch 16 and 1K / 4K / 16K keys against latent_split's 42 / 64 /
-// 192, while at batch 1 latent_split was as fast or faster (28 against 41
-// µs at 16K).
+// in infer bench mla_decode (bench/RESULTS.md, decode attention) keys took
+// 27 / 53 / 130 µs at batch 16 and 1K / 4K / 16K keys against latent_split's
+// 31 / 65 / 191, while at batch 1 the two were even from 4K keys.
 const mlaKeysMinRows = 8
 
 // mlaDecodeDefault, when set, is the variant MLADecode runs at every batch

@@ -44,6 +44,8 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     moe_route(int* idx, int ip, float* weight, int wp, const float* logits, int lp, int N, int E, int K,
               int groupLimited, int groups, int topkGroups, int norm, float scale) {
 	__shared__ float stage[ROUTE_WARPS][32 * ROUTE_PER_LANE];
+	grid_wait();
+	grid_release();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int t = blockIdx.x * ROUTE_WARPS + warp;
 	if (t >= N) return;
@@ -315,11 +317,15 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    group_gemm_##NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, const int* first, int E, int M, \
 	                      int N, int K) {                                                                          \
+		grid_wait();                                                                                              \
+		grid_release();                                                                                           \
 		group_gemm<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, nullptr, 1, w, first, E, M, N, K);              \
 	}                                                                                                              \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    moe_gate_up_##NAME(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,   \
 	                       const int* first, int E, int M, int N, int K) {                                         \
+		grid_wait();                                                                                              \
+		grid_release();                                                                                           \
 		group_gemm<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, gather, gdiv, w, first, E, M, N, K);             \
 	}
 GROUP_GEMM(m16, 16, 64, 1, 4, 128, 4)
@@ -343,6 +349,8 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
     moe_align(int* first, int* sorted, int* slot, const int* idx, int ip, int N, int K, int E, int BM) {
 	__shared__ int count[MAX_GROUPS], cursor[MAX_GROUPS];
 	__shared__ int total;
+	grid_wait();
+	grid_release();
 	const int tid = threadIdx.x, lane = tid & 31;
 	const int choices = N * K;
 	for (int e = tid; e < E; e += ALIGN_THREADS) count[e] = 0;

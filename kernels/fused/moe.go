@@ -231,9 +231,9 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
-// the grouped GEMM on mma.sync (251 TFLOP/s at W3's 11,041 tokens) loses to
-// cuBLAS's per-expert GEMMs on Hopper's wgmma (451 TFLOP/s, infer bench on
-// the H200, 2026-11-23): there MoEExperts reads the expert offsets back (a
+// the grouped GEMM on mma.sync (about 270 TFLOP/s on W3's shapes) loses to
+// cuBLAS's per-expert GEMMs on Hopper's wgmma (about 450; bench/RESULTS.md,
+// MoE and group GEMM): there MoEExperts reads the expert offsets back (a
 // sync, as naive's and HF's loops do; prefill is never inside a graph) and
 // runs expertsCuBLAS.
 const prefillTiling = "m128"

@@ -212,7 +212,10 @@ func cases(wdts []kernels.DType) []opCase {
 		if s.nan {
 			name += ",nan"
 		}
-		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan) })
+		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan, false) })
+		if s.nan || s.v > 30000 || s.ties && s.k == actK {
+			add(kernels.OpArgmax, name+",value", func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan, true) })
+		}
 	}
 	return append(cs, moeCases(wdts)...)
 }
@@ -654,8 +657,9 @@ func moeExperts(e *env, c expertsCase) {
 // rounding to the device's dtype keeps it), or, with ties, rows of quarter
 // steps (exact in every dtype) whose largest value appears 2 or 3 times.
 // argmax checks rows with one largest value, or several tied (ties), and
-// with NaNs, which count as the largest, the first of them chosen (nan).
-func argmax(e *env, b, v int, k kind, ties, nan bool) {
+// with NaNs, which count as the largest, the first of them chosen (nan);
+// with value, out is [B,2] and holds the chosen logit beside its index.
+func argmax(e *env, b, v int, k kind, ties, nan, value bool) {
 	vals := e.normal(b*v, 1)
 	want := make([]int32, b)
 	for r := range b {
@@ -683,14 +687,35 @@ func argmax(e *env, b, v int, k kind, ties, nan bool) {
 		}
 	}
 	logits := e.tensor(k, vals, b, v)
-	out := e.ints(filled(b, -7), b)
+	cols := 1
+	if value {
+		cols = 2
+	}
+	out := e.ints(filled(b*cols, -7), b, cols)
 	e.run(func(o kernels.Ops, s int) { o.Argmax(out[s], logits[s]) })
 	got := e.readInts(out)
-	if !slices.Equal(got[ref], want) {
-		e.t.Fatalf("the reference chose %v, want %v", got[ref], want)
+	var idx, val [2][]int32
+	for side := range 2 {
+		for r := range b {
+			idx[side] = append(idx[side], got[side][r*cols])
+			if value {
+				val[side] = append(val[side], got[side][r*cols+1])
+			}
+		}
 	}
-	if !slices.Equal(got[dut], want) {
-		e.t.Errorf("argmax %v, want %v", got[dut], want)
+	if !slices.Equal(idx[ref], want) {
+		e.t.Fatalf("the reference chose %v, want %v", idx[ref], want)
+	}
+	if !slices.Equal(idx[dut], want) {
+		e.t.Errorf("argmax %v, want %v", idx[dut], want)
+	}
+	// Both sides hold the same logits, so the chosen values agree to the
+	// bit (NaN with NaN).
+	for r := range val[dut] {
+		g, w := math.Float32frombits(uint32(val[dut][r])), math.Float32frombits(uint32(val[ref][r]))
+		if g != w && !(g != g && w != w) {
+			e.t.Errorf("row %d: the chosen logit is %v, the reference's %v", r, g, w)
+		}
 	}
 }
 

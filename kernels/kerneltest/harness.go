@@ -20,6 +20,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -58,15 +59,30 @@ func (tol Tolerances) For(dt kernels.DType) float64 {
 // them) and once with weights of dev's activation dtype when that differs.
 // The long cases (attention over 16K keys and more) run on GPUs only: on a
 // cpu device they would take minutes and hold the reference against itself.
+// With -test.short they are left out on GPUs too (scripts/gpu_check.sh's
+// quick tier: every kernel once, in seconds).
 func Run(t *testing.T, dev kernels.Device, set string, tol Tolerances) {
 	t.Helper()
+	RunOps(t, dev, set, tol)
+}
+
+// RunOps is Run over the cases of ops only (all ops when none are named):
+// for a test that changes how some ops run (a tiling, a variant, a size
+// that picks a code path), so that the ops it does not touch, which Run
+// checks already, are not run again.
+func RunOps(t *testing.T, dev kernels.Device, set string, tol Tolerances, ops ...kernels.Op) {
+	t.Helper()
 	info := setInfo(t, set)
-	ops, err := info.New(dev)
+	o, err := info.New(dev)
 	if err != nil {
 		t.Fatalf("building kernel set %s on %s: %v", set, dev.Name(), err)
 	}
+	only := info.Owns
+	if len(ops) > 0 {
+		only = func(op kernels.Op) bool { return info.Owns(op) && slices.Contains(ops, op) }
+	}
 	_, onCPU := dev.(*cpu.Device)
-	runOps(testingT{t}, dev, ops, tol, info.Owns, !onCPU)
+	runOps(testingT{t}, dev, o, tol, only, !onCPU && !testing.Short())
 }
 
 // setInfo is the registered set named set.

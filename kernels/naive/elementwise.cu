@@ -162,11 +162,12 @@ __device__ void rope(bf16* x, int pitch, int T, int heads, int hstride, int offs
 ROPE(rope_half, false)
 ROPE(rope_interleaved, true)
 
-// argmax is out[r] = the first index of the largest element of row r; NaN
-// counts as the largest, as in torch.argmax. x T [rows, cols] with pitch xp;
-// out i32 [rows]. Launch: grid.x = rows (one block per row), any multiple of
-// 32 threads.
-template <typename T> __device__ void argmax(int* out, const T* x, int xp, int cols) {
+// argmax is out[r·os] = the first index of the largest element of row r;
+// NaN counts as the largest, as in torch.argmax. With os = 2,
+// out[r·2 + 1] is that element's value as f32 bits. x T [rows, cols] with
+// pitch xp; out i32 [rows, os]. Launch: grid.x = rows (one block per row),
+// any multiple of 32 threads.
+template <typename T> __device__ void argmax(int* out, int os, const T* x, int xp, int cols) {
 	const T* row = x + (long long)blockIdx.x * xp;
 	float bv = NEG_INF;
 	int bi = NO_INDEX;
@@ -179,12 +180,15 @@ template <typename T> __device__ void argmax(int* out, const T* x, int xp, int c
 		}
 	}
 	block_argmax(bv, bi);
-	if (threadIdx.x == 0) out[blockIdx.x] = bi;
+	if (threadIdx.x == 0) {
+		out[blockIdx.x * os] = bi;
+		if (os == 2) out[blockIdx.x * 2 + 1] = __float_as_int(to_f32(row[bi]));
+	}
 }
 
-#define ARGMAX(N, T)                                                                       \
-	extern "C" __global__ void argmax_##N(int* out, const T* x, int xp, int cols) {   \
-		argmax<T>(out, x, xp, cols);                                                       \
+#define ARGMAX(N, T)                                                                          \
+	extern "C" __global__ void argmax_##N(int* out, int os, const T* x, int xp, int cols) { \
+		argmax<T>(out, os, x, xp, cols);                                                      \
 	}
 ARGMAX(bf16, bf16)
 ARGMAX(f32, float)

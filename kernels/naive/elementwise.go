@@ -91,10 +91,10 @@ func (o *ops) swiglu(out, gateUp cudaset.Mat, rows, inter int) {
 	o.binary("mul", out, out, up, rows, inter)
 }
 
-// Argmax is one block per row.
+// Argmax is one block per row; out [B] or [B,2] (the value beside the index).
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	kernels.CheckArgmax(o.D.ActDType(), out, logits)
 	rows := logits.Rows()
 	o.Launch("argmax_"+logits.DType.String(), rows, argmaxThreads,
-		o.D.Ptr(out), o.D.Ptr(logits), int32(logits.Pitch), int32(logits.Cols()))
+		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(logits.Cols()))
 }
