@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -592,9 +593,27 @@ func kernelCell(name string) string {
 	return name[:most-3] + "..."
 }
 
-// dryRunWidth is the most columns a dry run's table takes: the parameters
-// wrap beneath their row; --json and --csv hold them on one line.
-const dryRunWidth = 160
+// dryRunWidth is the most columns a dry run's table takes, fewer on a
+// narrower terminal (down to minTableWidth): the parameters wrap beneath
+// their row; --json and --csv hold them on one line.
+const (
+	dryRunWidth   = 160
+	minTableWidth = 80
+)
+
+// tableWidth is the width a table written to w may take: dryRunWidth, or
+// the terminal's width where w is a narrower terminal.
+func tableWidth(w io.Writer) int {
+	f, ok := w.(*os.File)
+	if !ok || !isTerminal(w) {
+		return dryRunWidth
+	}
+	cols, _, err := term.GetSize(int(f.Fd()))
+	if err != nil || cols <= 0 {
+		return dryRunWidth
+	}
+	return max(minTableWidth, min(dryRunWidth, cols))
+}
 
 // dryDoc is a dry run's --json document.
 type dryDoc struct {
@@ -654,15 +673,15 @@ func writeOffers(w io.Writer, target kernels.Target, device string, offers []kbe
 		cw.Flush()
 		return cw.Error()
 	}
-	fmt.Fprintf(w, "dry run for %s (%d SMs, %d KiB of shared memory a block, L2 %d MiB): each set's variants per shape;\n"+
-		"parameters wrap beneath their row, --json and --csv hold each on one line\n",
+	fmt.Fprintf(w, "dry run for %s (%d SMs, %d KiB of shared memory a block, L2 %d MiB)\n"+
+		"each set's variants per shape; parameters wrap beneath their row, --json and --csv hold them whole\n",
 		target.Arch, target.SMs, target.SharedPerBlock>>10, target.L2Bytes>>20)
 	for from := 0; from < len(doc.Offers); {
 		to := from + 1
 		for to < len(doc.Offers) && doc.Offers[to].Op == doc.Offers[from].Op {
 			to++
 		}
-		writeOfferTable(w, doc.Offers[from:to], dryRunWidth)
+		writeOfferTable(w, doc.Offers[from:to], tableWidth(w))
 		from = to
 	}
 	return nil

@@ -163,6 +163,20 @@ func TestBenchDryRunWidth(t *testing.T) {
 	if got := wrap("aaaa bb cccccccccc d", 4); strings.Join(got, "|") != "aaaa|bb|cccc|cccc|cc d" {
 		t.Errorf("wrap: %q", got)
 	}
+	// Not a terminal: the full width; a narrower width wraps more.
+	if w := tableWidth(&bytes.Buffer{}); w != dryRunWidth {
+		t.Errorf("table width %d off a terminal", w)
+	}
+	var narrow bytes.Buffer
+	_, js, _ := runInfer(t, "bench", "--dry-run", "--arch", "sm_90a", "attn_prefill", "--json")
+	var doc dryDoc
+	json.Unmarshal([]byte(js), &doc)
+	writeOfferTable(&narrow, doc.Offers, minTableWidth)
+	for _, l := range strings.Split(strings.TrimRight(narrow.String(), "\n"), "\n") {
+		if n := utf8.RuneCountInString(l); n > 110 { // the prefix, and 30 columns of parameters at least
+			t.Errorf("at %d columns, a line of %d: %q", minTableWidth, n, l)
+		}
+	}
 }
 
 // TestBenchOnCPU runs two ops on the cpu device: a table per op, CSV, JSON

@@ -186,8 +186,11 @@ func TestProfileOutput(t *testing.T) {
 		t.Errorf("the symlink given as --profile was replaced")
 	}
 	var prof map[string]any
-	if b, _ := os.ReadFile(real); json.Unmarshal(b, &prof) != nil || prof["profile"] == nil {
+	b, _ := os.ReadFile(real)
+	if json.Unmarshal(b, &prof) != nil || prof["profile"] == nil {
 		t.Errorf("the symlink's target holds %q", b)
+	} else if m := checkDocument(t, string(b), true); m["rows"] != nil {
+		t.Errorf("the --profile file holds rows: %v", m["rows"])
 	}
 	// Devices are outfile's tests: a regression here, run as root, would
 	// replace /dev/null.
