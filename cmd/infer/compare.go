@@ -461,7 +461,7 @@ func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernel
 	med := runs[len(runs)/2]
 	profiled := med
 	if tracer != nil {
-		if profiled, err = tracer.run(m, prompts, opts, f, progress, med); err != nil {
+		if profiled, err = tracer.run(m, prompts, opts, progress, med); err != nil {
 			return nil, err
 		}
 	}
@@ -492,8 +492,9 @@ func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernel
 
 // variantTracer traces one more generation of a variant with the device's
 // kernel trace (CUPTI), for its per-op times: the timed runs stay
-// untraced. It tries to start the trace once per compare; when that
-// fails, the variants keep their events profile, whose note says why.
+// untraced. It starts and stops the trace around each generation it
+// traces; once the trace fails to start it tries no more, and the variants
+// keep their events profile, whose note says why.
 type variantTracer struct {
 	prof *kernels.Profile
 	why  string // why the trace could not start; "" before any try or on success
@@ -510,7 +511,7 @@ func newVariantTracer(dev kernels.Device, prof *kernels.Profile, asked bool) *va
 
 // run traces one generation and returns it; where the trace cannot start,
 // it returns untraced, the run the events timed.
-func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateOptions, f *genFlags,
+func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateOptions,
 	progress func(int, bool) (func(model.StepEvent), func()), untraced timedRun) (timedRun, error) {
 	if t.why == "" {
 		if err := t.prof.TraceKernels(); err != nil {
@@ -522,8 +523,7 @@ func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateO
 		done()
 		// Runs timed before the trace failed do not say why yet.
 		if rep := *untraced.report; !strings.Contains(rep.Note, t.why) {
-			rep.Note = strings.TrimPrefix(t.why+"; "+rep.Note, "; ")
-			rep.Note = strings.TrimSuffix(rep.Note, "; ")
+			rep.Note = strings.TrimSuffix(t.why+"; "+rep.Note, "; ")
 			untraced.report = &rep
 		}
 		return untraced, nil

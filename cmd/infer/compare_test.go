@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"image"
 	"image/color"
 	"image/png"
@@ -18,6 +19,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/model"
 )
 
 // withTestSets registers, until the test ends, two kernel sets of the cpu
@@ -378,5 +380,50 @@ func TestCompareUnattributed(t *testing.T) {
 	r.Variants[0].ProfileSource, r.Variants[1].ProfileSource = "cupti", "cupti"
 	if a := r.timeAxis(); !strings.Contains(a, "CUPTI") {
 		t.Errorf("traced axis %q", a)
+	}
+}
+
+// noCUPTI is a device with a kernel trace that cannot start, as a GPU
+// machine without CUPTI's library.
+type noCUPTI struct{ kernels.Device }
+
+func (noCUPTI) StartKernelTrace() error { return errors.New("libcupti.so is in none of 3 places") }
+func (noCUPTI) TraceID(uint64)          {}
+func (noCUPTI) KernelRecords() ([]kernels.KernelRecord, string, error) {
+	return nil, "", nil
+}
+func (noCUPTI) StopKernelTrace() error { return nil }
+
+// Where the kernel trace cannot start, compare keeps the events' times and
+// its op table's note says why, for the first variant too; it tries once.
+func TestCompareTracerFallback(t *testing.T) {
+	cpuDev := cpuDevice()
+	if newVariantTracer(cpuDev, kernels.NewProfile(cpuDev), true) != nil {
+		t.Error("a tracer for a device with no kernel trace")
+	}
+	dev := noCUPTI{cpuDev}
+	prof := kernels.NewProfile(dev)
+	if newVariantTracer(dev, prof, false) != nil {
+		t.Error("a tracer with --cupti=false")
+	}
+	tr := newVariantTracer(dev, prof, true)
+	if tr == nil {
+		t.Fatal("no tracer for a device with a kernel trace")
+	}
+	steps := 0
+	progress := func(int, bool) (func(model.StepEvent), func()) { return func(model.StepEvent) {}, func() { steps++ } }
+	timed := timedRun{report: &kernels.ProfileReport{Source: "events", Note: "7 decode steps were CUDA graph replays"}}
+	for i := range 2 {
+		got, err := tr.run(nil, nil, model.GenerateOptions{}, progress, timed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.report.Source != "events" || !strings.HasPrefix(got.report.Note, "kernels not traced (libcupti.so is in none of 3 places)") ||
+			!strings.HasSuffix(got.report.Note, "; 7 decode steps were CUDA graph replays") || steps != i+1 {
+			t.Errorf("run %d: %+v, %d steps of progress", i, got.report, steps)
+		}
+	}
+	if timed.report.Note != "7 decode steps were CUDA graph replays" {
+		t.Errorf("the timed run's own report changed: %q", timed.report.Note)
 	}
 }
