@@ -2,6 +2,7 @@ package kerneltest
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -178,13 +179,16 @@ func (f *faulty) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	f.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
-// Argmax, broken, takes the last of tied maxima.
+// Argmax, broken, takes the last of tied maxima; into a [B,2] out it
+// writes the chosen logit's bits beside each index, as the sets do.
 func (f *faulty) Argmax(out, logits *kernels.Tensor) {
 	if f.fault != "argmax takes the last tie" {
 		f.Ops.Argmax(out, logits)
 		return
 	}
 	v, n := cpu.F32(logits), logits.Cols()
+	res := cpu.I32(out)
+	stride := len(res) / logits.Rows()
 	for b := range logits.Rows() {
 		row := v[b*logits.Pitch : b*logits.Pitch+n]
 		best := 0
@@ -193,7 +197,10 @@ func (f *faulty) Argmax(out, logits *kernels.Tensor) {
 				best = j
 			}
 		}
-		cpu.I32(out)[b] = int32(best)
+		res[b*stride] = int32(best)
+		if stride == 2 {
+			res[b*stride+1] = int32(math.Float32bits(row[best]))
+		}
 	}
 }
 
