@@ -33,11 +33,11 @@ func (d *dispatch) run(i int, f func(Ops)) string {
 		if !declined {
 			return name
 		}
-		info, _ := lookup(name)
-		if info.Fallback == "" || d.built[info.Fallback] == nil {
+		fb := FallbackOf(name)
+		if fb == "" || d.built[fb] == nil {
 			panic(u)
 		}
-		name = info.Fallback
+		name = fb
 	}
 }
 

@@ -326,3 +326,34 @@ func TestDeclinedCallsFallBack(t *testing.T) {
 	a := dev.Alloc(kernels.F32, 1, 3)
 	alone.Add(a, a, a)
 }
+
+// TestRegistryFallback: set names and fallbacks come from the registry. A
+// set registered here is a name specs take; a set owning only some ops
+// falls back to its device's baseline (the lowest-ranked set that owns
+// every op) unless it names its own fallback; with no baseline the spec
+// fails before anything is built.
+func TestRegistryFallback(t *testing.T) {
+	if got := kernels.Baseline("cuda"); got != "naive" {
+		t.Errorf("Baseline(cuda) = %q, want naive", got)
+	}
+	if got := kernels.FallbackOf("fused"); got != "naive" {
+		t.Errorf("FallbackOf(fused) = %q, want naive", got)
+	}
+	if got := kernels.FallbackOf("naive"); got != "" {
+		t.Errorf("FallbackOf(naive) = %q, want none: it owns every op", got)
+	}
+	kernels.Register(kernels.SetInfo{Name: "tpu_test_only", Device: "tpu", Own: []kernels.Op{kernels.OpAdd},
+		New: func(kernels.Device) (kernels.Ops, error) { return nil, nil }})
+	defer kernels.Unregister("tpu_test_only")
+	s, err := kernels.ParseSpec("tpu_test_only")
+	if err != nil {
+		t.Fatalf("a registered set's name: %v", err)
+	}
+	if _, err := s.DeviceKind(); err == nil || !strings.Contains(err.Error(), "no kernel for embedding and no set to fall back to") {
+		t.Errorf("a set with no baseline to fall back to: %v", err)
+	}
+	if _, err := kernels.ParseSpec("cpu,add=turbo"); err == nil ||
+		!strings.Contains(err.Error(), `unknown kernel set "turbo" (want one of cpu, fused, naive, tpu_test_only: the sets built into this binary)`) {
+		t.Errorf("an unregistered set: %v, want the registered ones listed", err)
+	}
+}

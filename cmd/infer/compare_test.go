@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +25,6 @@ import (
 // Both run the cpu set's kernels otherwise.
 func withTestSets(t *testing.T) {
 	t.Helper()
-	known := kernels.KnownSets
-	kernels.KnownSets = append(slices.Clone(known), "cpu_slow", "cpu_wrong")
 	cpuSet, _ := kernels.Set("cpu")
 	kernels.Register(kernels.SetInfo{Name: "cpu_slow", Device: "cpu", Own: []kernels.Op{kernels.OpRoPE, kernels.OpSwiGLU}, Fallback: "cpu",
 		New: func(dev kernels.Device) (kernels.Ops, error) {
@@ -42,7 +39,6 @@ func withTestSets(t *testing.T) {
 	t.Cleanup(func() {
 		kernels.Unregister("cpu_slow")
 		kernels.Unregister("cpu_wrong")
-		kernels.KnownSets = known
 	})
 }
 

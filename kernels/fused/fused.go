@@ -5,9 +5,9 @@
 // decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
 // sorted by expert). The ops it has no kernel of its own for (embedding,
-// add, argmax) run the naive set's, and the profile says so. The .cu
-// sources are embedded and compiled by NVRTC (through cudaset) when the set
-// is built for a device.
+// add, argmax) run the registry's baseline CUDA set's (naive's), and the
+// profile says so. The .cu sources are embedded and compiled by NVRTC
+// (through cudaset) when the set is built for a device.
 package fused
 
 import (
@@ -16,7 +16,6 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
-	_ "github.com/fuselm/fuselm/kernels/naive" // the fallback of the ops fused does not own
 )
 
 var (
@@ -54,7 +53,7 @@ var owned = []kernels.Op{
 }
 
 func init() {
-	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Fallback: "naive", Rank: 2,
+	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
 		New: New, Variants: variants})
 }
 

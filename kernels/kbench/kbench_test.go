@@ -12,6 +12,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
+	_ "github.com/fuselm/fuselm/kernels/naive"
 )
 
 // TestCounts holds the FLOP and byte counts against values worked out by
