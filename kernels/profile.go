@@ -163,14 +163,15 @@ func (p *Profile) SetStep(step int) {
 	p.mu.Unlock()
 }
 
-// SetLayer tells the profile of ops (built by Spec.Build) which decoder
-// layer later calls belong to; -1 means none. Other Ops ignore it.
-func SetLayer(ops Ops, layer int) {
-	if d, ok := ops.(*dispatch); ok && d.prof != nil {
-		d.prof.mu.Lock()
-		d.prof.layer = layer
-		d.prof.mu.Unlock()
+// SetLayer says which decoder layer the calls that follow belong to; -1
+// means none (the Observer's mark, told by the Dispatch).
+func (p *Profile) SetLayer(layer int) {
+	if p == nil {
+		return
 	}
+	p.mu.Lock()
+	p.layer = layer
+	p.mu.Unlock()
 }
 
 // BeginCapture marks the calls that follow, until EndCapture, as recorded
@@ -241,8 +242,24 @@ func (p *Profile) AddHostSpan(name, phase string, step int, start, end time.Time
 
 // pendingCall is a call under way: begin made it, end records it.
 type pendingCall struct {
+	p    *Profile
 	call OpCall
 	from Mark
+}
+
+// EndOp records the call, run on set at cost (the Observer's end).
+func (c *pendingCall) EndOp(set string, cost Cost) {
+	c.call.Set = set
+	c.p.end(c, cost)
+}
+
+// BeginOp starts recording a call of op on set (the Observer's begin,
+// told by the Dispatch); nil when the profile is off.
+func (p *Profile) BeginOp(op Op, set string) OpEnd {
+	if c := p.begin(op, set); c != nil {
+		return c
+	}
+	return nil
 }
 
 func (p *Profile) begin(op Op, set string) *pendingCall {
@@ -255,7 +272,7 @@ func (p *Profile) begin(op Op, set string) *pendingCall {
 		return nil
 	}
 	p.nextID++
-	c := &pendingCall{call: OpCall{ID: p.nextID, Op: op, Set: set, Phase: p.phase, Step: p.step, Layer: p.layer}}
+	c := &pendingCall{p: p, call: OpCall{ID: p.nextID, Op: op, Set: set, Phase: p.phase, Step: p.step, Layer: p.layer}}
 	if p.capturing {
 		c.call.Graph = p.graphs
 	}

@@ -59,11 +59,11 @@ func TestProfileTracesKernels(t *testing.T) {
 	if err := prof.Reset(); err != nil {
 		t.Fatal(err)
 	}
-	kernels.SetLayer(ops, 3)
+	ops.SetLayer(3)
 	ops.Add(a, a, a)
 	prof.SetPhase("decode")
 	prof.SetStep(1)
-	kernels.SetLayer(ops, -1)
+	ops.SetLayer(-1)
 	ops.RMSNorm(a, a, dev.Alloc(kernels.F32, 8), 1e-6)
 	if err := prof.Flush(); err != nil {
 		t.Fatal(err)

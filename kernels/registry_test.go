@@ -114,7 +114,7 @@ func TestOpTable(t *testing.T) {
 }
 
 // profiledCPU is the cpu set's ops on a cpu device, with their profile.
-func profiledCPU(t *testing.T) (*cpu.Device, *kernels.Profile, kernels.Ops) {
+func profiledCPU(t *testing.T) (*cpu.Device, *kernels.Profile, *kernels.Dispatch) {
 	t.Helper()
 	dev := cpu.NewDevice()
 	prof := kernels.NewProfile(dev)
@@ -200,7 +200,7 @@ func TestApplyTuning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, skipped := kernels.ApplyTuning(ops, []kernels.Tuned{
+	applied, skipped := ops.ApplyTuning([]kernels.Tuned{
 		{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "w4_m2"},
 		{Set: "cpu", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "fast"},
 		{Set: "cpu", Op: "warp_drive", Variant: "x"},
@@ -218,15 +218,16 @@ func TestApplyTuning(t *testing.T) {
 }
 
 // Switch re-points built ops at another spec, and refuses what it cannot
-// build, changing nothing.
+// build, changing nothing. (Only the Ops of Spec.Build have it: the type
+// says so.)
 func TestSwitch(t *testing.T) {
 	dev, prof, ops := profiledCPU(t)
 	s, _ := kernels.ParseSpec("cpu")
 	naive, _ := kernels.ParseSpec("naive")
-	if err := kernels.Switch(ops, naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
+	if err := ops.Switch(naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
 		t.Errorf("Switch to a set of another device: %v", err)
 	}
-	if err := kernels.Switch(ops, s); err != nil {
+	if err := ops.Switch(s); err != nil {
 		t.Fatal(err)
 	}
 	a := dev.Alloc(kernels.F32, 1, 4)
@@ -236,9 +237,6 @@ func TestSwitch(t *testing.T) {
 	}
 	if rows := prof.Table(); len(rows) != 1 || rows[0].Set != "cpu" {
 		t.Errorf("after Switch: %+v", rows)
-	}
-	if err := kernels.Switch(struct{ kernels.Ops }{ops}, s); err == nil {
-		t.Errorf("Switch of Ops not made by Build: no error")
 	}
 }
 
@@ -260,10 +258,10 @@ func TestTunerOf(t *testing.T) {
 	dev := cpu.NewDevice()
 	s, _ := kernels.ParseSpec("cpu")
 	ops, _ := s.Build(dev, nil)
-	if _, ok := kernels.TunerOf(ops, kernels.OpAttnPrefill); ok {
+	if _, ok := ops.TunerOf(kernels.OpAttnPrefill); ok {
 		t.Errorf("the cpu set has no variants, but TunerOf found some")
 	}
-	if _, ok := kernels.TunerOf(ops, "warp_drive"); ok {
+	if _, ok := ops.TunerOf("warp_drive"); ok {
 		t.Errorf("an unknown op has a tuner")
 	}
 }

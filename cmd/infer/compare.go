@@ -373,9 +373,9 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 // tokens and prefill logits kept), then the warm-up and timed ones. On a
 // CUDA device the scratch memory of earlier variants is freed first, so
 // that the peak is the variant's own.
-func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernels.Profile, prompts [][]int, opts model.GenerateOptions,
+func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *kernels.Profile, prompts [][]int, opts model.GenerateOptions,
 	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func())) (*variantReport, error) {
-	if err := kernels.Switch(ops, spec); err != nil {
+	if err := ops.Switch(spec); err != nil {
 		return nil, err
 	}
 	if d, ok := dev.(*cuda.Device); ok {

@@ -98,7 +98,7 @@ func (f *genFlags) logger(cmd *cobra.Command) func(format string, a ...any) {
 // openRun opens the device in names, a profile of its work (CUPTI's
 // kernel records where it can) and spec's ops on it; done stops the
 // profile's trace and closes the device.
-func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device, prof *kernels.Profile, ops kernels.Ops, done func(), err error) {
+func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device, prof *kernels.Profile, ops *kernels.Dispatch, done func(), err error) {
 	if dev, err = openDevice(in.kind, f); err != nil {
 		return nil, nil, nil, nil, err
 	}

@@ -132,7 +132,7 @@ func (r *runner) rowOps(t timedRow, row *Row) (kernels.Ops, func(), error) {
 		return o, none, nil
 	}
 	info, _ := kernels.Set(row.Set)
-	tuner, tunable := kernels.TunerOf(o, t.c.Op)
+	tuner, tunable := o.TunerOf(t.c.Op)
 	if !tunable || len(info.VariantsOf(t.c.Op, t.shape, r.target)) < 2 {
 		return o, none, nil
 	}

@@ -129,22 +129,22 @@ var (
 // tracedOps is the cpu set, launching fake kernels on d for the ops it
 // computes.
 type tracedOps struct {
-	kernels.Ops
+	*kernels.Dispatch
 	d *traceDevice
 }
 
 func (o tracedOps) AttentionPrefill(a *kernels.AttnArgs) {
-	o.Ops.AttentionPrefill(a)
+	o.Dispatch.AttentionPrefill(a)
 	o.d.launch(fakeAppend, fakeFlash)
 }
 
 func (o tracedOps) Linear(out, x, w, bias *kernels.Tensor) {
-	o.Ops.Linear(out, x, w, bias)
+	o.Dispatch.Linear(out, x, w, bias)
 	o.d.launch(fakeGemm, fakeGemm, fakeReduce)
 }
 
 func (o tracedOps) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
-	o.Ops.RMSNorm(out, x, w, eps)
+	o.Dispatch.RMSNorm(out, x, w, eps)
 	o.d.launch(fakeNorm)
 }
 
@@ -156,7 +156,7 @@ func traceRun(t *testing.T, d *traceDevice) *runner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &runner{dev: d, built: map[string]kernels.Ops{"cpu": tracedOps{ops, d}}, rep: &Report{},
+	r := &runner{dev: d, built: map[string]setOps{"cpu": tracedOps{ops, d}}, rep: &Report{},
 		opt: Options{Sets: []string{"cpu"}, CUPTI: true, Seed: 5}}
 	var cs []*Case
 	for op, shape := range map[kernels.Op]string{
