@@ -8,6 +8,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -114,10 +115,10 @@ func TestOpTable(t *testing.T) {
 }
 
 // profiledCPU is the cpu set's ops on a cpu device, with their profile.
-func profiledCPU(t *testing.T) (*cpu.Device, *kernels.Profile, *kernels.Dispatch) {
+func profiledCPU(t *testing.T) (*cpu.Device, *profile.Profile, *kernels.Dispatch) {
 	t.Helper()
 	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	s, _ := kernels.ParseSpec("cpu")
 	ops, err := s.Build(dev, prof)
 	if err != nil {
@@ -290,7 +291,7 @@ func TestDeclinedCallsFallBack(t *testing.T) {
 		Fallback: "cpu", New: newPicky})
 	defer kernels.Unregister("picky_test_only")
 	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	s := kernels.Spec{Base: "picky_test_only"} // a name ParseSpec does not know
 	ops, err := s.Build(dev, prof)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
 )
@@ -219,7 +220,7 @@ type variantReport struct {
 	LogitsRelErr  float64          `json:"prefill_logits_rel_err"`
 	OK            bool             `json:"ok"`
 	Check         string           `json:"check"` // why it passed or failed
-	Ops           []kernels.OpStat `json:"ops"`
+	Ops           []profile.OpStat `json:"ops"`
 	tokens        [][]int
 	logits        [][]float32
 }
@@ -373,7 +374,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 // tokens and prefill logits kept), then the warm-up and timed ones. On a
 // CUDA device the scratch memory of earlier variants is freed first, so
 // that the peak is the variant's own.
-func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *kernels.Profile, prompts [][]int, opts model.GenerateOptions,
+func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *profile.Profile, prompts [][]int, opts model.GenerateOptions,
 	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func())) (*variantReport, error) {
 	if err := ops.Switch(spec); err != nil {
 		return nil, err
@@ -472,8 +473,8 @@ func relErr(got, want []float32) float64 {
 func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 	b, c := r.Variants[0], r.Variants[1]
 	r.GainMs = 1000 * (b.WallS - c.WallS)
-	byOp := func(v variantReport) map[kernels.Op]kernels.OpStat {
-		m := map[kernels.Op]kernels.OpStat{}
+	byOp := func(v variantReport) map[kernels.Op]profile.OpStat {
+		m := map[kernels.Op]profile.OpStat{}
 		for _, o := range v.Ops {
 			m[o.Op] = o
 		}
@@ -496,7 +497,7 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 		}
 	}
 	seen := map[kernels.Op]bool{}
-	for _, ops := range [][]kernels.OpStat{b.Ops, c.Ops} {
+	for _, ops := range [][]profile.OpStat{b.Ops, c.Ops} {
 		for _, o := range ops {
 			if seen[o.Op] {
 				continue

@@ -15,6 +15,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
 )
@@ -281,7 +282,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		}
 	}
 	if f.trace != "" {
-		med.trace.Host = append([]kernels.HostSpan{loadSpan}, med.trace.Host...)
+		med.trace.Host = append([]profile.HostSpan{loadSpan}, med.trace.Host...)
 		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
 			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // runReport is what one generation run reports: the --json document, and the
@@ -20,7 +21,7 @@ type runReport struct {
 	Batch       int              `json:"batch"`
 	Rows        []rowReport      `json:"rows,omitempty"`
 	Timings     timings          `json:"timings"`
-	Profile     []kernels.OpStat `json:"profile"`
+	Profile     []profile.OpStat `json:"profile"`
 	ProfileNote string           `json:"profile_note,omitempty"`
 	Tuning      []kernels.Tuned  `json:"tuning,omitempty"` // the tuning cache's choices this run applied
 	profileDetail

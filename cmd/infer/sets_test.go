@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // A kernel set that a package registers, here this test, is one the
@@ -23,7 +24,7 @@ func TestRegisteredSetNeedsNoOtherEdit(t *testing.T) {
 	}
 	var rep struct {
 		Kernels string           `json:"kernels"`
-		Profile []kernels.OpStat `json:"profile"`
+		Profile []profile.OpStat `json:"profile"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
 		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // roundTo64 rounds x to a float with mant explicit mantissa bits and
@@ -211,7 +212,7 @@ func TestRegistered(t *testing.T) {
 		t.Fatal(err)
 	}
 	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	ops, err := spec.Build(dev, prof)
 	if err != nil {
 		t.Fatal(err)

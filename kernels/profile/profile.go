@@ -1,14 +1,21 @@
-package kernels
+// Package profile records what kernel sets did: every op call of a
+// kernels.Dispatch (as its Observer), graph replays and host spans, timed by
+// marks on the device or by the device's own record of every kernel it ran
+// (KernelTracer, CUPTI on CUDA), and sums them up per op, per kernel and per
+// origin (Report).
+package profile
 
 import (
 	"fmt"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/fuselm/fuselm/kernels"
 )
 
-// Profile records every op call made through the Ops that Spec.Build
-// returns: the op, the set that ran it, the phase, decode step and decoder
+// Profile records every op call of the kernels.Dispatch it observes (give
+// it to kernels.Spec.Build): the op, the set that ran it, the phase, decode step and decoder
 // layer it belongs to, its cost (FLOPs and bytes) and the scratch memory it
 // asked for; and host spans (loading, the prefill, each decode step).
 //
@@ -20,7 +27,7 @@ import (
 // it ran, graph replays and library kernels (cuBLAS) included, each
 // attributed to the op call that launched it.
 type Profile struct {
-	dev      Device
+	dev      kernels.Device
 	tracer   KernelTracer // nil: times come from marks
 	traceErr error        // why TraceKernels failed, for the report's note
 	meter    ScratchMeter // the device's, or nil
@@ -36,17 +43,17 @@ type Profile struct {
 	calls     []OpCall
 	replays   []Replay
 	host      []HostSpan
-	marks     map[uint64][2]Mark // events: the marks around a call or replay, until Flush
-	records   []KernelRecord     // cupti: attributed by Flush
-	notes     []string           // what the tracer said when flushed (dropped records)
+	marks     map[uint64][2]kernels.Mark // events: the marks around a call or replay, until Flush
+	records   []KernelRecord             // cupti: attributed by Flush
+	notes     []string                   // what the tracer said when flushed (dropped records)
 }
 
 // OpCall is one call of an op through the dispatch.
 type OpCall struct {
-	ID    uint64 `json:"id"`
-	Op    Op     `json:"op"`
-	Set   string `json:"set"`
-	Phase string `json:"phase"`
+	ID    uint64     `json:"id"`
+	Op    kernels.Op `json:"op"`
+	Set   string     `json:"set"`
+	Phase string     `json:"phase"`
 	// Step is 0 for the prefill and k for the k-th decode step (of the
 	// call itself; a captured call runs at the steps of its replays).
 	Step int `json:"step"`
@@ -62,9 +69,9 @@ type OpCall struct {
 	End   int64 `json:"end_ns"`
 	// Ms is the device time between the marks around the call (events
 	// only; 0 for captured calls and under cupti).
-	Ms      float64 `json:"ms,omitempty"`
-	Cost    Cost    `json:"-"`
-	Scratch int64   `json:"scratch_bytes,omitempty"`
+	Ms      float64      `json:"ms,omitempty"`
+	Cost    kernels.Cost `json:"-"`
+	Scratch int64        `json:"scratch_bytes,omitempty"`
 }
 
 // Replay is one replay of a captured graph.
@@ -96,10 +103,10 @@ type ScratchMeter interface {
 	TakeScratch() int64
 }
 
-// NewProfile returns an enabled profile of work on dev, in phase "prefill",
+// New returns an enabled profile of work on dev, in phase "prefill",
 // timing op calls with marks (see TraceKernels).
-func NewProfile(dev Device) *Profile {
-	p := &Profile{dev: dev, on: true, phase: "prefill", layer: -1, marks: map[uint64][2]Mark{}}
+func New(dev kernels.Device) *Profile {
+	p := &Profile{dev: dev, on: true, phase: "prefill", layer: -1, marks: map[uint64][2]kernels.Mark{}}
 	p.meter, _ = dev.(ScratchMeter)
 	return p
 }
@@ -164,7 +171,7 @@ func (p *Profile) SetStep(step int) {
 }
 
 // SetLayer says which decoder layer the calls that follow belong to; -1
-// means none (the Observer's mark, told by the Dispatch).
+// means none (kernels.Observer's layer mark, told by the Dispatch).
 func (p *Profile) SetLayer(layer int) {
 	if p == nil {
 		return
@@ -207,7 +214,7 @@ func (p *Profile) Replay(step int, replay func() error) error {
 		return replay()
 	}
 	r.Start = time.Now().UnixNano()
-	var from Mark
+	var from kernels.Mark
 	if p.tracer != nil {
 		p.tracer.TraceID(r.ID)
 	} else {
@@ -218,7 +225,7 @@ func (p *Profile) Replay(step int, replay func() error) error {
 		p.tracer.TraceID(0)
 	} else {
 		p.mu.Lock()
-		p.marks[r.ID] = [2]Mark{from, p.dev.Mark()}
+		p.marks[r.ID] = [2]kernels.Mark{from, p.dev.Mark()}
 		p.mu.Unlock()
 	}
 	r.End = time.Now().UnixNano()
@@ -244,25 +251,25 @@ func (p *Profile) AddHostSpan(name, phase string, step int, start, end time.Time
 type pendingCall struct {
 	p    *Profile
 	call OpCall
-	from Mark
+	from kernels.Mark
 }
 
 // EndOp records the call, run on set at cost (the Observer's end).
-func (c *pendingCall) EndOp(set string, cost Cost) {
+func (c *pendingCall) EndOp(set string, cost kernels.Cost) {
 	c.call.Set = set
 	c.p.end(c, cost)
 }
 
-// BeginOp starts recording a call of op on set (the Observer's begin,
-// told by the Dispatch); nil when the profile is off.
-func (p *Profile) BeginOp(op Op, set string) OpEnd {
+// BeginOp starts recording a call of op on set (kernels.Observer's
+// begin, told by the Dispatch); nil when the profile is off.
+func (p *Profile) BeginOp(op kernels.Op, set string) kernels.OpEnd {
 	if c := p.begin(op, set); c != nil {
 		return c
 	}
 	return nil
 }
 
-func (p *Profile) begin(op Op, set string) *pendingCall {
+func (p *Profile) begin(op kernels.Op, set string) *pendingCall {
 	if p == nil {
 		return nil
 	}
@@ -290,8 +297,8 @@ func (p *Profile) begin(op Op, set string) *pendingCall {
 	return c
 }
 
-func (p *Profile) end(c *pendingCall, cost Cost) {
-	var to Mark
+func (p *Profile) end(c *pendingCall, cost kernels.Cost) {
+	var to kernels.Mark
 	switch {
 	case p.tracer != nil:
 		p.tracer.TraceID(0)
@@ -307,7 +314,7 @@ func (p *Profile) end(c *pendingCall, cost Cost) {
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, c.call)
 	if c.from != nil {
-		p.marks[c.call.ID] = [2]Mark{c.from, to}
+		p.marks[c.call.ID] = [2]kernels.Mark{c.from, to}
 	}
 }
 
@@ -317,7 +324,7 @@ func (p *Profile) end(c *pendingCall, cost Cost) {
 func (p *Profile) Reset() error {
 	p.mu.Lock()
 	p.calls, p.replays, p.host, p.records, p.notes = nil, nil, nil, nil, nil
-	p.marks = map[uint64][2]Mark{}
+	p.marks = map[uint64][2]kernels.Mark{}
 	p.step, p.layer, p.graphs = 0, -1, 0
 	p.mu.Unlock()
 	if p.tracer != nil {
@@ -349,7 +356,7 @@ func (p *Profile) Flush() error {
 	}
 	p.mu.Lock()
 	marks := p.marks
-	p.marks = map[uint64][2]Mark{}
+	p.marks = map[uint64][2]kernels.Mark{}
 	p.mu.Unlock()
 	times := make(map[uint64]float64, len(marks))
 	for id, m := range marks {
@@ -398,7 +405,7 @@ func (p *Profile) Recording() Recording {
 
 // Report sums up what the profile recorded: per op, per kernel, coverage
 // and busy time.
-func (p *Profile) Report() *ProfileReport {
+func (p *Profile) Report() *Report {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tracer != nil {
