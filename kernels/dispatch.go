@@ -103,6 +103,14 @@ func (d *Dispatch) TunerOf(op Op) (Tunable, bool) {
 	return t, ok
 }
 
+// Tuned is one tuning choice: set's op runs Variant for problems of Key.
+type Tuned struct {
+	Set     string `json:"set"`
+	Op      Op     `json:"op"`
+	Key     string `json:"key"`
+	Variant string `json:"variant"`
+}
+
 // ApplyTuning makes the sets d runs use the choices that concern them; it
 // returns the choices it applied and, for each one it could not, why.
 func (d *Dispatch) ApplyTuning(choices []Tuned) (applied []Tuned, skipped []error) {
