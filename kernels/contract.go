@@ -2,7 +2,6 @@ package kernels
 
 import (
 	"fmt"
-	"math"
 	"slices"
 )
 
@@ -223,16 +222,4 @@ func CheckGroupGemm(act DType, out, x, w, first *Tensor) {
 func CheckArgmax(act DType, out, logits *Tensor) {
 	need(logits.DType == F32 || logits.DType == act, OpArgmax, "logits are %v", logits)
 	need(logits.Cols() > 0 && isInts(out, logits.Rows()), OpArgmax, "out %v for logits %v", out, logits)
-}
-
-// RelErr is ‖got − want‖ / ‖want‖ over two sets of values (NaN when either
-// holds a NaN): the measure every check of a set against a reference uses.
-func RelErr(got, want []float32) float64 {
-	var d2, w2 float64
-	for i := range want {
-		d := float64(got[i]) - float64(want[i])
-		d2 += d * d
-		w2 += float64(want[i]) * float64(want[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
 }

@@ -421,7 +421,7 @@ func (r *compareReport) check() {
 	for i := range r.Variants {
 		v := &r.Variants[i]
 		v.SameTokens = sameLeading(v.tokens, ref.tokens)
-		v.LogitsRelErr = relErr(flatten(v.logits), flatten(ref.logits))
+		v.LogitsRelErr = kernels.RelErr(flatten(v.logits), flatten(ref.logits))
 		switch {
 		case v.SameTokens >= r.CheckTokens:
 			v.OK, v.Check = true, fmt.Sprintf("same first %d tokens", r.CheckTokens)
@@ -458,14 +458,6 @@ func flatten(rows [][]float32) []float32 {
 		out = append(out, r...)
 	}
 	return out
-}
-
-// relErr is kernels.RelErr, NaN when the lengths differ.
-func relErr(got, want []float32) float64 {
-	if len(got) != len(want) {
-		return math.NaN()
-	}
-	return kernels.RelErr(got, want)
 }
 
 // compareOps fills the per-op table from the baseline's and candidate's
