@@ -29,14 +29,14 @@ type Dispatch struct {
 	obs   Observer       // nil: nobody is told
 	kind  string         // the device kind of the sets
 	built map[string]Ops // every set built so far, by name (Switch adds to it)
-	pick  [numOps]Ops
-	names [numOps]string // the set that runs each op
+	pick  []Ops          // the set that runs each op, in opTable's order
+	names []string       // its name
 }
 
 // Build makes the Ops this spec selects on dev, every call told to obs
 // (nil for none: the profile, kernels/profile, is the usual observer).
 func (s Spec) Build(dev Device, obs Observer) (*Dispatch, error) {
-	d := &Dispatch{dev: dev, obs: obs, built: map[string]Ops{}}
+	d := &Dispatch{dev: dev, obs: obs, built: map[string]Ops{}, pick: make([]Ops, len(opTable)), names: make([]string, len(opTable))}
 	if err := d.use(s); err != nil {
 		return nil, err
 	}
@@ -137,18 +137,21 @@ func (d *Dispatch) ApplyTuning(choices []Tuned) (applied []Tuned, skipped []erro
 	return applied, skipped
 }
 
-// timed runs f on op i's set, telling the observer; cost, asked after the
-// call (which has checked the arguments), is what the call computes and
-// moves.
-func (d *Dispatch) timed(i int, cost func() Cost, f func(Ops)) {
+// call runs f, a call of op, on op's set, telling the observer; the call's
+// cost comes from running f on costOf after the set ran it (and checked the
+// arguments).
+func (d *Dispatch) call(op Op, f func(Ops)) {
+	i := opPos[op]
 	if d.obs == nil {
 		d.run(i, f)
 		return
 	}
-	end := d.obs.BeginOp(opTable[i].Op, d.names[i])
+	end := d.obs.BeginOp(op, d.names[i])
 	set := d.run(i, f)
 	if end != nil {
-		end.EndOp(set, cost())
+		var c Cost
+		f(costOf{&c})
+		end.EndOp(set, c)
 	}
 }
 
@@ -197,79 +200,4 @@ func Declined(f func()) (u Unsupported, declined bool) {
 	}()
 	f()
 	return u, false
-}
-
-func (d *Dispatch) Embedding(out, table, ids *Tensor) {
-	d.timed(iEmbedding, func() Cost { return Cost{Bytes: 2 * size(out)} },
-		func(o Ops) { o.Embedding(out, table, ids) })
-}
-
-func (d *Dispatch) Linear(out, x, w, bias *Tensor) {
-	d.timed(iLinear, func() Cost { return linearCost(out, x, w, bias) },
-		func(o Ops) { o.Linear(out, x, w, bias) })
-}
-
-func (d *Dispatch) RMSNorm(out, x, w *Tensor, eps float32) {
-	d.timed(iRMSNorm, func() Cost { return normCost(x, w, false) },
-		func(o Ops) { o.RMSNorm(out, x, w, eps) })
-}
-
-func (d *Dispatch) AddRMSNorm(out, resid, x, w *Tensor, eps float32) {
-	d.timed(iAddRMSNorm, func() Cost { return normCost(x, w, true) },
-		func(o Ops) { o.AddRMSNorm(out, resid, x, w, eps) })
-}
-
-func (d *Dispatch) Add(out, a, b *Tensor) {
-	d.timed(iAdd, func() Cost { return Cost{FLOPs: float64(out.Numel()), Bytes: 3 * size(out)} },
-		func(o Ops) { o.Add(out, a, b) })
-}
-
-func (d *Dispatch) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
-	d.timed(iRoPE, func() Cost { return ropeCost(x, heads, r) },
-		func(o Ops) { o.RoPE(x, heads, headStride, offset, pos, r) })
-}
-
-func (d *Dispatch) SwiGLU(out, gateUp *Tensor) {
-	d.timed(iSwiGLU, func() Cost { return swigluCost(out) },
-		func(o Ops) { o.SwiGLU(out, gateUp) })
-}
-
-func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
-	d.timed(iAttnPrefill, func() Cost { return attnCost(a, false) },
-		func(o Ops) { o.AttentionPrefill(a) })
-}
-
-func (d *Dispatch) AttentionDecode(a *AttnArgs) {
-	d.timed(iAttnDecode, func() Cost { return attnCost(a, true) },
-		func(o Ops) { o.AttentionDecode(a) })
-}
-
-func (d *Dispatch) MLAPrefill(a *MLAArgs) {
-	d.timed(iMLAPrefill, func() Cost { return mlaCost(a, false) },
-		func(o Ops) { o.MLAPrefill(a) })
-}
-
-func (d *Dispatch) MLADecode(a *MLAArgs) {
-	d.timed(iMLADecode, func() Cost { return mlaCost(a, true) },
-		func(o Ops) { o.MLADecode(a) })
-}
-
-func (d *Dispatch) MoERoute(idx, weight, logits *Tensor, r *Routing) {
-	d.timed(iMoERoute, func() Cost { return Cost{Bytes: size(logits) + size(idx) + size(weight)} },
-		func(o Ops) { o.MoERoute(idx, weight, logits, r) })
-}
-
-func (d *Dispatch) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
-	d.timed(iMoEExperts, func() Cost { return moeCost(out, idx, gateUp, down) },
-		func(o Ops) { o.MoEExperts(out, x, idx, weight, gateUp, down) })
-}
-
-func (d *Dispatch) GroupGemm(out, x, w, first *Tensor) {
-	d.timed(iGroupGemm, func() Cost { return groupGemmCost(out, x, w) },
-		func(o Ops) { o.GroupGemm(out, x, w, first) })
-}
-
-func (d *Dispatch) Argmax(out, logits *Tensor) {
-	d.timed(iArgmax, func() Cost { return Cost{Bytes: size(logits) + size(out)} },
-		func(o Ops) { o.Argmax(out, logits) })
 }
