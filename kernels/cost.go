@@ -22,39 +22,6 @@ func (c Cost) At(steps int) Cost {
 	return Cost{FLOPs: c.FLOPs + float64(steps)*c.StepFLOPs, Bytes: c.Bytes + float64(steps)*c.StepBytes}
 }
 
-// costOf is the Ops that computes, instead of running a call, what it
-// costs into *c: the dispatch runs each call on it after the call's set
-// (which has checked the arguments) to tell its observer.
-type costOf struct{ c *Cost }
-
-var _ Ops = costOf{}
-
-func (k costOf) Embedding(out, table, ids *Tensor) { *k.c = Cost{Bytes: 2 * size(out)} }
-func (k costOf) Linear(out, x, w, bias *Tensor)    { *k.c = linearCost(out, x, w, bias) }
-func (k costOf) RMSNorm(out, x, w *Tensor, eps float32) {
-	*k.c = normCost(x, w, false)
-}
-func (k costOf) AddRMSNorm(out, resid, x, w *Tensor, eps float32) { *k.c = normCost(x, w, true) }
-func (k costOf) Add(out, a, b *Tensor) {
-	*k.c = Cost{FLOPs: float64(out.Numel()), Bytes: 3 * size(out)}
-}
-func (k costOf) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
-	*k.c = ropeCost(x, heads, r)
-}
-func (k costOf) SwiGLU(out, gateUp *Tensor)   { *k.c = swigluCost(out) }
-func (k costOf) AttentionPrefill(a *AttnArgs) { *k.c = attnCost(a, false) }
-func (k costOf) AttentionDecode(a *AttnArgs)  { *k.c = attnCost(a, true) }
-func (k costOf) MLAPrefill(a *MLAArgs)        { *k.c = mlaCost(a, false) }
-func (k costOf) MLADecode(a *MLAArgs)         { *k.c = mlaCost(a, true) }
-func (k costOf) MoERoute(idx, weight, logits *Tensor, r *Routing) {
-	*k.c = Cost{Bytes: size(logits) + size(idx) + size(weight)}
-}
-func (k costOf) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
-	*k.c = moeCost(out, idx, gateUp, down)
-}
-func (k costOf) GroupGemm(out, x, w, first *Tensor) { *k.c = groupGemmCost(out, x, w) }
-func (k costOf) Argmax(out, logits *Tensor)         { *k.c = Cost{Bytes: size(logits) + size(out)} }
-
 // size is the bytes of t's elements (0 for nil).
 func size(t *Tensor) float64 {
 	if t == nil {
