@@ -36,7 +36,8 @@ type Dispatch struct {
 // Build makes the Ops this spec selects on dev, every call told to obs
 // (nil for none: the profile, kernels/profile, is the usual observer).
 func (s Spec) Build(dev Device, obs Observer) (*Dispatch, error) {
-	d := &Dispatch{dev: dev, obs: obs, built: map[string]Ops{}, pick: make([]Ops, len(opTable)), names: make([]string, len(opTable))}
+	d := &Dispatch{dev: dev, obs: obs, built: map[string]Ops{},
+		pick: make([]Ops, len(opTable)), names: make([]string, len(opTable))}
 	if err := d.use(s); err != nil {
 		return nil, err
 	}
@@ -177,9 +178,9 @@ func (d *Dispatch) run(i int, f func(Ops)) string {
 // Unsupported is what a set panics with when it has no kernel for the
 // shapes of one call, before queueing any of its work: the fused set's
 // kernels are instantiated for some head dims and latent ranks only, say.
-// The Ops of Spec.Build then run that call on the set's fallback (see
-// SetInfo.Fallback), and the profile names the set that ran it; a set with
-// no fallback lets the panic through.
+// The Dispatch then runs that call on the set's fallback (see FallbackOf),
+// and the profile names the set that ran it; a set with no fallback lets
+// the panic through.
 type Unsupported struct {
 	Set string
 	Op  Op

@@ -15,9 +15,10 @@ import (
 )
 
 // Profile records every op call of the kernels.Dispatch it observes (give
-// it to kernels.Spec.Build): the op, the set that ran it, the phase, decode step and decoder
-// layer it belongs to, its cost (FLOPs and bytes) and the scratch memory it
-// asked for; and host spans (loading, the prefill, each decode step).
+// it to kernels.Spec.Build): the op, the set that ran it, the phase, decode
+// step and decoder layer it belongs to, its cost (FLOPs and bytes) and the
+// scratch memory it asked for; and host spans (loading, the prefill, each
+// decode step).
 //
 // Device time comes from one of two sources. By default (events) it is the
 // time between marks queued around each call (wall time on the CPU, CUDA
