@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -11,7 +12,8 @@ import (
 // A kernel set that a package registers, here this test, is one the
 // command line takes with no edit anywhere else: --kernels names it, it
 // runs the ops it owns, the registry's baseline for its device runs the
-// others, and a set name that is not registered fails listing it.
+// others, bench lists it among its device's sets, and a set name that is
+// not registered fails listing it.
 func TestRegisteredSetNeedsNoOtherEdit(t *testing.T) {
 	cpuSet, _ := kernels.Set("cpu")
 	kernels.Register(kernels.SetInfo{Name: "cpu_throwaway", Device: "cpu", Own: []kernels.Op{kernels.OpRMSNorm}, New: cpuSet.New})
@@ -35,6 +37,12 @@ func TestRegisteredSetNeedsNoOtherEdit(t *testing.T) {
 	}
 	if rep.Kernels != "cpu_throwaway" || sets[kernels.OpRMSNorm] != "cpu_throwaway" || sets[kernels.OpLinear] != "cpu" {
 		t.Errorf("kernels %q, sets by op %v: want rms_norm on cpu_throwaway and linear on its fallback, cpu", rep.Kernels, sets)
+	}
+
+	code, stdout, stderr = runInfer(t, "bench", "--dry-run", "--device", "cpu", "rms_norm", "add_rms_norm", "--shape", "M=4,N=32")
+	if code != exitOK || !strings.Contains(stdout, "cpu_throwaway  default") ||
+		!strings.Contains(stdout, "no kernel of its own: runs cpu's") {
+		t.Errorf("bench --dry-run: exit %d, want cpu_throwaway's rms_norm and its fallback for add_rms_norm:\n%s%s", code, stdout, stderr)
 	}
 
 	args = []string{"--model", tinyQwen, "--prompt", "hi", "--kernels", "cpu,rms_norm=turbo"}
