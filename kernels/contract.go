@@ -2,16 +2,23 @@ package kernels
 
 import (
 	"fmt"
-	"math"
 	"slices"
 )
 
-// The contract checks of the Ops methods: the shapes and dtypes every kernel
-// set accepts, checked once here and called by every set (the cpu set's and
-// the CUDA sets' alike), so that no two sets disagree on what an op takes.
+// The contract of each op, one beside the other: what it takes, checked
+// once here and called by every set (the cpu set's and the CUDA sets'
+// alike) so that no two sets disagree on what an op takes, and what a call
+// of it costs (costOf's method, which the dispatch tells its observer).
 // act is the device's activation dtype (Device.ActDType). A set may accept
 // less (cuBLAS multiplies bf16 only), never more. A failed check is a
 // programming error and panics with a message naming the op.
+
+// costOf is the Ops that computes, instead of running a call, what it
+// costs into *c: the dispatch runs each call on it after the call's set
+// (which has checked the arguments) to tell its observer.
+type costOf struct{ c *Cost }
+
+var _ Ops = costOf{}
 
 // need panics, naming op, when a check fails.
 func need(ok bool, op Op, format string, args ...any) {
@@ -51,6 +58,8 @@ func CheckEmbedding(act DType, out, table, ids *Tensor) {
 	need(isInts(ids, out.Rows()), op, "ids %v for out %v", ids, out)
 }
 
+func (k costOf) Embedding(out, table, ids *Tensor) { *k.c = Cost{Bytes: 2 * size(out)} }
+
 // CheckLinear: out [N,M] act or f32; x [N,K] act; w [M,K] float; bias [M]
 // float or nil.
 func CheckLinear(act DType, out, x, w, bias *Tensor) {
@@ -62,12 +71,18 @@ func CheckLinear(act DType, out, x, w, bias *Tensor) {
 	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
 }
 
+func (k costOf) Linear(out, x, w, bias *Tensor) { *k.c = linearCost(out, x, w, bias) }
+
 // CheckRMSNorm: out, x [N,D] act; w [D] float.
 func CheckRMSNorm(act DType, out, x, w *Tensor) {
 	op := OpRMSNorm
 	needActs(op, act, "out", out, "x", x)
 	need(rowsCols(out, x.Rows(), x.Cols()), op, "out %v, x %v", out, x)
 	need(IsFloat(w) && w.Numel() == x.Cols(), op, "w %v for x %v", w, x)
+}
+
+func (k costOf) RMSNorm(out, x, w *Tensor, eps float32) {
+	*k.c = normCost(x, w, false)
 }
 
 // CheckAddRMSNorm: out, resid, x [N,D] act, out aliasing neither; w [D] float.
@@ -80,11 +95,17 @@ func CheckAddRMSNorm(act DType, out, resid, x, w *Tensor) {
 	need(IsFloat(w) && w.Numel() == d, op, "w %v for rows of %d", w, d)
 }
 
+func (k costOf) AddRMSNorm(out, resid, x, w *Tensor, eps float32) { *k.c = normCost(x, w, true) }
+
 // CheckAdd: out, a, b [N,D] act.
 func CheckAdd(act DType, out, a, b *Tensor) {
 	op := OpAdd
 	needActs(op, act, "out", out, "a", a, "b", b)
 	need(rowsCols(a, out.Rows(), out.Cols()) && rowsCols(b, out.Rows(), out.Cols()), op, "out %v, a %v, b %v", out, a, b)
+}
+
+func (k costOf) Add(out, a, b *Tensor) {
+	*k.c = Cost{FLOPs: float64(out.Numel()), Bytes: 3 * size(out)}
 }
 
 // CheckRoPE: x [T, ≥heads·headStride] act with each head's rotated dims
@@ -102,11 +123,17 @@ func CheckRoPE(act DType, x *Tensor, heads, headStride, offset int, pos *Tensor,
 		c.Pitch == s.Pitch && c.Rows() == s.Rows(), op, "tables cos %v, sin %v for %d dims", c, s, r.Dim)
 }
 
+func (k costOf) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	*k.c = ropeCost(x, heads, r)
+}
+
 // CheckSwiGLU: out [N,I] act; gateUp [N,2I] act.
 func CheckSwiGLU(act DType, out, gateUp *Tensor) {
 	needActs(OpSwiGLU, act, "out", out, "gateUp", gateUp)
 	need(rowsCols(gateUp, out.Rows(), 2*out.Cols()), OpSwiGLU, "out %v, gateUp %v", out, gateUp)
 }
+
+func (k costOf) SwiGLU(out, gateUp *Tensor) { *k.c = swigluCost(out) }
 
 // Check checks the batch's host tables and device mirrors for a step of
 // tokens new tokens; a prefill also checks that every row's new tokens fit
@@ -158,6 +185,9 @@ func (a *AttnArgs) Check(op Op, act DType, prefill bool, also ...DType) {
 	}
 }
 
+func (k costOf) AttentionPrefill(a *AttnArgs) { *k.c = attnCost(a, false) }
+func (k costOf) AttentionDecode(a *AttnArgs)  { *k.c = attnCost(a, true) }
+
 // Check checks the operands of an MLA op (see MLAArgs).
 func (a *MLAArgs) Check(op Op, act DType, prefill bool) {
 	b := a.Batch
@@ -172,6 +202,9 @@ func (a *MLAArgs) Check(op Op, act DType, prefill bool) {
 	need(cacheFor(a.Cache, act, b, 1, width), op, "cache %v for %d rows × %d positions × %d", a.Cache, b.Rows, b.MaxSeq, width)
 	need(IsFloat(a.WKVB) && rowsCols(a.WKVB, a.Heads*(a.NopeDim+a.VDim), a.Rank), op, "kv_b_proj %v", a.WKVB)
 }
+
+func (k costOf) MLAPrefill(a *MLAArgs) { *k.c = mlaCost(a, false) }
+func (k costOf) MLADecode(a *MLAArgs)  { *k.c = mlaCost(a, true) }
 
 // CheckMoERoute: logits [N,E] f32; idx [N,K] i32; weight [N,K] f32; the
 // routing fits E experts.
@@ -192,6 +225,10 @@ func CheckMoERoute(idx, weight, logits *Tensor, r *Routing) {
 	}
 }
 
+func (k costOf) MoERoute(idx, weight, logits *Tensor, r *Routing) {
+	*k.c = Cost{Bytes: size(logits) + size(idx) + size(weight)}
+}
+
 // CheckMoEExperts: out, x [N,H] act; idx [N,K] i32; weight [N,K] f32;
 // gateUp [E,2I,H] and down [E,H,I] packed float.
 func CheckMoEExperts(act DType, out, x, idx, weight, gateUp, down *Tensor) {
@@ -208,6 +245,10 @@ func CheckMoEExperts(act DType, out, x, idx, weight, gateUp, down *Tensor) {
 		down.Shape[2] == inter, op, "down %v for gateUp %v", down, gateUp)
 }
 
+func (k costOf) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
+	*k.c = moeCost(out, idx, gateUp, down)
+}
+
 // CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;
 // first [E+1] i32.
 func CheckGroupGemm(act DType, out, x, w, first *Tensor) {
@@ -219,6 +260,8 @@ func CheckGroupGemm(act DType, out, x, w, first *Tensor) {
 	need(isInts(first, w.Shape[0]+1), op, "first %v for %d groups", first, w.Shape[0])
 }
 
+func (k costOf) GroupGemm(out, x, w, first *Tensor) { *k.c = groupGemmCost(out, x, w) }
+
 // CheckArgmax: out [B] or [B,2] i32; logits [B,V] f32 or act, V > 0.
 func CheckArgmax(act DType, out, logits *Tensor) {
 	need(logits.DType == F32 || logits.DType == act, OpArgmax, "logits are %v", logits)
@@ -226,14 +269,4 @@ func CheckArgmax(act DType, out, logits *Tensor) {
 	need(logits.Cols() > 0 && (isInts(out, B) || isInts(out, 2*B) && rowsCols(out, B, 2)), OpArgmax, "out %v for logits %v", out, logits)
 }
 
-// RelErr is ‖got − want‖ / ‖want‖ over two sets of values (NaN when either
-// holds a NaN): the measure every check of a set against a reference uses.
-func RelErr(got, want []float32) float64 {
-	var d2, w2 float64
-	for i := range want {
-		d := float64(got[i]) - float64(want[i])
-		d2 += d * d
-		w2 += float64(want[i]) * float64(want[i])
-	}
-	return math.Sqrt(d2) / math.Max(math.Sqrt(w2), 1e-30)
-}
+func (k costOf) Argmax(out, logits *Tensor) { *k.c = Cost{Bytes: size(logits) + size(out)} }

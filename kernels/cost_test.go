@@ -26,3 +26,26 @@ func TestMLACost(t *testing.T) {
 		t.Errorf("decode FLOPs %g, want %g", got, want)
 	}
 }
+
+func TestCostAt(t *testing.T) {
+	b := &Batch{Rows: 2, Tokens: 2, Start: []int{0, 1, 2}, Past: []int{9, 4}}
+	q := &Tensor{DType: BF16, Shape: []int{2, 4 * 8}, Pitch: 32}
+	a := &AttnArgs{Q: q, Batch: b, Heads: 4, KVHeads: 2, HeadDim: 8}
+	c := attnCost(a, true)
+	// 10 + 5 keys, 4 heads of 8: 4·32·15 FLOPs
+	if c.FLOPs != 4*32*15 || c.StepFLOPs != 4*32*2 {
+		t.Errorf("decode cost %+v", c)
+	}
+	later := c.At(3)
+	if later.FLOPs != 4*32*21 || later.StepFLOPs != 0 {
+		t.Errorf("three steps later: %+v", later)
+	}
+	// Prefill of 3 new tokens after 2 cached: 3·2 + 1+2+3 attended pairs.
+	p := &Batch{Rows: 1, Tokens: 3, Start: []int{0, 3}, Past: []int{2}}
+	if n := keysAttended(p, false); n != 12 {
+		t.Errorf("causal pairs %g, want 12", n)
+	}
+	if n := keysAttended(p, true); n != 15 {
+		t.Errorf("non-causal pairs %g, want 15", n)
+	}
+}

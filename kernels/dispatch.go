@@ -1,31 +1,165 @@
 package kernels
 
-// dispatch routes every op to the set the spec chose for it and records the
-// call in the profile under that set's name, with its cost.
-type dispatch struct {
-	dev   Device
-	prof  *Profile
-	kind  string         // the device kind of the sets
-	built map[string]Ops // every set built so far, by name (Switch adds to it)
-	pick  [numOps]Ops
-	names [numOps]string // the set that runs each op
+import "fmt"
+
+// Observer is told of the op calls of a Dispatch: the profile
+// (kernels/profile) counts and times them through it.
+type Observer interface {
+	// BeginOp is told that a call of op is about to run on set; it returns
+	// what is told when the call has been queued, or nil when it does not
+	// follow this call.
+	BeginOp(op Op, set string) OpEnd
+	// SetLayer says which decoder layer the calls that follow belong to,
+	// -1 for none.
+	SetLayer(layer int)
 }
 
-// timed runs f on op i's set; cost, asked after the call (which has
-// checked the arguments), is what the call computes and moves.
-func (d *dispatch) timed(i int, cost func() Cost, f func(Ops)) {
-	c := d.prof.begin(opTable[i].Op, d.names[i])
+// OpEnd is told that the call BeginOp was told of has been queued: on set
+// (the one BeginOp named, or the set it fell back to, see Unsupported),
+// with the work it does.
+type OpEnd interface {
+	EndOp(set string, cost Cost)
+}
+
+// Dispatch is the Ops that Spec.Build makes: it routes every op to the set
+// the spec chose for it, falls back where that set declines a call, and
+// tells its Observer of every call, with the set that ran it and its cost.
+type Dispatch struct {
+	dev   Device
+	obs   Observer       // nil: nobody is told
+	kind  string         // the device kind of the sets
+	built map[string]Ops // every set built so far, by name (Switch adds to it)
+	pick  []Ops          // the set that runs each op, in opTable's order
+	names []string       // its name
+}
+
+// Build makes the Ops this spec selects on dev, every call told to obs
+// (nil for none: the profile, kernels/profile, is the usual observer).
+func (s Spec) Build(dev Device, obs Observer) (*Dispatch, error) {
+	d := &Dispatch{dev: dev, obs: obs, built: map[string]Ops{},
+		pick: make([]Ops, len(opTable)), names: make([]string, len(opTable))}
+	if err := d.use(s); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Switch makes d run the ops as spec s selects them from now on, building
+// the sets it had not built yet on the same device: a loaded model then
+// runs another spec without loading its weights again. Work queued before,
+// and graphs captured before, keep the kernels they were recorded with.
+func (d *Dispatch) Switch(s Spec) error { return d.use(s) }
+
+// use builds the sets s needs that d has not built and points every op at
+// the set s runs it on; on error nothing changes.
+func (d *Dispatch) use(s Spec) error {
+	kind, err := s.DeviceKind()
+	if err != nil {
+		return err
+	}
+	if d.kind != "" && kind != d.kind {
+		return fmt.Errorf("kernel spec %q runs on %s devices, not on the %s device these ops were built for", s, kind, d.kind)
+	}
+	for _, name := range s.names() {
+		if d.built[name] != nil {
+			continue
+		}
+		info, _ := lookup(name)
+		ops, err := info.New(d.dev)
+		if err != nil {
+			return fmt.Errorf("kernel set %s: %w", name, err)
+		}
+		d.built[name] = ops
+	}
+	for i, o := range AllOps {
+		d.names[i] = s.Runner(o)
+		d.pick[i] = d.built[d.names[i]]
+	}
+	d.kind = kind
+	return nil
+}
+
+// SetLayer tells d's observer which decoder layer the calls that follow
+// belong to; -1 means none.
+func (d *Dispatch) SetLayer(layer int) {
+	if d.obs != nil {
+		d.obs.SetLayer(layer)
+	}
+}
+
+// LayerMarker is implemented by Ops that tell an observer which decoder
+// layer their calls belong to (Dispatch): the model marks each layer
+// through it when its Ops have it.
+type LayerMarker interface {
+	SetLayer(layer int)
+}
+
+// TunerOf is the Tunable of the set that runs op, and whether it has one.
+func (d *Dispatch) TunerOf(op Op) (Tunable, bool) {
+	i := opIndex(op)
+	if i < 0 {
+		return nil, false
+	}
+	t, ok := d.pick[i].(Tunable)
+	return t, ok
+}
+
+// Tuned is one tuning choice: set's op runs Variant for problems of Key.
+type Tuned struct {
+	Set     string `json:"set"`
+	Op      Op     `json:"op"`
+	Key     string `json:"key"`
+	Variant string `json:"variant"`
+}
+
+// ApplyTuning makes the sets d runs use the choices that concern them; it
+// returns the choices it applied and, for each one it could not, why.
+func (d *Dispatch) ApplyTuning(choices []Tuned) (applied []Tuned, skipped []error) {
+	for _, c := range choices {
+		i := opIndex(c.Op)
+		if i < 0 {
+			skipped = append(skipped, fmt.Errorf("%s: unknown op %q", c.Set, c.Op))
+			continue
+		}
+		if d.names[i] != c.Set {
+			continue // this run does not run op on that set
+		}
+		t, ok := d.pick[i].(Tunable)
+		if !ok {
+			skipped = append(skipped, fmt.Errorf("%s %s: the set has no variants", c.Set, c.Op))
+			continue
+		}
+		if err := t.UseVariant(c.Op, c.Key, c.Variant); err != nil {
+			skipped = append(skipped, fmt.Errorf("%s %s %s: %w", c.Set, c.Op, c.Key, err))
+			continue
+		}
+		applied = append(applied, c)
+	}
+	return applied, skipped
+}
+
+// call runs f, a call of op, on op's set, telling the observer; the call's
+// cost comes from running f on costOf after the set ran it (and checked the
+// arguments).
+func (d *Dispatch) call(op Op, f func(Ops)) {
+	i := opPos[op]
+	if d.obs == nil {
+		d.run(i, f)
+		return
+	}
+	end := d.obs.BeginOp(op, d.names[i])
 	set := d.run(i, f)
-	if c != nil {
-		c.call.Set = set
-		d.prof.end(c, cost())
+	if end != nil {
+		var c Cost
+		f(costOf{&c})
+		end.EndOp(set, c)
 	}
 }
 
 // run calls f on op i's set, or, when that set declines the call
 // (Unsupported), on the set it falls back to, and so on; it returns the
 // name of the set that ran it.
-func (d *dispatch) run(i int, f func(Ops)) string {
+func (d *Dispatch) run(i int, f func(Ops)) string {
 	name := d.names[i]
 	for {
 		ops := d.built[name]
@@ -33,85 +167,38 @@ func (d *dispatch) run(i int, f func(Ops)) string {
 		if !declined {
 			return name
 		}
-		info, _ := lookup(name)
-		if info.Fallback == "" || d.built[info.Fallback] == nil {
+		fb := FallbackOf(name)
+		if fb == "" || d.built[fb] == nil {
 			panic(u)
 		}
-		name = info.Fallback
+		name = fb
 	}
 }
 
-func (d *dispatch) Embedding(out, table, ids *Tensor) {
-	d.timed(iEmbedding, func() Cost { return Cost{Bytes: 2 * size(out)} },
-		func(o Ops) { o.Embedding(out, table, ids) })
+// Unsupported is what a set panics with when it has no kernel for the
+// shapes of one call, before queueing any of its work: the fused set's
+// kernels are instantiated for some head dims and latent ranks only, say.
+// The Dispatch then runs that call on the set's fallback (see FallbackOf),
+// and the profile names the set that ran it; a set with no fallback lets
+// the panic through.
+type Unsupported struct {
+	Set string
+	Op  Op
+	Why string
 }
 
-func (d *dispatch) Linear(out, x, w, bias *Tensor) {
-	d.timed(iLinear, func() Cost { return linearCost(out, x, w, bias) },
-		func(o Ops) { o.Linear(out, x, w, bias) })
-}
+func (u Unsupported) Error() string { return u.Set + ": " + string(u.Op) + ": " + u.Why }
 
-func (d *dispatch) RMSNorm(out, x, w *Tensor, eps float32) {
-	d.timed(iRMSNorm, func() Cost { return normCost(x, w, false) },
-		func(o Ops) { o.RMSNorm(out, x, w, eps) })
-}
-
-func (d *dispatch) AddRMSNorm(out, resid, x, w *Tensor, eps float32) {
-	d.timed(iAddRMSNorm, func() Cost { return normCost(x, w, true) },
-		func(o Ops) { o.AddRMSNorm(out, resid, x, w, eps) })
-}
-
-func (d *dispatch) Add(out, a, b *Tensor) {
-	d.timed(iAdd, func() Cost { return Cost{FLOPs: float64(out.Numel()), Bytes: 3 * size(out)} },
-		func(o Ops) { o.Add(out, a, b) })
-}
-
-func (d *dispatch) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
-	d.timed(iRoPE, func() Cost { return ropeCost(x, heads, r) },
-		func(o Ops) { o.RoPE(x, heads, headStride, offset, pos, r) })
-}
-
-func (d *dispatch) SwiGLU(out, gateUp *Tensor) {
-	d.timed(iSwiGLU, func() Cost { return swigluCost(out) },
-		func(o Ops) { o.SwiGLU(out, gateUp) })
-}
-
-func (d *dispatch) AttentionPrefill(a *AttnArgs) {
-	d.timed(iAttnPrefill, func() Cost { return attnCost(a, false) },
-		func(o Ops) { o.AttentionPrefill(a) })
-}
-
-func (d *dispatch) AttentionDecode(a *AttnArgs) {
-	d.timed(iAttnDecode, func() Cost { return attnCost(a, true) },
-		func(o Ops) { o.AttentionDecode(a) })
-}
-
-func (d *dispatch) MLAPrefill(a *MLAArgs) {
-	d.timed(iMLAPrefill, func() Cost { return mlaCost(a, false) },
-		func(o Ops) { o.MLAPrefill(a) })
-}
-
-func (d *dispatch) MLADecode(a *MLAArgs) {
-	d.timed(iMLADecode, func() Cost { return mlaCost(a, true) },
-		func(o Ops) { o.MLADecode(a) })
-}
-
-func (d *dispatch) MoERoute(idx, weight, logits *Tensor, r *Routing) {
-	d.timed(iMoERoute, func() Cost { return Cost{Bytes: size(logits) + size(idx) + size(weight)} },
-		func(o Ops) { o.MoERoute(idx, weight, logits, r) })
-}
-
-func (d *dispatch) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
-	d.timed(iMoEExperts, func() Cost { return moeCost(out, idx, gateUp, down) },
-		func(o Ops) { o.MoEExperts(out, x, idx, weight, gateUp, down) })
-}
-
-func (d *dispatch) GroupGemm(out, x, w, first *Tensor) {
-	d.timed(iGroupGemm, func() Cost { return groupGemmCost(out, x, w) },
-		func(o Ops) { o.GroupGemm(out, x, w, first) })
-}
-
-func (d *dispatch) Argmax(out, logits *Tensor) {
-	d.timed(iArgmax, func() Cost { return Cost{Bytes: size(logits) + size(out)} },
-		func(o Ops) { o.Argmax(out, logits) })
+// Declined calls f and reports the Unsupported it panicked with, if it
+// did; any other panic goes on.
+func Declined(f func()) (u Unsupported, declined bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if u, declined = r.(Unsupported); !declined {
+				panic(r)
+			}
+		}
+	}()
+	f()
+	return u, false
 }

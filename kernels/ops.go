@@ -1,5 +1,7 @@
 package kernels
 
+//go:generate go run ./internal/opsgen
+
 // Op names one operation of the Ops interface: the unit a kernel spec selects
 // ("--kernels fused,attn_prefill=naive") and the profile counts.
 type Op string
@@ -26,57 +28,48 @@ const (
 // OpInfo describes an op: its name, the group a kernel spec may name it by
 // (TileGym's per-op patch flags attn=, rms_norm=, ...), and what it does.
 type OpInfo struct {
-	Op    Op
-	Group string // "" when the op belongs to no group
-	Doc   string
+	Op     Op
+	Method string // the Ops method that runs it
+	Group  string // "" when the op belongs to no group
+	Doc    string
 }
-
-// Positions of the ops in opTable; the dispatch indexes by them.
-const (
-	iEmbedding = iota
-	iLinear
-	iRMSNorm
-	iAddRMSNorm
-	iAdd
-	iRoPE
-	iSwiGLU
-	iAttnPrefill
-	iAttnDecode
-	iMLAPrefill
-	iMLADecode
-	iMoERoute
-	iMoEExperts
-	iGroupGemm
-	iArgmax
-	numOps
-)
 
 // opTable is the one list of ops: the op list, spec parsing, the dispatch
-// and the profile's order all come from it.
-var opTable = [numOps]OpInfo{
-	iEmbedding:   {OpEmbedding, "", "gather rows of the embedding table"},
-	iLinear:      {OpLinear, "", "dense projection x·wᵀ + bias (cuBLAS; fused streams decode's weights itself)"},
-	iRMSNorm:     {OpRMSNorm, "", "RMSNorm of each row"},
-	iAddRMSNorm:  {OpAddRMSNorm, "", "residual add, then RMSNorm of the sum"},
-	iAdd:         {OpAdd, "", "elementwise sum"},
-	iRoPE:        {OpRoPE, "", "rotary embedding of the q and k heads, in place"},
-	iSwiGLU:      {OpSwiGLU, "", "silu(gate)·up"},
-	iAttnPrefill: {OpAttnPrefill, "attn", "causal GQA attention of new tokens over the KV cache"},
-	iAttnDecode:  {OpAttnDecode, "attn", "GQA attention of one new token per row over the KV cache"},
-	iMLAPrefill:  {OpMLAPrefill, "mla", "DeepSeek-V2 latent attention of new tokens"},
-	iMLADecode:   {OpMLADecode, "mla", "DeepSeek-V2 latent attention of one new token per row"},
-	iMoERoute:    {OpMoERoute, "moe", "MoE router: softmax and top-k of the router logits"},
-	iMoEExperts:  {OpMoEExperts, "moe", "MoE routed experts, weighted and summed"},
-	iGroupGemm:   {OpGroupGemm, "", "grouped GEMM: each group of rows times its own weight matrix"},
-	iArgmax:      {OpArgmax, "", "index of each row's largest logit"},
+// (ops_gen.go, written from it and the Ops interface by go generate) and
+// the profile's order all come from it.
+var opTable = []OpInfo{
+	{Op: OpEmbedding, Method: "Embedding", Doc: "gather rows of the embedding table"},
+	{Op: OpLinear, Method: "Linear", Doc: "dense projection x·wᵀ + bias (cuBLAS; fused streams decode's weights itself)"},
+	{Op: OpRMSNorm, Method: "RMSNorm", Doc: "RMSNorm of each row"},
+	{Op: OpAddRMSNorm, Method: "AddRMSNorm", Doc: "residual add, then RMSNorm of the sum"},
+	{Op: OpAdd, Method: "Add", Doc: "elementwise sum"},
+	{Op: OpRoPE, Method: "RoPE", Doc: "rotary embedding of the q and k heads, in place"},
+	{Op: OpSwiGLU, Method: "SwiGLU", Doc: "silu(gate)·up"},
+	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
+	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
+	{Op: OpMLAPrefill, Method: "MLAPrefill", Group: "mla", Doc: "DeepSeek-V2 latent attention of new tokens"},
+	{Op: OpMLADecode, Method: "MLADecode", Group: "mla", Doc: "DeepSeek-V2 latent attention of one new token per row"},
+	{Op: OpMoERoute, Method: "MoERoute", Group: "moe", Doc: "MoE router: softmax and top-k of the router logits"},
+	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
+	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
+	{Op: OpArgmax, Method: "Argmax", Doc: "index of each row's largest logit"},
 }
 
+// opPos is each op's position in opTable.
+var opPos = func() map[Op]int {
+	m := make(map[Op]int, len(opTable))
+	for i, info := range opTable {
+		m[info.Op] = i
+	}
+	return m
+}()
+
 // OpTable lists every op with its group and description.
-func OpTable() []OpInfo { return opTable[:] }
+func OpTable() []OpInfo { return opTable }
 
 // AllOps lists every op, in opTable's order.
 var AllOps = func() []Op {
-	ops := make([]Op, numOps)
+	ops := make([]Op, len(opTable))
 	for i, info := range opTable {
 		ops[i] = info.Op
 	}
@@ -97,10 +90,8 @@ var OpGroups = func() map[string][]Op {
 
 // opIndex is op's position in opTable, or -1.
 func opIndex(op Op) int {
-	for i, info := range opTable {
-		if info.Op == op {
-			return i
-		}
+	if i, ok := opPos[op]; ok {
+		return i
 	}
 	return -1
 }

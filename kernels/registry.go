@@ -14,9 +14,13 @@ type SetInfo struct {
 	Name   string // "cpu", "naive", "fused"
 	Device string // the device kind its tensors live on: "cpu" or "cuda"
 	// Own lists the ops the set has kernels of its own for; nil means every
-	// op. A spec that picks the set for another op runs Fallback's kernel
-	// for it, and the profile names Fallback.
-	Own      []Op
+	// op. A spec that picks the set for another op runs its fallback's
+	// kernel for it (see FallbackOf), and the profile names the fallback.
+	Own []Op
+	// Fallback names the set that runs what this set does not: the ops it
+	// does not own and the calls it declines (Unsupported). "" leaves it to
+	// the registry: the baseline of the set's device kind when the set owns
+	// only some ops (see Baseline), none when it owns them all.
 	Fallback string
 	// Rank orders the sets of one device kind: the registered set of
 	// highest rank is the kind's default.
@@ -59,9 +63,6 @@ func Register(s SetInfo) {
 	if _, dup := sets[s.Name]; dup {
 		panic("kernels: set registered twice: " + s.Name)
 	}
-	if s.Own != nil && s.Fallback == "" {
-		panic("kernels: set " + s.Name + " owns some ops and names no fallback for the others")
-	}
 	sets[s.Name] = s
 }
 
@@ -97,9 +98,46 @@ func DefaultSet(kind string) string {
 	return best
 }
 
-// KnownSets are the set names a spec may use, registered in this build or
-// not: a spec naming one that is absent here fails when built, not parsed.
-var KnownSets = []string{"cpu", "naive", "fused"}
+// Names lists the names of the registered kernel sets, sorted: the names a
+// spec may use.
+func Names() []string {
+	var names []string
+	for _, s := range Sets() {
+		names = append(names, s.Name)
+	}
+	return names
+}
+
+// Baseline is the set the registry falls back to on device kind: of the
+// registered sets of that kind that own every op, the one of lowest rank
+// (the first by name among equals); "" when none is registered.
+func Baseline(kind string) string {
+	best, rank := "", 0
+	for _, s := range Sets() {
+		if s.Device == kind && s.Own == nil && (best == "" || s.Rank < rank) {
+			best, rank = s.Name, s.Rank
+		}
+	}
+	return best
+}
+
+// FallbackOf is the set that runs what the registered set name does not:
+// its Fallback when it names one, else its device kind's Baseline when it
+// owns only some ops; "" when it has none, or name is not registered.
+func FallbackOf(name string) string {
+	info, ok := lookup(name)
+	switch {
+	case !ok:
+		return ""
+	case info.Fallback != "":
+		return info.Fallback
+	case info.Own != nil:
+		if b := Baseline(info.Device); b != name {
+			return b
+		}
+	}
+	return ""
+}
 
 // Spec is a parsed kernel selection: a base set and per-op overrides, e.g.
 // "fused,attn=naive,rope=naive".
@@ -114,7 +152,7 @@ func ParseSpec(s string) (Spec, error) {
 	parts := strings.Split(strings.TrimSpace(s), ",")
 	spec := Spec{Base: strings.TrimSpace(parts[0]), Overrides: map[Op]string{}}
 	if spec.Base == "" {
-		return Spec{}, fmt.Errorf("kernel spec %q: no kernel set named (want one of %s)", s, strings.Join(KnownSets, ", "))
+		return Spec{}, fmt.Errorf("kernel spec %q: no kernel set named (want one of %s)", s, strings.Join(Names(), ", "))
 	}
 	if err := checkSetName(spec.Base); err != nil {
 		return Spec{}, fmt.Errorf("kernel spec %q: %w", s, err)
@@ -139,13 +177,12 @@ func ParseSpec(s string) (Spec, error) {
 	return spec, nil
 }
 
+// checkSetName checks that a set of that name is registered in this build.
 func checkSetName(name string) error {
-	for _, k := range KnownSets {
-		if k == name {
-			return nil
-		}
+	if _, ok := lookup(name); ok {
+		return nil
 	}
-	return fmt.Errorf("unknown kernel set %q (want one of %s)", name, strings.Join(KnownSets, ", "))
+	return fmt.Errorf("unknown kernel set %q (want one of %s: the sets built into this binary)", name, strings.Join(Names(), ", "))
 }
 
 func opsNamed(name string) ([]Op, error) {
@@ -181,7 +218,7 @@ func (s Spec) SetFor(op Op) string {
 // SetInfo.Own). It is "" when a set is not registered in this build.
 func (s Spec) Runner(op Op) string {
 	name := s.SetFor(op)
-	for range len(KnownSets) + 1 { // a fallback chain visits each set at most once
+	for range len(Sets()) + 1 { // a fallback chain visits each set at most once
 		info, ok := lookup(name)
 		if !ok {
 			return ""
@@ -189,7 +226,7 @@ func (s Spec) Runner(op Op) string {
 		if info.Owns(op) {
 			return name
 		}
-		name = info.Fallback
+		name = FallbackOf(name)
 	}
 	return ""
 }
@@ -219,6 +256,12 @@ func (s Spec) DeviceKind() (string, error) {
 		}
 		kind = info.Device
 	}
+	for _, o := range AllOps {
+		if s.Runner(o) == "" {
+			return "", fmt.Errorf("kernel spec %q: set %s has no kernel for %s and no set to fall back to (no set of %s devices that runs every op is built into this binary)",
+				s, s.SetFor(o), o, kind)
+		}
+	}
 	return kind, nil
 }
 
@@ -242,8 +285,8 @@ func (s Spec) names() []string {
 	// Each set's fallback too: it runs the calls the set declines (see
 	// Unsupported).
 	for i := 0; i < len(out); i++ {
-		if info, ok := lookup(out[i]); ok && info.Fallback != "" {
-			add(info.Fallback)
+		if fb := FallbackOf(out[i]); fb != "" {
+			add(fb)
 		}
 	}
 	return out
@@ -254,84 +297,4 @@ func lookup(name string) (SetInfo, bool) {
 	defer regMu.Unlock()
 	s, ok := sets[name]
 	return s, ok
-}
-
-// Build makes the Ops this spec selects on dev, with every call counted and
-// timed in prof (nil for no profiling).
-func (s Spec) Build(dev Device, prof *Profile) (Ops, error) {
-	d := &dispatch{dev: dev, prof: prof, built: map[string]Ops{}}
-	if err := d.use(s); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
-
-// Switch makes ops, made by Spec.Build, run the ops as spec s selects them
-// from now on, building the sets it had not built yet on the same device:
-// a loaded model then runs another spec without loading its weights again.
-// Work queued before, and graphs captured before, keep the kernels they
-// were recorded with.
-func Switch(ops Ops, s Spec) error {
-	d, ok := ops.(*dispatch)
-	if !ok {
-		return fmt.Errorf("kernels: Switch needs the Ops of Spec.Build, not %T", ops)
-	}
-	return d.use(s)
-}
-
-// use builds the sets s needs that d has not built and points every op at
-// the set s runs it on; on error nothing changes.
-func (d *dispatch) use(s Spec) error {
-	kind, err := s.DeviceKind()
-	if err != nil {
-		return err
-	}
-	if d.kind != "" && kind != d.kind {
-		return fmt.Errorf("kernel spec %q runs on %s devices, not on the %s device these ops were built for", s, kind, d.kind)
-	}
-	for _, name := range s.names() {
-		if d.built[name] != nil {
-			continue
-		}
-		info, _ := lookup(name)
-		ops, err := info.New(d.dev)
-		if err != nil {
-			return fmt.Errorf("kernel set %s: %w", name, err)
-		}
-		d.built[name] = ops
-	}
-	for i, o := range AllOps {
-		d.names[i] = s.Runner(o)
-		d.pick[i] = d.built[d.names[i]]
-	}
-	d.kind = kind
-	return nil
-}
-
-// Unsupported is what a set panics with when it has no kernel for the
-// shapes of one call, before queueing any of its work: the fused set's
-// kernels are instantiated for some head dims and latent ranks only, say.
-// The Ops of Spec.Build then run that call on the set's fallback (see
-// SetInfo.Fallback), and the profile names the set that ran it; a set with
-// no fallback lets the panic through.
-type Unsupported struct {
-	Set string
-	Op  Op
-	Why string
-}
-
-func (u Unsupported) Error() string { return u.Set + ": " + string(u.Op) + ": " + u.Why }
-
-// Declined calls f and reports the Unsupported it panicked with, if it
-// did; any other panic goes on.
-func Declined(f func()) (u Unsupported, declined bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			if u, declined = r.(Unsupported); !declined {
-				panic(r)
-			}
-		}
-	}()
-	f()
-	return u, false
 }

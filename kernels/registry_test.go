@@ -8,6 +8,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -114,10 +115,10 @@ func TestOpTable(t *testing.T) {
 }
 
 // profiledCPU is the cpu set's ops on a cpu device, with their profile.
-func profiledCPU(t *testing.T) (*cpu.Device, *kernels.Profile, kernels.Ops) {
+func profiledCPU(t *testing.T) (*cpu.Device, *profile.Profile, *kernels.Dispatch) {
 	t.Helper()
 	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	s, _ := kernels.ParseSpec("cpu")
 	ops, err := s.Build(dev, prof)
 	if err != nil {
@@ -200,7 +201,7 @@ func TestApplyTuning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, skipped := kernels.ApplyTuning(ops, []kernels.Tuned{
+	applied, skipped := ops.ApplyTuning([]kernels.Tuned{
 		{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "w4_m2"},
 		{Set: "cpu", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "fast"},
 		{Set: "cpu", Op: "warp_drive", Variant: "x"},
@@ -218,15 +219,16 @@ func TestApplyTuning(t *testing.T) {
 }
 
 // Switch re-points built ops at another spec, and refuses what it cannot
-// build, changing nothing.
+// build, changing nothing. (Only the Ops of Spec.Build have it: the type
+// says so.)
 func TestSwitch(t *testing.T) {
 	dev, prof, ops := profiledCPU(t)
 	s, _ := kernels.ParseSpec("cpu")
 	naive, _ := kernels.ParseSpec("naive")
-	if err := kernels.Switch(ops, naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
+	if err := ops.Switch(naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
 		t.Errorf("Switch to a set of another device: %v", err)
 	}
-	if err := kernels.Switch(ops, s); err != nil {
+	if err := ops.Switch(s); err != nil {
 		t.Fatal(err)
 	}
 	a := dev.Alloc(kernels.F32, 1, 4)
@@ -236,9 +238,6 @@ func TestSwitch(t *testing.T) {
 	}
 	if rows := prof.Table(); len(rows) != 1 || rows[0].Set != "cpu" {
 		t.Errorf("after Switch: %+v", rows)
-	}
-	if err := kernels.Switch(struct{ kernels.Ops }{ops}, s); err == nil {
-		t.Errorf("Switch of Ops not made by Build: no error")
 	}
 }
 
@@ -260,10 +259,10 @@ func TestTunerOf(t *testing.T) {
 	dev := cpu.NewDevice()
 	s, _ := kernels.ParseSpec("cpu")
 	ops, _ := s.Build(dev, nil)
-	if _, ok := kernels.TunerOf(ops, kernels.OpAttnPrefill); ok {
+	if _, ok := ops.TunerOf(kernels.OpAttnPrefill); ok {
 		t.Errorf("the cpu set has no variants, but TunerOf found some")
 	}
-	if _, ok := kernels.TunerOf(ops, "warp_drive"); ok {
+	if _, ok := ops.TunerOf("warp_drive"); ok {
 		t.Errorf("an unknown op has a tuner")
 	}
 }
@@ -292,7 +291,7 @@ func TestDeclinedCallsFallBack(t *testing.T) {
 		Fallback: "cpu", New: newPicky})
 	defer kernels.Unregister("picky_test_only")
 	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	s := kernels.Spec{Base: "picky_test_only"} // a name ParseSpec does not know
 	ops, err := s.Build(dev, prof)
 	if err != nil {
@@ -325,4 +324,35 @@ func TestDeclinedCallsFallBack(t *testing.T) {
 	}()
 	a := dev.Alloc(kernels.F32, 1, 3)
 	alone.Add(a, a, a)
+}
+
+// TestRegistryFallback: set names and fallbacks come from the registry. A
+// set registered here is a name specs take; a set owning only some ops
+// falls back to its device's baseline (the lowest-ranked set that owns
+// every op) unless it names its own fallback; with no baseline the spec
+// fails before anything is built.
+func TestRegistryFallback(t *testing.T) {
+	if got := kernels.Baseline("cuda"); got != "naive" {
+		t.Errorf("Baseline(cuda) = %q, want naive", got)
+	}
+	if got := kernels.FallbackOf("fused"); got != "naive" {
+		t.Errorf("FallbackOf(fused) = %q, want naive", got)
+	}
+	if got := kernels.FallbackOf("naive"); got != "" {
+		t.Errorf("FallbackOf(naive) = %q, want none: it owns every op", got)
+	}
+	kernels.Register(kernels.SetInfo{Name: "tpu_test_only", Device: "tpu", Own: []kernels.Op{kernels.OpAdd},
+		New: func(kernels.Device) (kernels.Ops, error) { return nil, nil }})
+	defer kernels.Unregister("tpu_test_only")
+	s, err := kernels.ParseSpec("tpu_test_only")
+	if err != nil {
+		t.Fatalf("a registered set's name: %v", err)
+	}
+	if _, err := s.DeviceKind(); err == nil || !strings.Contains(err.Error(), "no kernel for embedding and no set to fall back to") {
+		t.Errorf("a set with no baseline to fall back to: %v", err)
+	}
+	if _, err := kernels.ParseSpec("cpu,add=turbo"); err == nil ||
+		!strings.Contains(err.Error(), `unknown kernel set "turbo" (want one of cpu, fused, naive, tpu_test_only: the sets built into this binary)`) {
+		t.Errorf("an unregistered set: %v, want the registered ones listed", err)
+	}
 }

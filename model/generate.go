@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // GenerateOptions say how many tokens to generate and how to choose them.
@@ -30,7 +31,7 @@ type GenerateOptions struct {
 	// phase and step are set as the generation goes, the prefill and each
 	// decode step are recorded as host spans, a graph capture and every
 	// replay are marked as such, and it is flushed at the end.
-	Profile *kernels.Profile
+	Profile *profile.Profile
 	// KeepPrefillLogits keeps the logits the prefill gave every row in
 	// Generation.PrefillLogits (read back from the device once, inside the
 	// timed generation).
@@ -301,7 +302,7 @@ func (e *engine) checkGenerate(prompts [][]int, opt GenerateOptions) error {
 
 // capture records run as a graph; the profile marks its calls as
 // captured.
-func capture(gr kernels.Grapher, prof *kernels.Profile, run func()) (kernels.Graph, error) {
+func capture(gr kernels.Grapher, prof *profile.Profile, run func()) (kernels.Graph, error) {
 	if prof != nil {
 		prof.BeginCapture()
 		defer prof.EndCapture()
@@ -406,7 +407,7 @@ func (c *chooser) maskEOS(row []float32) {
 	}
 }
 
-func setPhase(p *kernels.Profile, phase string, step int) {
+func setPhase(p *profile.Profile, phase string, step int) {
 	if p != nil {
 		p.SetPhase(phase)
 		p.SetStep(step)

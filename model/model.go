@@ -396,6 +396,15 @@ func (e *engine) stepViews(T, B, nLogits int) stepInputs {
 	return stepInputs{ids: next(T), pos: next(T), start: next(B + 1), past: next(B), last: next(nLogits)}
 }
 
+// setLayer tells the observer of the ops, where they have one (the
+// Dispatch of kernels.Spec.Build), which decoder layer the calls that
+// follow belong to; -1 means none.
+func (e *engine) setLayer(layer int) {
+	if m, ok := e.ops.(kernels.LayerMarker); ok {
+		m.SetLayer(layer)
+	}
+}
+
 // forward runs the decoder over the step's new tokens, as HF's *Model then
 // lm_head, and writes the logits of the last new token of the step's first
 // nLogits rows to rows [Row0, Row0+nLogits) of e.logits.
@@ -407,12 +416,12 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 	x := e.ws.Get(bufHidden, T, H)
 	h := e.ws.Get(bufNormed, T, H)
 	y := e.ws.Get(bufOut, T, H)
-	kernels.SetLayer(e.ops, -1)
+	e.setLayer(-1)
 	e.embedTokens.Forward(s, x, e.stepIDs)
-	kernels.SetLayer(e.ops, 0)
+	e.setLayer(0)
 	e.layers[0].InputLayernorm.Forward(s, h, x)
 	for i, l := range e.layers {
-		kernels.SetLayer(e.ops, i) // the profile counts the calls under layer i
+		e.setLayer(i) // the profile counts the calls under layer i
 		l.SelfAttn.Forward(s, y, h)
 		l.PostAttentionLayernorm.AddForward(s, h, x, y)
 		l.MLP.Forward(s, y, h)
@@ -422,7 +431,7 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 		}
 		next.AddForward(s, h, x, y)
 	}
-	kernels.SetLayer(e.ops, -1)
+	e.setLayer(-1)
 	if nLogits == 0 {
 		return
 	}

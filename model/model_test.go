@@ -13,6 +13,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/loader"
 )
 
@@ -369,7 +370,7 @@ func TestGraphReplay(t *testing.T) {
 
 					inner := cpu.NewDevice()
 					spec, _ := kernels.ParseSpec("cpu")
-					prof := kernels.NewProfile(inner)
+					prof := profile.New(inner)
 					built, err := spec.Build(inner, prof)
 					if err != nil {
 						t.Fatal(err)
@@ -537,7 +538,7 @@ func TestSizes(t *testing.T) {
 func TestGenerateProfile(t *testing.T) {
 	cfg, w, _ := openFixture(t, "qwen2-tiny")
 	dev := cpu.NewDevice()
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	spec, _ := kernels.ParseSpec("cpu")
 	ops, err := spec.Build(dev, prof)
 	if err != nil {

@@ -419,7 +419,7 @@ func keepTuning(dev kernels.Device, rep *kbench.Report, opt kbench.Options, logw
 
 // applyTuning applies the device's tuning cache to ops, saying on logf
 // which choices it took and which it could not.
-func applyTuning(dev kernels.Device, ops kernels.Ops, logf func(string, ...any)) []kernels.Tuned {
+func applyTuning(dev kernels.Device, ops *kernels.Dispatch, logf func(string, ...any)) []kernels.Tuned {
 	d, ok := dev.(*cuda.Device)
 	if !ok {
 		return nil
@@ -435,7 +435,7 @@ func applyTuning(dev kernels.Device, ops kernels.Ops, logf func(string, ...any))
 		logf("tuning cache not applied: %s", stale)
 		return nil
 	}
-	applied, skipped := kernels.ApplyTuning(ops, cache.Choices())
+	applied, skipped := ops.ApplyTuning(cache.Choices())
 	for _, t := range applied {
 		logf("tuning: %s %s %s runs %s (from %s)", t.Set, t.Op, t.Key, t.Variant, path)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/kbench"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // TestBenchUsage: every bad command line of infer bench is one line and
@@ -278,16 +279,16 @@ func tracedReport() *kbench.Report {
 		{Op: kernels.OpAttnPrefill, Shape: "B=1,H=2,KVH=1,D=16,N=8,causal=1", Set: "fused", Variant: "wgmma", Bound: "compute",
 			Ms: 0.104, TFLOPS: 393.8, GBs: 147.7, Checked: "cpu 1.2e-03",
 			Kernels: []kbench.KernelTime{
-				{Name: "flash_hopper_d16_s2", Source: kernels.SourceOwn, Launches: 1, Ms: 0.09, Share: 0.09 / 0.104},
-				{Name: "kv_append_v8", Source: kernels.SourceOwn, Launches: 1, Ms: 0.01, Share: 0.01 / 0.104}},
+				{Name: "flash_hopper_d16_s2", Source: profile.SourceOwn, Launches: 1, Ms: 0.09, Share: 0.09 / 0.104},
+				{Name: "kv_append_v8", Source: profile.SourceOwn, Launches: 1, Ms: 0.01, Share: 0.01 / 0.104}},
 			NoAppendMs: 0.09, NoAppendTFLOPS: 455.1, NoAppendGBs: 170.7},
 		{Op: kernels.OpAttnPrefill, Shape: "B=1,H=2,KVH=1,D=16,N=8,causal=1", Set: "naive", Variant: "default", Bound: "compute",
 			Ms: 0.5, TFLOPS: 81.9, GBs: 30.7, Checked: "cpu 2.0e-03", Note: "CUPTI dropped 3 records: kernel times miss some kernels",
 			Kernels: []kbench.KernelTime{
-				{Name: "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas", Source: kernels.SourceCUBLAS, Launches: 2, Ms: 0.3, Share: 0.6}}},
+				{Name: "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas", Source: profile.SourceCUBLAS, Launches: 2, Ms: 0.3, Share: 0.6}}},
 		{Op: kernels.OpLinear, Shape: "M=3,N=16,K=32", Set: "naive", Variant: "default", Bound: "compute", Ms: 0.051, TFLOPS: 1, GBs: 1,
 			Checked: "is the reference",
-			Kernels: []kbench.KernelTime{{Name: "splitKreduce_kernel", Source: kernels.SourceCUBLAS, Launches: 1, Ms: 0.005, Share: 0.098}}},
+			Kernels: []kbench.KernelTime{{Name: "splitKreduce_kernel", Source: profile.SourceCUBLAS, Launches: 1, Ms: 0.005, Share: 0.098}}},
 	}}
 }
 

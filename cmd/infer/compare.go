@@ -17,6 +17,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
 	"github.com/fuselm/fuselm/spread"
@@ -257,7 +258,7 @@ type variantReport struct {
 	LogitsRelErr   float64          `json:"prefill_logits_rel_err"`
 	OK             bool             `json:"ok"`
 	Check          string           `json:"check"` // why it passed or failed
-	Ops            []kernels.OpStat `json:"ops"`
+	Ops            []profile.OpStat `json:"ops"`
 	tokens         [][]int
 	logits         [][]float32
 }
@@ -434,9 +435,9 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 // with a tracer, one traced generation whose profile gives the op times.
 // On a CUDA device the scratch memory of earlier variants is freed first,
 // so that the peak is the variant's own.
-func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernels.Profile, prompts [][]int, opts model.GenerateOptions,
+func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *profile.Profile, prompts [][]int, opts model.GenerateOptions,
 	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func()), tracer *variantTracer) (*variantReport, error) {
-	if err := kernels.Switch(ops, spec); err != nil {
+	if err := ops.Switch(spec); err != nil {
 		return nil, err
 	}
 	if d, ok := dev.(*cuda.Device); ok {
@@ -496,14 +497,14 @@ func runVariant(m model.Model, dev kernels.Device, ops kernels.Ops, prof *kernel
 // traces; once the trace fails to start it tries no more, and the variants
 // keep their events profile, whose note says why.
 type variantTracer struct {
-	prof *kernels.Profile
+	prof *profile.Profile
 	why  string // why the trace could not start; "" before any try or on success
 }
 
 // newVariantTracer is the tracer of compare's profile on dev when asked
 // for (--cupti) and the device has a kernel trace; nil otherwise.
-func newVariantTracer(dev kernels.Device, prof *kernels.Profile, asked bool) *variantTracer {
-	if _, ok := dev.(kernels.KernelTracer); !ok || !asked {
+func newVariantTracer(dev kernels.Device, prof *profile.Profile, asked bool) *variantTracer {
+	if _, ok := dev.(profile.KernelTracer); !ok || !asked {
 		return nil
 	}
 	return &variantTracer{prof: prof}
@@ -545,7 +546,7 @@ func (r *compareReport) check() {
 	for i := range r.Variants {
 		v := &r.Variants[i]
 		v.SameTokens = sameLeading(v.tokens, ref.tokens)
-		v.LogitsRelErr = relErr(flatten(v.logits), flatten(ref.logits))
+		v.LogitsRelErr = kernels.RelErr(flatten(v.logits), flatten(ref.logits))
 		switch {
 		case v.SameTokens >= r.CheckTokens:
 			v.OK, v.Check = true, fmt.Sprintf("same first %d tokens", r.CheckTokens)
@@ -584,21 +585,13 @@ func flatten(rows [][]float32) []float32 {
 	return out
 }
 
-// relErr is kernels.RelErr, NaN when the lengths differ.
-func relErr(got, want []float32) float64 {
-	if len(got) != len(want) {
-		return math.NaN()
-	}
-	return kernels.RelErr(got, want)
-}
-
 // compareOps fills the per-op table from the baseline's and candidate's
 // profiles and the ablations' tokens/s.
 func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 	b, c := r.Variants[0], r.Variants[1]
 	r.GainMs = 1000 * (b.WallS - c.WallS)
-	byOp := func(v variantReport) map[kernels.Op]kernels.OpStat {
-		m := map[kernels.Op]kernels.OpStat{}
+	byOp := func(v variantReport) map[kernels.Op]profile.OpStat {
+		m := map[kernels.Op]profile.OpStat{}
 		for _, o := range v.Ops {
 			m[o.Op] = o
 		}
@@ -625,7 +618,7 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 	r.Outside = gainPart{BaselineMs: 1000*b.WallS - b.ComputeMs, CandidateMs: 1000*c.WallS - c.ComputeMs}
 	r.Outside.GainShare = r.share(r.Outside.BaselineMs, r.Outside.CandidateMs)
 	seen := map[kernels.Op]bool{}
-	for _, ops := range [][]kernels.OpStat{b.Ops, c.Ops} {
+	for _, ops := range [][]profile.OpStat{b.Ops, c.Ops} {
 		for _, o := range ops {
 			if seen[o.Op] {
 				continue

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 )
 
@@ -29,8 +29,6 @@ import (
 // Both run the cpu set's kernels otherwise.
 func withTestSets(t *testing.T) {
 	t.Helper()
-	known := kernels.KnownSets
-	kernels.KnownSets = append(slices.Clone(known), "cpu_slow", "cpu_wrong")
 	cpuSet, _ := kernels.Set("cpu")
 	kernels.Register(kernels.SetInfo{Name: "cpu_slow", Device: "cpu", Own: []kernels.Op{kernels.OpRoPE, kernels.OpSwiGLU}, Fallback: "cpu",
 		New: func(dev kernels.Device) (kernels.Ops, error) {
@@ -45,7 +43,6 @@ func withTestSets(t *testing.T) {
 	t.Cleanup(func() {
 		kernels.Unregister("cpu_slow")
 		kernels.Unregister("cpu_wrong")
-		kernels.KnownSets = known
 	})
 }
 
@@ -330,9 +327,9 @@ func TestCompareUnattributed(t *testing.T) {
 		Baseline: "naive", Candidate: "fused"}
 	r.Variants = []variantReport{
 		{Spec: "naive", Role: "baseline", OK: true, WallS: 0.500, ComputeMs: 480, UnattributedMs: 400, ProfileSource: "events",
-			Ops: []kernels.OpStat{{Op: kernels.OpLinear, Ms: 50}, {Op: kernels.OpAttnPrefill, Ms: 30}}},
+			Ops: []profile.OpStat{{Op: kernels.OpLinear, Ms: 50}, {Op: kernels.OpAttnPrefill, Ms: 30}}},
 		{Spec: "fused", Role: "candidate", OK: true, WallS: 0.450, ComputeMs: 435, UnattributedMs: 360, ProfileSource: "events",
-			Ops: []kernels.OpStat{{Op: kernels.OpLinear, Ms: 50}, {Op: kernels.OpAttnPrefill, Ms: 25}}},
+			Ops: []profile.OpStat{{Op: kernels.OpLinear, Ms: 50}, {Op: kernels.OpAttnPrefill, Ms: 25}}},
 	}
 	r.compareOps(naive, fused, nil)
 	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -389,7 +386,7 @@ type noCUPTI struct{ kernels.Device }
 
 func (noCUPTI) StartKernelTrace() error { return errors.New("libcupti.so is in none of 3 places") }
 func (noCUPTI) TraceID(uint64)          {}
-func (noCUPTI) KernelRecords() ([]kernels.KernelRecord, string, error) {
+func (noCUPTI) KernelRecords() ([]profile.KernelRecord, string, error) {
 	return nil, "", nil
 }
 func (noCUPTI) StopKernelTrace() error { return nil }
@@ -398,11 +395,11 @@ func (noCUPTI) StopKernelTrace() error { return nil }
 // its op table's note says why, for the first variant too; it tries once.
 func TestCompareTracerFallback(t *testing.T) {
 	cpuDev := cpuDevice()
-	if newVariantTracer(cpuDev, kernels.NewProfile(cpuDev), true) != nil {
+	if newVariantTracer(cpuDev, profile.New(cpuDev), true) != nil {
 		t.Error("a tracer for a device with no kernel trace")
 	}
 	dev := noCUPTI{cpuDev}
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	if newVariantTracer(dev, prof, false) != nil {
 		t.Error("a tracer with --cupti=false")
 	}
@@ -412,7 +409,7 @@ func TestCompareTracerFallback(t *testing.T) {
 	}
 	steps := 0
 	progress := func(int, bool) (func(model.StepEvent), func()) { return func(model.StepEvent) {}, func() { steps++ } }
-	timed := timedRun{report: &kernels.ProfileReport{Source: "events", Note: "7 decode steps were CUDA graph replays"}}
+	timed := timedRun{report: &profile.Report{Source: "events", Note: "7 decode steps were CUDA graph replays"}}
 	for i := range 2 {
 		got, err := tr.run(nil, nil, model.GenerateOptions{}, progress, timed)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
 	"github.com/fuselm/fuselm/spread"
@@ -283,7 +284,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		}
 	}
 	if f.trace != "" {
-		med.trace.Host = append([]kernels.HostSpan{loadSpan}, med.trace.Host...)
+		med.trace.Host = append([]profile.HostSpan{loadSpan}, med.trace.Host...)
 		// Chrome's trace format names its own keys (traceEvents, otherData):
 		// the provenance goes in otherData.
 		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 const tinyQwenBF16 = "../../testdata/models/qwen2-tiny-bf16"
@@ -18,7 +19,7 @@ const tinyQwenBF16 = "../../testdata/models/qwen2-tiny-bf16"
 type gpuReportJSON struct {
 	ProfileSource string           `json:"profile_source"`
 	ProfileNote   string           `json:"profile_note"`
-	Profile       []kernels.OpStat `json:"profile"`
+	Profile       []profile.OpStat `json:"profile"`
 	GPU           *gpuReport       `json:"gpu"`
 	Memory        *memoryReport    `json:"memory"`
 	Timings       timings          `json:"timings"`
@@ -63,11 +64,11 @@ func TestCUPTIGeneration(t *testing.T) {
 		for _, c := range rep.GPU.Coverage {
 			sources[c.Source] = true
 		}
-		if !sources[kernels.SourceOwn] || !sources[kernels.SourceCUBLAS] {
+		if !sources[profile.SourceOwn] || !sources[profile.SourceCUBLAS] {
 			t.Errorf("%s: coverage %+v: want fuselm's and cuBLAS's kernels", set, rep.GPU.Coverage)
 		}
 		for _, o := range rep.Profile {
-			if o.Op == kernels.OpUnattributed {
+			if o.Op == profile.OpUnattributed {
 				t.Errorf("%s: %d kernels not tied to an op (%s)", set, o.Kernels, rep.ProfileNote)
 			}
 			if o.Op == kernels.OpLinear && o.TFLOPs <= 0 {

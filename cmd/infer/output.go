@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/spread"
 )
@@ -22,7 +23,7 @@ type runReport struct {
 	Batch   int              `json:"batch"`
 	Rows    []rowReport      `json:"rows"` // null in the --profile file
 	Timings timings          `json:"timings"`
-	Profile []kernels.OpStat `json:"profile"`
+	Profile []profile.OpStat `json:"profile"`
 	// ProfileNote says what the profile's times miss (null when nothing).
 	ProfileNote *string         `json:"profile_note"`
 	Tuning      []kernels.Tuned `json:"tuning"` // the tuning cache's choices this run applied

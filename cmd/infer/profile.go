@@ -10,6 +10,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
 )
 
@@ -25,15 +26,15 @@ type gpuReport struct {
 	// SumOverBusy is (KernelMs − BusyMs) / BusyMs: above 5%, kernels ran
 	// concurrently, and their sum overstates the time the device was busy.
 	SumOverBusy float64               `json:"sum_over_busy"`
-	Kernels     []kernels.KernelStat  `json:"kernels"`
-	Coverage    []kernels.CoverageRow `json:"coverage"`
+	Kernels     []profile.KernelStat  `json:"kernels"`
+	Coverage    []profile.CoverageRow `json:"coverage"`
 }
 
 // sumBusyTolerance is how far the kernel sum may exceed the busy time
 // before the report says the two disagree.
 const sumBusyTolerance = 0.05
 
-func newGPUReport(p *kernels.ProfileReport, wallMs float64) *gpuReport {
+func newGPUReport(p *profile.Report, wallMs float64) *gpuReport {
 	if p.Source != "cupti" {
 		return nil
 	}
@@ -83,7 +84,7 @@ func (m memoryReport) MarshalJSON() ([]byte, error) {
 	}{fields(m), orNull(m.PeakBytes), orNull(m.Scratch), orNull(m.Libraries), orNull(m.Other)})
 }
 
-func newMemoryReport(dev kernels.Device, m model.Memory, ops []kernels.OpStat) *memoryReport {
+func newMemoryReport(dev kernels.Device, m model.Memory, ops []profile.OpStat) *memoryReport {
 	r := &memoryReport{Weights: int64(m.Weights), KVCache: int64(m.Cache), Work: int64(m.Work)}
 	for _, o := range ops {
 		if o.Scratch > 0 {
@@ -103,7 +104,7 @@ func newMemoryReport(dev kernels.Device, m model.Memory, ops []kernels.OpStat) *
 
 // writeOpTable prints the per-op table: time, calls, phases, share, the
 // rates the ops' FLOPs and bytes give, and their working sets.
-func writeOpTable(w io.Writer, rows []kernels.OpStat) {
+func writeOpTable(w io.Writer, rows []profile.OpStat) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tset\tcalls\ttotal ms\tavg ms\tprefill ms\tdecode ms\tshare\tTFLOP/s\tGB/s\tscratch\t")
 	var calls int
@@ -188,11 +189,11 @@ func (g *gpuReport) write(w io.Writer) {
 }
 
 // coverageName is "fuselm fused", "cuBLAS" or "other".
-func coverageName(c kernels.CoverageRow) string {
+func coverageName(c profile.CoverageRow) string {
 	switch c.Source {
-	case kernels.SourceOwn:
+	case profile.SourceOwn:
 		return "fuselm " + c.Set
-	case kernels.SourceCUBLAS:
+	case profile.SourceCUBLAS:
 		return "cuBLAS"
 	}
 	return c.Source
@@ -230,9 +231,9 @@ func (m *memoryReport) write(w io.Writer) {
 // newProfile is the profile of a run on dev: of every kernel, through the
 // device's kernel trace (CUPTI), when cupti asks for it and the device has
 // one; else of events around each op call, and the report's note says why.
-func newProfile(dev kernels.Device, cupti bool) *kernels.Profile {
-	p := kernels.NewProfile(dev)
-	if _, ok := dev.(kernels.KernelTracer); ok && cupti {
+func newProfile(dev kernels.Device, cupti bool) *profile.Profile {
+	p := profile.New(dev)
+	if _, ok := dev.(profile.KernelTracer); ok && cupti {
 		p.TraceKernels() // on failure the report's note says why
 	}
 	return p

@@ -10,25 +10,26 @@ import (
 	"time"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // A run whose kernels were traced says "ms CUDA", lists coverage and
 // kernels, and says whether the kernel sum agrees with the busy time.
 func TestProfileText(t *testing.T) {
-	p := &kernels.ProfileReport{
+	p := &profile.Report{
 		Source: "cupti", ComputeMs: 103, BusyMs: 100, SpanMs: 120, Launches: 3,
-		Ops: []kernels.OpStat{
+		Ops: []profile.OpStat{
 			{Op: kernels.OpLinear, Set: "naive", Calls: 2, Ms: 80, Share: 80.0 / 103, PhaseMs: map[string]float64{"prefill": 70, "decode": 10},
 				FLOPs: 8e13, TFLOPs: 1000, Bytes: 1e9, GBs: 12.5},
 			{Op: kernels.OpAttnPrefill, Set: "fused", Calls: 1, Ms: 23, Share: 23.0 / 103, PhaseMs: map[string]float64{"prefill": 23}, Scratch: 3 << 20},
 		},
-		Kernels: []kernels.KernelStat{
-			{Name: "nvjet_hsh_" + strings.Repeat("x", 80), Op: kernels.OpLinear, Source: kernels.SourceCUBLAS, Calls: 2, Us: 80000, AvgUs: 40000, MaxUs: 41000, Share: 0.78},
-			{Name: "flash_fwd", Op: kernels.OpAttnPrefill, Source: kernels.SourceOwn, Calls: 1, Us: 23000, AvgUs: 23000, MaxUs: 23000, Share: 0.22},
+		Kernels: []profile.KernelStat{
+			{Name: "nvjet_hsh_" + strings.Repeat("x", 80), Op: kernels.OpLinear, Source: profile.SourceCUBLAS, Calls: 2, Us: 80000, AvgUs: 40000, MaxUs: 41000, Share: 0.78},
+			{Name: "flash_fwd", Op: kernels.OpAttnPrefill, Source: profile.SourceOwn, Calls: 1, Us: 23000, AvgUs: 23000, MaxUs: 23000, Share: 0.22},
 		},
-		Coverage: []kernels.CoverageRow{
-			{Source: kernels.SourceCUBLAS, Launches: 2, Ms: 80, TimeShare: 0.78, LaunchShare: 2.0 / 3},
-			{Source: kernels.SourceOwn, Set: "fused", Launches: 1, Ms: 23, TimeShare: 0.22, LaunchShare: 1.0 / 3},
+		Coverage: []profile.CoverageRow{
+			{Source: profile.SourceCUBLAS, Launches: 2, Ms: 80, TimeShare: 0.78, LaunchShare: 2.0 / 3},
+			{Source: profile.SourceOwn, Set: "fused", Launches: 1, Ms: 23, TimeShare: 0.22, LaunchShare: 1.0 / 3},
 		},
 	}
 	rep := &runReport{Model: "Qwen2-7B", Kernels: "fused", DType: "bf16", Profile: p.Ops,

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/tokenizer"
@@ -98,7 +99,7 @@ func (f *genFlags) logger(cmd *cobra.Command) func(format string, a ...any) {
 // openRun opens the device in names, a profile of its work (CUPTI's
 // kernel records where it can) and spec's ops on it; done stops the
 // profile's trace and closes the device.
-func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device, prof *kernels.Profile, ops kernels.Ops, done func(), err error) {
+func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device, prof *profile.Profile, ops *kernels.Dispatch, done func(), err error) {
 	if dev, err = openDevice(in.kind, f); err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -116,7 +117,7 @@ func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device,
 
 // loadModel uploads the weights to dev for ops, sized for f's batch and
 // tokens, with a progress bar; the span is the load's, from tLoad.
-func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Device, ops kernels.Ops, tLoad time.Time) (model.Model, kernels.HostSpan, error) {
+func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Device, ops kernels.Ops, tLoad time.Time) (model.Model, profile.HostSpan, error) {
 	in.weights.Prefetch()
 	bar := newProgress(cmd.ErrOrStderr(), f.quiet, in.weights.TotalBytes(), "loading weights", true)
 	m, err := model.Load(in.cfg, in.weights, dev, ops, model.LoadOptions{
@@ -126,27 +127,27 @@ func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Devic
 	})
 	bar.Done()
 	if me := (*model.MemoryError)(nil); errors.As(err, &me) {
-		return nil, kernels.HostSpan{}, fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
+		return nil, profile.HostSpan{}, fmt.Errorf("%w: lower --batch or --max-new-tokens", err)
 	}
 	if err != nil {
-		return nil, kernels.HostSpan{}, err
+		return nil, profile.HostSpan{}, err
 	}
-	return m, kernels.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}, nil
+	return m, profile.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}, nil
 }
 
 // timedRun is one timed generation and its profile.
 type timedRun struct {
 	gen     *model.Generation
-	report  *kernels.ProfileReport
-	profile []kernels.OpStat  // the report's Ops
-	trace   kernels.Recording // when asked for
+	report  *profile.Report
+	profile []profile.OpStat  // the report's Ops
+	trace   profile.Recording // when asked for
 }
 
 // generateRuns runs warmup untimed generations, then repeat timed ones,
 // each profiled alone. It returns the timed runs by wall time, the median
 // one at len/2, and their wall times in seconds in the order they ran.
 // progress gives the OnStep of run i and what to call when it ends.
-func generateRuns(m model.Model, prompts [][]int, opts model.GenerateOptions, prof *kernels.Profile, warmup, repeat int,
+func generateRuns(m model.Model, prompts [][]int, opts model.GenerateOptions, prof *profile.Profile, warmup, repeat int,
 	keepTrace bool, progress func(i int, timed bool) (func(model.StepEvent), func())) ([]timedRun, []float64, error) {
 	var runs []timedRun
 	var walls []float64

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // A --trace file is in the Chrome trace event format (the JSON object form,
@@ -48,7 +49,7 @@ const (
 )
 
 // buildTrace lays d out as a Chrome trace; device names the GPU process.
-func buildTrace(d kernels.Recording, device string, meta map[string]any) ([]byte, error) {
+func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte, error) {
 	t0 := int64(-1)
 	first := func(ns int64) {
 		if ns > 0 && (t0 < 0 || ns < t0) {
@@ -104,7 +105,7 @@ func buildTrace(d kernels.Recording, device string, meta map[string]any) ([]byte
 		call       uint64
 		step       int
 		start, end int64
-		k          kernels.KernelRecord
+		k          profile.KernelRecord
 		kernels    int
 	}
 	runs := map[[2]int64]*opRun{}
@@ -156,7 +157,7 @@ func opLabel(op kernels.Op, layer int) string {
 func opArgs(op kernels.Op, set, phase string, step, layer int) map[string]any {
 	a := map[string]any{"op": string(op), "set": set, "phase": phase, "step": step, "layer": layer}
 	if op == "" {
-		a["op"] = string(kernels.OpUnattributed)
+		a["op"] = string(profile.OpUnattributed)
 	}
 	return a
 }

@@ -8,15 +8,16 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // syntheticTrace is a run of two layers: a prefill, an eager decode step
 // and two replayed ones, one kernel per op call and step, plus one kernel
 // no call launched.
-func syntheticTrace() kernels.Recording {
+func syntheticTrace() profile.Recording {
 	const ms = int64(1e6)
 	t0 := int64(1_700_000_000) * 1e9
-	d := kernels.Recording{Host: []kernels.HostSpan{{Name: "load", Start: t0, End: t0 + 50*ms}}}
+	d := profile.Recording{Host: []profile.HostSpan{{Name: "load", Start: t0, End: t0 + 50*ms}}}
 	var id uint64
 	captured := map[string]uint64{} // the captured call of each layer and op
 	at := t0 + 100*ms
@@ -26,7 +27,7 @@ func syntheticTrace() kernels.Recording {
 		if step == 0 {
 			phase, name = "prefill", "prefill"
 		}
-		d.Host = append(d.Host, kernels.HostSpan{Name: name, Phase: phase, Step: step, Start: at, End: at + 10*ms})
+		d.Host = append(d.Host, profile.HostSpan{Name: name, Phase: phase, Step: step, Start: at, End: at + 10*ms})
 		for layer := range 2 {
 			for _, op := range []kernels.Op{kernels.OpLinear, kernels.OpAttnDecode} {
 				key := fmt.Sprint(layer, op)
@@ -34,28 +35,28 @@ func syntheticTrace() kernels.Recording {
 				if step <= 2 {
 					id++
 					call = id
-					c := kernels.OpCall{ID: id, Op: op, Set: "fused", Phase: phase, Step: step, Layer: layer, Start: at, End: at + 100}
+					c := profile.OpCall{ID: id, Op: op, Set: "fused", Phase: phase, Step: step, Layer: layer, Start: at, End: at + 100}
 					if step == 2 {
 						c.Graph = 1
 						captured[key] = id
 					}
 					d.Calls = append(d.Calls, c)
 				}
-				src := kernels.SourceOwn
+				src := profile.SourceOwn
 				if op == kernels.OpLinear {
-					src = kernels.SourceCUBLAS
+					src = profile.SourceCUBLAS
 				}
-				d.Kernels = append(d.Kernels, kernels.KernelRecord{Name: string(op) + "_kernel", Start: at + ms, End: at + 2*ms,
+				d.Kernels = append(d.Kernels, profile.KernelRecord{Name: string(op) + "_kernel", Start: at + ms, End: at + 2*ms,
 					Stream: 7, Source: src, Call: call, Op: op, Set: "fused", Phase: phase, Step: step, Layer: layer, Grid: [3]uint32{4, 1, 1}, Block: [3]uint32{128, 1, 1}})
 				at += 2 * ms
 			}
 		}
 		if step >= 2 {
-			d.Replays = append(d.Replays, kernels.Replay{ID: 100 + uint64(step), Graph: 1, Step: step, Start: at, End: at + ms})
+			d.Replays = append(d.Replays, profile.Replay{ID: 100 + uint64(step), Graph: 1, Step: step, Start: at, End: at + ms})
 		}
 		at += 20 * ms
 	}
-	d.Kernels = append(d.Kernels, kernels.KernelRecord{Name: "stray", Start: at, End: at + ms, Stream: 7, Step: -1, Layer: -1, Source: kernels.SourceOther})
+	d.Kernels = append(d.Kernels, profile.KernelRecord{Name: "stray", Start: at, End: at + ms, Stream: 7, Step: -1, Layer: -1, Source: profile.SourceOther})
 	return d
 }
 
@@ -220,12 +221,12 @@ func TestTraceFile(t *testing.T) {
 	for _, e := range tr.TraceEvents {
 		if e.Cat == "kernel" {
 			sources[e.Args["source"].(string)]++
-			if e.Args["op"] == string(kernels.OpUnattributed) {
+			if e.Args["op"] == string(profile.OpUnattributed) {
 				unattributed++
 			}
 		}
 	}
-	if sources[kernels.SourceCUBLAS] == 0 || sources[kernels.SourceOwn] == 0 {
+	if sources[profile.SourceCUBLAS] == 0 || sources[profile.SourceOwn] == 0 {
 		t.Errorf("kernels by source %v: want fuselm's and cuBLAS's", sources)
 	}
 	t.Logf("%s: %d decode steps, %d events, kernels by source %v, %d not tied to an op; %v",

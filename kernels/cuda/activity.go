@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // CUPTI's activity records, as cupti_activity.h lays them out (packed,
@@ -132,29 +132,29 @@ var cublasNameParts = []string{"gemm", "gemv", "nvjet", "cutlass", "xmma", "spli
 func kernelSource(name string, own func(string) bool, blas bool) string {
 	switch {
 	case own(name):
-		return kernels.SourceOwn
+		return profile.SourceOwn
 	case blas:
-		return kernels.SourceCUBLAS
+		return profile.SourceCUBLAS
 	}
 	lower := strings.ToLower(name)
 	for _, p := range cublasNameParts {
 		if strings.Contains(lower, p) {
-			return kernels.SourceCUBLAS
+			return profile.SourceCUBLAS
 		}
 	}
-	return kernels.SourceOther
+	return profile.SourceOther
 }
 
 // joinKernels turns raw kernel records into the profile's, tying each to
 // the trace id its launch carried (ext, by correlation id) and, for a
 // kernel of a graph replay, to the trace id its node was captured under
 // (nodes); offset moves CUPTI's timestamps onto the host's wall clock.
-func joinKernels(raw []rawKernel, ext map[uint32]extIDs, nodes map[uint64]nodeInfo, own func(string) bool, offset int64) []kernels.KernelRecord {
-	out := make([]kernels.KernelRecord, len(raw))
+func joinKernels(raw []rawKernel, ext map[uint32]extIDs, nodes map[uint64]nodeInfo, own func(string) bool, offset int64) []profile.KernelRecord {
+	out := make([]profile.KernelRecord, len(raw))
 	for i, k := range raw {
 		e := ext[k.correlation]
 		n := nodes[k.graphNode]
-		out[i] = kernels.KernelRecord{
+		out[i] = profile.KernelRecord{
 			Name:      k.name,
 			Start:     int64(k.start) + offset,
 			End:       int64(k.end) + offset,

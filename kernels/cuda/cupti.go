@@ -13,7 +13,7 @@ import (
 
 	"github.com/ebitengine/purego"
 
-	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // CUPTI is the CUDA Profiling Tools Interface, loaded at run time like the
@@ -185,7 +185,7 @@ type kernelTrace struct {
 	offset int64   // host wall clock − CUPTI's clock, ns
 	subErr error   // why graph nodes are not followed, when they are not
 
-	cur  atomic.Uint64 // the trace id set now (kernels.KernelTracer.TraceID)
+	cur  atomic.Uint64 // the trace id set now (profile.KernelTracer.TraceID)
 	blas atomic.Bool   // a cuBLAS call is under way
 
 	mu      sync.Mutex
@@ -397,7 +397,7 @@ func (t *kernelTrace) recoverInto() {
 }
 
 // StartKernelTrace starts recording every kernel the device runs with
-// CUPTI (kernels.KernelTracer). It fails, saying why, when CUPTI cannot be
+// CUPTI (profile.KernelTracer). It fails, saying why, when CUPTI cannot be
 // loaded or enabled, or another device traces. No lock is held while CUPTI
 // is called: it may call back at once.
 func (d *Device) StartKernelTrace() (err error) {
@@ -469,7 +469,7 @@ func (t *kernelTrace) startSession(api *cuptiAPI) error {
 	}
 	// Graph nodes are followed through a subscriber, which CUPTI allows one
 	// of per process: under another tool, replayed kernels are matched by
-	// position instead (kernels.Profile).
+	// position instead (profile.Profile).
 	var sub uintptr
 	subErr := api.check(ccall(api.cuptiSubscribe, uintptr(unsafe.Pointer(&sub)), cbResource, 0), "cuptiSubscribe")
 	if subErr == nil {
@@ -486,7 +486,7 @@ func (t *kernelTrace) startSession(api *cuptiAPI) error {
 }
 
 // TraceID sets the id the device's work from now on is attributed to
-// (kernels.KernelTracer).
+// (profile.KernelTracer).
 func (d *Device) TraceID(id uint64) {
 	if d.tracing.Load() {
 		trace.cur.Store(id)
@@ -495,8 +495,8 @@ func (d *Device) TraceID(id uint64) {
 
 // KernelRecords flushes CUPTI's buffers and returns the kernels recorded
 // since the last call, tied to trace ids, on the host's clock
-// (kernels.KernelTracer). The device must have finished them (Sync).
-func (d *Device) KernelRecords() ([]kernels.KernelRecord, string, error) {
+// (profile.KernelTracer). The device must have finished them (Sync).
+func (d *Device) KernelRecords() ([]profile.KernelRecord, string, error) {
 	t := trace
 	if !d.tracing.Load() {
 		return nil, "", errors.New("cuda: KernelRecords of a device that is not tracing kernels")
@@ -607,4 +607,4 @@ func describeCUPTI(driverVersion int) string {
 }
 
 // Interface check.
-var _ kernels.KernelTracer = (*Device)(nil)
+var _ profile.KernelTracer = (*Device)(nil)

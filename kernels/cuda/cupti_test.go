@@ -15,6 +15,7 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // kernelRecord writes a CONCURRENT_KERNEL record of size bytes with the
@@ -106,11 +107,11 @@ func TestJoinKernels(t *testing.T) {
 		start    int64
 	}
 	wantRows := []row{
-		{kernels.SourceOwn, 5, 0, 1010},
-		{kernels.SourceCUBLAS, 6, 0, 1020},
-		{kernels.SourceOwn, 9, 3, 1050},
-		{kernels.SourceCUBLAS, 9, 4, 1060},
-		{kernels.SourceOther, 0, 0, 1095},
+		{profile.SourceOwn, 5, 0, 1010},
+		{profile.SourceCUBLAS, 6, 0, 1020},
+		{profile.SourceOwn, 9, 3, 1050},
+		{profile.SourceCUBLAS, 9, 4, 1060},
+		{profile.SourceOther, 0, 0, 1095},
 	}
 	for i, w := range wantRows {
 		g := got[i]
@@ -119,10 +120,10 @@ func TestJoinKernels(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]string{
-		"gemv2T_kernel_val<int, int, float>": kernels.SourceCUBLAS,
-		"void cutlass::Kernel2<...>":         kernels.SourceCUBLAS,
-		"splitKreduce_kernel":                kernels.SourceCUBLAS,
-		"flash_decode":                       kernels.SourceOther,
+		"gemv2T_kernel_val<int, int, float>": profile.SourceCUBLAS,
+		"void cutlass::Kernel2<...>":         profile.SourceCUBLAS,
+		"splitKreduce_kernel":                profile.SourceCUBLAS,
+		"flash_decode":                       profile.SourceOther,
 	} {
 		if got := kernelSource(name, func(string) bool { return false }, false); got != want {
 			t.Errorf("kernelSource(%q) = %s, want %s", name, got, want)
@@ -409,9 +410,9 @@ func TestCUPTITrace(t *testing.T) {
 		}
 	}
 	for _, k := range []key{
-		{1, 0, kernels.SourceOwn}, {2, 0, kernels.SourceCUBLAS},
-		{5, 3, kernels.SourceOwn}, {5, 4, kernels.SourceCUBLAS},
-		{6, 3, kernels.SourceOwn}, {6, 4, kernels.SourceCUBLAS},
+		{1, 0, profile.SourceOwn}, {2, 0, profile.SourceCUBLAS},
+		{5, 3, profile.SourceOwn}, {5, 4, profile.SourceCUBLAS},
+		{6, 3, profile.SourceOwn}, {6, 4, profile.SourceCUBLAS},
 	} {
 		if seen[k] == 0 {
 			t.Errorf("no kernel with trace id %d, captured under %d, from %s", k.id, k.node, k.source)

@@ -486,7 +486,7 @@ func (d *Device) MemStats() MemStats {
 
 // TakeScratch returns the bytes of scratch asked for since the last call,
 // each key counted once at its largest ask, and starts counting anew
-// (kernels.ScratchMeter: an op call's working set).
+// (profile.ScratchMeter: an op call's working set).
 func (d *Device) TakeScratch() int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()

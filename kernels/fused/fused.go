@@ -5,10 +5,10 @@
 // decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
 // sorted by expert), and an argmax over many blocks a row. The ops it has
-// no kernel of its own for (embedding, add) run the naive set's, and the
-// profile says so. The .cu
-// sources are embedded and compiled by NVRTC (through cudaset) when the set
-// is built for a device.
+// no kernel of its own for (embedding, add) run the registry's baseline
+// CUDA set's (naive's), and the profile says so. The .cu sources are
+// embedded and compiled by NVRTC (through cudaset) when the set is built
+// for a device.
 package fused
 
 import (
@@ -17,7 +17,6 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
-	_ "github.com/fuselm/fuselm/kernels/naive" // the fallback of the ops fused does not own
 )
 
 var (
@@ -55,7 +54,7 @@ var owned = []kernels.Op{
 }
 
 func init() {
-	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Fallback: "naive", Rank: 2,
+	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
 		New: New, Variants: variants})
 }
 

@@ -86,7 +86,7 @@ func (c *Cache) Put(choices []kernels.Tuned, shapes string, now time.Time) {
 	}
 }
 
-// Choices are the cache's entries as tuning choices (kernels.ApplyTuning).
+// Choices are the cache's entries as tuning choices (kernels.Dispatch.ApplyTuning).
 func (c *Cache) Choices() []kernels.Tuned {
 	out := make([]kernels.Tuned, len(c.Entries))
 	for i, e := range c.Entries {

@@ -16,6 +16,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
+	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -169,7 +170,7 @@ func TestRunOnCPU(t *testing.T) {
 func TestPrefillF16OnCPU(t *testing.T) {
 	dev, _ := cpu.NewDeviceAct(kernels.BF16)
 	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]kernels.Ops{"cpu": ops}, rep: &Report{}}
+	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
 	c := CaseFor(kernels.OpAttnPrefill)
 	s, _ := kernels.ParseShape("B=2,H=4,KVH=2,D=16,N=9,causal=1,dt=f16")
 	p, err := build(newBuilder(dev, 0, 0), c, s)
@@ -212,7 +213,7 @@ func (b broken) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 func TestCheckCatchesAWrongResult(t *testing.T) {
 	dev, _ := cpu.NewDeviceAct(kernels.BF16)
 	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]kernels.Ops{"cpu": ops}, rep: &Report{}}
+	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
 	c := CaseFor(kernels.OpRMSNorm)
 	s, _ := kernels.ParseShape("M=4,N=32")
 	b := newBuilder(dev, 0, 0)
@@ -438,7 +439,7 @@ func TestCopyZeroIndependentOfCopies(t *testing.T) {
 func TestCheckAfterTiming(t *testing.T) {
 	dev, _ := cpu.NewDeviceAct(kernels.BF16)
 	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]kernels.Ops{"cpu": ops}, rep: &Report{}, opt: Options{Seed: 3}}
+	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}, opt: Options{Seed: 3}}
 	c := CaseFor(kernels.OpRoPE)
 	s, _ := kernels.ParseShape("T=6,H=2,D=32,R=32,interleaved=0")
 	p, err := build(newBuilder(dev, 3, 1<<16), c, s)

@@ -147,7 +147,7 @@ func Run(dev kernels.Device, target kernels.Target, opt Options) (*Report, error
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{dev: dev, target: target, opt: opt, built: map[string]kernels.Ops{},
+	r := &runner{dev: dev, target: target, opt: opt, built: map[string]setOps{},
 		rep: &Report{Device: dev.Name(), Target: target, Groups: opt.groups()}}
 	for _, set := range opt.Sets {
 		info, ok := kernels.Set(set)
@@ -219,7 +219,7 @@ type runner struct {
 	dev    kernels.Device
 	target kernels.Target
 	opt    Options
-	built  map[string]kernels.Ops
+	built  map[string]setOps
 	rep    *Report
 	keys   map[int]string // row index → its tuning key, for Optimize
 	timed  []timedRow     // the rows timed, in order, for the trace pass
@@ -232,8 +232,15 @@ func (r *runner) shapesOf(c *Case) []kernels.Shape {
 	return c.Shapes
 }
 
+// setOps is a set's ops as the runner builds them (a kernels.Dispatch of
+// the set alone): the ops, and the variants of the set's kernels.
+type setOps interface {
+	kernels.Ops
+	TunerOf(op kernels.Op) (kernels.Tunable, bool)
+}
+
 // ops is set's Ops on the device, built once.
-func (r *runner) ops(set string) (kernels.Ops, error) {
+func (r *runner) ops(set string) (setOps, error) {
 	if o, ok := r.built[set]; ok {
 		return o, nil
 	}
@@ -267,7 +274,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 		vs := info.VariantsOf(c.Op, s, r.target)
 		several := len(vs) > 1 // a choice the tuner makes, before Variants narrows it
 		vs = r.opt.pick(vs)
-		tuner, tunable := kernels.TunerOf(o, c.Op)
+		tuner, tunable := o.TunerOf(c.Op)
 		var key, was string
 		if tunable {
 			key = tuner.TuningKey(c.Op, s)

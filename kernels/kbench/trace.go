@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // Kernel times (Options.CUPTI): after every row is timed, each timed row's
@@ -20,7 +21,7 @@ import (
 // KernelTime is one kernel of an op's call, as the device traced it.
 type KernelTime struct {
 	Name   string `json:"name"`
-	Source string `json:"source"` // kernels.SourceOwn ("fuselm"), SourceCUBLAS ("cublas") or SourceOther ("other")
+	Source string `json:"source"` // profile.SourceOwn ("fuselm"), SourceCUBLAS ("cublas") or SourceOther ("other")
 	// Launches and Ms are per call: the kernel's launches, and the sum of
 	// their device times, over the traced calls, divided by their number.
 	Launches float64 `json:"launches_per_call"`
@@ -48,7 +49,7 @@ type timedRow struct {
 // that traces no kernels leaves the rows as they are, and the report's
 // note says why.
 func (r *runner) traceKernels(cs []*Case, progress func()) {
-	tr, ok := r.dev.(kernels.KernelTracer)
+	tr, ok := r.dev.(profile.KernelTracer)
 	var err error
 	if !ok {
 		err = fmt.Errorf("%s records no kernels", r.dev.Name())
@@ -81,7 +82,7 @@ func (r *runner) traceKernels(cs []*Case, progress func()) {
 
 // traceShape traces the timed rows of one shape: the sets' rows on the
 // shape's problem, then its dense reference's row on the dense problem.
-func (r *runner) traceShape(tr kernels.KernelTracer, rows []timedRow) {
+func (r *runner) traceShape(tr profile.KernelTracer, rows []timedRow) {
 	var sets, dense []timedRow
 	for _, t := range rows {
 		if t.dense {
@@ -96,7 +97,7 @@ func (r *runner) traceShape(tr kernels.KernelTracer, rows []timedRow) {
 
 // traceOn builds the problem of rows (all of one shape) again with mk, as
 // time had it (the same seed), and traces every row on it.
-func (r *runner) traceOn(tr kernels.KernelTracer, rows []timedRow, mk func(*builder, *Case, kernels.Shape) (*problem, error)) {
+func (r *runner) traceOn(tr profile.KernelTracer, rows []timedRow, mk func(*builder, *Case, kernels.Shape) (*problem, error)) {
 	if len(rows) == 0 {
 		return
 	}
@@ -132,7 +133,7 @@ func (r *runner) rowOps(t timedRow, row *Row) (kernels.Ops, func(), error) {
 		return o, none, nil
 	}
 	info, _ := kernels.Set(row.Set)
-	tuner, tunable := kernels.TunerOf(o, t.c.Op)
+	tuner, tunable := o.TunerOf(t.c.Op)
 	if !tunable || len(info.VariantsOf(t.c.Op, t.shape, r.target)) < 2 {
 		return o, none, nil
 	}
@@ -151,7 +152,7 @@ func (r *runner) rowOps(t timedRow, row *Row) (kernels.Ops, func(), error) {
 // traceRow runs t's calls of p with o under the trace and fills in row's
 // kernels from what the device recorded; the tracer's note (records it
 // lost) goes into the row's.
-func (r *runner) traceRow(row *Row, tr kernels.KernelTracer, t timedRow, p *problem, o kernels.Ops) {
+func (r *runner) traceRow(row *Row, tr profile.KernelTracer, t timedRow, p *problem, o kernels.Ops) {
 	recs, note, err := r.traceGroup(tr, p, o, t.group, uint64(t.index)+1)
 	row.Note = joinNote(row.Note, note)
 	if err != nil {
@@ -173,7 +174,7 @@ func (r *runner) traceRow(row *Row, tr kernels.KernelTracer, t timedRow, p *prob
 // traceGroup runs one call, a warm-up group and a group g of calls of p's
 // op with o under the trace id id (which ties cuBLAS's graph nodes to
 // cuBLAS), and returns the records of the last group.
-func (r *runner) traceGroup(tr kernels.KernelTracer, p *problem, o kernels.Ops, g group, id uint64) ([]kernels.KernelRecord, string, error) {
+func (r *runner) traceGroup(tr profile.KernelTracer, p *problem, o kernels.Ops, g group, id uint64) ([]profile.KernelRecord, string, error) {
 	tr.TraceID(id)
 	defer tr.TraceID(0)
 	next := p.caller(o)
@@ -207,7 +208,7 @@ func (r *runner) traceGroup(tr kernels.KernelTracer, p *problem, o kernels.Ops, 
 // kernelTimes sums recs, the kernels of calls calls of an op, per kernel
 // name into the launches and device time of one call, each with its share
 // of ms (the call's time between events), the longest first.
-func kernelTimes(recs []kernels.KernelRecord, calls int, ms float64) []KernelTime {
+func kernelTimes(recs []profile.KernelRecord, calls int, ms float64) []KernelTime {
 	type sum struct {
 		source   string
 		launches int
@@ -247,7 +248,7 @@ func kernelTimes(recs []kernels.KernelRecord, calls int, ms float64) []KernelTim
 func withoutAppend(ks []KernelTime, flops, bytes float64) (ms, tflops, gbs float64) {
 	appended := false
 	for _, k := range ks {
-		if k.Source == kernels.SourceOwn && strings.HasPrefix(k.Name, appendKernel) {
+		if k.Source == profile.SourceOwn && strings.HasPrefix(k.Name, appendKernel) {
 			appended = true
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // traceDevice is the cpu device as a GPU's kernel trace sees it: the ops
@@ -21,7 +22,7 @@ type traceDevice struct {
 	tracing   bool
 	capturing bool
 	captured  []fakeKernel
-	recs      []kernels.KernelRecord
+	recs      []profile.KernelRecord
 	note      string // what KernelRecords says it lost
 	startErr  error  // what StartKernelTrace fails with
 	ids       map[uint64]bool
@@ -46,7 +47,7 @@ func (d *traceDevice) launch(ks ...fakeKernel) {
 	for _, k := range ks {
 		d.clock += launchGap
 		if d.tracing {
-			d.recs = append(d.recs, kernels.KernelRecord{Name: k.name, Source: k.source, Start: d.clock, End: d.clock + k.ns})
+			d.recs = append(d.recs, profile.KernelRecord{Name: k.name, Source: k.source, Start: d.clock, End: d.clock + k.ns})
 		}
 		d.clock += k.ns
 	}
@@ -80,7 +81,7 @@ func (d *traceDevice) TraceID(id uint64) {
 	d.ids[id] = true
 }
 
-func (d *traceDevice) KernelRecords() ([]kernels.KernelRecord, string, error) {
+func (d *traceDevice) KernelRecords() ([]profile.KernelRecord, string, error) {
 	if !d.tracing {
 		return nil, "", errors.New("not tracing")
 	}
@@ -119,32 +120,32 @@ func (g *fakeGraph) Close() error { return nil }
 // and its split-K reduction (51 µs), and a norm short enough that time
 // replays it from a graph (8 µs).
 var (
-	fakeAppend = fakeKernel{"kv_append_v8", kernels.SourceOwn, 10_000}
-	fakeFlash  = fakeKernel{"flash_hopper_d16_s2", kernels.SourceOwn, 90_000}
-	fakeGemm   = fakeKernel{"sm90_xmma_gemm_bf16bf16_bf16f32", kernels.SourceCUBLAS, 20_000}
-	fakeReduce = fakeKernel{"splitKreduce_kernel", kernels.SourceCUBLAS, 5_000}
-	fakeNorm   = fakeKernel{"rms_norm_v8", kernels.SourceOwn, 8_000}
+	fakeAppend = fakeKernel{"kv_append_v8", profile.SourceOwn, 10_000}
+	fakeFlash  = fakeKernel{"flash_hopper_d16_s2", profile.SourceOwn, 90_000}
+	fakeGemm   = fakeKernel{"sm90_xmma_gemm_bf16bf16_bf16f32", profile.SourceCUBLAS, 20_000}
+	fakeReduce = fakeKernel{"splitKreduce_kernel", profile.SourceCUBLAS, 5_000}
+	fakeNorm   = fakeKernel{"rms_norm_v8", profile.SourceOwn, 8_000}
 )
 
 // tracedOps is the cpu set, launching fake kernels on d for the ops it
 // computes.
 type tracedOps struct {
-	kernels.Ops
+	*kernels.Dispatch
 	d *traceDevice
 }
 
 func (o tracedOps) AttentionPrefill(a *kernels.AttnArgs) {
-	o.Ops.AttentionPrefill(a)
+	o.Dispatch.AttentionPrefill(a)
 	o.d.launch(fakeAppend, fakeFlash)
 }
 
 func (o tracedOps) Linear(out, x, w, bias *kernels.Tensor) {
-	o.Ops.Linear(out, x, w, bias)
+	o.Dispatch.Linear(out, x, w, bias)
 	o.d.launch(fakeGemm, fakeGemm, fakeReduce)
 }
 
 func (o tracedOps) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
-	o.Ops.RMSNorm(out, x, w, eps)
+	o.Dispatch.RMSNorm(out, x, w, eps)
 	o.d.launch(fakeNorm)
 }
 
@@ -156,7 +157,7 @@ func traceRun(t *testing.T, d *traceDevice) *runner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &runner{dev: d, built: map[string]kernels.Ops{"cpu": tracedOps{ops, d}}, rep: &Report{},
+	r := &runner{dev: d, built: map[string]setOps{"cpu": tracedOps{ops, d}}, rep: &Report{},
 		opt: Options{Sets: []string{"cpu"}, CUPTI: true, Seed: 5}}
 	var cs []*Case
 	for op, shape := range map[kernels.Op]string{
@@ -219,8 +220,8 @@ func TestTraceKernels(t *testing.T) {
 		t.Fatalf("attn_prefill row: %+v, want 0.104 ms (two kernels, two gaps) and no note", prefill)
 	}
 	want := []KernelTime{
-		{Name: fakeFlash.name, Source: kernels.SourceOwn, Launches: 1, Ms: 0.09, Share: 0.09 / 0.104},
-		{Name: fakeAppend.name, Source: kernels.SourceOwn, Launches: 1, Ms: 0.01, Share: 0.01 / 0.104},
+		{Name: fakeFlash.name, Source: profile.SourceOwn, Launches: 1, Ms: 0.09, Share: 0.09 / 0.104},
+		{Name: fakeAppend.name, Source: profile.SourceOwn, Launches: 1, Ms: 0.01, Share: 0.01 / 0.104},
 	}
 	sameKernels(t, "attn_prefill", prefill.Kernels, want)
 	c := CaseFor(kernels.OpAttnPrefill)
@@ -237,8 +238,8 @@ func TestTraceKernels(t *testing.T) {
 
 	linear := rowOf(t, r.rep, kernels.OpLinear)
 	sameKernels(t, "linear", linear.Kernels, []KernelTime{
-		{Name: fakeGemm.name, Source: kernels.SourceCUBLAS, Launches: 2, Ms: 0.04, Share: 0.04 / 0.051},
-		{Name: fakeReduce.name, Source: kernels.SourceCUBLAS, Launches: 1, Ms: 0.005, Share: 0.005 / 0.051},
+		{Name: fakeGemm.name, Source: profile.SourceCUBLAS, Launches: 2, Ms: 0.04, Share: 0.04 / 0.051},
+		{Name: fakeReduce.name, Source: profile.SourceCUBLAS, Launches: 1, Ms: 0.005, Share: 0.005 / 0.051},
 	})
 	if linear.NoAppendMs != 0 || linear.NoAppendTFLOPS != 0 || linear.NoAppendGBs != 0 {
 		t.Errorf("linear ran no append, yet: %+v", linear)
@@ -246,7 +247,7 @@ func TestTraceKernels(t *testing.T) {
 
 	norm := rowOf(t, r.rep, kernels.OpRMSNorm)
 	sameKernels(t, "rms_norm", norm.Kernels, []KernelTime{
-		{Name: fakeNorm.name, Source: kernels.SourceOwn, Launches: 1, Ms: 0.008, Share: 0.8},
+		{Name: fakeNorm.name, Source: profile.SourceOwn, Launches: 1, Ms: 0.008, Share: 0.8},
 	})
 	for _, tr := range r.timed {
 		if g := tr.group; r.rep.Rows[tr.index].Op == kernels.OpRMSNorm && (!g.graph || g.size != maxGroupSize) {
@@ -326,22 +327,22 @@ func TestTraceKernelsUnavailable(t *testing.T) {
 // kernelTimes sums records per name into one call's, longest first (ties
 // by name); withoutAppend leaves out fuselm's kv_append only.
 func TestKernelTimes(t *testing.T) {
-	rec := func(name, source string, ns int64) kernels.KernelRecord {
-		return kernels.KernelRecord{Name: name, Source: source, Start: 1000, End: 1000 + ns}
+	rec := func(name, source string, ns int64) profile.KernelRecord {
+		return profile.KernelRecord{Name: name, Source: source, Start: 1000, End: 1000 + ns}
 	}
-	var recs []kernels.KernelRecord
+	var recs []profile.KernelRecord
 	for range 4 { // four calls
-		recs = append(recs, rec("b", kernels.SourceOwn, 3000), rec("gemm", kernels.SourceCUBLAS, 5000),
-			rec("gemm", kernels.SourceCUBLAS, 7000), rec("a", kernels.SourceOwn, 3000), rec("kv_append_v4", kernels.SourceOwn, 1000))
+		recs = append(recs, rec("b", profile.SourceOwn, 3000), rec("gemm", profile.SourceCUBLAS, 5000),
+			rec("gemm", profile.SourceCUBLAS, 7000), rec("a", profile.SourceOwn, 3000), rec("kv_append_v4", profile.SourceOwn, 1000))
 	}
-	recs = append(recs, rec("memset", kernels.SourceOther, 2000)) // once in four calls
+	recs = append(recs, rec("memset", profile.SourceOther, 2000)) // once in four calls
 	got := kernelTimes(recs, 4, 0.025)
 	sameKernels(t, "four calls", got, []KernelTime{
-		{Name: "gemm", Source: kernels.SourceCUBLAS, Launches: 2, Ms: 0.012, Share: 0.48},
-		{Name: "a", Source: kernels.SourceOwn, Launches: 1, Ms: 0.003, Share: 0.12},
-		{Name: "b", Source: kernels.SourceOwn, Launches: 1, Ms: 0.003, Share: 0.12},
-		{Name: "kv_append_v4", Source: kernels.SourceOwn, Launches: 1, Ms: 0.001, Share: 0.04},
-		{Name: "memset", Source: kernels.SourceOther, Launches: 0.25, Ms: 0.0005, Share: 0.02},
+		{Name: "gemm", Source: profile.SourceCUBLAS, Launches: 2, Ms: 0.012, Share: 0.48},
+		{Name: "a", Source: profile.SourceOwn, Launches: 1, Ms: 0.003, Share: 0.12},
+		{Name: "b", Source: profile.SourceOwn, Launches: 1, Ms: 0.003, Share: 0.12},
+		{Name: "kv_append_v4", Source: profile.SourceOwn, Launches: 1, Ms: 0.001, Share: 0.04},
+		{Name: "memset", Source: profile.SourceOther, Launches: 0.25, Ms: 0.0005, Share: 0.02},
 	})
 	ms, tflops, gbs := withoutAppend(got, 1e9, 2e6)
 	if !near(ms, 0.0185) || !near(tflops, 1e9/0.0185/1e9) || !near(gbs, 2e6/0.0185/1e6) {
@@ -353,7 +354,7 @@ func TestKernelTimes(t *testing.T) {
 	if ms, _, _ := withoutAppend(got[3:4], 1e9, 1); ms != 0 {
 		t.Errorf("the append alone, yet %g ms without it", ms)
 	}
-	other := []KernelTime{{Name: "kv_append_lookalike", Source: kernels.SourceOther, Ms: 1}, {Name: "x", Source: kernels.SourceOwn, Ms: 1}}
+	other := []KernelTime{{Name: "kv_append_lookalike", Source: profile.SourceOther, Ms: 1}, {Name: "x", Source: profile.SourceOwn, Ms: 1}}
 	if ms, _, _ := withoutAppend(other, 1, 1); ms != 0 {
 		t.Errorf("a kernel not fuselm's taken for the append: %g ms", ms)
 	}

@@ -373,51 +373,27 @@ func (e *env) compare(what string, want, got []float32, cols int, written func(r
 	if len(got) != len(want) {
 		e.t.Fatalf("%s: read %d elements, want %d", what, len(got), len(want))
 	}
-	var unwritten, overwritten, firstU, firstO int
-	var diff2, ref2, maxDiff float64
-	maxAt := -1
-	for i, w := range want {
-		g := got[i]
-		wn, gn := isNaN(w), isNaN(g)
-		switch {
-		case wn && written(i/cols, i%cols):
-			e.t.Fatalf("%s: the reference left [%d,%d] unwritten", what, i/cols, i%cols)
-		case wn && !gn:
-			if overwritten == 0 {
-				firstO = i
-			}
-			overwritten++
-		case !wn && gn:
-			if unwritten == 0 {
-				firstU = i
-			}
-			unwritten++
-		case !wn:
-			d := math.Abs(float64(g) - float64(w))
-			if math.IsInf(d, 0) || math.IsNaN(d) {
-				d = math.Inf(1)
-			}
-			diff2 += d * d
-			ref2 += float64(w) * float64(w)
-			if d > maxDiff || maxAt < 0 {
-				maxDiff, maxAt = d, i
+	d := kernels.Compare(got, want)
+	if d.Poison > 0 {
+		for i, w := range want {
+			if isNaN(w) && written(i/cols, i%cols) {
+				e.t.Fatalf("%s: the reference left [%d,%d] unwritten", what, i/cols, i%cols)
 			}
 		}
 	}
 	at := func(i int) string { return fmt.Sprintf("[%d,%d]", i/cols, i%cols) }
-	if unwritten > 0 {
-		e.t.Errorf("%s: %d elements left unwritten or NaN, first at %s (want %g)", what, unwritten, at(firstU), want[firstU])
+	if d.Unwritten > 0 {
+		e.t.Errorf("%s: %d elements left unwritten or NaN, first at %s (want %g)", what, d.Unwritten, at(d.FirstUnwritten), want[d.FirstUnwritten])
 	}
-	if overwritten > 0 {
-		e.t.Errorf("%s: %d elements written that must stay untouched, first at %s (got %g)", what, overwritten, at(firstO), got[firstO])
+	if d.Overwritten > 0 {
+		e.t.Errorf("%s: %d elements written that must stay untouched, first at %s (got %g)", what, d.Overwritten, at(d.FirstOverwritten), got[d.FirstOverwritten])
 	}
-	if maxAt < 0 {
+	if d.MaxAt < 0 {
 		return
 	}
-	rel := math.Sqrt(diff2) / math.Max(math.Sqrt(ref2), 1e-30)
-	if !(rel <= e.tol) {
+	if !(d.Rel <= e.tol) {
 		e.t.Errorf("%s: relative error %.3g > %.3g (largest difference %.3g at %s: got %g, want %g)",
-			what, rel, e.tol, maxDiff, at(maxAt), got[maxAt], want[maxAt])
+			what, d.Rel, e.tol, d.Max, at(d.MaxAt), got[d.MaxAt], want[d.MaxAt])
 	}
 }
 

@@ -1,9 +1,11 @@
-package kernels
+package profile
 
 import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/fuselm/fuselm/kernels"
 )
 
 // k is a synthetic kernel record of name, running [start, end) µs.
@@ -38,12 +40,12 @@ func TestBusyTime(t *testing.T) {
 // replayed attention reads one more key per row each step.
 func syntheticRun() ([]OpCall, []Replay, []KernelRecord) {
 	calls := []OpCall{
-		{ID: 1, Op: OpLinear, Set: "naive", Phase: "prefill", Step: 0, Layer: 0, Cost: Cost{FLOPs: 2e9, Bytes: 1e6}},
-		{ID: 2, Op: OpAttnPrefill, Set: "fused", Phase: "prefill", Step: 0, Layer: 0, Cost: Cost{FLOPs: 4e9, Bytes: 2e6}, Scratch: 4096},
-		{ID: 3, Op: OpLinear, Set: "naive", Phase: "decode", Step: 1, Layer: 0, Cost: Cost{FLOPs: 1e6, Bytes: 1e6}},
-		{ID: 4, Op: OpAttnDecode, Set: "fused", Phase: "decode", Step: 1, Layer: 0, Cost: Cost{FLOPs: 1e6, Bytes: 1e6, StepFLOPs: 10, StepBytes: 100}, Scratch: 64},
-		{ID: 5, Op: OpLinear, Set: "naive", Phase: "decode", Step: 2, Layer: 0, Graph: 1, Cost: Cost{FLOPs: 1e6, Bytes: 1e6}},
-		{ID: 6, Op: OpAttnDecode, Set: "fused", Phase: "decode", Step: 2, Layer: 0, Graph: 1, Cost: Cost{FLOPs: 1e6, Bytes: 1e6, StepFLOPs: 10, StepBytes: 100}, Scratch: 64},
+		{ID: 1, Op: kernels.OpLinear, Set: "naive", Phase: "prefill", Step: 0, Layer: 0, Cost: kernels.Cost{FLOPs: 2e9, Bytes: 1e6}},
+		{ID: 2, Op: kernels.OpAttnPrefill, Set: "fused", Phase: "prefill", Step: 0, Layer: 0, Cost: kernels.Cost{FLOPs: 4e9, Bytes: 2e6}, Scratch: 4096},
+		{ID: 3, Op: kernels.OpLinear, Set: "naive", Phase: "decode", Step: 1, Layer: 0, Cost: kernels.Cost{FLOPs: 1e6, Bytes: 1e6}},
+		{ID: 4, Op: kernels.OpAttnDecode, Set: "fused", Phase: "decode", Step: 1, Layer: 0, Cost: kernels.Cost{FLOPs: 1e6, Bytes: 1e6, StepFLOPs: 10, StepBytes: 100}, Scratch: 64},
+		{ID: 5, Op: kernels.OpLinear, Set: "naive", Phase: "decode", Step: 2, Layer: 0, Graph: 1, Cost: kernels.Cost{FLOPs: 1e6, Bytes: 1e6}},
+		{ID: 6, Op: kernels.OpAttnDecode, Set: "fused", Phase: "decode", Step: 2, Layer: 0, Graph: 1, Cost: kernels.Cost{FLOPs: 1e6, Bytes: 1e6, StepFLOPs: 10, StepBytes: 100}, Scratch: 64},
 	}
 	replays := []Replay{{ID: 7, Graph: 1, Step: 2}, {ID: 8, Graph: 1, Step: 3}}
 	recs := []KernelRecord{
@@ -64,12 +66,12 @@ func TestKernelReport(t *testing.T) {
 	calls, replays, recs := syntheticRun()
 	got := attribute(recs, calls, replays)
 	wantOps := []struct {
-		op    Op
+		op    kernels.Op
 		step  int
 		layer int
 	}{
-		{OpLinear, 0, 0}, {OpAttnPrefill, 0, 0}, {OpLinear, 1, 0}, {OpAttnDecode, 1, 0},
-		{OpLinear, 2, 0}, {OpAttnDecode, 2, 0}, {OpLinear, 3, 0}, {OpAttnDecode, 3, 0}, {"", -1, -1},
+		{kernels.OpLinear, 0, 0}, {kernels.OpAttnPrefill, 0, 0}, {kernels.OpLinear, 1, 0}, {kernels.OpAttnDecode, 1, 0},
+		{kernels.OpLinear, 2, 0}, {kernels.OpAttnDecode, 2, 0}, {kernels.OpLinear, 3, 0}, {kernels.OpAttnDecode, 3, 0}, {"", -1, -1},
 	}
 	for i, w := range wantOps {
 		if got[i].Op != w.op || got[i].Step != w.step || got[i].Layer != w.layer {
@@ -92,7 +94,7 @@ func TestKernelReport(t *testing.T) {
 	if !strings.Contains(rep.Note, "CUPTI dropped 2 records") || !strings.Contains(rep.Note, "1 of 9 kernels could not be tied to an op") {
 		t.Errorf("note %q", rep.Note)
 	}
-	ops := map[Op]OpStat{}
+	ops := map[kernels.Op]OpStat{}
 	var share float64
 	for _, r := range rep.Ops {
 		ops[r.Op] = r
@@ -101,7 +103,7 @@ func TestKernelReport(t *testing.T) {
 	if !near(share, 1) {
 		t.Errorf("shares add up to %g", share)
 	}
-	lin := ops[OpLinear]
+	lin := ops[kernels.OpLinear]
 	// Linear: 1 prefill + 1 eager decode + 2 replays of the captured one.
 	if lin.Calls != 4 || lin.Kernels != 4 || !near(lin.Ms, 0.130) || !near(lin.PhaseMs["decode"], 0.030) || lin.Set != "naive" {
 		t.Errorf("linear %+v", lin)
@@ -109,19 +111,19 @@ func TestKernelReport(t *testing.T) {
 	if !near(lin.FLOPs, 2e9+3e6) || !near(lin.TFLOPs, (2e9+3e6)/(0.130*1e9)) {
 		t.Errorf("linear FLOPs %g, %g TFLOP/s", lin.FLOPs, lin.TFLOPs)
 	}
-	dec := ops[OpAttnDecode]
+	dec := ops[kernels.OpAttnDecode]
 	// Eager step 1, then the captured call at steps 2 (as captured) and 3
 	// (one more key per row).
 	if dec.Calls != 3 || !near(dec.Bytes, 3e6+100) || !near(dec.Ms, 0.033) || dec.Scratch != 64 {
 		t.Errorf("attn_decode %+v", dec)
 	}
-	if ops[OpAttnPrefill].Scratch != 4096 {
-		t.Errorf("attn_prefill scratch %d", ops[OpAttnPrefill].Scratch)
+	if ops[kernels.OpAttnPrefill].Scratch != 4096 {
+		t.Errorf("attn_prefill scratch %d", ops[kernels.OpAttnPrefill].Scratch)
 	}
 	if u := ops[OpUnattributed]; u.Kernels != 1 || u.Calls != 0 {
 		t.Errorf("unattributed %+v", u)
 	}
-	if rep.Ops[0].Op != OpAttnPrefill {
+	if rep.Ops[0].Op != kernels.OpAttnPrefill {
 		t.Errorf("largest op first: %v", rep.Ops[0].Op)
 	}
 
@@ -167,9 +169,9 @@ func TestAttributeByPosition(t *testing.T) {
 	}
 	got := attribute(recs, calls, replays)
 	for i := 4; i < 8; i++ {
-		want := OpLinear
+		want := kernels.OpLinear
 		if i%2 == 1 {
-			want = OpAttnDecode
+			want = kernels.OpAttnDecode
 		}
 		if got[i].Op != want || got[i].Step != 2+(i-4)/2 {
 			t.Errorf("kernel %d: %q at step %d", i, got[i].Op, got[i].Step)
@@ -177,16 +179,16 @@ func TestAttributeByPosition(t *testing.T) {
 	}
 	recs[5].Name = "something_else"
 	got = attribute(recs, calls, replays)
-	if got[4].Op != "" || got[5].Op != "" || got[5].Step != 2 || got[6].Op != OpLinear {
+	if got[4].Op != "" || got[5].Op != "" || got[5].Step != 2 || got[6].Op != kernels.OpLinear {
 		t.Errorf("mismatched replay: %+v", got[4:7])
 	}
 }
 
 func TestEventReport(t *testing.T) {
 	calls := []OpCall{
-		{ID: 1, Op: OpRMSNorm, Set: "fused", Phase: "prefill", Ms: 2, Cost: Cost{Bytes: 4e6}},
-		{ID: 2, Op: OpRMSNorm, Set: "fused", Phase: "decode", Step: 1, Ms: 1, Cost: Cost{Bytes: 2e6}},
-		{ID: 3, Op: OpRMSNorm, Set: "fused", Phase: "decode", Step: 2, Graph: 1},
+		{ID: 1, Op: kernels.OpRMSNorm, Set: "fused", Phase: "prefill", Ms: 2, Cost: kernels.Cost{Bytes: 4e6}},
+		{ID: 2, Op: kernels.OpRMSNorm, Set: "fused", Phase: "decode", Step: 1, Ms: 1, Cost: kernels.Cost{Bytes: 2e6}},
+		{ID: 3, Op: kernels.OpRMSNorm, Set: "fused", Phase: "decode", Step: 2, Graph: 1},
 	}
 	replays := []Replay{{ID: 4, Graph: 1, Step: 2, Ms: 5}, {ID: 5, Graph: 1, Step: 3, Ms: 6}}
 	rep := eventReport(calls, replays, errTest("no libcupti"))
@@ -206,26 +208,3 @@ func TestEventReport(t *testing.T) {
 type errTest string
 
 func (e errTest) Error() string { return string(e) }
-
-func TestCostAt(t *testing.T) {
-	b := &Batch{Rows: 2, Tokens: 2, Start: []int{0, 1, 2}, Past: []int{9, 4}}
-	q := &Tensor{DType: BF16, Shape: []int{2, 4 * 8}, Pitch: 32}
-	a := &AttnArgs{Q: q, Batch: b, Heads: 4, KVHeads: 2, HeadDim: 8}
-	c := attnCost(a, true)
-	// 10 + 5 keys, 4 heads of 8: 4·32·15 FLOPs
-	if c.FLOPs != 4*32*15 || c.StepFLOPs != 4*32*2 {
-		t.Errorf("decode cost %+v", c)
-	}
-	later := c.At(3)
-	if later.FLOPs != 4*32*21 || later.StepFLOPs != 0 {
-		t.Errorf("three steps later: %+v", later)
-	}
-	// Prefill of 3 new tokens after 2 cached: 3·2 + 1+2+3 attended pairs.
-	p := &Batch{Rows: 1, Tokens: 3, Start: []int{0, 3}, Past: []int{2}}
-	if n := keysAttended(p, false); n != 12 {
-		t.Errorf("causal pairs %g, want 12", n)
-	}
-	if n := keysAttended(p, true); n != 15 {
-		t.Errorf("non-causal pairs %g, want 15", n)
-	}
-}

@@ -1,4 +1,4 @@
-package kernels
+package profile
 
 import (
 	"cmp"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/fuselm/fuselm/kernels"
 )
 
 // KernelTracer is implemented by devices that record every kernel they
@@ -57,12 +59,12 @@ type KernelRecord struct {
 	GraphNode uint64 `json:"-"`
 
 	// The op call it ran for; Op is "" when the profile could not tell.
-	Call  uint64 `json:"call,omitempty"`
-	Op    Op     `json:"op,omitempty"`
-	Set   string `json:"set,omitempty"`
-	Phase string `json:"phase,omitempty"`
-	Step  int    `json:"step"`
-	Layer int    `json:"layer"`
+	Call  uint64     `json:"call,omitempty"`
+	Op    kernels.Op `json:"op,omitempty"`
+	Set   string     `json:"set,omitempty"`
+	Phase string     `json:"phase,omitempty"`
+	Step  int        `json:"step"`
+	Layer int        `json:"layer"`
 }
 
 // Ns is the kernel's device time in nanoseconds.
@@ -70,7 +72,7 @@ func (k *KernelRecord) Ns() int64 { return k.End - k.Start }
 
 // OpUnattributed is the op name of the profile row of kernels no op call
 // is known to have launched.
-const OpUnattributed Op = "(unattributed)"
+const OpUnattributed kernels.Op = "(unattributed)"
 
 // attribute fills in the op call of every kernel: a kernel launched while
 // an op call's id was set ran for that call; a kernel of a graph replay
@@ -152,10 +154,10 @@ func matchByPosition(recs []KernelRecord, idx []int, rp *Replay, calls []OpCall,
 	}
 }
 
-// ProfileReport is what a profile sums up: the device time of the run, per
+// Report is what a profile sums up: the device time of the run, per
 // op and per kernel, where the kernels come from, and how busy the device
 // was.
-type ProfileReport struct {
+type Report struct {
 	// Source is "cupti" (the device's record of every kernel) or "events"
 	// (marks around each op call, and around each graph replay).
 	Source string `json:"source"`
@@ -182,7 +184,7 @@ type ProfileReport struct {
 
 // OpStat is what a profile knows about one op.
 type OpStat struct {
-	Op      Op                 `json:"op"`
+	Op      kernels.Op         `json:"op"`
 	Set     string             `json:"set,omitempty"`
 	Calls   int                `json:"calls"`
 	Ms      float64            `json:"total_ms"`
@@ -203,14 +205,14 @@ type OpStat struct {
 
 // KernelStat is one kernel's line of a profile: every launch of Name for Op.
 type KernelStat struct {
-	Name   string  `json:"name"`
-	Op     Op      `json:"op"`
-	Source string  `json:"source"`
-	Calls  int     `json:"calls"`
-	Us     float64 `json:"total_us"`
-	AvgUs  float64 `json:"avg_us"`
-	MaxUs  float64 `json:"max_us"`
-	Share  float64 `json:"share"`
+	Name   string     `json:"name"`
+	Op     kernels.Op `json:"op"`
+	Source string     `json:"source"`
+	Calls  int        `json:"calls"`
+	Us     float64    `json:"total_us"`
+	AvgUs  float64    `json:"avg_us"`
+	MaxUs  float64    `json:"max_us"`
+	Share  float64    `json:"share"`
 }
 
 // CoverageRow is the share of device time and of launches in the kernels
@@ -226,9 +228,9 @@ type CoverageRow struct {
 }
 
 // opAccum gathers one op's row.
-type opAccum map[Op]*OpStat
+type opAccum map[kernels.Op]*OpStat
 
-func (a opAccum) row(op Op, set string) *OpStat {
+func (a opAccum) row(op kernels.Op, set string) *OpStat {
 	st := a[op]
 	if st == nil {
 		st = &OpStat{Op: op, Set: set, PhaseMs: map[string]float64{}}
@@ -243,7 +245,7 @@ func (a opAccum) row(op Op, set string) *OpStat {
 	return st
 }
 
-func (a opAccum) addCall(c *OpCall, cost Cost) {
+func (a opAccum) addCall(c *OpCall, cost kernels.Cost) {
 	st := a.row(c.Op, c.Set)
 	st.Calls++
 	st.FLOPs += cost.FLOPs
@@ -274,17 +276,17 @@ func (a opAccum) rows(total float64) []OpStat {
 	return rows
 }
 
-// opOrder sorts ops as opTable does, unknown ones last.
-func opOrder(op Op) int {
-	if i := opIndex(op); i >= 0 {
+// opOrder sorts ops as the op table does, unknown ones last.
+func opOrder(op kernels.Op) int {
+	if i := slices.Index(kernels.AllOps, op); i >= 0 {
 		return i
 	}
-	return numOps
+	return len(kernels.AllOps)
 }
 
 // eventReport is the report of a profile timed by marks.
-func eventReport(calls []OpCall, replays []Replay, traceErr error) *ProfileReport {
-	rep := &ProfileReport{Source: "events"}
+func eventReport(calls []OpCall, replays []Replay, traceErr error) *Report {
+	rep := &Report{Source: "events"}
 	acc := opAccum{}
 	for i := range calls {
 		c := &calls[i]
@@ -325,8 +327,8 @@ func joinNote(a, b string) string {
 
 // kernelReport is the report of a profile timed by the device's kernel
 // records.
-func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes []string) *ProfileReport {
-	rep := &ProfileReport{Source: "cupti", Launches: len(recs)}
+func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes []string) *Report {
+	rep := &Report{Source: "cupti", Launches: len(recs)}
 	acc := opAccum{}
 	byGraph := map[int][]*OpCall{}
 	for i := range calls {
@@ -344,7 +346,7 @@ func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes [
 	}
 	type kkey struct {
 		name string
-		op   Op
+		op   kernels.Op
 	}
 	kstats := map[kkey]*KernelStat{}
 	type ckey struct{ source, set string }

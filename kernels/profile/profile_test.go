@@ -1,4 +1,4 @@
-package kernels_test
+package profile_test
 
 import (
 	"strings"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // tracingDevice is the cpu device with a kernel tracer that records one
@@ -15,7 +16,7 @@ type tracingDevice struct {
 	*cpu.Device
 	cur     uint64
 	start   int64
-	recs    []kernels.KernelRecord
+	recs    []profile.KernelRecord
 	stopped bool
 }
 
@@ -28,10 +29,10 @@ func (d *tracingDevice) TraceID(id uint64) {
 		d.cur, d.start = id, now
 		return
 	}
-	d.recs = append(d.recs, kernels.KernelRecord{Name: "cpu_kernel", Start: d.start, End: now + 1000, ID: d.cur, Source: kernels.SourceOwn})
+	d.recs = append(d.recs, profile.KernelRecord{Name: "cpu_kernel", Start: d.start, End: now + 1000, ID: d.cur, Source: profile.SourceOwn})
 }
 
-func (d *tracingDevice) KernelRecords() ([]kernels.KernelRecord, string, error) {
+func (d *tracingDevice) KernelRecords() ([]profile.KernelRecord, string, error) {
 	r := d.recs
 	d.recs = nil
 	return r, "", nil
@@ -42,7 +43,7 @@ func (d *tracingDevice) KernelRecords() ([]kernels.KernelRecord, string, error) 
 // still holds.
 func TestProfileTracesKernels(t *testing.T) {
 	dev := &tracingDevice{Device: cpu.NewDevice()}
-	prof := kernels.NewProfile(dev)
+	prof := profile.New(dev)
 	if err := prof.TraceKernels(); err != nil || prof.Source() != "cupti" {
 		t.Fatalf("TraceKernels: %v, source %s", err, prof.Source())
 	}
@@ -59,11 +60,11 @@ func TestProfileTracesKernels(t *testing.T) {
 	if err := prof.Reset(); err != nil {
 		t.Fatal(err)
 	}
-	kernels.SetLayer(ops, 3)
+	ops.SetLayer(3)
 	ops.Add(a, a, a)
 	prof.SetPhase("decode")
 	prof.SetStep(1)
-	kernels.SetLayer(ops, -1)
+	ops.SetLayer(-1)
 	ops.RMSNorm(a, a, dev.Alloc(kernels.F32, 8), 1e-6)
 	if err := prof.Flush(); err != nil {
 		t.Fatal(err)
@@ -121,4 +122,17 @@ func TestProfileWithoutTracer(t *testing.T) {
 	if calls := prof.Recording().Calls; len(calls) != 3 || calls[1].Graph != 1 || calls[1].Ms != 0 {
 		t.Errorf("calls %+v", calls)
 	}
+}
+
+// profiledCPU is the cpu set's ops on a cpu device, with their profile.
+func profiledCPU(t *testing.T) (*cpu.Device, *profile.Profile, *kernels.Dispatch) {
+	t.Helper()
+	dev := cpu.NewDevice()
+	prof := profile.New(dev)
+	s, _ := kernels.ParseSpec("cpu")
+	ops, err := s.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev, prof, ops
 }

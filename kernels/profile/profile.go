@@ -1,16 +1,24 @@
-package kernels
+// Package profile records what kernel sets did: every op call of a
+// kernels.Dispatch (as its Observer), graph replays and host spans, timed by
+// marks on the device or by the device's own record of every kernel it ran
+// (KernelTracer, CUPTI on CUDA), and sums them up per op, per kernel and per
+// origin (Report).
+package profile
 
 import (
 	"fmt"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/fuselm/fuselm/kernels"
 )
 
-// Profile records every op call made through the Ops that Spec.Build
-// returns: the op, the set that ran it, the phase, decode step and decoder
-// layer it belongs to, its cost (FLOPs and bytes) and the scratch memory it
-// asked for; and host spans (loading, the prefill, each decode step).
+// Profile records every op call of the kernels.Dispatch it observes (give
+// it to kernels.Spec.Build): the op, the set that ran it, the phase, decode
+// step and decoder layer it belongs to, its cost (FLOPs and bytes) and the
+// scratch memory it asked for; and host spans (loading, the prefill, each
+// decode step).
 //
 // Device time comes from one of two sources. By default (events) it is the
 // time between marks queued around each call (wall time on the CPU, CUDA
@@ -20,7 +28,7 @@ import (
 // it ran, graph replays and library kernels (cuBLAS) included, each
 // attributed to the op call that launched it.
 type Profile struct {
-	dev      Device
+	dev      kernels.Device
 	tracer   KernelTracer // nil: times come from marks
 	traceErr error        // why TraceKernels failed, for the report's note
 	meter    ScratchMeter // the device's, or nil
@@ -36,17 +44,17 @@ type Profile struct {
 	calls     []OpCall
 	replays   []Replay
 	host      []HostSpan
-	marks     map[uint64][2]Mark // events: the marks around a call or replay, until Flush
-	records   []KernelRecord     // cupti: attributed by Flush
-	notes     []string           // what the tracer said when flushed (dropped records)
+	marks     map[uint64][2]kernels.Mark // events: the marks around a call or replay, until Flush
+	records   []KernelRecord             // cupti: attributed by Flush
+	notes     []string                   // what the tracer said when flushed (dropped records)
 }
 
 // OpCall is one call of an op through the dispatch.
 type OpCall struct {
-	ID    uint64 `json:"id"`
-	Op    Op     `json:"op"`
-	Set   string `json:"set"`
-	Phase string `json:"phase"`
+	ID    uint64     `json:"id"`
+	Op    kernels.Op `json:"op"`
+	Set   string     `json:"set"`
+	Phase string     `json:"phase"`
 	// Step is 0 for the prefill and k for the k-th decode step (of the
 	// call itself; a captured call runs at the steps of its replays).
 	Step int `json:"step"`
@@ -62,9 +70,9 @@ type OpCall struct {
 	End   int64 `json:"end_ns"`
 	// Ms is the device time between the marks around the call (events
 	// only; 0 for captured calls and under cupti).
-	Ms      float64 `json:"ms,omitempty"`
-	Cost    Cost    `json:"-"`
-	Scratch int64   `json:"scratch_bytes,omitempty"`
+	Ms      float64      `json:"ms,omitempty"`
+	Cost    kernels.Cost `json:"-"`
+	Scratch int64        `json:"scratch_bytes,omitempty"`
 }
 
 // Replay is one replay of a captured graph.
@@ -96,10 +104,10 @@ type ScratchMeter interface {
 	TakeScratch() int64
 }
 
-// NewProfile returns an enabled profile of work on dev, in phase "prefill",
+// New returns an enabled profile of work on dev, in phase "prefill",
 // timing op calls with marks (see TraceKernels).
-func NewProfile(dev Device) *Profile {
-	p := &Profile{dev: dev, on: true, phase: "prefill", layer: -1, marks: map[uint64][2]Mark{}}
+func New(dev kernels.Device) *Profile {
+	p := &Profile{dev: dev, on: true, phase: "prefill", layer: -1, marks: map[uint64][2]kernels.Mark{}}
 	p.meter, _ = dev.(ScratchMeter)
 	return p
 }
@@ -163,14 +171,15 @@ func (p *Profile) SetStep(step int) {
 	p.mu.Unlock()
 }
 
-// SetLayer tells the profile of ops (built by Spec.Build) which decoder
-// layer later calls belong to; -1 means none. Other Ops ignore it.
-func SetLayer(ops Ops, layer int) {
-	if d, ok := ops.(*dispatch); ok && d.prof != nil {
-		d.prof.mu.Lock()
-		d.prof.layer = layer
-		d.prof.mu.Unlock()
+// SetLayer says which decoder layer the calls that follow belong to; -1
+// means none (kernels.Observer's layer mark, told by the Dispatch).
+func (p *Profile) SetLayer(layer int) {
+	if p == nil {
+		return
 	}
+	p.mu.Lock()
+	p.layer = layer
+	p.mu.Unlock()
 }
 
 // BeginCapture marks the calls that follow, until EndCapture, as recorded
@@ -206,7 +215,7 @@ func (p *Profile) Replay(step int, replay func() error) error {
 		return replay()
 	}
 	r.Start = time.Now().UnixNano()
-	var from Mark
+	var from kernels.Mark
 	if p.tracer != nil {
 		p.tracer.TraceID(r.ID)
 	} else {
@@ -217,7 +226,7 @@ func (p *Profile) Replay(step int, replay func() error) error {
 		p.tracer.TraceID(0)
 	} else {
 		p.mu.Lock()
-		p.marks[r.ID] = [2]Mark{from, p.dev.Mark()}
+		p.marks[r.ID] = [2]kernels.Mark{from, p.dev.Mark()}
 		p.mu.Unlock()
 	}
 	r.End = time.Now().UnixNano()
@@ -241,11 +250,27 @@ func (p *Profile) AddHostSpan(name, phase string, step int, start, end time.Time
 
 // pendingCall is a call under way: begin made it, end records it.
 type pendingCall struct {
+	p    *Profile
 	call OpCall
-	from Mark
+	from kernels.Mark
 }
 
-func (p *Profile) begin(op Op, set string) *pendingCall {
+// EndOp records the call, run on set at cost (the Observer's end).
+func (c *pendingCall) EndOp(set string, cost kernels.Cost) {
+	c.call.Set = set
+	c.p.end(c, cost)
+}
+
+// BeginOp starts recording a call of op on set (kernels.Observer's
+// begin, told by the Dispatch); nil when the profile is off.
+func (p *Profile) BeginOp(op kernels.Op, set string) kernels.OpEnd {
+	if c := p.begin(op, set); c != nil {
+		return c
+	}
+	return nil
+}
+
+func (p *Profile) begin(op kernels.Op, set string) *pendingCall {
 	if p == nil {
 		return nil
 	}
@@ -255,7 +280,7 @@ func (p *Profile) begin(op Op, set string) *pendingCall {
 		return nil
 	}
 	p.nextID++
-	c := &pendingCall{call: OpCall{ID: p.nextID, Op: op, Set: set, Phase: p.phase, Step: p.step, Layer: p.layer}}
+	c := &pendingCall{p: p, call: OpCall{ID: p.nextID, Op: op, Set: set, Phase: p.phase, Step: p.step, Layer: p.layer}}
 	if p.capturing {
 		c.call.Graph = p.graphs
 	}
@@ -273,8 +298,8 @@ func (p *Profile) begin(op Op, set string) *pendingCall {
 	return c
 }
 
-func (p *Profile) end(c *pendingCall, cost Cost) {
-	var to Mark
+func (p *Profile) end(c *pendingCall, cost kernels.Cost) {
+	var to kernels.Mark
 	switch {
 	case p.tracer != nil:
 		p.tracer.TraceID(0)
@@ -290,7 +315,7 @@ func (p *Profile) end(c *pendingCall, cost Cost) {
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, c.call)
 	if c.from != nil {
-		p.marks[c.call.ID] = [2]Mark{c.from, to}
+		p.marks[c.call.ID] = [2]kernels.Mark{c.from, to}
 	}
 }
 
@@ -300,7 +325,7 @@ func (p *Profile) end(c *pendingCall, cost Cost) {
 func (p *Profile) Reset() error {
 	p.mu.Lock()
 	p.calls, p.replays, p.host, p.records, p.notes = nil, nil, nil, nil, nil
-	p.marks = map[uint64][2]Mark{}
+	p.marks = map[uint64][2]kernels.Mark{}
 	p.step, p.layer, p.graphs = 0, -1, 0
 	p.mu.Unlock()
 	if p.tracer != nil {
@@ -332,7 +357,7 @@ func (p *Profile) Flush() error {
 	}
 	p.mu.Lock()
 	marks := p.marks
-	p.marks = map[uint64][2]Mark{}
+	p.marks = map[uint64][2]kernels.Mark{}
 	p.mu.Unlock()
 	times := make(map[uint64]float64, len(marks))
 	for id, m := range marks {
@@ -381,7 +406,7 @@ func (p *Profile) Recording() Recording {
 
 // Report sums up what the profile recorded: per op, per kernel, coverage
 // and busy time.
-func (p *Profile) Report() *ProfileReport {
+func (p *Profile) Report() *Report {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tracer != nil {

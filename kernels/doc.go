@@ -1,0 +1,36 @@
+// Package kernels defines what every kernel set implements: tensors, the op
+// interface the layers call (Ops), each op's contract and cost, and the
+// registry of kernel sets with per-op selection, whose Dispatch routes each
+// op to its set and tells an Observer (kernels/profile) of every call.
+//
+// The files, each using only those before it: dtype.go and half.go
+// (element types), shape.go (an op's problem size), tensor.go (tensors,
+// Device), ops.go (the op table and Ops), variant.go (targets, variants,
+// Tunable), cost.go and contract.go (what each op takes and costs),
+// compare.go (the one comparison of a set's output with a reference),
+// registry.go (sets, specs, fallbacks), dispatch.go and notowned.go, and
+// ops_gen.go, written by go generate.
+//
+// # Adding an op
+//
+// An op is added in these places, as ggml adds one to its op table, its CPU
+// backend, each other backend and test-backend-ops:
+//
+//  1. ops.go: its Op constant, its opTable row (name, the Ops method that
+//     runs it, group, what it does) and its Ops method, documented with
+//     the layout of every argument; then go generate ./kernels writes its
+//     Dispatch and NotOwned methods (ops_gen.go).
+//  2. contract.go: its Check function, which every set calls first, and
+//     its cost (costOf's method: the FLOPs and bytes the profile reads).
+//  3. kernels/cpu: the plain reference, in the file named for the op.
+//  4. Each CUDA set (kernels/naive, kernels/fused): its kernel and launcher
+//     in the file named for the op, and, for a set that owns only some ops
+//     (SetInfo.Own), the op in that list; a set that has no kernel for it
+//     runs its fallback's.
+//  5. Its cases: kernels/kerneltest's table, which holds every set against
+//     the cpu set, and kernels/kbench's, which times every set (two tables
+//     still, with their own builders of inputs).
+//
+// A kernel set is registered (Register) from its package's init; its name
+// is then one that specs, and the command line, take.
+package kernels
