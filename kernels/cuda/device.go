@@ -25,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -67,6 +68,8 @@ type Device struct {
 	alloc     *allocator
 	err       error // the first error of queued work (sticky)
 	closed    bool
+	watchdog  time.Duration // Sync's bound, 0 for none (SetWatchdog)
+	hung      bool          // Sync gave up on work that did not finish
 	capturing bool
 
 	// Kernel parameters: cuLaunchKernel gets argPtrs, whose entries point at
@@ -632,7 +635,7 @@ func (d *Device) Sync() error {
 	if d.capturing {
 		return errors.New("cuda: Sync while a graph is captured")
 	}
-	if err := d.drv.check(ccall(d.drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize"); err != nil {
+	if err := d.syncStream(); err != nil {
 		d.failLocked(err)
 	}
 	return d.err
@@ -738,6 +741,10 @@ func (d *Device) Close() error {
 }
 
 func (d *Device) closeLocked() error {
+	if d.hung { // waiting on the stream, or freeing what it uses, would wait forever
+		d.closed = true
+		return d.err
+	}
 	var errs []error
 	keep := func(err error) {
 		if err != nil {

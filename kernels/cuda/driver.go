@@ -78,6 +78,7 @@ type driverAPI struct {
 	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync            uintptr
 	cuMemsetD8Async, cuMemsetD32Async                                  uintptr
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize               uintptr
+	cuStreamQuery                                                      uintptr // 0 where not found: Sync waits unbounded
 	cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventDestroy   uintptr
 	cuEventElapsedTime                                                 uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction              uintptr
@@ -136,6 +137,7 @@ func loadDriver() (*driverAPI, error) {
 			sym(&d.cuStreamCreate, "cuStreamCreate"),
 			sym(&d.cuStreamDestroy, "cuStreamDestroy_v2"),
 			sym(&d.cuStreamSynchronize, "cuStreamSynchronize"),
+			optSym(&d.cuStreamQuery, "cuStreamQuery"),
 			sym(&d.cuEventCreate, "cuEventCreate"),
 			sym(&d.cuEventRecord, "cuEventRecord"),
 			sym(&d.cuEventSynchronize, "cuEventSynchronize"),

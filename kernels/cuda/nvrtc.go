@@ -73,46 +73,50 @@ func loadNVRTC(driverVersion int) (*nvrtcAPI, error) {
 			nvrtcErr = err
 			return
 		}
-		n := &nvrtcAPI{lib: lib}
-		err = lib.resolve([]symbol{
-			sym(&n.nvrtcVersion, "nvrtcVersion"),
-			sym(&n.nvrtcGetErrorString, "nvrtcGetErrorString"),
-			sym(&n.nvrtcCreateProgram, "nvrtcCreateProgram"),
-			sym(&n.nvrtcDestroyProgram, "nvrtcDestroyProgram"),
-			sym(&n.nvrtcCompileProgram, "nvrtcCompileProgram"),
-			sym(&n.nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize"),
-			sym(&n.nvrtcGetProgramLog, "nvrtcGetProgramLog"),
-			sym(&n.nvrtcGetCUBINSize, "nvrtcGetCUBINSize"),
-			sym(&n.nvrtcGetCUBIN, "nvrtcGetCUBIN"),
-			sym(&n.nvrtcGetPTXSize, "nvrtcGetPTXSize"),
-			sym(&n.nvrtcGetPTX, "nvrtcGetPTX"),
-			optSym(&n.nvrtcGetNumSupportedArchs, "nvrtcGetNumSupportedArchs"),
-			optSym(&n.nvrtcGetSupportedArchs, "nvrtcGetSupportedArchs"),
-		})
-		if err != nil {
-			nvrtcErr = err
-			return
-		}
-		var major, minor int32
-		if err := n.check(ccall(n.nvrtcVersion, uintptr(unsafe.Pointer(&major)), uintptr(unsafe.Pointer(&minor))), "nvrtcVersion", ""); err != nil {
-			nvrtcErr = err
-			return
-		}
-		n.major, n.minor = int(major), int(minor)
-		if n.nvrtcGetNumSupportedArchs != 0 && n.nvrtcGetSupportedArchs != 0 {
-			var cnt int32
-			if ccall(n.nvrtcGetNumSupportedArchs, uintptr(unsafe.Pointer(&cnt))) == 0 && cnt > 0 && cnt < 1024 {
-				a := make([]int32, cnt)
-				if uint32(ccall(n.nvrtcGetSupportedArchs, uintptr(unsafe.Pointer(&a[0])))) == 0 {
-					for _, v := range a {
-						n.archs = append(n.archs, int(v))
-					}
+		nvrtc, nvrtcErr = openNVRTC(lib)
+	})
+	return nvrtc, nvrtcErr
+}
+
+// openNVRTC resolves NVRTC's entry points in lib and reads its version and
+// supported architectures.
+func openNVRTC(lib *library) (*nvrtcAPI, error) {
+	n := &nvrtcAPI{lib: lib}
+	err := lib.resolve([]symbol{
+		sym(&n.nvrtcVersion, "nvrtcVersion"),
+		sym(&n.nvrtcGetErrorString, "nvrtcGetErrorString"),
+		sym(&n.nvrtcCreateProgram, "nvrtcCreateProgram"),
+		sym(&n.nvrtcDestroyProgram, "nvrtcDestroyProgram"),
+		sym(&n.nvrtcCompileProgram, "nvrtcCompileProgram"),
+		sym(&n.nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize"),
+		sym(&n.nvrtcGetProgramLog, "nvrtcGetProgramLog"),
+		sym(&n.nvrtcGetCUBINSize, "nvrtcGetCUBINSize"),
+		sym(&n.nvrtcGetCUBIN, "nvrtcGetCUBIN"),
+		sym(&n.nvrtcGetPTXSize, "nvrtcGetPTXSize"),
+		sym(&n.nvrtcGetPTX, "nvrtcGetPTX"),
+		optSym(&n.nvrtcGetNumSupportedArchs, "nvrtcGetNumSupportedArchs"),
+		optSym(&n.nvrtcGetSupportedArchs, "nvrtcGetSupportedArchs"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	var major, minor int32
+	if err := n.check(ccall(n.nvrtcVersion, uintptr(unsafe.Pointer(&major)), uintptr(unsafe.Pointer(&minor))), "nvrtcVersion", ""); err != nil {
+		return nil, err
+	}
+	n.major, n.minor = int(major), int(minor)
+	if n.nvrtcGetNumSupportedArchs != 0 && n.nvrtcGetSupportedArchs != 0 {
+		var cnt int32
+		if ccall(n.nvrtcGetNumSupportedArchs, uintptr(unsafe.Pointer(&cnt))) == 0 && cnt > 0 && cnt < 1024 {
+			a := make([]int32, cnt)
+			if uint32(ccall(n.nvrtcGetSupportedArchs, uintptr(unsafe.Pointer(&a[0])))) == 0 {
+				for _, v := range a {
+					n.archs = append(n.archs, int(v))
 				}
 			}
 		}
-		nvrtc = n
-	})
-	return nvrtc, nvrtcErr
+	}
+	return n, nil
 }
 
 // version is NVRTC's version as 1000*major + 10*minor.
