@@ -26,6 +26,12 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	decodeGraph(testingT{t}, gr, dev, set, info.Owns, ops)
+}
+
+// decodeGraph is RunDecodeGraph on ops, the set named set built on dev,
+// for the ops owns reports.
+func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, owns func(kernels.Op) bool, ops kernels.Ops) {
 	g := &graphCase{t: t, dev: dev, rng: rand.New(rand.NewSource(1)), mem: kernels.Allocs{Dev: dev}}
 	defer g.free()
 	act := dev.ActDType()
@@ -41,7 +47,7 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 	var state []*kernels.Tensor // what it changes in place: reset before each run
 	var names []string
 	add := func(op kernels.Op, run func(), out ...*kernels.Tensor) {
-		if info.Owns(op) {
+		if owns(op) {
 			steps = append(steps, run)
 			outs = append(outs, out...)
 			for range out {
@@ -88,7 +94,7 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 	idx, weight := g.alloc(kernels.I32, rows, topK), g.random(kernels.F32, rows, topK)
 	routing := &kernels.Routing{Method: kernels.RouteGreedy, TopK: topK, NormTopK: true, Scale: 1}
 	add(kernels.OpMoERoute, func() { ops.MoERoute(idx, weight, logits, routing) }, idx, weight)
-	if !info.Owns(kernels.OpMoERoute) {
+	if !owns(kernels.OpMoERoute) {
 		// Routes for the experts, rewritten before every run.
 		state = append(state, idx, weight)
 	}
@@ -148,19 +154,19 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 	step() // sizes every buffer the ops keep before the capture
 	g.sync()
 	if err := gr.BeginCapture(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	step()
 	graph, err := gr.EndCapture()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	defer graph.Close()
 
 	for i, lens := range lengths {
 		reset(lens)
 		if err := graph.Replay(); err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v", err)
 		}
 		replayed := g.readAll(outs)
 		reset(lens)
@@ -176,7 +182,7 @@ func RunDecodeGraph(t *testing.T, dev kernels.Device, set string) {
 
 // graphCase allocates and fills the tensors of RunDecodeGraph.
 type graphCase struct {
-	t   *testing.T
+	t   tester
 	dev kernels.Device
 	rng *rand.Rand
 	mem kernels.Allocs // every tensor of the case
@@ -205,7 +211,7 @@ func (g *graphCase) upload(x *kernels.Tensor, v []float32) {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
 	}
 	if err := g.dev.Upload(x, b, kernels.F32); err != nil {
-		g.t.Fatal(err)
+		g.t.Fatalf("%v", err)
 	}
 }
 
@@ -218,7 +224,7 @@ func (g *graphCase) ints(v ...int32) *kernels.Tensor {
 func (g *graphCase) write(x *kernels.Tensor, v []int32) {
 	g.t.Helper()
 	if err := g.dev.WriteI32(x, v); err != nil {
-		g.t.Fatal(err)
+		g.t.Fatalf("%v", err)
 	}
 }
 
@@ -227,7 +233,7 @@ func (g *graphCase) read(x *kernels.Tensor) []float32 {
 	if x.DType == kernels.I32 {
 		v, err := g.dev.ReadI32(x)
 		if err != nil {
-			g.t.Fatal(err)
+			g.t.Fatalf("%v", err)
 		}
 		f := make([]float32, len(v))
 		for i, n := range v {
@@ -237,7 +243,7 @@ func (g *graphCase) read(x *kernels.Tensor) []float32 {
 	}
 	v, err := g.dev.ReadF32(x)
 	if err != nil {
-		g.t.Fatal(err)
+		g.t.Fatalf("%v", err)
 	}
 	return v
 }
@@ -253,6 +259,6 @@ func (g *graphCase) readAll(xs []*kernels.Tensor) [][]float32 {
 func (g *graphCase) sync() {
 	g.t.Helper()
 	if err := g.dev.Sync(); err != nil {
-		g.t.Fatal(err)
+		g.t.Fatalf("%v", err)
 	}
 }

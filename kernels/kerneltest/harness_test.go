@@ -277,3 +277,30 @@ func has(s string) func(string) bool {
 }
 
 func not(f func(string) bool) func(string) bool { return func(name string) bool { return !f(name) } }
+
+// Check, the gate before a set is timed, passes the cpu set and names the
+// case, and by how much, that a broken op fails; the ops it was not asked
+// about are not run.
+func TestCheckReports(t *testing.T) {
+	host := cpu.NewDevice()
+	good, err := cpu.New(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rms := func(op kernels.Op) bool { return op == kernels.OpRMSNorm }
+	rep := Check(host, good, rms, DefaultTolerances())
+	if rep.Err() != nil || rep.Cases == 0 {
+		t.Fatalf("cpu set: %d cases, %v", rep.Cases, rep.Err())
+	}
+	bad := &faulty{Ops: good, dev: host, fault: "rms_norm eps 1"}
+	rep = Check(host, bad, rms, DefaultTolerances())
+	err = rep.Err()
+	if err == nil || !strings.HasPrefix(err.Error(), "kerneltest case rms_norm/") || !strings.Contains(err.Error(), "relative error") {
+		t.Errorf("a scaled rms_norm: %v, want its case and its relative error", err)
+	}
+	for _, f := range rep.Failures {
+		if !strings.HasPrefix(f.Case, "rms_norm/") {
+			t.Errorf("case %s ran: only rms_norm was asked for", f.Case)
+		}
+	}
+}
