@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/fuselm/fuselm/kernels/userset"
 )
 
 // The exit statuses of every command.
@@ -47,7 +49,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// Cobra parses flags, finds the command and checks its arguments before
 	// any PersistentPreRun: what fails before is the command line's fault.
 	parsed := false
-	root.PersistentPreRun = func(*cobra.Command, []string) { parsed = true }
+	var kernelDirs []string
+	root.PersistentFlags().StringArrayVar(&kernelDirs, "kernel-dir", nil,
+		"load a kernel set of your own from this directory (its fuselm.json; docs/KERNEL_ABI.md); repeatable, "+
+			"and "+userset.PathEnv+" lists more")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		parsed = true
+		return loadKernelDirs(userset.Dirs(kernelDirs, os.Getenv))
+	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -111,4 +120,15 @@ func newHelpCmd() *cobra.Command {
 			return cmd.Help()
 		},
 	}
+}
+
+// loadKernelDirs registers the kernel set of each directory (userset.Load)
+// before the command reads its kernel specs.
+func loadKernelDirs(dirs []string) error {
+	for _, dir := range dirs {
+		if _, err := userset.Load(dir); err != nil {
+			return err
+		}
+	}
+	return nil
 }
