@@ -15,7 +15,7 @@ if [ -n "$rev" ] && ! git diff --quiet HEAD 2>/dev/null; then rev="$rev+dirty"; 
 ver=$(git describe --tags --dirty 2>/dev/null || echo devel)
 strip=(-ldflags "-s -w -X main.version=$ver -X main.commit=$rev")
 go build "${strip[@]}" -o bin/infer ./cmd/infer
-for pkg in kernels/cuda kernels/naive kernels/fused kernels/kerneltest model cmd/infer; do
+for pkg in kernels/cuda kernels/naive kernels/fused kernels/kerneltest kernels/userset model cmd/infer; do
 	[ -d "$pkg" ] || continue
 	go test -c "${strip[@]}" -o "bin/$(basename "$pkg").test" "./$pkg"
 done

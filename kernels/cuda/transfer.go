@@ -170,7 +170,7 @@ func (d *Device) read(t *kernels.Tensor) ([]byte, error) {
 	if err := d.transferable("a read"); err != nil {
 		return nil, err
 	}
-	if err := d.drv.check(ccall(d.drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize"); err != nil {
+	if err := d.syncStream(); err != nil {
 		d.failLocked(err)
 		return nil, err
 	}

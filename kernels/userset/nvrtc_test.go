@@ -75,7 +75,7 @@ func TestExamplesCompile(t *testing.T) {
 	if err == nil {
 		t.Fatal("the broken example compiles")
 	}
-	got := compileError("broken_compile", ks[0], err).Error()
+	got := compileError(ks[0], err).Error()
 	t.Logf("raw log:\n%s", log)
 	want := ks[0].path + `:9: error: identifier "rstd" is undefined`
 	if !strings.Contains(got, want) {

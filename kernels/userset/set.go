@@ -118,7 +118,7 @@ var (
 func build(dev kernels.Device, name string, ks []kernel) (kernels.Ops, error) {
 	d, ok := dev.(*cuda.Device)
 	if !ok {
-		return nil, fmt.Errorf("kernel set %s runs on CUDA devices, not %s", name, dev.Name())
+		return nil, fmt.Errorf("runs on CUDA devices, not %s", dev.Name())
 	}
 	limit, err := watchdog(os.Getenv)
 	if err != nil {
@@ -165,8 +165,8 @@ func refusal(name string, ks []kernel, rep kerneltest.Report) error {
 	if n := len(rep.Failures) - 1; n > 0 {
 		more = fmt.Sprintf(" (and %d more failure(s))", n)
 	}
-	msg := fmt.Sprintf("kernel set %s fails its check and is not timed: %s: case %s: %s%s",
-		name, strings.Join(where, ", "), f.Case, f.Msg, more)
+	msg := fmt.Sprintf("fails its check and is not timed: %s: case %s: %s%s",
+		strings.Join(where, ", "), f.Case, f.Msg, more)
 	return fmt.Errorf("%s", strings.Join(strings.Fields(msg), " "))
 }
 
@@ -197,22 +197,22 @@ func newOps(d *cuda.Device, name string, ks []kernel) (*ops, error) {
 	}
 	o := &ops{NotOwned: kernels.NotOwned{Set: name}, kit: kit, set: name, k: map[kernels.Op]*bound{}}
 	for _, k := range ks {
-		mod, err := loadModule(d, name, k)
+		mod, err := loadModule(d, k)
 		if err != nil {
 			return nil, err
 		}
 		f, err := mod.Func(k.spec.Entry)
 		if err != nil {
-			return nil, fmt.Errorf("kernel set %s: %s: %s: no entry point %q (declare it extern \"C\" __global__, or with fuselm.cuh's %s)",
-				name, k.op, k.path, k.spec.Entry, k.abi.macro)
+			return nil, fmt.Errorf("%s: %s: no entry point %q (declare it extern \"C\" __global__, or with fuselm.cuh's %s)",
+				k.op, k.path, k.spec.Entry, k.abi.macro)
 		}
 		attrs, err := f.Attrs()
 		if err != nil {
 			return nil, err
 		}
 		if k.spec.Block > attrs.MaxThreadsPerBlock {
-			return nil, fmt.Errorf("kernel set %s: %s: %s: entry %s: a block of %d threads exceeds what the kernel can run, %d (its %d registers per thread)",
-				name, k.op, k.path, k.spec.Entry, k.spec.Block, attrs.MaxThreadsPerBlock, attrs.Regs)
+			return nil, fmt.Errorf("%s: %s: entry %s: a block of %d threads exceeds what the kernel can run, %d (its %d registers per thread)",
+				k.op, k.path, k.spec.Entry, k.spec.Block, attrs.MaxThreadsPerBlock, attrs.Regs)
 		}
 		o.k[k.op] = &bound{kernel: k, f: f, static: attrs.StaticShared}
 	}
@@ -220,10 +220,10 @@ func newOps(d *cuda.Device, name string, ks []kernel) (*ops, error) {
 }
 
 // loadModule compiles or loads the file of kernel k.
-func loadModule(d *cuda.Device, set string, k kernel) (*cuda.Module, error) {
+func loadModule(d *cuda.Device, k kernel) (*cuda.Module, error) {
 	src, err := os.ReadFile(k.path)
 	if err != nil {
-		return nil, fmt.Errorf("kernel set %s: %s: %w", set, k.op, err)
+		return nil, fmt.Errorf("%s: %w", k.op, err)
 	}
 	if k.kind == "cu" {
 		opts, err := compileOptions(k)
@@ -232,16 +232,16 @@ func loadModule(d *cuda.Device, set string, k kernel) (*cuda.Module, error) {
 		}
 		mod, err := d.Module(k.path, string(src), opts...)
 		if err != nil {
-			return nil, compileError(set, k, err)
+			return nil, compileError(k, err)
 		}
 		return mod, nil
 	}
 	if err := checkImage(k, src); err != nil {
-		return nil, fmt.Errorf("kernel set %s: %s: %s: %v", set, k.op, k.path, err)
+		return nil, fmt.Errorf("%s: %s: %v", k.op, k.path, err)
 	}
 	mod, err := d.ModuleImage(k.path, src)
 	if err != nil {
-		return nil, fmt.Errorf("kernel set %s: %s: %s does not load: %v", set, k.op, k.path, err)
+		return nil, fmt.Errorf("%s: %s does not load: %v", k.op, k.path, err)
 	}
 	return mod, nil
 }

@@ -63,12 +63,11 @@ var nvrtcLine = regexp.MustCompile(`^(.+?)\((\d+)\): (.*)$`)
 // CompileError is a user's .cu file that NVRTC did not compile: the op, the
 // file, and NVRTC's log with each message as file:line: text.
 type CompileError struct {
-	Set, Op, File string
-	Log           string
+	Op, File, Log string
 }
 
 func (e *CompileError) Error() string {
-	return fmt.Sprintf("kernel set %s: %s: %s does not compile:\n%s", e.Set, e.Op, e.File, e.Log)
+	return fmt.Sprintf("%s: %s does not compile:\n%s", e.Op, e.File, e.Log)
 }
 
 // formatLog rewrites NVRTC's "file(line): text" as "file:line: text", the
@@ -90,12 +89,12 @@ func formatLog(log string) string {
 }
 
 // compileError is err, a failed NVRTC compile, as a CompileError.
-func compileError(set string, k kernel, err error) error {
+func compileError(k kernel, err error) error {
 	var ce *cuda.Error
 	if errors.As(err, &ce) && ce.Log != "" {
-		return &CompileError{Set: set, Op: string(k.op), File: k.path, Log: formatLog(ce.Log)}
+		return &CompileError{Op: string(k.op), File: k.path, Log: formatLog(ce.Log)}
 	}
-	return fmt.Errorf("kernel set %s: %s: %s: %w", set, k.op, k.path, err)
+	return fmt.Errorf("%s: %s: %w", k.op, k.path, err)
 }
 
 // ptxEntry finds .entry name in PTX text and counts its parameters.

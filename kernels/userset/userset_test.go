@@ -153,8 +153,8 @@ Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"`
 	if got := formatLog(nvrtcLog); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
-	e := &CompileError{Set: "mine", Op: "rms_norm", File: "dir/rms_norm.cu", Log: formatLog(nvrtcLog)}
-	if first := strings.SplitN(e.Error(), "\n", 2)[0]; first != "kernel set mine: rms_norm: dir/rms_norm.cu does not compile:" {
+	e := &CompileError{Op: "rms_norm", File: "dir/rms_norm.cu", Log: formatLog(nvrtcLog)}
+	if first := strings.SplitN(e.Error(), "\n", 2)[0]; first != "rms_norm: dir/rms_norm.cu does not compile:" {
 		t.Errorf("first line %q", first)
 	}
 }
@@ -223,7 +223,7 @@ func TestLoad(t *testing.T) {
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), `kernel set "my_rms" is loaded already, from `) {
 		t.Errorf("a name another directory has: %v", err)
 	}
-	if _, err := info.New(cpu.NewDevice()); err == nil || !strings.Contains(err.Error(), "kernel set my_rms runs on CUDA devices, not cpu") {
+	if _, err := info.New(cpu.NewDevice()); err == nil || !strings.Contains(err.Error(), "runs on CUDA devices, not cpu") {
 		t.Errorf("built on the cpu device: %v", err)
 	}
 }
@@ -239,7 +239,7 @@ func TestRefusal(t *testing.T) {
 		{Case: "swiglu/N=3,I=17", Msg: "out: relative error 0.5 > 0.02 (largest difference 3 at [1,2]: got 1, want 4)"},
 		{Case: "swiglu/N=64,I=8", Msg: "out: relative error 0.4 > 0.02"},
 	}}
-	want := "kernel set mine fails its check and is not timed: swiglu (d/swiglu.ptx, entry sw): case swiglu/N=3,I=17: out: relative error 0.5 > 0.02 (largest difference 3 at [1,2]: got 1, want 4) (and 1 more failure(s))"
+	want := "fails its check and is not timed: swiglu (d/swiglu.ptx, entry sw): case swiglu/N=3,I=17: out: relative error 0.5 > 0.02 (largest difference 3 at [1,2]: got 1, want 4) (and 1 more failure(s))"
 	if err := refusal("mine", ks, rep); err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}
