@@ -42,7 +42,7 @@ func TestExamplesOnGPU(t *testing.T) {
 			t.Errorf("%s: %v", dir, err)
 			continue
 		}
-		rep := kerneltest.Check(dev, o, func(op kernels.Op) bool { return o.k[op] != nil }, kerneltest.DefaultTolerances())
+		rep := kerneltest.Check(dev, o, o.owns, kerneltest.DefaultTolerances())
 		t.Logf("%s: %d cases, %d declined, %d failed", dir, rep.Cases, rep.Skipped, len(rep.Failures))
 		for _, f := range rep.Failures {
 			t.Errorf("%s: %s", dir, f)

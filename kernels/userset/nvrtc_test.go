@@ -67,6 +67,9 @@ func TestExamplesCompile(t *testing.T) {
 			}
 		}
 	}
+	if _, log, err := c.Compile("userset_compose.cu", composeSrc); err != nil {
+		t.Errorf("compose.cu: %v\n%s", err, log)
+	}
 	_, ks, err := ReadManifest(filepath.Join(examples, "broken", "compile_error"))
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
 // The launchers: each checks the op's contract (kernels.Check...), maps
@@ -89,6 +90,18 @@ func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 // rows, cols, eps).
 func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 	b := o.k[kernels.OpAddRMSNorm]
+	if b == nil && o.residualAdd != nil {
+		kernels.CheckAddRMSNorm(o.kit.D.ActDType(), out, resid, x, w)
+		o.declineWeights(o.k[kernels.OpRMSNorm], w)
+		rows, cols := resid.Rows(), resid.Cols()
+		if n := int64(rows) * int64(cols); n > 0 {
+			blocks := min((n+cudaset.BlockThreads-1)/cudaset.BlockThreads, int64(o.kit.SMs*cudaset.BlocksPerSM))
+			o.kit.D.Launch(o.residualAdd, cuda.Dim3{X: uint32(blocks)}, cuda.Dim3{X: cudaset.BlockThreads}, 0,
+				o.ptr(resid), int32(resid.Pitch), o.ptr(x), int32(x.Pitch), int32(rows), int32(cols))
+		}
+		o.RMSNorm(out, resid, w, eps)
+		return
+	}
 	if b == nil {
 		o.NotOwned.AddRMSNorm(out, resid, x, w, eps)
 		return

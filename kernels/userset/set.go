@@ -1,6 +1,7 @@
 package userset
 
 import (
+	_ "embed"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,6 +28,9 @@ const WatchdogEnv = "FUSELM_WATCHDOG"
 // DefaultWatchdog is the bound on a wait for queued work when a user set
 // is built: longer than any step of the models at their real sizes.
 const DefaultWatchdog = 60 * time.Second
+
+//go:embed compose.cu
+var composeSrc string
 
 var (
 	mu     sync.Mutex
@@ -72,6 +76,9 @@ func Load(dir string) (string, error) {
 	for i, k := range ks {
 		own[i] = k.op
 	}
+	if composesAddRMSNorm(ks) {
+		own = append(own, kernels.OpAddRMSNorm)
+	}
 	name := m.Name
 	kernels.Register(kernels.SetInfo{Name: name, Device: "cuda", Own: own,
 		New: func(dev kernels.Device) (kernels.Ops, error) { return build(dev, name, ks) }})
@@ -87,6 +94,19 @@ func Unload(name string) {
 		kernels.Unregister(name)
 		delete(loaded, name)
 	}
+}
+
+// composesAddRMSNorm reports whether a set of kernels ks runs add_rms_norm
+// as fuselm's residual add followed by its rms_norm: when it has an
+// rms_norm and no add_rms_norm, so that its RMSNorm runs at every norm of
+// the model, as TileGym's rms_norm patch does (the models call rms_norm
+// alone only before the first layer).
+func composesAddRMSNorm(ks []kernel) bool {
+	has := map[kernels.Op]bool{}
+	for _, k := range ks {
+		has[k.op] = true
+	}
+	return has[kernels.OpRMSNorm] && !has[kernels.OpAddRMSNorm]
 }
 
 // watchdog is the bound FUSELM_WATCHDOG sets.
@@ -137,8 +157,7 @@ func build(dev kernels.Device, name string, ks []kernel) (kernels.Ops, error) {
 	if err, ok := checked[d][name]; ok {
 		return o, err
 	}
-	owns := func(op kernels.Op) bool { return o.k[op] != nil }
-	rep := kerneltest.Check(d, o, owns, kerneltest.DefaultTolerances())
+	rep := kerneltest.Check(d, o, o.owns, kerneltest.DefaultTolerances())
 	err = refusal(name, ks, rep)
 	checked[d][name] = err
 	if err != nil {
@@ -157,8 +176,11 @@ func refusal(name string, ks []kernel, rep kerneltest.Report) error {
 	op, _, _ := strings.Cut(f.Case, "/")
 	var where []string
 	for _, k := range ks {
-		if string(k.op) == op || op == "graph" || op == "" {
+		switch {
+		case string(k.op) == op || op == "graph" || op == "":
 			where = append(where, fmt.Sprintf("%s (%s, entry %s)", k.op, k.path, k.spec.Entry))
+		case op == string(kernels.OpAddRMSNorm) && k.op == kernels.OpRMSNorm && composesAddRMSNorm(ks):
+			where = append(where, fmt.Sprintf("add_rms_norm (the residual add, then rms_norm's %s, entry %s)", k.path, k.spec.Entry))
 		}
 	}
 	more := ""
@@ -178,6 +200,9 @@ type ops struct {
 	kit *cudaset.Kit
 	set string
 	k   map[kernels.Op]*bound
+	// residualAdd is compose.cu's kernel where add_rms_norm is composed
+	// (composesAddRMSNorm), else nil.
+	residualAdd *cuda.Func
 }
 
 // bound is a kernel loaded on the device.
@@ -186,6 +211,11 @@ type bound struct {
 	f         *cuda.Func
 	static    int // bytes of static shared memory
 	optedInTo int // the dynamic shared memory the kernel may use so far
+}
+
+// owns reports whether the set runs op with its own kernels.
+func (o *ops) owns(op kernels.Op) bool {
+	return o.k[op] != nil || op == kernels.OpAddRMSNorm && o.residualAdd != nil
 }
 
 // newOps loads every kernel of the set on d: each file once, compiled by
@@ -215,6 +245,15 @@ func newOps(d *cuda.Device, name string, ks []kernel) (*ops, error) {
 				k.op, k.path, k.spec.Entry, k.spec.Block, attrs.MaxThreadsPerBlock, attrs.Regs)
 		}
 		o.k[k.op] = &bound{kernel: k, f: f, static: attrs.StaticShared}
+	}
+	if composesAddRMSNorm(ks) {
+		mod, err := d.Module("userset_compose.cu", composeSrc)
+		if err != nil {
+			return nil, err
+		}
+		if o.residualAdd, err = mod.Func("userset_residual_add"); err != nil {
+			return nil, err
+		}
 	}
 	return o, nil
 }

@@ -1,6 +1,7 @@
 package userset
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -210,7 +211,9 @@ func TestLoad(t *testing.T) {
 	if _, err := Load(filepath.Join(examples, "rms_norm_cuda")); err != nil {
 		t.Errorf("loading again: %v", err)
 	}
-	if got := Owned("my_rms"); len(got) != 1 || got[0] != kernels.OpRMSNorm {
+	// An rms_norm without an add_rms_norm runs at every norm: add_rms_norm
+	// is fuselm's residual add, then the user's rms_norm.
+	if got := Owned("my_rms"); len(got) != 2 || got[0] != kernels.OpRMSNorm || got[1] != kernels.OpAddRMSNorm {
 		t.Errorf("Owned = %v", got)
 	}
 	dir := t.TempDir()
@@ -243,6 +246,11 @@ func TestRefusal(t *testing.T) {
 	if err := refusal("mine", ks, rep); err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}
+	rep.Failures = []kerneltest.Failure{{Case: "add_rms_norm/x", Msg: "out: relative error 1 > 0.02"}}
+	want = "fails its check and is not timed: add_rms_norm (the residual add, then rms_norm's d/rms.cu, entry rms): case add_rms_norm/x: out: relative error 1 > 0.02"
+	if err := refusal("mine", ks, rep); err == nil || err.Error() != want {
+		t.Errorf("a composed add_rms_norm:\ngot  %v\nwant %s", err, want)
+	}
 	if err := refusal("mine", ks, kerneltest.Report{Cases: 3}); err != nil {
 		t.Errorf("no failures: %v", err)
 	}
@@ -262,5 +270,27 @@ func TestWatchdogEnv(t *testing.T) {
 	}
 	if _, err := watchdog(env("soon")); err == nil || !strings.Contains(err.Error(), `FUSELM_WATCHDOG="soon"`) {
 		t.Errorf("soon: %v", err)
+	}
+}
+
+// The ABI is written in three places that must agree: the launchers'
+// table here, fuselm.cuh's macros, and docs/KERNEL_ABI.md.
+func TestABIDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "KERNEL_ABI.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := strings.Join(strings.Fields(strings.ReplaceAll(header, "\\\n", " ")), " ")
+	if !strings.Contains(hdr, fmt.Sprintf("#define FUSELM_ABI_VERSION %d", ABIVersion)) {
+		t.Errorf("fuselm.cuh does not define FUSELM_ABI_VERSION %d", ABIVersion)
+	}
+	for _, a := range abi {
+		if sig := a.signature("kernel"); !strings.Contains(string(doc), "    "+sig+"\n") {
+			t.Errorf("docs/KERNEL_ABI.md lacks %s's signature:\n%s", a.op, sig)
+		}
+		macro := "#define " + a.macro + "(name) " + a.signature("name")
+		if !strings.Contains(hdr, macro) {
+			t.Errorf("fuselm.cuh's %s is not\n%s", a.macro, macro)
+		}
 	}
 }
