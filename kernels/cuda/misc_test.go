@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -208,5 +209,28 @@ func TestDTypeTable(t *testing.T) {
 		if got := convertible(c.src, c.dst); got != c.ok {
 			t.Errorf("convertible(%v, %v) = %v", c.src, c.dst, got)
 		}
+	}
+}
+
+// The watchdog's wait returns the stream's answer once it is ready (or
+// failed), and gives up past its bound on work that never finishes.
+func TestPollUntil(t *testing.T) {
+	calls := 0
+	code, hung := pollUntil(func() uint32 {
+		if calls++; calls < 5 {
+			return cudaErrorNotReady
+		}
+		return 700 // CUDA_ERROR_ILLEGAL_ADDRESS
+	}, time.Second)
+	if code != 700 || hung || calls != 5 {
+		t.Errorf("failing work: code %d, hung %v after %d queries", code, hung, calls)
+	}
+	start := time.Now()
+	_, hung = pollUntil(func() uint32 { return cudaErrorNotReady }, 20*time.Millisecond)
+	if took := time.Since(start); !hung || took < 20*time.Millisecond || took > 5*time.Second {
+		t.Errorf("endless work: hung %v after %v", hung, took)
+	}
+	if err := (&Hung{Limit: 3 * time.Second}).Error(); !strings.Contains(err, "did not finish within 3s") {
+		t.Errorf("Hung says %q", err)
 	}
 }

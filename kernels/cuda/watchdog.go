@@ -50,19 +50,32 @@ func (d *Device) ModuleImage(name string, img []byte) (*Module, error) {
 // syncStream waits for the stream's work, within the watchdog's bound when
 // one is set; the lock is held.
 func (d *Device) syncStream() error {
+	if d.hung {
+		return &Hung{Limit: d.watchdog}
+	}
 	if d.watchdog <= 0 || d.drv.cuStreamQuery == 0 {
 		return d.drv.check(ccall(d.drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize")
 	}
+	code, hung := pollUntil(func() uint32 { return uint32(ccall(d.drv.cuStreamQuery, d.stream)) }, d.watchdog)
+	if hung {
+		d.hung = true
+		return &Hung{Limit: d.watchdog}
+	}
+	return d.drv.check(uintptr(code), "cuStreamQuery")
+}
+
+// pollUntil calls query, a cuStreamQuery, until it answers anything but
+// not-ready or limit passes (hung): at once for the first milliseconds, then
+// every 100 µs.
+func pollUntil(query func() uint32, limit time.Duration) (code uint32, hung bool) {
 	start := time.Now()
 	for {
-		r := uint32(ccall(d.drv.cuStreamQuery, d.stream))
-		if r != cudaErrorNotReady {
-			return d.drv.check(uintptr(r), "cuStreamQuery")
+		if code = query(); code != cudaErrorNotReady {
+			return code, false
 		}
 		waited := time.Since(start)
-		if waited > d.watchdog {
-			d.hung = true
-			return &Hung{Limit: d.watchdog}
+		if waited > limit {
+			return code, true
 		}
 		if waited < 2*time.Millisecond {
 			runtime.Gosched()
