@@ -17,7 +17,7 @@ var kernelExamples = filepath.Join("..", "..", "examples", "kernels")
 // fails in one line, exit 1.
 func TestKernelDir(t *testing.T) {
 	t.Cleanup(func() {
-		for _, name := range []string{"my_rms", "ptx_swiglu", "simple_attn"} {
+		for _, name := range []string{"my_rms", "ptx_swiglu", "broken_entry"} {
 			userset.Unload(name)
 		}
 	})
@@ -27,6 +27,14 @@ func TestKernelDir(t *testing.T) {
 	code, stdout, stderr := runInfer(t, args...)
 	if code != exitOK || !strings.Contains(stdout, "my_rms      default") ||
 		!strings.Contains(stdout, "no kernel of its own: runs naive's") {
+		t.Errorf("infer %q: exit %d\n%s%s", args, code, stdout, stderr)
+	}
+
+	// The dry run, with no GPU, sees a PTX file without its entry point.
+	args = []string{"--kernel-dir", filepath.Join(kernelExamples, "broken", "missing_entry"),
+		"bench", "--dry-run", "--arch", "sm_90a", "swiglu", "--shape", "N=5,I=300"}
+	code, stdout, stderr = runInfer(t, args...)
+	if code != exitOK || !strings.Contains(stdout, `broken_entry  default   no     no entry point "swiglu_kernel" (the PTX defines swiglu_entry)`) {
 		t.Errorf("infer %q: exit %d\n%s%s", args, code, stdout, stderr)
 	}
 

@@ -80,10 +80,54 @@ func Load(dir string) (string, error) {
 		own = append(own, kernels.OpAddRMSNorm)
 	}
 	name := m.Name
+	vs := variants(ks)
 	kernels.Register(kernels.SetInfo{Name: name, Device: "cuda", Own: own,
-		New: func(dev kernels.Device) (kernels.Ops, error) { return build(dev, name, ks) }})
+		New:      func(dev kernels.Device) (kernels.Ops, error) { return build(dev, name, ks) },
+		Variants: func(op kernels.Op, _ kernels.Shape, _ kernels.Target) []kernels.Variant { return vs[op] }})
 	loaded[name] = abs
 	return name, nil
+}
+
+// variants is what bench --dry-run shows of each op's kernel: one variant,
+// "default", its file, entry, block, grid and shared memory, not valid
+// when its PTX or cubin lacks the entry or (PTX) takes other parameters
+// than the ABI's, which needs no GPU to see.
+func variants(ks []kernel) map[kernels.Op][]kernels.Variant {
+	vs := map[kernels.Op][]kernels.Variant{}
+	for _, k := range ks {
+		v := kernels.Variant{Name: "default", Params: fmt.Sprintf("file=%s entry=%s block=%d grid=%q shared=%q",
+			filepath.Base(k.path), k.spec.Entry, k.spec.Block, gridText(k), sharedText(k))}
+		if k.kind != "cu" {
+			img, err := os.ReadFile(k.path)
+			if err == nil {
+				err = checkImage(k, img)
+			}
+			if err != nil {
+				v.Why = err.Error()
+			}
+		}
+		vs[k.op] = []kernels.Variant{v}
+	}
+	if composesAddRMSNorm(ks) {
+		v := vs[kernels.OpRMSNorm][0]
+		v.Params = "fuselm's residual add, then rms_norm's " + v.Params
+		vs[kernels.OpAddRMSNorm] = []kernels.Variant{v}
+	}
+	return vs
+}
+
+func gridText(k kernel) string {
+	if k.spec.Grid != "" {
+		return k.spec.Grid
+	}
+	return k.abi.grid
+}
+
+func sharedText(k kernel) string {
+	if k.spec.Shared != "" {
+		return string(k.spec.Shared)
+	}
+	return "0"
 }
 
 // Unload unregisters a set Load registered, for tests.

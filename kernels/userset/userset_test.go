@@ -213,6 +213,10 @@ func TestLoad(t *testing.T) {
 	}
 	// An rms_norm without an add_rms_norm runs at every norm: add_rms_norm
 	// is fuselm's residual add, then the user's rms_norm.
+	v := info.VariantsOf(kernels.OpRMSNorm, nil, kernels.Targets["sm_90a"])
+	if len(v) != 1 || !v[0].Valid() || v[0].Params != `file=rms_norm.cu entry=rms_norm_rowwise block=256 grid="rows" shared="0"` {
+		t.Errorf("rms_norm's variants %+v", v)
+	}
 	if got := Owned("my_rms"); len(got) != 2 || got[0] != kernels.OpRMSNorm || got[1] != kernels.OpAddRMSNorm {
 		t.Errorf("Owned = %v", got)
 	}
