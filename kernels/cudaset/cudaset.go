@@ -44,8 +44,8 @@ type Module struct {
 	Funcs []string // its extern "C" kernels
 }
 
-// rowsModule holds the shared row movers.
-func rowsModule() Module {
+// RowsModule holds the shared row movers, which New adds to every set.
+func RowsModule() Module {
 	var fs []string
 	floats := []kernels.DType{kernels.BF16, kernels.F16, kernels.F32}
 	for _, v := range []int{1, VecWidth} {
@@ -82,7 +82,7 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 	}
 	p := d.Props()
 	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}, overlap: map[string]bool{}}
-	if err := k.add(rowsModule(), "cudaset"); err != nil {
+	if err := k.add(RowsModule(), "cudaset"); err != nil {
 		return nil, err
 	}
 	for _, m := range mods {
@@ -99,7 +99,9 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 func (k *Kit) AddModule(m Module) error { return k.add(m, k.Set) }
 
 func (k *Kit) add(m Module, owner string) error {
-	mod, err := k.D.Module(owner+"_"+m.File, Source(m), m.Opts...)
+	p := Source(m)
+	p.Name = owner + "_" + m.File
+	mod, err := k.D.ProgramModule(p, m.Opts...)
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", k.Set, m.File, err)
 	}
@@ -119,7 +121,9 @@ func (k *Kit) add(m Module, owner string) error {
 
 // Source is what NVRTC compiles for m: common.cuh, then m's source behind a
 // #line naming its file.
-func Source(m Module) string { return commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src }
+func Source(m Module) cuda.Program {
+	return cuda.Program{Name: m.File, Src: commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src}
+}
 
 // Func is the compiled kernel name; it panics when the set has none.
 func (k *Kit) Func(name string) *cuda.Func {

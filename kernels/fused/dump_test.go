@@ -16,8 +16,8 @@ func TestDumpSources(t *testing.T) {
 	if dir == "" {
 		t.Skip("FUSELM_DUMP_SOURCES is unset")
 	}
-	for _, m := range append(modules(), hopperModule(), mlaHopperModule(), gwModule()) {
-		if err := os.WriteFile(filepath.Join(dir, "fused_"+m.File), []byte(cudaset.Source(m)), 0o644); err != nil {
+	for _, m := range Modules() {
+		if err := os.WriteFile(filepath.Join(dir, "fused_"+m.File), []byte(cudaset.Source(m).Src), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -247,3 +247,10 @@ type ops struct {
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 }
+
+// Modules are every NVRTC module of the set: the ones New cannot do without,
+// then the Hopper ones it adds where the device allows; for compile checks
+// apart from a device.
+func Modules() []cudaset.Module {
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule())
+}

@@ -108,10 +108,11 @@ func hopperCompileReport(t *testing.T, m cudaset.Module, cubinEnv string, spills
 		t.Skipf("%s compiles for %s only; %s is %s", m.File, hopperArch, p.Name, p.Arch)
 	}
 	src := cudaset.Source(m)
-	log, img, err := dev.CompileLog("fused_"+m.File, src, "--ptxas-options=-v")
+	src.Name = "fused_" + m.File
+	log, img, err := dev.CompileLog(src, "--ptxas-options=-v")
 	t.Logf("NVRTC %d.%d, %v, --ptxas-options=-v; log:\n%s", p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, dev.CompileOptions(), log)
 	if err != nil {
-		log2, _, err2 := dev.CompileLog("fused_"+m.File, src)
+		log2, _, err2 := dev.CompileLog(src)
 		t.Fatalf("compile with -v: %v\nwithout it: %v\n%s", err, err2, log2)
 	}
 	if path := os.Getenv(cubinEnv); path != "" {

@@ -148,3 +148,7 @@ func chunkRows(heads, keys, n int) int {
 	per := int64(heads) * int64(keys) * int64(kernels.F32.Size()+kernels.BF16.Size())
 	return int(max(1, min(int64(n), int64(queryChunk), chunkBudget/per)))
 }
+
+// Modules are the set's NVRTC modules, for compile checks apart from a
+// device.
+func Modules() []cudaset.Module { return modules() }
