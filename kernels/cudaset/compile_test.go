@@ -52,7 +52,10 @@ func TestNVRTCCompile(t *testing.T) {
 	var total time.Duration
 	for _, s := range sets {
 		for _, m := range s.mods {
-			p := cudaset.Source(m)
+			p, err := cudaset.Source(m)
+			if err != nil {
+				t.Fatal(err)
+			}
 			p.Name = s.name + "_" + m.File
 			start := time.Now()
 			img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)

@@ -1,25 +1,25 @@
 // Package cudaset is what every CUDA kernel set is built from, so that the
 // sets hold only their own kernels and launchers: compiling a set's embedded
-// .cu sources (each behind common.cuh, with #line so that NVRTC's messages
-// point into the .cu file), its kernel table and launch helpers, typed views
+// .cu sources (each with the set's headers and common.cuh to #include), its
+// kernel table and launch helpers, typed views
 // of device matrices (Mat), scratch memory kept under its owner's name, the
 // cuBLAS products, and the row movers both sets share (copy_rows, kv_append).
 package cudaset
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
+	"io/fs"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
-var (
-	//go:embed common.cuh
-	commonSrc string
-	//go:embed rows.cu
-	rowsSrc string
-)
+// sources are cudaset's own: the headers every set's sources may include
+// (common.cuh) and the row movers.
+//
+//go:embed *.cuh rows.cu
+var sources embed.FS
 
 // Launch shapes every set uses.
 const (
@@ -36,12 +36,14 @@ const (
 	warp = 32
 )
 
-// Module is one NVRTC compilation unit of a set: common.cuh followed by Src.
+// Module is one NVRTC compilation unit of a set: a .cu file of the set's
+// sources, which #includes what it needs of the set's headers (.cuh) and of
+// cudaset's (common.cuh), as a CUDA compiler given both folders would.
 type Module struct {
-	File  string   // the .cu file's name, for NVRTC's messages and the kernel cache
-	Src   string   // its source
-	Opts  []string // NVRTC options after the device's
-	Funcs []string // its extern "C" kernels
+	File    string   // the .cu file's name in Sources, for NVRTC's messages and the kernel cache
+	Sources fs.FS    // the set's .cu and .cuh files
+	Opts    []string // NVRTC options after the device's
+	Funcs   []string // its extern "C" kernels
 }
 
 // RowsModule holds the shared row movers, which New adds to every set.
@@ -56,7 +58,7 @@ func RowsModule() Module {
 		}
 		fs = append(fs, VName("kv_append", v), VName("moe_combine", v))
 	}
-	return Module{File: "rows.cu", Src: rowsSrc, Funcs: fs}
+	return Module{File: "rows.cu", Sources: sources, Funcs: fs}
 }
 
 // VName is the name of the VEC-wide instance of a kernel.
@@ -99,7 +101,10 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 func (k *Kit) AddModule(m Module) error { return k.add(m, k.Set) }
 
 func (k *Kit) add(m Module, owner string) error {
-	p := Source(m)
+	p, err := Source(m)
+	if err != nil {
+		return fmt.Errorf("%s: %w", k.Set, err)
+	}
 	p.Name = owner + "_" + m.File
 	mod, err := k.D.ProgramModule(p, m.Opts...)
 	if err != nil {
@@ -119,10 +124,38 @@ func (k *Kit) add(m Module, owner string) error {
 	return nil
 }
 
-// Source is what NVRTC compiles for m: common.cuh, then m's source behind a
-// #line naming its file.
-func Source(m Module) cuda.Program {
-	return cuda.Program{Name: m.File, Src: commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src}
+// Source is what NVRTC compiles for m: m.File, with every header of the
+// set and of cudaset (their .cuh files) for its #includes to name. The
+// headers of a set may not take cudaset's names.
+func Source(m Module) (cuda.Program, error) {
+	src, err := fs.ReadFile(m.Sources, m.File)
+	if err != nil {
+		return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
+	}
+	p := cuda.Program{Name: m.File, Src: string(src)}
+	sets := []fs.FS{sources}
+	if m.Sources != fs.FS(sources) { // cudaset's own module has no set beside
+		sets = append(sets, m.Sources)
+	}
+	seen := map[string]bool{}
+	for _, files := range sets {
+		names, err := fs.Glob(files, "*.cuh")
+		if err != nil {
+			return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
+		}
+		for _, name := range names {
+			if seen[name] {
+				return cuda.Program{}, fmt.Errorf("module %s: the set's header %s takes the name of cudaset's", m.File, name)
+			}
+			seen[name] = true
+			b, err := fs.ReadFile(files, name)
+			if err != nil {
+				return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
+			}
+			p.Headers = append(p.Headers, cuda.Header{Name: name, Src: string(b)})
+		}
+	}
+	return p, nil
 }
 
 // Func is the compiled kernel name; it panics when the set has none.

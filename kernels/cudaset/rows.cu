@@ -2,6 +2,8 @@
 // appending new keys and values to a KV cache, and the weighted sum of the
 // MoE experts' rows. Pitches are in elements.
 
+#include "common.cuh"
+
 // copy_rows converts and moves whole rows:
 //   dst[drow(r), :cols] = src[srow(r), :cols] for r < rows, with
 //   drow(r) = didx ? didx[r] : r and srow(r) = sidx ? sidx[r] : r / sdiv.

@@ -3,6 +3,8 @@
 // start aligned for them (VEC 8), rounding where HF's bf16 code rounds.
 // Pitches are in elements.
 
+#include "common.cuh"
+
 // rms_norm is RMSNorm of each row, with the residual add before it when ADD:
 //   ADD:  r = bf16(resid + x); resid = r; out = bf16(w · bf16(r · rstd))
 //   else: r = x;                          out = bf16(w · bf16(r · rstd))

@@ -12,7 +12,7 @@
 package fused
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -20,30 +20,15 @@ import (
 	_ "github.com/fuselm/fuselm/kernels/naive" // the fallback of the ops fused does not own
 )
 
-var (
-	//go:embed elementwise.cu
-	elementwiseSrc string
-	//go:embed attention.cu
-	attentionSrc string
-	//go:embed mma.cuh
-	mmaSrc string
-	//go:embed moe.cu
-	moeSrc string
-	//go:embed linear.cu
-	linearSrc string
-	//go:embed mla.cu
-	mlaSrc string
-	//go:embed groups.cuh
-	groupsSrc string
-	//go:embed mla_keys.cu
-	mlaKeysSrc string
-)
+// sources are the set's kernels, one module per .cu file, and the headers
+// they include.
+//
+//go:embed *.cu *.cuh
+var sources embed.FS
 
-// withMMA is the source of a module that multiplies on tensor cores: the
-// shared building blocks of mma.cuh, then file's own source src, each with
-// #line so that NVRTC's messages name the right file.
-func withMMA(file, src string) string {
-	return "#line 1 \"mma.cuh\"\n" + mmaSrc + fmt.Sprintf("#line 1 %q\n", file) + src
+// module is the set's module of file, which defines kernels funcs.
+func module(file string, funcs []string) cudaset.Module {
+	return cudaset.Module{File: file, Sources: sources, Funcs: funcs}
 }
 
 // owned are the ops fused has kernels of its own for.
@@ -151,17 +136,21 @@ func modules() []cudaset.Module {
 		at = append(at, decodeKernel(d))
 	}
 	at = append(at, "attn_merge")
-	// mla.cu and mla_keys.cu continue attention.cu's compilation unit: they
-	// build on its device helpers, flash_prefill and DecodeSplit.
+	var mla, keys []string
 	for _, k := range mlaKernels() {
-		at = append(at, k.name)
+		if k.keys {
+			keys = append(keys, k.name)
+		} else {
+			mla = append(mla, k.name)
+		}
 	}
 	return []cudaset.Module{
-		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc +
-			"\n#line 1 \"mla_keys.cu\"\n" + mlaKeysSrc, Funcs: at},
-		{File: "moe.cu", Src: withMMA("groups.cuh", groupsSrc) + "#line 1 \"moe.cu\"\n" + moeSrc, Funcs: moeFuncs()},
-		{File: "linear.cu", Src: withMMA("linear.cu", linearSrc), Funcs: linearKernels()},
+		module("elementwise.cu", ew),
+		module("attention.cu", at),
+		module("mla.cu", mla),
+		module("mla_keys.cu", keys),
+		module("moe.cu", moeFuncs()),
+		module("linear.cu", linearKernels()),
 	}
 }
 

@@ -40,6 +40,9 @@
 // (GW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
 // down instead of hanging.
 
+#include "groups.cuh"
+#include "hopper.cuh"
+
 #define GW_BM 128            // rows of a tile: GW_CONSUMERS × 64
 #define GW_BK 64             // k of a stage: one 128-byte swizzle row of bf16
 #define GW_CONSUMERS 2       // consumer warpgroups

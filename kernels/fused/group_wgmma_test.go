@@ -15,6 +15,7 @@ import (
 // the tuning key and whether the kernel was built.
 func TestWgmmaHost(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
+	gwSrc := sourceText(t, "group_wgmma.cu")
 	for _, c := range gwConfigs {
 		if !strings.Contains(gwSrc, fmt.Sprintf("GROUP_WGMMA(%d, %d)", c.BN, c.Stages)) {
 			t.Errorf("no GROUP_WGMMA(%d, %d) in group_wgmma.cu", c.BN, c.Stages)

@@ -50,6 +50,8 @@
 // (code, block, thread, tile, parity) and the kernel winds down instead of
 // hanging; later waits of every block see the record and give up at once.
 
+#include "hop_attention.cuh"
+
 // The machinery (mbarriers, tensor copies, wgmma) is hopper.cuh's, the
 // kernel body hop_attention is hop_attention.cuh's, shared with
 // mla_hopper.cu.

@@ -23,6 +23,7 @@ import (
 // gives it, and fits an H100/H200 block.
 func TestHopperInstances(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
+	hopperSrc := sourceText(t, "hopper.cu")
 	for _, name := range []string{"flash_hopper_d##D##_k##KST##v##VST##q##QBUF, bf16,", "flash_hopper_f16_d##D##_k##KST##v##VST##q##QBUF, half_bits,"} {
 		if !strings.Contains(hopperSrc, "FLASH_HOPPER_OF("+name) {
 			t.Errorf("FLASH_HOPPER makes no %s", name)
@@ -107,7 +108,10 @@ func hopperCompileReport(t *testing.T, m cudaset.Module, cubinEnv string, spills
 	if p.Arch != hopperArch {
 		t.Skipf("%s compiles for %s only; %s is %s", m.File, hopperArch, p.Name, p.Arch)
 	}
-	src := cudaset.Source(m)
+	src, err := cudaset.Source(m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	src.Name = "fused_" + m.File
 	log, img, err := dev.CompileLog(src, "--ptxas-options=-v")
 	t.Logf("NVRTC %d.%d, %v, --ptxas-options=-v; log:\n%s", p.NVRTCVersion/1000, p.NVRTCVersion%1000/10, dev.CompileOptions(), log)

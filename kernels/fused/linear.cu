@@ -43,6 +43,8 @@
 // bf16 first when out is bf16, then out = round(acc + bias) once: what
 // cuBLAS's addmm with beta = 1 over bf16 bias rows gives (naive's Linear).
 
+#include "mma.cuh"
+
 #define LIN_WARPS 8                      // warps of a block, one m16 tile of features each
 #define LIN_FEATS (LIN_WARPS * 16)       // features of a block column
 #define LIN_CHUNK 32                     // k of one 16-byte load by each of a group's 4 lanes

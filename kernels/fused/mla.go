@@ -83,10 +83,12 @@ func mlaDecodeShared(d mlaLatent) int {
 	return n
 }
 
-// mlaKernel is an MLA kernel and its dynamic shared memory.
+// mlaKernel is an MLA kernel and its dynamic shared memory; keys marks
+// mla_decode_keys's (mla_keys.cu), the others are mla.cu's.
 type mlaKernel struct {
 	name   string
 	shared int
+	keys   bool
 }
 
 // mlaKernels are the MLA kernels compiled.
@@ -94,13 +96,13 @@ func mlaKernels() []mlaKernel {
 	var ks []mlaKernel
 	for _, d := range mlaPrefillDims {
 		for _, c := range flashConfigs {
-			ks = append(ks, mlaKernel{mlaPrefillKernel(d, c), mlaPrefillShared(d, c)})
+			ks = append(ks, mlaKernel{mlaPrefillKernel(d, c), mlaPrefillShared(d, c), false})
 		}
 	}
 	for _, d := range mlaDecodeDims {
-		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d)})
+		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d), false})
 		for _, s := range mlaKeysStageCounts {
-			ks = append(ks, mlaKernel{mlaKeysKernel(d, s), mlaKeysShared(d, s)})
+			ks = append(ks, mlaKernel{mlaKeysKernel(d, s), mlaKeysShared(d, s), true})
 		}
 	}
 	return ks

@@ -25,6 +25,8 @@
 // 64), P as bf16 A fragments (BN/4): at BN = 128 the 160 of flash_hopper's
 // D=128, at BN = 64 112.
 
+#include "hop_attention.cuh"
+
 // HopMla is mla_hopper's source of tiles (see the top of this file).
 template <int DN, int DR, int DV, int BN> struct HopMla {
 	const TmaMap *qmap, *kvmap, *pemap;

@@ -18,6 +18,7 @@ import (
 // choosing it follows what the device has.
 func TestMLAHopperInstances(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
+	mlaHopperSrc := sourceText(t, "mla_hopper.cu")
 	for _, c := range mlaHopperConfigs {
 		d := c.Heads
 		if !strings.Contains(mlaHopperSrc, fmt.Sprintf("MLA_HOPPER(%d, %d, %d, %d, %d)", d.Nope, d.Rope, d.V, c.Keys, c.Stages)) {

@@ -1,9 +1,7 @@
 // mla_decode_keys: the "keys" variant of absorbed MLA decode (mla.cu's
-// mla_decode is the other one, "latent_split"). This file continues
-// attention.cu's and mla.cu's compilation unit (fused.go compiles them as
-// one module): it uses their tiles, mma and softmax helpers and
-// DecodeSplit's row, split and new-latent bookkeeping, and attn_merge
-// merges its splits.
+// mla_decode is the other one, "latent_split"). It uses DecodeSplit's row,
+// split and new-latent bookkeeping (attention.cuh) and mla.cuh's P·C and
+// split output, and attn_merge (attention.cu) merges its splits.
 //
 // What changes against mla_decode, and why (kernels/fused/DESIGN.md,
 // mla_decode): mla_decode splits Q·Kᵀ of each 64-key tile
@@ -43,6 +41,8 @@
 //   MLK_BN).
 // Launch: grid (splits, 1, B), DEC_WARPS·32 threads, shared
 // (16 + STAGES·MLK_BN)·Tile<R+DR>::ROW_BYTES + MLK_EXTRA bytes.
+
+#include "mla.cuh"
 #define MLK_BN 32                 // keys per tile: 8 per warp
 #define MLK_PP 40                 // bf16 per row of the p tile: 32 and 8 of padding, so ldmatrix meets no bank twice
 #define MLK_EXTRA (16 * MLK_PP * 2 + DEC_WARPS * 16 * 4) // the p tile, then the warps' tile maxima (and, at the end, sums)

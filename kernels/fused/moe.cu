@@ -12,6 +12,9 @@
 // expert's down output rounded; the routing-weighted sum over a token's
 // experts in f32 in choice order, rounded once.
 
+#include "mma.cuh"
+#include "groups.cuh"
+
 // ROUTE_WARPS tokens per block of moe_route, a warp each; every lane holds
 // ROUTE_PER_LANE experts' scores, so a router has at most 32·ROUTE_PER_LANE
 // experts. ALIGN_THREADS is moe_align's block. MAX_GROUPS (groups.cuh) is

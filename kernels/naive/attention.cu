@@ -3,6 +3,8 @@
 // host (attention.go, mla.go); appending to the cache is cudaset's kv_append.
 // Pitches are in elements.
 
+#include "common.cuh"
+
 // kv_masked_copy copies a cache with the positions past each row's length
 // past[b] + start[b+1] - start[b] zeroed, as a zero-initialized static cache
 // holds them. Decode multiplies zero probabilities by the whole cache

@@ -1,6 +1,8 @@
 // Elementwise ops, RMSNorm, RoPE and argmax of the naive set: one simple
 // kernel per torch eager op. Pitches are in elements.
 
+#include "common.cuh"
+
 struct AddOp {
 	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };

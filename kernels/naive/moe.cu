@@ -1,6 +1,8 @@
 // MoE routing, the bookkeeping around the expert GEMMs of the naive set, and
 // the expert GEMM of small steps (larger ones are cuBLAS calls made by moe.go).
 
+#include "common.cuh"
+
 // ROUTE_THREADS (the most experts moe_route handles: one thread each),
 // MAX_TOPK (the most experts one token may choose), EXPERT_ROWS and
 // EXPERT_COLS (moe_expert_gemm's rows per weight pass and columns per warp)

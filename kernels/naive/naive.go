@@ -5,21 +5,17 @@
 package naive
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
-var (
-	//go:embed elementwise.cu
-	elementwiseSrc string
-	//go:embed attention.cu
-	attentionSrc string
-	//go:embed moe.cu
-	moeSrc string
-)
+// sources are the set's kernels, one module per .cu file.
+//
+//go:embed *.cu
+var sources embed.FS
 
 // Launch shapes.
 const (
@@ -98,9 +94,9 @@ func modules() []cudaset.Module {
 	at = append(at, "attn_normalize_bf16", "attn_normalize_f16")
 	moe = append(moe, "moe_route", "iota_i32", "moe_count", "moe_offsets", "moe_assign")
 	return []cudaset.Module{
-		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: attentionSrc, Funcs: at},
-		{File: "moe.cu", Src: moeSrc, Funcs: moe,
+		{File: "elementwise.cu", Sources: sources, Funcs: ew},
+		{File: "attention.cu", Sources: sources, Funcs: at},
+		{File: "moe.cu", Sources: sources, Funcs: moe,
 			Opts: []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK),
 				fmt.Sprintf("-DEXPERT_ROWS=%d", expertRows), fmt.Sprintf("-DEXPERT_COLS=%d", expertCols)}},
 	}
