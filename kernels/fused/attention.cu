@@ -15,6 +15,7 @@
 // softmax helpers (softmax_tile, p_frag) are flash.cuh's.
 
 #include "attention.cuh"
+#include "instances.cuh"
 
 // CacheKV is flash_prefill's source of keys and values for one block: the
 // kv head's rows of the caches [B, kvh, maxSeq, D], each D wide.
@@ -36,8 +37,8 @@ template <int D> struct CacheKV {
 //   kc, vc bf16 [B, kvh, maxSeq, D]; the rest as flash_prefill's.
 // Launch: grid (ceil(max new tokens / BM), heads, B), W·32 threads, shared
 // (BM + 4·BN)·Tile<D>::ROW_BYTES bytes.
-#define FLASH_PREFILL(D, W, MT)                                                                                   \
-	extern "C" __global__ void __launch_bounds__(W * 32) flash_prefill_d##D##_w##W##_m##MT(                     \
+#define FLASH_PREFILL(NAME, D, W, MT)                                                                             \
+	extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                   \
 	    bf16* out, int op, const bf16* q, int qp, const bf16* kc, const bf16* vc, const int* start,             \
 	    const int* past, int heads, int kvh, int maxSeq, float scale_log2, int causal) {                         \
 		const int b = blockIdx.z;                                                                                \
@@ -45,13 +46,7 @@ template <int D> struct CacheKV {
 		const CacheKV<D> kv{kc + base, vc + base};                                                               \
 		flash_prefill<D, D, W, MT>(out, op, q, qp, kv, start, past, b, scale_log2, causal);                      \
 	}
-#define FLASH_PREFILL_D(D) FLASH_PREFILL(D, 4, 2) FLASH_PREFILL(D, 4, 1) FLASH_PREFILL(D, 8, 1) FLASH_PREFILL(D, 8, 2)
-FLASH_PREFILL_D(16)
-FLASH_PREFILL_D(32)
-FLASH_PREFILL_D(64)
-FLASH_PREFILL_D(80)
-FLASH_PREFILL_D(96)
-FLASH_PREFILL_D(128)
+FLASH_PREFILL_INSTANCES(FLASH_PREFILL)
 
 // flash_decode_keys is flash-decoding: one block per split of one row's
 // cache for one kv head, its query heads (a group of at most 16, the rows of
@@ -204,8 +199,8 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 	}
 }
 
-#define FLASH_DECODE_KEYS(D)                                                                                     \
-	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) flash_decode_keys_d##D(                        \
+#define FLASH_DECODE_KEYS(NAME, D)                                                                               \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) NAME(                                          \
 	    bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn, int kp,            \
 	    const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, int chunk, \
 	    float scale_log2) {                                                                                     \
@@ -214,12 +209,7 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 		flash_decode_keys<D>(out, op, part, stats, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk, \
 		                     scale_log2);                                                                       \
 	}
-FLASH_DECODE_KEYS(16)
-FLASH_DECODE_KEYS(32)
-FLASH_DECODE_KEYS(64)
-FLASH_DECODE_KEYS(80)
-FLASH_DECODE_KEYS(96)
-FLASH_DECODE_KEYS(128)
+FLASH_DECODE_KEYS_INSTANCES(FLASH_DECODE_KEYS)
 
 // attn_merge combines the splits of a flash-decoding kernel (flash_decode_keys,
 // mla_decode) by their log-sum-exp: out[b, h·D + d] = Σ_s part[s, d]·2^(M_s - M)

@@ -116,39 +116,11 @@ func prefillShared(d int, c flashConfig) int { return (c.rows() + 4*keyTile) * r
 func decodeShared(d int) int                 { return (16 + 2*decodeStages*keyTile) * rowBytes(d) }
 
 func modules() []cudaset.Module {
-	var ew, at []string
-	for _, v := range []int{1, cudaset.VecWidth} {
-		for _, w := range []string{"bf16", "f16", "f32"} {
-			for _, n := range normItems {
-				ew = append(ew, fmt.Sprintf("rms_norm_%s_v%d_n%d", w, v, n), fmt.Sprintf("add_rms_norm_%s_v%d_n%d", w, v, n))
-			}
-		}
-		ew = append(ew, vname("swiglu", v))
-	}
-	ew = append(ew, "argmax_split_bf16", "argmax_split_f32")
-	for _, v := range []int{1, ropeVec} {
-		ew = append(ew, vname("rope_half", v), vname("rope_interleaved", v))
-	}
-	for _, d := range headDims {
-		for _, c := range flashConfigs {
-			at = append(at, prefillKernel(d, c))
-		}
-		at = append(at, decodeKernel(d))
-	}
-	at = append(at, "attn_merge")
-	var mla, keys []string
-	for _, k := range mlaKernels() {
-		if k.keys {
-			keys = append(keys, k.name)
-		} else {
-			mla = append(mla, k.name)
-		}
-	}
 	return []cudaset.Module{
-		module("elementwise.cu", ew),
-		module("attention.cu", at),
-		module("mla.cu", mla),
-		module("mla_keys.cu", keys),
+		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), swigluInstances(), argmaxInstances())),
+		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances()), "attn_merge")),
+		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
+		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		module("moe.cu", moeFuncs()),
 		module("linear.cu", linearKernels()),
 	}

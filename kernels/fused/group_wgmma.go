@@ -61,14 +61,7 @@ var wgmmaGather = true
 var prefillWgmma = true
 
 // gwModule is group_wgmma's NVRTC module.
-func gwModule() cudaset.Module {
-	var fs []string
-	for _, c := range gwConfigs {
-		p, g, x := c.kernels()
-		fs = append(fs, p, g, x)
-	}
-	return module("group_wgmma.cu", fs)
-}
+func gwModule() cudaset.Module { return module("group_wgmma.cu", cudaset.Names(gwInstances())) }
 
 // gwKit is group_wgmma on one device.
 type gwKit struct {

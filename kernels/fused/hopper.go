@@ -56,7 +56,7 @@ type hopperConfig struct {
 	KStages, VStages, QBufs int
 }
 
-// kernel is the instance's name, as FLASH_HOPPER makes it.
+// kernel is the instance's name (instances.cuh gives it to FLASH_HOPPER).
 func (c hopperConfig) kernel() string {
 	t := ""
 	if c.DT == kernels.F16 {
@@ -102,18 +102,8 @@ var hopperHeadDims = []int{64, 128}
 // bench/RESULTS.md, attention prefill). Tests set it.
 var prefillHopper = true
 
-// hopAttentionModule is the NVRTC module of file, a kernel over
-// hop_attention.cuh, with the kernels of instances cs.
-func hopAttentionModule[C interface{ kernel() string }](file string, cs []C) cudaset.Module {
-	var fs []string
-	for _, c := range cs {
-		fs = append(fs, c.kernel())
-	}
-	return module(file, fs)
-}
-
 // hopperModule is flash_hopper's NVRTC module.
-func hopperModule() cudaset.Module { return hopAttentionModule("hopper.cu", hopperConfigs) }
+func hopperModule() cudaset.Module { return module("hopper.cu", cudaset.Names(hopperInstances())) }
 
 // hopperKit is flash_hopper on one device.
 type hopperKit struct {

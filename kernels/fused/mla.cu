@@ -8,6 +8,7 @@
 // position s is (W_UK[h]·c_s, k_pe_s), its value W_UV[h]·c_s.
 
 #include "mla.cuh"
+#include "instances.cuh"
 
 // MlaKV is flash_prefill's source for MLA prefill, the latents decompressed
 // up front (one GEMM with kv_b_proj into rows of [H, DN+DV]: each head's
@@ -47,8 +48,8 @@ template <int DN, int DR, int DV> struct MlaKV {
 // Launch: grid (ceil(max new tokens / BM), heads, rows), W·32 threads,
 // shared BM·Tile<DN+DR>::ROW_BYTES + 2·BN·(Tile<DN+DR>::ROW_BYTES +
 // Tile<DV>::ROW_BYTES) bytes.
-#define MLA_PREFILL(DN, DR, DV, W, MT)                                                                        \
-	extern "C" __global__ void __launch_bounds__(W * 32) mla_prefill_n##DN##_r##DR##_v##DV##_w##W##_m##MT(    \
+#define MLA_PREFILL(NAME, DN, DR, DV, W, MT)                                                                  \
+	extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                \
 	    bf16* out, int op, const bf16* q, int qp, const bf16* kv, int kvp, const bf16* cache, int rank,       \
 	    const int* start, const int* past, int r0, int maxSeq, float scale_log2) {                            \
 		const int b = r0 + blockIdx.z;                                                                       \
@@ -60,12 +61,7 @@ template <int DN, int DR, int DV> struct MlaKV {
 		                            cache + (long long)b * maxSeq * pitch + rank, kvp, pitch};               \
 		flash_prefill<DN + DR, DV, W, MT>(out, op, q, qp, src, start, past, b, scale_log2, 1);               \
 	}
-#define MLA_PREFILL_DIMS(DN, DR, DV)                                                                          \
-	MLA_PREFILL(DN, DR, DV, 4, 1) MLA_PREFILL(DN, DR, DV, 4, 2) MLA_PREFILL(DN, DR, DV, 8, 1)                 \
-	MLA_PREFILL(DN, DR, DV, 8, 2)
-MLA_PREFILL_DIMS(128, 64, 128) // DeepSeek-V2, V2-Lite, V3
-MLA_PREFILL_DIMS(16, 16, 16)   // the kernel tests' small shapes
-MLA_PREFILL_DIMS(32, 16, 32)
+MLA_PREFILL_INSTANCES(MLA_PREFILL)
 
 #define MLA_STAGES 2 // key tiles in flight in mla_decode: one is 64 × 1,152 bytes at R+DR = 576
 
@@ -224,8 +220,8 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 	}
 }
 
-#define MLA_DECODE(R, DR)                                                                                       \
-	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) mla_decode_r##R##_p##DR(                     \
+#define MLA_DECODE(NAME, R, DR)                                                                                 \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) NAME(                                        \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn, \
 	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {             \
 		grid_wait();                                                                                           \
@@ -233,7 +229,4 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 		mla_decode<R, DR>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk,    \
 		                  scale_log2);                                                                      \
 	}
-MLA_DECODE(512, 64) // DeepSeek-V2, V2-Lite, V3
-MLA_DECODE(256, 32) // the decode graph test
-MLA_DECODE(96, 16)  // the kernel tests' small shapes
-MLA_DECODE(32, 16)
+MLA_DECODE_INSTANCES(MLA_DECODE)

@@ -20,7 +20,7 @@ const (
 )
 
 // mlaHeads are the head dims mla_prefill is instantiated for: q·k over
-// Nope+Rope, values of V (MLA_PREFILL_DIMS in mla.cu).
+// Nope+Rope, values of V (MLA_PREFILL in mla.cu).
 type mlaHeads struct{ Nope, Rope, V int }
 
 // mlaLatent are the latent dims mla_decode is instantiated for: the rank R
@@ -83,12 +83,10 @@ func mlaDecodeShared(d mlaLatent) int {
 	return n
 }
 
-// mlaKernel is an MLA kernel and its dynamic shared memory; keys marks
-// mla_decode_keys's (mla_keys.cu), the others are mla.cu's.
+// mlaKernel is an MLA kernel and its dynamic shared memory.
 type mlaKernel struct {
 	name   string
 	shared int
-	keys   bool
 }
 
 // mlaKernels are the MLA kernels compiled.
@@ -96,13 +94,13 @@ func mlaKernels() []mlaKernel {
 	var ks []mlaKernel
 	for _, d := range mlaPrefillDims {
 		for _, c := range flashConfigs {
-			ks = append(ks, mlaKernel{mlaPrefillKernel(d, c), mlaPrefillShared(d, c), false})
+			ks = append(ks, mlaKernel{mlaPrefillKernel(d, c), mlaPrefillShared(d, c)})
 		}
 	}
 	for _, d := range mlaDecodeDims {
-		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d), false})
+		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d)})
 		for _, s := range mlaKeysStageCounts {
-			ks = append(ks, mlaKernel{mlaKeysKernel(d, s), mlaKeysShared(d, s), true})
+			ks = append(ks, mlaKernel{mlaKeysKernel(d, s), mlaKeysShared(d, s)})
 		}
 	}
 	return ks

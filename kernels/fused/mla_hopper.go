@@ -57,7 +57,7 @@ var mlaPrefillHopper = true
 
 // mlaHopperModule is mla_hopper's NVRTC module.
 func mlaHopperModule() cudaset.Module {
-	return hopAttentionModule("mla_hopper.cu", mlaHopperConfigs)
+	return module("mla_hopper.cu", cudaset.Names(mlaHopperInstances()))
 }
 
 // mlaHopperKit is mla_hopper on one device.
