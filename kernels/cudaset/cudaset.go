@@ -48,17 +48,35 @@ type Module struct {
 
 // RowsModule holds the shared row movers, which New adds to every set.
 func RowsModule() Module {
-	var fs []string
-	floats := []kernels.DType{kernels.BF16, kernels.F16, kernels.F32}
+	return Module{File: "rows.cu", Sources: sources, Funcs: Names(rowsInstances()...)}
+}
+
+// rowsRegen is how rows_instances.cuh is written again after a table of
+// rowsInstances changes.
+const rowsRegen = "go test ./kernels/cudaset -run TestRowsInstancesHeader -update"
+
+// rowsInstances are rows.cu's kernels, one table per macro, as
+// rows_instances.cuh lists them.
+func rowsInstances() []Instances {
+	cp := Instances{Macro: "COPY_ROWS"}
+	kv := Instances{Macro: "KV_APPEND"}
+	mc := Instances{Macro: "MOE_COMBINE"}
 	for _, v := range []int{1, VecWidth} {
-		for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
-			for _, in := range floats {
-				fs = append(fs, fmt.Sprintf("copy_rows_%s_%s_v%d", out, in, v))
+		for _, in := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+			for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
+				cp.Kernels = append(cp.Kernels, Of(copyRowsKernel(out, in, v), CType(out), CType(in), v))
 			}
 		}
-		fs = append(fs, VName("kv_append", v), VName("moe_combine", v))
+		kv.Kernels = append(kv.Kernels, Of(VName("kv_append", v), v))
+		mc.Kernels = append(mc.Kernels, Of(VName("moe_combine", v), v))
 	}
-	return Module{File: "rows.cu", Sources: sources, Funcs: fs}
+	return []Instances{cp, kv, mc}
+}
+
+// copyRowsKernel is copy_rows's instance from rows of in to rows of out,
+// vec elements an access.
+func copyRowsKernel(out, in kernels.DType, vec int) string {
+	return fmt.Sprintf("copy_rows_%s_%s_v%d", out, in, vec)
 }
 
 // VName is the name of the VEC-wide instance of a kernel.
@@ -310,7 +328,7 @@ func (k *Kit) CombineRows(out, y Mat, slot uintptr, weight *kernels.Tensor, n, k
 // for r < rows (index pointers 0 when absent); srows bounds sidx.
 func (k *Kit) CopyRows(dst Mat, didx uintptr, src Mat, sidx uintptr, sdiv, srows, rows, cols int) {
 	v := VecFor(cols, dst, src)
-	k.LaunchItems(fmt.Sprintf("copy_rows_%s_%s_v%d", dst.DT, src.DT, v), int64(rows)*int64(cols/v),
+	k.LaunchItems(copyRowsKernel(dst.DT, src.DT, v), int64(rows)*int64(cols/v),
 		dst.P, int32(dst.Pitch), didx, src.P, int32(src.Pitch), sidx, int32(sdiv), int32(srows), int32(rows), int32(cols))
 }
 
