@@ -1,8 +1,6 @@
 package fused
 
 import (
-	"fmt"
-
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -49,7 +47,7 @@ func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, w *kernels.Tenso
 	o.Need(items > 0, op, "rows of %d elements: at most %d", cols, maxNormThreads*normItems[len(normItems)-1]*v)
 	const warp = 32
 	threads := max(warp, (accesses+items*warp-1)/(items*warp)*warp)
-	o.Launch(fmt.Sprintf("%s_%s_v%d_n%d", kernel, w.DType, v, items), n, threads,
+	o.Launch(normKernel(kernel, w.DType, v, items), n, threads,
 		om.P, int32(om.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), wm.P, int32(cols), eps)
 }
 
@@ -119,7 +117,7 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	}
 	splits := (cols + argmaxChunk - 1) / argmaxChunk
 	part := o.Scratch("argmax.part", kernels.I32, rows*splits, 2)
-	o.LaunchGrid("argmax_split_"+logits.DType.String(), cuda.Dim3{X: uint32(splits), Y: uint32(rows)},
+	o.LaunchGrid(argmaxKernel(logits.DType), cuda.Dim3{X: uint32(splits), Y: uint32(rows)},
 		cuda.Dim3{X: argmaxThreads}, 0,
 		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(cols), part.P,
 		o.D.Ptr(o.argmaxCounters))
