@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/fuselm/fuselm/infile"
 )
 
 // Resolve turns the --model argument into a model directory holding
@@ -83,10 +85,13 @@ func resolveExpandHome(p string) string {
 	return p
 }
 
+// maxRefBytes bounds a hub cache's refs/main, which holds one commit hash.
+const maxRefBytes = 4096
+
 // resolveSnapshot picks the snapshot directory of a cached repo.
 func resolveSnapshot(repo string) (string, error) {
 	snaps := filepath.Join(repo, "snapshots")
-	if ref, err := os.ReadFile(filepath.Join(repo, "refs", "main")); err == nil {
+	if ref, err := infile.Read(filepath.Join(repo, "refs", "main"), maxRefBytes); err == nil {
 		rev := strings.TrimSpace(string(ref))
 		if rev != "" && !strings.ContainsAny(rev, `/\`) && rev != "." && rev != ".." {
 			dir := filepath.Join(snaps, rev)
@@ -138,15 +143,9 @@ const MaxJSONFileBytes = 1 << 30
 // fails at once instead of exhausting memory or waiting forever. A missing
 // file's error satisfies errors.Is(err, fs.ErrNotExist).
 func ReadJSONFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
+	b, err := infile.Read(path, MaxJSONFileBytes)
+	if tl := (*infile.TooLargeError)(nil); errors.As(err, &tl) {
+		return nil, fmt.Errorf("%s: %d bytes, more than the %d MiB a model's JSON file may have", path, tl.Size, MaxJSONFileBytes>>20)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
-	}
-	if fi.Size() > MaxJSONFileBytes {
-		return nil, fmt.Errorf("%s: %d bytes, more than the %d MiB a model's JSON file may have", path, fi.Size(), MaxJSONFileBytes>>20)
-	}
-	return os.ReadFile(path)
+	return b, err
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 )
 
@@ -148,7 +149,7 @@ func (w *Weights) openIndexed() error {
 
 // addFile maps file and adds its tensors named in names (all when nil).
 func (w *Weights) addFile(file string, names []string) error {
-	f, err := os.Open(filepath.Join(w.dir, file))
+	f, err := infile.Open(filepath.Join(w.dir, file))
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
