@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -129,6 +130,32 @@ func resolveCheckDir(model, dir string) (string, error) {
 		return "", fmt.Errorf("loader: model %q: %s has no config.json (not a Hugging Face model directory?)", model, dir)
 	}
 	return dir, nil
+}
+
+// CheckpointFiles lists the files of the model directory dir that a run may
+// read: its JSON files, its safetensors files and the shards its index
+// names, so that no output of the run is allowed to overwrite one.
+func CheckpointFiles(dir string) []string {
+	var files []string
+	for _, pat := range []string{"*.json", "*.safetensors"} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		files = append(files, m...)
+	}
+	if data, err := ReadJSONFile(filepath.Join(dir, WeightsIndexFile)); err == nil {
+		var idx stIndex
+		if json.Unmarshal(data, &idx) == nil {
+			shards := map[string]bool{}
+			for _, shard := range idx.WeightMap {
+				shards[shard] = filepath.IsLocal(shard)
+			}
+			for _, shard := range cfgSortedKeys(shards) {
+				if shards[shard] {
+					files = append(files, filepath.Join(dir, shard))
+				}
+			}
+		}
+	}
+	return files
 }
 
 // MaxJSONFileBytes bounds the JSON files of a model directory that are read

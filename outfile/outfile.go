@@ -222,3 +222,44 @@ func unwrapPath(err error) error {
 	}
 	return err
 }
+
+// Same reports whether writing path would write the file other names,
+// following symbolic links and seeing hard links, so that an output that
+// is one of a run's inputs, or another of its outputs, can be refused
+// before any work. Devices and FIFOs, which writing does not replace or
+// truncate, are never the same file: two outputs may both go to /dev/null.
+func Same(path, other string) bool {
+	t, err := resolve(path)
+	if err != nil {
+		return false // Check says why
+	}
+	fi, err := os.Stat(t.path)
+	oi, oerr := os.Stat(other)
+	switch {
+	case err == nil && oerr == nil:
+		return fi.Mode().IsRegular() && os.SameFile(fi, oi)
+	case err == nil || oerr == nil:
+		return false // one exists, the other not
+	}
+	// Neither exists yet: the same name in the same directory.
+	ot, oerr := resolve(other)
+	if oerr != nil {
+		return false
+	}
+	a, b := canonical(t.path), canonical(ot.path)
+	return a != "" && a == b
+}
+
+// canonical is the absolute name of path with the links of its directory
+// followed, or "" when its directory cannot be found.
+func canonical(path string) string {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	if err != nil {
+		return ""
+	}
+	dir, err = filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, filepath.Base(path))
+}

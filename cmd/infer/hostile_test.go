@@ -1,7 +1,11 @@
 package main
 
 import (
+	"crypto/sha256"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -46,4 +50,85 @@ func TestInputFIFO(t *testing.T) {
 		}
 		oneLine(t, args, stderr, fifo+": a FIFO, not a regular file")
 	}
+}
+
+// An output that is an input of the run (the checkpoint's files, the
+// prompt file, reached by name, symlink or hard link) or the file of
+// another output is refused before any work, as a usage error, and the
+// file is left as it was.
+func TestOutputIsInput(t *testing.T) {
+	model := patchCheckpoint(t, tinyQwen, func(map[string]any, []byte) {})
+	dir := t.TempDir()
+	prompt := filepath.Join(dir, "prompt.txt")
+	os.WriteFile(prompt, []byte("hello"), 0o644)
+	link := filepath.Join(dir, "weights-link")
+	os.Symlink(filepath.Join(model, "model.safetensors"), link)
+	hard := filepath.Join(dir, "tokenizer-hard")
+	if err := os.Link(filepath.Join(model, "tokenizer.json"), hard); err != nil {
+		t.Skip(err)
+	}
+	out := filepath.Join(dir, "out.json")
+	old := filepath.Join(dir, "old.json")
+	os.WriteFile(old, []byte("old"), 0o644)
+	os.Symlink("old.json", filepath.Join(dir, "old-link"))
+	gen := []string{"--model", model, "--prompt-file", prompt, "--max-new-tokens", "2", "--quiet"}
+	for _, c := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"--profile", filepath.Join(model, "config.json")}, "is the checkpoint's config.json, an input of this run"},
+		{[]string{"--trace", link}, "is the checkpoint's model.safetensors, an input of this run"},
+		{[]string{"--trace", hard}, "is the checkpoint's tokenizer.json, an input of this run"},
+		{[]string{"--profile", prompt}, "is --prompt-file, an input of this run"},
+		{[]string{"--profile", out, "--trace", out}, "--trace " + out + ": is also the file of --profile"},
+		{[]string{"--profile", old, "--trace", filepath.Join(dir, "old-link")}, "is also the file of --profile"},
+		{[]string{"--profile", out, "--trace", filepath.Join(dir, ".", "out.json")}, "is also the file of --profile"},
+	} {
+		before := snapshot(t, model, prompt, old)
+		args := append(append([]string(nil), gen...), c.extra...)
+		code, stdout, stderr := runInfer(t, args...)
+		if code != exitUsage || stdout != "" {
+			t.Errorf("infer %q: exit %d, stdout %q", c.extra, code, stdout)
+		}
+		oneLine(t, args, stderr, c.want)
+		if after := snapshot(t, model, prompt, old); after != before {
+			t.Errorf("infer %q changed an input", c.extra)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("infer %q wrote %s", c.extra, out)
+		}
+	}
+	withTestSets(t)
+	plot := filepath.Join(model, "config.json")
+	cmp := append(compareArgs("--baseline", "cpu_slow", "--candidate", "cpu", "--plot", plot), "--model", model)
+	before := snapshot(t, model)
+	code, _, stderr := runInfer(t, cmp...)
+	if code != exitUsage || snapshot(t, model) != before {
+		t.Errorf("compare with --plot the checkpoint's config.json: exit %d", code)
+	}
+	oneLine(t, cmp, stderr, "--plot "+plot+": is the checkpoint's config.json, an input of this run")
+
+	// Devices are not files outputs could lose: both may go to /dev/null.
+	args := append(append([]string(nil), gen...), "--profile", os.DevNull, "--trace", os.DevNull)
+	if code, _, stderr := runInfer(t, args...); code != exitOK {
+		t.Errorf("--profile and --trace both %s: exit %d: %s", os.DevNull, code, stderr)
+	}
+}
+
+// snapshot is the content of every file of dir and of the files named.
+func snapshot(t *testing.T, dir string, files ...string) string {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		files = append(files, filepath.Join(dir, e.Name()))
+	}
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s %x\n", f, sha256.Sum256(data))
+	}
+	return b.String()
 }
