@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -131,4 +134,68 @@ func snapshot(t *testing.T, dir string, files ...string) string {
 		fmt.Fprintf(&b, "%s %x\n", f, sha256.Sum256(data))
 	}
 	return b.String()
+}
+
+// TestInferChild is infer itself, run as a child process by the tests that
+// signal it; it skips unless FUSELM_INFER_ARGS holds the arguments.
+func TestInferChild(t *testing.T) {
+	raw := os.Getenv("FUSELM_INFER_ARGS")
+	if raw == "" {
+		t.Skip("run by TestInterrupted")
+	}
+	var args []string
+	if err := json.Unmarshal([]byte(raw), &args); err != nil {
+		t.Fatal(err)
+	}
+	exitOnSignal()
+	os.Exit(run(args, os.Stdout, os.Stderr))
+}
+
+// SIGINT or SIGTERM while the outputs are being written ends infer with
+// 128 + the signal's number, one line on stderr, no temporary file left
+// and each output whole: here the profile is written and the trace, a FIFO
+// nobody reads, blocks.
+func TestInterrupted(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		dir := t.TempDir()
+		fifo := filepath.Join(dir, "trace")
+		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+			t.Skip("no FIFOs here:", err)
+		}
+		prof := filepath.Join(dir, "profile.json")
+		args, _ := json.Marshal([]string{"--model", tinyQwen, "--prompt", "hi", "--max-new-tokens", "2", "--quiet",
+			"--profile", prof, "--trace", fifo})
+		cmd := exec.Command(os.Args[0], "-test.run=^TestInferChild$")
+		cmd.Env = append(os.Environ(), "FUSELM_INFER_ARGS="+string(args))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if _, err := os.Stat(prof); err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond) // into the trace's open
+		cmd.Process.Signal(sig)
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != 128+int(sig) {
+			t.Errorf("%v: exit %d, want %d (stderr %q)", sig, code, 128+int(sig), stderr.String())
+		}
+		if !strings.HasSuffix(stderr.String(), fmt.Sprintf("infer: interrupted (%v)\n", sig)) {
+			t.Errorf("%v: stderr %q", sig, stderr.String())
+		}
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.Name() != "trace" && e.Name() != "profile.json" {
+				t.Errorf("%v: %s left behind", sig, e.Name())
+			}
+		}
+		if b, err := os.ReadFile(prof); err != nil || !json.Valid(b) {
+			t.Errorf("%v: the profile is not whole: %v", sig, err)
+		}
+	}
 }

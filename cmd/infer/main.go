@@ -33,7 +33,10 @@ that cannot run, a device error, numbers that stop being finite).`
 // usageError marks errors in the command line itself.
 type usageError struct{ error }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	exitOnSignal()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 // run runs the command line args and returns the exit status. Every failure
 // is said on stderr, prefixed with "infer: ".
