@@ -199,3 +199,56 @@ func TestInterrupted(t *testing.T) {
 		}
 	}
 }
+
+// fullWriter fails every write, as stdout on a full disk does.
+type fullWriter struct{}
+
+func (fullWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// A result that cannot be written to stdout (a full disk, a closed
+// stdout) fails the run: exit 1, one line.
+func TestStdoutWriteError(t *testing.T) {
+	for _, args := range [][]string{
+		{"--model", tinyQwen, "--prompt", "hi", "--max-new-tokens", "2", "--quiet"},
+		{"--model", tinyQwen, "--prompt", "hi", "--max-new-tokens", "2", "--quiet", "--json"},
+		{"tokenize", "--model", tinyQwen, "--text", "hello"},
+		{"inspect", "--model", tinyQwen},
+	} {
+		var stderr bytes.Buffer
+		code := run(args, fullWriter{}, &stderr)
+		if code != exitError {
+			t.Errorf("infer %q to a full stdout: exit %d", args, code)
+		}
+		oneLine(t, args, stderr.String(), "writing the result to stdout: no space left on device")
+	}
+	// The real thing: /dev/full as stdout, and a stdout that cannot be
+	// written (opened for reading: EBADF, as a closed one gives).
+	if _, err := os.Stat("/dev/full"); err != nil {
+		return
+	}
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer full.Close()
+	readOnly, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer readOnly.Close()
+	args, _ := json.Marshal([]string{"tokenize", "--model", tinyQwen, "--text", "hello"})
+	for _, c := range []struct {
+		stdout *os.File
+		want   string
+	}{{full, "no space left on device"}, {readOnly, "bad file descriptor"}} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestInferChild$")
+		cmd.Env = append(os.Environ(), "FUSELM_INFER_ARGS="+string(args))
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = c.stdout, &stderr
+		cmd.Run()
+		if code := cmd.ProcessState.ExitCode(); code != exitError {
+			t.Errorf("tokenize with stdout %s: exit %d", c.stdout.Name(), code)
+		}
+		oneLine(t, nil, stderr.String(), "writing the result to stdout: write /dev/stdout: "+c.want)
+	}
+}

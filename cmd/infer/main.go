@@ -52,9 +52,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	parsed := false
 	root.PersistentPreRun = func(*cobra.Command, []string) { parsed = true }
 	root.SetArgs(args)
-	root.SetOut(stdout)
+	out := &resultWriter{w: stdout}
+	root.SetOut(out)
 	root.SetErr(stderr)
 	err := root.Execute()
+	if out.err != nil && (err == nil || errors.Is(err, out.err)) {
+		err = fmt.Errorf("writing the result to stdout: %w", out.err)
+	}
 	if err == nil {
 		return exitOK
 	}
@@ -63,6 +67,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	return exitError
+}
+
+// resultWriter is stdout, which carries the results: it keeps the first
+// write error (a full disk, a closed stdout), which fails the run, and
+// writes nothing after it.
+type resultWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (r *resultWriter) Write(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	n, err := r.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	r.err = err
+	return n, err
 }
 
 // silence makes cobra leave error printing to run, so that every failure is
