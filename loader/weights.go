@@ -412,58 +412,73 @@ func (w *Weights) TotalBytes() int64 { return w.total }
 // Dir is the model directory the weights come from.
 func (w *Weights) Dir() string { return w.dir }
 
-// CheckError is what Weights.Check returns: every problem found, one line
-// each.
+// CheckError is what Weights.Check returns: how many problems it found and
+// the first few, one line each.
 type CheckError struct {
 	Dir      string
-	Problems []string
+	Problems []string // the first checkErrorShown problems
+	Count    int      // every problem found
 }
 
-// checkErrorShown is how many problems CheckError.Error lists.
+// checkErrorShown is how many problems CheckError keeps and lists: a
+// config that asks for a million layers of a two-layer checkpoint has
+// millions, which would take seconds to write out and pages to print.
 const checkErrorShown = 10
 
+// Error is one line that says the first problem and how many there are,
+// then the next problems kept, one a line.
 func (e *CheckError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "loader: weights in %s: %d problem", e.Dir, len(e.Problems))
-	if len(e.Problems) != 1 {
-		b.WriteString("s")
+	fmt.Fprintf(&b, "loader: weights in %s: ", e.Dir)
+	if len(e.Problems) > 0 {
+		b.WriteString(e.Problems[0])
 	}
-	b.WriteString(":")
-	for i, p := range e.Problems {
-		if i == checkErrorShown {
-			fmt.Fprintf(&b, "\n\tand %d more", len(e.Problems)-checkErrorShown)
-			break
-		}
+	if e.Count > 1 {
+		fmt.Fprintf(&b, " (and %d more problems)", e.Count-1)
+	}
+	for _, p := range e.Problems[min(1, len(e.Problems)):] {
 		b.WriteString("\n\t")
 		b.WriteString(p)
+	}
+	if more := e.Count - len(e.Problems); more > 0 {
+		fmt.Fprintf(&b, "\n\tand %d more", more)
 	}
 	return b.String()
 }
 
+// add records a problem, formatting it only when it is one of the first
+// kept.
+func (e *CheckError) add(format string, a ...any) {
+	if len(e.Problems) < checkErrorShown {
+		e.Problems = append(e.Problems, fmt.Sprintf(format, a...))
+	}
+	e.Count++
+}
+
 // Check verifies that every wanted tensor is there, with its shape and a
-// BF16, F16 or F32 dtype. It reports all problems in one *CheckError (nil
+// BF16, F16 or F32 dtype. It reports the problems in one *CheckError (nil
 // when there are none). Tensors not wanted are no problem.
 func (w *Weights) Check(want []Want) error {
-	var problems []string
+	e := &CheckError{Dir: w.dir}
 	for _, wt := range want {
 		t, ok := w.tensors[wt.Name]
 		if !ok {
-			problems = append(problems, fmt.Sprintf("tensor %q: missing", wt.Name))
+			e.add("tensor %q: missing", wt.Name)
 			continue
 		}
 		switch t.DType {
 		case kernels.BF16, kernels.F16, kernels.F32:
 		default:
-			problems = append(problems, fmt.Sprintf("tensor %q (%s): dtype %s not supported (want BF16, F16 or F32)", wt.Name, t.File, t.SafeDType))
+			e.add("tensor %q (%s): dtype %s not supported (want BF16, F16 or F32)", wt.Name, t.File, t.SafeDType)
 		}
 		if !stSameShape(t.Shape, wt.Shape) {
-			problems = append(problems, fmt.Sprintf("tensor %q (%s): shape %v, want %v", wt.Name, t.File, t.Shape, wt.Shape))
+			e.add("tensor %q (%s): shape %v, want %v", wt.Name, t.File, t.Shape, wt.Shape)
 		}
 	}
-	if len(problems) == 0 {
+	if e.Count == 0 {
 		return nil
 	}
-	return &CheckError{Dir: w.dir, Problems: problems}
+	return e
 }
 
 func stSameShape(a, b []int) bool {
