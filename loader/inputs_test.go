@@ -74,3 +74,27 @@ func TestInputsNotRegular(t *testing.T) {
 		t.Fatal("Resolve still blocked on refs/main after a second")
 	}
 }
+
+// Tensor names (and every other string of a header) must be UTF-8, as the
+// reference parser requires: raw bytes that are not, or an escape of half a
+// surrogate pair, are refused instead of becoming U+FFFD.
+func TestHeaderNotUTF8(t *testing.T) {
+	entry := `{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}`
+	for _, c := range []struct{ name, want string }{
+		{"w\xff", "not valid UTF-8 (byte 11)"},
+		{"w\xc3", "not valid UTF-8"},
+		{`w\udc80`, `\udc80 at byte 11 escapes half a UTF-16 surrogate pair`},
+		{`w\ud83dx`, `\ud83d at byte 11 escapes half`},
+		{`w\ud83d\u0041`, `\ud83d at byte 11 escapes half`},
+	} {
+		_, err := stParseHeader(stTestRaw(`{"`+c.name+`": `+entry+`}`, make([]byte, 4)))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("name %q: %v, want %q", c.name, err, c.want)
+		}
+	}
+	for _, name := range []string{"wé", `w\ud83d\ude00`, `w\\udc80`, `w\"\u00e9`} {
+		if _, err := stParseHeader(stTestRaw(`{"`+name+`": `+entry+`}`, make([]byte, 4))); err != nil {
+			t.Errorf("name %q: %v", name, err)
+		}
+	}
+}

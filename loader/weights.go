@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
@@ -261,6 +262,15 @@ func stParseHeader(data []byte) (*stHeader, error) {
 	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return nil, errors.New("bad JSON header: not an object: not a safetensors file?")
 	}
+	// encoding/json would turn bytes that are not UTF-8, and escapes of
+	// lone surrogates, into U+FFFD, renaming tensors; the reference parser
+	// refuses both.
+	if !utf8.Valid(raw) {
+		return nil, fmt.Errorf("bad JSON header: not valid UTF-8 (byte %d)", 8+invalidUTF8At(raw))
+	}
+	if at := loneSurrogateAt(raw); at >= 0 {
+		return nil, fmt.Errorf("bad JSON header: %s at byte %d escapes half a UTF-16 surrogate pair, which is no character", raw[at:at+6], 8+at)
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &top); err != nil {
 		return nil, fmt.Errorf("bad JSON header: %v", err)
@@ -331,6 +341,55 @@ func stParseHeader(data []byte) (*stHeader, error) {
 		return nil, fmt.Errorf("%d bytes after the last tensor's data%s: file size %d, expected %d", dataLen-end, last, size, h.dataStart+end)
 	}
 	return h, nil
+}
+
+// invalidUTF8At is the offset of the first byte of b that does not start a
+// valid UTF-8 sequence.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
+}
+
+// loneSurrogateAt is the offset of the first \uXXXX escape in the JSON
+// text b that is a UTF-16 surrogate without its other half, or -1.
+func loneSurrogateAt(b []byte) int {
+	hex := func(i int) (rune, bool) {
+		if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+		return rune(v), err == nil
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 == len(b) {
+			continue
+		}
+		if b[i+1] != 'u' {
+			i++ // an escape of one character: \\, \", \n...
+			continue
+		}
+		r, ok := hex(i)
+		switch {
+		case !ok:
+			continue // the JSON decoder will say
+		case 0xD800 <= r && r < 0xDC00:
+			if lo, ok := hex(i + 6); !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return i
+			}
+			i += 11
+		case 0xDC00 <= r && r <= 0xDFFF:
+			return i
+		default:
+			i += 5
+		}
+	}
+	return -1
 }
 
 // stParseEntry parses {"dtype", "shape", "data_offsets"} of one tensor.
