@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"regexp"
 	"regexp/syntax"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -22,20 +24,64 @@ import (
 // atomic group) and cannot match the empty string runs on Go's regexp,
 // whose time is linear in the text and whose leftmost-first matches are the
 // ones a backtracking engine finds. Any other pattern runs on regexp2, which
-// has Oniguruma's lookahead, with every match bounded by matchTimeout: a
-// pattern whose backtracking explodes fails the encoding with an error
+// has Oniguruma's lookahead, with every match bounded by a time that grows
+// with the text (matcherFor): a pattern whose backtracking explodes fails the encoding with an error
 // instead of hanging it.
 type regex struct {
 	pattern string
 	linear  *regexp.Regexp  // nil unless the pattern runs in linear time
-	bt      *regexp2.Regexp // the backtracking matcher otherwise
+	bt      *regexp2.Regexp // the backtracking matcher otherwise, for short texts
 	literal string          // a String pattern when both are nil
+	// long holds the backtracking matcher compiled again for longer texts,
+	// with a bound that grows with them: one per power of two of the
+	// text's length in bytes.
+	long sync.Map // int -> *regexp2.Regexp
 }
 
-// matchTimeout bounds one match of a backtracking pattern. Real pre-tokenizer
-// patterns match a word in microseconds; one that takes this long backtracks
-// exponentially and would not finish.
-var matchTimeout = 2 * time.Second
+// The bound of one match of a backtracking pattern: matchTimeout, plus
+// matchTimePerByte for every byte of the text. Real pre-tokenizer patterns
+// match a word in microseconds and a run of white space in tens of
+// nanoseconds a byte; a match that takes this long backtracks exponentially
+// and would not finish.
+var (
+	matchTimeout     = 2 * time.Second
+	matchTimePerByte = time.Microsecond
+)
+
+// shortText is the longest text the regex's first matcher takes (its
+// bound then holds matchTimeout and the per-byte part of this length).
+const shortText = 64 << 10
+
+// matcherFor is the backtracking matcher for a text of n bytes, its
+// MatchTimeout at least matchTimeout + n × matchTimePerByte.
+func (r *regex) matcherFor(n int) (*regexp2.Regexp, error) {
+	if n <= shortText {
+		return r.bt, nil
+	}
+	class := bits.Len(uint(n)) // n < 1<<class
+	if re, ok := r.long.Load(class); ok {
+		return re.(*regexp2.Regexp), nil
+	}
+	re, err := compileBacktracking(r.pattern, time.Duration(1)<<class*matchTimePerByte)
+	if err != nil {
+		return nil, err
+	}
+	got, _ := r.long.LoadOrStore(class, re)
+	return got.(*regexp2.Regexp), nil
+}
+
+// compileBacktracking compiles pattern for regexp2, every match bounded by
+// matchTimeout + extra.
+func compileBacktracking(pattern string, extra time.Duration) (*regexp2.Regexp, error) {
+	// Oniguruma's ^ and $ match at line boundaries, as regexp2's do with
+	// Multiline.
+	re, err := regexp2.Compile(foldLongS(pattern), regexp2.Multiline)
+	if err != nil {
+		return nil, err
+	}
+	re.MatchTimeout = matchTimeout + extra
+	return re, nil
+}
 
 // MatchTimeoutError is the error of an encoding stopped because a pattern of
 // the tokenizer took longer than its bound to match.
@@ -91,13 +137,10 @@ func compileRegex(pattern string) (*regex, error) {
 	if re := compileLinear(pattern); re != nil {
 		return &regex{pattern: pattern, linear: re}, nil
 	}
-	// Oniguruma's ^ and $ match at line boundaries, as regexp2's do with
-	// Multiline.
-	re, err := regexp2.Compile(foldLongS(pattern), regexp2.Multiline)
+	re, err := compileBacktracking(pattern, shortText*matchTimePerByte)
 	if err != nil {
 		return nil, fmt.Errorf("regex %q: %w", pattern, err)
 	}
-	re.MatchTimeout = matchTimeout
 	return &regex{pattern: pattern, bt: re}, nil
 }
 
@@ -130,15 +173,19 @@ func (r *regex) findAll(s string) [][2]int {
 		}
 		return bi
 	}
-	m, err := r.bt.FindRunesMatch(runes)
+	re, err := r.matcherFor(len(s))
+	if err != nil { // compiled once already: cannot fail
+		re = r.bt
+	}
+	m, err := re.FindRunesMatch(runes)
 	for m != nil && err == nil {
 		start := offset(m.Index)
 		end := offset(m.Index + m.Length)
 		out = append(out, [2]int{start, end})
-		m, err = r.bt.FindNextMatch(m)
+		m, err = re.FindNextMatch(m)
 	}
 	if err != nil {
-		panic(matchFailure{&MatchTimeoutError{Pattern: r.pattern, Limit: r.bt.MatchTimeout, Text: len(s)}})
+		panic(matchFailure{&MatchTimeoutError{Pattern: r.pattern, Limit: re.MatchTimeout, Text: len(s)}})
 	}
 	return out
 }

@@ -44,8 +44,8 @@ func TestRegexBounded(t *testing.T) {
 		}
 	}
 
-	defer func(d time.Duration) { matchTimeout = d }(matchTimeout)
-	matchTimeout = 50 * time.Millisecond
+	defer func(d, perByte time.Duration) { matchTimeout, matchTimePerByte = d, perByte }(matchTimeout, matchTimePerByte)
+	matchTimeout, matchTimePerByte = 50*time.Millisecond, 0
 	tok := splitTokenizer(t, `(a+)+(?!a)b`)
 	start := time.Now()
 	_, err := tok.Encode(hostile)
@@ -56,6 +56,16 @@ func TestRegexBounded(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("the bounded match took %v", d)
 	}
+	// The bound grows with the text: a long run of white space is one long
+	// match of \s+(?!\S), linear, and must not be taken for an explosion.
+	matchTimePerByte = time.Microsecond
+	spaces := strings.Repeat(" ", 4<<20) + "x"
+	tok = splitTokenizer(t, `\s+(?!\S)|\S+`)
+	if ids, err := tok.Encode(spaces); err != nil || len(ids) < 4<<20 {
+		t.Errorf("4 MiB of spaces: %d ids, %v", len(ids), err)
+	}
+	matchTimePerByte = 0
+
 	// The bound holds for a normalizer's Replace too, there at parse time
 	// (added tokens are normalized) as well.
 	_, err = tiny(t, func(m map[string]any) {
