@@ -132,14 +132,16 @@ func resolveCheckDir(model, dir string) (string, error) {
 	return dir, nil
 }
 
-// CheckpointFiles lists the files of the model directory dir that a run may
-// read: its JSON files, its safetensors files and the shards its index
-// names, so that no output of the run is allowed to overwrite one.
+// CheckpointFiles lists the files of the model directory dir that a run
+// reads (config.json, generation_config.json, the tokenizer's two files,
+// the weights, the index and the shards it names), so that no output of the
+// run is allowed to overwrite one. Other files of the directory, an earlier
+// run's profile say, are not inputs.
 func CheckpointFiles(dir string) []string {
 	var files []string
-	for _, pat := range []string{"*.json", "*.safetensors"} {
-		m, _ := filepath.Glob(filepath.Join(dir, pat))
-		files = append(files, m...)
+	for _, name := range []string{configFile, generationConfigFile, "tokenizer.json", "tokenizer_config.json",
+		SingleWeightsFile, WeightsIndexFile} {
+		files = append(files, filepath.Join(dir, name))
 	}
 	if data, err := ReadJSONFile(filepath.Join(dir, WeightsIndexFile)); err == nil {
 		var idx stIndex

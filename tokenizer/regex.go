@@ -93,7 +93,7 @@ type MatchTimeoutError struct {
 
 func (e *MatchTimeoutError) Error() string {
 	return fmt.Sprintf("regex %q: one match took longer than %v on a %d-byte text "+
-		"(a pattern whose backtracking grows exponentially with the text?)", e.Pattern, e.Limit, e.Text)
+		"(a pattern whose backtracking grows exponentially with the text?)", e.Pattern, e.Limit.Round(time.Millisecond), e.Text)
 }
 
 // matchFailure carries a MatchTimeoutError from findAll, deep in the

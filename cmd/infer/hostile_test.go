@@ -252,3 +252,16 @@ func TestStdoutWriteError(t *testing.T) {
 		oneLine(t, nil, stderr.String(), "writing the result to stdout: write /dev/stdout: "+c.want)
 	}
 }
+
+// A file of the checkpoint directory that the run does not read, such as
+// an earlier run's profile written there, may be an output.
+func TestOutputBesideCheckpoint(t *testing.T) {
+	model := patchCheckpoint(t, tinyQwen, func(map[string]any, []byte) {})
+	prof := filepath.Join(model, "profile.json")
+	args := []string{"--model", model, "--prompt", "hi", "--max-new-tokens", "2", "--quiet", "--profile", prof}
+	for run := range 2 {
+		if code, _, stderr := runInfer(t, args...); code != exitOK {
+			t.Errorf("run %d with --profile in the checkpoint directory: exit %d: %s", run, code, stderr)
+		}
+	}
+}
