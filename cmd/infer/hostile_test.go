@@ -265,3 +265,24 @@ func TestOutputBesideCheckpoint(t *testing.T) {
 		}
 	}
 }
+
+// An output that is the file stdout is redirected to (infer --profile F
+// > F) is refused: replacing it would lose what stdout writes.
+func TestOutputIsStdout(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out.txt")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	args, _ := json.Marshal([]string{"--model", tinyQwen, "--prompt", "hi", "--max-new-tokens", "2", "--quiet", "--profile", out})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInferChild$")
+	cmd.Env = append(os.Environ(), "FUSELM_INFER_ARGS="+string(args))
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = f, &stderr
+	cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != exitUsage {
+		t.Errorf("exit %d, want %d", code, exitUsage)
+	}
+	oneLine(t, nil, stderr.String(), "--profile "+out+": is also the file stdout goes to")
+}

@@ -14,7 +14,7 @@ type namedPath struct{ flag, path string }
 // checkOutputs makes sure, before any work, that every output of outs
 // (those given) can be written, and, as usage errors, that none is one of
 // the run's inputs (the checkpoint's files, the prompt file; after symbolic
-// links) or the file of another output.
+// links) or the file of another output or of stdout.
 func checkOutputs(outs []namedPath, model, promptFile string) error {
 	var given []namedPath
 	for _, o := range outs {
@@ -48,6 +48,11 @@ func checkOutputs(outs []namedPath, model, promptFile string) error {
 			if outfile.Same(o.path, other.path) {
 				return usageError{fmt.Errorf("%s %s: is also the file of %s", o.flag, o.path, other.flag)}
 			}
+		}
+		// stdout redirected to the same file: the output would replace
+		// the file stdout then writes to, unlinked.
+		if outfile.Same(o.path, "/dev/stdout") {
+			return usageError{fmt.Errorf("%s %s: is also the file stdout goes to", o.flag, o.path)}
 		}
 	}
 	return nil
