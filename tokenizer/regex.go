@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"regexp"
 	"regexp/syntax"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
+	syntax2 "github.com/dlclark/regexp2/syntax"
 )
 
 // regex is a Split or Replace pattern of a tokenizer.json, which is
@@ -92,8 +94,43 @@ type MatchTimeoutError struct {
 }
 
 func (e *MatchTimeoutError) Error() string {
-	return fmt.Sprintf("regex %q: one match took longer than %v on a %d-byte text "+
-		"(a pattern whose backtracking grows exponentially with the text?)", e.Pattern, e.Limit.Round(time.Millisecond), e.Text)
+	return fmt.Sprintf("regex %s: one match took longer than %v on a %d-byte text "+
+		"(a pattern whose backtracking grows exponentially with the text?)", quoteShort(e.Pattern), e.Limit.Round(time.Millisecond), e.Text)
+}
+
+// PatternError is a pattern of the tokenizer that does not compile.
+type PatternError struct {
+	Pattern string
+	Err     error
+}
+
+// Error says what is wrong, quoting no more than the start of a long
+// pattern (the compiler's own message repeats it whole).
+func (e *PatternError) Error() string {
+	msg := e.Err.Error()
+	if se := (*syntax2.Error)(nil); errors.As(e.Err, &se) {
+		msg = "error parsing regexp: " + se.Code.String()
+		if len(se.Args) > 0 {
+			msg = "error parsing regexp: " + fmt.Sprintf(se.Code.String(), se.Args...)
+		}
+	}
+	return fmt.Sprintf("regex %s: %s", quoteShort(e.Pattern), msg)
+}
+
+func (e *PatternError) Unwrap() error { return e.Err }
+
+// quoteShort quotes s, or its first bytes and its length when it is long:
+// a pattern from a hostile file may be megabytes.
+func quoteShort(s string) string {
+	const keep = 200
+	if len(s) <= keep {
+		return strconv.Quote(s)
+	}
+	head := s[:keep]
+	for !utf8.ValidString(head) && len(head) > 0 {
+		head = head[:len(head)-1]
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(head), len(s))
 }
 
 // matchFailure carries a MatchTimeoutError from findAll, deep in the
@@ -139,7 +176,7 @@ func compileRegex(pattern string) (*regex, error) {
 	}
 	re, err := compileBacktracking(pattern, shortText*matchTimePerByte)
 	if err != nil {
-		return nil, fmt.Errorf("regex %q: %w", pattern, err)
+		return nil, &PatternError{Pattern: pattern, Err: err}
 	}
 	return &regex{pattern: pattern, bt: re}, nil
 }
