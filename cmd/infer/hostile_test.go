@@ -286,3 +286,34 @@ func TestOutputIsStdout(t *testing.T) {
 	}
 	oneLine(t, nil, stderr.String(), "--profile "+out+": is also the file stdout goes to")
 }
+
+// A megabyte name or pattern in a hostile checkpoint does not make a
+// megabyte error: the line keeps where it happened and what went wrong.
+func TestLongErrorsClipped(t *testing.T) {
+	name := strings.Repeat("A", 1<<20)
+	badName := patchCheckpoint(t, tinyQwen, func(h map[string]any, _ []byte) {
+		h[name] = map[string]any{"dtype": "BOGUS", "shape": []int{1}, "data_offsets": []int{0, 4}}
+	})
+	badPattern := patchCheckpoint(t, tinyQwen, func(map[string]any, []byte) {})
+	b, _ := os.ReadFile(filepath.Join(badPattern, "tokenizer.json"))
+	var tok map[string]any
+	json.Unmarshal(b, &tok)
+	tok["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] =
+		map[string]any{"Regex": strings.Repeat("(", 100_000)}
+	b, _ = json.Marshal(tok)
+	os.WriteFile(filepath.Join(badPattern, "tokenizer.json"), b, 0o644)
+	for _, c := range []struct {
+		args       []string
+		start, end string
+	}{
+		{[]string{"inspect", "--model", badName}, `infer: loader: model.safetensors: tensor "AAAA`, `": unknown dtype "BOGUS"`},
+		{[]string{"tokenize", "--model", badPattern, "--text", "hi"}, `infer: tokenizer: `, `… (100000 bytes): error parsing regexp: missing closing )`},
+	} {
+		code, _, stderr := runInfer(t, c.args...)
+		line := strings.TrimSuffix(stderr, "\n")
+		if code != exitError || len(stderr) > 1200 || strings.Contains(line, "\n") ||
+			!strings.HasPrefix(line, c.start) || !strings.HasSuffix(line, c.end) {
+			t.Errorf("infer %s: exit %d, %d bytes: %.300q", c.args[0], code, len(stderr), stderr)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 )
@@ -62,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "infer: %v\n", err)
+	fmt.Fprintf(stderr, "infer: %s\n", clipLines(err.Error()))
 	if errors.As(err, new(usageError)) || !parsed {
 		return exitUsage
 	}
@@ -87,6 +88,30 @@ func (r *resultWriter) Write(p []byte) (int, error) {
 	}
 	r.err = err
 	return n, err
+}
+
+// maxErrorLine is the longest line of an error infer prints: a name or a
+// pattern copied from a hostile file may be megabytes long.
+const maxErrorLine = 1000
+
+// clipLines shortens every line of msg longer than maxErrorLine to its
+// beginning (where the error happened) and its end (what went wrong).
+func clipLines(msg string) string {
+	lines := strings.Split(msg, "\n")
+	for i, l := range lines {
+		if len(l) <= maxErrorLine {
+			continue
+		}
+		head, tail := l[:maxErrorLine/2], l[len(l)-maxErrorLine/3:]
+		for !utf8.ValidString(head) && len(head) > 0 { // a character cut in two
+			head = head[:len(head)-1]
+		}
+		for !utf8.ValidString(tail) && len(tail) > 0 {
+			tail = tail[1:]
+		}
+		lines[i] = fmt.Sprintf("%s[… %d bytes …]%s", head, len(l)-len(head)-len(tail), tail)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // silence makes cobra leave error printing to run, so that every failure is
