@@ -13,8 +13,9 @@ type namedPath struct{ flag, path string }
 
 // checkOutputs makes sure, before any work, that every output of outs
 // (those given) can be written, and, as usage errors, that none is one of
-// the run's inputs (the checkpoint's files, the prompt file; after symbolic
-// links) or the file of another output or of stdout.
+// the run's inputs (the checkpoint's files of model, the prompt file; after
+// symbolic links; either may be "") or the file of another output or of
+// stdout.
 func checkOutputs(outs []namedPath, model, promptFile string) error {
 	var given []namedPath
 	for _, o := range outs {
@@ -33,7 +34,7 @@ func checkOutputs(outs []namedPath, model, promptFile string) error {
 	if promptFile != "" {
 		ins = append(ins, namedPath{"--prompt-file", promptFile})
 	}
-	if dir, err := loader.Resolve(model); err == nil { // else loading says why
+	if dir, err := loader.Resolve(model); model != "" && err == nil { // else loading says why
 		for _, file := range loader.CheckpointFiles(dir) {
 			ins = append(ins, namedPath{"the checkpoint's " + filepath.Base(file), file})
 		}
