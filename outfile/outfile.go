@@ -302,9 +302,9 @@ func dropTemp(tmp string) {
 // (NAME_MAX).
 const maxNameBytes = 255
 
-// tempName is the name of a temporary file beside path: ".NAME.XXXXXXXX.tmp",
-// NAME's bytes cut so that the whole fits maxNameBytes
-// when path's own name is that long.
+// tempName is the name of a temporary file beside path,
+// ".NAME.XXXXXXXX.tmp", with NAME (path's own name) cut to the bytes that
+// let the whole fit maxNameBytes.
 func tempName(path string, rnd uint32) string {
 	dir, base := filepath.Split(path)
 	const extra = len(".") + len(".00000000.tmp")
