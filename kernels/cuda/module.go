@@ -3,11 +3,11 @@ package cuda
 import (
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"time"
 	"unsafe"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 )
 
@@ -36,6 +36,10 @@ type ModuleStats struct {
 	CompileTime time.Duration // spent in NVRTC
 	CacheErrors int           // disk cache files that could not be written or loaded
 }
+
+// maxModuleBytes bounds a module read from the kernel cache: a cubin or PTX
+// of a few MB; a FIFO or a device in its place is refused (infile).
+const maxModuleBytes = 256 << 20
 
 // ModuleStats reports how Module calls were served so far.
 func (d *Device) ModuleStats() ModuleStats {
@@ -78,7 +82,7 @@ func (d *Device) ProgramModule(p Program, opts ...string) (*Module, error) {
 	var path string
 	if d.cacheDir != "" {
 		path = cachePath(d.cacheDir, key, d.cubin)
-		if img, err := os.ReadFile(path); err == nil && len(img) > 0 {
+		if img, err := infile.Read(path, maxModuleBytes); err == nil && len(img) > 0 {
 			if !d.cubin {
 				img = append(img, 0) // PTX is loaded as a C string
 			}
