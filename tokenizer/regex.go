@@ -23,12 +23,14 @@ import (
 //
 // HF compiles patterns with Oniguruma, a backtracking engine. A pattern
 // that needs no backtracking feature (no lookaround, backreference or
-// atomic group) and cannot match the empty string runs on Go's regexp,
-// whose time is linear in the text and whose leftmost-first matches are the
-// ones a backtracking engine finds. Any other pattern runs on regexp2, which
-// has Oniguruma's lookahead, with every match bounded by a time that grows
-// with the text (matcherFor): a pattern whose backtracking explodes fails the encoding with an error
-// instead of hanging it.
+// atomic group), holds no assertion and cannot match the empty string runs
+// on Go's regexp, whose time for one match is linear in the text and whose
+// leftmost-first matches are the ones a backtracking engine finds. Any
+// other pattern runs on regexp2, which has Oniguruma's lookahead. Either
+// way, one match and all the matches of a text together are bounded by a
+// time that grows with the text (matchBudget): a pattern whose
+// backtracking explodes, or that rescans the text for every match, fails
+// the encoding with an error instead of hanging it.
 type regex struct {
 	pattern string
 	linear  *regexp.Regexp  // nil unless the pattern runs in linear time
@@ -64,7 +66,7 @@ func (r *regex) matcherFor(n int) (*regexp2.Regexp, error) {
 	if re, ok := r.long.Load(class); ok {
 		return re.(*regexp2.Regexp), nil
 	}
-	re, err := compileBacktracking(r.pattern, time.Duration(1)<<class*matchTimePerByte)
+	re, err := compileBacktracking(r.pattern, matchBudget(1<<class))
 	if err != nil {
 		return nil, err
 	}
@@ -73,20 +75,20 @@ func (r *regex) matcherFor(n int) (*regexp2.Regexp, error) {
 }
 
 // compileBacktracking compiles pattern for regexp2, every match bounded by
-// matchTimeout + extra.
-func compileBacktracking(pattern string, extra time.Duration) (*regexp2.Regexp, error) {
+// limit.
+func compileBacktracking(pattern string, limit time.Duration) (*regexp2.Regexp, error) {
 	// Oniguruma's ^ and $ match at line boundaries, as regexp2's do with
 	// Multiline.
 	re, err := regexp2.Compile(foldLongS(pattern), regexp2.Multiline)
 	if err != nil {
 		return nil, err
 	}
-	re.MatchTimeout = matchTimeout + extra
+	re.MatchTimeout = limit
 	return re, nil
 }
 
 // MatchTimeoutError is the error of an encoding stopped because a pattern of
-// the tokenizer took longer than its bound to match.
+// the tokenizer took longer than its bound (matchBudget) to match a text.
 type MatchTimeoutError struct {
 	Pattern string
 	Limit   time.Duration
@@ -94,8 +96,8 @@ type MatchTimeoutError struct {
 }
 
 func (e *MatchTimeoutError) Error() string {
-	return fmt.Sprintf("regex %s: one match took longer than %v on a %d-byte text "+
-		"(a pattern whose backtracking grows exponentially with the text?)", quoteShort(e.Pattern), e.Limit.Round(time.Millisecond), e.Text)
+	return fmt.Sprintf("regex %s: matching a %d-byte text took longer than %v "+
+		"(a pattern that backtracks or rescans without bound?)", quoteShort(e.Pattern), e.Text, e.Limit.Round(time.Millisecond))
 }
 
 // PatternError is a pattern of the tokenizer that does not compile.
@@ -174,7 +176,7 @@ func compileRegex(pattern string) (*regex, error) {
 	if re := compileLinear(pattern); re != nil {
 		return &regex{pattern: pattern, linear: re}, nil
 	}
-	re, err := compileBacktracking(pattern, shortText*matchTimePerByte)
+	re, err := compileBacktracking(pattern, matchBudget(shortText))
 	if err != nil {
 		return nil, &PatternError{Pattern: pattern, Err: err}
 	}
@@ -186,13 +188,7 @@ func compileRegex(pattern string) (*regex, error) {
 // a matchFailure, which the encoding call recovers.
 func (r *regex) findAll(s string) [][2]int {
 	var out [][2]int
-	switch {
-	case r.linear != nil:
-		for _, m := range r.linear.FindAllStringIndex(s, -1) {
-			out = append(out, [2]int{m[0], m[1]})
-		}
-		return out
-	case r.bt == nil:
+	if r.linear == nil && r.bt == nil {
 		for i := 0; ; {
 			j := strings.Index(s[i:], r.literal)
 			if j < 0 {
@@ -201,6 +197,29 @@ func (r *regex) findAll(s string) [][2]int {
 			out = append(out, [2]int{i + j, i + j + len(r.literal)})
 			i += j + len(r.literal)
 		}
+	}
+	// Each match is bounded, and so is their sum: a pattern such as a+b|a
+	// rescans the rest of a run of a's for every match, quadratic time.
+	start := time.Now()
+	budget := matchBudget(len(s))
+	over := func() {
+		if time.Since(start) > budget {
+			panic(matchFailure{&MatchTimeoutError{Pattern: r.pattern, Limit: budget, Text: len(s)}})
+		}
+	}
+	if r.linear != nil {
+		// The pattern has no assertion and no empty match: a match found
+		// in the rest of the text is the one FindAll would find there.
+		for pos := 0; pos < len(s); {
+			m := r.linear.FindStringIndex(s[pos:])
+			if m == nil {
+				break
+			}
+			out = append(out, [2]int{pos + m[0], pos + m[1]})
+			pos += m[1]
+			over()
+		}
+		return out
 	}
 	runes := []rune(s)
 	ri, bi := 0, 0 // a rune index and its byte offset
@@ -219,6 +238,7 @@ func (r *regex) findAll(s string) [][2]int {
 		start := offset(m.Index)
 		end := offset(m.Index + m.Length)
 		out = append(out, [2]int{start, end})
+		over()
 		m, err = re.FindNextMatch(m)
 	}
 	if err != nil {
@@ -227,12 +247,20 @@ func (r *regex) findAll(s string) [][2]int {
 	return out
 }
 
+// matchBudget is the time matching a text of n bytes may take, one match
+// or all: matchTimeout + matchTimePerByte for every byte (at least
+// shortText's).
+func matchBudget(n int) time.Duration {
+	return matchTimeout + time.Duration(max(n, shortText))*matchTimePerByte
+}
+
 // compileLinear compiles pattern for Go's regexp when that gives exactly
 // the matches regexp2 gives, else returns nil. The pattern must use only
 // syntax both read alike, with \s, \d and \w rewritten as the Unicode
-// classes regexp2 gives them (Go's are ASCII), and must not match the empty
+// classes regexp2 gives them (Go's are ASCII); it must not match the empty
 // string, where the two differ in which empty matches they report after a
-// match.
+// match, and must hold no assertion (^, $), so that the next match can be
+// searched for in the rest of the text alone.
 func compileLinear(pattern string) *regexp.Regexp {
 	translated, ok := toGoSyntax(pattern)
 	if !ok {
@@ -240,7 +268,7 @@ func compileLinear(pattern string) *regexp.Regexp {
 	}
 	translated = "(?m)" + translated // Oniguruma's ^ and $ match at lines
 	parsed, err := syntax.Parse(translated, syntax.Perl)
-	if err != nil || nullable(parsed) {
+	if err != nil || nullable(parsed) || hasAssertion(parsed) {
 		return nil
 	}
 	re, err := regexp.Compile(translated)
@@ -374,6 +402,22 @@ func toGoSyntax(pattern string) (string, bool) {
 
 func isAlnum(r rune) bool {
 	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9'
+}
+
+// hasAssertion reports whether re holds an empty-width assertion (^, $),
+// which depends on the text before a match.
+func hasAssertion(re *syntax.Regexp) bool {
+	switch re.Op {
+	case syntax.OpBeginLine, syntax.OpEndLine, syntax.OpBeginText, syntax.OpEndText,
+		syntax.OpWordBoundary, syntax.OpNoWordBoundary:
+		return true
+	}
+	for _, sub := range re.Sub {
+		if hasAssertion(sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // nullable reports whether re can match the empty string somewhere,

@@ -33,7 +33,7 @@ func splitTokenizer(t *testing.T, pattern string) *Tokenizer {
 // fails the encoding with an error that names the pattern.
 func TestRegexBounded(t *testing.T) {
 	hostile := strings.Repeat("a", 40) + "!"
-	for _, pattern := range []string{`(a+)+b`, `(a|aa)+$`, `^(\w+\s?)+$`, `(.*a){12}`} {
+	for _, pattern := range []string{`(a+)+b`, `(a|aa)+c`, `(\w+\s?)+!`, `(.*a){12}`} {
 		tok := splitTokenizer(t, pattern)
 		start := time.Now()
 		if _, err := tok.Encode(hostile); err != nil {
@@ -50,12 +50,27 @@ func TestRegexBounded(t *testing.T) {
 	start := time.Now()
 	_, err := tok.Encode(hostile)
 	var te *MatchTimeoutError
-	if !errors.As(err, &te) || !strings.HasPrefix(err.Error(), "tokenizer: tokenizer.json: regex \"(a+)+(?!a)b\": one match took longer than 50ms") {
+	if !errors.As(err, &te) || !strings.HasPrefix(err.Error(), "tokenizer: tokenizer.json: regex \"(a+)+(?!a)b\": matching a 41-byte text took longer than 50ms") {
 		t.Errorf("Encode: err %v, want a MatchTimeoutError", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("the bounded match took %v", d)
 	}
+	// A pattern that rescans the rest of the text for every match (a+b|a on
+	// a run of a's: each match looks for the b to the end) is quadratic on
+	// either matcher; the sum of the matches is bounded too.
+	run := strings.Repeat("a", 200_000)
+	for _, pattern := range []string{`a+b|a`, `a+b|a(?!b)`} {
+		tok := splitTokenizer(t, pattern)
+		start := time.Now()
+		if _, err := tok.Encode(run); !errors.As(err, &te) {
+			t.Errorf("%s on %d a's: err %v, want a MatchTimeoutError", pattern, len(run), err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("%s: the bounded matching took %v", pattern, d)
+		}
+	}
+
 	// The bound grows with the text: a long run of white space is one long
 	// match of \s+(?!\S), linear, and must not be taken for an explosion.
 	matchTimePerByte = time.Microsecond
@@ -84,8 +99,8 @@ func TestRegexBounded(t *testing.T) {
 func TestRegexLinearSameMatches(t *testing.T) {
 	patterns := []string{
 		`\p{L}+`, ` ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+`, `[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}`,
-		`\s*[\r\n]+`, `\w+|\W`, `\d+\D`, `(a+)+b`, `(a|ab)(c|bcd)(d*)`, `^a+$`, `a+?b|.`, `[\s,]+`,
-		`(?s:.)`, `(?m:^x)`, `[]a]+`, `\.\*`, `x{2,3}`,
+		`\s*[\r\n]+`, `\w+|\W`, `\d+\D`, `(a+)+b`, `(a|ab)(c|bcd)(d*)`, `a+?b|.`, `[\s,]+`,
+		`(?s:.)`, `[]a]+`, `\.\*`, `x{2,3}`,
 	}
 	alphabet := []rune("aabbcdx 1٣\n\r\t,.*]é中\u00a0\u2028_")
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -114,7 +129,7 @@ func TestRegexLinearSameMatches(t *testing.T) {
 		}
 	}
 	// What the linear matcher does not take goes to regexp2.
-	for _, p := range []string{`\s+(?!\S)`, `(a)\1`, `\bx`, `(?i)s`, `a*`, `[\S]`, `[a-z-[aeiou]]`, `[[:alpha:]]`, `x{,2}`} {
+	for _, p := range []string{`\s+(?!\S)`, `(a)\1`, `\bx`, `(?i)s`, `a*`, `[\S]`, `[a-z-[aeiou]]`, `[[:alpha:]]`, `x{,2}`, `^a+$`, `(?m:^x)`} {
 		if r, err := compileRegex(p); err != nil || r.linear != nil {
 			t.Errorf("%s: linear %v (err %v), want regexp2", p, r != nil && r.linear != nil, err)
 		}
