@@ -91,6 +91,17 @@ func (o *ops) swiglu(out, gu cudaset.Mat, rows, inter int) {
 		int32(rows), int32(inter))
 }
 
+// Add is out = a + b in one pass, launched to overlap the kernel before it;
+// the arithmetic is naive's.
+func (o *ops) Add(out, a, b *kernels.Tensor) {
+	kernels.CheckAdd(o.D.ActDType(), out, a, b)
+	rows, cols := out.Rows(), out.Cols()
+	om, am, bm := o.Mat(out), o.Mat(a), o.Mat(b)
+	v := cudaset.VecFor(cols, om, am, bm)
+	o.LaunchItems(vname("add", v), int64(rows)*int64(cols/v),
+		om.P, int32(om.Pitch), am.P, int32(am.Pitch), bm.P, int32(bm.Pitch), int32(rows), int32(cols))
+}
+
 // argmaxChunk and argmaxThreads are elementwise.cu's ARGMAX_CHUNK, the
 // columns of one block of argmax_split, and ARGMAX_THREADS.
 const (

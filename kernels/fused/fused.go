@@ -4,11 +4,11 @@
 // residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
 // decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
-// sorted by expert), and an argmax over many blocks a row. The ops it has
-// no kernel of its own for (embedding, add) run the registry's baseline
-// CUDA set's (naive's), and the profile says so. The .cu sources are
-// embedded and compiled by NVRTC (through cudaset) when the set is built
-// for a device.
+// sorted by expert), an argmax over many blocks a row, and an add that
+// overlaps the kernel before it. The op it has no kernel of its own for
+// (embedding) runs the registry's baseline CUDA set's (naive's), and the
+// profile says so. The .cu sources are embedded and compiled by NVRTC
+// (through cudaset) when the set is built for a device.
 package fused
 
 import (
@@ -35,7 +35,7 @@ var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
-	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax,
+	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax, kernels.OpAdd,
 }
 
 func init() {
@@ -116,7 +116,7 @@ func decodeShared(d int) int                 { return (16 + 2*decodeStages*keyTi
 
 func modules() []cudaset.Module {
 	return []cudaset.Module{
-		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), swigluInstances(), argmaxInstances())),
+		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances())),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),

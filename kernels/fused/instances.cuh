@@ -66,6 +66,10 @@
 	X(swiglu_v1, 1) \
 	X(swiglu_v8, 8)
 
+#define ADD_INSTANCES(X) \
+	X(add_v1, 1) \
+	X(add_v8, 8)
+
 #define ARGMAX_SPLIT_INSTANCES(X) \
 	X(argmax_split_bf16, bf16) \
 	X(argmax_split_f32, float)

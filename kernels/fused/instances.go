@@ -19,7 +19,7 @@ const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update
 // instances are every table, in the order of instances.cuh.
 func instances() []cudaset.Instances {
 	return []cudaset.Instances{
-		rmsNormInstances(), ropeInstances(), swigluInstances(), argmaxInstances(),
+		rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(),
 		groupGemmInstances(), linearInstances(),
@@ -58,6 +58,14 @@ func swigluInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "SWIGLU"}
 	for _, v := range []int{1, cudaset.VecWidth} {
 		f.Kernels = append(f.Kernels, cudaset.Of(vname("swiglu", v), v))
+	}
+	return f
+}
+
+func addInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "ADD"}
+	for _, v := range []int{1, cudaset.VecWidth} {
+		f.Kernels = append(f.Kernels, cudaset.Of(vname("add", v), v))
 	}
 	return f
 }

@@ -27,7 +27,7 @@ func TestInstancesHeader(t *testing.T) {
 		file string
 		fams []cudaset.Instances
 	}{
-		{"elementwise.cu", []cudaset.Instances{rmsNormInstances(), ropeInstances(), swigluInstances(), argmaxInstances()}},
+		{"elementwise.cu", []cudaset.Instances{rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances()}},
 		{"attention.cu", []cudaset.Instances{flashPrefillInstances(), flashDecodeInstances()}},
 		{"mla.cu", []cudaset.Instances{mlaPrefillInstances(), mlaDecodeInstances()}},
 		{"mla_keys.cu", []cudaset.Instances{mlaKeysInstances()}},
