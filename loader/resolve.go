@@ -1,12 +1,15 @@
 package loader
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/fuselm/fuselm/infile"
 )
 
 // Resolve turns the --model argument into a model directory holding
@@ -83,10 +86,13 @@ func resolveExpandHome(p string) string {
 	return p
 }
 
+// maxRefBytes bounds a hub cache's refs/main, which holds one commit hash.
+const maxRefBytes = 4096
+
 // resolveSnapshot picks the snapshot directory of a cached repo.
 func resolveSnapshot(repo string) (string, error) {
 	snaps := filepath.Join(repo, "snapshots")
-	if ref, err := os.ReadFile(filepath.Join(repo, "refs", "main")); err == nil {
+	if ref, err := infile.Read(filepath.Join(repo, "refs", "main"), maxRefBytes); err == nil {
 		rev := strings.TrimSpace(string(ref))
 		if rev != "" && !strings.ContainsAny(rev, `/\`) && rev != "." && rev != ".." {
 			dir := filepath.Join(snaps, rev)
@@ -126,6 +132,34 @@ func resolveCheckDir(model, dir string) (string, error) {
 	return dir, nil
 }
 
+// CheckpointFiles lists the files of the model directory dir that a run
+// reads (config.json, generation_config.json, the tokenizer's two files,
+// the weights, the index and the shards it names), so that no output of the
+// run is allowed to overwrite one. Other files of the directory, an earlier
+// run's profile say, are not inputs.
+func CheckpointFiles(dir string) []string {
+	var files []string
+	for _, name := range []string{configFile, generationConfigFile, "tokenizer.json", "tokenizer_config.json",
+		SingleWeightsFile, WeightsIndexFile} {
+		files = append(files, filepath.Join(dir, name))
+	}
+	if data, err := ReadJSONFile(filepath.Join(dir, WeightsIndexFile)); err == nil {
+		var idx stIndex
+		if json.Unmarshal(data, &idx) == nil {
+			shards := map[string]bool{}
+			for _, shard := range idx.WeightMap {
+				shards[shard] = filepath.IsLocal(shard)
+			}
+			for _, shard := range cfgSortedKeys(shards) {
+				if shards[shard] {
+					files = append(files, filepath.Join(dir, shard))
+				}
+			}
+		}
+	}
+	return files
+}
+
 // MaxJSONFileBytes bounds the JSON files of a model directory that are read
 // whole: config.json, generation_config.json, the shard index,
 // tokenizer.json and tokenizer_config.json. The largest real ones are tens
@@ -138,15 +172,9 @@ const MaxJSONFileBytes = 1 << 30
 // fails at once instead of exhausting memory or waiting forever. A missing
 // file's error satisfies errors.Is(err, fs.ErrNotExist).
 func ReadJSONFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
+	b, err := infile.Read(path, MaxJSONFileBytes)
+	if tl := (*infile.TooLargeError)(nil); errors.As(err, &tl) {
+		return nil, fmt.Errorf("%s: %d bytes, more than the %d MiB a model's JSON file may have", path, tl.Size, MaxJSONFileBytes>>20)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
-	}
-	if fi.Size() > MaxJSONFileBytes {
-		return nil, fmt.Errorf("%s: %d bytes, more than the %d MiB a model's JSON file may have", path, fi.Size(), MaxJSONFileBytes>>20)
-	}
-	return os.ReadFile(path)
+	return b, err
 }

@@ -13,7 +13,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 )
 
@@ -148,7 +150,7 @@ func (w *Weights) openIndexed() error {
 
 // addFile maps file and adds its tensors named in names (all when nil).
 func (w *Weights) addFile(file string, names []string) error {
-	f, err := os.Open(filepath.Join(w.dir, file))
+	f, err := infile.Open(filepath.Join(w.dir, file))
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
@@ -260,6 +262,15 @@ func stParseHeader(data []byte) (*stHeader, error) {
 	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return nil, errors.New("bad JSON header: not an object: not a safetensors file?")
 	}
+	// encoding/json would turn bytes that are not UTF-8, and escapes of
+	// lone surrogates, into U+FFFD, renaming tensors; the reference parser
+	// refuses both.
+	if !utf8.Valid(raw) {
+		return nil, fmt.Errorf("bad JSON header: not valid UTF-8 (byte %d)", 8+invalidUTF8At(raw))
+	}
+	if at := loneSurrogateAt(raw); at >= 0 {
+		return nil, fmt.Errorf("bad JSON header: %s at byte %d escapes half a UTF-16 surrogate pair, which is no character", raw[at:at+6], 8+at)
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &top); err != nil {
 		return nil, fmt.Errorf("bad JSON header: %v", err)
@@ -330,6 +341,55 @@ func stParseHeader(data []byte) (*stHeader, error) {
 		return nil, fmt.Errorf("%d bytes after the last tensor's data%s: file size %d, expected %d", dataLen-end, last, size, h.dataStart+end)
 	}
 	return h, nil
+}
+
+// invalidUTF8At is the offset of the first byte of b that does not start a
+// valid UTF-8 sequence.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
+}
+
+// loneSurrogateAt is the offset of the first \uXXXX escape in the JSON
+// text b that is a UTF-16 surrogate without its other half, or -1.
+func loneSurrogateAt(b []byte) int {
+	hex := func(i int) (rune, bool) {
+		if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+		return rune(v), err == nil
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 == len(b) {
+			continue
+		}
+		if b[i+1] != 'u' {
+			i++ // an escape of one character: \\, \", \n...
+			continue
+		}
+		r, ok := hex(i)
+		switch {
+		case !ok:
+			continue // the JSON decoder will say
+		case 0xD800 <= r && r < 0xDC00:
+			if lo, ok := hex(i + 6); !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return i
+			}
+			i += 11
+		case 0xDC00 <= r && r <= 0xDFFF:
+			return i
+		default:
+			i += 5
+		}
+	}
+	return -1
 }
 
 // stParseEntry parses {"dtype", "shape", "data_offsets"} of one tensor.
@@ -411,58 +471,73 @@ func (w *Weights) TotalBytes() int64 { return w.total }
 // Dir is the model directory the weights come from.
 func (w *Weights) Dir() string { return w.dir }
 
-// CheckError is what Weights.Check returns: every problem found, one line
-// each.
+// CheckError is what Weights.Check returns: how many problems it found and
+// the first few, one line each.
 type CheckError struct {
 	Dir      string
-	Problems []string
+	Problems []string // the first checkErrorShown problems
+	Count    int      // every problem found
 }
 
-// checkErrorShown is how many problems CheckError.Error lists.
+// checkErrorShown is how many problems CheckError keeps and lists: a
+// config that asks for a million layers of a two-layer checkpoint has
+// millions, which would take seconds to write out and pages to print.
 const checkErrorShown = 10
 
+// Error is one line that says the first problem and how many there are,
+// then the next problems kept, one a line.
 func (e *CheckError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "loader: weights in %s: %d problem", e.Dir, len(e.Problems))
-	if len(e.Problems) != 1 {
-		b.WriteString("s")
+	fmt.Fprintf(&b, "loader: weights in %s: ", e.Dir)
+	if len(e.Problems) > 0 {
+		b.WriteString(e.Problems[0])
 	}
-	b.WriteString(":")
-	for i, p := range e.Problems {
-		if i == checkErrorShown {
-			fmt.Fprintf(&b, "\n\tand %d more", len(e.Problems)-checkErrorShown)
-			break
-		}
+	if e.Count > 1 {
+		fmt.Fprintf(&b, " (and %d more problems)", e.Count-1)
+	}
+	for _, p := range e.Problems[min(1, len(e.Problems)):] {
 		b.WriteString("\n\t")
 		b.WriteString(p)
+	}
+	if more := e.Count - len(e.Problems); more > 0 {
+		fmt.Fprintf(&b, "\n\tand %d more", more)
 	}
 	return b.String()
 }
 
+// add records a problem, formatting it only when it is one of the first
+// kept.
+func (e *CheckError) add(format string, a ...any) {
+	if len(e.Problems) < checkErrorShown {
+		e.Problems = append(e.Problems, fmt.Sprintf(format, a...))
+	}
+	e.Count++
+}
+
 // Check verifies that every wanted tensor is there, with its shape and a
-// BF16, F16 or F32 dtype. It reports all problems in one *CheckError (nil
+// BF16, F16 or F32 dtype. It reports the problems in one *CheckError (nil
 // when there are none). Tensors not wanted are no problem.
 func (w *Weights) Check(want []Want) error {
-	var problems []string
+	e := &CheckError{Dir: w.dir}
 	for _, wt := range want {
 		t, ok := w.tensors[wt.Name]
 		if !ok {
-			problems = append(problems, fmt.Sprintf("tensor %q: missing", wt.Name))
+			e.add("tensor %q: missing", wt.Name)
 			continue
 		}
 		switch t.DType {
 		case kernels.BF16, kernels.F16, kernels.F32:
 		default:
-			problems = append(problems, fmt.Sprintf("tensor %q (%s): dtype %s not supported (want BF16, F16 or F32)", wt.Name, t.File, t.SafeDType))
+			e.add("tensor %q (%s): dtype %s not supported (want BF16, F16 or F32)", wt.Name, t.File, t.SafeDType)
 		}
 		if !stSameShape(t.Shape, wt.Shape) {
-			problems = append(problems, fmt.Sprintf("tensor %q (%s): shape %v, want %v", wt.Name, t.File, t.Shape, wt.Shape))
+			e.add("tensor %q (%s): shape %v, want %v", wt.Name, t.File, t.Shape, wt.Shape)
 		}
 	}
-	if len(problems) == 0 {
+	if e.Count == 0 {
 		return nil
 	}
-	return &CheckError{Dir: w.dir, Problems: problems}
+	return e
 }
 
 func stSameShape(a, b []int) bool {

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -283,7 +284,8 @@ func TestWeightsCheck(t *testing.T) {
 	if !reflect.DeepEqual(ce.Problems, want) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(ce.Problems, "\n"), strings.Join(want, "\n"))
 	}
-	if msg := err.Error(); !strings.HasPrefix(msg, "loader: weights in "+dir+": 5 problems:\n\t") || strings.Contains(msg, "more") {
+	first := "loader: weights in " + dir + ": " + want[0] + " (and 4 more problems)\n\t" + want[1] + "\n"
+	if msg := err.Error(); !strings.HasPrefix(msg, first) || strings.Count(msg, "\n") != 4 || strings.Contains(msg, "and 0 more") {
 		t.Errorf("message %q", msg)
 	}
 
@@ -292,9 +294,26 @@ func TestWeightsCheck(t *testing.T) {
 		many = append(many, Want{fmt.Sprintf("missing.%02d", i), []int{1}})
 	}
 	msg := w.Check(many).Error()
-	if !strings.Contains(msg, "25 problems") || !strings.Contains(msg, "missing.09") ||
+	if !strings.Contains(msg, "(and 24 more problems)") || !strings.Contains(msg, "missing.09") ||
 		strings.Contains(msg, "missing.10") || !strings.HasSuffix(msg, "and 15 more") {
 		t.Errorf("many: %q", msg)
+	}
+
+	// A million problems: the first few are kept, the rest counted, at once.
+	many = make([]Want, 1_000_000)
+	for i := range many {
+		many[i] = Want{"model.layers.0.self_attn.q_proj.weight.missing", []int{1}}
+	}
+	start := time.Now()
+	err = w.Check(many)
+	if !errors.As(err, &ce) || ce.Count != len(many) || len(ce.Problems) != checkErrorShown {
+		t.Errorf("a million problems: %d counted, %d kept", ce.Count, len(ce.Problems))
+	}
+	if msg := err.Error(); len(msg) > 2000 || !strings.HasSuffix(msg, fmt.Sprintf("and %d more", len(many)-checkErrorShown)) {
+		t.Errorf("a million problems: a %d-byte message ending %q", len(msg), msg[max(0, len(msg)-40):])
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("a million problems took %v", d)
 	}
 }
 

@@ -1,9 +1,12 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+	"strconv"
+	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/layers"
@@ -92,6 +95,23 @@ type plan struct {
 // ids, positions and row offsets are i32 on the device.
 const maxStepTokens = math.MaxInt32
 
+// checkpointLayers is how many decoder layers w holds tensors of: one more
+// than the largest N of its model.layers.N.* names.
+func checkpointLayers(w *loader.Weights) int {
+	n := 0
+	for _, name := range w.Names() {
+		rest, ok := strings.CutPrefix(name, "model.layers.")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ".")
+		if i, err := strconv.Atoi(num); err == nil && i >= 0 && i < math.MaxInt {
+			n = max(n, i+1)
+		}
+	}
+	return n
+}
+
 // planLoad checks what Load is asked, config, options and checkpoint (every
 // tensor's presence, shape and dtype), and estimates the memory of the model
 // on a device whose activations are of type act. Every size it multiplies
@@ -106,13 +126,30 @@ func planLoad(cfg *loader.Config, w *loader.Weights, act kernels.DType, opt Load
 	if opt.PrefillChunk < 0 {
 		return nil, fmt.Errorf("model: PrefillChunk %d is negative", opt.PrefillChunk)
 	}
-	build, ropeDim, interleaved := archOf(cfg)
+	// A config may ask for far more layers than the checkpoint holds (a
+	// million of two): the layers past the first missing one are not
+	// planned one by one, only summed up in the error.
+	planCfg, held := cfg, 0
+	if w != nil {
+		if held = checkpointLayers(w); cfg.NumLayers > held+1 {
+			c := *cfg
+			c.NumLayers = held + 1
+			planCfg = &c
+		}
+	}
+	build, ropeDim, interleaved := archOf(planCfg)
 	if build == nil {
 		return nil, fmt.Errorf("model: architecture %q is not supported (want %s or %s)", cfg.Arch, loader.ArchQwen2, loader.ArchDeepseekV2)
 	}
 	s := &weightSet{w: w, act: act}
 	p := &plan{decoder: build(s), weights: s, ropeDim: ropeDim, interleaved: interleaved}
 	if err := w.Check(s.want); err != nil {
+		if ce := (*loader.CheckError)(nil); planCfg != cfg && errors.As(err, &ce) {
+			summary := fmt.Sprintf("model.layers.%d to model.layers.%d: missing (num_hidden_layers is %d; the checkpoint holds %d layers)",
+				held+1, cfg.NumLayers-1, cfg.NumLayers, held)
+			ce.Problems = append([]string{summary}, ce.Problems...)
+			ce.Count++
+		}
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	rows, seq := Bytes(opt.MaxRows), Bytes(opt.MaxSeq)

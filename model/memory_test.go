@@ -2,9 +2,11 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fuselm/fuselm/kernels"
 )
@@ -67,5 +69,26 @@ func TestSaturation(t *testing.T) {
 	}
 	if got := (Memory{Weights: 1 << 30, Cache: 3 << 29, Work: 512}).String(); got != "weights 1.00 GiB, KV cache 1.50 GiB, work 512 B" {
 		t.Errorf("Memory.String() = %q", got)
+	}
+}
+
+// A config that asks for a million layers of a two-layer checkpoint fails
+// at once, with a first line that says so and a short message, instead of
+// planning every missing layer and listing its tensors.
+func TestMillionLayers(t *testing.T) {
+	for _, fixture := range []string{"qwen2-tiny", "deepseek-v2-tiny"} {
+		cfg, w, _ := openFixture(t, fixture)
+		held := cfg.NumLayers
+		cfg.NumLayers = 1_000_000
+		start := time.Now()
+		err := Check(cfg, w)
+		first, _, _ := strings.Cut(fmt.Sprint(err), "\n")
+		want := fmt.Sprintf("model.layers.%d to model.layers.999999: missing (num_hidden_layers is 1000000; the checkpoint holds %d layers)", held+1, held)
+		if !strings.Contains(first, want) || len(err.Error()) > 2000 {
+			t.Errorf("%s: %v", fixture, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s: Check took %v", fixture, d)
+		}
 	}
 }

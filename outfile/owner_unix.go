@@ -21,3 +21,14 @@ func ownedAlone(fi fs.FileInfo) bool {
 func writable(path string) error {
 	return syscall.Access(path, 0x2) // W_OK
 }
+
+// lockFile takes an exclusive lock on f, waiting for other writers; closing
+// f releases it.
+func lockFile(f *os.File) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
+}

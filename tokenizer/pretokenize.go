@@ -2,14 +2,11 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/dlclark/regexp2"
 )
 
 // preTokenizer is a tokenizer.json pre-tokenizer: it cuts pieces of
@@ -333,76 +330,6 @@ func toByteLevel(s string) string {
 		b.WriteRune(byteRune[s[i]])
 	}
 	return b.String()
-}
-
-// regex is a Split or Replace pattern. HF compiles patterns with
-// Oniguruma; regexp2 has the same backtracking semantics, lookahead included,
-// and the same \s, \p{L} and \p{N}.
-type regex struct {
-	re      *regexp2.Regexp // nil for a literal
-	literal string
-}
-
-// parsePattern reads {"Regex": "..."} or {"String": "..."}.
-func parsePattern(raw json.RawMessage) (*regex, error) {
-	var p struct {
-		Regex  *string `json:"Regex"`
-		String *string `json:"String"`
-	}
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, fmt.Errorf("pattern: want {\"Regex\": ...} or {\"String\": ...}, got %s", short(raw))
-	}
-	switch {
-	case p.Regex != nil:
-		return compileRegex(*p.Regex)
-	case p.String != nil && *p.String != "":
-		return &regex{literal: *p.String}, nil
-	case p.String != nil:
-		return compileRegex("")
-	}
-	return nil, errors.New("pattern: want {\"Regex\": ...} or {\"String\": ...}")
-}
-
-func compileRegex(pattern string) (*regex, error) {
-	// Oniguruma's ^ and $ match at line boundaries, as regexp2's do with
-	// Multiline.
-	re, err := regexp2.Compile(foldLongS(pattern), regexp2.Multiline)
-	if err != nil {
-		return nil, fmt.Errorf("regex %q: %w", pattern, err)
-	}
-	return &regex{re: re}, nil
-}
-
-// findAll is the byte ranges of the successive non-overlapping matches in s
-// (valid UTF-8).
-func (r *regex) findAll(s string) [][2]int {
-	var out [][2]int
-	if r.re == nil {
-		for i := 0; ; {
-			j := strings.Index(s[i:], r.literal)
-			if j < 0 {
-				return out
-			}
-			out = append(out, [2]int{i + j, i + j + len(r.literal)})
-			i += j + len(r.literal)
-		}
-	}
-	runes := []rune(s)
-	m, _ := r.re.FindRunesMatch(runes)
-	ri, bi := 0, 0 // a rune index and its byte offset
-	offset := func(k int) int {
-		for ; ri < k; ri++ {
-			bi += utf8.RuneLen(runes[ri])
-		}
-		return bi
-	}
-	for m != nil {
-		start := offset(m.Index)
-		end := offset(m.Index + m.Length)
-		out = append(out, [2]int{start, end})
-		m, _ = r.re.FindNextMatch(m)
-	}
-	return out
 }
 
 // foldLongS rewrites the case-insensitive parts of a pattern so that s

@@ -91,13 +91,15 @@ func Parse(tokenizerJSON []byte) (*Tokenizer, error) {
 }
 
 // Encode gives the ids of text as HF's tokenizer.encode(text) does, with the
-// special tokens the post-processor adds (DeepSeek's BOS, say).
-func (t *Tokenizer) Encode(text string) []int { return t.encode(text, true) }
+// special tokens the post-processor adds (DeepSeek's BOS, say). It fails,
+// with a *MatchTimeoutError, only when a pattern of the tokenizer takes
+// longer than its bound to match.
+func (t *Tokenizer) Encode(text string) ([]int, error) { return t.encode(text, true) }
 
 // EncodeNoSpecial gives the ids of text without the post-processor's special
 // tokens (add_special_tokens=False). Special tokens written in the text are
-// still recognised.
-func (t *Tokenizer) EncodeNoSpecial(text string) []int { return t.encode(text, false) }
+// still recognised. It fails as Encode does.
+func (t *Tokenizer) EncodeNoSpecial(text string) ([]int, error) { return t.encode(text, false) }
 
 // Decode turns ids back into text, leaving out special tokens when
 // skipSpecial is set. Unknown ids are skipped; bytes that do not form valid
@@ -142,11 +144,11 @@ func (t *Tokenizer) IsSpecial(id int) bool {
 	return ok && a.special
 }
 
-func (t *Tokenizer) encode(text string, addSpecial bool) []int {
+func (t *Tokenizer) encode(text string, addSpecial bool) (ids []int, err error) {
+	defer catchMatchFailure(&err, "tokenizer: "+tokenizerFile+": ")
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	var ids []int
 	for _, sp := range t.added.extract(text, t.normalizer) {
 		if sp.id >= 0 {
 			ids = append(ids, sp.id)
@@ -163,7 +165,7 @@ func (t *Tokenizer) encode(text string, addSpecial bool) []int {
 	if t.post != nil {
 		ids = t.post.process(ids, addSpecial)
 	}
-	return ids
+	return ids, nil
 }
 
 // decodable is the token string of id as Decode uses it (an added token's
@@ -209,7 +211,8 @@ type fileJSON struct {
 	Model         json.RawMessage `json:"model"`
 }
 
-func parse(data []byte) (*Tokenizer, error) {
+func parse(data []byte) (t *Tokenizer, err error) {
+	defer catchMatchFailure(&err, "") // the normalizer runs on the added tokens
 	var f fileJSON
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("not valid JSON: %w", err)
@@ -232,8 +235,7 @@ func parse(data []byte) (*Tokenizer, error) {
 	if isNull(f.Model) {
 		return nil, errors.New("model missing")
 	}
-	t := &Tokenizer{bos: -1}
-	var err error
+	t = &Tokenizer{bos: -1}
 	if t.model, err = parseBPE(f.Model); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}

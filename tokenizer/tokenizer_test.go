@@ -77,6 +77,26 @@ func head(ids []int) string {
 	return fmt.Sprintf("%v... (%d ids)", ids[:24], len(ids))
 }
 
+// mustEncode is tok.Encode(text), failing t on an error.
+func mustEncode(t testing.TB, tok *Tokenizer, text string) []int {
+	t.Helper()
+	ids, err := tok.Encode(text)
+	if err != nil {
+		t.Errorf("Encode(%q): %v", text, err)
+	}
+	return ids
+}
+
+// mustEncodeNoSpecial is tok.EncodeNoSpecial(text), failing t on an error.
+func mustEncodeNoSpecial(t testing.TB, tok *Tokenizer, text string) []int {
+	t.Helper()
+	ids, err := tok.EncodeNoSpecial(text)
+	if err != nil {
+		t.Errorf("EncodeNoSpecial(%q): %v", text, err)
+	}
+	return ids
+}
+
 // check compares the ids of texts with ids derived by hand from the
 // vocabulary and the pre-tokenizer regexes.
 func check(t *testing.T, tok *Tokenizer, special bool, cases map[string][]int) {
@@ -84,9 +104,9 @@ func check(t *testing.T, tok *Tokenizer, special bool, cases map[string][]int) {
 	for text, want := range cases {
 		var got []int
 		if special {
-			got = tok.Encode(text)
+			got = mustEncode(t, tok, text)
 		} else {
-			got = tok.EncodeNoSpecial(text)
+			got = mustEncodeNoSpecial(t, tok, text)
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("encode %q = %v, want %v", text, got, want)
@@ -240,7 +260,7 @@ func TestTokenizerStreamDecoder(t *testing.T) {
 	// Both characters are absent from the vocabulary as wholes, so BPE
 	// leaves them in byte-level pieces that end mid character.
 	for _, ch := range []string{"🫠", "龘", "𓀀"} {
-		ids := tok.EncodeNoSpecial(ch)
+		ids := mustEncodeNoSpecial(t, tok, ch)
 		if len(ids) < 2 {
 			t.Fatalf("%q encodes to %v; want it split across tokens", ch, ids)
 		}
@@ -261,7 +281,7 @@ func TestTokenizerStreamDecoder(t *testing.T) {
 	}
 
 	text := "<|im_start|>user\nÉmoji 🫠 and 龘𓀀 and 中文 done<|im_end|>"
-	ids := tok.Encode(text)
+	ids := mustEncode(t, tok, text)
 	for _, skip := range []bool{false, true} {
 		s := tok.NewStreamDecoder(skip)
 		var b strings.Builder
@@ -337,13 +357,13 @@ func TestTokenizerPromptSpeed(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		ids := tok.Encode(string(prompt))
+		ids := mustEncode(t, tok, string(prompt))
 		took := time.Since(start)
 		t.Logf("%s: %d bytes -> %d ids in %v", name, len(prompt), len(ids), took)
 		if took > time.Second {
 			t.Errorf("%s: encoding the prompt took %v, want < 1s", name, took)
 		}
-		if got := tok.Decode(tok.EncodeNoSpecial(string(prompt)), false); got != string(prompt) {
+		if got := tok.Decode(mustEncodeNoSpecial(t, tok, string(prompt)), false); got != string(prompt) {
 			t.Errorf("%s: the prompt does not round-trip", name)
 		}
 	}
@@ -477,7 +497,7 @@ func TestTokenizerConcurrent(t *testing.T) {
 	texts := []string{"hello world, hello again", "def f(x):\n    return x * 2\n", "今天天气很好 12345"}
 	want := make([][]int, len(texts))
 	for i, s := range texts {
-		want[i] = tok.Encode(s)
+		want[i] = mustEncode(t, tok, s)
 	}
 	tok.model.mu.Lock()
 	clear(tok.model.cache)
@@ -489,7 +509,7 @@ func TestTokenizerConcurrent(t *testing.T) {
 			defer wg.Done()
 			for r := 0; r < 20; r++ {
 				for i, s := range texts {
-					if got := tok.Encode(s); !slices.Equal(got, want[i]) {
+					if got := mustEncode(t, tok, s); !slices.Equal(got, want[i]) {
 						t.Errorf("Encode(%q) = %v, want %v", s, got, want[i])
 						return
 					}

@@ -87,11 +87,11 @@ func TestTokenizerVariants(t *testing.T) {
 			for i, r := range v.Results {
 				text := g.Texts[i]
 				label := label(i, text)
-				if got := tok.Encode(text); !slices.Equal(got, r.IDs) {
+				if got := mustEncode(t, tok, text); !slices.Equal(got, r.IDs) {
 					t.Errorf("%s: Encode\n got %v\nwant %v", label, head(got), head(r.IDs))
 					bad++
 				}
-				if got := tok.EncodeNoSpecial(text); !slices.Equal(got, r.IDsNoSpecial) {
+				if got := mustEncodeNoSpecial(t, tok, text); !slices.Equal(got, r.IDsNoSpecial) {
 					t.Errorf("%s: EncodeNoSpecial\n got %v\nwant %v", label, head(got), head(r.IDsNoSpecial))
 					bad++
 				}

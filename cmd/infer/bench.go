@@ -180,10 +180,8 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 	if slices.Contains(opt.Variants, "") {
 		return opt, bad("--variants: an empty name in %q", f.variants)
 	}
-	if f.plot != "" {
-		if err := outfile.Check(f.plot); err != nil {
-			return opt, err
-		}
+	if err := checkOutputs([]namedPath{{"--plot", f.plot}}, "", ""); err != nil {
+		return opt, err
 	}
 	return opt, nil
 }

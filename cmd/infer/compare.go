@@ -288,12 +288,10 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	if err != nil {
 		return err
 	}
-	if cf.plotPath != "" {
-		if err := outfile.Check(cf.plotPath); err != nil {
-			return fmt.Errorf("--plot %w", err)
-		}
-	}
 	f := &cf.gen
+	if err := checkOutputs([]namedPath{{"--plot", cf.plotPath}}, f.model, f.promptFile); err != nil {
+		return err
+	}
 	logf := f.logger(cmd)
 	in, err := f.readInputs()
 	if err != nil {

@@ -109,19 +109,9 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 }
 
 // checkOutputs makes sure, before anything is loaded, that every file the
-// run writes at its end can be written.
+// run writes at its end can be written and destroys no input.
 func (f *genFlags) checkOutputs() error {
-	if f.profile != "" {
-		if err := outfile.Check(f.profile); err != nil {
-			return fmt.Errorf("--profile %w", err)
-		}
-	}
-	if f.trace != "" {
-		if err := outfile.Check(f.trace); err != nil {
-			return fmt.Errorf("--trace %w", err)
-		}
-	}
-	return nil
+	return checkOutputs([]namedPath{{"--profile", f.profile}, {"--trace", f.trace}}, f.model, f.promptFile)
 }
 
 // chooseSpec picks the device kind and the kernel spec: --device, else the

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -35,7 +36,10 @@ that cannot run, a device error, numbers that stop being finite).`
 // usageError marks errors in the command line itself.
 type usageError struct{ error }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	exitOnSignal()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 // run runs the command line args and returns the exit status. Every failure
 // is said on stderr, prefixed with "infer: ".
@@ -58,17 +62,65 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return loadKernelDirs(userset.Dirs(kernelDirs, os.Getenv))
 	}
 	root.SetArgs(args)
-	root.SetOut(stdout)
+	out := &resultWriter{w: stdout}
+	root.SetOut(out)
 	root.SetErr(stderr)
 	err := root.Execute()
+	if out.err != nil && (err == nil || errors.Is(err, out.err)) {
+		err = fmt.Errorf("writing the result to stdout: %w", out.err)
+	}
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "infer: %v\n", err)
+	fmt.Fprintf(stderr, "infer: %s\n", clipLines(err.Error()))
 	if errors.As(err, new(usageError)) || !parsed {
 		return exitUsage
 	}
 	return exitError
+}
+
+// resultWriter is stdout, which carries the results: it keeps the first
+// write error (a full disk, a closed stdout), which fails the run, and
+// writes nothing after it.
+type resultWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (r *resultWriter) Write(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	n, err := r.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	r.err = err
+	return n, err
+}
+
+// maxErrorLine is the longest line of an error infer prints: a name or a
+// pattern copied from a hostile file may be megabytes long.
+const maxErrorLine = 1000
+
+// clipLines shortens every line of msg longer than maxErrorLine to its
+// beginning (where the error happened) and its end (what went wrong).
+func clipLines(msg string) string {
+	lines := strings.Split(msg, "\n")
+	for i, l := range lines {
+		if len(l) <= maxErrorLine {
+			continue
+		}
+		head, tail := l[:maxErrorLine/2], l[len(l)-maxErrorLine/3:]
+		for !utf8.ValidString(head) && len(head) > 0 { // a character cut in two
+			head = head[:len(head)-1]
+		}
+		for !utf8.ValidString(tail) && len(tail) > 0 {
+			tail = tail[1:]
+		}
+		lines[i] = fmt.Sprintf("%s[… %d bytes …]%s", head, len(l)-len(head)-len(tail), tail)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // silence makes cobra leave error printing to run, so that every failure is

@@ -115,7 +115,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"tokenize", "--model", tinyQwen}, exitUsage, "give exactly one of --text or --file"},
 		{[]string{"--model", "/nonexistent/model", "--prompt", "hi"}, exitError, "/nonexistent/model"},
 		{with("--prompt-file", "/nonexistent/prompt.txt"), exitUsage, "exactly one of --prompt or --prompt-file"},
-		{[]string{"--model", tinyQwen, "--prompt-file", "/nonexistent/prompt.txt"}, exitError, "--prompt-file: open /nonexistent/prompt.txt"},
+		{[]string{"--model", tinyQwen, "--prompt-file", "/nonexistent/prompt.txt"}, exitError, "--prompt-file: stat /nonexistent/prompt.txt: no such file"},
 		{with("--batch", "1099511627776"), exitError, "but cpu"},
 		{with("--batch", "10000000"), exitError, "lower --batch or --max-new-tokens"},
 	} {
@@ -196,21 +196,24 @@ func TestProfileOutput(t *testing.T) {
 	// replace /dev/null.
 }
 
-// Prompt and text files are read up to a bound, so that /dev/zero fails
-// at once.
+// Prompt and text files are read only when they are regular files, and
+// up to a bound: /dev/zero and a sparse file of 65 MiB fail at once.
 func TestTextFileBound(t *testing.T) {
-	if _, err := os.Stat("/dev/zero"); err != nil {
-		t.Skip(err)
+	big := filepath.Join(t.TempDir(), "big.txt")
+	if err := os.WriteFile(big, nil, 0o644); err != nil || os.Truncate(big, 65<<20) != nil {
+		t.Skip("no sparse file here")
 	}
-	for _, args := range [][]string{
-		{"--model", tinyQwen, "--prompt-file", "/dev/zero"},
-		{"tokenize", "--model", tinyQwen, "--file", "/dev/zero"},
-	} {
-		code, _, stderr := runInfer(t, args...)
-		if code != exitError {
-			t.Errorf("infer %q: exit %d", args, code)
+	for _, c := range []struct{ file, want string }{{"/dev/zero", "a device, not a regular file"}, {big, "more than 64 MiB"}} {
+		for _, args := range [][]string{
+			{"--model", tinyQwen, "--prompt-file", c.file},
+			{"tokenize", "--model", tinyQwen, "--file", c.file},
+		} {
+			code, _, stderr := runInfer(t, args...)
+			if code != exitError {
+				t.Errorf("infer %q: exit %d", args, code)
+			}
+			oneLine(t, args, stderr, c.want)
 		}
-		oneLine(t, args, stderr, "more than 64 MiB")
 	}
 }
 

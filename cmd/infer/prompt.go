@@ -1,10 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
+
+	"github.com/fuselm/fuselm/infile"
 )
 
 // maxTextBytes bounds a text read from a file: far more than any context
@@ -12,19 +13,15 @@ import (
 // /dev/zero or a wrong file fails at once.
 const maxTextBytes = 64 << 20
 
-// readText reads a whole text file of at most maxTextBytes.
+// readText reads a whole text file of at most maxTextBytes; anything but
+// a regular file is refused.
 func readText(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxTextBytes+1))
-	if err != nil {
-		return "", err
-	}
-	if len(b) > maxTextBytes {
+	b, err := infile.Read(path, maxTextBytes)
+	if tl := (*infile.TooLargeError)(nil); errors.As(err, &tl) {
 		return "", fmt.Errorf("%s: more than %d MiB, more text than any model's context holds", path, maxTextBytes>>20)
+	}
+	if err != nil {
+		return "", err
 	}
 	return string(b), nil
 }

@@ -71,7 +71,10 @@ func (f *genFlags) readInputs() (*runInputs, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids := tok.Encode(text)
+	ids, err := tok.Encode(text)
+	if err != nil {
+		return nil, err
+	}
 	if len(ids) == 0 {
 		return nil, usageError{errors.New("the prompt encodes to no tokens")}
 	}

@@ -37,9 +37,13 @@ func newTokenizeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ids := tok.Encode(text)
+			encode := tok.Encode
 			if noSpecial {
-				ids = tok.EncodeNoSpecial(text)
+				encode = tok.EncodeNoSpecial
+			}
+			ids, err := encode(text)
+			if err != nil {
+				return err
 			}
 			if ids == nil {
 				ids = []int{}

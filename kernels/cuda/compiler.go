@@ -5,12 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 )
 
 // Compiler is NVRTC without a device: it compiles programs for a named
-// architecture with the options a device of it gets, so that kernels can
-// be checked where there is no GPU.
+// architecture with the options a device of it gets (CompileOptions), so
+// that a set's modules can be checked where there is no GPU.
 type Compiler struct {
 	n    *nvrtcAPI
 	opts []string
@@ -22,8 +21,7 @@ type Compiler struct {
 func NewCompiler(path, arch string) (*Compiler, error) {
 	f := osFinder()
 	dir, base := filepath.Split(path)
-	if suffix, ok := strings.CutPrefix(base, "libnvrtc"); ok {
-		m, _ := f.glob(filepath.Join(dir, "libnvrtc-builtins"+suffix+"*"))
+	if m, _ := f.glob(filepath.Join(dir, "libnvrtc-builtins"+base[len("libnvrtc"):]+"*")); len(m) > 0 {
 		sort.Slice(m, func(i, j int) bool { return len(m[i]) < len(m[j]) })
 		for _, p := range m {
 			if _, err := f.open(p); err == nil {
@@ -39,11 +37,17 @@ func NewCompiler(path, arch string) (*Compiler, error) {
 	if err != nil {
 		return nil, err
 	}
+	return &Compiler{n: n, opts: compileOptions(arch, path)}, nil
+}
+
+// compileOptions are the NVRTC options every module gets for arch, with
+// the include path of the CUDA headers found for the NVRTC at libPath.
+func compileOptions(arch, libPath string) []string {
 	opts := []string{"--gpu-architecture=" + arch, "-std=c++17", "-default-device"}
-	if inc := includeDirFor(path, os.Getenv, osFinder().isFile); inc != "" {
+	if inc := includeDirFor(libPath, os.Getenv, osFinder().isFile); inc != "" {
 		opts = append(opts, "--include-path="+inc)
 	}
-	return &Compiler{n: n, opts: opts}, nil
+	return opts
 }
 
 // Version is NVRTC's version as 1000*major + 10*minor.
@@ -52,8 +56,9 @@ func (c *Compiler) Version() int { return c.n.version() }
 // Options are the options every compile gets before its own.
 func (c *Compiler) Options() []string { return append([]string(nil), c.opts...) }
 
-// Compile compiles src, named name, with Options, then opts, to a cubin,
-// and returns it with NVRTC's log.
-func (c *Compiler) Compile(name, src string, opts ...string) (img []byte, log string, err error) {
-	return c.n.compileLog(name, src, append(c.Options(), opts...), true)
+// Compile compiles p with Options, then opts, to a cubin, and returns it
+// with NVRTC's log (with "--ptxas-options=-v", ptxas's registers and
+// spills per kernel).
+func (c *Compiler) Compile(p Program, opts ...string) (img []byte, log string, err error) {
+	return c.n.compileLog(p, append(c.Options(), opts...), true)
 }

@@ -385,7 +385,7 @@ func TestBuiltinHeaders(t *testing.T) {
 			opts = append(opts, o)
 		}
 	}
-	_, err := d.nvrtc.compile("bf16.cu", "#include <cuda_bf16.h>\nextern \"C\" __global__ void k(__nv_bfloat16* p) { p[0] = __float2bfloat16(1.f); }", opts, d.cubin)
+	_, err := d.nvrtc.compile(Program{Name: "bf16.cu", Src: "#include <cuda_bf16.h>\nextern \"C\" __global__ void k(__nv_bfloat16* p) { p[0] = __float2bfloat16(1.f); }"}, opts, d.cubin)
 	t.Logf("cuda_bf16.h with no include path: %v (options with one: %q)", err, d.CompileOptions())
 }
 

@@ -224,10 +224,7 @@ func Open(ordinal int) (dev *Device, err error) {
 	d.props.NVRTCVersion = d.nvrtc.version()
 	d.props.CUBLASVersion = d.blas.version
 	d.props.Arch, d.cubin = chooseArch(d.props.CCMajor, d.props.CCMinor, d.nvrtc.major, d.nvrtc.archs)
-	d.ccOpts = []string{"--gpu-architecture=" + d.props.Arch, "-std=c++17", "-default-device"}
-	if inc := includeDirFor(d.nvrtc.lib.path, os.Getenv, osFinder().isFile); inc != "" {
-		d.ccOpts = append(d.ccOpts, "--include-path="+inc)
-	}
+	d.ccOpts = compileOptions(d.props.Arch, d.nvrtc.lib.path)
 	d.cacheDir = cacheDirFrom(os.Getenv, os.UserCacheDir)
 	d.pdl = overlapAllowed(d.props.CCMajor, drv.cuLaunchKernelEx != 0, os.Getenv("FUSELM_PDL"))
 	d.launchAttr.id = cuLaunchAttributeProgrammaticStreamSerialization

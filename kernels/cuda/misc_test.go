@@ -60,23 +60,26 @@ func TestChooseArch(t *testing.T) {
 }
 
 func TestCacheKey(t *testing.T) {
-	base := cacheKey("k", "src", []string{"-DA=1"}, "sm_90a", 13000)
+	base := cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=1"}, "sm_90a", 13000)
 	if len(base) != 64 {
 		t.Fatalf("key %q is not sha256 hex", base)
 	}
-	if cacheKey("k", "src", []string{"-DA=1"}, "sm_90a", 13000) != base {
+	if cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=1"}, "sm_90a", 13000) != base {
 		t.Error("key not deterministic")
 	}
 	for i, k := range []string{
-		cacheKey("k2", "src", []string{"-DA=1"}, "sm_90a", 13000),
-		cacheKey("k", "src ", []string{"-DA=1"}, "sm_90a", 13000),
-		cacheKey("k", "src", []string{"-DA=2"}, "sm_90a", 13000),
-		cacheKey("k", "src", []string{"-DA=1", ""}, "sm_90a", 13000),
-		cacheKey("k", "src", nil, "sm_90a", 13000),
-		cacheKey("k", "src", []string{"-DA=1"}, "sm_90", 13000),
-		cacheKey("k", "src", []string{"-DA=1"}, "sm_90a", 12080),
-		cacheKey("ks", "rc", []string{"-DA=1"}, "sm_90a", 13000), // field boundaries count
-		cacheKey("k", "src", []string{"-DA", "=1"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k2", Src: "src"}, []string{"-DA=1"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src "}, []string{"-DA=1"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=2"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=1", ""}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src"}, nil, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=1"}, "sm_90", 13000),
+		cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=1"}, "sm_90a", 12080),
+		cacheKey(Program{Name: "ks", Src: "rc"}, []string{"-DA=1"}, "sm_90a", 13000), // field boundaries count
+		cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA", "=1"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src", Headers: []Header{{"h.cuh", ""}}}, []string{"-DA=1"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src", Headers: []Header{{"h.cuh", "a"}}}, []string{"-DA=1"}, "sm_90a", 13000),
+		cacheKey(Program{Name: "k", Src: "src", Headers: []Header{{"g.cuh", "a"}}}, []string{"-DA=1"}, "sm_90a", 13000),
 	} {
 		if k == base {
 			t.Errorf("variant %d has the same key", i)

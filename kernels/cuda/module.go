@@ -3,11 +3,11 @@ package cuda
 import (
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"time"
 	"unsafe"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 )
 
@@ -37,6 +37,10 @@ type ModuleStats struct {
 	CacheErrors int           // disk cache files that could not be written or loaded
 }
 
+// maxModuleBytes bounds a module read from the kernel cache: a cubin or PTX
+// of a few MB; a FIFO or a device in its place is refused (infile).
+const maxModuleBytes = 256 << 20
+
 // ModuleStats reports how Module calls were served so far.
 func (d *Device) ModuleStats() ModuleStats {
 	d.mu.Lock()
@@ -57,8 +61,15 @@ func (d *Device) CompileOptions() []string { return append([]string(nil), d.ccOp
 // from the disk cache (see cacheDirFrom) or from the modules already loaded
 // by the same call. A compile error carries NVRTC's log.
 func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
+	return d.ProgramModule(Program{Name: name, Src: src}, opts...)
+}
+
+// ProgramModule is Module for a program with headers: the module named
+// p.Name, compiled from p's source and the headers it includes.
+func (d *Device) ProgramModule(p Program, opts ...string) (*Module, error) {
+	name := p.Name
 	all := append(d.CompileOptions(), opts...)
-	key := cacheKey(name, src, all, d.props.Arch, d.nvrtc.version())
+	key := cacheKey(p, all, d.props.Arch, d.nvrtc.version())
 	d.enter()
 	defer d.leave()
 	if d.closed {
@@ -71,7 +82,7 @@ func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
 	var path string
 	if d.cacheDir != "" {
 		path = cachePath(d.cacheDir, key, d.cubin)
-		if img, err := os.ReadFile(path); err == nil && len(img) > 0 {
+		if img, err := infile.Read(path, maxModuleBytes); err == nil && len(img) > 0 {
 			if !d.cubin {
 				img = append(img, 0) // PTX is loaded as a C string
 			}
@@ -84,7 +95,7 @@ func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
 		}
 	}
 	start := time.Now()
-	img, err := d.nvrtc.compile(name, src, all, d.cubin)
+	img, err := d.nvrtc.compile(p, all, d.cubin)
 	d.modStats.CompileTime += time.Since(start)
 	if err != nil {
 		return nil, err
@@ -101,19 +112,19 @@ func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
 	return d.load(name, key, img)
 }
 
-// CompileLog compiles src as Module would (CompileOptions, then opts) but
+// CompileLog compiles p as ProgramModule would (CompileOptions, then opts) but
 // neither caches nor loads the result: it returns NVRTC's log whether the
 // compile succeeds or not (with opts "--ptxas-options=-v", ptxas's
 // registers, spills and warnings per kernel) and the image (a cubin, or PTX
 // where the device gets PTX), for a disassembler.
-func (d *Device) CompileLog(name, src string, opts ...string) (log string, img []byte, err error) {
+func (d *Device) CompileLog(p Program, opts ...string) (log string, img []byte, err error) {
 	all := append(d.CompileOptions(), opts...)
 	d.enter()
 	defer d.leave()
 	if d.closed {
 		return "", nil, errClosed
 	}
-	img, log, err = d.nvrtc.compileLog(name, src, all, d.cubin)
+	img, log, err = d.nvrtc.compileLog(p, all, d.cubin)
 	return log, img, err
 }
 

@@ -194,9 +194,10 @@ func includeDirFor(libPath string, getenv func(string) string, isFile func(strin
 // cacheFormat changes when what the disk cache stores changes.
 const cacheFormat = "fuselm-kernel-cache-v1"
 
-// cacheKey names a compiled module: sha256 of the source, its name, every
-// option given to NVRTC, the target architecture and NVRTC's version.
-func cacheKey(name, src string, opts []string, arch string, nvrtcVersion int) string {
+// cacheKey names a compiled module: sha256 of the program (its name, its
+// source, and every header's name and source), every option given to NVRTC,
+// the target architecture and NVRTC's version.
+func cacheKey(p Program, opts []string, arch string, nvrtcVersion int) string {
 	h := sha256.New()
 	field := func(s string) {
 		var n [8]byte
@@ -205,8 +206,13 @@ func cacheKey(name, src string, opts []string, arch string, nvrtcVersion int) st
 		h.Write([]byte(s))
 	}
 	field(cacheFormat)
-	field(name)
-	field(src)
+	field(p.Name)
+	field(p.Src)
+	field(fmt.Sprint(len(p.Headers)))
+	for _, hd := range p.Headers {
+		field(hd.Name)
+		field(hd.Src)
+	}
 	field(fmt.Sprint(len(opts)))
 	for _, o := range opts {
 		field(o)
@@ -252,21 +258,48 @@ func writeFileAtomic(path string, data []byte) error {
 	return outfile.Write(path, data)
 }
 
-// compile runs NVRTC on src with opts and returns the cubin (or PTX when
+// Program is what NVRTC compiles: a main source file and the headers its
+// #include "..." lines may name, each given to NVRTC by name so that
+// neither is read from disk (<...> includes are looked for on the include
+// path, as cuda_bf16.h is).
+type Program struct {
+	Name    string   // the main file's name, for NVRTC's messages
+	Src     string   // its source
+	Headers []Header // what its #includes may name
+}
+
+// Header is a file a Program's sources may #include.
+type Header struct{ Name, Src string }
+
+// compile runs NVRTC on p with opts and returns the cubin (or PTX when
 // cubin is false). A failed compile's error carries NVRTC's log.
-func (n *nvrtcAPI) compile(name, src string, opts []string, cubin bool) ([]byte, error) {
-	img, _, err := n.compileLog(name, src, opts, cubin)
+func (n *nvrtcAPI) compile(p Program, opts []string, cubin bool) ([]byte, error) {
+	img, _, err := n.compileLog(p, opts, cubin)
 	return img, err
 }
 
 // compileLog is compile that also returns NVRTC's log when the compile
 // succeeds (warnings, and ptxas's report when opts ask for it).
-func (n *nvrtcAPI) compileLog(name, src string, opts []string, cubin bool) (img []byte, log string, err error) {
-	csrc, cname := cStr(src), cStr(name)
+func (n *nvrtcAPI) compileLog(p Program, opts []string, cubin bool) (img []byte, log string, err error) {
+	name := p.Name
+	csrc, cname := cStr(p.Src), cStr(name)
+	hsrc := make([][]byte, len(p.Headers))
+	hname := make([][]byte, len(p.Headers))
+	hsrcPtrs := make([]unsafe.Pointer, len(p.Headers)+1) // +1: never empty
+	hnamePtrs := make([]unsafe.Pointer, len(p.Headers)+1)
+	for i, hd := range p.Headers {
+		hsrc[i], hname[i] = cStr(hd.Src), cStr(hd.Name)
+		hsrcPtrs[i], hnamePtrs[i] = unsafe.Pointer(&hsrc[i][0]), unsafe.Pointer(&hname[i][0])
+	}
 	var prog uintptr
-	if err := n.check(ccall(n.nvrtcCreateProgram, uintptr(unsafe.Pointer(&prog)),
-		uintptr(unsafe.Pointer(&csrc[0])), uintptr(unsafe.Pointer(&cname[0])), 0, 0, 0),
-		fmt.Sprintf("nvrtcCreateProgram(%s)", name), ""); err != nil {
+	created := ccall(n.nvrtcCreateProgram, uintptr(unsafe.Pointer(&prog)),
+		uintptr(unsafe.Pointer(&csrc[0])), uintptr(unsafe.Pointer(&cname[0])), uintptr(len(p.Headers)),
+		uintptr(unsafe.Pointer(&hsrcPtrs[0])), uintptr(unsafe.Pointer(&hnamePtrs[0])))
+	runtime.KeepAlive(hsrc)
+	runtime.KeepAlive(hname)
+	runtime.KeepAlive(hsrcPtrs)
+	runtime.KeepAlive(hnamePtrs)
+	if err := n.check(created, fmt.Sprintf("nvrtcCreateProgram(%s)", name), ""); err != nil {
 		return nil, "", err
 	}
 	defer func() { ccall(n.nvrtcDestroyProgram, uintptr(unsafe.Pointer(&prog))) }()

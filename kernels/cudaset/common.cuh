@@ -1,6 +1,6 @@
 // Shared by every module of every CUDA kernel set: element types, vector
-// access, block reductions and the packed batch's row lookup. Each module is
-// compiled as this header followed by its own source (see cudaset.go).
+// access, block reductions and the packed batch's row lookup. Every set's
+// .cu files include it; cudaset gives it to NVRTC with the set's headers.
 //
 // Conventions of every kernel:
 //   - Matrices are rows of contiguous elements, row r at base + r*pitch
@@ -9,6 +9,8 @@
 //     of bf16) when the host found every row start aligned for it, else 1.
 //   - Arithmetic is f32; results are rounded to bf16 with round-to-nearest-even.
 //   - Block sizes are multiples of 32 (the reductions use full-warp shuffles).
+
+#pragma once
 
 #include <cuda_bf16.h>
 

@@ -1,25 +1,25 @@
 // Package cudaset is what every CUDA kernel set is built from, so that the
 // sets hold only their own kernels and launchers: compiling a set's embedded
-// .cu sources (each behind common.cuh, with #line so that NVRTC's messages
-// point into the .cu file), its kernel table and launch helpers, typed views
+// .cu sources (each with the set's headers and common.cuh to #include), its
+// kernel table and launch helpers, typed views
 // of device matrices (Mat), scratch memory kept under its owner's name, the
 // cuBLAS products, and the row movers both sets share (copy_rows, kv_append).
 package cudaset
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
+	"io/fs"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
-var (
-	//go:embed common.cuh
-	commonSrc string
-	//go:embed rows.cu
-	rowsSrc string
-)
+// sources are cudaset's own: the headers every set's sources may include
+// (common.cuh) and the row movers.
+//
+//go:embed *.cuh rows.cu
+var sources embed.FS
 
 // Launch shapes every set uses.
 const (
@@ -36,27 +36,47 @@ const (
 	warp = 32
 )
 
-// Module is one NVRTC compilation unit of a set: common.cuh followed by Src.
+// Module is one NVRTC compilation unit of a set: a .cu file of the set's
+// sources, which #includes what it needs of the set's headers (.cuh) and of
+// cudaset's (common.cuh), as a CUDA compiler given both folders would.
 type Module struct {
-	File  string   // the .cu file's name, for NVRTC's messages and the kernel cache
-	Src   string   // its source
-	Opts  []string // NVRTC options after the device's
-	Funcs []string // its extern "C" kernels
+	File    string   // the .cu file's name in Sources, for NVRTC's messages and the kernel cache
+	Sources fs.FS    // the set's .cu and .cuh files
+	Opts    []string // NVRTC options after the device's
+	Funcs   []string // its extern "C" kernels
 }
 
-// rowsModule holds the shared row movers.
-func rowsModule() Module {
-	var fs []string
-	floats := []kernels.DType{kernels.BF16, kernels.F16, kernels.F32}
+// RowsModule holds the shared row movers, which New adds to every set.
+func RowsModule() Module {
+	return Module{File: "rows.cu", Sources: sources, Funcs: Names(rowsInstances()...)}
+}
+
+// rowsRegen is how rows_instances.cuh is written again after a table of
+// rowsInstances changes.
+const rowsRegen = "go test ./kernels/cudaset -run TestRowsInstancesHeader -update"
+
+// rowsInstances are rows.cu's kernels, one table per macro, as
+// rows_instances.cuh lists them.
+func rowsInstances() []Instances {
+	cp := Instances{Macro: "COPY_ROWS"}
+	kv := Instances{Macro: "KV_APPEND"}
+	mc := Instances{Macro: "MOE_COMBINE"}
 	for _, v := range []int{1, VecWidth} {
-		for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
-			for _, in := range floats {
-				fs = append(fs, fmt.Sprintf("copy_rows_%s_%s_v%d", out, in, v))
+		for _, in := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+			for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
+				cp.Kernels = append(cp.Kernels, Of(copyRowsKernel(out, in, v), CType(out), CType(in), v))
 			}
 		}
-		fs = append(fs, VName("kv_append", v), VName("moe_combine", v))
+		kv.Kernels = append(kv.Kernels, Of(VName("kv_append", v), v))
+		mc.Kernels = append(mc.Kernels, Of(VName("moe_combine", v), v))
 	}
-	return Module{File: "rows.cu", Src: rowsSrc, Funcs: fs}
+	return []Instances{cp, kv, mc}
+}
+
+// copyRowsKernel is copy_rows's instance from rows of in to rows of out,
+// vec elements an access.
+func copyRowsKernel(out, in kernels.DType, vec int) string {
+	return fmt.Sprintf("copy_rows_%s_%s_v%d", out, in, vec)
 }
 
 // VName is the name of the VEC-wide instance of a kernel.
@@ -82,7 +102,7 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 	}
 	p := d.Props()
 	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}, overlap: map[string]bool{}}
-	if err := k.add(rowsModule(), "cudaset"); err != nil {
+	if err := k.add(RowsModule(), "cudaset"); err != nil {
 		return nil, err
 	}
 	for _, m := range mods {
@@ -99,7 +119,12 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 func (k *Kit) AddModule(m Module) error { return k.add(m, k.Set) }
 
 func (k *Kit) add(m Module, owner string) error {
-	mod, err := k.D.Module(owner+"_"+m.File, Source(m), m.Opts...)
+	p, err := Source(m)
+	if err != nil {
+		return fmt.Errorf("%s: %w", k.Set, err)
+	}
+	p.Name = owner + "_" + m.File
+	mod, err := k.D.ProgramModule(p, m.Opts...)
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", k.Set, m.File, err)
 	}
@@ -117,9 +142,39 @@ func (k *Kit) add(m Module, owner string) error {
 	return nil
 }
 
-// Source is what NVRTC compiles for m: common.cuh, then m's source behind a
-// #line naming its file.
-func Source(m Module) string { return commonSrc + fmt.Sprintf("#line 1 %q\n", m.File) + m.Src }
+// Source is what NVRTC compiles for m: m.File, with every header of the
+// set and of cudaset (their .cuh files) for its #includes to name. The
+// headers of a set may not take cudaset's names.
+func Source(m Module) (cuda.Program, error) {
+	src, err := fs.ReadFile(m.Sources, m.File)
+	if err != nil {
+		return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
+	}
+	p := cuda.Program{Name: m.File, Src: string(src)}
+	sets := []fs.FS{sources}
+	if m.Sources != fs.FS(sources) { // cudaset's own module has no set beside
+		sets = append(sets, m.Sources)
+	}
+	seen := map[string]bool{}
+	for _, files := range sets {
+		names, err := fs.Glob(files, "*.cuh")
+		if err != nil {
+			return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
+		}
+		for _, name := range names {
+			if seen[name] {
+				return cuda.Program{}, fmt.Errorf("module %s: the set's header %s takes the name of cudaset's", m.File, name)
+			}
+			seen[name] = true
+			b, err := fs.ReadFile(files, name)
+			if err != nil {
+				return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
+			}
+			p.Headers = append(p.Headers, cuda.Header{Name: name, Src: string(b)})
+		}
+	}
+	return p, nil
+}
 
 // Func is the compiled kernel name; it panics when the set has none.
 func (k *Kit) Func(name string) *cuda.Func {
@@ -273,7 +328,7 @@ func (k *Kit) CombineRows(out, y Mat, slot uintptr, weight *kernels.Tensor, n, k
 // for r < rows (index pointers 0 when absent); srows bounds sidx.
 func (k *Kit) CopyRows(dst Mat, didx uintptr, src Mat, sidx uintptr, sdiv, srows, rows, cols int) {
 	v := VecFor(cols, dst, src)
-	k.LaunchItems(fmt.Sprintf("copy_rows_%s_%s_v%d", dst.DT, src.DT, v), int64(rows)*int64(cols/v),
+	k.LaunchItems(copyRowsKernel(dst.DT, src.DT, v), int64(rows)*int64(cols/v),
 		dst.P, int32(dst.Pitch), didx, src.P, int32(src.Pitch), sidx, int32(sdiv), int32(srows), int32(rows), int32(cols))
 }
 

@@ -2,6 +2,9 @@
 // appending new keys and values to a KV cache, and the weighted sum of the
 // MoE experts' rows. Pitches are in elements.
 
+#include "common.cuh"
+#include "rows_instances.cuh"
+
 // copy_rows converts and moves whole rows:
 //   dst[drow(r), :cols] = src[srow(r), :cols] for r < rows, with
 //   drow(r) = didx ? didx[r] : r and srow(r) = sidx ? sidx[r] : r / sdiv.
@@ -28,18 +31,13 @@ __device__ void copy_rows(TO* dst, int dpitch, const int* didx, const TI* src, i
 	}
 }
 
-#define COPY_ROWS(NO, TO, NI, TI, V)                                                                         \
-	extern "C" __global__ void copy_rows_##NO##_##NI##_v##V(TO* dst, int dpitch, const int* didx,      \
+#define COPY_ROWS(NAME, TO, TI, V)                                                                           \
+	extern "C" __global__ void NAME(TO* dst, int dpitch, const int* didx,      \
 	                                                         const TI* src, int spitch, const int* sidx, \
 	                                                         int sdiv, int srows, int rows, int cols) {  \
 		copy_rows<TO, TI, V>(dst, dpitch, didx, src, spitch, sidx, sdiv, srows, rows, cols);              \
 	}
-#define COPY_ROWS_FROM(NI, TI, V) \
-	COPY_ROWS(bf16, bf16, NI, TI, V) COPY_ROWS(f32, float, NI, TI, V)
-#define COPY_ROWS_ALL(V) \
-	COPY_ROWS_FROM(bf16, bf16, V) COPY_ROWS_FROM(f16, half_bits, V) COPY_ROWS_FROM(f32, float, V)
-COPY_ROWS_ALL(1)
-COPY_ROWS_ALL(8)
+COPY_ROWS_INSTANCES(COPY_ROWS)
 
 // kv_append writes the new keys and values of a packed batch into the cache.
 // It moves 2-byte elements as they are: bf16, or f16 (an f16 attention
@@ -67,14 +65,13 @@ __device__ void kv_append(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16
 	}
 }
 
-#define KV_APPEND(V)                                                                                     \
-	extern "C" __global__ void kv_append_v##V(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16* vs, \
+#define KV_APPEND(NAME, V)                                                                               \
+	extern "C" __global__ void NAME(bf16* kc, bf16* vc, const bf16* ks, int kp, const bf16* vs, \
 	                                          int vp, const int* start, const int* past, int B, int heads, \
 	                                          int dim, int maxSeq) {                                     \
 		kv_append<V>(kc, vc, ks, kp, vs, vp, start, past, B, heads, dim, maxSeq);                        \
 	}
-KV_APPEND(1)
-KV_APPEND(8)
+KV_APPEND_INSTANCES(KV_APPEND)
 
 // moe_combine is out[t] = bf16(Σ_k weight[t, k] · y[slot[t·K + k]]), the
 // sum in f32 in k order (HF's weighted sum over top_k of the bf16 expert
@@ -106,10 +103,9 @@ __device__ void moe_combine(bf16* out, int outp, const bf16* y, int yp, const in
 	}
 }
 
-#define MOE_COMBINE(V)                                                                                          \
-	extern "C" __global__ void moe_combine_v##V(bf16* out, int outp, const bf16* y, int yp, const int* slot,   \
+#define MOE_COMBINE(NAME, V)                                                                                    \
+	extern "C" __global__ void NAME(bf16* out, int outp, const bf16* y, int yp, const int* slot,   \
 	                                            const float* weight, int wp, int N, int K, int H) {            \
 		moe_combine<V>(out, outp, y, yp, slot, weight, wp, N, K, H);                                          \
 	}
-MOE_COMBINE(1)
-MOE_COMBINE(8)
+MOE_COMBINE_INSTANCES(MOE_COMBINE)

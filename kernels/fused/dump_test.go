@@ -8,17 +8,28 @@ import (
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
-// TestDumpSources writes every module's full NVRTC source (common.cuh
-// first, as cudaset compiles it) under $FUSELM_DUMP_SOURCES, for compile
-// checks with an NVRTC or nvcc apart from the set; skipped when unset.
+// TestDumpSources writes every module's .cu file and the headers NVRTC
+// gets with it (the set's and common.cuh) under $FUSELM_DUMP_SOURCES, for
+// compile checks with an NVRTC or nvcc apart from the set (nvcc -I. in that
+// folder); skipped when unset.
 func TestDumpSources(t *testing.T) {
 	dir := os.Getenv("FUSELM_DUMP_SOURCES")
 	if dir == "" {
 		t.Skip("FUSELM_DUMP_SOURCES is unset")
 	}
-	for _, m := range append(modules(), hopperModule(), mlaHopperModule(), gwModule()) {
-		if err := os.WriteFile(filepath.Join(dir, "fused_"+m.File), []byte(cudaset.Source(m)), 0o644); err != nil {
+	for _, m := range Modules() {
+		p, err := cudaset.Source(m)
+		if err != nil {
 			t.Fatal(err)
+		}
+		files := map[string]string{m.File: p.Src}
+		for _, h := range p.Headers {
+			files[h.Name] = h.Src
+		}
+		for name, src := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }

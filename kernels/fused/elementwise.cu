@@ -3,6 +3,9 @@
 // start aligned for them (VEC 8), rounding where HF's bf16 code rounds.
 // Pitches are in elements.
 
+#include "common.cuh"
+#include "instances.cuh"
+
 // rms_norm is RMSNorm of each row, with the residual add before it when ADD:
 //   ADD:  r = bf16(resid + x); resid = r; out = bf16(w · bf16(r · rstd))
 //   else: r = x;                          out = bf16(w · bf16(r · rstd))
@@ -57,20 +60,15 @@ __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, 
 	}
 }
 
-#define RMS_NORM(NAME, ADD, NW, TW, V, NV)                                                                \
-	extern "C" __global__ void NAME##_##NW##_v##V##_n##NV(bf16* out, int op, bf16* resid, int rp,          \
+#define RMS_NORM(NAME, ADD, TW, V, NV)                                                                    \
+	extern "C" __global__ void NAME(bf16* out, int op, bf16* resid, int rp,                                 \
 	                                                         const bf16* x, int xp, const TW* w, int cols, \
 	                                                         float eps) {                                   \
 		grid_wait();                                                                                       \
 		grid_release();                                                                                    \
 		rms_norm<ADD, TW, V, NV>(out, op, resid, rp, x, xp, w, cols, eps);                                 \
 	}
-#define RMS_NORM_NV(NW, TW, V, NV) RMS_NORM(rms_norm, false, NW, TW, V, NV) RMS_NORM(add_rms_norm, true, NW, TW, V, NV)
-#define RMS_NORM_W(NW, TW, V) \
-	RMS_NORM_NV(NW, TW, V, 1) RMS_NORM_NV(NW, TW, V, 2) RMS_NORM_NV(NW, TW, V, 4) RMS_NORM_NV(NW, TW, V, 8)
-#define RMS_NORM_ALL(V) RMS_NORM_W(bf16, bf16, V) RMS_NORM_W(f16, half_bits, V) RMS_NORM_W(f32, float, V)
-RMS_NORM_ALL(1)
-RMS_NORM_ALL(8)
+RMS_NORM_INSTANCES(RMS_NORM)
 
 // rope rotates, in place, dims [offset, offset+dim) of every head of one
 // token per block: head h of token t starts at x + t*pitch + h*hstride. The
@@ -120,16 +118,13 @@ __device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, con
 }
 
 #define ROPE(NAME, INTERLEAVED, V)                                                                             \
-	extern "C" __global__ void NAME##_v##V(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, \
+	extern "C" __global__ void NAME(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, \
 	                                       const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \
 		grid_wait();                                                                                                \
 		grid_release();                                                                                             \
 		rope<INTERLEAVED, V>(x, pitch, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);              \
 	}
-ROPE(rope_half, false, 1)
-ROPE(rope_half, false, 4)
-ROPE(rope_interleaved, true, 1)
-ROPE(rope_interleaved, true, 4)
+ROPE_INSTANCES(ROPE)
 
 // swiglu is out = bf16(bf16(silu(gate)) · up) with gate = gu[:, :inter] and
 // up = gu[:, inter:], as HF's act_fn(gate_proj(x)) * up_proj(x) in bf16: one
@@ -153,14 +148,42 @@ template <int VEC> __device__ void swiglu(bf16* out, int op, const bf16* gu, int
 	}
 }
 
-#define SWIGLU(V)                                                                                            \
-	extern "C" __global__ void swiglu_v##V(bf16* out, int op, const bf16* gu, int gp, int rows, int inter) { \
+#define SWIGLU(NAME, V)                                                                                      \
+	extern "C" __global__ void NAME(bf16* out, int op, const bf16* gu, int gp, int rows, int inter) {        \
 		grid_wait();                                                                                         \
 		grid_release();                                                                                      \
 		swiglu<V>(out, op, gu, gp, rows, inter);                                                             \
 	}
-SWIGLU(1)
-SWIGLU(8)
+SWIGLU_INSTANCES(SWIGLU)
+
+// add is out = bf16(a + b) elementwise, as torch's bf16 add: naive's
+// kernel, launched to overlap the kernel before it (a decode step's MoE
+// adds its shared experts' output to the routed ones').
+// out, a, b bf16 [rows, cols] with pitches op, ap, bp; out may be a or b.
+// Launch: 1-D grid-stride over rows·cols/VEC.
+template <int VEC>
+__device__ void add(bf16* out, int op, const bf16* a, int ap, const bf16* b, int bp, int rows, int cols) {
+	const int cv = cols / VEC;
+	GRID_STRIDE(i, (long long)rows * cv) {
+		const long long r = i / cv;
+		const int c = (int)(i - r * cv) * VEC;
+		const Vec<bf16, VEC> x = load<bf16, VEC>(a + r * ap + c);
+		const Vec<bf16, VEC> y = load<bf16, VEC>(b + r * bp + c);
+		Vec<bf16, VEC> z;
+#pragma unroll
+		for (int j = 0; j < VEC; j++) z.v[j] = __float2bfloat16_rn(to_f32(x.v[j]) + to_f32(y.v[j]));
+		store<bf16, VEC>(out + r * op + c, z);
+	}
+}
+
+#define ADD(NAME, V)                                                                                            \
+	extern "C" __global__ void NAME(bf16* out, int op, const bf16* a, int ap, const bf16* b, int bp, int rows, \
+	                                int cols) {                                                                 \
+		grid_wait();                                                                                            \
+		grid_release();                                                                                         \
+		add<V>(out, op, a, ap, b, bp, rows, cols);                                                              \
+	}
+ADD_INSTANCES(ADD)
 
 // argmax_split is out[b·os] = the first index of the largest element of row
 // b, NaN counting as the largest (as torch.argmax), and with os = 2
@@ -219,12 +242,11 @@ __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int
 	}
 }
 
-#define ARGMAX_SPLIT(N, T)                                                                                   \
+#define ARGMAX_SPLIT(NAME, T)                                                                                \
 	extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)                                             \
-	    argmax_split_##N(int* out, int os, const T* x, int xp, int cols, int2* part, int* counters) {          \
+	    NAME(int* out, int os, const T* x, int xp, int cols, int2* part, int* counters) {                      \
 		grid_wait();                                                                                         \
 		grid_release();                                                                                      \
 		argmax_split<T>(out, os, x, xp, cols, part, counters);                                               \
 	}
-ARGMAX_SPLIT(bf16, bf16)
-ARGMAX_SPLIT(f32, float)
+ARGMAX_SPLIT_INSTANCES(ARGMAX_SPLIT)

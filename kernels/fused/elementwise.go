@@ -1,8 +1,6 @@
 package fused
 
 import (
-	"fmt"
-
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -49,7 +47,7 @@ func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, w *kernels.Tenso
 	o.Need(items > 0, op, "rows of %d elements: at most %d", cols, maxNormThreads*normItems[len(normItems)-1]*v)
 	const warp = 32
 	threads := max(warp, (accesses+items*warp-1)/(items*warp)*warp)
-	o.Launch(fmt.Sprintf("%s_%s_v%d_n%d", kernel, w.DType, v, items), n, threads,
+	o.Launch(normKernel(kernel, w.DType, v, items), n, threads,
 		om.P, int32(om.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), wm.P, int32(cols), eps)
 }
 
@@ -93,6 +91,17 @@ func (o *ops) swiglu(out, gu cudaset.Mat, rows, inter int) {
 		int32(rows), int32(inter))
 }
 
+// Add is out = a + b in one pass, launched to overlap the kernel before it;
+// the arithmetic is naive's.
+func (o *ops) Add(out, a, b *kernels.Tensor) {
+	kernels.CheckAdd(o.D.ActDType(), out, a, b)
+	rows, cols := out.Rows(), out.Cols()
+	om, am, bm := o.Mat(out), o.Mat(a), o.Mat(b)
+	v := cudaset.VecFor(cols, om, am, bm)
+	o.LaunchItems(vname("add", v), int64(rows)*int64(cols/v),
+		om.P, int32(om.Pitch), am.P, int32(am.Pitch), bm.P, int32(bm.Pitch), int32(rows), int32(cols))
+}
+
 // argmaxChunk and argmaxThreads are elementwise.cu's ARGMAX_CHUNK, the
 // columns of one block of argmax_split, and ARGMAX_THREADS.
 const (
@@ -119,7 +128,7 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	}
 	splits := (cols + argmaxChunk - 1) / argmaxChunk
 	part := o.Scratch("argmax.part", kernels.I32, rows*splits, 2)
-	o.LaunchGrid("argmax_split_"+logits.DType.String(), cuda.Dim3{X: uint32(splits), Y: uint32(rows)},
+	o.LaunchGrid(argmaxKernel(logits.DType), cuda.Dim3{X: uint32(splits), Y: uint32(rows)},
 		cuda.Dim3{X: argmaxThreads}, 0,
 		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(cols), part.P,
 		o.D.Ptr(o.argmaxCounters))

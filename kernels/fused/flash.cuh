@@ -2,8 +2,11 @@
 // mma.sync kernels (attention.cu) and the wgmma one (hopper.cu): both hold
 // scores as C fragments of 8 columns, float[4] per thread (rows g and g+8 of
 // 16, g = lane/4; columns 2·(lane%4) and +1), the layout of an mma.sync
-// m16n8 C and of each 8-column slice of a wgmma m64nN accumulator. Compiled
-// after mma.cuh (smem_addr, pack2).
+// m16n8 C and of each 8-column slice of a wgmma m64nN accumulator. Built on
+// mma.cuh (smem_addr, pack2).
+
+#pragma once
+#include "mma.cuh"
 
 // exp2_ftz is 2^x by the special-function unit, subnormal results flushed
 // to zero (a p that small is 0 to every bf16 sum), as fast-math exp2f.

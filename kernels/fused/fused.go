@@ -4,45 +4,30 @@
 // residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
 // decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
-// sorted by expert), and an argmax over many blocks a row. The ops it has
-// no kernel of its own for (embedding, add) run the registry's baseline
-// CUDA set's (naive's), and the profile says so. The .cu sources are
-// embedded and compiled by NVRTC (through cudaset) when the set is built
-// for a device.
+// sorted by expert), an argmax over many blocks a row, and an add that
+// overlaps the kernel before it. The op it has no kernel of its own for
+// (embedding) runs the registry's baseline CUDA set's (naive's), and the
+// profile says so. The .cu sources are embedded and compiled by NVRTC
+// (through cudaset) when the set is built for a device.
 package fused
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
-var (
-	//go:embed elementwise.cu
-	elementwiseSrc string
-	//go:embed attention.cu
-	attentionSrc string
-	//go:embed mma.cuh
-	mmaSrc string
-	//go:embed moe.cu
-	moeSrc string
-	//go:embed linear.cu
-	linearSrc string
-	//go:embed mla.cu
-	mlaSrc string
-	//go:embed groups.cuh
-	groupsSrc string
-	//go:embed mla_keys.cu
-	mlaKeysSrc string
-)
+// sources are the set's kernels, one module per .cu file, and the headers
+// they include.
+//
+//go:embed *.cu *.cuh
+var sources embed.FS
 
-// withMMA is the source of a module that multiplies on tensor cores: the
-// shared building blocks of mma.cuh, then file's own source src, each with
-// #line so that NVRTC's messages name the right file.
-func withMMA(file, src string) string {
-	return "#line 1 \"mma.cuh\"\n" + mmaSrc + fmt.Sprintf("#line 1 %q\n", file) + src
+// module is the set's module of file, which defines kernels funcs.
+func module(file string, funcs []string) cudaset.Module {
+	return cudaset.Module{File: file, Sources: sources, Funcs: funcs}
 }
 
 // owned are the ops fused has kernels of its own for.
@@ -50,7 +35,7 @@ var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
-	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax,
+	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax, kernels.OpAdd,
 }
 
 func init() {
@@ -130,37 +115,13 @@ func prefillShared(d int, c flashConfig) int { return (c.rows() + 4*keyTile) * r
 func decodeShared(d int) int                 { return (16 + 2*decodeStages*keyTile) * rowBytes(d) }
 
 func modules() []cudaset.Module {
-	var ew, at []string
-	for _, v := range []int{1, cudaset.VecWidth} {
-		for _, w := range []string{"bf16", "f16", "f32"} {
-			for _, n := range normItems {
-				ew = append(ew, fmt.Sprintf("rms_norm_%s_v%d_n%d", w, v, n), fmt.Sprintf("add_rms_norm_%s_v%d_n%d", w, v, n))
-			}
-		}
-		ew = append(ew, vname("swiglu", v))
-	}
-	ew = append(ew, "argmax_split_bf16", "argmax_split_f32")
-	for _, v := range []int{1, ropeVec} {
-		ew = append(ew, vname("rope_half", v), vname("rope_interleaved", v))
-	}
-	for _, d := range headDims {
-		for _, c := range flashConfigs {
-			at = append(at, prefillKernel(d, c))
-		}
-		at = append(at, decodeKernel(d))
-	}
-	at = append(at, "attn_merge")
-	// mla.cu and mla_keys.cu continue attention.cu's compilation unit: they
-	// build on its device helpers, flash_prefill and DecodeSplit.
-	for _, k := range mlaKernels() {
-		at = append(at, k.name)
-	}
 	return []cudaset.Module{
-		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: withFlash("attention.cu", attentionSrc) + "\n#line 1 \"mla.cu\"\n" + mlaSrc +
-			"\n#line 1 \"mla_keys.cu\"\n" + mlaKeysSrc, Funcs: at},
-		{File: "moe.cu", Src: withMMA("groups.cuh", groupsSrc) + "#line 1 \"moe.cu\"\n" + moeSrc, Funcs: moeFuncs()},
-		{File: "linear.cu", Src: withMMA("linear.cu", linearSrc), Funcs: linearKernels()},
+		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances())),
+		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances()), "attn_merge")),
+		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
+		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
+		module("moe.cu", moeFuncs()),
+		module("linear.cu", linearKernels()),
 	}
 }
 
@@ -245,4 +206,11 @@ type ops struct {
 	mlaHopperOn map[string]bool // tuning choices of mla_hopper (true) or an mla_prefill tiling (false) by key
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
+}
+
+// Modules are every NVRTC module of the set: the ones New cannot do without,
+// then the Hopper ones it adds where the device allows; for compile checks
+// apart from a device.
+func Modules() []cudaset.Module {
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule())
 }

@@ -45,21 +45,31 @@ func TestDecodeSplits(t *testing.T) {
 	}
 }
 
+// sourceText is the set's source file name.
+func sourceText(t *testing.T, name string) string {
+	t.Helper()
+	b, err := sources.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // TestSourceConstants holds the Go side's launch constants to the defines of
 // the .cu sources they mirror.
 func TestSourceConstants(t *testing.T) {
 	for _, c := range []struct {
-		src, define string
-		value       int
+		file, define string
+		value        int
 	}{
-		{attentionSrc, "BN", keyTile},
-		{attentionSrc, "DEC_WARPS", decodeWarps},
-		{attentionSrc, "DEC_STAGES", decodeStages},
-		{attentionSrc, "MERGE_DIMS", mergeDims},
-		{attentionSrc, "MERGE_WARPS", mergeWarps},
+		{"attention.cuh", "BN", keyTile},
+		{"attention.cuh", "DEC_WARPS", decodeWarps},
+		{"attention.cuh", "DEC_STAGES", decodeStages},
+		{"attention.cu", "MERGE_DIMS", mergeDims},
+		{"attention.cu", "MERGE_WARPS", mergeWarps},
 	} {
-		if want := fmt.Sprintf("#define %s %d", c.define, c.value); !strings.Contains(c.src, want) {
-			t.Errorf("the source has no %q", want)
+		if want := fmt.Sprintf("#define %s %d", c.define, c.value); !strings.Contains(sourceText(t, c.file), want) {
+			t.Errorf("%s has no %q", c.file, want)
 		}
 	}
 }

@@ -40,6 +40,10 @@
 // (GW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
 // down instead of hanging.
 
+#include "groups.cuh"
+#include "hopper.cuh"
+#include "instances.cuh"
+
 #define GW_BM 128            // rows of a tile: GW_CONSUMERS × 64
 #define GW_BK 64             // k of a stage: one 128-byte swizzle row of bf16
 #define GW_CONSUMERS 2       // consumer warpgroups
@@ -237,21 +241,20 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 // columns through STAGES stages, the plain GEMM (group_gemm, down), gate/up
 // with SwiGLU over rows gathered beforehand (A by tensor copies) and over
 // rows gathered by the producer (cp.async).
-#define GROUP_WGMMA(BN, ST)                                                                                          \
-	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) group_wgmma_n##BN##_s##ST(                       \
+#define GROUP_WGMMA(PLAIN, GATE_UP, GATHER, BN, ST)                                                                  \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) PLAIN(                                           \
 	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const int* first, \
 	    int E, int M, int N, int K, int* status) {                                                                 \
 		group_wgmma<BN, ST, false, false>(&xmap, &wmap, out, op, nullptr, 0, nullptr, 1, first, E, M, N, K, status);  \
 	}                                                                                                                \
-	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) gate_up_wgmma_n##BN##_s##ST(                     \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) GATE_UP(                                         \
 	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const int* first, \
 	    int E, int M, int N, int K, int* status) {                                                                 \
 		group_wgmma<BN, ST, true, false>(&xmap, &wmap, out, op, nullptr, 0, nullptr, 1, first, E, M, N, K, status);   \
 	}                                                                                                                \
-	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) gate_up_wgmma_gather_n##BN##_s##ST(              \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) GATHER(                                          \
 	    const __grid_constant__ TmaMap wmap, bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,   \
 	    const int* first, int E, int M, int N, int K, int* status) {                                               \
 		group_wgmma<BN, ST, true, true>(nullptr, &wmap, out, op, x, xp, gather, gdiv, first, E, M, N, K, status);      \
 	}
-GROUP_WGMMA(256, 4)
-GROUP_WGMMA(128, 6)
+GROUP_WGMMA_INSTANCES(GROUP_WGMMA)

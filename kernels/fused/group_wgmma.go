@@ -1,7 +1,6 @@
 package fused
 
 import (
-	_ "embed"
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -14,9 +13,6 @@ import (
 // where the device's target is hopperArch, as a module apart (like
 // flash_hopper): when it cannot be built New still succeeds, the error is
 // kept in gwKit.err, and asking for the variant returns it.
-
-//go:embed group_wgmma.cu
-var gwSrc string
 
 // wgmmaVariant is group_wgmma's name among group_gemm's and moe_experts'
 // variants.
@@ -64,16 +60,8 @@ var wgmmaGather = true
 // per op.
 var prefillWgmma = true
 
-// gwModule is group_wgmma's NVRTC module: mma.cuh, groups.cuh, hopper.cuh,
-// group_wgmma.cu.
-func gwModule() cudaset.Module {
-	var fs []string
-	for _, c := range gwConfigs {
-		p, g, x := c.kernels()
-		fs = append(fs, p, g, x)
-	}
-	return cudaset.Module{File: "group_wgmma.cu", Src: withHopper(withMMA("groups.cuh", groupsSrc), "group_wgmma.cu", gwSrc), Funcs: fs}
-}
+// gwModule is group_wgmma's NVRTC module.
+func gwModule() cudaset.Module { return module("group_wgmma.cu", cudaset.Names(gwInstances())) }
 
 // gwKit is group_wgmma on one device.
 type gwKit struct {

@@ -2,7 +2,9 @@
 // group_wgmma.cu): group g's rows [first[g], first[g+1]) make
 // ceil(rows / BM) m-tiles, numbered group after group, found on the device
 // from the offsets alone (no host read, so a graph replays any routing).
-// fused.go and hopper.go put this file after mma.cuh.
+
+#pragma once
+#include "common.cuh"
 
 // MAX_GROUPS is the most groups a grouped GEMM schedules.
 #define MAX_GROUPS 256

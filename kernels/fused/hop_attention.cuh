@@ -1,10 +1,14 @@
 // hop_attention, the warp-specialized flash attention body (sm_90a only)
 // that flash_hopper (hopper.cu, GQA over the KV cache) and mla_hopper
 // (mla_hopper.cu, DeepSeek-V2's MLA prefill) both run, each with its own
-// source of Q, K and V tiles. Compiled after mma.cuh, flash.cuh
+// source of Q, K and V tiles. Built on mma.cuh, flash.cuh
 // (smem_addr, pack2, softmax_tile, rescale, p_frag) and hopper.cuh (the
 // mbarrier ring, tensor copies, wgmma); hopper.cu's top comment describes
 // the design, the numbers below are its tiles.
+
+#pragma once
+#include "flash.cuh"
+#include "hopper.cuh"
 
 #define HOP_BM 128           // queries of a block: HOP_CONSUMERS × 64
 #define HOP_CONSUMERS 2      // consumer warpgroups

@@ -50,6 +50,9 @@
 // (code, block, thread, tile, parity) and the kernel winds down instead of
 // hanging; later waits of every block see the record and give up at once.
 
+#include "hop_attention.cuh"
+#include "instances.cuh"
+
 // The machinery (mbarriers, tensor copies, wgmma) is hopper.cuh's, the
 // kernel body hop_attention is hop_attention.cuh's, shared with
 // mla_hopper.cu.
@@ -134,7 +137,7 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 // FLASH_HOPPER instantiates head dim D with rings of KST K tiles and VST V
 // tiles and QBUF Q tiles, in both types: flash_hopper_d<D>_k<KST>v<VST>q<QBUF>
 // (bf16) and flash_hopper_f16_d<D>_k<KST>v<VST>q<QBUF>.
-#define FLASH_HOPPER_OF(NAME, E, D, KST, VST, QBUF)                                                                \
+#define FLASH_HOPPER(NAME, E, D, KST, VST, QBUF)                                                                   \
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1)                                                   \
 	    NAME(const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap, \
 	         const __grid_constant__ TmaMap omap, int ostore, E* out, int op, const int* start, const int* past,     \
@@ -142,10 +145,4 @@ __device__ __forceinline__ void flash_hopper(const TmaMap* qmap, const TmaMap* k
 		flash_hopper<E, D, KST, VST, QBUF>(&qmap, &kmap, &vmap, ostore ? &omap : nullptr, out, op, start, past, heads, kvh, \
 		                                   rows, qtiles, scale_log2, causal, status);                               \
 	}
-#define FLASH_HOPPER(D, KST, VST, QBUF)                                                               \
-	FLASH_HOPPER_OF(flash_hopper_d##D##_k##KST##v##VST##q##QBUF, bf16, D, KST, VST, QBUF) \
-	FLASH_HOPPER_OF(flash_hopper_f16_d##D##_k##KST##v##VST##q##QBUF, half_bits, D, KST, VST, QBUF)
-FLASH_HOPPER(128, 2, 2, 2)
-FLASH_HOPPER(128, 2, 2, 1)
-FLASH_HOPPER(64, 4, 4, 2)
-FLASH_HOPPER(64, 2, 2, 1)
+FLASH_HOPPER_INSTANCES(FLASH_HOPPER)

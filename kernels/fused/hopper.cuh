@@ -2,8 +2,10 @@
 // specialized kernels, flash_hopper (hopper.cu), mla_hopper (mla_hopper.cu)
 // and group_wgmma (group_wgmma.cu): tensor maps and the copy engine's tensor copies,
 // mbarriers with a wait that gives up instead of hanging, and wgmma with
-// its shared-memory descriptors. hopper.go puts this file after mma.cuh
-// (smem_addr) in each of those modules.
+// its shared-memory descriptors. Built on mma.cuh (smem_addr).
+
+#pragma once
+#include "mma.cuh"
 
 #define HOP_WAIT_CYCLES (1ll << 31) // about a second: a wait this long is a bug
 

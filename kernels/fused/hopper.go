@@ -1,7 +1,6 @@
 package fused
 
 import (
-	_ "embed"
 	"fmt"
 	"slices"
 
@@ -15,17 +14,6 @@ import (
 // hopperArch. It is a module apart from the set's others: when it cannot be
 // compiled or loaded, New still succeeds, the error (with NVRTC's log) is
 // kept in hopperKit.err, and asking for the variant returns it.
-
-var (
-	//go:embed hopper.cu
-	hopperSrc string
-	//go:embed flash.cuh
-	flashSrc string
-	//go:embed hopper.cuh
-	hopperHeaderSrc string
-	//go:embed hop_attention.cuh
-	hopAttentionSrc string
-)
 
 const (
 	// hopperVariant is flash_hopper's name among attn_prefill's variants.
@@ -68,7 +56,7 @@ type hopperConfig struct {
 	KStages, VStages, QBufs int
 }
 
-// kernel is the instance's name, as FLASH_HOPPER makes it.
+// kernel is the instance's name (instances.cuh gives it to FLASH_HOPPER).
 func (c hopperConfig) kernel() string {
 	t := ""
 	if c.DT == kernels.F16 {
@@ -114,38 +102,8 @@ var hopperHeadDims = []int{64, 128}
 // bench/RESULTS.md, attention prefill). Tests set it.
 var prefillHopper = true
 
-// withFlash is a module source of file that starts with mma.cuh and
-// flash.cuh, each behind its own #line.
-func withFlash(file, src string) string {
-	return withMMA("flash.cuh", flashSrc) + fmt.Sprintf("#line 1 %q\n", file) + src
-}
-
-// withHopper is src (file) after hopper.cuh, the Hopper building blocks,
-// each behind its own #line; head is what comes first (mma.cuh and the
-// headers file needs besides).
-func withHopper(head, file, src string) string {
-	return head + "#line 1 \"hopper.cuh\"\n" + hopperHeaderSrc + fmt.Sprintf("#line 1 %q\n", file) + src
-}
-
-// withHopAttention is src (file) after mma.cuh, flash.cuh, hopper.cuh and
-// hop_attention.cuh, the modules of flash_hopper and mla_hopper.
-func withHopAttention(file, src string) string {
-	return withHopper(withMMA("flash.cuh", flashSrc), "hop_attention.cuh", hopAttentionSrc+fmt.Sprintf("#line 1 %q\n", file)+src)
-}
-
-// hopAttentionModule is the NVRTC module of file (src after mma.cuh,
-// flash.cuh, hopper.cuh and hop_attention.cuh) with the kernels of
-// instances cs.
-func hopAttentionModule[C interface{ kernel() string }](file, src string, cs []C) cudaset.Module {
-	var fs []string
-	for _, c := range cs {
-		fs = append(fs, c.kernel())
-	}
-	return cudaset.Module{File: file, Src: withHopAttention(file, src), Funcs: fs}
-}
-
 // hopperModule is flash_hopper's NVRTC module.
-func hopperModule() cudaset.Module { return hopAttentionModule("hopper.cu", hopperSrc, hopperConfigs) }
+func hopperModule() cudaset.Module { return module("hopper.cu", cudaset.Names(hopperInstances())) }
 
 // hopperKit is flash_hopper on one device.
 type hopperKit struct {

@@ -43,6 +43,9 @@
 // bf16 first when out is bf16, then out = round(acc + bias) once: what
 // cuBLAS's addmm with beta = 1 over bf16 bias rows gives (naive's Linear).
 
+#include "mma.cuh"
+#include "instances.cuh"
+
 #define LIN_WARPS 8                      // warps of a block, one m16 tile of features each
 #define LIN_FEATS (LIN_WARPS * 16)       // features of a block column
 #define LIN_CHUNK 32                     // k of one 16-byte load by each of a group's 4 lanes
@@ -260,13 +263,10 @@ __device__ __forceinline__ void linear_skinny(TO* out, int op, const bf16* x, in
 	if (threadIdx.x == 0) counters[col - full] = 0; // ready for the next launch
 }
 
-#define LINEAR_SKINNY(NT, NO, TO)                                                                               \
-	extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MIN_BLOCKS) linear_skinny_n##NT##_##NO(       \
+#define LINEAR_SKINNY(NAME, NT, TO)                                                                             \
+	extern "C" __global__ void __launch_bounds__(LIN_THREADS, LIN_MIN_BLOCKS) NAME(                             \
 		TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType, float* part,     \
 		int* counters, int M, int N, int K, int full, int splits, int chunk) {                                  \
 		linear_skinny<NT, TO>(out, op, x, xp, w, bias, biasType, part, counters, M, N, K, full, splits, chunk); \
 	}
-LINEAR_SKINNY(1, bf16, bf16)
-LINEAR_SKINNY(2, bf16, bf16)
-LINEAR_SKINNY(1, f32, float)
-LINEAR_SKINNY(2, f32, float)
+LINEAR_SKINNY_INSTANCES(LINEAR_SKINNY)

@@ -94,15 +94,7 @@ func linearKernel(nt int, out kernels.DType) string {
 	return fmt.Sprintf("linear_skinny_n%d_%s", nt, out)
 }
 
-func linearKernels() []string {
-	var fs []string
-	for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
-		for nt := 1; nt <= linMaxRows/8; nt++ {
-			fs = append(fs, linearKernel(nt, out))
-		}
-	}
-	return fs
-}
+func linearKernels() []string { return cudaset.Names(linearInstances()) }
 
 // initLinear reads each kernel's residency from what the compiler made of
 // it and allocates the split counters: at most one per SM (see planLinear),

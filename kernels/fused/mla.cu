@@ -1,12 +1,14 @@
-// DeepSeek-V2 multi-head latent attention (MLA) on tensor cores. This file
-// continues attention.cu's compilation unit (fused.go compiles the two as
-// one module): it uses its tiles, loaders, mma and softmax helpers, its
-// flash_prefill and DecodeSplit, and attn_merge merges the decode splits.
+// DeepSeek-V2 multi-head latent attention (MLA) on tensor cores: the
+// prefill is attention.cuh's flash_prefill, the decode uses its DecodeSplit,
+// and attn_merge (attention.cu) merges the decode splits.
 //
 // The latent cache holds, per position, c (R dims) then the rotated k_pe
 // (DR dims), bf16 [B, maxSeq, R+DR]. kv_b_proj [H·(DN+DV), R] holds, per
 // head h, W_UK[h] (DN rows) then W_UV[h] (DV rows). Head h's key of
 // position s is (W_UK[h]·c_s, k_pe_s), its value W_UV[h]·c_s.
+
+#include "mla.cuh"
+#include "instances.cuh"
 
 // MlaKV is flash_prefill's source for MLA prefill, the latents decompressed
 // up front (one GEMM with kv_b_proj into rows of [H, DN+DV]: each head's
@@ -46,8 +48,8 @@ template <int DN, int DR, int DV> struct MlaKV {
 // Launch: grid (ceil(max new tokens / BM), heads, rows), W·32 threads,
 // shared BM·Tile<DN+DR>::ROW_BYTES + 2·BN·(Tile<DN+DR>::ROW_BYTES +
 // Tile<DV>::ROW_BYTES) bytes.
-#define MLA_PREFILL(DN, DR, DV, W, MT)                                                                        \
-	extern "C" __global__ void __launch_bounds__(W * 32) mla_prefill_n##DN##_r##DR##_v##DV##_w##W##_m##MT(    \
+#define MLA_PREFILL(NAME, DN, DR, DV, W, MT)                                                                  \
+	extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                \
 	    bf16* out, int op, const bf16* q, int qp, const bf16* kv, int kvp, const bf16* cache, int rank,       \
 	    const int* start, const int* past, int r0, int maxSeq, float scale_log2) {                            \
 		const int b = r0 + blockIdx.z;                                                                       \
@@ -59,12 +61,7 @@ template <int DN, int DR, int DV> struct MlaKV {
 		                            cache + (long long)b * maxSeq * pitch + rank, kvp, pitch};               \
 		flash_prefill<DN + DR, DV, W, MT>(out, op, q, qp, src, start, past, b, scale_log2, 1);               \
 	}
-#define MLA_PREFILL_DIMS(DN, DR, DV)                                                                          \
-	MLA_PREFILL(DN, DR, DV, 4, 1) MLA_PREFILL(DN, DR, DV, 4, 2) MLA_PREFILL(DN, DR, DV, 8, 1)                 \
-	MLA_PREFILL(DN, DR, DV, 8, 2)
-MLA_PREFILL_DIMS(128, 64, 128) // DeepSeek-V2, V2-Lite, V3
-MLA_PREFILL_DIMS(16, 16, 16)   // the kernel tests' small shapes
-MLA_PREFILL_DIMS(32, 16, 32)
+MLA_PREFILL_INSTANCES(MLA_PREFILL)
 
 #define MLA_STAGES 2 // key tiles in flight in mla_decode: one is 64 × 1,152 bytes at R+DR = 576
 
@@ -112,65 +109,6 @@ MLA_PREFILL_DIMS(32, 16, 32)
 // when 16 query rows are fewer bytes than that (the partial scores then
 // follow the stages; else they reuse the query rows).
 #define MLA_RED_BYTES (DEC_WARPS * (BN / 8) * 2 * 32 * 8)
-
-// mla_pc adds P·C of k-step kk (keys [16kk, 16kk+16) of the tile at kT,
-// whose first R columns are C; pa P's A fragment) to this warp's o_lat dims
-// (NO/2 groups of 16 from group dp0): mla_decode's and mla_decode_keys's.
-template <int R, typename T, int NO>
-__device__ __forceinline__ void mla_pc(float (&o)[NO][4], const unsigned (&pa)[4], unsigned kT, int kk, int dp0, int lane) {
-	constexpr int DP = R / 16, DPW = NO / 2;
-#pragma unroll
-	for (int x = 0; x < DPW; x++) {
-		const int dp = dp0 + x;
-		if (dp >= DP) break;
-		unsigned vb[4];
-		ldsm_x4_t(vb, T::at(kT, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-		mma16816(o[2 * x], pa, vb[0], vb[1]);
-		mma16816(o[2 * x + 1], pa, vb[2], vb[3]);
-	}
-}
-
-// mla_split_out is the end of mla_decode and mla_decode_keys for one (row,
-// head), bh, fragment row half i: this warp's o_lat dims (NO/2 groups of 16
-// from group dp0) as o / l rounded to bf16 into olat when the split is the
-// only one, else o unnormalised into part and (m, l), m the scaled max,
-// into stats (written by warp 0's quad leaders).
-template <int R, int NO>
-__device__ __forceinline__ void mla_split_out(const float (&o)[NO][4], int i, float m, float l, long long bh,
-                                              int splits, int split, int dp0, int warp, int lane, bf16* olat,
-                                              float* part, float* stats) {
-	constexpr int DP = R / 16, DPW = NO / 2;
-	if (splits == 1) {
-		const float inv = 1.0f / l;
-		bf16* dst = olat + bh * R + 2 * (lane & 3);
-#pragma unroll
-		for (int x = 0; x < DPW; x++) {
-			const int dp = dp0 + x;
-			if (dp >= DP) break;
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++)
-				*reinterpret_cast<unsigned*>(dst + dp * 16 + hh * 8) =
-				    pack2(o[2 * x + hh][2 * i] * inv, o[2 * x + hh][2 * i + 1] * inv);
-		}
-		return;
-	}
-	const long long at = bh * splits + split;
-	if (warp == 0 && (lane & 3) == 0) {
-		stats[at * 2] = m;
-		stats[at * 2 + 1] = l;
-	}
-#pragma unroll
-	for (int x = 0; x < DPW; x++) {
-		const int dp = dp0 + x;
-		if (dp >= DP) break;
-#pragma unroll
-		for (int hh = 0; hh < 2; hh++) {
-			float* dst = part + at * R + dp * 16 + hh * 8 + 2 * (lane & 3);
-			dst[0] = o[2 * x + hh][2 * i];
-			dst[1] = o[2 * x + hh][2 * i + 1];
-		}
-	}
-}
 
 template <int R, int DR>
 __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs,
@@ -282,8 +220,8 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 	}
 }
 
-#define MLA_DECODE(R, DR)                                                                                       \
-	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) mla_decode_r##R##_p##DR(                     \
+#define MLA_DECODE(NAME, R, DR)                                                                                 \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) NAME(                                        \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn, \
 	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {             \
 		grid_wait();                                                                                           \
@@ -291,7 +229,4 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 		mla_decode<R, DR>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk,    \
 		                  scale_log2);                                                                      \
 	}
-MLA_DECODE(512, 64) // DeepSeek-V2, V2-Lite, V3
-MLA_DECODE(256, 32) // the decode graph test
-MLA_DECODE(96, 16)  // the kernel tests' small shapes
-MLA_DECODE(32, 16)
+MLA_DECODE_INSTANCES(MLA_DECODE)

@@ -20,7 +20,7 @@ const (
 )
 
 // mlaHeads are the head dims mla_prefill is instantiated for: q·k over
-// Nope+Rope, values of V (MLA_PREFILL_DIMS in mla.cu).
+// Nope+Rope, values of V (MLA_PREFILL in mla.cu).
 type mlaHeads struct{ Nope, Rope, V int }
 
 // mlaLatent are the latent dims mla_decode is instantiated for: the rank R

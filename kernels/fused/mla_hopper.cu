@@ -25,6 +25,9 @@
 // 64), P as bf16 A fragments (BN/4): at BN = 128 the 160 of flash_hopper's
 // D=128, at BN = 64 112.
 
+#include "hop_attention.cuh"
+#include "instances.cuh"
+
 // HopMla is mla_hopper's source of tiles (see the top of this file).
 template <int DN, int DR, int DV, int BN> struct HopMla {
 	const TmaMap *qmap, *kvmap, *pemap;
@@ -84,14 +87,12 @@ __device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvm
 	hop_attention<DN + DR, DV, BN, STAGES, STAGES, 1>(one, out, op, omap, scale_log2, 1, status);
 }
 
-#define MLA_HOPPER(DN, DR, DV, BN, STAGES)                                                                          \
-	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) mla_hopper_n##DN##_r##DR##_v##DV##_k##BN##_s##STAGES( \
+#define MLA_HOPPER(NAME, DN, DR, DV, BN, STAGES)                                                                    \
+	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) NAME(                                                 \
 	    const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kvmap, const __grid_constant__ TmaMap pemap, \
 	    const __grid_constant__ TmaMap omap, int ostore, bf16* out, int op, const int* start, const int* past, int r0,  \
 	    float scale_log2, int* status) {                                                                              \
 		mla_hopper<DN, DR, DV, BN, STAGES>(&qmap, &kvmap, &pemap, ostore ? &omap : nullptr, out, op, start, past, r0,   \
 		                                   scale_log2, status);                                                       \
 	}
-MLA_HOPPER(128, 64, 128, 128, 2) // DeepSeek-V2, V2-Lite, V3: 209 KiB of shared memory
-MLA_HOPPER(128, 64, 128, 64, 4)  // the same dims, half the key tile, twice the stages: 209 KiB
-MLA_HOPPER(128, 64, 128, 64, 3)  // 169 KiB, for devices with less shared memory a block
+MLA_HOPPER_INSTANCES(MLA_HOPPER)

@@ -1,7 +1,6 @@
 package fused
 
 import (
-	_ "embed"
 	"fmt"
 	"maps"
 	"slices"
@@ -16,9 +15,6 @@ import (
 // is hopperArch, as a module of its own (hopper.cuh and hop_attention.cuh, shared
 // with flash_hopper): when it cannot be compiled or loaded, New still
 // succeeds, flash_hopper included, and asking for the variant returns why.
-
-//go:embed mla_hopper.cu
-var mlaHopperSrc string
 
 // mlaHopperVariant is mla_hopper's name among mla_prefill's variants.
 const mlaHopperVariant = hopperVariant
@@ -61,7 +57,7 @@ var mlaPrefillHopper = true
 
 // mlaHopperModule is mla_hopper's NVRTC module.
 func mlaHopperModule() cudaset.Module {
-	return hopAttentionModule("mla_hopper.cu", mlaHopperSrc, mlaHopperConfigs)
+	return module("mla_hopper.cu", cudaset.Names(mlaHopperInstances()))
 }
 
 // mlaHopperKit is mla_hopper on one device.

@@ -13,16 +13,12 @@ import (
 )
 
 // TestMLAHopperInstances checks, without a GPU, that every mla_hopper
-// instance the Go side asks for is instantiated in mla_hopper.cu and fits
-// an H100/H200 block, that the variant is offered on sm_90a only, and that
-// choosing it follows what the device has.
+// instance the Go side asks for fits an H100/H200 block (TestInstancesHeader
+// checks that mla_hopper.cu instantiates them), that the variant is offered
+// on sm_90a only, and that choosing it follows what the device has.
 func TestMLAHopperInstances(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	for _, c := range mlaHopperConfigs {
-		d := c.Heads
-		if !strings.Contains(mlaHopperSrc, fmt.Sprintf("MLA_HOPPER(%d, %d, %d, %d, %d)", d.Nope, d.Rope, d.V, c.Keys, c.Stages)) {
-			t.Errorf("%s: not instantiated in mla_hopper.cu", c.kernel())
-		}
 		if c.shared() > h200.SharedPerBlock {
 			t.Errorf("%s: %d bytes of shared memory, an sm_90a block gets %d", c.kernel(), c.shared(), h200.SharedPerBlock)
 		}

@@ -1,9 +1,7 @@
 // mla_decode_keys: the "keys" variant of absorbed MLA decode (mla.cu's
-// mla_decode is the other one, "latent_split"). This file continues
-// attention.cu's and mla.cu's compilation unit (fused.go compiles them as
-// one module): it uses their tiles, mma and softmax helpers and
-// DecodeSplit's row, split and new-latent bookkeeping, and attn_merge
-// merges its splits.
+// mla_decode is the other one, "latent_split"). It uses DecodeSplit's row,
+// split and new-latent bookkeeping (attention.cuh) and mla.cuh's P·C and
+// split output, and attn_merge (attention.cu) merges its splits.
 //
 // What changes against mla_decode, and why (kernels/fused/DESIGN.md,
 // mla_decode): mla_decode splits Q·Kᵀ of each 64-key tile
@@ -43,6 +41,9 @@
 //   MLK_BN).
 // Launch: grid (splits, 1, B), DEC_WARPS·32 threads, shared
 // (16 + STAGES·MLK_BN)·Tile<R+DR>::ROW_BYTES + MLK_EXTRA bytes.
+
+#include "mla.cuh"
+#include "instances.cuh"
 #define MLK_BN 32                 // keys per tile: 8 per warp
 #define MLK_PP 40                 // bf16 per row of the p tile: 32 and 8 of padding, so ldmatrix meets no bank twice
 #define MLK_EXTRA (16 * MLK_PP * 2 + DEC_WARPS * 16 * 4) // the p tile, then the warps' tile maxima (and, at the end, sums)
@@ -188,8 +189,8 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 
 // mla_decode_keys_r<R>_p<DR>_s<STAGES>; __launch_bounds__ asks for two
 // blocks an SM, which the host's stage count makes room for in shared memory.
-#define MLA_DECODE_KEYS(R, DR, S)                                                                                   \
-	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) mla_decode_keys_r##R##_p##DR##_s##S(           \
+#define MLA_DECODE_KEYS(NAME, R, DR, S)                                                                             \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(                                          \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn,     \
 	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {                 \
 		grid_wait();                                                                                                \
@@ -197,8 +198,4 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 		mla_decode_keys<R, DR, S>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk, \
 		                          scale_log2);                                                                   \
 	}
-#define MLA_DECODE_KEYS_STAGES(R, DR) MLA_DECODE_KEYS(R, DR, 2) MLA_DECODE_KEYS(R, DR, 3) MLA_DECODE_KEYS(R, DR, 4)
-MLA_DECODE_KEYS_STAGES(512, 64) // DeepSeek-V2, V2-Lite, V3
-MLA_DECODE_KEYS_STAGES(256, 32) // the decode graph test
-MLA_DECODE_KEYS_STAGES(96, 16)  // the kernel tests' small shapes
-MLA_DECODE_KEYS_STAGES(32, 16)
+MLA_DECODE_KEYS_INSTANCES(MLA_DECODE_KEYS)

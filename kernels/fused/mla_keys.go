@@ -46,7 +46,7 @@ func mlaDecodeKey(rows int) string {
 }
 
 // mlaKeysStageCounts are the stage counts mla_decode_keys is instantiated
-// for (MLA_DECODE_KEYS_STAGES).
+// for (MLA_DECODE_KEYS in mla_keys.cu).
 var mlaKeysStageCounts = []int{2, 3, 4}
 
 func mlaKeysKernel(d mlaLatent, stages int) string {

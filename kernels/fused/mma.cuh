@@ -2,7 +2,9 @@
 // every module that multiplies on tensor cores (attention.cu, moe.cu):
 // cp.async copies into shared memory, ldmatrix fragment loads, the bf16
 // mma.sync m16n8k16, and the swizzled layout of shared-memory tiles.
-// fused.go puts this file between common.cuh and each of those sources.
+
+#pragma once
+#include "common.cuh"
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 

@@ -12,6 +12,10 @@
 // expert's down output rounded; the routing-weighted sum over a token's
 // experts in f32 in choice order, rounded once.
 
+#include "mma.cuh"
+#include "groups.cuh"
+#include "instances.cuh"
+
 // ROUTE_WARPS tokens per block of moe_route, a warp each; every lane holds
 // ROUTE_PER_LANE experts' scores, so a router has at most 32·ROUTE_PER_LANE
 // experts. ALIGN_THREADS is moe_align's block. MAX_GROUPS (groups.cuh) is
@@ -313,24 +317,22 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 // The tilings (named as in moe.go's gemmConfigs): m16 for decode, where
 // each expert has a few rows and the weights stream through once; m64 for
 // some hundred tokens; m128 for prefill, where the tensor cores bound it.
-#define GROUP_GEMM(NAME, BM, BN, WM, WN, BK, ST)                                                                  \
+#define GROUP_GEMM(GEMM, GATE_UP, BM, BN, WM, WN, BK, ST)                                                        \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
-	    group_gemm_##NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, const int* first, int E, int M, \
+	    GEMM(bf16* out, int op, const bf16* x, int xp, const bf16* w, const int* first, int E, int M, \
 	                      int N, int K) {                                                                          \
 		grid_wait();                                                                                              \
 		grid_release();                                                                                           \
 		group_gemm<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, nullptr, 1, w, first, E, M, N, K);              \
 	}                                                                                                              \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
-	    moe_gate_up_##NAME(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,   \
+	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,   \
 	                       const int* first, int E, int M, int N, int K) {                                         \
 		grid_wait();                                                                                              \
 		grid_release();                                                                                           \
 		group_gemm<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, gather, gdiv, w, first, E, M, N, K);             \
 	}
-GROUP_GEMM(m16, 16, 64, 1, 4, 128, 4)
-GROUP_GEMM(m64, 64, 128, 1, 4, 64, 4)
-GROUP_GEMM(m128, 128, 256, 2, 4, 64, 3)
+GROUP_GEMM_INSTANCES(GROUP_GEMM)
 
 // -------------------------------------------------- permutation and sum
 

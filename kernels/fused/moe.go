@@ -44,6 +44,10 @@ var gemmConfigs = []gemmConfig{
 	{Name: "m128", BM: 128, BN: 256, WarpsM: 2, WarpsN: 4, BK: 64, Stages: 3, regime: "prefill: tensor-core bound"},
 }
 
+// gemmKernel and gateUpKernel are the tiling's group_gemm and moe_gate_up.
+func (c gemmConfig) gemmKernel() string   { return "group_gemm_" + c.Name }
+func (c gemmConfig) gateUpKernel() string { return "moe_gate_up_" + c.Name }
+
 func (c gemmConfig) threads() int { return 32 * c.WarpsM * c.WarpsN }
 
 // shared is the dynamic shared memory of a block: Stages × (BM + BN) rows
@@ -165,7 +169,11 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.M
 		n *= 2
 	}
 	args = append(args, w, first, int32(groups), int32(m), int32(n), int32(kk))
-	o.LaunchGrid(kernel+"_"+c.Name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	name := c.gemmKernel()
+	if kernel == "moe_gate_up" {
+		name = c.gateUpKernel()
+	}
+	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
 }
 
 // MoEExperts runs the routed experts in four launches, none of which reads
@@ -276,11 +284,7 @@ func (o *ops) moeFirstFor(experts int) cudaset.Mat {
 
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
-	fs := []string{"moe_route", "moe_align"}
-	for _, c := range gemmConfigs {
-		fs = append(fs, "group_gemm_"+c.Name, "moe_gate_up_"+c.Name)
-	}
-	return fs
+	return append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances())...)
 }
 
 // gemmShared lists the grouped GEMM kernels with their dynamic shared
@@ -288,8 +292,8 @@ func moeFuncs() []string {
 func gemmShared() map[string]int {
 	m := map[string]int{}
 	for _, c := range gemmConfigs {
-		m["group_gemm_"+c.Name] = c.shared()
-		m["moe_gate_up_"+c.Name] = c.shared()
+		m[c.gemmKernel()] = c.shared()
+		m[c.gateUpKernel()] = c.shared()
 	}
 	return m
 }

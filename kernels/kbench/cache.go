@@ -2,12 +2,14 @@ package kbench
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"regexp"
 	"time"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 )
 
@@ -44,13 +46,16 @@ func CachePath(dir, device, arch string, nvrtc int) string {
 	return filepath.Join(dir, "tuning", name)
 }
 
+// maxCacheBytes bounds a tuning cache file: a few choices per op and shape.
+const maxCacheBytes = 64 << 20
+
 // ReadCache reads the tuning cache at path for device, arch and nvrtc. A
 // missing file is an empty cache; a file of another version, device,
 // architecture or compiler is one too, with the reason in stale.
 func ReadCache(path, device, arch string, nvrtc int) (c *Cache, stale string, err error) {
 	c = &Cache{Version: cacheVersion, Device: device, Arch: arch, NVRTC: nvrtc}
-	data, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
+	data, err := infile.Read(path, maxCacheBytes)
+	if errors.Is(err, fs.ErrNotExist) {
 		return c, "", nil
 	}
 	if err != nil {

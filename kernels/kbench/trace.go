@@ -215,14 +215,15 @@ func kernelTimes(recs []profile.KernelRecord, calls int, ms float64) []KernelTim
 		ns       int64
 	}
 	byName := map[string]*sum{}
-	for _, k := range recs {
+	own, _ := profile.OwnNs(recs) // an overlapped kernel's wait is the kernel ahead's time
+	for i, k := range recs {
 		s := byName[k.Name]
 		if s == nil {
 			s = &sum{source: k.Source}
 			byName[k.Name] = s
 		}
 		s.launches++
-		s.ns += k.Ns()
+		s.ns += own[i]
 	}
 	out := make([]KernelTime, 0, len(byName))
 	for name, s := range byName {

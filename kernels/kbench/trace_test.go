@@ -327,8 +327,12 @@ func TestTraceKernelsUnavailable(t *testing.T) {
 // kernelTimes sums records per name into one call's, longest first (ties
 // by name); withoutAppend leaves out fuselm's kv_append only.
 func TestKernelTimes(t *testing.T) {
+	clock := int64(1000) // one stream: each kernel after the one before
 	rec := func(name, source string, ns int64) profile.KernelRecord {
-		return profile.KernelRecord{Name: name, Source: source, Start: 1000, End: 1000 + ns}
+		clock += 100
+		k := profile.KernelRecord{Name: name, Source: source, Start: clock, End: clock + ns}
+		clock += ns
+		return k
 	}
 	var recs []profile.KernelRecord
 	for range 4 { // four calls

@@ -3,6 +3,9 @@
 // host (attention.go, mla.go); appending to the cache is cudaset's kv_append.
 // Pitches are in elements.
 
+#include "common.cuh"
+#include "instances.cuh"
+
 // kv_masked_copy copies a cache with the positions past each row's length
 // past[b] + start[b+1] - start[b] zeroed, as a zero-initialized static cache
 // holds them. Decode multiplies zero probabilities by the whole cache
@@ -30,13 +33,12 @@ __device__ void kv_masked_copy(bf16* dst, const bf16* src, const int* start, con
 	}
 }
 
-#define KV_MASKED_COPY(V)                                                                                 \
-	extern "C" __global__ void kv_masked_copy_v##V(bf16* dst, const bf16* src, const int* start,        \
+#define KV_MASKED_COPY(NAME, V)                                                                           \
+	extern "C" __global__ void NAME(bf16* dst, const bf16* src, const int* start,        \
 	                                               const int* past, int B, int heads, int dim, int maxSeq) { \
 		kv_masked_copy<V>(dst, src, start, past, B, heads, dim, maxSeq);                                 \
 	}
-KV_MASKED_COPY(1)
-KV_MASKED_COPY(8)
+KV_MASKED_COPY_INSTANCES(KV_MASKED_COPY)
 
 // softmax_mask turns scaled attention scores into causally masked softmax
 // numerators, rounded as HF's default attention (SDPA's fused kernels on
@@ -88,12 +90,7 @@ __device__ void softmax_mask(P* p, float* sums, const float* s, int cols, int nq
 	                                int rowsPerSeq, int base) {                                          \
 		softmax_mask<SMEM, P>(p, sums, s, cols, nq, past, rowsPerSeq, base);                             \
 	}
-SOFTMAX_MASK(softmax_mask_global_bf16, false, bf16)
-SOFTMAX_MASK(softmax_mask_smem_bf16, true, bf16)
-SOFTMAX_MASK(softmax_mask_global_f16, false, half_bits) // an f16 prefill's: SDPA's fused kernels round p to f16
-SOFTMAX_MASK(softmax_mask_smem_f16, true, half_bits)
-SOFTMAX_MASK(softmax_mask_global_f32, false, float)
-SOFTMAX_MASK(softmax_mask_smem_f32, true, float)
+SOFTMAX_MASK_INSTANCES(SOFTMAX_MASK)
 
 // attn_normalize divides the P·V products of softmax_mask's numerators by
 // their sums and rounds: out[t, h*dim + d] = O(acc[t, h*dim + d] /
@@ -117,5 +114,4 @@ __device__ void attn_normalize(O* out, int op, const float* acc, int ap, const f
 	                                int T, int heads, int dim) {                                                \
 		attn_normalize<O>(out, op, acc, ap, sums, lt, lh, T, heads, dim);                                       \
 	}
-ATTN_NORMALIZE(attn_normalize_bf16, bf16)
-ATTN_NORMALIZE(attn_normalize_f16, half_bits)
+ATTN_NORMALIZE_INSTANCES(ATTN_NORMALIZE)

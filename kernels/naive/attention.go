@@ -19,9 +19,9 @@ type mask struct {
 // cols], row r being query r % nq of its sequence, and sums [rows] their f32
 // sums. A row that fits in shared memory is read once.
 func (o *ops) softmax(probs, sums, scores cudaset.Mat, rows, cols, nq int, m mask) {
-	kernel, shared := "softmax_mask_global_"+probs.DT.String(), 0
+	kernel, shared := softmaxKernel(false, probs.DT), 0
 	if row := cols * kernels.F32.Size(); row <= o.maxShared {
-		kernel, shared = "softmax_mask_smem_"+probs.DT.String(), row
+		kernel, shared = softmaxKernel(true, probs.DT), row
 	}
 	o.LaunchShared(kernel, rows, cudaset.ThreadsFor(cols), shared,
 		probs.P, sums.P, scores.P, int32(cols), int32(nq), m.past, int32(max(1, m.rowsPerSeq)), int32(m.base))
@@ -31,7 +31,7 @@ func (o *ops) softmax(probs, sums, scores cudaset.Mat, rows, cols, nq int, m mas
 // heads*dim]) = acc (f32 P·V of the numerators, same layout) / the sum of
 // the scores row of token t and head h, sums[t*lt + h*lh].
 func (o *ops) normalize(out, acc, sums cudaset.Mat, T, heads, dim, lt, lh int) {
-	o.LaunchItems("attn_normalize_"+out.DT.String(), int64(T)*int64(heads)*int64(dim), out.P, int32(out.Pitch), acc.P,
+	o.LaunchItems(normalizeKernel(out.DT), int64(T)*int64(heads)*int64(dim), out.P, int32(out.Pitch), acc.P,
 		int32(acc.Pitch), sums.P, int32(lt), int32(lh), int32(T), int32(heads), int32(dim))
 }
 

@@ -1,6 +1,9 @@
 // Elementwise ops, RMSNorm, RoPE and argmax of the naive set: one simple
 // kernel per torch eager op. Pitches are in elements.
 
+#include "common.cuh"
+#include "instances.cuh"
+
 struct AddOp {
 	__device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
@@ -28,14 +31,11 @@ __device__ void binary(bf16* out, int outp, const bf16* a, int ap, const bf16* b
 }
 
 #define BINARY(NAME, OP, V)                                                                              \
-	extern "C" __global__ void NAME##_v##V(bf16* out, int outp, const bf16* a, int ap, const bf16* b, int bp, \
+	extern "C" __global__ void NAME(bf16* out, int outp, const bf16* a, int ap, const bf16* b, int bp, \
 	                                       int rows, int cols) {                                         \
 		binary<OP, V>(out, outp, a, ap, b, bp, rows, cols);                                              \
 	}
-BINARY(add, AddOp, 1)
-BINARY(add, AddOp, 8)
-BINARY(mul, MulOp, 1)
-BINARY(mul, MulOp, 8)
+BINARY_INSTANCES(BINARY)
 
 // silu is out = x * sigmoid(x) in f32, rounded to bf16 (torch's silu on bf16).
 // out, x bf16 [rows, cols] with pitches outp, xp; out may be x.
@@ -56,12 +56,11 @@ template <int VEC> __device__ void silu(bf16* out, int outp, const bf16* x, int 
 	}
 }
 
-#define SILU(V)                                                                                          \
-	extern "C" __global__ void silu_v##V(bf16* out, int outp, const bf16* x, int xp, int rows, int cols) { \
+#define SILU(NAME, V)                                                                                    \
+	extern "C" __global__ void NAME(bf16* out, int outp, const bf16* x, int xp, int rows, int cols) { \
 		silu<V>(out, outp, x, xp, rows, cols);                                                           \
 	}
-SILU(1)
-SILU(8)
+SILU_INSTANCES(SILU)
 
 // rms_rstd is the first half of RMSNorm: rstd[r] = 1/sqrt(mean(x[r]²) + eps)
 // in f32. x bf16 [rows, cols] with pitch xp; rstd f32 [rows].
@@ -81,12 +80,11 @@ template <int VEC> __device__ void rms_rstd(float* rstd, const bf16* x, int xp, 
 	if (threadIdx.x == 0) rstd[blockIdx.x] = rsqrtf(ss / (float)cols + eps);
 }
 
-#define RMS_RSTD(V)                                                                                       \
-	extern "C" __global__ void rms_rstd_v##V(float* rstd, const bf16* x, int xp, int cols, float eps) { \
+#define RMS_RSTD(NAME, V)                                                                                 \
+	extern "C" __global__ void NAME(float* rstd, const bf16* x, int xp, int cols, float eps) { \
 		rms_rstd<V>(rstd, x, xp, cols, eps);                                                              \
 	}
-RMS_RSTD(1)
-RMS_RSTD(8)
+RMS_RSTD_INSTANCES(RMS_RSTD)
 
 // rms_scale is the second half of RMSNorm, as HF writes it:
 // out = w * bf16(x * rstd[r]), rounded to bf16.
@@ -109,14 +107,12 @@ __device__ void rms_scale(bf16* out, int outp, const bf16* x, int xp, const floa
 	}
 }
 
-#define RMS_SCALE(NW, TW, V)                                                                          \
-	extern "C" __global__ void rms_scale_##NW##_v##V(bf16* out, int outp, const bf16* x, int xp,      \
+#define RMS_SCALE(NAME, TW, V)                                                                        \
+	extern "C" __global__ void NAME(bf16* out, int outp, const bf16* x, int xp,      \
 	                                                 const float* rstd, const TW* w, int rows, int cols) { \
 		rms_scale<TW, V>(out, outp, x, xp, rstd, w, rows, cols);                                      \
 	}
-#define RMS_SCALE_ALL(V) RMS_SCALE(bf16, bf16, V) RMS_SCALE(f16, half_bits, V) RMS_SCALE(f32, float, V)
-RMS_SCALE_ALL(1)
-RMS_SCALE_ALL(8)
+RMS_SCALE_INSTANCES(RMS_SCALE)
 
 // rope rotates, in place, dims [offset, offset+dim) of every head of every
 // token. Head h of token t starts at x + t*pitch + h*hstride; x bf16. The
@@ -159,8 +155,7 @@ __device__ void rope(bf16* x, int pitch, int T, int heads, int hstride, int offs
 	                                const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) {     \
 		rope<INTERLEAVED>(x, pitch, T, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);             \
 	}
-ROPE(rope_half, false)
-ROPE(rope_interleaved, true)
+ROPE_INSTANCES(ROPE)
 
 // argmax is out[r·os] = the first index of the largest element of row r;
 // NaN counts as the largest, as in torch.argmax. With os = 2,
@@ -186,9 +181,8 @@ template <typename T> __device__ void argmax(int* out, int os, const T* x, int x
 	}
 }
 
-#define ARGMAX(N, T)                                                                          \
-	extern "C" __global__ void argmax_##N(int* out, int os, const T* x, int xp, int cols) { \
+#define ARGMAX(NAME, T)                                                                       \
+	extern "C" __global__ void NAME(int* out, int os, const T* x, int xp, int cols) {        \
 		argmax<T>(out, os, x, xp, cols);                                                      \
 	}
-ARGMAX(bf16, bf16)
-ARGMAX(f32, float)
+ARGMAX_INSTANCES(ARGMAX)

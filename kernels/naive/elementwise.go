@@ -1,8 +1,6 @@
 package naive
 
 import (
-	"fmt"
-
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
@@ -34,7 +32,7 @@ func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 	rstd := o.Scratch(scrRstd, kernels.F32, n, 1)
 	v := cudaset.VecFor(dim, xm, om, wm)
 	o.Launch(vname("rms_rstd", v), n, cudaset.ThreadsFor(dim/v), rstd.P, xm.P, int32(xm.Pitch), int32(dim), eps)
-	o.LaunchItems(fmt.Sprintf("rms_scale_%s_v%d", w.DType, v), int64(n)*int64(dim/v),
+	o.LaunchItems(rmsScaleKernel(w.DType, v), int64(n)*int64(dim/v),
 		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rstd.P, wm.P, int32(n), int32(dim))
 }
 
@@ -95,6 +93,6 @@ func (o *ops) swiglu(out, gateUp cudaset.Mat, rows, inter int) {
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	kernels.CheckArgmax(o.D.ActDType(), out, logits)
 	rows := logits.Rows()
-	o.Launch("argmax_"+logits.DType.String(), rows, argmaxThreads,
+	o.Launch(argmaxKernel(logits.DType), rows, argmaxThreads,
 		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(logits.Cols()))
 }

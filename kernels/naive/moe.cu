@@ -1,6 +1,9 @@
 // MoE routing, the bookkeeping around the expert GEMMs of the naive set, and
 // the expert GEMM of small steps (larger ones are cuBLAS calls made by moe.go).
 
+#include "common.cuh"
+#include "instances.cuh"
+
 // ROUTE_THREADS (the most experts moe_route handles: one thread each),
 // MAX_TOPK (the most experts one token may choose), EXPERT_ROWS and
 // EXPERT_COLS (moe_expert_gemm's rows per weight pass and columns per warp)
@@ -169,10 +172,9 @@ __device__ void moe_expert_gemm(bf16* y, int yp, const bf16* x, const bf16* w, c
 	}
 }
 
-#define MOE_EXPERT_GEMM(V)                                                                                  \
-	extern "C" __global__ void moe_expert_gemm_v##V(bf16* y, int yp, const bf16* x, const bf16* w,          \
+#define MOE_EXPERT_GEMM(NAME, V)                                                                            \
+	extern "C" __global__ void NAME(bf16* y, int yp, const bf16* x, const bf16* w,          \
 	                                                const int* offsets, int N, int K) {                     \
 		moe_expert_gemm<V>(y, yp, x, w, offsets, N, K);                                                     \
 	}
-MOE_EXPERT_GEMM(1)
-MOE_EXPERT_GEMM(8)
+MOE_EXPERT_GEMM_INSTANCES(MOE_EXPERT_GEMM)

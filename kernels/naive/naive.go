@@ -5,21 +5,18 @@
 package naive
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
-var (
-	//go:embed elementwise.cu
-	elementwiseSrc string
-	//go:embed attention.cu
-	attentionSrc string
-	//go:embed moe.cu
-	moeSrc string
-)
+// sources are the set's kernels, one module per .cu file, and the header
+// listing their instances.
+//
+//go:embed *.cu *.cuh
+var sources embed.FS
 
 // Launch shapes.
 const (
@@ -81,26 +78,12 @@ func init() {
 }
 
 func modules() []cudaset.Module {
-	var ew, at, moe []string
-	floats := []kernels.DType{kernels.BF16, kernels.F16, kernels.F32}
-	for _, v := range []int{1, cudaset.VecWidth} {
-		for _, w := range floats {
-			ew = append(ew, fmt.Sprintf("rms_scale_%s_v%d", w, v))
-		}
-		ew = append(ew, vname("add", v), vname("mul", v), vname("silu", v), vname("rms_rstd", v))
-		at = append(at, vname("kv_masked_copy", v))
-		moe = append(moe, vname("moe_expert_gemm", v))
-	}
-	ew = append(ew, "rope_half", "rope_interleaved", "argmax_bf16", "argmax_f32")
-	for _, p := range []string{"bf16", "f16", "f32"} {
-		at = append(at, "softmax_mask_global_"+p, "softmax_mask_smem_"+p)
-	}
-	at = append(at, "attn_normalize_bf16", "attn_normalize_f16")
-	moe = append(moe, "moe_route", "iota_i32", "moe_count", "moe_offsets", "moe_assign")
 	return []cudaset.Module{
-		{File: "elementwise.cu", Src: elementwiseSrc, Funcs: ew},
-		{File: "attention.cu", Src: attentionSrc, Funcs: at},
-		{File: "moe.cu", Src: moeSrc, Funcs: moe,
+		{File: "elementwise.cu", Sources: sources, Funcs: cudaset.Names(binaryInstances(), siluInstances(), rmsRstdInstances(),
+			rmsScaleInstances(), ropeInstances(), argmaxInstances())},
+		{File: "attention.cu", Sources: sources, Funcs: cudaset.Names(kvMaskedCopyInstances(), softmaxInstances(), normalizeInstances())},
+		{File: "moe.cu", Sources: sources, Funcs: append(cudaset.Names(expertGemmInstances()),
+			"moe_route", "iota_i32", "moe_count", "moe_offsets", "moe_assign"),
 			Opts: []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK),
 				fmt.Sprintf("-DEXPERT_ROWS=%d", expertRows), fmt.Sprintf("-DEXPERT_COLS=%d", expertCols)}},
 	}
@@ -117,7 +100,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o := &ops{Kit: kit, maxShared: kit.MaxShared}
 	// The dynamic shared memory softmax_mask_smem may have: what a block may
 	// opt in to, less the kernel's own static shared memory.
-	for _, name := range []string{"softmax_mask_smem_bf16", "softmax_mask_smem_f16", "softmax_mask_smem_f32"} {
+	for _, dt := range floats {
+		name := softmaxKernel(true, dt)
 		sm := o.Func(name)
 		attrs, err := sm.Attrs()
 		if err == nil {
@@ -148,3 +132,7 @@ func chunkRows(heads, keys, n int) int {
 	per := int64(heads) * int64(keys) * int64(kernels.F32.Size()+kernels.BF16.Size())
 	return int(max(1, min(int64(n), int64(queryChunk), chunkBudget/per)))
 }
+
+// Modules are the set's NVRTC modules, for compile checks apart from a
+// device.
+func Modules() []cudaset.Module { return modules() }

@@ -70,6 +70,43 @@ type KernelRecord struct {
 // Ns is the kernel's device time in nanoseconds.
 func (k *KernelRecord) Ns() int64 { return k.End - k.Start }
 
+// OwnNs is each record's device time in nanoseconds counted from the later
+// of its start and the end of the kernels before it on its stream, and how
+// many records that moved. A kernel launched to overlap the one before it
+// (programmatic dependent launch, cuda.Device.LaunchOverlapped) starts
+// while that one runs and waits for it: the wait is the earlier kernel's
+// time, and counting it twice would make the kernels' sum exceed the time
+// the device was busy. Kernels of other streams are not touched.
+func OwnNs(recs []KernelRecord) (ns []int64, overlapped int) {
+	idx := make([]int, len(recs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		if c := cmp.Compare(recs[a].Stream, recs[b].Stream); c != 0 {
+			return c
+		}
+		return cmp.Compare(recs[a].Start, recs[b].Start)
+	})
+	ns = make([]int64, len(recs))
+	var stream uint32
+	var end int64 // the latest end of the stream's kernels so far
+	for n, i := range idx {
+		k := &recs[i]
+		if n == 0 || k.Stream != stream {
+			stream, end = k.Stream, k.Start
+		}
+		from := k.Start
+		if end > from {
+			from = end
+			overlapped++
+		}
+		ns[i] = max(0, k.End-from)
+		end = max(end, k.End)
+	}
+	return ns, overlapped
+}
+
 // OpUnattributed is the op name of the profile row of kernels no op call
 // is known to have launched.
 const OpUnattributed kernels.Op = "(unattributed)"
@@ -352,9 +389,10 @@ func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes [
 	type ckey struct{ source, set string }
 	cov := map[ckey]*CoverageRow{}
 	unattributed := 0
+	own, overlapped := OwnNs(recs)
 	for i := range recs {
 		k := &recs[i]
-		ms := float64(k.Ns()) / 1e6
+		ms := float64(own[i]) / 1e6
 		rep.ComputeMs += ms
 		op := k.Op
 		if op == "" {
@@ -417,6 +455,10 @@ func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes [
 	}
 	if unattributed > 0 {
 		note = joinNote(note, fmt.Sprintf("%d of %d kernels could not be tied to an op", unattributed, len(recs)))
+	}
+	if overlapped > 0 {
+		note = joinNote(note, fmt.Sprintf("%d of %d kernels started before the kernel ahead of them on their stream ended "+
+			"(overlapped launches): each counts from that kernel's end", overlapped, len(recs)))
 	}
 	if len(recs) == 0 && len(calls) > 0 {
 		note = joinNote(note, "the device recorded no kernels")

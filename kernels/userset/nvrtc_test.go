@@ -26,18 +26,14 @@ func compiler(t *testing.T) *cuda.Compiler {
 	return c
 }
 
-// compileKernel compiles k's .cu as a device would (fuselm.cuh and the file's
-// directory on the include path).
+// compileKernel compiles k's .cu as a device would (fuselm.cuh among its
+// headers, the file's directory on the include path).
 func compileKernel(c *cuda.Compiler, k kernel) ([]byte, string, error) {
 	src, err := os.ReadFile(k.path)
 	if err != nil {
 		return nil, "", err
 	}
-	opts, err := compileOptions(k)
-	if err != nil {
-		return nil, "", err
-	}
-	return c.Compile(k.path, string(src), opts...)
+	return c.Compile(program(k, string(src)), compileOptions(k)...)
 }
 
 // Every .cu kernel of the examples compiles without a GPU and defines its
@@ -67,7 +63,7 @@ func TestExamplesCompile(t *testing.T) {
 			}
 		}
 	}
-	if _, log, err := c.Compile("userset_compose.cu", composeSrc); err != nil {
+	if _, log, err := c.Compile(cuda.Program{Name: "userset_compose.cu", Src: composeSrc}); err != nil {
 		t.Errorf("compose.cu: %v\n%s", err, log)
 	}
 	_, ks, err := ReadManifest(filepath.Join(examples, "broken", "compile_error"))

@@ -296,7 +296,7 @@ func newOps(d *cuda.Device, name string, ks []kernel) (*ops, error) {
 		o.k[k.op] = &bound{kernel: k, f: f, static: attrs.StaticShared}
 	}
 	if composesAddRMSNorm(ks) {
-		mod, err := d.Module("userset_compose.cu", composeSrc)
+		mod, err := d.ProgramModule(cuda.Program{Name: "userset_compose.cu", Src: composeSrc})
 		if err != nil {
 			return nil, err
 		}
@@ -314,11 +314,7 @@ func loadModule(d *cuda.Device, k kernel) (*cuda.Module, error) {
 		return nil, fmt.Errorf("%s: %w", k.op, err)
 	}
 	if k.kind == "cu" {
-		opts, err := compileOptions(k)
-		if err != nil {
-			return nil, err
-		}
-		mod, err := d.Module(k.path, string(src), opts...)
+		mod, err := d.ProgramModule(program(k, string(src)), compileOptions(k)...)
 		if err != nil {
 			return nil, compileError(k, err)
 		}

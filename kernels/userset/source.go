@@ -2,20 +2,16 @@ package userset
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"debug/elf"
 	_ "embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 
 	"github.com/fuselm/fuselm/kernels/cuda"
-	"github.com/fuselm/fuselm/outfile"
 )
 
 //go:embed fuselm.cuh
@@ -27,34 +23,17 @@ const HeaderName = "fuselm.cuh"
 // Header is fuselm.cuh's text, for a user who compiles elsewhere.
 func Header() string { return header }
 
-// headerDir is a directory holding fuselm.cuh, for NVRTC's include path:
-// written once per process under the temporary directory, named by the
-// header's content so that builds of other ABIs never share it.
-var headerDir = sync.OnceValues(func() (string, error) {
-	sum := sha256.Sum256([]byte(header))
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("fuselm-%d-abi%d-%x", os.Getuid(), ABIVersion, sum[:6]))
-	path := filepath.Join(dir, HeaderName)
-	if b, err := os.ReadFile(path); err == nil && string(b) == header {
-		return dir, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("writing %s for NVRTC: %w", HeaderName, err)
-	}
-	if err := outfile.Write(path, []byte(header)); err != nil {
-		return "", fmt.Errorf("writing %s for NVRTC: %w", HeaderName, err)
-	}
-	return dir, nil
-})
+// program is what NVRTC compiles for k's .cu file, src: the file under its
+// path (so that NVRTC's messages name it), with fuselm.cuh among its
+// headers for any #include of it.
+func program(k kernel, src string) cuda.Program {
+	return cuda.Program{Name: k.path, Src: src, Headers: []cuda.Header{{Name: HeaderName, Src: header}}}
+}
 
-// compileOptions are the NVRTC options of k's .cu file: the include path
-// of fuselm.cuh and of the file's own directory, then the manifest's.
-func compileOptions(k kernel) ([]string, error) {
-	hdr, err := headerDir()
-	if err != nil {
-		return nil, err
-	}
-	opts := []string{"--include-path=" + filepath.Dir(k.path), "--include-path=" + hdr}
-	return append(opts, k.spec.Options...), nil
+// compileOptions are the NVRTC options of k's .cu file: its own directory
+// on the include path (its other headers), then the manifest's.
+func compileOptions(k kernel) []string {
+	return append([]string{"--include-path=" + filepath.Dir(k.path)}, k.spec.Options...)
 }
 
 // nvrtcLine is a message of NVRTC's log: file(line): text.

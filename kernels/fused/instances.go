@@ -1,0 +1,172 @@
+package fused
+
+import (
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// The fused set's kernel instances, one table per macro of its sources:
+// instances.cuh lists them for the .cu files (TestInstancesHeader keeps it
+// current), and the modules' Funcs and the launchers take their names from
+// the same tables.
+
+// instancesRegen is how instances.cuh is written again after a table
+// changes.
+const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update"
+
+// instances are every table, in the order of instances.cuh.
+func instances() []cudaset.Instances {
+	return []cudaset.Instances{
+		rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
+		flashPrefillInstances(), flashDecodeInstances(),
+		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(),
+		groupGemmInstances(), linearInstances(),
+		hopperInstances(), mlaHopperInstances(), gwInstances(),
+	}
+}
+
+// normKernel is kernel's (rms_norm or add_rms_norm) instance for weights of
+// w, vec-wide accesses and items of them per thread.
+func normKernel(kernel string, w kernels.DType, vec, items int) string {
+	return fmt.Sprintf("%s_%s_v%d_n%d", kernel, w, vec, items)
+}
+
+func rmsNormInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "RMS_NORM"}
+	for _, v := range []int{1, cudaset.VecWidth} {
+		for _, w := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+			for _, n := range normItems {
+				f.Kernels = append(f.Kernels, cudaset.Of(normKernel("rms_norm", w, v, n), false, cudaset.CType(w), v, n),
+					cudaset.Of(normKernel("add_rms_norm", w, v, n), true, cudaset.CType(w), v, n))
+			}
+		}
+	}
+	return f
+}
+
+func ropeInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "ROPE"}
+	for _, v := range []int{1, ropeVec} {
+		f.Kernels = append(f.Kernels, cudaset.Of(vname("rope_half", v), false, v), cudaset.Of(vname("rope_interleaved", v), true, v))
+	}
+	return f
+}
+
+func swigluInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "SWIGLU"}
+	for _, v := range []int{1, cudaset.VecWidth} {
+		f.Kernels = append(f.Kernels, cudaset.Of(vname("swiglu", v), v))
+	}
+	return f
+}
+
+func addInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "ADD"}
+	for _, v := range []int{1, cudaset.VecWidth} {
+		f.Kernels = append(f.Kernels, cudaset.Of(vname("add", v), v))
+	}
+	return f
+}
+
+// argmaxKernel is argmax_split's instance for logits of dt.
+func argmaxKernel(dt kernels.DType) string { return "argmax_split_" + dt.String() }
+
+func argmaxInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "ARGMAX_SPLIT"}
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F32} {
+		f.Kernels = append(f.Kernels, cudaset.Of(argmaxKernel(dt), cudaset.CType(dt)))
+	}
+	return f
+}
+
+func flashPrefillInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "FLASH_PREFILL"}
+	for _, d := range headDims {
+		for _, c := range flashConfigs {
+			f.Kernels = append(f.Kernels, cudaset.Of(prefillKernel(d, c), d, c.Warps, c.MTiles))
+		}
+	}
+	return f
+}
+
+func flashDecodeInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "FLASH_DECODE_KEYS"}
+	for _, d := range headDims {
+		f.Kernels = append(f.Kernels, cudaset.Of(decodeKernel(d), d))
+	}
+	return f
+}
+
+func mlaPrefillInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "MLA_PREFILL"}
+	for _, d := range mlaPrefillDims {
+		for _, c := range flashConfigs {
+			f.Kernels = append(f.Kernels, cudaset.Of(mlaPrefillKernel(d, c), d.Nope, d.Rope, d.V, c.Warps, c.MTiles))
+		}
+	}
+	return f
+}
+
+func mlaDecodeInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "MLA_DECODE"}
+	for _, d := range mlaDecodeDims {
+		f.Kernels = append(f.Kernels, cudaset.Of(mlaDecodeKernel(d), d.Rank, d.Rope))
+	}
+	return f
+}
+
+func mlaKeysInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "MLA_DECODE_KEYS"}
+	for _, d := range mlaDecodeDims {
+		for _, s := range mlaKeysStageCounts {
+			f.Kernels = append(f.Kernels, cudaset.Of(mlaKeysKernel(d, s), d.Rank, d.Rope, s))
+		}
+	}
+	return f
+}
+
+func groupGemmInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "GROUP_GEMM"}
+	for _, c := range gemmConfigs {
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.gemmKernel(), c.gateUpKernel()},
+			Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}})
+	}
+	return f
+}
+
+func linearInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_SKINNY"}
+	for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
+		for nt := 1; nt <= linMaxRows/8; nt++ {
+			f.Kernels = append(f.Kernels, cudaset.Of(linearKernel(nt, out), nt, cudaset.CType(out)))
+		}
+	}
+	return f
+}
+
+func hopperInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "FLASH_HOPPER"}
+	for _, c := range hopperConfigs {
+		f.Kernels = append(f.Kernels, cudaset.Of(c.kernel(), cudaset.CType(c.DT), c.D, c.KStages, c.VStages, c.QBufs))
+	}
+	return f
+}
+
+func mlaHopperInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "MLA_HOPPER"}
+	for _, c := range mlaHopperConfigs {
+		f.Kernels = append(f.Kernels, cudaset.Of(c.kernel(), c.Heads.Nope, c.Heads.Rope, c.Heads.V, c.Keys, c.Stages))
+	}
+	return f
+}
+
+func gwInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "GROUP_WGMMA"}
+	for _, c := range gwConfigs {
+		p, g, x := c.kernels()
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{p, g, x}, Args: []any{c.BN, c.Stages}})
+	}
+	return f
+}
