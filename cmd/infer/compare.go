@@ -328,7 +328,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	rep := &compareReport{
 		provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, in.dir), DType: dev.ActDType().String(), Batch: f.batch,
-		PromptTokens: in.longest(), RowPromptTokens: rowLengths(in.rows), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
+		PromptTokens: in.longest(), RowPromptTokens: rowLengths(in.rows(f.batch)), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
 		Warmup: f.warmup, Repeat: f.repeat, CheckTokens: min(cf.checkTokens, f.maxNew), Tolerance: cf.tolerance,
 	}
 	if rep.Tolerance == 0 {
@@ -337,7 +337,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 			rep.Tolerance = 0.1
 		}
 	}
-	prompts := in.rows
+	prompts := in.rows(f.batch)
 	opts := model.GenerateOptions{MaxNewTokens: f.maxNew, MinNewTokens: f.minNew, EOS: in.tok.EOS(), NoGraphs: f.noGraphs, Profile: prof, Logf: logf}
 	perVariant := int64(1 + f.warmup + f.repeat)
 	traced := int64(0)

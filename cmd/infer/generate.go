@@ -217,7 +217,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	loadS := time.Since(tLoad).Seconds()
 	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, m.Memory())
 
-	prompts := in.rows
+	prompts := in.rows(f.batch)
 	opts := model.GenerateOptions{
 		MaxNewTokens: f.maxNew,
 		MinNewTokens: f.minNew,

@@ -39,14 +39,28 @@ type runInputs struct {
 	dir     string
 	cfg     *loader.Config
 	tok     *tokenizer.Tokenizer
-	rows    [][]int // one prompt a row: --prompts' own, or one repeated --batch times
+	prompts [][]int // --prompts' rows, or the one prompt that every row repeats
 	weights *loader.Weights
+}
+
+// rows is every row's prompt, batch rows: --prompts' own, or the one
+// prompt repeated. It is called once the model is loaded for batch rows
+// (the load refuses a batch too large for the device).
+func (in *runInputs) rows(batch int) [][]int {
+	if len(in.prompts) == batch {
+		return in.prompts
+	}
+	rows := make([][]int, batch)
+	for i := range rows {
+		rows[i] = in.prompts[0]
+	}
+	return rows
 }
 
 // longest is the most prompt tokens of a row.
 func (in *runInputs) longest() int {
 	n := 0
-	for _, r := range in.rows {
+	for _, r := range in.prompts {
 		n = max(n, len(r))
 	}
 	return n
@@ -112,7 +126,7 @@ func (f *genFlags) readInputs(cmd *cobra.Command) (*runInputs, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rows [][]int
+	var prompts [][]int
 	for i, text := range texts {
 		ids, err := tok.Encode(text)
 		if err != nil {
@@ -128,18 +142,13 @@ func (f *genFlags) readInputs(cmd *cobra.Command) (*runInputs, error) {
 			return nil, usageError{fmt.Errorf("%s's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
 				names[i], len(ids), f.maxNew, cfg.MaxPositions)}
 		}
-		rows = append(rows, ids)
-	}
-	if f.promptsFile == "" {
-		for len(rows) < f.batch {
-			rows = append(rows, rows[0])
-		}
+		prompts = append(prompts, ids)
 	}
 	weights, err := loader.OpenWeights(dir)
 	if err != nil {
 		return nil, err
 	}
-	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, rows: rows, weights: weights}, nil
+	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, prompts: prompts, weights: weights}, nil
 }
 
 // inputs are the files of the command line the run reads, which no
