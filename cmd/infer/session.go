@@ -68,11 +68,11 @@ func (in *runInputs) longest() int {
 
 // promptTexts reads the prompts f names: --prompts' rows, or --prompt
 // or --prompt-file's one text; names[i] says where text i came from.
-func (f *genFlags) promptTexts() (texts []string, names []string, err error) {
+func (f *genFlags) promptTexts() (texts, names []string, err error) {
 	switch {
 	case f.promptsFile != "":
-		texts, lines, err := readPromptsFile(f.promptsFile)
-		if err != nil {
+		var lines []int
+		if texts, lines, err = readPromptsFile(f.promptsFile); err != nil {
 			return nil, nil, err
 		}
 		for _, l := range lines {
