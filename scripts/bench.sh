@@ -3,15 +3,21 @@
 # of DESIGN.md for the kernel specs named on the command line (default:
 # naive fused), on a random-weight checkpoint written by
 # scripts/hf_checkpoint.py when absent: with MODEL=qwen2-7b (the default)
-# W1 and W2 on $QWEN2_7B; with MODEL=deepseek-v2-lite W3 and W4 on
+# W1 and W2 on $QWEN2_7B; with MODEL=deepseek-v2-lite W3, W4 and W5 (16
+# distinct prompts, bench/prompts/prompts_w5.jsonl, through --prompts) on
 # $DSV2_LITE. Each is one warm-up generation, then three timed ones of which
-# infer reports the median.
+# infer reports the median. The spec "hf" runs the workload on HF
+# transformers instead (scripts/hf_bench.py: the same warm-up and timed
+# runs, left padding and an attention mask where rows differ in length).
 #
 # Writes to $OUT (or out/): bench_runs.json, one record per run in the form
 # bench/runs/ keeps (command, commit, date, GPU, driver, workload, kernels,
-# tokens/s, wall times, per-op times; no token ids). Prints a table last.
+# tokens/s, wall times, per-op times; no token ids). prompt_tokens is the
+# longest row's prompt (every row's where one prompt is repeated),
+# prompt_tokens_rows each row's and prompt_tokens_total their sum. Prints a
+# table last.
 #
-#   [MODEL=deepseek-v2-lite] [ONLY="W2-b1 ..."] [INFER=bin/infer] [LABEL=name] scripts/bench.sh [SPEC...]
+#   [MODEL=deepseek-v2-lite] [ONLY="W2-b1 ..."] [INFER=bin/infer] [LABEL=name] scripts/bench.sh [SPEC... | hf]
 #
 # ONLY runs just the named workloads. INFER and LABEL compare builds or
 # settings on one machine: INFER is the binary to run (another commit's,
@@ -26,7 +32,7 @@ model=${MODEL:-qwen2-7b}
 case $model in
 qwen2-7b)
 	ckpt=${QWEN2_7B:-/tmp/qwen2-7b}
-	# name | prompt file | batch | new tokens
+	# name | prompt file (.jsonl: one prompt a row, --prompts) | batch | new tokens
 	workloads=(
 		"W1|bench/prompts/input_prompt_small.txt|16|50"
 		"W2-b16|bench/prompts/prompt_128.txt|16|50"
@@ -38,6 +44,7 @@ deepseek-v2-lite)
 	workloads=(
 		"W3|bench/prompts/input_prompt_small.txt|1|100"
 		"W4|bench/prompts/prompt_128.txt|16|50"
+		"W5|bench/prompts/prompts_w5.jsonl|16|50"
 	)
 	;;
 *)
@@ -66,8 +73,15 @@ for spec in "${specs[@]}"; do
 	for w in "${workloads[@]}"; do
 		IFS='|' read -r name prompt batch new <<<"$w"
 		log="$raw/${name}_${spec//[^a-z0-9_]/-}.json"
-		cmd=("$infer" --model "$ckpt" --prompt-file "$prompt" --batch "$batch" --max-new-tokens "$new"
-			--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
+		from=--prompt-file
+		[[ $prompt == *.jsonl ]] && from=--prompts
+		if [ "$spec" = hf ]; then
+			cmd=(python3 scripts/hf_bench.py --model "$ckpt" --workload "$name" "$from" "$prompt" --batch "$batch"
+				--new-tokens "$new" --warmup 1 --repeat 3)
+		else
+			cmd=("$infer" --model "$ckpt" "$from" "$prompt" --batch "$batch" --max-new-tokens "$new"
+				--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
+		fi
 		"${cmd[@]}" >"$log" 2>"$log.err" || echo "{\"failed\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-400:]))' "$log.err")}" >"$log"
 		printf '%s\n' "$name" "$spec" "$batch" "$new" "${cmd[*]}" >"$log.meta"
 	done
@@ -79,6 +93,13 @@ raw, out, commit, gpu, label = sys.argv[1:6]
 name, driver = [s.strip() for s in gpu.split(",")]
 date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 records, table = [], []
+
+
+def span(lens):
+    """A table cell for the rows' prompt lengths: one number, or the range."""
+    return str(lens[0]) if min(lens) == max(lens) else f"{min(lens)}-{max(lens)}"
+
+
 for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
     workload, spec, batch, new, cmd = open(path + ".meta").read().splitlines()
     r = json.load(open(path))
@@ -90,11 +111,20 @@ for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
     if "failed" in r:
         rec["failed"] = r["failed"]
         table.append(f"| {workload} | {spec} | FAILED: {r['failed'][-120:]!r} |")
+    elif r.get("kernels") == "hf":
+        # scripts/hf_bench.py's record, already in this form.
+        rec["_first_ids"] = r.pop("rows_first_ids")
+        rec.update({k: v for k, v in r.items() if k not in ("command", "date", "gpu", "driver", "workload")})
+        rec["command"] = cmd
+        table.append(f"| {workload} | hf{' [' + label + ']' if label else ''} | {batch} | {span(r['prompt_tokens_rows'])} | "
+                     f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | {r['wall_s']:.3f} | {' '.join(f'{x:.3f}' for x in r['runs_wall_s'])} | - | - | - |")
     else:
         t = r["timings"]
+        lens = [len(row["prompt_ids"]) for row in r["rows"]]
         rec["commit"] = r.get("commit") or commit
         rec.update({"model": r.get("model"), "device": r.get("device"), "kernels": r.get("kernels", spec),
-                    "prompt_tokens": len(r["rows"][0]["prompt_ids"]), "new_tokens": t["new_tokens"],
+                    "prompt_tokens": max(lens), "prompt_tokens_rows": lens, "prompt_tokens_total": sum(lens),
+                    "new_tokens": t["new_tokens"],
                     "tokens_per_s": t["tokens_per_s"], "wall_s": t["wall_s"], "runs_wall_s": t["runs_wall_s"],
                     "prefill_ms": t["prefill_ms"], "decode_ms": t["decode_ms"], "graph_replays": t["graph_replays"],
                     "ttft_ms": t.get("ttft_ms"), "prefill_tokens_per_s": t.get("prefill_tokens_per_s"),
@@ -102,21 +132,23 @@ for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
                     "wall_s_spread": t.get("wall_s_spread"), "version": r.get("version"),
                     "load_s": t.get("load_s"), "compute_ms": t.get("compute_ms"),
                     "profile_note": r.get("profile_note"), "per_op": r.get("profile", [])})
-        rec["_first_ids"] = r["rows"][0]["generated_ids"][:20]
-        table.append(f"| {workload} | {rec['kernels']}{' [' + label + ']' if label else ''} | {batch} | {rec['prompt_tokens']} | {t['new_tokens']} | "
+        rec["_first_ids"] = [row["generated_ids"][:20] for row in r["rows"]]
+        table.append(f"| {workload} | {rec['kernels']}{' [' + label + ']' if label else ''} | {batch} | {span(lens)} | {t['new_tokens']} | "
                      f"{t['tokens_per_s']:.1f} | {t['wall_s']:.3f} | {' '.join(f'{x:.3f}' for x in t['runs_wall_s'])} | "
                      f"{t['prefill_ms']:.0f} | {t['decode_ms']:.0f} | {t['graph_replays']} |")
     records.append(rec)
-# How many leading greedy tokens of row 0 each spec shares with the first
-# spec's run of the workload (a speedup must not come from a wrong result).
+# How many leading greedy tokens each spec shares with the first spec's run of
+# the workload, the fewest of any row (a speedup must not come from a wrong
+# result).
 first = {}
 for rec in records:
-    ids = rec.pop("_first_ids", None)
-    if ids is None:
+    rows = rec.pop("_first_ids", None)
+    if rows is None:
         continue
-    ref = first.setdefault(rec["workload"], ids)
-    same = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
-    rec["leading_tokens_as_first_spec"] = same
+    ref = first.setdefault(rec["workload"], rows)
+    rec["leading_tokens_as_first_spec"] = min(
+        next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+        for ids, want in zip(rows, ref))
 json.dump(records, open(os.path.join(out, "bench_runs" + ("_" + label if label else "") + ".json"), "w"), indent=1)
 print(gpu)
 print("| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s (median) | runs (s) | prefill ms | decode ms | graph replays |")
@@ -125,5 +157,5 @@ print("\n".join(table))
 for rec in records:
     if "per_op" in rec:
         ops = " ".join(f"{o['op']}={o['total_ms']:.0f}" for o in rec["per_op"][:8])
-        print(f"{rec['workload']} {rec['kernels']}: same first tokens {rec.get('leading_tokens_as_first_spec')}/20; {ops}")
+        print(f"{rec['workload']} {rec['kernels']}: same first tokens {rec.get('leading_tokens_as_first_spec')}/20 (the fewest of any row); {ops}")
 PY

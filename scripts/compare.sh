@@ -2,14 +2,14 @@
 # On the GPU machine, after scripts/gpu_build.sh here: infer compare (naive
 # against fused and every single-op ablation, weights loaded once) on the
 # workloads of DESIGN.md: W1 and W2 at batch 1 on the Qwen2-7B checkpoint at
-# $QWEN2_7B, W3 and W4 on the DeepSeek-V2-Lite one at $DSV2_LITE (each
+# $QWEN2_7B, W3, W4 and W5 on the DeepSeek-V2-Lite one at $DSV2_LITE (each
 # written by scripts/hf_checkpoint.py when absent).
 #
 # Writes to $OUT (or out/): compare_<workload>.json, .png and .txt (the
 # tables and logs compare prints), for bench/RESULTS.md and bench/. REPEAT timed runs
 # per variant (default 1; each variant's checked run warms it up first).
 #
-#   scripts/compare.sh [W1] [W2-b1] [W3] [W4]
+#   scripts/compare.sh [W1] [W2-b1] [W3] [W4] [W5]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -32,7 +32,8 @@ for w in "${workloads[@]}"; do
 	W2-b1) model=qwen2-7b ckpt=$QWEN2_7B args=(--prompt-file bench/prompts/prompt_128.txt --batch 1 --max-new-tokens 100 --min-new-tokens 100) ;;
 	W3) model=deepseek-v2-lite ckpt=$DSV2_LITE args=(--prompt-file bench/prompts/input_prompt_small.txt --batch 1 --max-new-tokens 100 --min-new-tokens 100) ;;
 	W4) model=deepseek-v2-lite ckpt=$DSV2_LITE args=(--prompt-file bench/prompts/prompt_128.txt --batch 16 --max-new-tokens 50 --min-new-tokens 50) ;;
-	*) echo "compare.sh: unknown workload $w (W1, W2-b1, W3, W4)" >&2; exit 2 ;;
+	W5) model=deepseek-v2-lite ckpt=$DSV2_LITE args=(--prompts bench/prompts/prompts_w5.jsonl --max-new-tokens 50 --min-new-tokens 50) ;;
+	*) echo "compare.sh: unknown workload $w (W1, W2-b1, W3, W4, W5)" >&2; exit 2 ;;
 	esac
 	checkpoint "$model" "$ckpt" || { status=1; continue; }
 	# --json makes stdout the JSON document; the tables (and the logs) go

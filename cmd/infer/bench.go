@@ -180,7 +180,7 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 	if slices.Contains(opt.Variants, "") {
 		return opt, bad("--variants: an empty name in %q", f.variants)
 	}
-	if err := checkOutputs([]namedPath{{"--plot", f.plot}}, "", ""); err != nil {
+	if err := checkOutputs([]namedPath{{"--plot", f.plot}}, ""); err != nil {
 		return opt, err
 	}
 	return opt, nil

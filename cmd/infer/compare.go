@@ -38,7 +38,7 @@ type compareFlags struct {
 func newCompareCmd() *cobra.Command {
 	var cf compareFlags
 	cmd := &cobra.Command{
-		Use:   "compare --model M [--prompt S | --prompt-file F] [flags]",
+		Use:   "compare --model M [--prompt S | --prompt-file F | --prompts F.jsonl] [flags]",
 		Short: "Run one prompt with naive, fused and every single-op ablation on weights loaded once, and compare them",
 		Long: `compare loads a checkpoint once, then generates the same prompt and batch with
 the baseline kernel spec (--baseline, naive), the candidate (--candidate,
@@ -73,6 +73,8 @@ document of all of it (the tables then go to stderr, unless --quiet),
 --plot writes a PNG of per-op time and tokens/s per variant. When a
 variant fails the check, compare says which and exits 1 after writing its
 output.
+
+` + promptsRule + `
 
 compare needs nothing but two kernel specs of one device: on a machine
 with no GPU, compare the cpu set with a test set, or run it where a CUDA
@@ -202,20 +204,22 @@ func withOps(s kernels.Spec, ops []kernels.Op, from kernels.Spec) kernels.Spec {
 // compareReport is what infer compare reports; --json writes it.
 type compareReport struct {
 	provenance
-	Model        string          `json:"model"`
-	DType        string          `json:"dtype"`
-	Batch        int             `json:"batch"`
-	PromptTokens int             `json:"prompt_tokens"`
-	MaxNew       int             `json:"max_new_tokens"`
-	Baseline     string          `json:"baseline"`
-	Candidate    string          `json:"candidate"`
-	Warmup       int             `json:"warmup_runs"`
-	Repeat       int             `json:"timed_runs"`
-	CheckTokens  int             `json:"check_tokens"`
-	Tolerance    float64         `json:"tolerance"`
-	GainMs       float64         `json:"gain_ms"` // the baseline's wall time less the candidate's
-	Variants     []variantReport `json:"variants"`
-	Ops          []opComparison  `json:"ops"`
+	Model        string `json:"model"`
+	DType        string `json:"dtype"`
+	Batch        int    `json:"batch"`
+	PromptTokens int    `json:"prompt_tokens"` // the longest row's
+	// RowPromptTokens are each row's prompt tokens (rows differ with --prompts).
+	RowPromptTokens []int           `json:"row_prompt_tokens"`
+	MaxNew          int             `json:"max_new_tokens"`
+	Baseline        string          `json:"baseline"`
+	Candidate       string          `json:"candidate"`
+	Warmup          int             `json:"warmup_runs"`
+	Repeat          int             `json:"timed_runs"`
+	CheckTokens     int             `json:"check_tokens"`
+	Tolerance       float64         `json:"tolerance"`
+	GainMs          float64         `json:"gain_ms"` // the baseline's wall time less the candidate's
+	Variants        []variantReport `json:"variants"`
+	Ops             []opComparison  `json:"ops"`
 	// The rest of the gain, beside Ops': device time charged to no op
 	// (Unattributed: under events, the graph replays, timed whole), and
 	// wall time outside the device's timed work (Outside: the host,
@@ -289,11 +293,11 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		return err
 	}
 	f := &cf.gen
-	if err := checkOutputs([]namedPath{{"--plot", cf.plotPath}}, f.model, f.promptFile); err != nil {
+	if err := checkOutputs([]namedPath{{"--plot", cf.plotPath}}, f.model, f.inputs()...); err != nil {
 		return err
 	}
 	logf := f.logger(cmd)
-	in, err := f.readInputs()
+	in, err := f.readInputs(cmd)
 	if err != nil {
 		return err
 	}
@@ -324,7 +328,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	rep := &compareReport{
 		provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, in.dir), DType: dev.ActDType().String(), Batch: f.batch,
-		PromptTokens: len(in.ids), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
+		PromptTokens: in.longest(), RowPromptTokens: rowLengths(in.rows(f.batch)), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
 		Warmup: f.warmup, Repeat: f.repeat, CheckTokens: min(cf.checkTokens, f.maxNew), Tolerance: cf.tolerance,
 	}
 	if rep.Tolerance == 0 {
@@ -333,10 +337,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 			rep.Tolerance = 0.1
 		}
 	}
-	prompts := make([][]int, f.batch)
-	for i := range prompts {
-		prompts[i] = in.ids
-	}
+	prompts := in.rows(f.batch)
 	opts := model.GenerateOptions{MaxNewTokens: f.maxNew, MinNewTokens: f.minNew, EOS: in.tok.EOS(), NoGraphs: f.noGraphs, Profile: prof, Logf: logf}
 	perVariant := int64(1 + f.warmup + f.repeat)
 	traced := int64(0)
@@ -744,4 +745,13 @@ func tokensOrDash(v *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", *v)
+}
+
+// rowLengths is the length of each row.
+func rowLengths(rows [][]int) []int {
+	n := make([]int, len(rows))
+	for i, r := range rows {
+		n[i] = len(r)
+	}
+	return n
 }

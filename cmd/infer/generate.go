@@ -24,6 +24,7 @@ import (
 // genFlags are the flags of the generate command (the root command).
 type genFlags struct {
 	model, prompt, promptFile string
+	promptsFile               string
 	batch, maxNew, minNew     int
 	warmup, repeat            int
 	kernels, device, profile  string
@@ -38,13 +39,15 @@ type genFlags struct {
 func newRootCmd() *cobra.Command {
 	var f genFlags
 	cmd := &cobra.Command{
-		Use:   "infer --model M [--prompt S | --prompt-file F] [flags]",
+		Use:   "infer --model M [--prompt S | --prompt-file F | --prompts F.jsonl] [flags]",
 		Short: "Generate text with Qwen2 / DeepSeek-V2 checkpoints and time every op",
 		Long: `infer generates text from a Hugging Face checkpoint of the Qwen2 or DeepSeek-V2
 family and reports tokens/s and the time of every op, for the kernel set chosen
 with --kernels: "fused" (CUDA, the default where a GPU is found), "naive" (CUDA,
 the eager baseline) or "cpu" (pure Go, the no-GPU path), and per op another set
 of the same device, as SET[,OP=SET...], e.g. "fused,attn=naive,rope=naive".
+
+` + promptsRule + `
 
 Logs go to stderr, progress bars too when it is a terminal; --quiet silences
 both.
@@ -82,8 +85,8 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 	switch {
 	case f.model == "":
 		return bad("--model is required")
-	case (f.prompt != "" || cmd.Flags().Changed("prompt")) == (f.promptFile != ""):
-		return bad("give exactly one of --prompt or --prompt-file")
+	case f.promptSources(cmd) != 1:
+		return bad("give exactly one of --prompt, --prompt-file or --prompts")
 	case f.batch < 1:
 		return bad("--batch must be at least 1, not %d", f.batch)
 	case f.maxNew < 1:
@@ -111,7 +114,19 @@ func (f *genFlags) check(cmd *cobra.Command) error {
 // checkOutputs makes sure, before anything is loaded, that every file the
 // run writes at its end can be written and destroys no input.
 func (f *genFlags) checkOutputs() error {
-	return checkOutputs([]namedPath{{"--profile", f.profile}, {"--trace", f.trace}}, f.model, f.promptFile)
+	return checkOutputs([]namedPath{{"--profile", f.profile}, {"--trace", f.trace}}, f.model, f.inputs()...)
+}
+
+// promptSources is how many of --prompt, --prompt-file and --prompts the
+// command line gave.
+func (f *genFlags) promptSources(cmd *cobra.Command) int {
+	n := 0
+	for _, given := range []bool{f.prompt != "" || cmd.Flags().Changed("prompt"), f.promptFile != "", f.promptsFile != ""} {
+		if given {
+			n++
+		}
+	}
+	return n
 }
 
 // chooseSpec picks the device kind and the kernel spec: --device, else the
@@ -177,12 +192,12 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	logf := f.logger(cmd)
 
-	in, err := f.readInputs()
+	in, err := f.readInputs(cmd)
 	if err != nil {
 		return err
 	}
 	defer in.weights.Close()
-	spec, dir, cfg, tok, ids := in.spec, in.dir, in.cfg, in.tok, in.ids
+	spec, dir, cfg, tok := in.spec, in.dir, in.cfg, in.tok
 
 	dev, prof, ops, closeRun, err := openRun(f, in, spec)
 	if err != nil {
@@ -202,10 +217,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	loadS := time.Since(tLoad).Seconds()
 	logf("infer: weights loaded in %.1f s; device memory: %s", loadS, m.Memory())
 
-	prompts := make([][]int, f.batch)
-	for i := range prompts {
-		prompts[i] = ids
-	}
+	prompts := in.rows(f.batch)
 	opts := model.GenerateOptions{
 		MaxNewTokens: f.maxNew,
 		MinNewTokens: f.minNew,

@@ -114,7 +114,7 @@ func TestExitStatus(t *testing.T) {
 		{with("--max-new-tokens", "9223372036854775807"), exitUsage, "more than the model's max_position_embeddings (256)"},
 		{[]string{"tokenize", "--model", tinyQwen}, exitUsage, "give exactly one of --text or --file"},
 		{[]string{"--model", "/nonexistent/model", "--prompt", "hi"}, exitError, "/nonexistent/model"},
-		{with("--prompt-file", "/nonexistent/prompt.txt"), exitUsage, "exactly one of --prompt or --prompt-file"},
+		{with("--prompt-file", "/nonexistent/prompt.txt"), exitUsage, "exactly one of --prompt, --prompt-file or --prompts"},
 		{[]string{"--model", tinyQwen, "--prompt-file", "/nonexistent/prompt.txt"}, exitError, "--prompt-file: stat /nonexistent/prompt.txt: no such file"},
 		{with("--batch", "1099511627776"), exitError, "but cpu"},
 		{with("--batch", "10000000"), exitError, "lower --batch or --max-new-tokens"},

@@ -146,23 +146,26 @@ func torchDType(dt string) string {
 	return dt
 }
 
-// writeText prints each distinct generated text once, the summary line and
-// the per-op table.
+// writeText prints the generated text of each distinct row once (rows of
+// one prompt that generated one text are one), the summary line and the
+// per-op table.
 func (r *runReport) writeText(w io.Writer) {
-	seen := map[string][]int{}
-	var order []string
+	type rowKey struct{ prompt, text string }
+	seen := map[rowKey][]int{}
+	var order []rowKey
 	for i, row := range r.Rows {
-		if _, ok := seen[row.Text]; !ok {
-			order = append(order, row.Text)
+		k := rowKey{fmt.Sprint(row.PromptIDs), row.Text}
+		if _, ok := seen[k]; !ok {
+			order = append(order, k)
 		}
-		seen[row.Text] = append(seen[row.Text], i)
+		seen[k] = append(seen[k], i)
 	}
-	for _, text := range order {
-		rows := seen[text]
+	for _, k := range order {
+		rows := seen[k]
 		if len(r.Rows) > 1 {
 			fmt.Fprintf(w, "--- %s\n", rowsLabel(rows, len(r.Rows)))
 		}
-		fmt.Fprintln(w, text)
+		fmt.Fprintln(w, k.text)
 	}
 	fmt.Fprintln(w)
 	r.writeProfile(w)

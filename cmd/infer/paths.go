@@ -13,10 +13,10 @@ type namedPath struct{ flag, path string }
 
 // checkOutputs makes sure, before any work, that every output of outs
 // (those given) can be written, and, as usage errors, that none is one of
-// the run's inputs (the checkpoint's files of model, the prompt file; after
-// symbolic links; either may be "") or the file of another output or of
-// stdout.
-func checkOutputs(outs []namedPath, model, promptFile string) error {
+// the run's inputs (the checkpoint's files of model, which may be "", and
+// the files of inputs; after symbolic links) or the file of another output
+// or of stdout.
+func checkOutputs(outs []namedPath, model string, inputs ...namedPath) error {
 	var given []namedPath
 	for _, o := range outs {
 		if o.path == "" {
@@ -30,10 +30,7 @@ func checkOutputs(outs []namedPath, model, promptFile string) error {
 	if len(given) == 0 {
 		return nil
 	}
-	var ins []namedPath
-	if promptFile != "" {
-		ins = append(ins, namedPath{"--prompt-file", promptFile})
-	}
+	ins := append([]namedPath(nil), inputs...)
 	if dir, err := loader.Resolve(model); model != "" && err == nil { // else loading says why
 		for _, file := range loader.CheckpointFiles(dir) {
 			ins = append(ins, namedPath{"the checkpoint's " + filepath.Base(file), file})

@@ -24,36 +24,91 @@ func (f *genFlags) workloadFlags(cmd *cobra.Command) {
 	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
 	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
 	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
-	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row")
+	fl.StringVar(&f.promptsFile, "prompts", "", `JSONL file of distinct prompts, one row each: {"text": "..."} a line ("prompt" also read)`)
+	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row (with --prompts: the file's count, if given)")
 	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
 	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
 }
 
 // runInputs is what a generation needs before a device is opened: the
-// device kind and kernel spec, the checkpoint, its tokenizer, the prompt's
-// ids and the weights (open; the caller closes them).
+// device kind and kernel spec, the checkpoint, its tokenizer, every row's
+// prompt ids and the weights (open; the caller closes them).
 type runInputs struct {
 	kind    string
 	spec    kernels.Spec
 	dir     string
 	cfg     *loader.Config
 	tok     *tokenizer.Tokenizer
-	ids     []int
+	prompts [][]int // --prompts' rows, or the one prompt that every row repeats
 	weights *loader.Weights
 }
 
-// readInputs reads the prompt, picks the device and spec, and opens the
-// checkpoint f names, checking what can be checked before loading.
-func (f *genFlags) readInputs() (*runInputs, error) {
-	text := f.prompt
-	if f.promptFile != "" {
-		var err error
-		if text, err = readPromptFile(f.promptFile); err != nil {
-			return nil, err
-		}
+// rows is every row's prompt, batch rows: --prompts' own, or the one
+// prompt repeated. It is called once the model is loaded for batch rows
+// (the load refuses a batch too large for the device).
+func (in *runInputs) rows(batch int) [][]int {
+	if len(in.prompts) == batch {
+		return in.prompts
 	}
-	if strings.TrimSpace(text) == "" {
-		return nil, usageError{errors.New("the prompt is empty")}
+	rows := make([][]int, batch)
+	for i := range rows {
+		rows[i] = in.prompts[0]
+	}
+	return rows
+}
+
+// longest is the most prompt tokens of a row.
+func (in *runInputs) longest() int {
+	n := 0
+	for _, r := range in.prompts {
+		n = max(n, len(r))
+	}
+	return n
+}
+
+// promptTexts reads the prompts f names: --prompts' rows, or --prompt
+// or --prompt-file's one text; names[i] says where text i came from.
+func (f *genFlags) promptTexts() (texts, names []string, err error) {
+	switch {
+	case f.promptsFile != "":
+		var lines []int
+		if texts, lines, err = readPromptsFile(f.promptsFile); err != nil {
+			return nil, nil, err
+		}
+		for _, l := range lines {
+			names = append(names, fmt.Sprintf("--prompts %s: line %d", f.promptsFile, l))
+		}
+		return texts, names, nil
+	case f.promptFile != "":
+		text, err := readPromptFile(f.promptFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		if strings.TrimSpace(text) == "" {
+			return nil, nil, usageError{errors.New("the prompt is empty")}
+		}
+		return []string{text}, []string{"the prompt"}, nil
+	}
+	if strings.TrimSpace(f.prompt) == "" {
+		return nil, nil, usageError{errors.New("the prompt is empty")}
+	}
+	return []string{f.prompt}, []string{"the prompt"}, nil
+}
+
+// readInputs reads the prompts, picks the device and spec, and opens the
+// checkpoint f names, checking what can be checked before loading. With
+// --prompts it sets f.batch to the file's count of prompts.
+func (f *genFlags) readInputs(cmd *cobra.Command) (*runInputs, error) {
+	texts, names, err := f.promptTexts()
+	if err != nil {
+		return nil, err
+	}
+	if f.promptsFile != "" {
+		if cmd.Flags().Changed("batch") && f.batch != len(texts) {
+			return nil, usageError{fmt.Errorf("--batch %d, but --prompts %s holds %d prompts, one a row: leave --batch out or make it %d",
+				f.batch, f.promptsFile, len(texts), len(texts))}
+		}
+		f.batch = len(texts)
 	}
 	kind, spec, err := chooseSpec(f)
 	if err != nil {
@@ -71,22 +126,42 @@ func (f *genFlags) readInputs() (*runInputs, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids, err := tok.Encode(text)
-	if err != nil {
-		return nil, err
-	}
-	if len(ids) == 0 {
-		return nil, usageError{errors.New("the prompt encodes to no tokens")}
-	}
-	if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
-		return nil, usageError{fmt.Errorf("the prompt's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
-			len(ids), f.maxNew, cfg.MaxPositions)}
+	var prompts [][]int
+	for i, text := range texts {
+		ids, err := tok.Encode(text)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", names[i], err)
+		}
+		if len(ids) == 0 {
+			if f.promptsFile != "" {
+				return nil, fmt.Errorf("%s encodes to no tokens", names[i])
+			}
+			return nil, usageError{errors.New("the prompt encodes to no tokens")}
+		}
+		if f.maxNew > cfg.MaxPositions-len(ids) { // not len(ids)+f.maxNew: that may overflow
+			return nil, usageError{fmt.Errorf("%s's %d tokens + --max-new-tokens %d are more than the model's max_position_embeddings (%d)",
+				names[i], len(ids), f.maxNew, cfg.MaxPositions)}
+		}
+		prompts = append(prompts, ids)
 	}
 	weights, err := loader.OpenWeights(dir)
 	if err != nil {
 		return nil, err
 	}
-	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, ids: ids, weights: weights}, nil
+	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, prompts: prompts, weights: weights}, nil
+}
+
+// inputs are the files of the command line the run reads, which no
+// output may overwrite.
+func (f *genFlags) inputs() []namedPath {
+	var ins []namedPath
+	if f.promptFile != "" {
+		ins = append(ins, namedPath{"--prompt-file", f.promptFile})
+	}
+	if f.promptsFile != "" {
+		ins = append(ins, namedPath{"--prompts", f.promptsFile})
+	}
+	return ins
 }
 
 // logger is the log function of a command: lines on stderr, none with
@@ -125,7 +200,7 @@ func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Devic
 	bar := newProgress(cmd.ErrOrStderr(), f.quiet, in.weights.TotalBytes(), "loading weights", true)
 	m, err := model.Load(in.cfg, in.weights, dev, ops, model.LoadOptions{
 		MaxRows:  f.batch,
-		MaxSeq:   len(in.ids) + f.maxNew,
+		MaxSeq:   in.longest() + f.maxNew,
 		Progress: func(done, _ int64) { bar.Set(done) },
 	})
 	bar.Done()
