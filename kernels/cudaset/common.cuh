@@ -131,6 +131,31 @@ __device__ void block_argmax(float& v, int& i) {
 	__syncthreads();
 }
 
+// block_argmax_of leaves in every thread's (v, i) the block's best pair
+// of row[c0, c1): the largest value, NaN counting as the largest (as
+// torch.argmax), ties to the lower index. A row of -inf gives c0.
+template <typename T> __device__ void block_argmax_of(const T* row, int c0, int c1, float& v, int& i) {
+	v = NEG_INF;
+	i = NO_INDEX;
+#pragma unroll 4
+	for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+		float x = to_f32(row[c]);
+		if (x != x) x = __int_as_float(0x7f800000u);
+		if (better(x, c, v, i)) {
+			v = x;
+			i = c;
+		}
+	}
+	block_argmax(v, i);
+}
+
+// put_choice writes row b's argmax i to out[b·os] and, with os = 2, the
+// chosen element's value (as f32 bits) beside it.
+template <typename T> __device__ __forceinline__ void put_choice(int* out, int os, int b, const T* row, int i) {
+	out[b * os] = i;
+	if (os == 2) out[b * 2 + 1] = __float_as_int(to_f32(row[i]));
+}
+
 // row_of is the row b of token t in a packed batch: the last b < B with
 // start[b] <= t (start i32 [B+1], ascending; empty rows are skipped).
 __device__ __forceinline__ int row_of(const int* start, int B, int t) {

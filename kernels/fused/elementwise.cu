@@ -204,19 +204,9 @@ __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int
 	__shared__ bool lastBlock;
 	const int b = blockIdx.y, s = blockIdx.x, splits = gridDim.x;
 	const T* row = x + (long long)b * xp;
-	float bv = NEG_INF;
-	int bi = NO_INDEX;
-	const int c1 = min(cols, (s + 1) * ARGMAX_CHUNK);
-#pragma unroll 4
-	for (int c = s * ARGMAX_CHUNK + threadIdx.x; c < c1; c += ARGMAX_THREADS) {
-		float v = to_f32(row[c]);
-		if (v != v) v = __int_as_float(0x7f800000u);
-		if (better(v, c, bv, bi)) {
-			bv = v;
-			bi = c;
-		}
-	}
-	block_argmax(bv, bi);
+	float bv;
+	int bi;
+	block_argmax_of(row, s * ARGMAX_CHUNK, min(cols, (s + 1) * ARGMAX_CHUNK), bv, bi);
 	if (threadIdx.x == 0) {
 		part[(long long)b * splits + s] = make_int2(__float_as_int(bv), bi);
 		__threadfence();
@@ -236,8 +226,7 @@ __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int
 	}
 	block_argmax(bv, bi);
 	if (threadIdx.x == 0) {
-		out[b * os] = bi;
-		if (os == 2) out[b * 2 + 1] = __float_as_int(to_f32(row[bi]));
+		put_choice(out, os, b, row, bi);
 		counters[b] = 0; // ready for the next launch
 	}
 }

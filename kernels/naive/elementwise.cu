@@ -164,21 +164,10 @@ ROPE_INSTANCES(ROPE)
 // any multiple of 32 threads.
 template <typename T> __device__ void argmax(int* out, int os, const T* x, int xp, int cols) {
 	const T* row = x + (long long)blockIdx.x * xp;
-	float bv = NEG_INF;
-	int bi = NO_INDEX;
-	for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-		float v = to_f32(row[c]);
-		if (v != v) v = __int_as_float(0x7f800000u);
-		if (better(v, c, bv, bi)) {
-			bv = v;
-			bi = c;
-		}
-	}
-	block_argmax(bv, bi);
-	if (threadIdx.x == 0) {
-		out[blockIdx.x * os] = bi;
-		if (os == 2) out[blockIdx.x * 2 + 1] = __float_as_int(to_f32(row[bi]));
-	}
+	float bv;
+	int bi;
+	block_argmax_of(row, 0, cols, bv, bi);
+	if (threadIdx.x == 0) put_choice(out, os, blockIdx.x, row, bi);
 }
 
 #define ARGMAX(NAME, T)                                                                       \
