@@ -3,6 +3,7 @@
 // start aligned for them (VEC 8), rounding where HF's bf16 code rounds.
 // Pitches are in elements.
 
+#include "binary.cuh"
 #include "common.cuh"
 #include "instances.cuh"
 
@@ -156,32 +157,15 @@ template <int VEC> __device__ void swiglu(bf16* out, int op, const bf16* gu, int
 	}
 SWIGLU_INSTANCES(SWIGLU)
 
-// add is out = bf16(a + b) elementwise, as torch's bf16 add: naive's
-// kernel, launched to overlap the kernel before it (a decode step's MoE
-// adds its shared experts' output to the routed ones').
-// out, a, b bf16 [rows, cols] with pitches op, ap, bp; out may be a or b.
-// Launch: 1-D grid-stride over rows·cols/VEC.
-template <int VEC>
-__device__ void add(bf16* out, int op, const bf16* a, int ap, const bf16* b, int bp, int rows, int cols) {
-	const int cv = cols / VEC;
-	GRID_STRIDE(i, (long long)rows * cv) {
-		const long long r = i / cv;
-		const int c = (int)(i - r * cv) * VEC;
-		const Vec<bf16, VEC> x = load<bf16, VEC>(a + r * ap + c);
-		const Vec<bf16, VEC> y = load<bf16, VEC>(b + r * bp + c);
-		Vec<bf16, VEC> z;
-#pragma unroll
-		for (int j = 0; j < VEC; j++) z.v[j] = __float2bfloat16_rn(to_f32(x.v[j]) + to_f32(y.v[j]));
-		store<bf16, VEC>(out + r * op + c, z);
-	}
-}
-
+// add is naive's binary<AddOp> (binary.cuh), launched to overlap the kernel
+// before it (a decode step's MoE adds its shared experts' output to the
+// routed ones'). Launch: 1-D grid-stride over rows·cols/VEC.
 #define ADD(NAME, V)                                                                                            \
 	extern "C" __global__ void NAME(bf16* out, int op, const bf16* a, int ap, const bf16* b, int bp, int rows, \
 	                                int cols) {                                                                 \
 		grid_wait();                                                                                            \
 		grid_release();                                                                                         \
-		add<V>(out, op, a, ap, b, bp, rows, cols);                                                              \
+		binary<AddOp, V>(out, op, a, ap, b, bp, rows, cols);                                                   \
 	}
 ADD_INSTANCES(ADD)
 
