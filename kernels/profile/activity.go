@@ -2,6 +2,7 @@ package profile
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -493,4 +494,50 @@ func BusyTime(recs []KernelRecord) (busyMs, spanMs float64) {
 	}
 	busy += to - from
 	return float64(busy) / 1e6, float64(last-iv[0][0]) / 1e6
+}
+
+// nonZero is &v, or nil (JSON null) when v is its type's zero: what a
+// profile did not measure.
+func nonZero[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// MarshalJSON writes what the profile did not measure as null rather than
+// leaving it out: the set where none is known, the launches of an events
+// profile, the FLOPs, bytes and rates of an op that counts none.
+func (s OpStat) MarshalJSON() ([]byte, error) {
+	type plain OpStat // OpStat without this method
+	return json.Marshal(struct {
+		plain
+		Set     *string  `json:"set"`
+		Kernels *int     `json:"kernels"`
+		FLOPs   *float64 `json:"flops"`
+		Bytes   *float64 `json:"bytes"`
+		TFLOPs  *float64 `json:"tflop_per_s"`
+		GBs     *float64 `json:"gb_per_s"`
+	}{plain(s), nonZero(s.Set), nonZero(s.Kernels), nonZero(s.FLOPs), nonZero(s.Bytes), nonZero(s.TFLOPs), nonZero(s.GBs)})
+}
+
+// MarshalJSON writes what the report's source does not measure as null:
+// the busy time, span and launches of an events report, the graph replays
+// timed whole of a cupti one, the kernel and coverage tables without a
+// trace, and the note when nothing is missing.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report // Report without this method
+	return json.Marshal(struct {
+		plain
+		Note     *string       `json:"note"`
+		BusyMs   *float64      `json:"busy_ms"`
+		SpanMs   *float64      `json:"span_ms"`
+		Launches *int          `json:"kernel_launches"`
+		ReplayMs *float64      `json:"replay_ms"`
+		Replays  *int          `json:"graph_replays"`
+		Kernels  []KernelStat  `json:"kernels"`
+		Coverage []CoverageRow `json:"coverage"`
+	}{plain(r), nonZero(r.Note), nonZero(r.BusyMs), nonZero(r.SpanMs), nonZero(r.Launches), nonZero(r.ReplayMs),
+		nonZero(r.Replays), r.Kernels, r.Coverage})
 }

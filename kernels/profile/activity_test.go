@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"strings"
@@ -232,5 +233,42 @@ func TestOwnNs(t *testing.T) {
 	}
 	if busy, _ := BusyTime(recs[:3]); float64(sum)/1e6 != busy {
 		t.Errorf("stream 1's own times sum to %d ns, its busy time is %v ms", sum, busy)
+	}
+}
+
+// TestNullForAbsent holds the profile's JSON to the project's rule: what
+// was not measured is null, not left out, and what was keeps its value.
+func TestNullForAbsent(t *testing.T) {
+	rep := Report{Source: "events", ComputeMs: 2, Ops: []OpStat{
+		{Op: kernels.OpEmbedding, Calls: 1, Ms: 1, PhaseMs: map[string]float64{}},
+		{Op: kernels.OpLinear, Set: "fused", Calls: 2, Ms: 1, Kernels: 3, FLOPs: 4e9, Bytes: 2e6, TFLOPs: 4, GBs: 2,
+			PhaseMs: map[string]float64{"decode": 1}},
+	}}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"note", "busy_ms", "span_ms", "kernel_launches", "replay_ms", "graph_replays", "kernels", "coverage"} {
+		if v, ok := got[k]; !ok || v != nil {
+			t.Errorf("report %q = %v (present %v), want null", k, v, ok)
+		}
+	}
+	ops := got["ops"].([]any)
+	emb, lin := ops[0].(map[string]any), ops[1].(map[string]any)
+	for _, k := range []string{"set", "kernels", "flops", "bytes", "tflop_per_s", "gb_per_s"} {
+		if v, ok := emb[k]; !ok || v != nil {
+			t.Errorf("embedding's %q = %v (present %v), want null", k, v, ok)
+		}
+	}
+	if lin["set"] != "fused" || lin["kernels"] != 3.0 || lin["flops"] != 4e9 || lin["gb_per_s"] != 2.0 || lin["calls"] != 2.0 {
+		t.Errorf("linear's row %v lost a measured value", lin)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil || back.Ops[1].FLOPs != 4e9 || back.Ops[0].FLOPs != 0 {
+		t.Errorf("read back: %+v, %v", back, err)
 	}
 }
