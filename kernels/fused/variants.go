@@ -49,9 +49,9 @@ type choiceKey struct {
 // the rows per group; the params say which the shape gets), and
 // linear_skinny and cuBLAS for linear.
 var table = func() []variant {
-	var t []variant
+	var vs []variant
 	for _, c := range flashConfigs {
-		t = append(t, variant{op: kernels.OpAttnPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		vs = append(vs, variant{op: kernels.OpAttnPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			d, dt := s["D"], s.DType(actType)
 			var onlyBF16 string
 			if dt != actType {
@@ -68,7 +68,7 @@ var table = func() []variant {
 			return nil
 		}})
 	}
-	t = append(t, variant{op: kernels.OpAttnPrefill, name: hopperVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+	vs = append(vs, variant{op: kernels.OpAttnPrefill, name: hopperVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		v, ok := hopperVariantOf(s.DType(actType), s["D"], t)
 		return v.Params, v.Why, ok
 	}, use: func(o *ops, key string) error {
@@ -76,7 +76,7 @@ var table = func() []variant {
 		_, err := o.hopper.config(dt, d) // why flash_hopper cannot run here, NVRTC's log included
 		return err
 	}})
-	t = append(t, variant{op: kernels.OpAttnDecode, name: decodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+	vs = append(vs, variant{op: kernels.OpAttnDecode, name: decodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		d := s["D"]
 		var group string
 		if kvh := s["KVH"]; kvh > 0 && s["H"]/kvh > maxGroup {
@@ -87,14 +87,14 @@ var table = func() []variant {
 			decodeWarps, keyTile, decodeStages, shared), join(archWhy(t), headDimWhy(d), group, fits(shared, t)), true
 	}})
 	for _, c := range flashConfigs {
-		t = append(t, variant{op: kernels.OpMLAPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		vs = append(vs, variant{op: kernels.OpMLAPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			d := mlaHeads{s["Dn"], s["Dr"], s["Dv"]}
 			shared := mlaPrefillShared(d, c)
 			return fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d; kv_b_proj up front (cuBLAS)",
 				c.Warps, c.MTiles, c.rows(), keyTile, shared), join(archWhy(t), mlaHeadsWhy(d), fits(shared, t)), true
 		}})
 	}
-	t = append(t, variant{op: kernels.OpMLAPrefill, name: mlaHopperVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+	vs = append(vs, variant{op: kernels.OpMLAPrefill, name: mlaHopperVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		v, ok := mlaHopperVariantOf(mlaHeads{s["Dn"], s["Dr"], s["Dv"]}, t)
 		return v.Params, v.Why, ok
 	}, use: func(o *ops, key string) error {
@@ -102,7 +102,7 @@ var table = func() []variant {
 		_, err := o.mlaHopper.config(d) // why mla_hopper cannot run here, NVRTC's log included
 		return err
 	}})
-	t = append(t, variant{op: kernels.OpMLADecode, name: mlaDecodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+	vs = append(vs, variant{op: kernels.OpMLADecode, name: mlaDecodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		d := mlaLatent{s["R"], s["Dr"]}
 		shared := mlaDecodeShared(d)
 		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps split q·k by dims and p·c by output dims, attn_merge merges",
@@ -119,7 +119,7 @@ var table = func() []variant {
 			return params, archWhy(t), true
 		}}
 	}
-	t = append(t,
+	vs = append(vs,
 		single(kernels.OpRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
 		single(kernels.OpAddRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
 		single(kernels.OpRoPE, "token_per_block", fmt.Sprintf("pairs_per_thread=%d", ropeVec)),
@@ -136,17 +136,17 @@ var table = func() []variant {
 				return nil
 			}
 		}
-		t = append(t, variant{op: op, name: "grouped_mma", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		vs = append(vs, variant{op: op, name: "grouped_mma", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			c := gemmTiling(op, s)
 			return c.params() + " (" + c.regime + ")", join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == "grouped_mma"
 		}, use: atDefault("grouped_mma")})
 		if op == kernels.OpMoEExperts {
-			t = append(t, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				return "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", archWhy(t),
 					defaultGemmVariant(op, gemmTiling(op, s)) == "cublas_per_expert"
 			}, use: atDefault("cublas_per_expert")})
 		}
-		t = append(t, variant{op: op, name: wgmmaVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		vs = append(vs, variant{op: op, name: wgmmaVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			v, ok := wgmmaVariantOf(t, op == kernels.OpMoEExperts && wgmmaGather)
 			return v.Params, v.Why, ok && gemmTiling(op, s).Name == prefillTiling
 		}, use: func(o *ops, key string) error {
@@ -156,7 +156,7 @@ var table = func() []variant {
 			return o.gw.ready() // why group_wgmma cannot run here, NVRTC's log included
 		}})
 	}
-	t = append(t, variant{op: kernels.OpLinear, name: linSkinny, valid: skinnyValid, use: func(_ *ops, key string) error {
+	vs = append(vs, variant{op: kernels.OpLinear, name: linSkinny, valid: skinnyValid, use: func(_ *ops, key string) error {
 		if k, _ := parseLinearKey(key); k.m > linMaxRows {
 			return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
 		}
@@ -164,7 +164,7 @@ var table = func() []variant {
 	}}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
 		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
 	}})
-	return t
+	return vs
 }()
 
 // tunings are the ops whose variant is chosen per tuning key: attention
