@@ -167,6 +167,37 @@ func TestVariants(t *testing.T) {
 	}
 }
 
+// TestVariantTable: an op has a tuning (a key and a default rule) exactly
+// when the table gives it several variants, every name an op's rule picks
+// untuned is one of its table's, and no op names a variant twice.
+func TestVariantTable(t *testing.T) {
+	o := &ops{}
+	for _, op := range kernels.AllOps {
+		names := namesOf(op)
+		if _, tuned := tunings[op]; tuned != (len(names) > 1) {
+			t.Errorf("%s: variants %v, a tuning: %v", op, names, tuned)
+		}
+		if len(slices.Compact(slices.Sorted(slices.Values(names)))) != len(names) {
+			t.Errorf("%s names a variant twice: %v", op, names)
+		}
+	}
+	for _, c := range []struct {
+		op kernels.Op
+		s  kernels.Shape
+	}{
+		{kernels.OpAttnPrefill, kernels.Shape{"D": 128}}, {kernels.OpMLAPrefill, kernels.Shape{"Dn": 128, "Dr": 64, "Dv": 128}},
+		{kernels.OpMLADecode, kernels.Shape{"B": 1}}, {kernels.OpMLADecode, kernels.Shape{"B": 16}},
+		{kernels.OpLinear, kernels.Shape{"M": 1, "N": 37888, "K": 3584}}, {kernels.OpLinear, kernels.Shape{"M": 64, "N": 4608, "K": 3584}},
+		{kernels.OpGroupGemm, kernels.Shape{"M": 11041 * 6, "E": 160}}, {kernels.OpMoEExperts, kernels.Shape{"N": 11041, "topk": 6, "E": 160}},
+		{kernels.OpMoEExperts, kernels.Shape{"N": 1, "topk": 6, "E": 160}},
+	} {
+		key := o.TuningKey(c.op, c.s)
+		if v := o.VariantFor(c.op, key); !slices.Contains(namesOf(c.op), v) {
+			t.Errorf("%s %s runs %q untuned, not one of %v", c.op, key, v, namesOf(c.op))
+		}
+	}
+}
+
 // TestVariantsF16 checks attn_prefill's f16 problems (kbench's dt=f16
 // rows): only flash_hopper takes them, each tiling says why it does not,
 // and their tuning key is apart from bf16's, so that a choice for one
