@@ -39,16 +39,17 @@ func scaleLog2(scale float32) float32 { return scale * math.Log2E }
 
 // AttentionPrefill appends the new keys and values to the cache
 // (kv_append), then runs flash_prefill over every row's new tokens at once:
-// a block per prefillConfig.rows() queries of one row and head; or
-// flash_hopper (hopper.go) where it is chosen for the head dim. f16
-// operands run flash_hopper only: elsewhere the call is declined.
+// a block per c.rows() queries of one row and head for the tiling c
+// variantFor names (prefillPick); or flash_hopper (hopper.go) where it
+// names that. f16 operands run flash_hopper only: elsewhere the call is
+// declined.
 func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	op := kernels.OpAttnPrefill
 	o.checkAttn(op, a, true)
 	dt := a.Q.DType
 	key := prefillKey(a.HeadDim, dt)
-	hc, hopper := o.hopperFor(key, dt, a.HeadDim)
-	if !hopper && dt != actType {
+	name := o.variantFor(op, key)
+	if name == "" {
 		why := fmt.Sprintf("it is not chosen for %s", key)
 		if _, err := o.hopper.config(dt, a.HeadDim); err != nil {
 			why = err.Error()
@@ -61,11 +62,13 @@ func (o *ops) AttentionPrefill(a *kernels.AttnArgs) {
 	for r := range b.Rows {
 		longest = max(longest, b.Start[r+1]-b.Start[r])
 	}
-	if hopper {
+	if name == hopperVariant {
+		hc, _ := o.hopper.config(dt, a.HeadDim) // variantFor names it only where there is one
 		o.hopperPrefill(hc, a, longest, !a.NonCausal)
 		return
 	}
-	o.flashPrefill(o.prefillFor(key), a, longest, !a.NonCausal)
+	c, _ := flashConfigNamed(name)
+	o.flashPrefill(c, a, longest, !a.NonCausal)
 }
 
 // flashPrefill launches flash_prefill with tiling c for rows of at most

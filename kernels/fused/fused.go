@@ -158,8 +158,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, prefill: map[string]flashConfig{},
-		mlaPrefill: map[string]flashConfig{}, hopperOn: map[string]bool{}, mlaHopperOn: map[string]bool{}}
+	o := &ops{Kit: kit, NotOwned: kernels.NotOwned{Set: "fused"}, choice: map[choiceKey]string{}}
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
 		sizes[decodeKernel(d)] = decodeShared(d)
@@ -190,20 +189,14 @@ type ops struct {
 	*cudaset.Kit
 	kernels.NotOwned
 
-	prefill  map[string]flashConfig // tuning choices of flash_prefill by tuning key (see TuningKey)
+	choice   map[choiceKey]string // tuning choices: the variant of table an op runs for a tuning key (UseVariant)
 	lin      linearState
 	moeFirst *kernels.Tensor // see moeFirstFor
 
-	mlaPrefill map[string]flashConfig // tuning choices of mla_prefill by tuning key
-	mlaDecode  map[string]string      // tuning choices of mla_decode's variant by key (mlaDecodeKey, or "" for every batch)
-	noRoom     map[string]string      // MLA kernels the device's shared memory cannot hold, and why
-	hopper     *hopperKit             // flash_hopper, or why it is absent (hopper.go)
-	hopperOn   map[string]bool        // tuning choices of flash_hopper (true) or a flash_prefill tiling (false) by key
-	gw         *gwKit                 // group_wgmma, or why it is absent (group_wgmma.go)
-	wgmmaOn    map[kernels.Op]bool    // tuning choices of group_wgmma (true) or the default (false) at the prefill tiling
-
-	mlaHopper   *mlaHopperKit   // mla_hopper, or why it is absent (mla_hopper.go)
-	mlaHopperOn map[string]bool // tuning choices of mla_hopper (true) or an mla_prefill tiling (false) by key
+	noRoom    map[string]string // MLA kernels the device's shared memory cannot hold, and why
+	hopper    *hopperKit        // flash_hopper, or why it is absent (hopper.go)
+	gw        *gwKit            // group_wgmma, or why it is absent (group_wgmma.go)
+	mlaHopper *mlaHopperKit     // mla_hopper, or why it is absent (mla_hopper.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 }

@@ -115,15 +115,15 @@ func TestVariants(t *testing.T) {
 		t.Errorf("rope on sm_75: %+v, want refused for the architecture", vs)
 	}
 
-	o := &ops{prefill: map[string]flashConfig{}}
+	o := &ops{}
 	key := o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128, "N": 4096})
 	if key != "D=128" || o.VariantFor(kernels.OpAttnPrefill, key) != prefillConfig.String() {
 		t.Fatalf("key %q, variant %q before tuning", key, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
-	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w8_m2"); err != nil || o.prefillFor(key) != (flashConfig{8, 2}) {
-		t.Errorf("UseVariant w8_m2: %v, now %v", err, o.prefillFor(key))
+	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w8_m2"); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != "w8_m2" {
+		t.Errorf("UseVariant w8_m2: %v, now %v", err, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
-	if o.prefillFor("D=64") != prefillConfig {
+	if o.VariantFor(kernels.OpAttnPrefill, "D=64") != prefillConfig.String() {
 		t.Errorf("a choice for D=128 changed D=64's tiling")
 	}
 	o.hopper = &hopperKit{err: fmt.Errorf("no Hopper here")}
@@ -135,8 +135,8 @@ func TestVariants(t *testing.T) {
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, hopperVariant); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != hopperVariant {
 		t.Errorf("UseVariant wgmma: %v, now %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
-	if c, ok := o.hopperFor("D=64", kernels.BF16, 64); ok {
-		t.Errorf("D=64 runs flash_hopper %v untuned", c)
+	if o.VariantFor(kernels.OpAttnPrefill, "D=64") == hopperVariant {
+		t.Errorf("D=64 runs flash_hopper untuned")
 	}
 	if err := o.UseVariant(kernels.OpAttnPrefill, "D=64", hopperVariant); err == nil {
 		t.Errorf("UseVariant wgmma for D=64 accepted with no D=64 instance")
@@ -164,6 +164,37 @@ func TestVariants(t *testing.T) {
 	}
 	if err := o.UseVariant(kernels.OpAttnDecode, dkey, "w4_m2"); err == nil {
 		t.Errorf("a prefill tiling accepted as a decode variant")
+	}
+}
+
+// TestVariantTable: an op has a tuning (a key and a default rule) exactly
+// when the table gives it several variants, every name an op's rule picks
+// untuned is one of its table's, and no op names a variant twice.
+func TestVariantTable(t *testing.T) {
+	o := &ops{}
+	for _, op := range kernels.AllOps {
+		names := namesOf(op)
+		if _, tuned := tunings[op]; tuned != (len(names) > 1) {
+			t.Errorf("%s: variants %v, a tuning: %v", op, names, tuned)
+		}
+		if len(slices.Compact(slices.Sorted(slices.Values(names)))) != len(names) {
+			t.Errorf("%s names a variant twice: %v", op, names)
+		}
+	}
+	for _, c := range []struct {
+		op kernels.Op
+		s  kernels.Shape
+	}{
+		{kernels.OpAttnPrefill, kernels.Shape{"D": 128}}, {kernels.OpMLAPrefill, kernels.Shape{"Dn": 128, "Dr": 64, "Dv": 128}},
+		{kernels.OpMLADecode, kernels.Shape{"B": 1}}, {kernels.OpMLADecode, kernels.Shape{"B": 16}},
+		{kernels.OpLinear, kernels.Shape{"M": 1, "N": 37888, "K": 3584}}, {kernels.OpLinear, kernels.Shape{"M": 64, "N": 4608, "K": 3584}},
+		{kernels.OpGroupGemm, kernels.Shape{"M": 11041 * 6, "E": 160}}, {kernels.OpMoEExperts, kernels.Shape{"N": 11041, "topk": 6, "E": 160}},
+		{kernels.OpMoEExperts, kernels.Shape{"N": 1, "topk": 6, "E": 160}},
+	} {
+		key := o.TuningKey(c.op, c.s)
+		if v := o.VariantFor(c.op, key); !slices.Contains(namesOf(c.op), v) {
+			t.Errorf("%s %s runs %q untuned, not one of %v", c.op, key, v, namesOf(c.op))
+		}
 	}
 }
 
@@ -199,7 +230,7 @@ func TestVariantsF16(t *testing.T) {
 		t.Errorf("D=128 f32: %+v, want wgmma refused for the type", vs[4])
 	}
 
-	o := &ops{prefill: map[string]flashConfig{}}
+	o := &ops{}
 	key := o.TuningKey(kernels.OpAttnPrefill, f16(128))
 	if key != "D=128,dt=f16" || o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128}) != "D=128" {
 		t.Fatalf("tuning keys %q and %q", key, o.TuningKey(kernels.OpAttnPrefill, kernels.Shape{"D": 128}))
@@ -216,8 +247,8 @@ func TestVariantsF16(t *testing.T) {
 	if v := o.VariantFor(kernels.OpAttnPrefill, key); v != hopperVariant {
 		t.Errorf("f16 with its instance runs %q", v)
 	}
-	if c, ok := o.hopperFor(key, kernels.F16, 128); !ok || c.kernel() != "flash_hopper_f16_d128_k2v2q2" {
-		t.Errorf("f16 D=128 runs %v, %v", c, ok)
+	if c, err := o.hopper.config(kernels.F16, 128); err != nil || c.kernel() != "flash_hopper_f16_d128_k2v2q2" {
+		t.Errorf("f16 D=128 runs %v, %v", c, err)
 	}
 	if err := o.UseVariant(kernels.OpAttnPrefill, key, "w4_m2"); err == nil || !strings.Contains(err.Error(), "bf16 only") {
 		t.Errorf("a tiling chosen for f16: %v", err)
@@ -225,8 +256,8 @@ func TestVariantsF16(t *testing.T) {
 	if err := o.UseVariant(kernels.OpAttnPrefill, "D=128", "w8_m2"); err != nil || o.VariantFor(kernels.OpAttnPrefill, key) != hopperVariant {
 		t.Errorf("a bf16 choice moved f16: %v, f16 runs %q", err, o.VariantFor(kernels.OpAttnPrefill, key))
 	}
-	if err := o.UseVariant(kernels.OpAttnPrefill, "dt=f16,D=128", hopperVariant); err != nil || !o.hopperOn[key] {
-		t.Errorf("a key in another order: %v, choices %v", err, o.hopperOn)
+	if err := o.UseVariant(kernels.OpAttnPrefill, "dt=f16,D=128", hopperVariant); err != nil || o.choice[choiceKey{kernels.OpAttnPrefill, key}] != hopperVariant {
+		t.Errorf("a key in another order: %v, choices %v", err, o.choice)
 	}
 	for _, bad := range []string{"D=128,dt=f32", "D=128,N=4", "dt=f16", "D=128,dt=q8"} {
 		if err := o.UseVariant(kernels.OpAttnPrefill, bad, hopperVariant); err == nil {
@@ -343,7 +374,6 @@ func TestLinearSkinny(t *testing.T) {
 // keys and names checked.
 func TestLinearVariants(t *testing.T) {
 	o := &ops{}
-	o.lin.choice = map[linearKey]string{}
 	gateUp := o.TuningKey(kernels.OpLinear, kernels.Shape{"M": 16, "N": 37888, "K": 3584})
 	if gateUp != "M=16,N=37888,K=3584" || o.VariantFor(kernels.OpLinear, gateUp) != linSkinny {
 		t.Fatalf("key %q runs %q", gateUp, o.VariantFor(kernels.OpLinear, gateUp))
@@ -425,13 +455,13 @@ func TestMLAVariants(t *testing.T) {
 		}
 	}
 
-	o := &ops{mlaPrefill: map[string]flashConfig{}}
+	o := &ops{}
 	key := o.TuningKey(kernels.OpMLAPrefill, prefill)
 	if key != "Dn=128,Dr=64,Dv=128" || o.VariantFor(kernels.OpMLAPrefill, key) != mlaPrefillConfig.String() {
 		t.Fatalf("key %q, variant %q before tuning", key, o.VariantFor(kernels.OpMLAPrefill, key))
 	}
-	if err := o.UseVariant(kernels.OpMLAPrefill, key, "w8_m1"); err != nil || o.mlaPrefillFor(key) != (flashConfig{8, 1}) {
-		t.Errorf("UseVariant w8_m1: %v, now %v", err, o.mlaPrefillFor(key))
+	if err := o.UseVariant(kernels.OpMLAPrefill, key, "w8_m1"); err != nil || o.VariantFor(kernels.OpMLAPrefill, key) != "w8_m1" {
+		t.Errorf("UseVariant w8_m1: %v, now %v", err, o.VariantFor(kernels.OpMLAPrefill, key))
 	}
 	if err := o.UseVariant(kernels.OpMLAPrefill, "Dn=16,Dr=8,Dv=16", "w4_m1"); err == nil {
 		t.Errorf("a tiling accepted for head dims mla_prefill has no kernel for")

@@ -196,67 +196,10 @@ func (o *ops) wgmmaWaits() error {
 // the tiling c: group_wgmma is a choice at the prefill tiling only.
 func wgmmaKey(c gemmConfig) string { return "tiling=" + c.Name }
 
-// useWgmma reports whether op runs group_wgmma for problems of tiling c:
-// at the prefill tiling, when a choice for op names it (or none names
-// anything and prefillWgmma is set), and it can run here.
-func (o *ops) useWgmma(op kernels.Op, c gemmConfig) bool {
-	if c.Name != prefillTiling {
-		return false
-	}
-	on, chosen := o.wgmmaOn[op]
-	if !chosen {
-		on = prefillWgmma
-	}
-	return on && o.gw.ready() == nil
-}
-
 // defaultGemmVariant is the variant op runs at tiling c without group_wgmma.
 func defaultGemmVariant(op kernels.Op, c gemmConfig) string {
 	if op == kernels.OpMoEExperts && c.Name == prefillTiling {
 		return "cublas_per_expert"
 	}
 	return "grouped_mma"
-}
-
-// useGemmVariant is UseVariant for group_gemm and moe_experts.
-func (o *ops) useGemmVariant(op kernels.Op, key, name string) error {
-	var c gemmConfig
-	for _, x := range gemmConfigs {
-		if wgmmaKey(x) == key {
-			c = x
-		}
-	}
-	if c.Name == "" {
-		return fmt.Errorf("tuning key %q of %s is not tiling=<one of the grouped GEMM's tilings>", key, op)
-	}
-	if o.wgmmaOn == nil {
-		o.wgmmaOn = map[kernels.Op]bool{}
-	}
-	switch {
-	case name == wgmmaVariant && c.Name == prefillTiling:
-		if err := o.gw.ready(); err != nil {
-			return err // why group_wgmma cannot run here, NVRTC's log included
-		}
-		o.wgmmaOn[op] = true
-	case name == defaultGemmVariant(op, c):
-		if c.Name == prefillTiling {
-			o.wgmmaOn[op] = false
-		}
-	default:
-		return fmt.Errorf("fused has no variant %q of %s at %s", name, op, key)
-	}
-	return nil
-}
-
-// gemmVariantFor is VariantFor for group_gemm and moe_experts.
-func (o *ops) gemmVariantFor(op kernels.Op, key string) string {
-	for _, c := range gemmConfigs {
-		if wgmmaKey(c) == key {
-			if o.useWgmma(op, c) {
-				return wgmmaVariant
-			}
-			return defaultGemmVariant(op, c)
-		}
-	}
-	return ""
 }

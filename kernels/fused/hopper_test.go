@@ -240,7 +240,7 @@ func intsOn(t *testing.T, dev kernels.Device, v []int) *kernels.Tensor {
 // flash_prefill's default tiling; it returns the output.
 func (p *hopperProblem) run(t *testing.T, dev *cuda.Device, o *ops, hopper bool) []float32 {
 	t.Helper()
-	o.hopperOn[prefillKey(p.c.d, p.c.dtype())] = hopper
+	o.choice[choiceKey{kernels.OpAttnPrefill, prefillKey(p.c.d, p.c.dtype())}] = hopperChoice(hopper, prefillConfig)
 	dev.MemsetD8(dev.Ptr(p.out), 0xff, p.out.Rows()*p.out.Pitch*2) // NaN: a row the kernel does not write shows
 	o.AttentionPrefill(p.args())
 	out, err := dev.ReadF32(p.out)
@@ -432,7 +432,7 @@ func (p *hopperProblem) flops() float64 {
 func (p *hopperProblem) time(t *testing.T, dev *cuda.Device, o *ops, hopper bool) (float64, string) {
 	t.Helper()
 	dt := p.c.dtype()
-	o.hopperOn[prefillKey(p.c.d, dt)] = hopper
+	o.choice[choiceKey{kernels.OpAttnPrefill, prefillKey(p.c.d, dt)}] = hopperChoice(hopper, prefillConfig)
 	ms := msPerCall(t, dev, func() { o.AttentionPrefill(p.args()) })
 	if err := o.hopperWaits(); err != nil {
 		t.Fatal(err)
@@ -541,8 +541,9 @@ func TestHopperF16(t *testing.T) {
 	// Without an f16 instance the call is declined (the dispatch then runs
 	// naive's): flash_prefill cannot take f16.
 	p := newHopperProblem(t, dev, hopperCase{lens: []int{5}, past: []int{0}, heads: 1, kv: 1, d: 128, maxSeq: 5, f16: true}, 1)
-	o.hopperOn[prefillKey(128, kernels.F16)] = false
-	defer delete(o.hopperOn, prefillKey(128, kernels.F16))
+	f16 := choiceKey{kernels.OpAttnPrefill, prefillKey(128, kernels.F16)}
+	o.choice[f16] = prefillConfig.String()
+	defer delete(o.choice, f16)
 	func() {
 		defer func() {
 			r := recover()
@@ -658,4 +659,13 @@ func TestHopperKernelTest(t *testing.T) {
 	defer func() { prefillHopper = saved }()
 	prefillHopper = true
 	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpAttnPrefill)
+}
+
+// hopperChoice is the tuning choice of attn_prefill or mla_prefill that
+// runs its Hopper kernel (hopper) or the tiling t.
+func hopperChoice(hopper bool, t flashConfig) string {
+	if hopper {
+		return hopperVariant
+	}
+	return t.String()
 }

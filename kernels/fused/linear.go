@@ -2,7 +2,6 @@ package fused
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -52,8 +51,6 @@ const (
 	linCuBLAS = "cublas"
 )
 
-var linearVariants = []string{linSkinny, linCuBLAS}
-
 // linSkinnyBytes is the least weight bytes a problem has for linear_skinny
 // to run it without a tuning choice (see above): 200 MiB puts Qwen2-7B's
 // gate_up (259 MiB) and both models' lm_heads on it, and every matrix that
@@ -85,9 +82,8 @@ func linearDefault(k linearKey) string {
 
 // linearState is the fused set's linear on one device.
 type linearState struct {
-	counters *kernels.Tensor      // i32 [SMs]: finished splits of each split column, 0 between launches
-	perSM    map[string]int       // blocks an SM holds, by kernel
-	choice   map[linearKey]string // tuning choices
+	counters *kernels.Tensor // i32 [SMs]: finished splits of each split column, 0 between launches
+	perSM    map[string]int  // blocks an SM holds, by kernel
 }
 
 func linearKernel(nt int, out kernels.DType) string {
@@ -102,7 +98,6 @@ func linearKernels() []string { return cudaset.Names(linearInstances()) }
 // captured graph replays it.
 func (o *ops) initLinear() error {
 	o.lin.perSM = map[string]int{}
-	o.lin.choice = map[linearKey]string{}
 	for _, name := range linearKernels() {
 		a, err := o.Func(name).Attrs()
 		if err != nil {
@@ -178,12 +173,7 @@ func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	if m == 0 || n == 0 {
 		return
 	}
-	key := linearKey{m, n, k}
-	v, ok := o.lin.choice[key]
-	if !ok {
-		v = linearDefault(key)
-	}
-	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
+	if o.linearFor(linearKey{m, n, k}) == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
 		o.skinny(out, x, w, bias)
 		return
 	}
@@ -227,51 +217,29 @@ func (o *ops) skinny(out, x, w, bias *kernels.Tensor) {
 		int32(m), int32(n), int32(k), int32(p.full), int32(p.splits), int32(p.chunk))
 }
 
-// linearVariantsOf lists linear's variants for shape s (M rows, N
-// features, K inputs) on t: skinny with its plan on t's SMs, or why it
-// cannot run; cublas always.
-func linearVariantsOf(s kernels.Shape, t kernels.Target, why []string) []kernels.Variant {
+// skinnyValid is linear_skinny's params for shape s (M rows, N features,
+// K inputs) on t, with its plan on t's SMs, or why it cannot run it.
+func skinnyValid(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
 	m, n, k := s["M"], s["N"], s["K"]
+	var rows, vec string
 	if m > linMaxRows {
-		why = append(why, fmt.Sprintf("M=%d rows: linear_skinny takes at most %d (two n8 tiles of one mma)", m, linMaxRows))
+		rows = fmt.Sprintf("M=%d rows: linear_skinny takes at most %d (two n8 tiles of one mma)", m, linMaxRows)
 	}
 	if k%cudaset.VecWidth != 0 {
-		why = append(why, fmt.Sprintf("K=%d is not a multiple of %d (16-byte weight loads): cublas runs it", k, cudaset.VecWidth))
+		vec = fmt.Sprintf("K=%d is not a multiple of %d (16-byte weight loads): cublas runs it", k, cudaset.VecWidth)
 	}
-	reason := strings.Join(why, "; ")
-	params := fmt.Sprintf("warps=%d stage_k=%d phase_k=%d rows<=%d", linWarps, linStage, linPhase, linMaxRows)
-	if reason == "" {
+	why = join(archWhy(t), rows, vec)
+	params = fmt.Sprintf("warps=%d stage_k=%d phase_k=%d rows<=%d", linWarps, linStage, linPhase, linMaxRows)
+	if why == "" {
 		params += fmt.Sprintf(" %v", planLinear(n, k, max(1, t.SMs), linMinBlocks))
 	}
-	return []kernels.Variant{
-		{Name: linSkinny, Params: params, Why: reason},
-		{Name: linCuBLAS, Params: "cuBLAS GEMM over bias rows (beta=1), as naive"},
-	}
+	return params, why, true
 }
 
-// useLinear makes problems of key run variant name.
-func (o *ops) useLinear(key, name string) error {
-	k, err := parseLinearKey(key)
-	if err != nil {
-		return err
-	}
-	switch {
-	case name != linSkinny && name != linCuBLAS:
-		return fmt.Errorf("fused has no linear variant %q (it has %v)", name, linearVariants)
-	case name == linSkinny && k.m > linMaxRows:
-		return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
-	}
-	o.lin.choice[k] = name
-	return nil
-}
-
-// linearFor is the variant problems of key run.
-func (o *ops) linearFor(key string) string {
-	k, err := parseLinearKey(key)
-	if err != nil {
-		return ""
-	}
-	if v, ok := o.lin.choice[k]; ok {
+// linearFor is the variant problems of key run: the tuning choice for key,
+// else linearDefault (linear's rule, tunings' pick).
+func (o *ops) linearFor(k linearKey) string {
+	if v, ok := o.choice[choiceKey{kernels.OpLinear, k.String()}]; ok {
 		return v
 	}
 	return linearDefault(k)

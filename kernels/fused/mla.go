@@ -146,19 +146,22 @@ func (o *ops) needRoom(op kernels.Op, kernel string) {
 // per-position [heads, Dn+Dv] rows: k_nope then v of each head, as HF
 // expands them), then runs mla_prefill, flash attention with keys (k_nope,
 // the shared k_pe from the cache) and values v, over the rows at once, as
-// many rows per launch as mlaPrefillBudget holds; or, where chosen,
-// mla_hopper instead of mla_prefill (mla_hopper.go).
+// many rows per launch as mlaPrefillBudget holds; or mla_hopper instead of
+// mla_prefill (mla_hopper.go) where variantFor names it (mlaPrefillPick).
 func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	op := kernels.OpMLAPrefill
 	o.checkMLA(op, a, true)
 	d := mlaHeads{a.NopeDim, a.RopeDim, a.VDim}
 	o.Need(slices.Contains(mlaPrefillDims, d), op, "heads of nope %d, rope %d, v %d: the fused kernels take %v (mla=naive runs any)",
 		d.Nope, d.Rope, d.V, mlaPrefillDims)
-	key := o.TuningKey(op, kernels.Shape{"Dn": d.Nope, "Dr": d.Rope, "Dv": d.V})
-	c := o.mlaPrefillFor(key)
+	name := o.variantFor(op, mlaHeadsKey(d))
+	hopper := name == mlaHopperVariant // mla_hopper (mla_hopper.go)
+	c, _ := flashConfigNamed(name)
 	kernel := mlaPrefillKernel(d, c)
-	hc, hopper := o.mlaHopperFor(key, d) // mla_hopper (mla_hopper.go) where chosen
-	if !hopper {
+	var hc mlaHopperConfig
+	if hopper {
+		hc, _ = o.mlaHopper.config(d) // variantFor names it only where there is one
+	} else {
 		o.needRoom(op, kernel)
 	}
 	b := a.Batch
@@ -231,7 +234,7 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	perSM := o.D.Props().MaxSharedPerSM
 	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
 	wave := max(1, perSM/shared) * o.SMs
-	if o.mlaDecodeFor(mlaDecodeKey(a.Batch.Rows)) == mlaKeysVariant {
+	if o.variantFor(op, mlaDecodeKey(a.Batch.Rows)) == mlaKeysVariant {
 		stages := mlaKeysStages(d, perSM)
 		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
 		wave = blocksPerSM(shared, perSM) * o.SMs
@@ -260,12 +263,4 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 		o.mergeSplits(olat, part, stats, b.Rows, h, splits, r)
 	}
 	o.GemmBatched(true, b.Rows, dv, r, 1, olat, int64(r), w.Sub(dn, 0), perHead, 0, o.Mat(a.Out), int64(dv), h)
-}
-
-// mlaPrefillFor is the tiling mla_prefill runs for tuning key.
-func (o *ops) mlaPrefillFor(key string) flashConfig {
-	if c, ok := o.mlaPrefill[key]; ok {
-		return c
-	}
-	return mlaPrefillConfig
 }

@@ -135,21 +135,6 @@ func mlaHopperVariantOf(d mlaHeads, t kernels.Target) (v kernels.Variant, ok boo
 	return v, true
 }
 
-// mlaHopperFor is the mla_hopper instance MLAPrefill runs for tuning key
-// and head dims d, if it runs mla_hopper: when a choice for key names it,
-// or none names anything and mlaPrefillHopper is set; and it can run here.
-func (o *ops) mlaHopperFor(key string, d mlaHeads) (mlaHopperConfig, bool) {
-	on, chosen := o.mlaHopperOn[key]
-	if !chosen {
-		on = mlaPrefillHopper
-	}
-	if !on {
-		return mlaHopperConfig{}, false
-	}
-	c, err := o.mlaHopper.config(d)
-	return c, err == nil
-}
-
 // mlaHopperLaunch launches mla_hopper instance c over rows [r0, r1) of a's
 // batch, whose decompressed keys and values are kv's keys rows and whose longest row
 // has longest new tokens: the tensor maps of q, kv and the cache's k_pe,

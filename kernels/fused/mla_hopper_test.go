@@ -39,7 +39,7 @@ func TestMLAHopperInstances(t *testing.T) {
 		t.Errorf("mla_hopper offered on sm_80")
 	}
 
-	o := &ops{mlaPrefill: map[string]flashConfig{}}
+	o := &ops{}
 	key := "Dn=128,Dr=64,Dv=128"
 	o.mlaHopper = &mlaHopperKit{err: fmt.Errorf("no Hopper here")}
 	if err := o.UseVariant(kernels.OpMLAPrefill, key, mlaHopperVariant); err == nil || !strings.Contains(err.Error(), "no Hopper here") {
@@ -160,7 +160,7 @@ const mlaHopperKey = "Dn=128,Dr=64,Dv=128"
 // default tiling; it returns the output.
 func (p *mlaHopperProblem) run(t *testing.T, dev *cuda.Device, o *ops, hopper bool) []float32 {
 	t.Helper()
-	o.mlaHopperOn[mlaHopperKey] = hopper
+	o.choice[choiceKey{kernels.OpMLAPrefill, mlaHopperKey}] = hopperChoice(hopper, mlaPrefillConfig)
 	dev.MemsetD8(dev.Ptr(p.o), 0xff, p.o.Numel()*2) // NaN: a row the kernel does not write shows
 	o.MLAPrefill(p.args())
 	out, err := dev.ReadF32(p.o)
@@ -227,7 +227,7 @@ func TestMLAHopperLong(t *testing.T) {
 			flops += 2 * keys * float64(c.heads*(d.nope+d.rope+d.v))
 		}
 		for _, hopper := range []bool{false, true} {
-			o.mlaHopperOn[mlaHopperKey] = hopper
+			o.choice[choiceKey{kernels.OpMLAPrefill, mlaHopperKey}] = hopperChoice(hopper, mlaPrefillConfig)
 			ms := msPerCall(t, dev, func() { o.MLAPrefill(p.args()) })
 			name := mlaPrefillConfig.String()
 			if hopper {

@@ -75,39 +75,3 @@ func mlaKeysStages(d mlaLatent, perSM int) int {
 // blocksPerSM is how many blocks of shared bytes an SM of perSM bytes
 // holds, at least one.
 func blocksPerSM(shared, perSM int) int { return max(1, perSM/(shared+blockReserve)) }
-
-// mlaDecodeFor is the variant mla_decode runs for tuning key (mlaDecodeKey):
-// the tuning choice for that key, else one made for every batch (key ""),
-// else mlaDecodeDefault, else keys from mlaKeysMinRows rows and
-// latent_split below.
-func (o *ops) mlaDecodeFor(key string) string {
-	if v, ok := o.mlaDecode[key]; ok {
-		return v
-	}
-	if v, ok := o.mlaDecode[""]; ok {
-		return v
-	}
-	if mlaDecodeDefault != "" {
-		return mlaDecodeDefault
-	}
-	if key == mlaDecodeKey(mlaKeysMinRows) {
-		return mlaKeysVariant
-	}
-	return mlaDecodeVariant
-}
-
-// useMLADecode records a tuning choice of mla_decode's variant for key: a
-// side of mlaKeysMinRows, or "" for every batch.
-func (o *ops) useMLADecode(key, name string) error {
-	if name != mlaDecodeVariant && name != mlaKeysVariant {
-		return fmt.Errorf("fused has no mla_decode variant %q (it has %q and %q)", name, mlaDecodeVariant, mlaKeysVariant)
-	}
-	if key != "" && key != mlaDecodeKey(1) && key != mlaDecodeKey(mlaKeysMinRows) {
-		return fmt.Errorf("tuning key %q is not %q, %q or empty", key, mlaDecodeKey(1), mlaDecodeKey(mlaKeysMinRows))
-	}
-	if o.mlaDecode == nil {
-		o.mlaDecode = map[string]string{}
-	}
-	o.mlaDecode[key] = name
-	return nil
-}

@@ -140,7 +140,7 @@ func (o *ops) GroupGemm(out, x, w, first *kernels.Tensor) {
 	groups, n, k, m := w.Shape[0], w.Shape[1], w.Shape[2], x.Rows()
 	o.checkGemm(op, w, n, k, out, x)
 	c := configFor(m, groups)
-	if o.useWgmma(op, c) {
+	if o.variantFor(op, wgmmaKey(c)) == wgmmaVariant {
 		o.wgmmaGemm(op, false, o.Mat(out), o.Mat(x), m, 0, 1, o.D.Ptr(w), o.D.Ptr(first), groups, m, n, k)
 		return
 	}
@@ -217,7 +217,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		int32(experts), int32(c.BM))
-	if o.useWgmma(op, c) {
+	if o.variantFor(op, wgmmaKey(c)) == wgmmaVariant {
 		// group_wgmma: gate/up over the rows gathered by its producer, or
 		// packed first (into y, spent before down writes it), then down.
 		if wgmmaGather {

@@ -8,127 +8,471 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 )
 
-// variants lists fused's kernels for an op, shape and target, valid or not
-// (kernels.SetInfo.Variants): flash_prefill's tilings, flash_decode,
-// linear_skinny and cuBLAS for linear, mla_prefill's tilings, mla_decode,
-// and the single elementwise and MoE kernels (the grouped GEMM's tiling
-// follows the rows per group; the params say which the shape gets).
-func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Variant {
-	var why []string
-	if !archAtLeast(t.Arch, 80) {
-		why = append(why, fmt.Sprintf("mma.sync on bf16 needs sm_80 or later, the target is %s", t.Arch))
+// variant is one of fused's kernels for an op, as kbench lists it and the
+// tuning cache names it. The launch stays in the op's launcher (its
+// arguments differ from op to op); which variant it launches comes from
+// variantFor.
+type variant struct {
+	op   kernels.Op
+	name string
+	// valid is the variant's params for shape s on target t and why it
+	// cannot run it ("" when it can); offered is false where it is not one
+	// of op's variants for s on t at all (the Hopper kernels off sm_90a, the
+	// grouped GEMM's variants of another tiling).
+	valid func(s kernels.Shape, t kernels.Target) (params, why string, offered bool)
+	// use is why a tuning choice of the variant for key (parsed) cannot run
+	// on o, nil when it can; a nil use accepts every key.
+	use func(o *ops, key string) error
+}
+
+// tuning is how the variant of an op that has several is chosen.
+type tuning struct {
+	// key is the tuning key of a problem of shape s.
+	key func(s kernels.Shape) string
+	// parse is key in the form key gives it, or why it is not one of op's.
+	parse func(key string) (string, error)
+	// pick is the variant problems of key run, given the tuning choice for
+	// key (chosen, "" when there is none): the op's default rule.
+	pick func(o *ops, key, chosen string) string
+}
+
+// choiceKey is where a tuning choice applies: an op's problems of a key.
+type choiceKey struct {
+	op  kernels.Op
+	key string
+}
+
+// table is fused's variants, op by op, in the order kbench lists them:
+// flash_prefill's tilings and flash_hopper for attn_prefill, flash_decode,
+// mla_prefill's tilings and mla_hopper, mla_decode's two, the single
+// elementwise and router kernels, the grouped GEMM's (its tiling follows
+// the rows per group; the params say which the shape gets), and
+// linear_skinny and cuBLAS for linear.
+var table = func() []variant {
+	var vs []variant
+	for _, c := range flashConfigs {
+		vs = append(vs, variant{op: kernels.OpAttnPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+			d, dt := s["D"], s.DType(actType)
+			var onlyBF16 string
+			if dt != actType {
+				onlyBF16 = fmt.Sprintf("%v operands: flash_prefill's mma.sync tiles take bf16 only (flash_hopper, on %s, takes %v)",
+					dt, hopperArch, hopperDTypes)
+			}
+			shared := prefillShared(d, c)
+			return fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d", c.Warps, c.MTiles, c.rows(), keyTile, shared),
+				join(archWhy(t), headDimWhy(d), onlyBF16, fits(shared, t)), true
+		}, use: func(_ *ops, key string) error {
+			if _, dt, _ := parsePrefillKey(key); dt != actType {
+				return fmt.Errorf("%s: %s: flash_prefill's tilings take bf16 only; %v operands run %q", key, c, dt, hopperVariant)
+			}
+			return nil
+		}})
 	}
-	d := s["D"]
-	headDim := func() {
-		if !slices.Contains(headDims, d) {
-			why = append(why, fmt.Sprintf("head dim %d: the kernels are instantiated for %v", d, headDims))
+	vs = append(vs, variant{op: kernels.OpAttnPrefill, name: hopperVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		v, ok := hopperVariantOf(s.DType(actType), s["D"], t)
+		return v.Params, v.Why, ok
+	}, use: func(o *ops, key string) error {
+		d, dt, _ := parsePrefillKey(key)
+		_, err := o.hopper.config(dt, d) // why flash_hopper cannot run here, NVRTC's log included
+		return err
+	}})
+	vs = append(vs, variant{op: kernels.OpAttnDecode, name: decodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		d := s["D"]
+		var group string
+		if kvh := s["KVH"]; kvh > 0 && s["H"]/kvh > maxGroup {
+			group = fmt.Sprintf("%d query heads per kv head, at most %d", s["H"]/kvh, maxGroup)
+		}
+		shared := decodeShared(d)
+		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; warps split the keys, attn_merge merges",
+			decodeWarps, keyTile, decodeStages, shared), join(archWhy(t), headDimWhy(d), group, fits(shared, t)), true
+	}})
+	for _, c := range flashConfigs {
+		vs = append(vs, variant{op: kernels.OpMLAPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+			d := mlaHeads{s["Dn"], s["Dr"], s["Dv"]}
+			shared := mlaPrefillShared(d, c)
+			return fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d; kv_b_proj up front (cuBLAS)",
+				c.Warps, c.MTiles, c.rows(), keyTile, shared), join(archWhy(t), mlaHeadsWhy(d), fits(shared, t)), true
+		}})
+	}
+	vs = append(vs, variant{op: kernels.OpMLAPrefill, name: mlaHopperVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		v, ok := mlaHopperVariantOf(mlaHeads{s["Dn"], s["Dr"], s["Dv"]}, t)
+		return v.Params, v.Why, ok
+	}, use: func(o *ops, key string) error {
+		d, _ := parseMLAHeads(key)
+		_, err := o.mlaHopper.config(d) // why mla_hopper cannot run here, NVRTC's log included
+		return err
+	}})
+	vs = append(vs, variant{op: kernels.OpMLADecode, name: mlaDecodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		d := mlaLatent{s["R"], s["Dr"]}
+		shared := mlaDecodeShared(d)
+		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps split q·k by dims and p·c by output dims, attn_merge merges",
+			decodeWarps, keyTile, mlaStages, shared), join(archWhy(t), mlaLatentWhy(d, s["H"]), fits(shared, t)), true
+	}}, variant{op: kernels.OpMLADecode, name: mlaKeysVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		d := mlaLatent{s["R"], s["Dr"]}
+		stages := mlaKeysStages(d, t.SharedPerSM)
+		shared := mlaKeysShared(d, stages)
+		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps score their own keys, one max per tile, p·c by output dims, attn_merge merges",
+			decodeWarps, mlkTile, stages, shared, blocksPerSM(shared, t.SharedPerSM)), join(archWhy(t), mlaLatentWhy(d, s["H"]), fits(shared, t)), true
+	}})
+	single := func(op kernels.Op, name, params string) variant {
+		return variant{op: op, name: name, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+			return params, archWhy(t), true
+		}}
+	}
+	vs = append(vs,
+		single(kernels.OpRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
+		single(kernels.OpAddRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
+		single(kernels.OpRoPE, "token_per_block", fmt.Sprintf("pairs_per_thread=%d", ropeVec)),
+		single(kernels.OpSwiGLU, "one_pass", "vector=16B grid_stride"),
+		single(kernels.OpMoERoute, "warp_per_token", fmt.Sprintf("experts<=%d groups<=32 topk<=32", 32*routePerLane)))
+	for _, op := range []kernels.Op{kernels.OpGroupGemm, kernels.OpMoEExperts} {
+		// atDefault is use of a variant that runs only where it is op's
+		// default at the key's tiling.
+		atDefault := func(name string) func(*ops, string) error {
+			return func(_ *ops, key string) error {
+				if c, _ := gemmTilingOfKey(key); name != defaultGemmVariant(op, c) {
+					return fmt.Errorf("fused has no variant %q of %s at %s", name, op, key)
+				}
+				return nil
+			}
+		}
+		vs = append(vs, variant{op: op, name: "grouped_mma", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+			c := gemmTiling(op, s)
+			return c.params() + " (" + c.regime + ")", join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == "grouped_mma"
+		}, use: atDefault("grouped_mma")})
+		if op == kernels.OpMoEExperts {
+			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+				return "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", archWhy(t),
+					defaultGemmVariant(op, gemmTiling(op, s)) == "cublas_per_expert"
+			}, use: atDefault("cublas_per_expert")})
+		}
+		vs = append(vs, variant{op: op, name: wgmmaVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+			v, ok := wgmmaVariantOf(t, op == kernels.OpMoEExperts && wgmmaGather)
+			return v.Params, v.Why, ok && gemmTiling(op, s).Name == prefillTiling
+		}, use: func(o *ops, key string) error {
+			if c, _ := gemmTilingOfKey(key); c.Name != prefillTiling {
+				return fmt.Errorf("fused has no variant %q of %s at %s", wgmmaVariant, op, key)
+			}
+			return o.gw.ready() // why group_wgmma cannot run here, NVRTC's log included
+		}})
+	}
+	vs = append(vs, variant{op: kernels.OpLinear, name: linSkinny, valid: skinnyValid, use: func(_ *ops, key string) error {
+		if k, _ := parseLinearKey(key); k.m > linMaxRows {
+			return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
+		}
+		return nil
+	}}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
+		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
+	}})
+	return vs
+}()
+
+// tunings are the ops whose variant is chosen per tuning key: attention
+// prefill's per head dim and element type (prefillKey), linear's per shape
+// (M, N, K), mla_prefill's per head dims, the grouped GEMM's (group_gemm,
+// moe_experts) per tiling, mla_decode's by batch (mlaDecodeKey); the other
+// ops have one variant.
+var tunings = map[kernels.Op]tuning{
+	kernels.OpAttnPrefill: {
+		key: func(s kernels.Shape) string { return prefillKey(s["D"], s.DType(actType)) },
+		parse: func(key string) (string, error) {
+			d, dt, err := parsePrefillKey(key)
+			return prefillKey(d, dt), err
+		},
+		pick: prefillPick,
+	},
+	kernels.OpMLAPrefill: {
+		key: func(s kernels.Shape) string { return mlaHeadsKey(mlaHeads{s["Dn"], s["Dr"], s["Dv"]}) },
+		parse: func(key string) (string, error) {
+			_, err := parseMLAHeads(key)
+			return key, err
+		},
+		pick: mlaPrefillPick,
+	},
+	kernels.OpMLADecode: {
+		key: func(s kernels.Shape) string { return mlaDecodeKey(s["B"]) },
+		parse: func(key string) (string, error) {
+			if key != "" && key != mlaDecodeKey(1) && key != mlaDecodeKey(mlaKeysMinRows) {
+				return "", fmt.Errorf("tuning key %q is not %q, %q or empty", key, mlaDecodeKey(1), mlaDecodeKey(mlaKeysMinRows))
+			}
+			return key, nil
+		},
+		pick: mlaDecodePick,
+	},
+	kernels.OpLinear: {
+		key: func(s kernels.Shape) string { return linearKey{s["M"], s["N"], s["K"]}.String() },
+		parse: func(key string) (string, error) {
+			_, err := parseLinearKey(key)
+			return key, err
+		},
+		// linearFor is the rule; Linear calls it with the problem's
+		// linearKey, parsing no key on every call.
+		pick: func(o *ops, key, _ string) string {
+			k, err := parseLinearKey(key)
+			if err != nil {
+				return ""
+			}
+			return o.linearFor(k)
+		},
+	},
+	kernels.OpGroupGemm:  gemmTuning(kernels.OpGroupGemm),
+	kernels.OpMoEExperts: gemmTuning(kernels.OpMoEExperts),
+}
+
+// variants lists fused's variants of op for shape s on target t, valid or
+// not (kernels.SetInfo.Variants): table's entries that t offers for s.
+func variants(op kernels.Op, s kernels.Shape, t kernels.Target) []kernels.Variant {
+	var vs []kernels.Variant
+	for _, v := range table {
+		if v.op != op {
+			continue
+		}
+		if params, why, ok := v.valid(s, t); ok {
+			vs = append(vs, kernels.Variant{Name: v.name, Params: params, Why: why})
 		}
 	}
-	fits := func(shared int) string {
-		if shared > t.SharedPerBlock {
-			return fmt.Sprintf("needs %d bytes of shared memory, a block gets %d on %s", shared, t.SharedPerBlock, t.Arch)
+	return vs
+}
+
+// namesOf is the names of op's variants in table.
+func namesOf(op kernels.Op) []string {
+	var names []string
+	for _, v := range table {
+		if v.op == op {
+			names = append(names, v.name)
+		}
+	}
+	return names
+}
+
+// TuningKey is the key of op's problems of shape s (tunings); "" for an op
+// of one variant.
+func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
+	if tu, ok := tunings[op]; ok {
+		return tu.key(s)
+	}
+	return ""
+}
+
+// UseVariant makes op run variant name for problems of key: for an op of
+// tunings, a key it parses and a variant of table whose use accepts it here
+// (for mla_decode, key "" chooses for every batch); the other ops take
+// their single variant's name.
+func (o *ops) UseVariant(op kernels.Op, key, name string) error {
+	tu, ok := tunings[op]
+	if !ok {
+		if cur := o.VariantFor(op, key); cur == "" || name != cur {
+			return fmt.Errorf("fused has no variant %q of %s (it has %q)", name, op, cur)
+		}
+		return nil
+	}
+	key, err := tu.parse(key)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(table, func(v variant) bool { return v.op == op && v.name == name })
+	if i < 0 {
+		return fmt.Errorf("fused has no %s variant %q (it has %v)", op, name, namesOf(op))
+	}
+	if use := table[i].use; use != nil {
+		if err := use(o, key); err != nil {
+			return err
+		}
+	}
+	if o.choice == nil {
+		o.choice = map[choiceKey]string{}
+	}
+	o.choice[choiceKey{op, key}] = name
+	return nil
+}
+
+// VariantFor is the variant op runs for problems of key.
+func (o *ops) VariantFor(op kernels.Op, key string) string {
+	tu, ok := tunings[op]
+	if !ok {
+		if names := namesOf(op); len(names) == 1 {
+			return names[0]
 		}
 		return ""
 	}
-	join := func(extra ...string) string {
-		all := append(slices.Clone(why), extra...)
-		all = slices.DeleteFunc(all, func(s string) bool { return s == "" })
-		return strings.Join(all, "; ")
+	if k, err := tu.parse(key); err == nil {
+		key = k
 	}
-	switch op {
-	case kernels.OpAttnPrefill:
-		headDim()
-		dt := s.DType(actType)
-		var onlyBF16 string
+	return o.variantFor(op, key)
+}
+
+// variantFor is the variant op (one of tunings) runs for problems of key, as
+// its launcher asks: the op's rule given the tuning choice for key.
+func (o *ops) variantFor(op kernels.Op, key string) string {
+	return tunings[op].pick(o, key, o.choice[choiceKey{op, key}])
+}
+
+// prefillPick is attn_prefill's rule: flash_hopper where it is chosen, or
+// nothing is chosen and prefillHopper is set, and it can run here; else,
+// for bf16, the tiling chosen or prefillConfig; else none of fused's ("":
+// AttentionPrefill declines, naive runs).
+func prefillPick(o *ops, key, chosen string) string {
+	if d, dt, err := parsePrefillKey(key); err == nil {
+		if chosen == hopperVariant || chosen == "" && prefillHopper {
+			if _, err := o.hopper.config(dt, d); err == nil {
+				return hopperVariant
+			}
+		}
 		if dt != actType {
-			onlyBF16 = fmt.Sprintf("%v operands: flash_prefill's mma.sync tiles take bf16 only (flash_hopper, on %s, takes %v)",
-				dt, hopperArch, hopperDTypes)
+			return ""
 		}
-		var vs []kernels.Variant
-		for _, c := range flashConfigs {
-			shared := prefillShared(d, c)
-			vs = append(vs, kernels.Variant{Name: c.String(),
-				Params: fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d", c.Warps, c.MTiles, c.rows(), keyTile, shared),
-				Why:    join(onlyBF16, fits(shared))})
-		}
-		if v, ok := hopperVariantOf(dt, d, t); ok {
-			vs = append(vs, v)
-		}
-		return vs
-	case kernels.OpAttnDecode:
-		headDim()
-		if kvh := s["KVH"]; kvh > 0 && s["H"]/kvh > maxGroup {
-			why = append(why, fmt.Sprintf("%d query heads per kv head, at most %d", s["H"]/kvh, maxGroup))
-		}
-		shared := decodeShared(d)
-		return []kernels.Variant{{Name: decodeVariant,
-			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; warps split the keys, attn_merge merges",
-				decodeWarps, keyTile, decodeStages, shared),
-			Why: join(fits(shared))}}
-	case kernels.OpMLAPrefill:
-		d := mlaHeads{s["Dn"], s["Dr"], s["Dv"]}
-		if !slices.Contains(mlaPrefillDims, d) {
-			why = append(why, fmt.Sprintf("heads of nope %d, rope %d, v %d: the kernels are instantiated for %v", d.Nope, d.Rope, d.V, mlaPrefillDims))
-		}
-		var vs []kernels.Variant
-		for _, c := range flashConfigs {
-			shared := mlaPrefillShared(d, c)
-			vs = append(vs, kernels.Variant{Name: c.String(),
-				Params: fmt.Sprintf("warps=%d m_tiles=%d rows=%d key_tile=%d stages=2 shared=%d; kv_b_proj up front (cuBLAS)",
-					c.Warps, c.MTiles, c.rows(), keyTile, shared),
-				Why: join(fits(shared))})
-		}
-		if v, ok := mlaHopperVariantOf(d, t); ok {
-			vs = append(vs, v)
-		}
-		return vs
-	case kernels.OpMLADecode:
-		d := mlaLatent{s["R"], s["Dr"]}
-		if !slices.Contains(mlaDecodeDims, d) {
-			why = append(why, fmt.Sprintf("latents of rank %d, rope %d: the kernel is instantiated for %v", d.Rank, d.Rope, mlaDecodeDims))
-		}
-		if s["H"] > maxMLAHeads {
-			why = append(why, fmt.Sprintf("%d heads, at most %d", s["H"], maxMLAHeads))
-		}
-		shared := mlaDecodeShared(d)
-		stages := mlaKeysStages(d, t.SharedPerSM)
-		keysShared := mlaKeysShared(d, stages)
-		return []kernels.Variant{{Name: mlaDecodeVariant,
-			Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps split q·k by dims and p·c by output dims, attn_merge merges",
-				decodeWarps, keyTile, mlaStages, shared),
-			Why: join(fits(shared))},
-			{Name: mlaKeysVariant,
-				Params: fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps score their own keys, one max per tile, p·c by output dims, attn_merge merges",
-					decodeWarps, mlkTile, stages, keysShared, blocksPerSM(keysShared, t.SharedPerSM)),
-				Why: join(fits(keysShared))}}
-	case kernels.OpRMSNorm, kernels.OpAddRMSNorm:
-		return []kernels.Variant{{Name: "row_per_block", Params: fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads),
-			Why: join()}}
-	case kernels.OpRoPE:
-		return []kernels.Variant{{Name: "token_per_block", Params: fmt.Sprintf("pairs_per_thread=%d", ropeVec), Why: join()}}
-	case kernels.OpSwiGLU:
-		return []kernels.Variant{{Name: "one_pass", Params: "vector=16B grid_stride", Why: join()}}
-	case kernels.OpMoERoute:
-		return []kernels.Variant{{Name: "warp_per_token",
-			Params: fmt.Sprintf("experts<=%d groups<=32 topk<=32", 32*routePerLane), Why: join()}}
-	case kernels.OpGroupGemm, kernels.OpMoEExperts:
-		c := configFor(s["M"], s["E"])
-		if op == kernels.OpMoEExperts {
-			c = configFor(s["N"]*s["topk"], s["E"])
-		}
-		vs := []kernels.Variant{{Name: "grouped_mma", Params: c.params() + " (" + c.regime + ")", Why: join(fits(c.shared()))}}
-		if op == kernels.OpMoEExperts && c.Name == prefillTiling {
-			vs = []kernels.Variant{{Name: "cublas_per_expert",
-				Params: "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", Why: join()}}
-		}
-		if v, ok := wgmmaVariantOf(t, op == kernels.OpMoEExperts && wgmmaGather); ok && c.Name == prefillTiling {
-			vs = append(vs, v)
-		}
-		return vs
-	case kernels.OpLinear:
-		return linearVariantsOf(s, t, slices.Clone(why))
 	}
-	return nil
+	if _, ok := flashConfigNamed(chosen); ok {
+		return chosen
+	}
+	return prefillConfig.String()
+}
+
+// mlaPrefillPick is mla_prefill's rule: mla_hopper where it is chosen, or
+// nothing is chosen and mlaPrefillHopper is set, and it can run here; else
+// the tiling chosen, else mlaPrefillConfig.
+func mlaPrefillPick(o *ops, key, chosen string) string {
+	var d mlaHeads
+	if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err == nil {
+		if chosen == mlaHopperVariant || chosen == "" && mlaPrefillHopper {
+			if _, err := o.mlaHopper.config(d); err == nil {
+				return mlaHopperVariant
+			}
+		}
+	}
+	if _, ok := flashConfigNamed(chosen); ok {
+		return chosen
+	}
+	return mlaPrefillConfig.String()
+}
+
+// mlaDecodePick is mla_decode's rule for key (mlaDecodeKey): the tuning
+// choice for that key, else one made for every batch (key ""), else
+// mlaDecodeDefault, else keys from mlaKeysMinRows rows and latent_split
+// below.
+func mlaDecodePick(o *ops, key, chosen string) string {
+	if chosen != "" {
+		return chosen
+	}
+	if v, ok := o.choice[choiceKey{kernels.OpMLADecode, ""}]; ok {
+		return v
+	}
+	if mlaDecodeDefault != "" {
+		return mlaDecodeDefault
+	}
+	if key == mlaDecodeKey(mlaKeysMinRows) {
+		return mlaKeysVariant
+	}
+	return mlaDecodeVariant
+}
+
+// gemmTuning is group_gemm's or moe_experts' (op's) tuning: keyed by the
+// tiling (wgmmaKey); group_wgmma where it is chosen at the prefill tiling,
+// or nothing is chosen and prefillWgmma is set, and it can run here; else
+// the tiling's default (defaultGemmVariant).
+func gemmTuning(op kernels.Op) tuning {
+	return tuning{
+		key: func(s kernels.Shape) string { return wgmmaKey(gemmTiling(op, s)) },
+		parse: func(key string) (string, error) {
+			if _, ok := gemmTilingOfKey(key); !ok {
+				return "", fmt.Errorf("tuning key %q of %s is not tiling=<one of the grouped GEMM's tilings>", key, op)
+			}
+			return key, nil
+		},
+		pick: func(o *ops, key, chosen string) string {
+			c, ok := gemmTilingOfKey(key)
+			if !ok {
+				return ""
+			}
+			if c.Name == prefillTiling && (chosen == wgmmaVariant || chosen == "" && prefillWgmma) && o.gw.ready() == nil {
+				return wgmmaVariant
+			}
+			return defaultGemmVariant(op, c)
+		},
+	}
+}
+
+// gemmTiling is the grouped GEMM's tiling for op's problems of shape s: by
+// the rows per group, M over E for group_gemm, N·topk over E for
+// moe_experts.
+func gemmTiling(op kernels.Op, s kernels.Shape) gemmConfig {
+	if op == kernels.OpMoEExperts {
+		return configFor(s["N"]*s["topk"], s["E"])
+	}
+	return configFor(s["M"], s["E"])
+}
+
+// gemmTilingOfKey is the tiling a grouped GEMM tuning key (wgmmaKey) names.
+func gemmTilingOfKey(key string) (gemmConfig, bool) {
+	for _, c := range gemmConfigs {
+		if wgmmaKey(c) == key {
+			return c, true
+		}
+	}
+	return gemmConfig{}, false
+}
+
+// mlaHeadsKey is mla_prefill's tuning key for head dims d.
+func mlaHeadsKey(d mlaHeads) string { return fmt.Sprintf("Dn=%d,Dr=%d,Dv=%d", d.Nope, d.Rope, d.V) }
+
+// parseMLAHeads reads mla_prefill's tuning key: head dims it is
+// instantiated for.
+func parseMLAHeads(key string) (mlaHeads, error) {
+	var d mlaHeads
+	if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err != nil || !slices.Contains(mlaPrefillDims, d) {
+		return d, fmt.Errorf("tuning key %q is not Dn=,Dr=,Dv= of head dims of %v", key, mlaPrefillDims)
+	}
+	return d, nil
+}
+
+// archWhy is why fused's kernels cannot run on t: mma.sync on bf16 needs
+// sm_80; "" when they can.
+func archWhy(t kernels.Target) string {
+	if !archAtLeast(t.Arch, 80) {
+		return fmt.Sprintf("mma.sync on bf16 needs sm_80 or later, the target is %s", t.Arch)
+	}
+	return ""
+}
+
+// headDimWhy is why the attention kernels have no instance of head dim d.
+func headDimWhy(d int) string {
+	if !slices.Contains(headDims, d) {
+		return fmt.Sprintf("head dim %d: the kernels are instantiated for %v", d, headDims)
+	}
+	return ""
+}
+
+// mlaHeadsWhy is why mla_prefill has no instance of head dims d.
+func mlaHeadsWhy(d mlaHeads) string {
+	if !slices.Contains(mlaPrefillDims, d) {
+		return fmt.Sprintf("heads of nope %d, rope %d, v %d: the kernels are instantiated for %v", d.Nope, d.Rope, d.V, mlaPrefillDims)
+	}
+	return ""
+}
+
+// mlaLatentWhy is why mla_decode cannot take latents d with heads heads.
+func mlaLatentWhy(d mlaLatent, heads int) string {
+	var why []string
+	if !slices.Contains(mlaDecodeDims, d) {
+		why = append(why, fmt.Sprintf("latents of rank %d, rope %d: the kernel is instantiated for %v", d.Rank, d.Rope, mlaDecodeDims))
+	}
+	if heads > maxMLAHeads {
+		why = append(why, fmt.Sprintf("%d heads, at most %d", heads, maxMLAHeads))
+	}
+	return join(why...)
+}
+
+// fits is why a block of shared bytes of shared memory cannot run on t.
+func fits(shared int, t kernels.Target) string {
+	if shared > t.SharedPerBlock {
+		return fmt.Sprintf("needs %d bytes of shared memory, a block gets %d on %s", shared, t.SharedPerBlock, t.Arch)
+	}
+	return ""
+}
+
+// join is the reasons that are not empty, joined by "; ".
+func join(why ...string) string {
+	return strings.Join(slices.DeleteFunc(why, func(s string) bool { return s == "" }), "; ")
 }
 
 // archAtLeast reports whether NVRTC's target arch ("sm_90a", "compute_90")
@@ -140,99 +484,6 @@ func archAtLeast(arch string, cc int) bool {
 		return false
 	}
 	return n >= cc
-}
-
-// TuningKey is the key of op's problems of shape s: attention's variants
-// are chosen per head dim (and attn_prefill's per element type, prefillKey),
-// linear's per shape (M, N, K), mla_prefill's per head dims, the grouped
-// GEMM's (group_gemm, moe_experts) per tiling, mla_decode's by batch
-// (mlaDecodeKey); the other kernels have one variant.
-func (o *ops) TuningKey(op kernels.Op, s kernels.Shape) string {
-	switch op {
-	case kernels.OpAttnPrefill:
-		return prefillKey(s["D"], s.DType(actType))
-	case kernels.OpLinear:
-		return linearKey{s["M"], s["N"], s["K"]}.String()
-	case kernels.OpMLAPrefill:
-		return fmt.Sprintf("Dn=%d,Dr=%d,Dv=%d", s["Dn"], s["Dr"], s["Dv"])
-	case kernels.OpGroupGemm:
-		return wgmmaKey(configFor(s["M"], s["E"]))
-	case kernels.OpMoEExperts:
-		return wgmmaKey(configFor(s["N"]*s["topk"], s["E"]))
-	case kernels.OpMLADecode:
-		return mlaDecodeKey(s["B"])
-	}
-	return ""
-}
-
-// UseVariant chooses attention's variants for a head dim, linear's for a
-// shape, mla_prefill's tiling for head dims and mla_decode's variant (for
-// a side of mlaKeysMinRows rows, or for every batch with key ""); the other
-// ops take their single variant's name.
-func (o *ops) UseVariant(op kernels.Op, key, name string) error {
-	if op == kernels.OpLinear {
-		return o.useLinear(key, name)
-	}
-	if op == kernels.OpGroupGemm || op == kernels.OpMoEExperts {
-		return o.useGemmVariant(op, key, name)
-	}
-	if op == kernels.OpMLAPrefill {
-		var d mlaHeads
-		if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err != nil || !slices.Contains(mlaPrefillDims, d) {
-			return fmt.Errorf("tuning key %q is not Dn=,Dr=,Dv= of head dims of %v", key, mlaPrefillDims)
-		}
-		if o.mlaHopperOn == nil {
-			o.mlaHopperOn = map[string]bool{}
-		}
-		if name == mlaHopperVariant {
-			if _, err := o.mlaHopper.config(d); err != nil {
-				return err // why mla_hopper cannot run here, NVRTC's log included
-			}
-			o.mlaHopperOn[key] = true
-			return nil
-		}
-		c, ok := flashConfigNamed(name)
-		if !ok {
-			return fmt.Errorf("fused has no mla_prefill tiling %q (nor is it %q)", name, mlaHopperVariant)
-		}
-		o.mlaPrefill[key] = c
-		o.mlaHopperOn[key] = false
-		return nil
-	}
-	if op == kernels.OpMLADecode {
-		return o.useMLADecode(key, name)
-	}
-	if op != kernels.OpAttnPrefill {
-		if cur := o.VariantFor(op, key); cur == "" || name != cur {
-			return fmt.Errorf("fused has no variant %q of %s (it has %q)", name, op, cur)
-		}
-		return nil
-	}
-	d, dt, err := parsePrefillKey(key)
-	if err != nil {
-		return err
-	}
-	key = prefillKey(d, dt)
-	if o.hopperOn == nil {
-		o.hopperOn = map[string]bool{}
-	}
-	if name == hopperVariant {
-		if _, err := o.hopper.config(dt, d); err != nil {
-			return err // why flash_hopper cannot run here, NVRTC's log included
-		}
-		o.hopperOn[key] = true
-		return nil
-	}
-	c, ok := flashConfigNamed(name)
-	if !ok {
-		return fmt.Errorf("fused has no flash_prefill tiling %q (nor is it %q)", name, hopperVariant)
-	}
-	if dt != actType {
-		return fmt.Errorf("%s: %s: flash_prefill's tilings take bf16 only; %v operands run %q", key, name, dt, hopperVariant)
-	}
-	o.prefill[key] = c
-	o.hopperOn[key] = false
-	return nil
 }
 
 // prefillKey is attn_prefill's tuning key for head dim d and operands of
@@ -257,64 +508,4 @@ func parsePrefillKey(key string) (d int, dt kernels.DType, err error) {
 		return 0, 0, fmt.Errorf("tuning key %q is not D=<a head dim of %v>[,dt=f16]", key, headDims)
 	}
 	return d, dt, nil
-}
-
-// VariantFor is the variant op runs for problems of key.
-func (o *ops) VariantFor(op kernels.Op, key string) string {
-	switch op {
-	case kernels.OpAttnPrefill:
-		d, dt, err := parsePrefillKey(key)
-		if err == nil {
-			key = prefillKey(d, dt)
-			if _, ok := o.hopperFor(key, dt, d); ok {
-				return hopperVariant
-			}
-			if dt != actType {
-				return "" // no kernel of fused's: AttentionPrefill declines, naive runs
-			}
-		}
-		return o.prefillFor(key).String()
-	case kernels.OpLinear:
-		return o.linearFor(key)
-	case kernels.OpMLAPrefill:
-		var d mlaHeads
-		if _, err := fmt.Sscanf(key, "Dn=%d,Dr=%d,Dv=%d", &d.Nope, &d.Rope, &d.V); err == nil {
-			if _, ok := o.mlaHopperFor(key, d); ok {
-				return mlaHopperVariant
-			}
-		}
-		return o.mlaPrefillFor(key).String()
-	case kernels.OpGroupGemm, kernels.OpMoEExperts:
-		return o.gemmVariantFor(op, key)
-	case kernels.OpMLADecode:
-		return o.mlaDecodeFor(key)
-	}
-	if vs := variants(op, kernels.Shape{}, kernels.Targets["sm_90a"]); len(vs) == 1 {
-		return vs[0].Name
-	}
-	return ""
-}
-
-// prefillFor is the tiling flash_prefill runs for tuning key.
-func (o *ops) prefillFor(key string) flashConfig {
-	if c, ok := o.prefill[key]; ok {
-		return c
-	}
-	return prefillConfig
-}
-
-// hopperFor is the flash_hopper instance AttentionPrefill runs for tuning
-// key, element type dt and head dim d, if it runs flash_hopper: when a
-// choice for key names it, or none names anything and prefillHopper is set;
-// and it can run here.
-func (o *ops) hopperFor(key string, dt kernels.DType, d int) (hopperConfig, bool) {
-	on, chosen := o.hopperOn[key]
-	if !chosen {
-		on = prefillHopper
-	}
-	if !on {
-		return hopperConfig{}, false
-	}
-	c, err := o.hopper.config(dt, d)
-	return c, err == nil
 }
