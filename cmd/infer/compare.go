@@ -18,6 +18,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
 	"github.com/fuselm/fuselm/spread"
@@ -454,7 +455,7 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 	if err != nil {
 		return nil, err
 	}
-	runs, walls, err := generateRuns(m, prompts, opts, prof, f.warmup, f.repeat, false, progress)
+	runs, walls, err := measure.Generations(m, prompts, opts, prof, f.warmup, f.repeat, false, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -467,16 +468,16 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 	}
 	v := &variantReport{
 		Spec:          spec.String(),
-		TokensPerSec:  float64(med.gen.NewTokens) / (med.gen.WallMs / 1000),
-		WallS:         med.gen.WallMs / 1000,
+		TokensPerSec:  float64(med.Gen.NewTokens) / (med.Gen.WallMs / 1000),
+		WallS:         med.Gen.WallMs / 1000,
 		RunsWallS:     walls,
 		WallSpread:    spread.Of(walls),
-		phases:        phasesOf(med.gen, len(prompts)),
-		ComputeMs:     profiled.report.ComputeMs,
-		ProfileSource: profiled.report.Source,
-		ProfileNote:   nullString(profiled.report.Note),
-		Memory:        newMemoryReport(dev, m.Memory(), profiled.profile),
-		Ops:           profiled.profile,
+		phases:        phasesOf(med.Gen, len(prompts)),
+		ComputeMs:     profiled.Report.ComputeMs,
+		ProfileSource: profiled.Report.Source,
+		ProfileNote:   nullString(profiled.Report.Note),
+		Memory:        newMemoryReport(dev, m.Memory(), profiled.Profile),
+		Ops:           profiled.Profile,
 		tokens:        first.Tokens,
 		logits:        first.PrefillLogits,
 	}
@@ -512,7 +513,7 @@ func newVariantTracer(dev kernels.Device, prof *profile.Profile, asked bool) *va
 // run traces one generation and returns it; where the trace cannot start,
 // it returns untraced, the run the events timed.
 func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateOptions,
-	progress func(int, bool) (func(model.StepEvent), func()), untraced timedRun) (timedRun, error) {
+	progress func(int, bool) (func(model.StepEvent), func()), untraced measure.Run) (measure.Run, error) {
 	if t.why == "" {
 		if err := t.prof.TraceKernels(); err != nil {
 			t.why = fmt.Sprintf("kernels not traced (%v): times are events around each op", err)
@@ -522,18 +523,18 @@ func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateO
 		_, done := progress(-1, false)
 		done()
 		// Runs timed before the trace failed do not say why yet.
-		if rep := *untraced.report; !strings.Contains(rep.Note, t.why) {
+		if rep := *untraced.Report; !strings.Contains(rep.Note, t.why) {
 			rep.Note = strings.TrimSuffix(t.why+"; "+rep.Note, "; ")
-			untraced.report = &rep
+			untraced.Report = &rep
 		}
 		return untraced, nil
 	}
-	runs, _, err := generateRuns(m, prompts, opts, t.prof, 0, 1, false, progress)
+	runs, _, err := measure.Generations(m, prompts, opts, t.prof, 0, 1, false, progress)
 	if cerr := t.prof.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return timedRun{}, fmt.Errorf("the traced generation: %w", err)
+		return measure.Run{}, fmt.Errorf("the traced generation: %w", err)
 	}
 	return runs[0], nil
 }

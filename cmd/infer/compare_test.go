@@ -19,6 +19,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 )
 
@@ -409,18 +410,18 @@ func TestCompareTracerFallback(t *testing.T) {
 	}
 	steps := 0
 	progress := func(int, bool) (func(model.StepEvent), func()) { return func(model.StepEvent) {}, func() { steps++ } }
-	timed := timedRun{report: &profile.Report{Source: "events", Note: "7 decode steps were CUDA graph replays"}}
+	timed := measure.Run{Report: &profile.Report{Source: "events", Note: "7 decode steps were CUDA graph replays"}}
 	for i := range 2 {
 		got, err := tr.run(nil, nil, model.GenerateOptions{}, progress, timed)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.report.Source != "events" || !strings.HasPrefix(got.report.Note, "kernels not traced (libcupti.so is in none of 3 places)") ||
-			!strings.HasSuffix(got.report.Note, "; 7 decode steps were CUDA graph replays") || steps != i+1 {
-			t.Errorf("run %d: %+v, %d steps of progress", i, got.report, steps)
+		if got.Report.Source != "events" || !strings.HasPrefix(got.Report.Note, "kernels not traced (libcupti.so is in none of 3 places)") ||
+			!strings.HasSuffix(got.Report.Note, "; 7 decode steps were CUDA graph replays") || steps != i+1 {
+			t.Errorf("run %d: %+v, %d steps of progress", i, got.Report, steps)
 		}
 	}
-	if timed.report.Note != "7 decode steps were CUDA graph replays" {
-		t.Errorf("the timed run's own report changed: %q", timed.report.Note)
+	if timed.Report.Note != "7 decode steps were CUDA graph replays" {
+		t.Errorf("the timed run's own report changed: %q", timed.Report.Note)
 	}
 }

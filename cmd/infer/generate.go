@@ -13,6 +13,7 @@ import (
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
 	"github.com/fuselm/fuselm/spread"
@@ -196,7 +197,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile:      prof,
 		Logf:         logf,
 	}
-	runs, walls, err := generateRuns(m, prompts, opts, prof, f.warmup, f.repeat, f.trace != "",
+	runs, walls, err := measure.Generations(m, prompts, opts, prof, f.warmup, f.repeat, f.trace != "",
 		func(i int, timed bool) (func(model.StepEvent), func()) {
 			desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
 			if !timed {
@@ -209,7 +210,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		return err
 	}
 	med := runs[len(runs)/2]
-	gen := med.gen
+	gen := med.Gen
 
 	rep := &runReport{
 		provenance: newProvenance(dev.Name()),
@@ -217,13 +218,13 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Kernels:    spec.String(),
 		DType:      dev.ActDType().String(),
 		Batch:      f.batch,
-		Profile:    med.profile,
+		Profile:    med.Profile,
 		Tuning:     tuned,
 	}
-	rep.ProfileNote = nullString(med.report.Note)
-	rep.ProfileSource = med.report.Source
-	rep.GPU = newGPUReport(med.report, gen.WallMs)
-	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile)
+	rep.ProfileNote = nullString(med.Report.Note)
+	rep.ProfileSource = med.Report.Source
+	rep.GPU = newGPUReport(med.Report, gen.WallMs)
+	rep.Memory = newMemoryReport(dev, m.Memory(), med.Profile)
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
@@ -232,7 +233,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		TokensPerSec: float64(gen.NewTokens) / (gen.WallMs / 1000),
 		WallS:        gen.WallMs / 1000,
 		phases:       phasesOf(gen, f.batch),
-		ComputeMs:    med.report.ComputeMs,
+		ComputeMs:    med.Report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
 		Warmup:       f.warmup,
@@ -255,10 +256,10 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		}
 	}
 	if f.trace != "" {
-		med.trace.Host = append([]profile.HostSpan{loadSpan}, med.trace.Host...)
+		med.Trace.Host = append([]profile.HostSpan{loadSpan}, med.Trace.Host...)
 		// Chrome's trace format names its own keys (traceEvents, otherData):
 		// the provenance goes in otherData.
-		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
+		b, err := buildTrace(med.Trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
 			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource,
 			"version": rep.Version, "commit": rep.Commit, "date": rep.Date, "device": rep.Device})
 		if err != nil {

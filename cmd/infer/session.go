@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -246,50 +245,6 @@ func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Devic
 		return nil, profile.HostSpan{}, err
 	}
 	return m, profile.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}, nil
-}
-
-// timedRun is one timed generation and its profile.
-type timedRun struct {
-	gen     *model.Generation
-	report  *profile.Report
-	profile []profile.OpStat  // the report's Ops
-	trace   profile.Recording // when asked for
-}
-
-// generateRuns runs warmup untimed generations, then repeat timed ones,
-// each profiled alone. It returns the timed runs by wall time, the median
-// one at len/2, and their wall times in seconds in the order they ran.
-// progress gives the OnStep of run i and what to call when it ends.
-func generateRuns(m model.Model, prompts [][]int, opts model.GenerateOptions, prof *profile.Profile, warmup, repeat int,
-	keepTrace bool, progress func(i int, timed bool) (func(model.StepEvent), func())) ([]timedRun, []float64, error) {
-	var runs []timedRun
-	var walls []float64
-	for i := range warmup + repeat {
-		timed := i >= warmup
-		if err := prof.Reset(); err != nil {
-			return nil, nil, err
-		}
-		prof.SetEnabled(timed)
-		onStep, done := progress(i, timed)
-		opts.OnStep = onStep
-		gen, err := model.Generate(m, prompts, opts)
-		done()
-		if err != nil {
-			return nil, nil, err
-		}
-		if !timed {
-			continue
-		}
-		r := timedRun{gen: gen, report: prof.Report()}
-		r.profile = r.report.Ops
-		if keepTrace {
-			r.trace = prof.Recording()
-		}
-		runs = append(runs, r)
-		walls = append(walls, gen.WallMs/1000)
-	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].gen.WallMs < runs[j].gen.WallMs })
-	return runs, walls, nil
 }
 
 // modelName is the model's short name for the summary line: the hub id's
