@@ -20,6 +20,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/kbench"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/report"
 )
 
 // benchFlags are the flags of infer bench.
@@ -360,7 +361,7 @@ func deviceTarget(dev kernels.Device) kernels.Target {
 // benchDoc is bench's --json document: the report, opened as every JSON
 // document of infer is, with null for the rates not measured.
 type benchDoc struct {
-	provenance
+	report.Provenance
 	Target     kernels.Target  `json:"target"`
 	CopyRate   *float64        `json:"copy_bytes_per_s"`  // device-to-device, bytes read + written
 	MatrixRate *float64        `json:"matrix_flop_per_s"` // bf16 GEMM through the naive set's cuBLAS
@@ -372,7 +373,7 @@ type benchDoc struct {
 
 // writeJSON writes v as one indented JSON document.
 func writeJSON(w io.Writer, v any) error {
-	b, err := marshalJSON(v)
+	b, err := report.JSON(v)
 	if err != nil {
 		return err
 	}
@@ -384,8 +385,8 @@ func writeJSON(w io.Writer, v any) error {
 func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
 	switch {
 	case f.jsonOut:
-		return writeJSON(w, benchDoc{provenance: newProvenance(rep.Device), Target: rep.Target, CopyRate: nullNum(rep.CopyRate),
-			MatrixRate: nullNum(rep.MatrixRate), Groups: rep.Groups, Rows: rep.Rows, Tuned: rep.Tuned, Note: nullString(rep.Note)})
+		return writeJSON(w, benchDoc{Provenance: newProvenance(rep.Device), Target: rep.Target, CopyRate: report.NullNum(rep.CopyRate),
+			MatrixRate: report.NullNum(rep.MatrixRate), Groups: rep.Groups, Rows: rep.Rows, Tuned: rep.Tuned, Note: report.NullString(rep.Note)})
 	case f.csvOut:
 		cw := csv.NewWriter(w)
 		cw.Write([]string{"op", "shape", "set", "variant", "ms", "ms_min", "ms_max", "ms_rel_stddev", "tflop_s", "gb_s", "floor_ms",
@@ -529,7 +530,7 @@ func tableWidth(w io.Writer) int {
 
 // dryDoc is a dry run's --json document.
 type dryDoc struct {
-	provenance
+	report.Provenance
 	Target kernels.Target `json:"target"`
 	Offers []dryOffer     `json:"offers"`
 }
@@ -555,11 +556,11 @@ type dryVariant struct {
 // writeOffers writes a dry run: every set's variants per op and shape, as
 // a table per op, JSON or CSV.
 func writeOffers(w io.Writer, target kernels.Target, device string, offers []kbench.Offer, f *benchFlags) error {
-	doc := dryDoc{provenance: newProvenance(device), Target: target, Offers: []dryOffer{}}
+	doc := dryDoc{Provenance: newProvenance(device), Target: target, Offers: []dryOffer{}}
 	for _, o := range offers {
-		d := dryOffer{Op: o.Op, Shape: o.Shape, Set: o.Set, Runs: nullString(o.Fallback)}
+		d := dryOffer{Op: o.Op, Shape: o.Shape, Set: o.Set, Runs: report.NullString(o.Fallback)}
 		for _, v := range o.Variants {
-			d.Variants = append(d.Variants, dryVariant{Name: v.Name, Params: v.Params, Valid: v.Valid(), Reason: nullString(v.Why)})
+			d.Variants = append(d.Variants, dryVariant{Name: v.Name, Params: v.Params, Valid: v.Valid(), Reason: report.NullString(v.Why)})
 		}
 		doc.Offers = append(doc.Offers, d)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/report"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -204,7 +205,7 @@ func withOps(s kernels.Spec, ops []kernels.Op, from kernels.Spec) kernels.Spec {
 
 // compareReport is what infer compare reports; --json writes it.
 type compareReport struct {
-	provenance
+	report.Provenance
 	Model        string `json:"model"`
 	DType        string `json:"dtype"`
 	Batch        int    `json:"batch"`
@@ -327,7 +328,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	defer m.Close()
 
 	rep := &compareReport{
-		provenance: newProvenance(dev.Name()),
+		Provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, in.dir), DType: dev.ActDType().String(), Batch: f.batch,
 		PromptTokens: in.longest(), RowPromptTokens: rowLengths(in.rows(f.batch)), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
 		Warmup: f.warmup, Repeat: f.repeat, CheckTokens: min(cf.checkTokens, f.maxNew), Tolerance: cf.tolerance,
@@ -359,7 +360,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		if err != nil {
 			return fmt.Errorf("%s (%s): %w", spec, role, err)
 		}
-		v.Role, v.Ablated = role, nullString(unit)
+		v.Role, v.Ablated = role, report.NullString(unit)
 		r := runReport{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
 			Timings: timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
 		r.ProfileSource = v.ProfileSource
@@ -405,7 +406,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	if cf.jsonOut {
-		b, err := marshalJSON(rep)
+		b, err := report.JSON(rep)
 		if err != nil {
 			return err
 		}
@@ -475,7 +476,7 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 		phases:        phasesOf(med.Gen, len(prompts)),
 		ComputeMs:     profiled.Report.ComputeMs,
 		ProfileSource: profiled.Report.Source,
-		ProfileNote:   nullString(profiled.Report.Note),
+		ProfileNote:   report.NullString(profiled.Report.Note),
 		Memory:        newMemoryReport(dev, m.Memory(), profiled.Profile),
 		Ops:           profiled.Profile,
 		tokens:        first.Tokens,
@@ -626,16 +627,16 @@ func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
 			seen[o.Op] = true
 			unit := unitOf(o.Op)
 			row := opComparison{Op: o.Op, BaselineSet: base.Runner(o.Op), CandidateSet: cand.Runner(o.Op),
-				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: nullString(unit)}
+				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: report.NullString(unit)}
 			if row.CandidateMs > 0 {
-				row.Speedup = nullNum(row.BaselineMs / row.CandidateMs)
+				row.Speedup = report.NullNum(row.BaselineMs / row.CandidateMs)
 			}
 			row.GainShare = r.share(row.BaselineMs, row.CandidateMs)
 			if v := ablation["baseline, "+unit+" on candidate"]; v != nil && unit != "" {
-				row.AloneTokensPerSec = nullNum(v.TokensPerSec)
+				row.AloneTokensPerSec = report.NullNum(v.TokensPerSec)
 			}
 			if v := ablation["candidate, "+unit+" on baseline"]; v != nil && unit != "" {
-				row.WithoutTokensPerSec = nullNum(v.TokensPerSec)
+				row.WithoutTokensPerSec = report.NullNum(v.TokensPerSec)
 			}
 			r.Ops = append(r.Ops, row)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/report"
 )
 
 // withTestSets registers, until the test ends, two kernel sets of the cpu
@@ -227,7 +228,7 @@ func TestCompareUsage(t *testing.T) {
 
 // syntheticCompare is a report of known values for the plot.
 func syntheticCompare() *compareReport {
-	r := &compareReport{provenance: newProvenance("cuda:0 NVIDIA H200"), Model: "Qwen2-7B", DType: "bf16", Batch: 16, MaxNew: 50, Baseline: "naive", Candidate: "fused"}
+	r := &compareReport{Provenance: newProvenance("cuda:0 NVIDIA H200"), Model: "Qwen2-7B", DType: "bf16", Batch: 16, MaxNew: 50, Baseline: "naive", Candidate: "fused"}
 	r.Ops = []opComparison{
 		{Op: kernels.OpLinear, BaselineMs: 3000, CandidateMs: 3000},
 		{Op: kernels.OpAttnPrefill, BaselineMs: 4000, CandidateMs: 1000},
@@ -237,8 +238,8 @@ func syntheticCompare() *compareReport {
 	r.Variants = []variantReport{
 		{Spec: "naive", Role: "baseline", OK: true, TokensPerSec: 90},
 		{Spec: "fused", Role: "candidate", OK: true, TokensPerSec: 150},
-		{Spec: "fused,attn=naive", Role: "candidate, attn on baseline", Ablated: nullString("attn"), OK: true, TokensPerSec: 100},
-		{Spec: "naive,attn=fused", Role: "baseline, attn on candidate", Ablated: nullString("attn"), OK: false, TokensPerSec: 140},
+		{Spec: "fused,attn=naive", Role: "candidate, attn on baseline", Ablated: report.NullString("attn"), OK: true, TokensPerSec: 100},
+		{Spec: "naive,attn=fused", Role: "baseline, attn on candidate", Ablated: report.NullString("attn"), OK: false, TokensPerSec: 140},
 	}
 	return r
 }
@@ -324,7 +325,7 @@ func TestComparePlot(t *testing.T) {
 // and the op rows with the two closing rows hold the whole gain.
 func TestCompareUnattributed(t *testing.T) {
 	naive, fused := kernels.Spec{Base: "naive"}, kernels.Spec{Base: "fused"}
-	r := &compareReport{provenance: newProvenance("cuda:0 NVIDIA H200"), Model: "Qwen2-7B", DType: "bf16", Batch: 1, MaxNew: 100,
+	r := &compareReport{Provenance: newProvenance("cuda:0 NVIDIA H200"), Model: "Qwen2-7B", DType: "bf16", Batch: 1, MaxNew: 100,
 		Baseline: "naive", Candidate: "fused"}
 	r.Variants = []variantReport{
 		{Spec: "naive", Role: "baseline", OK: true, WallS: 0.500, ComputeMs: 480, UnattributedMs: 400, ProfileSource: "events",
@@ -365,7 +366,7 @@ func TestCompareUnattributed(t *testing.T) {
 	if !strings.Contains(p.Title.Text, "80% of the gain in (no op)") {
 		t.Errorf("title %q", p.Title.Text)
 	}
-	doc, err := marshalJSON(r)
+	doc, err := report.JSON(r)
 	if err != nil {
 		t.Fatal(err)
 	}

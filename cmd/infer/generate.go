@@ -16,6 +16,7 @@ import (
 	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/report"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -213,7 +214,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	gen := med.Gen
 
 	rep := &runReport{
-		provenance: newProvenance(dev.Name()),
+		Provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, dir),
 		Kernels:    spec.String(),
 		DType:      dev.ActDType().String(),
@@ -221,7 +222,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile:    med.Profile,
 		Tuning:     tuned,
 	}
-	rep.ProfileNote = nullString(med.Report.Note)
+	rep.ProfileNote = report.NullString(med.Report.Note)
 	rep.ProfileSource = med.Report.Source
 	rep.GPU = newGPUReport(med.Report, gen.WallMs)
 	rep.Memory = newMemoryReport(dev, m.Memory(), med.Profile)
@@ -247,7 +248,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if f.profile != "" {
 		profOnly := *rep
 		profOnly.Rows = nil
-		b, err := marshalJSON(&profOnly)
+		b, err := report.JSON(&profOnly)
 		if err != nil {
 			return err
 		}
@@ -271,7 +272,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	out := cmd.OutOrStdout()
 	if f.jsonOut {
-		b, err := marshalJSON(rep)
+		b, err := report.JSON(rep)
 		if err != nil {
 			return err
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -10,13 +9,14 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/model"
+	"github.com/fuselm/fuselm/report"
 	"github.com/fuselm/fuselm/spread"
 )
 
 // runReport is what one generation run reports: the --json document, and the
 // content of the --profile file.
 type runReport struct {
-	provenance
+	report.Provenance
 	Model   string           `json:"model"`
 	Kernels string           `json:"kernels"`
 	DType   string           `json:"dtype"`
@@ -87,8 +87,8 @@ func phasesOf(gen *model.Generation, rows int) phases {
 		p.PrefillTokensPerSec = float64(gen.PromptTokens) / (gen.PrefillMs / 1000)
 	}
 	if gen.DecodeSteps > 0 && gen.DecodeMs > 0 {
-		p.DecodeTokensPerSec = nullNum(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
-		p.TPOTMs = nullNum(gen.DecodeMs / float64(gen.DecodeSteps))
+		p.DecodeTokensPerSec = report.NullNum(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
+		p.TPOTMs = report.NullNum(gen.DecodeMs / float64(gen.DecodeSteps))
 	}
 	return p
 }
@@ -206,14 +206,6 @@ func rowsLabel(rows []int, n int) string {
 		return "row " + parts[0]
 	}
 	return "rows " + strings.Join(parts, ",")
-}
-
-func marshalJSON(v any) ([]byte, error) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	return append(b, '\n'), nil
 }
 
 // opList is the --help table of ops: each op's group, what it does, and the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/report"
 )
 
 // A --trace file is in the Chrome trace event format (the JSON object form,
@@ -142,7 +143,7 @@ func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte
 		args["kernels"] = r.kernels
 		span(opLabel(r.k.Op, r.k.Layer), "op", pidGPU, tidGPUOps, r.start, r.end, args)
 	}
-	return marshalJSON(chromeTrace{TraceEvents: ev, DisplayTimeUnit: "ms", OtherData: meta})
+	return report.JSON(chromeTrace{TraceEvents: ev, DisplayTimeUnit: "ms", OtherData: meta})
 }
 
 // opLabel names an op call on a track: "attn_prefill L3", or the op alone
