@@ -251,7 +251,7 @@ type variantReport struct {
 	WallS        float64        `json:"wall_s"`
 	RunsWallS    []float64      `json:"runs_wall_s"`
 	WallSpread   spread.Summary `json:"wall_s_spread"`
-	phases
+	report.Phases
 	// ComputeMs is the summed device time of the run Ops come from (the
 	// traced one where kernels were traced), UnattributedMs the part of it
 	// charged to no op.
@@ -259,7 +259,7 @@ type variantReport struct {
 	UnattributedMs float64          `json:"unattributed_ms"`
 	ProfileSource  string           `json:"profile_source"`
 	ProfileNote    *string          `json:"profile_note"`
-	Memory         *memoryReport    `json:"memory"`
+	Memory         *report.Memory   `json:"memory"`
 	SameTokens     int              `json:"same_leading_tokens"` // the fewest leading tokens any row shares with the baseline's
 	LogitsRelErr   float64          `json:"prefill_logits_rel_err"`
 	OK             bool             `json:"ok"`
@@ -361,10 +361,10 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 			return fmt.Errorf("%s (%s): %w", spec, role, err)
 		}
 		v.Role, v.Ablated = role, report.NullString(unit)
-		r := runReport{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
-			Timings: timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
+		r := report.Run{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
+			Timings: report.Timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
 		r.ProfileSource = v.ProfileSource
-		v.Summary = r.summaryLine()
+		v.Summary = r.SummaryLine()
 		rep.Variants = append(rep.Variants, *v)
 		return nil
 	}
@@ -473,11 +473,11 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 		WallS:         med.Gen.WallMs / 1000,
 		RunsWallS:     walls,
 		WallSpread:    spread.Of(walls),
-		phases:        phasesOf(med.Gen, len(prompts)),
+		Phases:        report.PhasesOf(med.Gen, len(prompts)),
 		ComputeMs:     profiled.Report.ComputeMs,
 		ProfileSource: profiled.Report.Source,
 		ProfileNote:   report.NullString(profiled.Report.Note),
-		Memory:        newMemoryReport(dev, m.Memory(), profiled.Profile),
+		Memory:        report.NewMemory(dev, m.Memory(), profiled.Profile),
 		Ops:           profiled.Profile,
 		tokens:        first.Tokens,
 		logits:        first.PrefillLogits,
@@ -689,8 +689,8 @@ func (r *compareReport) writeText(w io.Writer) {
 		}
 	}
 	for _, v := range r.Variants[:2] {
-		fmt.Fprintf(w, "%s: %s\n", v.Spec, v.phases.line(r.Batch))
-		if l := spreadLine(v.WallSpread); l != "" {
+		fmt.Fprintf(w, "%s: %s\n", v.Spec, v.Phases.Line(r.Batch))
+		if l := report.SpreadLine(v.WallSpread); l != "" {
 			fmt.Fprintf(w, "%s: %s\n", v.Spec, l)
 		}
 	}
@@ -700,12 +700,12 @@ func (r *compareReport) writeText(w io.Writer) {
 	for _, v := range r.Variants {
 		peak, ws := "-", "-"
 		if v.Memory != nil {
-			peak = bytesOrDash(v.Memory.PeakBytes)
+			peak = report.BytesOrDash(v.Memory.PeakBytes)
 			var sum int64
 			for _, n := range v.Memory.WorkingSets {
 				sum += n
 			}
-			ws = bytesOrDash(sum)
+			ws = report.BytesOrDash(sum)
 		}
 		dev := "-"
 		if v.WallSpread.N > 1 {

@@ -213,7 +213,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	med := runs[len(runs)/2]
 	gen := med.Gen
 
-	rep := &runReport{
+	rep := &report.Run{
 		Provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, dir),
 		Kernels:    spec.String(),
@@ -224,16 +224,16 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	rep.ProfileNote = report.NullString(med.Report.Note)
 	rep.ProfileSource = med.Report.Source
-	rep.GPU = newGPUReport(med.Report, gen.WallMs)
-	rep.Memory = newMemoryReport(dev, m.Memory(), med.Profile)
+	rep.GPU = report.NewGPU(med.Report, gen.WallMs)
+	rep.Memory = report.NewMemory(dev, m.Memory(), med.Profile)
 	for b := range prompts {
-		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
+		rep.Rows = append(rep.Rows, report.Row{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
-	rep.Timings = timings{
+	rep.Timings = report.Timings{
 		NewTokens:    gen.NewTokens,
 		TokensPerSec: float64(gen.NewTokens) / (gen.WallMs / 1000),
 		WallS:        gen.WallMs / 1000,
-		phases:       phasesOf(gen, f.batch),
+		Phases:       report.PhasesOf(gen, f.batch),
 		ComputeMs:    med.Report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
@@ -261,7 +261,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		// Chrome's trace format names its own keys (traceEvents, otherData):
 		// the provenance goes in otherData.
 		b, err := buildTrace(med.Trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
-			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource,
+			"summary": rep.SummaryLine(), "profile_source": rep.ProfileSource,
 			"version": rep.Version, "commit": rep.Commit, "date": rep.Date, "device": rep.Device})
 		if err != nil {
 			return err
@@ -277,11 +277,11 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 			return err
 		}
 		if !f.quiet {
-			rep.writeProfile(cmd.ErrOrStderr())
+			rep.WriteProfile(cmd.ErrOrStderr())
 		}
 		_, err = out.Write(b)
 		return err
 	}
-	rep.writeText(out)
+	rep.WriteText(out)
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/report"
 )
 
 const tinyQwenBF16 = "../../testdata/models/qwen2-tiny-bf16"
@@ -20,9 +21,9 @@ type gpuReportJSON struct {
 	ProfileSource string           `json:"profile_source"`
 	ProfileNote   string           `json:"profile_note"`
 	Profile       []profile.OpStat `json:"profile"`
-	GPU           *gpuReport       `json:"gpu"`
-	Memory        *memoryReport    `json:"memory"`
-	Timings       timings          `json:"timings"`
+	GPU           *report.GPU      `json:"gpu"`
+	Memory        *report.Memory   `json:"memory"`
+	Timings       report.Timings   `json:"timings"`
 }
 
 func needGPU(t *testing.T) {
@@ -75,7 +76,7 @@ func TestCUPTIGeneration(t *testing.T) {
 				t.Errorf("%s: linear has no rate: %+v", set, o)
 			}
 		}
-		if math.Abs(rep.GPU.SumOverBusy) > sumBusyTolerance {
+		if math.Abs(rep.GPU.SumOverBusy) > report.SumBusyTolerance {
 			t.Errorf("%s: kernel sum %.3f ms, busy %.3f ms", set, rep.GPU.KernelMs, rep.GPU.BusyMs)
 		}
 		if rep.Memory == nil || rep.Memory.PeakBytes <= rep.Memory.Weights {
@@ -184,7 +185,7 @@ func TestProfileAgreement(t *testing.T) {
 	if math.Abs(off) > 0.05 {
 		t.Errorf("ms CUDA is %.1f%% off the events' sum", 100*off)
 	}
-	if math.Abs(c.GPU.SumOverBusy) > sumBusyTolerance {
+	if math.Abs(c.GPU.SumOverBusy) > report.SumBusyTolerance {
 		t.Errorf("the kernel sum is %.1f%% off the busy time", 100*c.GPU.SumOverBusy)
 	}
 }

@@ -227,6 +227,17 @@ func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device,
 	return dev, prof, ops, done, nil
 }
 
+// newProfile is the profile of a run on dev: of every kernel, through the
+// device's kernel trace (CUPTI), when cupti asks for it and the device has
+// one; else of events around each op call, and the report's note says why.
+func newProfile(dev kernels.Device, cupti bool) *profile.Profile {
+	p := profile.New(dev)
+	if _, ok := dev.(profile.KernelTracer); ok && cupti {
+		p.TraceKernels() // on failure the report's note says why
+	}
+	return p
+}
+
 // loadModel uploads the weights to dev for ops, sized for f's batch and
 // tokens, with a progress bar; the span is the load's, from tLoad.
 func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Device, ops kernels.Ops, tLoad time.Time) (model.Model, profile.HostSpan, error) {
