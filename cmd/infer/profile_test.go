@@ -6,9 +6,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fuselm/fuselm/report"
+	"github.com/fuselm/fuselm/report/reporttest"
 )
 
 // On the CPU the times are events, the line says "ms compute", and --json
@@ -48,51 +48,12 @@ func TestProfileJSONOnCPU(t *testing.T) {
 	}
 }
 
-// snakeKey is the form of every key of infer's JSON documents.
-var snakeKey = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
-
-// checkDocument parses doc as one of infer's JSON documents and fails
-// unless it opens with the build, the date and the device (device says
-// whether one is named), and every key, at every depth, is snake_case.
+// checkDocument parses doc as one of infer's JSON documents, made by this
+// build, and fails unless it is one (reporttest.CheckDocument).
 func checkDocument(t *testing.T, doc string, device bool) map[string]any {
 	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal([]byte(doc), &m); err != nil {
-		t.Fatalf("not one JSON document: %v\n%.400s", err, doc)
-	}
 	ver, rev := buildVersion()
-	if m["version"] != ver {
-		t.Errorf("version %v, want %q", m["version"], ver)
-	}
-	if c, ok := m["commit"]; !ok || (rev == "" && c != nil) || (rev != "" && c != rev) {
-		t.Errorf("commit %v (present %v), want %q or null", c, ok, rev)
-	}
-	if d, _ := m["date"].(string); d == "" {
-		t.Errorf("date %v", m["date"])
-	} else if tm, err := time.Parse(time.RFC3339, d); err != nil || time.Since(tm) > time.Hour || tm.Location() != time.UTC {
-		t.Errorf("date %q: %v", d, err)
-	}
-	if d, ok := m["device"]; !ok || (d != nil) != device {
-		t.Errorf("device %v (present %v), want named: %v", d, ok, device)
-	}
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			for k, x := range v {
-				if !snakeKey.MatchString(k) {
-					t.Errorf("key %q at %s is not snake_case", k, path)
-				}
-				walk(path+"."+k, x)
-			}
-		case []any:
-			for _, x := range v {
-				walk(path+"[]", x)
-			}
-		}
-	}
-	walk("", m)
-	return m
+	return reporttest.CheckDocument(t, doc, ver, rev, device)
 }
 
 // The phases and the spread of the timed runs are in the JSON and under
