@@ -1,16 +1,13 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -203,92 +200,6 @@ func withOps(s kernels.Spec, ops []kernels.Op, from kernels.Spec) kernels.Spec {
 	return out
 }
 
-// compareReport is what infer compare reports; --json writes it.
-type compareReport struct {
-	report.Provenance
-	Model        string `json:"model"`
-	DType        string `json:"dtype"`
-	Batch        int    `json:"batch"`
-	PromptTokens int    `json:"prompt_tokens"` // the longest row's
-	// RowPromptTokens are each row's prompt tokens (rows differ with --prompts).
-	RowPromptTokens []int           `json:"row_prompt_tokens"`
-	MaxNew          int             `json:"max_new_tokens"`
-	Baseline        string          `json:"baseline"`
-	Candidate       string          `json:"candidate"`
-	Warmup          int             `json:"warmup_runs"`
-	Repeat          int             `json:"timed_runs"`
-	CheckTokens     int             `json:"check_tokens"`
-	Tolerance       float64         `json:"tolerance"`
-	GainMs          float64         `json:"gain_ms"` // the baseline's wall time less the candidate's
-	Variants        []variantReport `json:"variants"`
-	Ops             []opComparison  `json:"ops"`
-	// The rest of the gain, beside Ops': device time charged to no op
-	// (Unattributed: under events, the graph replays, timed whole), and
-	// wall time outside the device's timed work (Outside: the host,
-	// launch gaps, what ran concurrently). The op rows' shares and these
-	// two add up to the whole gain.
-	Unattributed gainPart `json:"unattributed_device"`
-	Outside      gainPart `json:"outside_device"`
-}
-
-// gainPart is a part of the baseline's and the candidate's time and its
-// share of the end-to-end gain (null when there is no gain).
-type gainPart struct {
-	BaselineMs  float64  `json:"baseline_ms"`
-	CandidateMs float64  `json:"candidate_ms"`
-	GainShare   *float64 `json:"gain_share"`
-}
-
-// variantReport is one kernel spec's run.
-type variantReport struct {
-	Spec string `json:"spec"`
-	// Role is "baseline", "candidate", or the ablation: "candidate, OP on
-	// baseline" or "baseline, OP on candidate".
-	Role         string         `json:"role"`
-	Ablated      *string        `json:"ablated"` // the op or group an ablation moves; null for the two specs
-	Summary      string         `json:"summary"`
-	TokensPerSec float64        `json:"tokens_per_s"`
-	WallS        float64        `json:"wall_s"`
-	RunsWallS    []float64      `json:"runs_wall_s"`
-	WallSpread   spread.Summary `json:"wall_s_spread"`
-	report.Phases
-	// ComputeMs is the summed device time of the run Ops come from (the
-	// traced one where kernels were traced), UnattributedMs the part of it
-	// charged to no op.
-	ComputeMs      float64          `json:"compute_ms"`
-	UnattributedMs float64          `json:"unattributed_ms"`
-	ProfileSource  string           `json:"profile_source"`
-	ProfileNote    *string          `json:"profile_note"`
-	Memory         *report.Memory   `json:"memory"`
-	SameTokens     int              `json:"same_leading_tokens"` // the fewest leading tokens any row shares with the baseline's
-	LogitsRelErr   float64          `json:"prefill_logits_rel_err"`
-	OK             bool             `json:"ok"`
-	Check          string           `json:"check"` // why it passed or failed
-	Ops            []profile.OpStat `json:"ops"`
-	tokens         [][]int
-	logits         [][]float32
-}
-
-// opComparison is one op's row: its time under the baseline and the
-// candidate, and the tokens/s of its two ablations (null when not run).
-type opComparison struct {
-	Op           kernels.Op `json:"op"`
-	BaselineSet  string     `json:"baseline_set"`
-	CandidateSet string     `json:"candidate_set"`
-	BaselineMs   float64    `json:"baseline_ms"`
-	CandidateMs  float64    `json:"candidate_ms"`
-	Speedup      *float64   `json:"speedup"` // null when the candidate's time is 0
-	// GainShare is the op's time saved over the end-to-end gain (the
-	// baseline's wall time less the candidate's); null without a gain.
-	GainShare *float64 `json:"gain_share"`
-	// AloneTokensPerSec is the baseline with this op (or its group) on
-	// the candidate's set; WithoutTokensPerSec the candidate with it on the
-	// baseline's.
-	Unit                *string  `json:"ablation"`
-	AloneTokensPerSec   *float64 `json:"baseline_with_op_tokens_per_s"`
-	WithoutTokensPerSec *float64 `json:"candidate_without_op_tokens_per_s"`
-}
-
 func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	base, cand, only, err := cf.check(cmd)
 	if err != nil {
@@ -327,7 +238,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	}
 	defer m.Close()
 
-	rep := &compareReport{
+	rep := &report.Compare{
 		Provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, in.dir), DType: dev.ActDType().String(), Batch: f.batch,
 		PromptTokens: in.longest(), RowPromptTokens: rowLengths(in.rows(f.batch)), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
@@ -393,11 +304,11 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	bar.Done()
-	rep.check()
-	rep.compareOps(base, cand, units)
+	rep.Check()
+	rep.CompareOps(base, cand, units)
 
 	if cf.plotPath != "" {
-		png, err := comparePlot(rep)
+		png, err := report.ComparePlot(rep)
 		if err != nil {
 			return err
 		}
@@ -411,13 +322,13 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 			return err
 		}
 		if !f.quiet {
-			rep.writeText(cmd.ErrOrStderr())
+			rep.WriteText(cmd.ErrOrStderr())
 		}
 		if _, err := cmd.OutOrStdout().Write(b); err != nil {
 			return err
 		}
 	} else {
-		rep.writeText(cmd.OutOrStdout())
+		rep.WriteText(cmd.OutOrStdout())
 	}
 	var wrong []string
 	for _, v := range rep.Variants {
@@ -437,7 +348,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 // On a CUDA device the scratch memory of earlier variants is freed first,
 // so that the peak is the variant's own.
 func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *profile.Profile, prompts [][]int, opts model.GenerateOptions,
-	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func()), tracer *variantTracer) (*variantReport, error) {
+	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func()), tracer *variantTracer) (*report.Variant, error) {
 	if err := ops.Switch(spec); err != nil {
 		return nil, err
 	}
@@ -467,7 +378,7 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 			return nil, err
 		}
 	}
-	v := &variantReport{
+	v := &report.Variant{
 		Spec:          spec.String(),
 		TokensPerSec:  float64(med.Gen.NewTokens) / (med.Gen.WallMs / 1000),
 		WallS:         med.Gen.WallMs / 1000,
@@ -479,8 +390,8 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 		ProfileNote:   report.NullString(profiled.Report.Note),
 		Memory:        report.NewMemory(dev, m.Memory(), profiled.Profile),
 		Ops:           profiled.Profile,
-		tokens:        first.Tokens,
-		logits:        first.PrefillLogits,
+		Tokens:        first.Tokens,
+		Logits:        first.PrefillLogits,
 	}
 	v.UnattributedMs = v.ComputeMs
 	for _, o := range v.Ops {
@@ -538,215 +449,6 @@ func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateO
 		return measure.Run{}, fmt.Errorf("the traced generation: %w", err)
 	}
 	return runs[0], nil
-}
-
-// check holds every variant's tokens and prefill logits against the
-// baseline's (the first variant).
-func (r *compareReport) check() {
-	ref := r.Variants[0]
-	for i := range r.Variants {
-		v := &r.Variants[i]
-		v.SameTokens = sameLeading(v.tokens, ref.tokens)
-		v.LogitsRelErr = kernels.RelErr(flatten(v.logits), flatten(ref.logits))
-		switch {
-		case v.SameTokens >= r.CheckTokens:
-			v.OK, v.Check = true, fmt.Sprintf("same first %d tokens", r.CheckTokens)
-		case slices.EqualFunc(v.tokens, ref.tokens, slices.Equal):
-			v.OK, v.Check = true, "same tokens" // rows that ended before CheckTokens
-		case v.LogitsRelErr <= r.Tolerance:
-			v.OK, v.Check = true, fmt.Sprintf("logits within %.3g (%.3g)", r.Tolerance, v.LogitsRelErr)
-		default:
-			v.Check = fmt.Sprintf("WRONG: %d same tokens, logits off by %.3g", v.SameTokens, v.LogitsRelErr)
-		}
-	}
-}
-
-// sameLeading is the fewest leading tokens a row of got shares with the
-// same row of want.
-func sameLeading(got, want [][]int) int {
-	least := math.MaxInt
-	for b := range min(len(got), len(want)) {
-		n := 0
-		for n < len(got[b]) && n < len(want[b]) && got[b][n] == want[b][n] {
-			n++
-		}
-		least = min(least, n)
-	}
-	if least == math.MaxInt {
-		return 0
-	}
-	return least
-}
-
-func flatten(rows [][]float32) []float32 {
-	var out []float32
-	for _, r := range rows {
-		out = append(out, r...)
-	}
-	return out
-}
-
-// compareOps fills the per-op table from the baseline's and candidate's
-// profiles and the ablations' tokens/s.
-func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
-	b, c := r.Variants[0], r.Variants[1]
-	r.GainMs = 1000 * (b.WallS - c.WallS)
-	byOp := func(v variantReport) map[kernels.Op]profile.OpStat {
-		m := map[kernels.Op]profile.OpStat{}
-		for _, o := range v.Ops {
-			m[o.Op] = o
-		}
-		return m
-	}
-	bo, co := byOp(b), byOp(c)
-	unitOf := func(op kernels.Op) string {
-		for _, u := range units {
-			if u == string(op) || slices.Contains(kernels.OpGroups[u], op) {
-				return u
-			}
-		}
-		return ""
-	}
-	ablation := map[string]*variantReport{}
-	for i := range r.Variants {
-		v := &r.Variants[i]
-		if v.Ablated != nil {
-			ablation[v.Role] = v
-		}
-	}
-	r.Unattributed = gainPart{BaselineMs: b.UnattributedMs, CandidateMs: c.UnattributedMs}
-	r.Unattributed.GainShare = r.share(b.UnattributedMs, c.UnattributedMs)
-	r.Outside = gainPart{BaselineMs: 1000*b.WallS - b.ComputeMs, CandidateMs: 1000*c.WallS - c.ComputeMs}
-	r.Outside.GainShare = r.share(r.Outside.BaselineMs, r.Outside.CandidateMs)
-	seen := map[kernels.Op]bool{}
-	for _, ops := range [][]profile.OpStat{b.Ops, c.Ops} {
-		for _, o := range ops {
-			if seen[o.Op] {
-				continue
-			}
-			seen[o.Op] = true
-			unit := unitOf(o.Op)
-			row := opComparison{Op: o.Op, BaselineSet: base.Runner(o.Op), CandidateSet: cand.Runner(o.Op),
-				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: report.NullString(unit)}
-			if row.CandidateMs > 0 {
-				row.Speedup = report.NullNum(row.BaselineMs / row.CandidateMs)
-			}
-			row.GainShare = r.share(row.BaselineMs, row.CandidateMs)
-			if v := ablation["baseline, "+unit+" on candidate"]; v != nil && unit != "" {
-				row.AloneTokensPerSec = report.NullNum(v.TokensPerSec)
-			}
-			if v := ablation["candidate, "+unit+" on baseline"]; v != nil && unit != "" {
-				row.WithoutTokensPerSec = report.NullNum(v.TokensPerSec)
-			}
-			r.Ops = append(r.Ops, row)
-		}
-	}
-	slices.SortStableFunc(r.Ops, func(x, y opComparison) int {
-		return -cmp.Compare(x.BaselineMs+x.CandidateMs, y.BaselineMs+y.CandidateMs)
-	})
-}
-
-// share is the part of the end-to-end gain that going from baseMs to
-// candMs makes; null without a gain.
-func (r *compareReport) share(baseMs, candMs float64) *float64 {
-	if r.GainMs == 0 {
-		return nil
-	}
-	v := (baseMs - candMs) / r.GainMs
-	return &v
-}
-
-func (r *compareReport) writeText(w io.Writer) {
-	for _, v := range r.Variants {
-		fmt.Fprintf(w, "%s   [%s: %s]\n", v.Summary, v.Role, v.Check)
-	}
-	fmt.Fprintln(w)
-	b, c := r.Variants[0], r.Variants[1]
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "op\t%s ms\t%s ms\tspeedup\tshare of gain\tbaseline+op tok/s\tcandidate−op tok/s\t\n", r.Baseline, r.Candidate)
-	for _, o := range r.Ops {
-		speed := "-"
-		if o.Speedup != nil {
-			speed = fmt.Sprintf("%.2f×", *o.Speedup)
-		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t\n", o.Op, o.BaselineMs, o.CandidateMs, speed, shareCell(o.GainShare),
-			tokensOrDash(o.AloneTokensPerSec), tokensOrDash(o.WithoutTokensPerSec))
-	}
-	for _, p := range []struct {
-		name string
-		part gainPart
-	}{{unattributedName, r.Unattributed}, {outsideName, r.Outside}} {
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t\t%s\t\t\t\n", p.name, p.part.BaselineMs, p.part.CandidateMs, shareCell(p.part.GainShare))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "end to end: %s %.3f s, %s %.3f s (%.2f×); gain %.1f ms. baseline+op: %s with the op (or its group) on %s's set; candidate−op: %s with it on %s's\n",
-		r.Baseline, b.WallS, r.Candidate, c.WallS, b.WallS/c.WallS, r.GainMs, r.Baseline, r.Candidate, r.Candidate, r.Baseline)
-	fmt.Fprintf(w, "%s: device time charged to no op (%s); %s: wall time less device time (host, launch gaps; negative where kernels overlapped)\n",
-		unattributedName, r.unattributedWhy(), outsideName)
-	for _, v := range r.Variants[:2] {
-		if v.ProfileNote != nil {
-			fmt.Fprintf(w, "%s's op times: %s\n", v.Spec, *v.ProfileNote)
-		}
-	}
-	for _, v := range r.Variants[:2] {
-		fmt.Fprintf(w, "%s: %s\n", v.Spec, v.Phases.Line(r.Batch))
-		if l := report.SpreadLine(v.WallSpread); l != "" {
-			fmt.Fprintf(w, "%s: %s\n", v.Spec, l)
-		}
-	}
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "variant\ttokens/s\twall s\t±\tdevice ms\tpeak memory\tworking sets\tcheck\t")
-	for _, v := range r.Variants {
-		peak, ws := "-", "-"
-		if v.Memory != nil {
-			peak = report.BytesOrDash(v.Memory.PeakBytes)
-			var sum int64
-			for _, n := range v.Memory.WorkingSets {
-				sum += n
-			}
-			ws = report.BytesOrDash(sum)
-		}
-		dev := "-"
-		if v.WallSpread.N > 1 {
-			dev = fmt.Sprintf("%.1f%%", 100*v.WallSpread.Rel())
-		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.3f\t%s\t%.1f\t%s\t%s\t%s\t\n", v.Spec, v.TokensPerSec, v.WallS, dev, v.ComputeMs, peak, ws, v.Check)
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "wall s: the median of --repeat %d runs; ±: their standard deviation over their mean\n", r.Repeat)
-}
-
-// The names of the op table's two closing rows.
-const (
-	unattributedName = "(no op)"
-	outsideName      = "(not device)"
-)
-
-// unattributedWhy says what the device time charged to no op is, by
-// where the op times come from.
-func (r *compareReport) unattributedWhy() string {
-	if r.Variants[0].ProfileSource == "cupti" && r.Variants[1].ProfileSource == "cupti" {
-		return "kernels CUPTI could not tie to an op call"
-	}
-	if r.Unattributed.BaselineMs == 0 && r.Unattributed.CandidateMs == 0 {
-		return "none: events timed every op call"
-	}
-	return "the CUDA graph replays of decode steps, timed whole by events; --cupti where CUPTI loads charges their kernels to ops"
-}
-
-func shareCell(v *float64) string {
-	if v == nil {
-		return "-"
-	}
-	return fmt.Sprintf("%.1f%%", 100**v)
-}
-
-func tokensOrDash(v *float64) string {
-	if v == nil || *v <= 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f", *v)
 }
 
 // rowLengths is the length of each row.

@@ -119,7 +119,7 @@ func TestCompareOnGPU(t *testing.T) {
 		}
 		t.Log("\n" + stderr)
 		checkDocument(t, stdout, true)
-		var rep compareReport
+		var rep report.Compare
 		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func TestCompareOnGPU(t *testing.T) {
 				t.Errorf("traced %v: the shares add up to %g", traced, total)
 			}
 		}
-		if !strings.Contains(stderr, unattributedName) || !strings.Contains(stderr, outsideName) {
+		if !strings.Contains(stderr, report.UnattributedName) || !strings.Contains(stderr, report.OutsideName) {
 			t.Errorf("the table lacks its closing rows:\n%s", stderr)
 		}
 	}
