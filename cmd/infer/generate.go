@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fuselm/fuselm/chrometrace"
 	"github.com/fuselm/fuselm/kernels"
 	_ "github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
@@ -260,7 +261,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		med.Trace.Host = append([]profile.HostSpan{loadSpan}, med.Trace.Host...)
 		// Chrome's trace format names its own keys (traceEvents, otherData):
 		// the provenance goes in otherData.
-		b, err := buildTrace(med.Trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
+		b, err := chrometrace.Build(med.Trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
 			"summary": rep.SummaryLine(), "profile_source": rep.ProfileSource,
 			"version": rep.Version, "commit": rep.Commit, "date": rep.Date, "device": rep.Device})
 		if err != nil {

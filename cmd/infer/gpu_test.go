@@ -12,6 +12,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/report"
+	"github.com/fuselm/fuselm/report/reporttest"
 )
 
 const tinyQwenBF16 = "../../testdata/models/qwen2-tiny-bf16"
@@ -82,8 +83,8 @@ func TestCUPTIGeneration(t *testing.T) {
 		if rep.Memory == nil || rep.Memory.PeakBytes <= rep.Memory.Weights {
 			t.Errorf("%s: memory %+v", set, rep.Memory)
 		}
-		tr := readTrace(t, trace)
-		if n := kernelSteps(t, tr); n != newTokens-1 {
+		tr := reporttest.ReadTrace(t, trace)
+		if n := reporttest.KernelSteps(t, tr); n != newTokens-1 {
 			t.Errorf("%s: kernels in %d decode steps, want %d", set, n, newTokens-1)
 		}
 		t.Logf("%s: %d kernels, %.3f ms CUDA, busy %.3f of %.3f ms wall; note %q", set, rep.GPU.Launches, rep.GPU.KernelMs,

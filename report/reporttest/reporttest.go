@@ -1,12 +1,16 @@
-// Package reporttest checks the JSON documents infer writes, for the tests
+// Package reporttest checks the JSON documents and traces infer writes, for the tests
 // of the commands that write them and of the report package.
 package reporttest
 
 import (
 	"encoding/json"
+	"os"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/fuselm/fuselm/chrometrace"
 )
 
 // snakeKey is the form of every key of infer's JSON documents.
@@ -54,4 +58,66 @@ func CheckDocument(t testing.TB, doc, ver, rev string, device bool) map[string]a
 	}
 	walk("", m)
 	return m
+}
+
+// ReadTrace reads and parses the trace file at path.
+func ReadTrace(t testing.TB, path string) *chrometrace.Trace {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := chrometrace.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// KernelSteps checks a parsed trace: every decode step of the host phases
+// has kernels on a GPU kernel track, the op track spans hold their
+// kernels. It returns the decode steps seen.
+func KernelSteps(t testing.TB, tr *chrometrace.Trace) int {
+	t.Helper()
+	names := map[[2]int]string{}
+	for _, e := range tr.TraceEvents {
+		if e.Ph == "M" {
+			names[[2]int{e.Pid, int(e.Tid)}] = e.Args["name"].(string)
+		}
+	}
+	steps := map[int]bool{}
+	kernelsAt := map[int]int{}
+	gpuOps := 0
+	for _, e := range tr.TraceEvents {
+		if e.Ph != "X" {
+			continue
+		}
+		track := names[[2]int{e.Pid, int(e.Tid)}]
+		step := int(e.Args["step"].(float64))
+		switch {
+		case track == "phases" && strings.HasPrefix(e.Name, "decode step "):
+			steps[step] = true
+		case strings.HasPrefix(track, "kernels (stream"):
+			kernelsAt[step]++
+			for _, k := range []string{"op", "set", "layer", "phase", "grid", "block", "source"} {
+				if _, ok := e.Args[k]; !ok {
+					t.Errorf("kernel %s lacks %s", e.Name, k)
+				}
+			}
+		case e.Pid == chrometrace.PidGPU && track == "ops":
+			gpuOps++
+		}
+	}
+	if len(steps) == 0 {
+		t.Fatal("no decode step in the host phases")
+	}
+	for s := range steps {
+		if kernelsAt[s] == 0 {
+			t.Errorf("decode step %d has no kernel on the kernel track", s)
+		}
+	}
+	if gpuOps == 0 {
+		t.Error("no op on the GPU's op track")
+	}
+	return len(steps)
 }
