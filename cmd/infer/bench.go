@@ -216,6 +216,9 @@ func checkVariants(target kernels.Target, opt kbench.Options) error {
 	return nil
 }
 
+// runBench is infer bench's path: a dry run's offers, or every set's
+// kernels timed on the device, --optimize's choices kept in the tuning
+// cache, and the report written.
 func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 	var ops []kernels.Op
 	for _, a := range args {

@@ -200,6 +200,9 @@ func withOps(s kernels.Spec, ops []kernels.Op, from kernels.Spec) kernels.Spec {
 	return out
 }
 
+// runCompare is infer compare's path: one session, the model loaded once,
+// each variant run and checked against the baseline, then the report and its
+// plot written.
 func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	base, cand, only, err := cf.check(cmd)
 	if err != nil {

@@ -155,6 +155,9 @@ func (f *genFlags) promptSources(cmd *cobra.Command) int {
 	return n
 }
 
+// runGenerate is infer's path: the flags checked, the session opened
+// (session.go), the tuning cache applied, the generations measured, and the
+// report written to stdout and to the files the flags name.
 func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err := f.check(cmd); err != nil {
 		return err
