@@ -1,19 +1,13 @@
 package main
 
 import (
-	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -22,6 +16,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/kbench"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/report"
 )
 
 // benchFlags are the flags of infer bench.
@@ -186,6 +181,17 @@ func (f *benchFlags) check(ops []kernels.Op) (kbench.Options, error) {
 	return opt, nil
 }
 
+// format is the form of bench's stdout the flags ask for.
+func (f *benchFlags) format() report.Format {
+	switch {
+	case f.jsonOut:
+		return report.AsJSON
+	case f.csvOut:
+		return report.AsCSV
+	}
+	return report.AsTables
+}
+
 // names are the comma-separated names of a flag's value, trimmed, each
 // once, in order; none for an empty value.
 func names(value string) []string {
@@ -210,6 +216,9 @@ func checkVariants(target kernels.Target, opt kbench.Options) error {
 	return nil
 }
 
+// runBench is infer bench's path: a dry run's offers, or every set's
+// kernels timed on the device, --optimize's choices kept in the tuning
+// cache, and the report written.
 func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 	var ops []kernels.Op
 	for _, a := range args {
@@ -239,7 +248,7 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 		if err != nil {
 			return usageError{err}
 		}
-		return writeOffers(stdout, target, device, offers, f)
+		return report.NewDryRun(newProvenance(device), target, offers).Write(stdout, f.format(), tableWidth(stdout))
 	}
 
 	kind := f.device
@@ -300,7 +309,7 @@ func runBench(cmd *cobra.Command, f *benchFlags, args []string) error {
 			return err
 		}
 	}
-	return writeReport(stdout, rep, f)
+	return report.WriteBench(stdout, rep, newProvenance(rep.Device), f.format())
 }
 
 // setsOf is every registered set of a device kind, the default first.
@@ -359,238 +368,6 @@ func deviceTarget(dev kernels.Device) kernels.Target {
 	return kernels.Target{Arch: p.Arch, SMs: p.SMs, SharedPerBlock: p.MaxSharedOptin, SharedPerSM: p.MaxSharedPerSM, L2Bytes: p.L2Bytes}
 }
 
-// readTuning finds and reads the tuning cache of a CUDA device, kept
-// beside its kernel cache; stale says why a cache found there does not
-// hold for this device (and cache is then a new, empty one).
-func readTuning(d *cuda.Device) (path string, cache *kbench.Cache, stale string, err error) {
-	dir := d.CacheDir()
-	if dir == "" {
-		return "", nil, "", errors.New("the kernel cache is off (FUSELM_KERNEL_CACHE=off), and the tuning cache lives beside it")
-	}
-	p := d.Props()
-	path = kbench.CachePath(filepath.Dir(dir), p.Name, p.Arch, p.NVRTCVersion)
-	cache, stale, err = kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
-	return path, cache, stale, err
-}
-
-// keepTuning writes the run's choices into the device's tuning cache.
-func keepTuning(dev kernels.Device, rep *kbench.Report, opt kbench.Options, logw io.Writer) error {
-	d, ok := dev.(*cuda.Device)
-	if !ok {
-		return usageError{errors.New("--optimize keeps choices for a CUDA device; the cpu device has none")}
-	}
-	if len(rep.Tuned) == 0 {
-		fmt.Fprintln(logw, "bench: no op run here has several variants: nothing to keep")
-		return nil
-	}
-	path, cache, stale, err := readTuning(d)
-	if err != nil {
-		return err
-	}
-	if stale != "" {
-		fmt.Fprintf(logw, "bench: starting a new tuning cache: %s\n", stale)
-	}
-	var shapes []string
-	for _, s := range opt.Shapes {
-		shapes = append(shapes, s.String())
-	}
-	measured := "the default shapes"
-	if len(shapes) > 0 {
-		measured = strings.Join(shapes, "; ")
-	}
-	cache.Put(rep.Tuned, measured, time.Now())
-	data, err := cache.Marshal()
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	if err := outfile.Write(path, data); err != nil {
-		return err
-	}
-	for _, t := range rep.Tuned {
-		fmt.Fprintf(logw, "bench: kept %s %s %s → %s in %s\n", t.Set, t.Op, t.Key, t.Variant, path)
-	}
-	return nil
-}
-
-// applyTuning applies the device's tuning cache to ops, saying on logf
-// which choices it took and which it could not.
-func applyTuning(dev kernels.Device, ops *kernels.Dispatch, logf func(string, ...any)) []kernels.Tuned {
-	d, ok := dev.(*cuda.Device)
-	if !ok {
-		return nil
-	}
-	path, cache, stale, err := readTuning(d)
-	switch {
-	case path == "":
-		return nil // no kernel cache, so no tuning cache
-	case err != nil:
-		logf("tuning cache not read: %v", err)
-		return nil
-	case stale != "":
-		logf("tuning cache not applied: %s", stale)
-		return nil
-	}
-	applied, skipped := ops.ApplyTuning(cache.Choices())
-	for _, t := range applied {
-		logf("tuning: %s %s %s runs %s (from %s)", t.Set, t.Op, t.Key, t.Variant, path)
-	}
-	for _, err := range skipped {
-		logf("tuning: not applied: %v", err)
-	}
-	return applied
-}
-
-// benchDoc is bench's --json document: the report, opened as every JSON
-// document of infer is, with null for the rates not measured.
-type benchDoc struct {
-	provenance
-	Target     kernels.Target  `json:"target"`
-	CopyRate   *float64        `json:"copy_bytes_per_s"`  // device-to-device, bytes read + written
-	MatrixRate *float64        `json:"matrix_flop_per_s"` // bf16 GEMM through the naive set's cuBLAS
-	Groups     int             `json:"groups"`
-	Rows       []kbench.Row    `json:"rows"`
-	Tuned      []kernels.Tuned `json:"tuned"`
-	Note       *string         `json:"note"`
-}
-
-// writeJSON writes v as one indented JSON document.
-func writeJSON(w io.Writer, v any) error {
-	b, err := marshalJSON(v)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	return err
-}
-
-// writeReport writes the rows as tables (one per op), JSON or CSV.
-func writeReport(w io.Writer, rep *kbench.Report, f *benchFlags) error {
-	switch {
-	case f.jsonOut:
-		return writeJSON(w, benchDoc{provenance: newProvenance(rep.Device), Target: rep.Target, CopyRate: nullNum(rep.CopyRate),
-			MatrixRate: nullNum(rep.MatrixRate), Groups: rep.Groups, Rows: rep.Rows, Tuned: rep.Tuned, Note: nullString(rep.Note)})
-	case f.csvOut:
-		cw := csv.NewWriter(w)
-		cw.Write([]string{"op", "shape", "set", "variant", "ms", "ms_min", "ms_max", "ms_rel_stddev", "tflop_s", "gb_s", "floor_ms",
-			"share_of_floor", "checked", "note", "error", "top_kernel", "top_kernel_ms", "top_kernel_share",
-			"ms_without_kv_append", "tflop_s_without_kv_append", "gb_s_without_kv_append"})
-		for _, r := range rep.Rows {
-			var top kbench.KernelTime
-			if len(r.Kernels) > 0 {
-				top = r.Kernels[0]
-			}
-			var lo, hi, rel string
-			if r.Ms > 0 {
-				lo, hi, rel = num(r.Spread.Min), num(r.Spread.Max), num(r.Spread.Rel())
-			}
-			cw.Write([]string{string(r.Op), r.Shape, r.Set, r.Variant, num(r.Ms), lo, hi, rel, num(r.TFLOPS), num(r.GBs), num(r.FloorMs),
-				num(r.OfFloor), r.Checked, r.Note, r.Err, top.Name, num(top.Ms), num(top.Share),
-				num(r.NoAppendMs), num(r.NoAppendTFLOPS), num(r.NoAppendGBs)})
-		}
-		cw.Flush()
-		return cw.Error()
-	}
-	fmt.Fprintf(w, "%s; copy %s, bf16 GEMM %s; each time the median of %d groups of calls, ± their relative standard deviation\n",
-		rep.Device, rate(rep.CopyRate/1e9, "GB/s"), rate(rep.MatrixRate/1e12, "TFLOP/s"), rep.Groups)
-	if rep.Note != "" {
-		fmt.Fprintln(w, rep.Note)
-	}
-	for from := 0; from < len(rep.Rows); {
-		to := from + 1
-		for to < len(rep.Rows) && rep.Rows[to].Op == rep.Rows[from].Op {
-			to++
-		}
-		writeBenchTable(w, rep.Rows[from:to])
-		from = to
-	}
-	if len(rep.Tuned) > 0 {
-		fmt.Fprintln(w, "\nfastest variants (kept by --optimize):")
-		for _, t := range rep.Tuned {
-			fmt.Fprintf(w, "  %s %s %s: %s\n", t.Set, t.Op, t.Key, t.Variant)
-		}
-	}
-	return nil
-}
-
-// writeBenchTable writes one op's rows. Where the kernels were traced
-// (--cupti) each row adds its longest kernel, with its ms a call and their
-// share of the row's; where a call appended to the KV cache, the op's
-// metric without the append.
-func writeBenchTable(w io.Writer, rows []kbench.Row) {
-	op := rows[0].Op
-	traced, appended := false, false
-	for _, r := range rows {
-		traced = traced || len(r.Kernels) > 0
-		appended = appended || r.NoAppendMs > 0
-	}
-	compute := kbench.CaseFor(op) != nil && kbench.CaseFor(op).Bound == "compute"
-	fmt.Fprintf(w, "\n%s\n", op)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	head := "shape\tset\tvariant\tms\t±\tTFLOP/s\tGB/s\tbound\tfloor ms\tof floor\tchecked against\t"
-	if traced {
-		head += "top kernel\tits ms\t"
-	}
-	if appended && compute {
-		head += "TFLOP/s w/o kv_append\t"
-	} else if appended {
-		head += "GB/s w/o kv_append\t"
-	}
-	fmt.Fprintln(tw, head)
-	for _, r := range rows {
-		if r.Err != "" || r.Ms == 0 {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t\t%s\t\n", r.Shape, r.Set, r.Variant, strings.TrimSpace(r.Note+" "+r.Err))
-			continue
-		}
-		floor, share := "-", "-"
-		if r.FloorMs > 0 {
-			floor, share = fmt.Sprintf("%.4f", r.FloorMs), fmt.Sprintf("%.0f%%", 100*r.OfFloor)
-		}
-		dev := "-"
-		if r.Spread.N > 1 {
-			dev = fmt.Sprintf("%.1f%%", 100*r.Spread.Rel())
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t", r.Shape, r.Set, r.Variant, r.Ms, dev, r.TFLOPS, r.GBs,
-			r.Bound, floor, share, r.Checked)
-		if traced {
-			name, ms := "-", "-"
-			if len(r.Kernels) > 0 {
-				k := r.Kernels[0]
-				name, ms = kernelCell(k.Name), fmt.Sprintf("%.4f (%.0f%%)", k.Ms, 100*k.Share)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t", name, ms)
-		}
-		if appended {
-			v := r.NoAppendGBs
-			if compute {
-				v = r.NoAppendTFLOPS
-			}
-			cell := "-"
-			if v > 0 {
-				cell = fmt.Sprintf("%.1f", v)
-			}
-			fmt.Fprintf(tw, "%s\t", cell)
-		}
-		if r.Note != "" { // after the last column, not in one, so that a long note widens none
-			fmt.Fprintf(tw, "  %s", r.Note)
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
-}
-
-// kernelCell cuts a long kernel name (cuBLAS's run to a hundred
-// characters) for a table cell; --json holds it whole.
-func kernelCell(name string) string {
-	const most = 40
-	if len(name) <= most {
-		return name
-	}
-	return name[:most-3] + "..."
-}
-
 // dryRunWidth is the most columns a dry run's table takes, fewer on a
 // narrower terminal (down to minTableWidth): the parameters wrap beneath
 // their row; --json and --csv hold them on one line.
@@ -611,182 +388,4 @@ func tableWidth(w io.Writer) int {
 		return dryRunWidth
 	}
 	return max(minTableWidth, min(dryRunWidth, cols))
-}
-
-// dryDoc is a dry run's --json document.
-type dryDoc struct {
-	provenance
-	Target kernels.Target `json:"target"`
-	Offers []dryOffer     `json:"offers"`
-}
-
-// dryOffer is what one set offers for one shape of one op.
-type dryOffer struct {
-	Op    kernels.Op `json:"op"`
-	Shape string     `json:"shape"`
-	Set   string     `json:"set"`
-	// Runs is the set whose kernel runs where Set has none of its own
-	// (Variants is then null); null where Set has its own.
-	Runs     *string      `json:"runs"`
-	Variants []dryVariant `json:"variants"`
-}
-
-type dryVariant struct {
-	Name   string  `json:"name"`
-	Params string  `json:"params"`
-	Valid  bool    `json:"valid"`
-	Reason *string `json:"reason"` // why it cannot run this shape here; null when it can
-}
-
-// writeOffers writes a dry run: every set's variants per op and shape, as
-// a table per op, JSON or CSV.
-func writeOffers(w io.Writer, target kernels.Target, device string, offers []kbench.Offer, f *benchFlags) error {
-	doc := dryDoc{provenance: newProvenance(device), Target: target, Offers: []dryOffer{}}
-	for _, o := range offers {
-		d := dryOffer{Op: o.Op, Shape: o.Shape, Set: o.Set, Runs: nullString(o.Fallback)}
-		for _, v := range o.Variants {
-			d.Variants = append(d.Variants, dryVariant{Name: v.Name, Params: v.Params, Valid: v.Valid(), Reason: nullString(v.Why)})
-		}
-		doc.Offers = append(doc.Offers, d)
-	}
-	switch {
-	case f.jsonOut:
-		return writeJSON(w, doc)
-	case f.csvOut:
-		cw := csv.NewWriter(w)
-		cw.Write([]string{"op", "shape", "set", "variant", "params", "valid", "reason"})
-		for _, o := range doc.Offers {
-			if o.Runs != nil {
-				cw.Write([]string{string(o.Op), o.Shape, o.Set, "", "", "", "no kernel of its own: runs " + *o.Runs + "'s"})
-				continue
-			}
-			for _, v := range o.Variants {
-				reason := ""
-				if v.Reason != nil {
-					reason = *v.Reason
-				}
-				cw.Write([]string{string(o.Op), o.Shape, o.Set, v.Name, v.Params, strconv.FormatBool(v.Valid), reason})
-			}
-		}
-		cw.Flush()
-		return cw.Error()
-	}
-	fmt.Fprintf(w, "dry run for %s (%d SMs, %d KiB of shared memory a block, L2 %d MiB)\n"+
-		"each set's variants per shape; parameters wrap beneath their row, --json and --csv hold them whole\n",
-		target.Arch, target.SMs, target.SharedPerBlock>>10, target.L2Bytes>>20)
-	for from := 0; from < len(doc.Offers); {
-		to := from + 1
-		for to < len(doc.Offers) && doc.Offers[to].Op == doc.Offers[from].Op {
-			to++
-		}
-		writeOfferTable(w, doc.Offers[from:to], tableWidth(w))
-		from = to
-	}
-	return nil
-}
-
-// writeOfferTable writes one op's offers within width columns: the shape
-// and the set once where they repeat, the last column (the parameters, or
-// why a variant is not valid) wrapped beneath its row.
-func writeOfferTable(w io.Writer, offers []dryOffer, width int) {
-	head := []string{"shape", "set", "variant", "valid", "parameters, or why not valid"}
-	var rows [][]string
-	lastShape, lastSet := "", ""
-	for _, o := range offers {
-		shape, set := o.Shape, o.Set
-		if shape == lastShape {
-			shape = ""
-			if set == lastSet {
-				set = ""
-			}
-		}
-		lastShape, lastSet = o.Shape, o.Set
-		if o.Runs != nil {
-			rows = append(rows, []string{shape, set, "-", "-", "no kernel of its own: runs " + *o.Runs + "'s"})
-			continue
-		}
-		for i, v := range o.Variants {
-			valid, last := "yes", v.Params
-			if !v.Valid {
-				valid, last = "no", *v.Reason
-			}
-			if i > 0 {
-				shape, set = "", ""
-			}
-			rows = append(rows, []string{shape, set, v.Name, valid, last})
-		}
-	}
-	const indent, gap = 2, 2
-	widths := make([]int, len(head)-1)
-	for _, r := range append([][]string{head}, rows...) {
-		for c := range widths {
-			widths[c] = max(widths[c], utf8.RuneCountInString(r[c]))
-		}
-	}
-	lead := indent
-	for _, wd := range widths {
-		lead += wd + gap
-	}
-	lastWidth := max(30, width-lead)
-	line := func(r []string) {
-		var b strings.Builder
-		b.WriteString(strings.Repeat(" ", indent))
-		for c, wd := range widths {
-			b.WriteString(r[c] + strings.Repeat(" ", wd+gap-utf8.RuneCountInString(r[c])))
-		}
-		for i, part := range wrap(r[len(r)-1], lastWidth) {
-			if i > 0 {
-				b.WriteString("\n" + strings.Repeat(" ", lead))
-			}
-			b.WriteString(part)
-		}
-		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
-	}
-	fmt.Fprintf(w, "\n%s\n", offers[0].Op)
-	line(head)
-	for _, r := range rows {
-		line(r)
-	}
-}
-
-// wrap breaks s into lines of at most width runes, between words where it
-// can, and inside a word longer than a line.
-func wrap(s string, width int) []string {
-	var lines []string
-	cur := ""
-	for _, word := range strings.Fields(s) {
-		for utf8.RuneCountInString(word) > width {
-			if cur != "" {
-				lines, cur = append(lines, cur), ""
-			}
-			r := []rune(word)
-			lines, word = append(lines, string(r[:width])), string(r[width:])
-		}
-		switch {
-		case cur == "":
-			cur = word
-		case utf8.RuneCountInString(cur)+1+utf8.RuneCountInString(word) <= width:
-			cur += " " + word
-		default:
-			lines, cur = append(lines, cur), word
-		}
-	}
-	if cur != "" || len(lines) == 0 {
-		lines = append(lines, cur)
-	}
-	return lines
-}
-
-func num(v float64) string {
-	if v == 0 {
-		return ""
-	}
-	return strconv.FormatFloat(v, 'g', 6, 64)
-}
-
-func rate(v float64, unit string) string {
-	if v == 0 {
-		return "not measured"
-	}
-	return fmt.Sprintf("%.0f %s", v, unit)
 }

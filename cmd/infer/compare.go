@@ -1,16 +1,13 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,8 +15,10 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/report"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -201,92 +200,9 @@ func withOps(s kernels.Spec, ops []kernels.Op, from kernels.Spec) kernels.Spec {
 	return out
 }
 
-// compareReport is what infer compare reports; --json writes it.
-type compareReport struct {
-	provenance
-	Model        string `json:"model"`
-	DType        string `json:"dtype"`
-	Batch        int    `json:"batch"`
-	PromptTokens int    `json:"prompt_tokens"` // the longest row's
-	// RowPromptTokens are each row's prompt tokens (rows differ with --prompts).
-	RowPromptTokens []int           `json:"row_prompt_tokens"`
-	MaxNew          int             `json:"max_new_tokens"`
-	Baseline        string          `json:"baseline"`
-	Candidate       string          `json:"candidate"`
-	Warmup          int             `json:"warmup_runs"`
-	Repeat          int             `json:"timed_runs"`
-	CheckTokens     int             `json:"check_tokens"`
-	Tolerance       float64         `json:"tolerance"`
-	GainMs          float64         `json:"gain_ms"` // the baseline's wall time less the candidate's
-	Variants        []variantReport `json:"variants"`
-	Ops             []opComparison  `json:"ops"`
-	// The rest of the gain, beside Ops': device time charged to no op
-	// (Unattributed: under events, the graph replays, timed whole), and
-	// wall time outside the device's timed work (Outside: the host,
-	// launch gaps, what ran concurrently). The op rows' shares and these
-	// two add up to the whole gain.
-	Unattributed gainPart `json:"unattributed_device"`
-	Outside      gainPart `json:"outside_device"`
-}
-
-// gainPart is a part of the baseline's and the candidate's time and its
-// share of the end-to-end gain (null when there is no gain).
-type gainPart struct {
-	BaselineMs  float64  `json:"baseline_ms"`
-	CandidateMs float64  `json:"candidate_ms"`
-	GainShare   *float64 `json:"gain_share"`
-}
-
-// variantReport is one kernel spec's run.
-type variantReport struct {
-	Spec string `json:"spec"`
-	// Role is "baseline", "candidate", or the ablation: "candidate, OP on
-	// baseline" or "baseline, OP on candidate".
-	Role         string         `json:"role"`
-	Ablated      *string        `json:"ablated"` // the op or group an ablation moves; null for the two specs
-	Summary      string         `json:"summary"`
-	TokensPerSec float64        `json:"tokens_per_s"`
-	WallS        float64        `json:"wall_s"`
-	RunsWallS    []float64      `json:"runs_wall_s"`
-	WallSpread   spread.Summary `json:"wall_s_spread"`
-	phases
-	// ComputeMs is the summed device time of the run Ops come from (the
-	// traced one where kernels were traced), UnattributedMs the part of it
-	// charged to no op.
-	ComputeMs      float64          `json:"compute_ms"`
-	UnattributedMs float64          `json:"unattributed_ms"`
-	ProfileSource  string           `json:"profile_source"`
-	ProfileNote    *string          `json:"profile_note"`
-	Memory         *memoryReport    `json:"memory"`
-	SameTokens     int              `json:"same_leading_tokens"` // the fewest leading tokens any row shares with the baseline's
-	LogitsRelErr   float64          `json:"prefill_logits_rel_err"`
-	OK             bool             `json:"ok"`
-	Check          string           `json:"check"` // why it passed or failed
-	Ops            []profile.OpStat `json:"ops"`
-	tokens         [][]int
-	logits         [][]float32
-}
-
-// opComparison is one op's row: its time under the baseline and the
-// candidate, and the tokens/s of its two ablations (null when not run).
-type opComparison struct {
-	Op           kernels.Op `json:"op"`
-	BaselineSet  string     `json:"baseline_set"`
-	CandidateSet string     `json:"candidate_set"`
-	BaselineMs   float64    `json:"baseline_ms"`
-	CandidateMs  float64    `json:"candidate_ms"`
-	Speedup      *float64   `json:"speedup"` // null when the candidate's time is 0
-	// GainShare is the op's time saved over the end-to-end gain (the
-	// baseline's wall time less the candidate's); null without a gain.
-	GainShare *float64 `json:"gain_share"`
-	// AloneTokensPerSec is the baseline with this op (or its group) on
-	// the candidate's set; WithoutTokensPerSec the candidate with it on the
-	// baseline's.
-	Unit                *string  `json:"ablation"`
-	AloneTokensPerSec   *float64 `json:"baseline_with_op_tokens_per_s"`
-	WithoutTokensPerSec *float64 `json:"candidate_without_op_tokens_per_s"`
-}
-
+// runCompare is infer compare's path: one session, the model loaded once,
+// each variant run and checked against the baseline, then the report and its
+// plot written.
 func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	base, cand, only, err := cf.check(cmd)
 	if err != nil {
@@ -325,8 +241,8 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	}
 	defer m.Close()
 
-	rep := &compareReport{
-		provenance: newProvenance(dev.Name()),
+	rep := &report.Compare{
+		Provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, in.dir), DType: dev.ActDType().String(), Batch: f.batch,
 		PromptTokens: in.longest(), RowPromptTokens: rowLengths(in.rows(f.batch)), MaxNew: f.maxNew, Baseline: base.String(), Candidate: cand.String(),
 		Warmup: f.warmup, Repeat: f.repeat, CheckTokens: min(cf.checkTokens, f.maxNew), Tolerance: cf.tolerance,
@@ -358,11 +274,11 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		if err != nil {
 			return fmt.Errorf("%s (%s): %w", spec, role, err)
 		}
-		v.Role, v.Ablated = role, nullString(unit)
-		r := runReport{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
-			Timings: timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
+		v.Role, v.Ablated = role, report.NullString(unit)
+		r := report.Run{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
+			Timings: report.Timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
 		r.ProfileSource = v.ProfileSource
-		v.Summary = r.summaryLine()
+		v.Summary = r.SummaryLine()
 		rep.Variants = append(rep.Variants, *v)
 		return nil
 	}
@@ -391,11 +307,11 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	bar.Done()
-	rep.check()
-	rep.compareOps(base, cand, units)
+	rep.Check()
+	rep.CompareOps(base, cand, units)
 
 	if cf.plotPath != "" {
-		png, err := comparePlot(rep)
+		png, err := report.ComparePlot(rep)
 		if err != nil {
 			return err
 		}
@@ -404,18 +320,18 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	if cf.jsonOut {
-		b, err := marshalJSON(rep)
+		b, err := report.JSON(rep)
 		if err != nil {
 			return err
 		}
 		if !f.quiet {
-			rep.writeText(cmd.ErrOrStderr())
+			rep.WriteText(cmd.ErrOrStderr())
 		}
 		if _, err := cmd.OutOrStdout().Write(b); err != nil {
 			return err
 		}
 	} else {
-		rep.writeText(cmd.OutOrStdout())
+		rep.WriteText(cmd.OutOrStdout())
 	}
 	var wrong []string
 	for _, v := range rep.Variants {
@@ -435,7 +351,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 // On a CUDA device the scratch memory of earlier variants is freed first,
 // so that the peak is the variant's own.
 func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *profile.Profile, prompts [][]int, opts model.GenerateOptions,
-	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func()), tracer *variantTracer) (*variantReport, error) {
+	spec kernels.Spec, f *genFlags, progress func(int, bool) (func(model.StepEvent), func()), tracer *variantTracer) (*report.Variant, error) {
 	if err := ops.Switch(spec); err != nil {
 		return nil, err
 	}
@@ -454,7 +370,7 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 	if err != nil {
 		return nil, err
 	}
-	runs, walls, err := generateRuns(m, prompts, opts, prof, f.warmup, f.repeat, false, progress)
+	runs, walls, err := measure.Generations(m, prompts, opts, prof, f.warmup, f.repeat, false, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -465,20 +381,20 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 			return nil, err
 		}
 	}
-	v := &variantReport{
+	v := &report.Variant{
 		Spec:          spec.String(),
-		TokensPerSec:  float64(med.gen.NewTokens) / (med.gen.WallMs / 1000),
-		WallS:         med.gen.WallMs / 1000,
+		TokensPerSec:  float64(med.Gen.NewTokens) / (med.Gen.WallMs / 1000),
+		WallS:         med.Gen.WallMs / 1000,
 		RunsWallS:     walls,
 		WallSpread:    spread.Of(walls),
-		phases:        phasesOf(med.gen, len(prompts)),
-		ComputeMs:     profiled.report.ComputeMs,
-		ProfileSource: profiled.report.Source,
-		ProfileNote:   nullString(profiled.report.Note),
-		Memory:        newMemoryReport(dev, m.Memory(), profiled.profile),
-		Ops:           profiled.profile,
-		tokens:        first.Tokens,
-		logits:        first.PrefillLogits,
+		Phases:        report.PhasesOf(med.Gen, len(prompts)),
+		ComputeMs:     profiled.Report.ComputeMs,
+		ProfileSource: profiled.Report.Source,
+		ProfileNote:   report.NullString(profiled.Report.Note),
+		Memory:        report.NewMemory(dev, m.Memory(), profiled.Profile),
+		Ops:           profiled.Profile,
+		Tokens:        first.Tokens,
+		Logits:        first.PrefillLogits,
 	}
 	v.UnattributedMs = v.ComputeMs
 	for _, o := range v.Ops {
@@ -512,7 +428,7 @@ func newVariantTracer(dev kernels.Device, prof *profile.Profile, asked bool) *va
 // run traces one generation and returns it; where the trace cannot start,
 // it returns untraced, the run the events timed.
 func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateOptions,
-	progress func(int, bool) (func(model.StepEvent), func()), untraced timedRun) (timedRun, error) {
+	progress func(int, bool) (func(model.StepEvent), func()), untraced measure.Run) (measure.Run, error) {
 	if t.why == "" {
 		if err := t.prof.TraceKernels(); err != nil {
 			t.why = fmt.Sprintf("kernels not traced (%v): times are events around each op", err)
@@ -522,229 +438,20 @@ func (t *variantTracer) run(m model.Model, prompts [][]int, opts model.GenerateO
 		_, done := progress(-1, false)
 		done()
 		// Runs timed before the trace failed do not say why yet.
-		if rep := *untraced.report; !strings.Contains(rep.Note, t.why) {
+		if rep := *untraced.Report; !strings.Contains(rep.Note, t.why) {
 			rep.Note = strings.TrimSuffix(t.why+"; "+rep.Note, "; ")
-			untraced.report = &rep
+			untraced.Report = &rep
 		}
 		return untraced, nil
 	}
-	runs, _, err := generateRuns(m, prompts, opts, t.prof, 0, 1, false, progress)
+	runs, _, err := measure.Generations(m, prompts, opts, t.prof, 0, 1, false, progress)
 	if cerr := t.prof.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return timedRun{}, fmt.Errorf("the traced generation: %w", err)
+		return measure.Run{}, fmt.Errorf("the traced generation: %w", err)
 	}
 	return runs[0], nil
-}
-
-// check holds every variant's tokens and prefill logits against the
-// baseline's (the first variant).
-func (r *compareReport) check() {
-	ref := r.Variants[0]
-	for i := range r.Variants {
-		v := &r.Variants[i]
-		v.SameTokens = sameLeading(v.tokens, ref.tokens)
-		v.LogitsRelErr = kernels.RelErr(flatten(v.logits), flatten(ref.logits))
-		switch {
-		case v.SameTokens >= r.CheckTokens:
-			v.OK, v.Check = true, fmt.Sprintf("same first %d tokens", r.CheckTokens)
-		case slices.EqualFunc(v.tokens, ref.tokens, slices.Equal):
-			v.OK, v.Check = true, "same tokens" // rows that ended before CheckTokens
-		case v.LogitsRelErr <= r.Tolerance:
-			v.OK, v.Check = true, fmt.Sprintf("logits within %.3g (%.3g)", r.Tolerance, v.LogitsRelErr)
-		default:
-			v.Check = fmt.Sprintf("WRONG: %d same tokens, logits off by %.3g", v.SameTokens, v.LogitsRelErr)
-		}
-	}
-}
-
-// sameLeading is the fewest leading tokens a row of got shares with the
-// same row of want.
-func sameLeading(got, want [][]int) int {
-	least := math.MaxInt
-	for b := range min(len(got), len(want)) {
-		n := 0
-		for n < len(got[b]) && n < len(want[b]) && got[b][n] == want[b][n] {
-			n++
-		}
-		least = min(least, n)
-	}
-	if least == math.MaxInt {
-		return 0
-	}
-	return least
-}
-
-func flatten(rows [][]float32) []float32 {
-	var out []float32
-	for _, r := range rows {
-		out = append(out, r...)
-	}
-	return out
-}
-
-// compareOps fills the per-op table from the baseline's and candidate's
-// profiles and the ablations' tokens/s.
-func (r *compareReport) compareOps(base, cand kernels.Spec, units []string) {
-	b, c := r.Variants[0], r.Variants[1]
-	r.GainMs = 1000 * (b.WallS - c.WallS)
-	byOp := func(v variantReport) map[kernels.Op]profile.OpStat {
-		m := map[kernels.Op]profile.OpStat{}
-		for _, o := range v.Ops {
-			m[o.Op] = o
-		}
-		return m
-	}
-	bo, co := byOp(b), byOp(c)
-	unitOf := func(op kernels.Op) string {
-		for _, u := range units {
-			if u == string(op) || slices.Contains(kernels.OpGroups[u], op) {
-				return u
-			}
-		}
-		return ""
-	}
-	ablation := map[string]*variantReport{}
-	for i := range r.Variants {
-		v := &r.Variants[i]
-		if v.Ablated != nil {
-			ablation[v.Role] = v
-		}
-	}
-	r.Unattributed = gainPart{BaselineMs: b.UnattributedMs, CandidateMs: c.UnattributedMs}
-	r.Unattributed.GainShare = r.share(b.UnattributedMs, c.UnattributedMs)
-	r.Outside = gainPart{BaselineMs: 1000*b.WallS - b.ComputeMs, CandidateMs: 1000*c.WallS - c.ComputeMs}
-	r.Outside.GainShare = r.share(r.Outside.BaselineMs, r.Outside.CandidateMs)
-	seen := map[kernels.Op]bool{}
-	for _, ops := range [][]profile.OpStat{b.Ops, c.Ops} {
-		for _, o := range ops {
-			if seen[o.Op] {
-				continue
-			}
-			seen[o.Op] = true
-			unit := unitOf(o.Op)
-			row := opComparison{Op: o.Op, BaselineSet: base.Runner(o.Op), CandidateSet: cand.Runner(o.Op),
-				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: nullString(unit)}
-			if row.CandidateMs > 0 {
-				row.Speedup = nullNum(row.BaselineMs / row.CandidateMs)
-			}
-			row.GainShare = r.share(row.BaselineMs, row.CandidateMs)
-			if v := ablation["baseline, "+unit+" on candidate"]; v != nil && unit != "" {
-				row.AloneTokensPerSec = nullNum(v.TokensPerSec)
-			}
-			if v := ablation["candidate, "+unit+" on baseline"]; v != nil && unit != "" {
-				row.WithoutTokensPerSec = nullNum(v.TokensPerSec)
-			}
-			r.Ops = append(r.Ops, row)
-		}
-	}
-	slices.SortStableFunc(r.Ops, func(x, y opComparison) int {
-		return -cmp.Compare(x.BaselineMs+x.CandidateMs, y.BaselineMs+y.CandidateMs)
-	})
-}
-
-// share is the part of the end-to-end gain that going from baseMs to
-// candMs makes; null without a gain.
-func (r *compareReport) share(baseMs, candMs float64) *float64 {
-	if r.GainMs == 0 {
-		return nil
-	}
-	v := (baseMs - candMs) / r.GainMs
-	return &v
-}
-
-func (r *compareReport) writeText(w io.Writer) {
-	for _, v := range r.Variants {
-		fmt.Fprintf(w, "%s   [%s: %s]\n", v.Summary, v.Role, v.Check)
-	}
-	fmt.Fprintln(w)
-	b, c := r.Variants[0], r.Variants[1]
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "op\t%s ms\t%s ms\tspeedup\tshare of gain\tbaseline+op tok/s\tcandidate−op tok/s\t\n", r.Baseline, r.Candidate)
-	for _, o := range r.Ops {
-		speed := "-"
-		if o.Speedup != nil {
-			speed = fmt.Sprintf("%.2f×", *o.Speedup)
-		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t\n", o.Op, o.BaselineMs, o.CandidateMs, speed, shareCell(o.GainShare),
-			tokensOrDash(o.AloneTokensPerSec), tokensOrDash(o.WithoutTokensPerSec))
-	}
-	for _, p := range []struct {
-		name string
-		part gainPart
-	}{{unattributedName, r.Unattributed}, {outsideName, r.Outside}} {
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t\t%s\t\t\t\n", p.name, p.part.BaselineMs, p.part.CandidateMs, shareCell(p.part.GainShare))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "end to end: %s %.3f s, %s %.3f s (%.2f×); gain %.1f ms. baseline+op: %s with the op (or its group) on %s's set; candidate−op: %s with it on %s's\n",
-		r.Baseline, b.WallS, r.Candidate, c.WallS, b.WallS/c.WallS, r.GainMs, r.Baseline, r.Candidate, r.Candidate, r.Baseline)
-	fmt.Fprintf(w, "%s: device time charged to no op (%s); %s: wall time less device time (host, launch gaps; negative where kernels overlapped)\n",
-		unattributedName, r.unattributedWhy(), outsideName)
-	for _, v := range r.Variants[:2] {
-		if v.ProfileNote != nil {
-			fmt.Fprintf(w, "%s's op times: %s\n", v.Spec, *v.ProfileNote)
-		}
-	}
-	for _, v := range r.Variants[:2] {
-		fmt.Fprintf(w, "%s: %s\n", v.Spec, v.phases.line(r.Batch))
-		if l := spreadLine(v.WallSpread); l != "" {
-			fmt.Fprintf(w, "%s: %s\n", v.Spec, l)
-		}
-	}
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "variant\ttokens/s\twall s\t±\tdevice ms\tpeak memory\tworking sets\tcheck\t")
-	for _, v := range r.Variants {
-		peak, ws := "-", "-"
-		if v.Memory != nil {
-			peak = bytesOrDash(v.Memory.PeakBytes)
-			var sum int64
-			for _, n := range v.Memory.WorkingSets {
-				sum += n
-			}
-			ws = bytesOrDash(sum)
-		}
-		dev := "-"
-		if v.WallSpread.N > 1 {
-			dev = fmt.Sprintf("%.1f%%", 100*v.WallSpread.Rel())
-		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.3f\t%s\t%.1f\t%s\t%s\t%s\t\n", v.Spec, v.TokensPerSec, v.WallS, dev, v.ComputeMs, peak, ws, v.Check)
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "wall s: the median of --repeat %d runs; ±: their standard deviation over their mean\n", r.Repeat)
-}
-
-// The names of the op table's two closing rows.
-const (
-	unattributedName = "(no op)"
-	outsideName      = "(not device)"
-)
-
-// unattributedWhy says what the device time charged to no op is, by
-// where the op times come from.
-func (r *compareReport) unattributedWhy() string {
-	if r.Variants[0].ProfileSource == "cupti" && r.Variants[1].ProfileSource == "cupti" {
-		return "kernels CUPTI could not tie to an op call"
-	}
-	if r.Unattributed.BaselineMs == 0 && r.Unattributed.CandidateMs == 0 {
-		return "none: events timed every op call"
-	}
-	return "the CUDA graph replays of decode steps, timed whole by events; --cupti where CUPTI loads charges their kernels to ops"
-}
-
-func shareCell(v *float64) string {
-	if v == nil {
-		return "-"
-	}
-	return fmt.Sprintf("%.1f%%", 100**v)
-}
-
-func tokensOrDash(v *float64) string {
-	if v == nil || *v <= 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f", *v)
 }
 
 // rowLengths is the length of each row.

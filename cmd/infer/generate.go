@@ -3,21 +3,21 @@ package main
 import (
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fuselm/fuselm/chrometrace"
 	"github.com/fuselm/fuselm/kernels"
 	_ "github.com/fuselm/fuselm/kernels/cpu"
-	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/measure"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/outfile"
+	"github.com/fuselm/fuselm/report"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -79,6 +79,19 @@ both.
 	return silence(cmd)
 }
 
+// workloadFlags registers on cmd the flags that say what to generate:
+// the checkpoint, the prompt, the batch and the new tokens.
+func (f *genFlags) workloadFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
+	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
+	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
+	fl.StringVar(&f.promptsFile, "prompts", "", `JSONL file of distinct prompts, one row each: {"text": "..."} a line ("prompt" also read)`)
+	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row (with --prompts: the file's count, if given)")
+	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
+	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
+}
+
 // check rejects flag values that cannot run, before anything is loaded.
 func (f *genFlags) check(cmd *cobra.Command) error {
 	bad := func(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
@@ -117,6 +130,19 @@ func (f *genFlags) checkOutputs() error {
 	return checkOutputs([]namedPath{{"--profile", f.profile}, {"--trace", f.trace}}, f.model, f.inputs()...)
 }
 
+// inputs are the files of the command line the run reads, which no
+// output may overwrite.
+func (f *genFlags) inputs() []namedPath {
+	var ins []namedPath
+	if f.promptFile != "" {
+		ins = append(ins, namedPath{"--prompt-file", f.promptFile})
+	}
+	if f.promptsFile != "" {
+		ins = append(ins, namedPath{"--prompts", f.promptsFile})
+	}
+	return ins
+}
+
 // promptSources is how many of --prompt, --prompt-file and --prompts the
 // command line gave.
 func (f *genFlags) promptSources(cmd *cobra.Command) int {
@@ -129,60 +155,9 @@ func (f *genFlags) promptSources(cmd *cobra.Command) int {
 	return n
 }
 
-// chooseSpec picks the device kind and the kernel spec: --device, else the
-// kind of the --kernels sets, else CUDA when a GPU is found; --kernels, else
-// the device kind's default set. It loads nothing, so a bad spec fails first.
-func chooseSpec(f *genFlags) (string, kernels.Spec, error) {
-	var spec kernels.Spec
-	if f.kernels != "" {
-		var err error
-		if spec, err = kernels.ParseSpec(f.kernels); err != nil {
-			return "", spec, usageError{err}
-		}
-	}
-	kind := f.device
-	if kind == "" {
-		kind = "cpu"
-		if f.kernels != "" {
-			if k, err := spec.DeviceKind(); err == nil {
-				kind = k
-			}
-		} else if cuda.Available() {
-			kind = "cuda"
-		}
-	}
-	if f.kernels == "" {
-		def := kernels.DefaultSet(kind)
-		if def == "" {
-			return "", spec, fmt.Errorf("no kernel set for %s devices is built into this binary", kind)
-		}
-		spec, _ = kernels.ParseSpec(def)
-	}
-	setKind, err := spec.DeviceKind()
-	if err != nil {
-		return "", spec, usageError{err}
-	}
-	if setKind != kind {
-		return "", spec, usageError{fmt.Errorf("kernel spec %q runs on %s, not on --device %s", spec, setKind, kind)}
-	}
-	return kind, spec, nil
-}
-
-// openDevice opens device 0 of the kind chooseSpec picked for f.
-func openDevice(kind string, f *genFlags) (kernels.Device, error) {
-	if kind == "cpu" {
-		return cpuDevice(), nil
-	}
-	if err := cuda.Probe(); err != nil {
-		asked := "--device cuda"
-		if f.device == "" {
-			asked = "--kernels " + f.kernels
-		}
-		return nil, fmt.Errorf("%s needs a CUDA device: %w", asked, err)
-	}
-	return cuda.Open(0)
-}
-
+// runGenerate is infer's path: the flags checked, the session opened
+// (session.go), the tuning cache applied, the generations measured, and the
+// report written to stdout and to the files the flags name.
 func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if err := f.check(cmd); err != nil {
 		return err
@@ -227,7 +202,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile:      prof,
 		Logf:         logf,
 	}
-	runs, walls, err := generateRuns(m, prompts, opts, prof, f.warmup, f.repeat, f.trace != "",
+	runs, walls, err := measure.Generations(m, prompts, opts, prof, f.warmup, f.repeat, f.trace != "",
 		func(i int, timed bool) (func(model.StepEvent), func()) {
 			desc := fmt.Sprintf("generating %d/%d", i-f.warmup+1, f.repeat)
 			if !timed {
@@ -240,30 +215,30 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		return err
 	}
 	med := runs[len(runs)/2]
-	gen := med.gen
+	gen := med.Gen
 
-	rep := &runReport{
-		provenance: newProvenance(dev.Name()),
+	rep := &report.Run{
+		Provenance: newProvenance(dev.Name()),
 		Model:      modelName(f.model, dir),
 		Kernels:    spec.String(),
 		DType:      dev.ActDType().String(),
 		Batch:      f.batch,
-		Profile:    med.profile,
+		Profile:    med.Profile,
 		Tuning:     tuned,
 	}
-	rep.ProfileNote = nullString(med.report.Note)
-	rep.ProfileSource = med.report.Source
-	rep.GPU = newGPUReport(med.report, gen.WallMs)
-	rep.Memory = newMemoryReport(dev, m.Memory(), med.profile)
+	rep.ProfileNote = report.NullString(med.Report.Note)
+	rep.ProfileSource = med.Report.Source
+	rep.GPU = report.NewGPU(med.Report, gen.WallMs)
+	rep.Memory = report.NewMemory(dev, m.Memory(), med.Profile)
 	for b := range prompts {
-		rep.Rows = append(rep.Rows, rowReport{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
+		rep.Rows = append(rep.Rows, report.Row{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
-	rep.Timings = timings{
+	rep.Timings = report.Timings{
 		NewTokens:    gen.NewTokens,
 		TokensPerSec: float64(gen.NewTokens) / (gen.WallMs / 1000),
 		WallS:        gen.WallMs / 1000,
-		phases:       phasesOf(gen, f.batch),
-		ComputeMs:    med.report.ComputeMs,
+		Phases:       report.PhasesOf(gen, f.batch),
+		ComputeMs:    med.Report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
 		Warmup:       f.warmup,
@@ -277,7 +252,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	if f.profile != "" {
 		profOnly := *rep
 		profOnly.Rows = nil
-		b, err := marshalJSON(&profOnly)
+		b, err := report.JSON(&profOnly)
 		if err != nil {
 			return err
 		}
@@ -286,11 +261,11 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		}
 	}
 	if f.trace != "" {
-		med.trace.Host = append([]profile.HostSpan{loadSpan}, med.trace.Host...)
+		med.Trace.Host = append([]profile.HostSpan{loadSpan}, med.Trace.Host...)
 		// Chrome's trace format names its own keys (traceEvents, otherData):
 		// the provenance goes in otherData.
-		b, err := buildTrace(med.trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
-			"summary": rep.summaryLine(), "profile_source": rep.ProfileSource,
+		b, err := chrometrace.Build(med.Trace, dev.Name(), map[string]any{"model": rep.Model, "kernels": rep.Kernels,
+			"summary": rep.SummaryLine(), "profile_source": rep.ProfileSource,
 			"version": rep.Version, "commit": rep.Commit, "date": rep.Date, "device": rep.Device})
 		if err != nil {
 			return err
@@ -301,43 +276,16 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	out := cmd.OutOrStdout()
 	if f.jsonOut {
-		b, err := marshalJSON(rep)
+		b, err := report.JSON(rep)
 		if err != nil {
 			return err
 		}
 		if !f.quiet {
-			rep.writeProfile(cmd.ErrOrStderr())
+			rep.WriteProfile(cmd.ErrOrStderr())
 		}
 		_, err = out.Write(b)
 		return err
 	}
-	rep.writeText(out)
+	rep.WriteText(out)
 	return nil
-}
-
-// modelName is the model's short name for the summary line: the hub id's
-// name, or the checkpoint directory's.
-func modelName(arg, dir string) string {
-	if fi, err := os.Stat(arg); err == nil && fi.IsDir() {
-		return filepath.Base(filepath.Clean(arg))
-	}
-	if _, name, ok := strings.Cut(arg, "/"); ok {
-		return name
-	}
-	return filepath.Base(dir)
-}
-
-// ignoredOnCPU says on logf which flags the cpu device ignores, when the
-// command line gave them: it has no kernel trace and no graphs.
-func ignoredOnCPU(cmd *cobra.Command, dev kernels.Device, logf func(string, ...any)) {
-	if _, ok := dev.(*cuda.Device); ok {
-		return
-	}
-	fl := cmd.Flags()
-	if fl.Changed("cupti") {
-		logf("infer: --cupti is ignored on the cpu device: it has no kernel trace, and its op times are wall time around each op")
-	}
-	if fl.Changed("no-graphs") {
-		logf("infer: --no-graphs is ignored on the cpu device: it records no graphs, and every decode step runs eagerly")
-	}
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/profile"
+	"github.com/fuselm/fuselm/report"
+	"github.com/fuselm/fuselm/report/reporttest"
 )
 
 const tinyQwenBF16 = "../../testdata/models/qwen2-tiny-bf16"
@@ -20,9 +22,9 @@ type gpuReportJSON struct {
 	ProfileSource string           `json:"profile_source"`
 	ProfileNote   string           `json:"profile_note"`
 	Profile       []profile.OpStat `json:"profile"`
-	GPU           *gpuReport       `json:"gpu"`
-	Memory        *memoryReport    `json:"memory"`
-	Timings       timings          `json:"timings"`
+	GPU           *report.GPU      `json:"gpu"`
+	Memory        *report.Memory   `json:"memory"`
+	Timings       report.Timings   `json:"timings"`
 }
 
 func needGPU(t *testing.T) {
@@ -75,14 +77,14 @@ func TestCUPTIGeneration(t *testing.T) {
 				t.Errorf("%s: linear has no rate: %+v", set, o)
 			}
 		}
-		if math.Abs(rep.GPU.SumOverBusy) > sumBusyTolerance {
+		if math.Abs(rep.GPU.SumOverBusy) > report.SumBusyTolerance {
 			t.Errorf("%s: kernel sum %.3f ms, busy %.3f ms", set, rep.GPU.KernelMs, rep.GPU.BusyMs)
 		}
 		if rep.Memory == nil || rep.Memory.PeakBytes <= rep.Memory.Weights {
 			t.Errorf("%s: memory %+v", set, rep.Memory)
 		}
-		tr := readTrace(t, trace)
-		if n := kernelSteps(t, tr); n != newTokens-1 {
+		tr := reporttest.ReadTrace(t, trace)
+		if n := reporttest.KernelSteps(t, tr); n != newTokens-1 {
 			t.Errorf("%s: kernels in %d decode steps, want %d", set, n, newTokens-1)
 		}
 		t.Logf("%s: %d kernels, %.3f ms CUDA, busy %.3f of %.3f ms wall; note %q", set, rep.GPU.Launches, rep.GPU.KernelMs,
@@ -118,7 +120,7 @@ func TestCompareOnGPU(t *testing.T) {
 		}
 		t.Log("\n" + stderr)
 		checkDocument(t, stdout, true)
-		var rep compareReport
+		var rep report.Compare
 		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +151,7 @@ func TestCompareOnGPU(t *testing.T) {
 				t.Errorf("traced %v: the shares add up to %g", traced, total)
 			}
 		}
-		if !strings.Contains(stderr, unattributedName) || !strings.Contains(stderr, outsideName) {
+		if !strings.Contains(stderr, report.UnattributedName) || !strings.Contains(stderr, report.OutsideName) {
 			t.Errorf("the table lacks its closing rows:\n%s", stderr)
 		}
 	}
@@ -184,7 +186,7 @@ func TestProfileAgreement(t *testing.T) {
 	if math.Abs(off) > 0.05 {
 		t.Errorf("ms CUDA is %.1f%% off the events' sum", 100*off)
 	}
-	if math.Abs(c.GPU.SumOverBusy) > sumBusyTolerance {
+	if math.Abs(c.GPU.SumOverBusy) > report.SumBusyTolerance {
 		t.Errorf("the kernel sum is %.1f%% off the busy time", 100*c.GPU.SumOverBusy)
 	}
 }

@@ -13,10 +13,12 @@ import (
 	"io"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/userset"
 )
 
@@ -183,4 +185,41 @@ func loadKernelDirs(dirs []string) error {
 		}
 	}
 	return nil
+}
+
+// opList is the --help table of ops: each op's group, what it does, and the
+// set that runs it under each CUDA set's name (a set that has no kernel of
+// its own for an op runs its fallback's, named in parentheses).
+func opList() string {
+	var b strings.Builder
+	var cudaSets []kernels.SetInfo
+	for _, s := range kernels.Sets() {
+		if s.Device == "cuda" {
+			cudaSets = append(cudaSets, s)
+		}
+	}
+	b.WriteString("Ops (a group name, such as attn, selects all its ops):\n")
+	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "  op\tgroup")
+	for _, s := range cudaSets {
+		fmt.Fprintf(tw, "\t%s", s.Name)
+	}
+	fmt.Fprint(tw, "\twhat it does\n")
+	for _, info := range kernels.OpTable() {
+		fmt.Fprintf(tw, "  %s\t%s", info.Op, info.Group)
+		for _, s := range cudaSets {
+			spec := kernels.Spec{Base: s.Name}
+			runner := spec.Runner(info.Op)
+			if runner != s.Name {
+				runner = "(" + runner + ")"
+			}
+			fmt.Fprintf(tw, "\t%s", runner)
+		}
+		fmt.Fprintf(tw, "\t%s\n", info.Doc)
+	}
+	tw.Flush()
+	b.WriteString("(set): the set has no kernel of its own for the op and runs that set's. A set may also\n" +
+		"decline one call whose shapes its kernels do not take (fused's MLA kernels take DeepSeek-V2's\n" +
+		"head dims, say); that call runs on the set it falls back to, and the profile names both.\n")
+	return strings.TrimRight(b.String(), "\n")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/fuselm/fuselm/report"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,14 +35,14 @@ func writePrompts(t *testing.T, texts ...string) string {
 }
 
 // genJSON runs infer --json and returns its rows.
-func genJSON(t *testing.T, args ...string) runReport {
+func genJSON(t *testing.T, args ...string) report.Run {
 	t.Helper()
 	args = append(args, "--max-new-tokens", "4", "--min-new-tokens", "4", "--json", "--quiet")
 	code, stdout, stderr := runInfer(t, args...)
 	if code != exitOK {
 		t.Fatalf("infer %q: exit %d: %s", args, code, stderr)
 	}
-	var r runReport
+	var r report.Run
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func TestComparePrompts(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	var r compareReport
+	var r report.Compare
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
 		t.Fatal(err)
 	}

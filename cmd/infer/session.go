@@ -4,31 +4,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/loader"
 	"github.com/fuselm/fuselm/model"
 	"github.com/fuselm/fuselm/tokenizer"
 )
 
-// workloadFlags registers on cmd the flags that say what to generate:
-// the checkpoint, the prompt, the batch and the new tokens.
-func (f *genFlags) workloadFlags(cmd *cobra.Command) {
-	fl := cmd.Flags()
-	fl.StringVar(&f.model, "model", "", "checkpoint directory, or HF hub id Org/Name found in the local HF cache")
-	fl.StringVar(&f.prompt, "prompt", "", "prompt text")
-	fl.StringVar(&f.promptFile, "prompt-file", "", "prompt file (lines stripped and joined with newlines, as TileGym reads it)")
-	fl.StringVar(&f.promptsFile, "prompts", "", `JSONL file of distinct prompts, one row each: {"text": "..."} a line ("prompt" also read)`)
-	fl.IntVar(&f.batch, "batch", 1, "rows: the prompt is repeated on every row (with --prompts: the file's count, if given)")
-	fl.IntVar(&f.maxNew, "max-new-tokens", 50, "most new tokens per row")
-	fl.IntVar(&f.minNew, "min-new-tokens", 0, "fewest new tokens per row: end-of-sequence is ignored until then")
-}
+// The session every generating command (infer, compare) opens, in its
+// order: the inputs read and checked, the kernel spec chosen, the device
+// and its ops opened, the model loaded.
 
 // runInputs is what a generation needs before a device is opened: the
 // device kind and kernel spec, the checkpoint, its tokenizer, every row's
@@ -151,19 +144,6 @@ func (f *genFlags) readInputs(cmd *cobra.Command) (*runInputs, error) {
 	return &runInputs{kind: kind, spec: spec, dir: dir, cfg: cfg, tok: tok, prompts: prompts, weights: weights}, nil
 }
 
-// inputs are the files of the command line the run reads, which no
-// output may overwrite.
-func (f *genFlags) inputs() []namedPath {
-	var ins []namedPath
-	if f.promptFile != "" {
-		ins = append(ins, namedPath{"--prompt-file", f.promptFile})
-	}
-	if f.promptsFile != "" {
-		ins = append(ins, namedPath{"--prompts", f.promptsFile})
-	}
-	return ins
-}
-
 // logger is the log function of a command: lines on stderr, none with
 // --quiet.
 func (f *genFlags) logger(cmd *cobra.Command) func(format string, a ...any) {
@@ -172,6 +152,60 @@ func (f *genFlags) logger(cmd *cobra.Command) func(format string, a ...any) {
 		w = io.Discard
 	}
 	return func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
+}
+
+// chooseSpec picks the device kind and the kernel spec: --device, else the
+// kind of the --kernels sets, else CUDA when a GPU is found; --kernels, else
+// the device kind's default set. It loads nothing, so a bad spec fails first.
+func chooseSpec(f *genFlags) (string, kernels.Spec, error) {
+	var spec kernels.Spec
+	if f.kernels != "" {
+		var err error
+		if spec, err = kernels.ParseSpec(f.kernels); err != nil {
+			return "", spec, usageError{err}
+		}
+	}
+	kind := f.device
+	if kind == "" {
+		kind = "cpu"
+		if f.kernels != "" {
+			if k, err := spec.DeviceKind(); err == nil {
+				kind = k
+			}
+		} else if cuda.Available() {
+			kind = "cuda"
+		}
+	}
+	if f.kernels == "" {
+		def := kernels.DefaultSet(kind)
+		if def == "" {
+			return "", spec, fmt.Errorf("no kernel set for %s devices is built into this binary", kind)
+		}
+		spec, _ = kernels.ParseSpec(def)
+	}
+	setKind, err := spec.DeviceKind()
+	if err != nil {
+		return "", spec, usageError{err}
+	}
+	if setKind != kind {
+		return "", spec, usageError{fmt.Errorf("kernel spec %q runs on %s, not on --device %s", spec, setKind, kind)}
+	}
+	return kind, spec, nil
+}
+
+// openDevice opens device 0 of the kind chooseSpec picked for f.
+func openDevice(kind string, f *genFlags) (kernels.Device, error) {
+	if kind == "cpu" {
+		return cpuDevice(), nil
+	}
+	if err := cuda.Probe(); err != nil {
+		asked := "--device cuda"
+		if f.device == "" {
+			asked = "--kernels " + f.kernels
+		}
+		return nil, fmt.Errorf("%s needs a CUDA device: %w", asked, err)
+	}
+	return cuda.Open(0)
 }
 
 // openRun opens the device in names, a profile of its work (CUPTI's
@@ -191,6 +225,17 @@ func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device,
 		return nil, nil, nil, nil, err
 	}
 	return dev, prof, ops, done, nil
+}
+
+// newProfile is the profile of a run on dev: of every kernel, through the
+// device's kernel trace (CUPTI), when cupti asks for it and the device has
+// one; else of events around each op call, and the report's note says why.
+func newProfile(dev kernels.Device, cupti bool) *profile.Profile {
+	p := profile.New(dev)
+	if _, ok := dev.(profile.KernelTracer); ok && cupti {
+		p.TraceKernels() // on failure the report's note says why
+	}
+	return p
 }
 
 // loadModel uploads the weights to dev for ops, sized for f's batch and
@@ -213,46 +258,29 @@ func loadModel(cmd *cobra.Command, f *genFlags, in *runInputs, dev kernels.Devic
 	return m, profile.HostSpan{Name: "load", Start: tLoad.UnixNano(), End: time.Now().UnixNano()}, nil
 }
 
-// timedRun is one timed generation and its profile.
-type timedRun struct {
-	gen     *model.Generation
-	report  *profile.Report
-	profile []profile.OpStat  // the report's Ops
-	trace   profile.Recording // when asked for
+// modelName is the model's short name for the summary line: the hub id's
+// name, or the checkpoint directory's.
+func modelName(arg, dir string) string {
+	if fi, err := os.Stat(arg); err == nil && fi.IsDir() {
+		return filepath.Base(filepath.Clean(arg))
+	}
+	if _, name, ok := strings.Cut(arg, "/"); ok {
+		return name
+	}
+	return filepath.Base(dir)
 }
 
-// generateRuns runs warmup untimed generations, then repeat timed ones,
-// each profiled alone. It returns the timed runs by wall time, the median
-// one at len/2, and their wall times in seconds in the order they ran.
-// progress gives the OnStep of run i and what to call when it ends.
-func generateRuns(m model.Model, prompts [][]int, opts model.GenerateOptions, prof *profile.Profile, warmup, repeat int,
-	keepTrace bool, progress func(i int, timed bool) (func(model.StepEvent), func())) ([]timedRun, []float64, error) {
-	var runs []timedRun
-	var walls []float64
-	for i := range warmup + repeat {
-		timed := i >= warmup
-		if err := prof.Reset(); err != nil {
-			return nil, nil, err
-		}
-		prof.SetEnabled(timed)
-		onStep, done := progress(i, timed)
-		opts.OnStep = onStep
-		gen, err := model.Generate(m, prompts, opts)
-		done()
-		if err != nil {
-			return nil, nil, err
-		}
-		if !timed {
-			continue
-		}
-		r := timedRun{gen: gen, report: prof.Report()}
-		r.profile = r.report.Ops
-		if keepTrace {
-			r.trace = prof.Recording()
-		}
-		runs = append(runs, r)
-		walls = append(walls, gen.WallMs/1000)
+// ignoredOnCPU says on logf which flags the cpu device ignores, when the
+// command line gave them: it has no kernel trace and no graphs.
+func ignoredOnCPU(cmd *cobra.Command, dev kernels.Device, logf func(string, ...any)) {
+	if _, ok := dev.(*cuda.Device); ok {
+		return
 	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].gen.WallMs < runs[j].gen.WallMs })
-	return runs, walls, nil
+	fl := cmd.Flags()
+	if fl.Changed("cupti") {
+		logf("infer: --cupti is ignored on the cpu device: it has no kernel trace, and its op times are wall time around each op")
+	}
+	if fl.Changed("no-graphs") {
+		logf("infer: --no-graphs is ignored on the cpu device: it records no graphs, and every decode step runs eagerly")
+	}
 }

@@ -3,7 +3,8 @@ package main
 import (
 	"fmt"
 	"runtime/debug"
-	"time"
+
+	"github.com/fuselm/fuselm/report"
 )
 
 // version and commit name the build. scripts/gpu_build.sh sets them with
@@ -54,35 +55,9 @@ func versionLine() string {
 	return fmt.Sprintf("infer (fuselm) %s, commit %s", ver, rev)
 }
 
-// provenance opens every JSON document infer writes: the build that made
-// it, when (UTC, RFC 3339) and on which device (null where none ran: a dry
-// run for --arch).
-type provenance struct {
-	Version string  `json:"version"`
-	Commit  *string `json:"commit"` // null when the build does not know it
-	Date    string  `json:"date"`
-	Device  *string `json:"device"`
-}
-
 // newProvenance is the provenance of a document made now on device ("" for
-// none).
-func newProvenance(device string) provenance {
+// none), by this build.
+func newProvenance(device string) report.Provenance {
 	ver, rev := buildVersion()
-	return provenance{Version: ver, Commit: nullString(rev), Date: time.Now().UTC().Format(time.RFC3339), Device: nullString(device)}
-}
-
-// nullString is s, or nil (JSON null) when s is empty.
-func nullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-// nullNum is v, or nil (JSON null) when v is 0: a figure not measured.
-func nullNum(v float64) *float64 {
-	if v == 0 {
-		return nil
-	}
-	return &v
+	return report.NewProvenance(ver, rev, device)
 }

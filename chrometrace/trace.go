@@ -1,4 +1,6 @@
-package main
+// Package chrometrace lays a run's recording out as a Chrome trace, the file
+// of --trace, and reads one back.
+package chrometrace
 
 import (
 	"encoding/json"
@@ -17,8 +19,8 @@ import (
 // kernel the device ran, and the ops as the GPU ran them (from their first
 // kernel's start to their last one's end), with their layer and phase.
 
-// traceEvent is one event of the Chrome trace format.
-type traceEvent struct {
+// Event is one event of the Chrome trace format.
+type Event struct {
 	Name string         `json:"name"`
 	Cat  string         `json:"cat,omitempty"`
 	Ph   string         `json:"ph"`
@@ -29,27 +31,27 @@ type traceEvent struct {
 	Args map[string]any `json:"args,omitempty"`
 }
 
-// chromeTrace is the trace file of the run d describes; meta goes in its
+// Trace is the trace file of the run d describes; meta goes in its
 // otherData.
-type chromeTrace struct {
-	TraceEvents     []traceEvent   `json:"traceEvents"`
+type Trace struct {
+	TraceEvents     []Event        `json:"traceEvents"`
 	DisplayTimeUnit string         `json:"displayTimeUnit"`
 	OtherData       map[string]any `json:"otherData"`
 }
 
-// The processes and threads of the trace.
+// The processes and threads of a trace.
 const (
-	pidHost = 1
-	pidGPU  = 2
+	PidHost = 1
+	PidGPU  = 2
 
-	tidPhases  = 1
-	tidHostOps = 2
-	tidGPUOps  = 1 // kernel tracks are tid 100 + the stream id
-	tidStream0 = 100
+	TidPhases  = 1
+	TidHostOps = 2
+	TidGPUOps  = 1 // kernel tracks are tid 100 + the stream id
+	TidStream0 = 100
 )
 
-// buildTrace lays d out as a Chrome trace; device names the GPU process.
-func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte, error) {
+// Build lays d out as a Chrome trace; device names the GPU process.
+func Build(d profile.Recording, device string, meta map[string]any) ([]byte, error) {
 	t0 := int64(-1)
 	first := func(ns int64) {
 		if ns > 0 && (t0 < 0 || ns < t0) {
@@ -69,22 +71,22 @@ func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte
 		first(k.Start)
 	}
 	us := func(ns int64) float64 { return float64(ns-t0) / 1e3 }
-	var ev []traceEvent
+	var ev []Event
 	span := func(name, cat string, pid int, tid uint32, start, end int64, args map[string]any) {
 		dur := max(0, float64(end-start)/1e3)
-		ev = append(ev, traceEvent{Name: name, Cat: cat, Ph: "X", Ts: us(start), Dur: &dur, Pid: pid, Tid: tid, Args: args})
+		ev = append(ev, Event{Name: name, Cat: cat, Ph: "X", Ts: us(start), Dur: &dur, Pid: pid, Tid: tid, Args: args})
 	}
 	meta1 := func(name string, pid int, tid uint32, value string) {
-		ev = append(ev, traceEvent{Name: name, Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"name": value}})
+		ev = append(ev, Event{Name: name, Ph: "M", Pid: pid, Tid: tid, Args: map[string]any{"name": value}})
 	}
-	meta1("process_name", pidHost, 0, "host")
-	meta1("thread_name", pidHost, tidPhases, "phases")
-	meta1("thread_name", pidHost, tidHostOps, "op calls (queued)")
-	meta1("process_name", pidGPU, 0, "GPU "+device)
-	meta1("thread_name", pidGPU, tidGPUOps, "ops")
+	meta1("process_name", PidHost, 0, "host")
+	meta1("thread_name", PidHost, TidPhases, "phases")
+	meta1("thread_name", PidHost, TidHostOps, "op calls (queued)")
+	meta1("process_name", PidGPU, 0, "GPU "+device)
+	meta1("thread_name", PidGPU, TidGPUOps, "ops")
 
 	for _, h := range d.Host {
-		span(h.Name, "phase", pidHost, tidPhases, h.Start, h.End, map[string]any{"phase": h.Phase, "step": h.Step})
+		span(h.Name, "phase", PidHost, TidPhases, h.Start, h.End, map[string]any{"phase": h.Phase, "step": h.Step})
 	}
 	for _, c := range d.Calls {
 		args := opArgs(c.Op, c.Set, c.Phase, c.Step, c.Layer)
@@ -94,10 +96,10 @@ func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte
 		if c.Ms > 0 {
 			args["device_ms"] = c.Ms
 		}
-		span(opLabel(c.Op, c.Layer), "op", pidHost, tidHostOps, c.Start, c.End, args)
+		span(opLabel(c.Op, c.Layer), "op", PidHost, TidHostOps, c.Start, c.End, args)
 	}
 	for _, r := range d.Replays {
-		span("graph replay", "op", pidHost, tidHostOps, r.Start, r.End, map[string]any{"step": r.Step, "graph": r.Graph})
+		span("graph replay", "op", PidHost, TidHostOps, r.Start, r.End, map[string]any{"step": r.Step, "graph": r.Graph})
 	}
 
 	streams := map[uint32]bool{}
@@ -110,16 +112,16 @@ func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte
 	}
 	runs := map[[2]int64]*opRun{}
 	for _, k := range d.Kernels {
-		tid := tidStream0 + k.Stream
+		tid := TidStream0 + k.Stream
 		if !streams[k.Stream] {
 			streams[k.Stream] = true
-			meta1("thread_name", pidGPU, tid, fmt.Sprintf("kernels (stream %d)", k.Stream))
+			meta1("thread_name", PidGPU, tid, fmt.Sprintf("kernels (stream %d)", k.Stream))
 		}
 		args := opArgs(k.Op, k.Set, k.Phase, k.Step, k.Layer)
 		args["source"] = k.Source
 		args["grid"] = k.Grid
 		args["block"] = k.Block
-		span(k.Name, "kernel", pidGPU, tid, k.Start, k.End, args)
+		span(k.Name, "kernel", PidGPU, tid, k.Start, k.End, args)
 		if k.Call == 0 {
 			continue
 		}
@@ -140,9 +142,13 @@ func buildTrace(d profile.Recording, device string, meta map[string]any) ([]byte
 	for _, r := range ops {
 		args := opArgs(r.k.Op, r.k.Set, r.k.Phase, r.step, r.k.Layer)
 		args["kernels"] = r.kernels
-		span(opLabel(r.k.Op, r.k.Layer), "op", pidGPU, tidGPUOps, r.start, r.end, args)
+		span(opLabel(r.k.Op, r.k.Layer), "op", PidGPU, TidGPUOps, r.start, r.end, args)
 	}
-	return marshalJSON(chromeTrace{TraceEvents: ev, DisplayTimeUnit: "ms", OtherData: meta})
+	b, err := json.MarshalIndent(Trace{TraceEvents: ev, DisplayTimeUnit: "ms", OtherData: meta}, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
 }
 
 // opLabel names an op call on a track: "attn_prefill L3", or the op alone
@@ -162,10 +168,10 @@ func opArgs(op kernels.Op, set, phase string, step, layer int) map[string]any {
 	return a
 }
 
-// parseTrace reads a trace file back: its events, and an error when it is
+// Parse reads a trace file back: its events, and an error when it is
 // not the Chrome trace format's JSON object form.
-func parseTrace(b []byte) (*chromeTrace, error) {
-	var t chromeTrace
+func Parse(b []byte) (*Trace, error) {
+	var t Trace
 	if err := json.Unmarshal(b, &t); err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ var (
 // opTimes is the left panel's data: the ops, largest first, then the
 // device time charged to no op where there is some, in ms under the
 // baseline and the candidate.
-func (r *compareReport) opTimes() (names []string, baseline, candidate []float64) {
+func (r *Compare) opTimes() (names []string, baseline, candidate []float64) {
 	for _, o := range r.Ops {
 		if o.BaselineMs <= 0 && o.CandidateMs <= 0 {
 			continue
@@ -35,7 +35,7 @@ func (r *compareReport) opTimes() (names []string, baseline, candidate []float64
 		candidate = append(candidate, o.CandidateMs)
 	}
 	if u := r.Unattributed; u.BaselineMs > 0 || u.CandidateMs > 0 {
-		names = append(names, unattributedName)
+		names = append(names, UnattributedName)
 		baseline = append(baseline, max(0, u.BaselineMs))
 		candidate = append(candidate, max(0, u.CandidateMs))
 	}
@@ -43,7 +43,7 @@ func (r *compareReport) opTimes() (names []string, baseline, candidate []float64
 }
 
 // deviceName is the device of the report, "" where none is named.
-func (r *compareReport) deviceName() string {
+func (r *Compare) deviceName() string {
 	if r.Device == nil {
 		return ""
 	}
@@ -51,13 +51,13 @@ func (r *compareReport) deviceName() string {
 }
 
 // timeAxis is the left panel's axis label: what the op times hold.
-func (r *compareReport) timeAxis() string {
+func (r *Compare) timeAxis() string {
 	traced := len(r.Variants) >= 2 && r.Variants[0].ProfileSource == "cupti" && r.Variants[1].ProfileSource == "cupti"
 	if traced {
 		return "device time per generation (ms), every kernel (CUPTI)"
 	}
 	if r.Unattributed.BaselineMs > 0 || r.Unattributed.CandidateMs > 0 {
-		return "device time per generation (ms), events: graph replays timed whole in " + unattributedName
+		return "device time per generation (ms), events: graph replays timed whole in " + UnattributedName
 	}
 	return "time per generation (ms), events around each op"
 }
@@ -81,13 +81,13 @@ func barRows(names []string, vals ...[]float64) ([]string, [][]float64) {
 }
 
 // opTimePlot draws per-op device time, baseline against candidate.
-func (r *compareReport) opTimePlot() (*plot.Plot, error) {
+func (r *Compare) opTimePlot() (*plot.Plot, error) {
 	names, b, c := r.opTimes()
 	names, vals := barRows(names, b, c)
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s on %s\nper-op device time", r.Model, r.deviceName())
 	if s := r.Unattributed.GainShare; s != nil && *s != 0 {
-		p.Title.Text += fmt.Sprintf("; %.0f%% of the gain in %s", 100**s, unattributedName)
+		p.Title.Text += fmt.Sprintf("; %.0f%% of the gain in %s", 100**s, UnattributedName)
 	}
 	p.X.Label.Text = r.timeAxis()
 	p.Y.Label.Text = "op"
@@ -152,7 +152,7 @@ func maxOf(vals ...[]float64) float64 {
 
 // variantRates is the right panel's data: each variant's name, tokens/s
 // and colour.
-func (r *compareReport) variantRates() (names []string, rates []float64, colors []color.Color) {
+func (r *Compare) variantRates() (names []string, rates []float64, colors []color.Color) {
 	for _, v := range r.Variants {
 		c := ablationColor
 		switch {
@@ -171,7 +171,7 @@ func (r *compareReport) variantRates() (names []string, rates []float64, colors 
 }
 
 // ratePlot draws tokens/s per variant.
-func (r *compareReport) ratePlot() (*plot.Plot, error) {
+func (r *Compare) ratePlot() (*plot.Plot, error) {
 	names, rates, colors := r.variantRates()
 	names, vals := barRows(names, rates)
 	n := len(colors)
@@ -207,8 +207,8 @@ func (r *compareReport) ratePlot() (*plot.Plot, error) {
 	return p, nil
 }
 
-// comparePlot is the PNG of the two panels side by side.
-func comparePlot(r *compareReport) ([]byte, error) {
+// ComparePlot is the PNG of the two panels side by side.
+func ComparePlot(r *Compare) ([]byte, error) {
 	left, err := r.opTimePlot()
 	if err != nil {
 		return nil, err

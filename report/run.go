@@ -1,11 +1,9 @@
-package main
+package report
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/profile"
@@ -13,45 +11,46 @@ import (
 	"github.com/fuselm/fuselm/spread"
 )
 
-// runReport is what one generation run reports: the --json document, and the
+// Run is what one generation run reports: the --json document, and the
 // content of the --profile file.
-type runReport struct {
-	provenance
+type Run struct {
+	Provenance
 	Model   string           `json:"model"`
 	Kernels string           `json:"kernels"`
 	DType   string           `json:"dtype"`
 	Batch   int              `json:"batch"`
-	Rows    []rowReport      `json:"rows"` // null in the --profile file
-	Timings timings          `json:"timings"`
+	Rows    []Row            `json:"rows"` // null in the --profile file
+	Timings Timings          `json:"timings"`
 	Profile []profile.OpStat `json:"profile"`
 	// ProfileNote says what the profile's times miss (null when nothing).
 	ProfileNote *string         `json:"profile_note"`
 	Tuning      []kernels.Tuned `json:"tuning"` // the tuning cache's choices this run applied
-	profileDetail
+	ProfileDetail
 }
 
-// profileDetail is what the profile adds to the per-op table.
-type profileDetail struct {
+// ProfileDetail is what the profile adds to the per-op table.
+type ProfileDetail struct {
 	// ProfileSource is where the profile's times come from: "cupti" (every
 	// kernel) or "events" (marks around each op call and graph replay).
-	ProfileSource string        `json:"profile_source"`
-	GPU           *gpuReport    `json:"gpu"` // null where kernels were not traced
-	Memory        *memoryReport `json:"memory"`
+	ProfileSource string  `json:"profile_source"`
+	GPU           *GPU    `json:"gpu"` // null where kernels were not traced
+	Memory        *Memory `json:"memory"`
 }
 
-type rowReport struct {
+// Row is one row of the batch: its prompt, the ids it generated and their text.
+type Row struct {
 	PromptIDs    []int  `json:"prompt_ids"`
 	GeneratedIDs []int  `json:"generated_ids"`
 	Text         string `json:"text"`
 }
 
-// timings are the reported (median) generation's times, its phases apart,
+// Timings are the reported (median) generation's times, its phases apart,
 // and the spread of every timed run's wall time.
-type timings struct {
+type Timings struct {
 	NewTokens    int     `json:"new_tokens"`
 	TokensPerSec float64 `json:"tokens_per_s"`
 	WallS        float64 `json:"wall_s"`
-	phases
+	Phases
 	ComputeMs  float64        `json:"compute_ms"`
 	LoadS      float64        `json:"load_s"`
 	GraphSteps int            `json:"graph_replays"`
@@ -60,9 +59,9 @@ type timings struct {
 	WallSpread spread.Summary `json:"wall_s_spread"`
 }
 
-// phases are a generation's prefill and decode apart, as llama-bench's pp
+// Phases are a generation's prefill and decode apart, as llama-bench's pp
 // and tg and vLLM's TTFT and TPOT split them.
-type phases struct {
+type Phases struct {
 	PromptTokens int     `json:"prompt_tokens"` // every row's
 	PrefillMs    float64 `json:"prefill_ms"`
 	DecodeMs     float64 `json:"decode_ms"`
@@ -79,22 +78,22 @@ type phases struct {
 	TPOTMs             *float64 `json:"tpot_ms"`
 }
 
-// phasesOf is gen's phases; rows is the batch.
-func phasesOf(gen *model.Generation, rows int) phases {
-	p := phases{PromptTokens: gen.PromptTokens, PrefillMs: gen.PrefillMs, DecodeMs: gen.DecodeMs, TTFTMs: gen.PrefillMs,
+// PhasesOf is gen's phases; rows is the batch.
+func PhasesOf(gen *model.Generation, rows int) Phases {
+	p := Phases{PromptTokens: gen.PromptTokens, PrefillMs: gen.PrefillMs, DecodeMs: gen.DecodeMs, TTFTMs: gen.PrefillMs,
 		DecodeSteps: gen.DecodeSteps}
 	if gen.PrefillMs > 0 {
 		p.PrefillTokensPerSec = float64(gen.PromptTokens) / (gen.PrefillMs / 1000)
 	}
 	if gen.DecodeSteps > 0 && gen.DecodeMs > 0 {
-		p.DecodeTokensPerSec = nullNum(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
-		p.TPOTMs = nullNum(gen.DecodeMs / float64(gen.DecodeSteps))
+		p.DecodeTokensPerSec = NullNum(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
+		p.TPOTMs = NullNum(gen.DecodeMs / float64(gen.DecodeSteps))
 	}
 	return p
 }
 
-// line is the phases' line under the summary line.
-func (p phases) line(rows int) string {
+// Line is the phases' line under the summary line.
+func (p Phases) Line(rows int) string {
 	s := fmt.Sprintf("prefill %d tokens: TTFT %.2f ms, %.1f tokens/s", p.PromptTokens, p.TTFTMs, p.PrefillTokensPerSec)
 	if p.DecodeTokensPerSec == nil {
 		return s + " | decode: no step (one new token)"
@@ -111,20 +110,20 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-// spreadLine says how the timed runs' wall times spread; "" for one run.
-func spreadLine(s spread.Summary) string {
+// SpreadLine says how the timed runs' wall times spread; "" for one run.
+func SpreadLine(s spread.Summary) string {
 	if s.N < 2 {
 		return ""
 	}
 	return fmt.Sprintf("%d runs: wall median %.4f s, min %.4f, max %.4f, stddev %.2f%% of the mean", s.N, s.Median, s.Min, s.Max, 100*s.Rel())
 }
 
-// summaryLine is TileGym's one-line result:
+// SummaryLine is TileGym's one-line result:
 // <model>_<kernels>_<dtype> | X tokens/s | Y s | Z ms CUDA, with the dtype
 // named as torch names it and Z the sum of every kernel's time over the
 // generation. Where kernels were not traced, Z is the events' sum and the
 // line says "ms compute".
-func (r *runReport) summaryLine() string {
+func (r *Run) SummaryLine() string {
 	unit := "ms compute"
 	if r.ProfileSource == "cupti" {
 		unit = "ms CUDA"
@@ -146,10 +145,10 @@ func torchDType(dt string) string {
 	return dt
 }
 
-// writeText prints the generated text of each distinct row once (rows of
+// WriteText prints the generated text of each distinct row once (rows of
 // one prompt that generated one text are one), the summary line and the
 // per-op table.
-func (r *runReport) writeText(w io.Writer) {
+func (r *Run) WriteText(w io.Writer) {
 	type rowKey struct{ prompt, text string }
 	seen := map[rowKey][]int{}
 	var order []rowKey
@@ -168,15 +167,15 @@ func (r *runReport) writeText(w io.Writer) {
 		fmt.Fprintln(w, k.text)
 	}
 	fmt.Fprintln(w)
-	r.writeProfile(w)
+	r.WriteProfile(w)
 }
 
-// writeProfile prints the summary line, the per-op table, and what the
+// WriteProfile prints the summary line, the per-op table, and what the
 // kernel trace and the allocator say.
-func (r *runReport) writeProfile(w io.Writer) {
-	fmt.Fprintln(w, r.summaryLine())
-	fmt.Fprintln(w, r.Timings.phases.line(r.Batch))
-	if l := spreadLine(r.Timings.WallSpread); l != "" {
+func (r *Run) WriteProfile(w io.Writer) {
+	fmt.Fprintln(w, r.SummaryLine())
+	fmt.Fprintln(w, r.Timings.Phases.Line(r.Batch))
+	if l := SpreadLine(r.Timings.WallSpread); l != "" {
 		fmt.Fprintln(w, l)
 	}
 	fmt.Fprintln(w)
@@ -206,49 +205,4 @@ func rowsLabel(rows []int, n int) string {
 		return "row " + parts[0]
 	}
 	return "rows " + strings.Join(parts, ",")
-}
-
-func marshalJSON(v any) ([]byte, error) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	return append(b, '\n'), nil
-}
-
-// opList is the --help table of ops: each op's group, what it does, and the
-// set that runs it under each CUDA set's name (a set that has no kernel of
-// its own for an op runs its fallback's, named in parentheses).
-func opList() string {
-	var b strings.Builder
-	var cudaSets []kernels.SetInfo
-	for _, s := range kernels.Sets() {
-		if s.Device == "cuda" {
-			cudaSets = append(cudaSets, s)
-		}
-	}
-	b.WriteString("Ops (a group name, such as attn, selects all its ops):\n")
-	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
-	fmt.Fprint(tw, "  op\tgroup")
-	for _, s := range cudaSets {
-		fmt.Fprintf(tw, "\t%s", s.Name)
-	}
-	fmt.Fprint(tw, "\twhat it does\n")
-	for _, info := range kernels.OpTable() {
-		fmt.Fprintf(tw, "  %s\t%s", info.Op, info.Group)
-		for _, s := range cudaSets {
-			spec := kernels.Spec{Base: s.Name}
-			runner := spec.Runner(info.Op)
-			if runner != s.Name {
-				runner = "(" + runner + ")"
-			}
-			fmt.Fprintf(tw, "\t%s", runner)
-		}
-		fmt.Fprintf(tw, "\t%s\n", info.Doc)
-	}
-	tw.Flush()
-	b.WriteString("(set): the set has no kernel of its own for the op and runs that set's. A set may also\n" +
-		"decline one call whose shapes its kernels do not take (fused's MLA kernels take DeepSeek-V2's\n" +
-		"head dims, say); that call runs on the set it falls back to, and the profile names both.\n")
-	return strings.TrimRight(b.String(), "\n")
 }

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"encoding/json"
@@ -14,10 +14,10 @@ import (
 	"github.com/fuselm/fuselm/model"
 )
 
-// gpuReport is what the kernel trace says beyond the per-op table: the
+// GPU is what the kernel trace says beyond the per-op table: the
 // device's busy time against the wall time, every kernel, and where the
 // kernels come from (cupti only).
-type gpuReport struct {
+type GPU struct {
 	KernelMs float64 `json:"kernel_ms"` // the sum of every kernel's time
 	BusyMs   float64 `json:"busy_ms"`   // the union of the kernels' intervals
 	SpanMs   float64 `json:"span_ms"`   // first kernel start to last kernel end
@@ -30,15 +30,17 @@ type gpuReport struct {
 	Coverage    []profile.CoverageRow `json:"coverage"`
 }
 
-// sumBusyTolerance is how far the kernel sum may exceed the busy time
+// SumBusyTolerance is how far the kernel sum may exceed the busy time
 // before the report says the two disagree.
-const sumBusyTolerance = 0.05
+const SumBusyTolerance = 0.05
 
-func newGPUReport(p *profile.Report, wallMs float64) *gpuReport {
+// NewGPU is the GPU report of a profile p whose kernels were traced, of a
+// generation of wallMs; nil where they were not.
+func NewGPU(p *profile.Report, wallMs float64) *GPU {
 	if p.Source != "cupti" {
 		return nil
 	}
-	g := &gpuReport{KernelMs: p.ComputeMs, BusyMs: p.BusyMs, SpanMs: p.SpanMs, WallMs: wallMs,
+	g := &GPU{KernelMs: p.ComputeMs, BusyMs: p.BusyMs, SpanMs: p.SpanMs, WallMs: wallMs,
 		Launches: p.Launches, Kernels: p.Kernels, Coverage: p.Coverage}
 	if p.BusyMs > 0 {
 		g.SumOverBusy = (p.ComputeMs - p.BusyMs) / p.BusyMs
@@ -46,11 +48,11 @@ func newGPUReport(p *profile.Report, wallMs float64) *gpuReport {
 	return g
 }
 
-// memoryReport is the device memory of a run: the allocator's high-water
+// Memory is the device memory of a run: the allocator's high-water
 // mark split into what holds it, and each op's working set (the scratch a
 // call asked for beyond its inputs and outputs: attention's scores in the
 // naive set grow as N², flash attention's as N).
-type memoryReport struct {
+type Memory struct {
 	// PeakBytes is the allocator's high-water mark plus the memory held
 	// outside it (cuBLAS's workspace); 0 where the device keeps no count
 	// (the cpu).
@@ -66,8 +68,8 @@ type memoryReport struct {
 
 // MarshalJSON writes null for what the device keeps no count of: the
 // peak, scratch, library and other bytes on the cpu, and no working sets.
-func (m memoryReport) MarshalJSON() ([]byte, error) {
-	type fields memoryReport // its fields and tags, without this method
+func (m Memory) MarshalJSON() ([]byte, error) {
+	type fields Memory // its fields and tags, without this method
 	counted := m.PeakBytes > 0
 	orNull := func(n int64) *int64 {
 		if !counted {
@@ -84,8 +86,10 @@ func (m memoryReport) MarshalJSON() ([]byte, error) {
 	}{fields(m), orNull(m.PeakBytes), orNull(m.Scratch), orNull(m.Libraries), orNull(m.Other)})
 }
 
-func newMemoryReport(dev kernels.Device, m model.Memory, ops []profile.OpStat) *memoryReport {
-	r := &memoryReport{Weights: int64(m.Weights), KVCache: int64(m.Cache), Work: int64(m.Work)}
+// NewMemory is the memory report of a run on dev of a model that holds m,
+// with the working sets of ops.
+func NewMemory(dev kernels.Device, m model.Memory, ops []profile.OpStat) *Memory {
+	r := &Memory{Weights: int64(m.Weights), KVCache: int64(m.Cache), Work: int64(m.Work)}
 	for _, o := range ops {
 		if o.Scratch > 0 {
 			if r.WorkingSets == nil {
@@ -115,7 +119,7 @@ func writeOpTable(w io.Writer, rows []profile.OpStat) {
 			avg = r.Ms / float64(r.Calls)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.4f\t%.3f\t%.3f\t%.1f%%\t%s\t%s\t%s\t\n", r.Op, r.Set, r.Calls, r.Ms, avg,
-			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share, rateCell(r.TFLOPs), rateCell(r.GBs), bytesOrDash(r.Scratch))
+			r.PhaseMs["prefill"], r.PhaseMs["decode"], 100*r.Share, rateCell(r.TFLOPs), rateCell(r.GBs), BytesOrDash(r.Scratch))
 		calls += r.Calls
 		total += r.Ms
 		pre += r.PhaseMs["prefill"]
@@ -141,7 +145,8 @@ func rateCell(v float64) string {
 	return "<0.01"
 }
 
-func bytesOrDash(n int64) string {
+// BytesOrDash is n bytes in binary units, "-" for none.
+func BytesOrDash(n int64) string {
 	if n <= 0 {
 		return "-"
 	}
@@ -154,15 +159,15 @@ const kernelsShown = 20
 
 // writeGPU prints the busy time against the wall time, the coverage and
 // the largest kernels.
-func (g *gpuReport) write(w io.Writer) {
+func (g *GPU) write(w io.Writer) {
 	busy := 0.0
 	if g.WallMs > 0 {
 		busy = 100 * g.BusyMs / g.WallMs
 	}
 	fmt.Fprintf(w, "GPU: %d kernels, %.1f ms; busy %.1f ms of %.1f ms wall (%.1f%%), first kernel to last %.1f ms; ",
 		g.Launches, g.KernelMs, g.BusyMs, g.WallMs, busy, g.SpanMs)
-	if math.Abs(g.SumOverBusy) <= sumBusyTolerance {
-		fmt.Fprintf(w, "the kernel sum is within %.0f%% of the busy time\n", 100*sumBusyTolerance)
+	if math.Abs(g.SumOverBusy) <= SumBusyTolerance {
+		fmt.Fprintf(w, "the kernel sum is within %.0f%% of the busy time\n", 100*SumBusyTolerance)
 	} else {
 		fmt.Fprintf(w, "the kernel sum is %.1f%% above the busy time: kernels ran concurrently\n", 100*g.SumOverBusy)
 	}
@@ -208,7 +213,7 @@ func shortName(name string) string {
 	return name[:most-3] + "..."
 }
 
-func (m *memoryReport) write(w io.Writer) {
+func (m *Memory) write(w io.Writer) {
 	parts := fmt.Sprintf("weights %s, KV cache %s, work %s", model.Bytes(m.Weights), model.Bytes(m.KVCache), model.Bytes(m.Work))
 	if m.PeakBytes > 0 {
 		fmt.Fprintf(w, "memory: peak %s = %s, scratch %s, cuBLAS workspace %s, allocator rounding and cache %s\n",
@@ -226,15 +231,4 @@ func (m *memoryReport) write(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "working sets (scratch per call): %s\n", strings.Join(ws, ", "))
-}
-
-// newProfile is the profile of a run on dev: of every kernel, through the
-// device's kernel trace (CUPTI), when cupti asks for it and the device has
-// one; else of events around each op call, and the report's note says why.
-func newProfile(dev kernels.Device, cupti bool) *profile.Profile {
-	p := profile.New(dev)
-	if _, ok := dev.(profile.KernelTracer); ok && cupti {
-		p.TraceKernels() // on failure the report's note says why
-	}
-	return p
 }
