@@ -27,9 +27,10 @@
 //     in the file named for the op, and, for a set that owns only some ops
 //     (SetInfo.Own), the op in that list; a set that has no kernel for it
 //     runs its fallback's.
-//  5. Its cases: kernels/kerneltest's table, which holds every set against
-//     the cpu set, and kernels/kbench's, which times every set (two tables
-//     still, with their own builders of inputs).
+//  5. Its cases, all in kernels/kerneltest: its checks in cases.go, which
+//     hold every set against the cpu set, and its benchmark in bench.go
+//     (shapes, counts and the builder of its operands), which kbench times
+//     every set on (two tables still, in one package).
 //
 // A kernel set is registered (Register) from its package's init; its name
 // is then one that specs, and the command line, take.

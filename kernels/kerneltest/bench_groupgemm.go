@@ -1,4 +1,4 @@
-package kbench
+package kerneltest
 
 import (
 	"math"
@@ -34,7 +34,7 @@ func touchedGroups(s kernels.Shape) float64 {
 // uneven popularity, as a trained router's: expert j is drawn with weight
 // exp(0.5·z_j), z_j standard normal, by the Gumbel top-k trick. It returns
 // each expert's count.
-func (b *builder) groupSizes(m, e int) []int {
+func (b *Builder) groupSizes(m, e int) []int {
 	rng := b.stream()
 	logw := make([]float64, e)
 	for j := range logw {
@@ -65,10 +65,10 @@ func (b *builder) groupSizes(m, e int) []int {
 // route their rows anew, so that rotating over the copies reads other
 // groups' weights than the L2 holds; the bytes count the weights of the
 // groups the copies actually use.
-func buildGroupGemm(b *builder, c0 *Case, s kernels.Shape) *problem {
+func buildGroupGemm(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 	m, n, k, e := s["M"], s["N"], s["K"], s["E"]
-	w := b.random(b.alloc(kernels.BF16, e, n, k), 1/math.Sqrt(float64(k)))
-	c := b.copiesFor(c0.Bytes(s))
+	w := b.Random(b.Alloc(kernels.BF16, e, n, k), 1/math.Sqrt(float64(k)))
+	c := b.copiesFor(bc.Bytes(s))
 	type rows struct{ x, first, out *kernels.Tensor }
 	var touched float64
 	rs := each(b, c, func() rows {
@@ -80,21 +80,21 @@ func buildGroupGemm(b *builder, c0 *Case, s kernels.Shape) *problem {
 				touched++
 			}
 		}
-		return rows{x: b.random(b.act(m, k), 1), first: b.ints(first, e+1), out: b.act(m, n)}
+		return rows{x: b.Random(b.Act(m, k), 1), first: b.ints(first, e+1), out: b.Act(m, n)}
 	})
 	bytes := float64(bf16) * (touched/float64(c)*float64(n*k) + float64(m*k+m*n))
-	return &problem{copies: c, outs: []*kernels.Tensor{rs[0].out}, bytes: bytes,
-		run: func(o kernels.Ops, i int) { o.GroupGemm(rs[i].out, rs[i].x, w, rs[i].first) }}
+	return &Problem{Copies: c, Outs: []*kernels.Tensor{rs[0].out}, Bytes: bytes,
+		Run: func(o kernels.Ops, i int) { o.GroupGemm(rs[i].out, rs[i].x, w, rs[i].first) }}
 }
 
 // buildDenseOfGroups is the dense GEMM of a group_gemm shape's total M, N,
 // K: x [M,K] · w [N,K]ᵀ, what cuBLAS does with the same work in one piece.
-func buildDenseOfGroups(b *builder, s kernels.Shape) *problem {
+func buildDenseOfGroups(b *Builder, s kernels.Shape) *Problem {
 	m, n, k := s["M"], s["N"], s["K"]
 	c := b.copiesFor(float64(bf16) * float64(m*k+n*k+m*n))
-	xs := each(b, c, func() *kernels.Tensor { return b.random(b.act(m, k), 1) })
-	ws := each(b, c, func() *kernels.Tensor { return b.random(b.alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
-	outs := each(b, c, func() *kernels.Tensor { return b.act(m, n) })
-	return &problem{copies: c, outs: outs[:1], bytes: float64(bf16) * float64(m*k+n*k+m*n),
-		run: func(o kernels.Ops, i int) { o.Linear(outs[i], xs[i], ws[i], nil) }}
+	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	ws := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n) })
+	return &Problem{Copies: c, Outs: outs[:1], Bytes: float64(bf16) * float64(m*k+n*k+m*n),
+		Run: func(o kernels.Ops, i int) { o.Linear(outs[i], xs[i], ws[i], nil) }}
 }

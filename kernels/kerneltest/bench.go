@@ -1,13 +1,4 @@
-// Package kbench is fuselm's kernel benchmarks, TileGym's bench_* scripts
-// for every kernel set at once: for each op a table over shapes of every
-// set side by side (and each variant of a set where it has several), with
-// the metric the op is bound by, its floor and the share of it reached;
-// every result checked against the cpu set (or naive, where the cpu would
-// take too long) before it is timed. It also lists what each set offers for
-// a shape on a device or an --arch without running anything, picks the
-// fastest variant (--optimize) and keeps the choice in a tuning cache that
-// infer applies, and traces the kernels of every row's calls (--cupti).
-package kbench
+package kerneltest
 
 import (
 	"fmt"
@@ -18,9 +9,10 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 )
 
-// Case is one op's benchmark: the shapes it takes, its defaults, what a
-// problem of a shape costs, and how to build one on a device.
-type Case struct {
+// Bench is one op's benchmark, which kbench runs: the shapes it takes, its
+// defaults, what a problem of a shape costs, and how to build one on a
+// device.
+type Bench struct {
 	Op    kernels.Op
 	Bound string   // "compute" (the table shows TFLOP/s) or "memory" (GB/s)
 	Dims  []string // the shape's names, all required
@@ -35,11 +27,13 @@ type Case struct {
 	// read once, every output written once).
 	FLOPs func(s kernels.Shape) float64
 	Bytes func(s kernels.Shape) float64
-	build func(b *builder, c *Case, s kernels.Shape) *problem
-	// dense, when set, builds the problem the case is read against: a
-	// dense GEMM of the same work, timed with naive's cuBLAS in a row of
-	// its own (set "naive", variant denseVariant) after the sets' rows.
-	dense func(b *builder, s kernels.Shape) *problem
+	// Build makes the problem of shape s on b's device (c is the bench
+	// itself, whose Bytes size the rotating copies).
+	Build func(b *Builder, c *Bench, s kernels.Shape) *Problem
+	// Dense, when set, builds the problem the case is read against: a
+	// dense GEMM of the same work, which kbench times with naive's cuBLAS
+	// in a row of its own after the sets' rows.
+	Dense func(b *Builder, s kernels.Shape) *Problem
 }
 
 // sh builds a Shape from name, value pairs.
@@ -53,12 +47,12 @@ func sh(kv ...any) kernels.Shape {
 
 const bf16 = 2 // bytes of an activation
 
-// Cases lists every benchmark, in the op table's order.
-func Cases() []*Case { return cases }
+// Benches lists every benchmark, in the op table's order.
+func Benches() []*Bench { return benches }
 
-// CaseFor is the benchmark of op, or nil.
-func CaseFor(op kernels.Op) *Case {
-	for _, c := range cases {
+// BenchFor is the benchmark of op, or nil.
+func BenchFor(op kernels.Op) *Bench {
+	for _, c := range benches {
 		if c.Op == op {
 			return c
 		}
@@ -68,7 +62,7 @@ func CaseFor(op kernels.Op) *Case {
 
 // Check reports whether s gives every dimension c needs, and no other (but
 // an element type c takes).
-func (c *Case) Check(s kernels.Shape) error {
+func (c *Bench) Check(s kernels.Shape) error {
 	var missing, extra []string
 	for _, d := range c.Dims {
 		if _, ok := s[d]; !ok {
@@ -122,7 +116,7 @@ func causalHalf(s kernels.Shape) float64 {
 	return 1
 }
 
-var cases = []*Case{
+var benches = []*Bench{
 	{
 		Op: kernels.OpLinear, Bound: "compute", Dims: []string{"M", "N", "K"},
 		Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in naive, and in fused beyond decode's few rows)",
@@ -132,7 +126,7 @@ var cases = []*Case{
 		}, decodeLinearShapes()...),
 		FLOPs: func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
 		Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")) },
-		build: buildLinear,
+		Build: buildLinear,
 	},
 	{
 		Op: kernels.OpRMSNorm, Bound: "memory", Dims: []string{"M", "N"},
@@ -140,7 +134,7 @@ var cases = []*Case{
 		Shapes: normShapes,
 		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "M", "N") },
 		Bytes:  func(s kernels.Shape) float64 { return bf16 * (2*f(s, "M", "N") + f(s, "N")) },
-		build:  func(b *builder, c *Case, s kernels.Shape) *problem { return buildNorm(b, c, s, false) },
+		Build:  func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildNorm(b, c, s, false) },
 	},
 	{
 		Op: kernels.OpAddRMSNorm, Bound: "memory", Dims: []string{"M", "N"},
@@ -148,7 +142,7 @@ var cases = []*Case{
 		Shapes: normShapes,
 		FLOPs:  func(s kernels.Shape) float64 { return 5 * f(s, "M", "N") },
 		Bytes:  func(s kernels.Shape) float64 { return bf16 * (4*f(s, "M", "N") + f(s, "N")) },
-		build:  func(b *builder, c *Case, s kernels.Shape) *problem { return buildNorm(b, c, s, true) },
+		Build:  func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildNorm(b, c, s, true) },
 	},
 	{
 		Op: kernels.OpRoPE, Bound: "memory", Dims: []string{"T", "H", "D", "R", "interleaved"},
@@ -160,7 +154,7 @@ var cases = []*Case{
 		},
 		FLOPs: func(s kernels.Shape) float64 { return 3 * f(s, "T", "H", "R") },
 		Bytes: func(s kernels.Shape) float64 { return bf16 * 2 * f(s, "T", "H", "R") },
-		build: buildRoPE,
+		Build: buildRoPE,
 	},
 	{
 		Op: kernels.OpSwiGLU, Bound: "memory", Dims: []string{"N", "I"},
@@ -171,7 +165,7 @@ var cases = []*Case{
 		},
 		FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "I") },
 		Bytes: func(s kernels.Shape) float64 { return bf16 * 3 * f(s, "N", "I") },
-		build: buildSwiGLU,
+		Build: buildSwiGLU,
 	},
 	{
 		Op: kernels.OpAttnPrefill, Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
@@ -183,7 +177,7 @@ var cases = []*Case{
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * f(s, "B", "N", "D") * (2*f(s, "H") + 2*f(s, "KVH"))
 		},
-		build: buildPrefill,
+		Build: buildPrefill,
 	},
 	{
 		Op: kernels.OpAttnDecode, Bound: "memory", Dims: []string{"B", "H", "KVH", "D", "ctx"},
@@ -193,7 +187,7 @@ var cases = []*Case{
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * (2*f(s, "B", "KVH", "ctx", "D") + 2*f(s, "B", "H", "D"))
 		},
-		build: buildDecode,
+		Build: buildDecode,
 	},
 	{
 		Op: kernels.OpMLAPrefill, Bound: "compute", Dims: []string{"B", "H", "N", "Dn", "Dr", "Dv", "R"},
@@ -213,7 +207,7 @@ var cases = []*Case{
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * f(s, "B", "N") * (f(s, "H")*(f(s, "Dn")+f(s, "Dr")+f(s, "Dv")) + f(s, "R") + f(s, "Dr"))
 		},
-		build: func(b *builder, c *Case, s kernels.Shape) *problem { return buildMLA(b, c, s, false) },
+		Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, false) },
 	},
 	{
 		Op: kernels.OpMLADecode, Bound: "memory", Dims: []string{"B", "H", "ctx", "Dn", "Dr", "Dv", "R"},
@@ -229,7 +223,7 @@ var cases = []*Case{
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * (f(s, "B", "ctx")*(f(s, "R")+f(s, "Dr")) + f(s, "H")*(f(s, "Dn")+f(s, "Dv"))*f(s, "R"))
 		},
-		build: func(b *builder, c *Case, s kernels.Shape) *problem { return buildMLA(b, c, s, true) },
+		Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, true) },
 	},
 	{
 		Op: kernels.OpMoEExperts, Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"},
@@ -249,7 +243,7 @@ var cases = []*Case{
 			touched := e * (1 - math.Pow(1-k/e, n))
 			return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
 		},
-		build: buildMoE,
+		Build: buildMoE,
 	},
 	{
 		Op: kernels.OpGroupGemm, Bound: "compute", Dims: []string{"M", "N", "K", "E"},
@@ -262,8 +256,8 @@ var cases = []*Case{
 		Bytes: func(s kernels.Shape) float64 {
 			return bf16 * (touchedGroups(s)*f(s, "N", "K") + f(s, "M", "K") + f(s, "M", "N"))
 		},
-		build: buildGroupGemm,
-		dense: buildDenseOfGroups,
+		Build: buildGroupGemm,
+		Dense: buildDenseOfGroups,
 	},
 }
 
