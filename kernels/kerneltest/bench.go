@@ -47,7 +47,7 @@ func sh(kv ...any) kernels.Shape {
 
 const bf16 = 2 // bytes of an activation
 
-// Benches lists every benchmark, in the op table's order.
+// Benches lists every benchmark, in the op table's order (table's).
 func Benches() []*Bench { return benches }
 
 // BenchFor is the benchmark of op, or nil.
@@ -116,149 +116,157 @@ func causalHalf(s kernels.Shape) float64 {
 	return 1
 }
 
-var benches = []*Bench{
-	{
-		Op: kernels.OpLinear, Bound: "compute", Dims: []string{"M", "N", "K"},
-		Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in naive, and in fused beyond decode's few rows)",
-		Shapes: append([]kernels.Shape{
-			sh("M", 4096, "N", 4096, "K", 4096), sh("M", 8192, "N", 8192, "K", 8192),
-			sh("M", 16384, "N", 37888, "K", 3584), // Qwen2-7B gate_up over W1's rows, a sixteenth
-		}, decodeLinearShapes()...),
-		FLOPs: func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
-		Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")) },
-		Build: buildLinear,
+var linearBench = &Bench{
+	Bound: "compute", Dims: []string{"M", "N", "K"},
+	Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in naive, and in fused beyond decode's few rows)",
+	Shapes: append([]kernels.Shape{
+		sh("M", 4096, "N", 4096, "K", 4096), sh("M", 8192, "N", 8192, "K", 8192),
+		sh("M", 16384, "N", 37888, "K", 3584), // Qwen2-7B gate_up over W1's rows, a sixteenth
+	}, decodeLinearShapes()...),
+	FLOPs: func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")) },
+	Build: buildLinear,
+}
+
+var rmsNormBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N"},
+	Doc:    "M rows of N",
+	Shapes: normShapes,
+	FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "M", "N") },
+	Bytes:  func(s kernels.Shape) float64 { return bf16 * (2*f(s, "M", "N") + f(s, "N")) },
+	Build:  func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildNorm(b, c, s, false) },
+}
+
+var addRMSNormBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N"},
+	Doc:    "M rows of N; the residual add reads and writes the residual",
+	Shapes: normShapes,
+	FLOPs:  func(s kernels.Shape) float64 { return 5 * f(s, "M", "N") },
+	Bytes:  func(s kernels.Shape) float64 { return bf16 * (4*f(s, "M", "N") + f(s, "N")) },
+	Build:  func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildNorm(b, c, s, true) },
+}
+
+var ropeBench = &Bench{
+	Bound: "memory", Dims: []string{"T", "H", "D", "R", "interleaved"},
+	Doc: "T tokens of H heads of D dims, the first R of each rotated; interleaved 1 pairs (2i, 2i+1) as DeepSeek-V2, 0 rotate_half as Qwen2",
+	Shapes: []kernels.Shape{
+		sh("T", 16, "H", 32, "D", 128, "R", 128, "interleaved", 0),    // Qwen2-7B q and k, decode batch 16
+		sh("T", 16384, "H", 32, "D", 128, "R", 128, "interleaved", 0), // a sixteenth of W1's prefill
+		sh("T", 11041, "H", 16, "D", 192, "R", 64, "interleaved", 1),  // DeepSeek-V2-Lite q_pe over W3's prompt
 	},
-	{
-		Op: kernels.OpRMSNorm, Bound: "memory", Dims: []string{"M", "N"},
-		Doc:    "M rows of N",
-		Shapes: normShapes,
-		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "M", "N") },
-		Bytes:  func(s kernels.Shape) float64 { return bf16 * (2*f(s, "M", "N") + f(s, "N")) },
-		Build:  func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildNorm(b, c, s, false) },
+	FLOPs: func(s kernels.Shape) float64 { return 3 * f(s, "T", "H", "R") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * 2 * f(s, "T", "H", "R") },
+	Build: buildRoPE,
+}
+
+var swiGLUBench = &Bench{
+	Bound: "memory", Dims: []string{"N", "I"},
+	Doc: "N rows of gate and up, I each",
+	Shapes: []kernels.Shape{
+		sh("N", 16, "I", 18944), sh("N", 16384, "I", 18944), // Qwen2-7B, decode batch 16 and a sixteenth of W1
+		sh("N", 11041, "I", 10944), // DeepSeek-V2-Lite's dense layer over W3's prompt
 	},
-	{
-		Op: kernels.OpAddRMSNorm, Bound: "memory", Dims: []string{"M", "N"},
-		Doc:    "M rows of N; the residual add reads and writes the residual",
-		Shapes: normShapes,
-		FLOPs:  func(s kernels.Shape) float64 { return 5 * f(s, "M", "N") },
-		Bytes:  func(s kernels.Shape) float64 { return bf16 * (4*f(s, "M", "N") + f(s, "N")) },
-		Build:  func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildNorm(b, c, s, true) },
+	FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "I") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * 3 * f(s, "N", "I") },
+	Build: buildSwiGLU,
+}
+
+var attnPrefillBench = &Bench{
+	Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
+	Doc: "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims; " +
+		"dt=f16 runs it on f16 operands (a benchmark type: the models' activations stay bf16)",
+	DTypes: []kernels.DType{kernels.F16},
+	Shapes: prefillShapes(),
+	FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "N", "N", "D") * causalHalf(s) },
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * f(s, "B", "N", "D") * (2*f(s, "H") + 2*f(s, "KVH"))
 	},
-	{
-		Op: kernels.OpRoPE, Bound: "memory", Dims: []string{"T", "H", "D", "R", "interleaved"},
-		Doc: "T tokens of H heads of D dims, the first R of each rotated; interleaved 1 pairs (2i, 2i+1) as DeepSeek-V2, 0 rotate_half as Qwen2",
-		Shapes: []kernels.Shape{
-			sh("T", 16, "H", 32, "D", 128, "R", 128, "interleaved", 0),    // Qwen2-7B q and k, decode batch 16
-			sh("T", 16384, "H", 32, "D", 128, "R", 128, "interleaved", 0), // a sixteenth of W1's prefill
-			sh("T", 11041, "H", 16, "D", 192, "R", 64, "interleaved", 1),  // DeepSeek-V2-Lite q_pe over W3's prompt
-		},
-		FLOPs: func(s kernels.Shape) float64 { return 3 * f(s, "T", "H", "R") },
-		Bytes: func(s kernels.Shape) float64 { return bf16 * 2 * f(s, "T", "H", "R") },
-		Build: buildRoPE,
+	Build: buildPrefill,
+}
+
+var attnDecodeBench = &Bench{
+	Bound: "memory", Dims: []string{"B", "H", "KVH", "D", "ctx"},
+	Doc:    "B rows of one new token after ctx-1 cached, H query heads over KVH kv heads of D dims",
+	Shapes: decodeShapes(),
+	FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "ctx", "D") },
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (2*f(s, "B", "KVH", "ctx", "D") + 2*f(s, "B", "H", "D"))
 	},
-	{
-		Op: kernels.OpSwiGLU, Bound: "memory", Dims: []string{"N", "I"},
-		Doc: "N rows of gate and up, I each",
-		Shapes: []kernels.Shape{
-			sh("N", 16, "I", 18944), sh("N", 16384, "I", 18944), // Qwen2-7B, decode batch 16 and a sixteenth of W1
-			sh("N", 11041, "I", 10944), // DeepSeek-V2-Lite's dense layer over W3's prompt
-		},
-		FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "I") },
-		Bytes: func(s kernels.Shape) float64 { return bf16 * 3 * f(s, "N", "I") },
-		Build: buildSwiGLU,
+	Build: buildDecode,
+}
+
+var mlaPrefillBench = &Bench{
+	Bound: "compute", Dims: []string{"B", "H", "N", "Dn", "Dr", "Dv", "R"},
+	Doc:    "B rows of N new tokens, H heads: q·k over Dn+Dr dims, v of Dv, latents of rank R",
+	Shapes: mlaPrefillShapes(),
+	// The least work of the two forms, the decompressed one at these
+	// sizes: TileGym's bench_mla count of the attention, 2·B·H·S²·(Dqk +
+	// Dv) halved for causal, plus the decompression of every latent by
+	// kv_b_proj, 2·B·S·R·H·(Dn+Dv), which bench_mla leaves out. (The
+	// absorbed form skips the decompression but pays 2·(2R+Dr) per head
+	// and key instead of 2·(Dqk+Dv): 3.4× the attention at V2-Lite's
+	// dims.)
+	FLOPs: func(s kernels.Shape) float64 {
+		attn := 2 * f(s, "B", "H", "N", "N") * (f(s, "Dn") + f(s, "Dr") + f(s, "Dv")) * 0.5
+		return attn + 2*f(s, "B", "N", "R", "H")*(f(s, "Dn")+f(s, "Dv"))
 	},
-	{
-		Op: kernels.OpAttnPrefill, Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
-		Doc: "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims; " +
-			"dt=f16 runs it on f16 operands (a benchmark type: the models' activations stay bf16)",
-		DTypes: []kernels.DType{kernels.F16},
-		Shapes: prefillShapes(),
-		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "N", "N", "D") * causalHalf(s) },
-		Bytes: func(s kernels.Shape) float64 {
-			return bf16 * f(s, "B", "N", "D") * (2*f(s, "H") + 2*f(s, "KVH"))
-		},
-		Build: buildPrefill,
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * f(s, "B", "N") * (f(s, "H")*(f(s, "Dn")+f(s, "Dr")+f(s, "Dv")) + f(s, "R") + f(s, "Dr"))
 	},
-	{
-		Op: kernels.OpAttnDecode, Bound: "memory", Dims: []string{"B", "H", "KVH", "D", "ctx"},
-		Doc:    "B rows of one new token after ctx-1 cached, H query heads over KVH kv heads of D dims",
-		Shapes: decodeShapes(),
-		FLOPs:  func(s kernels.Shape) float64 { return 4 * f(s, "B", "H", "ctx", "D") },
-		Bytes: func(s kernels.Shape) float64 {
-			return bf16 * (2*f(s, "B", "KVH", "ctx", "D") + 2*f(s, "B", "H", "D"))
-		},
-		Build: buildDecode,
+	Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, false) },
+}
+
+var mlaDecodeBench = &Bench{
+	Bound: "memory", Dims: []string{"B", "H", "ctx", "Dn", "Dr", "Dv", "R"},
+	Doc:    "B rows of one new token after ctx-1 cached latents of rank R (+Dr), H heads",
+	Shapes: mlaDecodeShapes(),
+	// The absorbed form, the least work for one query: per head and key
+	// q_lat·c + q_pe·k_pe and p·c (2·(2R+Dr)), plus W_UK folded into q
+	// and W_UV applied to o_lat (2·R·(Dn+Dv) per head and row). The
+	// bytes, the floor: the latent cache and kv_b_proj, read once.
+	FLOPs: func(s kernels.Shape) float64 {
+		return 2 * f(s, "B", "H") * (f(s, "ctx")*(2*f(s, "R")+f(s, "Dr")) + f(s, "R")*(f(s, "Dn")+f(s, "Dv")))
 	},
-	{
-		Op: kernels.OpMLAPrefill, Bound: "compute", Dims: []string{"B", "H", "N", "Dn", "Dr", "Dv", "R"},
-		Doc:    "B rows of N new tokens, H heads: q·k over Dn+Dr dims, v of Dv, latents of rank R",
-		Shapes: mlaPrefillShapes(),
-		// The least work of the two forms, the decompressed one at these
-		// sizes: TileGym's bench_mla count of the attention, 2·B·H·S²·(Dqk +
-		// Dv) halved for causal, plus the decompression of every latent by
-		// kv_b_proj, 2·B·S·R·H·(Dn+Dv), which bench_mla leaves out. (The
-		// absorbed form skips the decompression but pays 2·(2R+Dr) per head
-		// and key instead of 2·(Dqk+Dv): 3.4× the attention at V2-Lite's
-		// dims.)
-		FLOPs: func(s kernels.Shape) float64 {
-			attn := 2 * f(s, "B", "H", "N", "N") * (f(s, "Dn") + f(s, "Dr") + f(s, "Dv")) * 0.5
-			return attn + 2*f(s, "B", "N", "R", "H")*(f(s, "Dn")+f(s, "Dv"))
-		},
-		Bytes: func(s kernels.Shape) float64 {
-			return bf16 * f(s, "B", "N") * (f(s, "H")*(f(s, "Dn")+f(s, "Dr")+f(s, "Dv")) + f(s, "R") + f(s, "Dr"))
-		},
-		Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, false) },
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (f(s, "B", "ctx")*(f(s, "R")+f(s, "Dr")) + f(s, "H")*(f(s, "Dn")+f(s, "Dv"))*f(s, "R"))
 	},
-	{
-		Op: kernels.OpMLADecode, Bound: "memory", Dims: []string{"B", "H", "ctx", "Dn", "Dr", "Dv", "R"},
-		Doc:    "B rows of one new token after ctx-1 cached latents of rank R (+Dr), H heads",
-		Shapes: mlaDecodeShapes(),
-		// The absorbed form, the least work for one query: per head and key
-		// q_lat·c + q_pe·k_pe and p·c (2·(2R+Dr)), plus W_UK folded into q
-		// and W_UV applied to o_lat (2·R·(Dn+Dv) per head and row). The
-		// bytes, the floor: the latent cache and kv_b_proj, read once.
-		FLOPs: func(s kernels.Shape) float64 {
-			return 2 * f(s, "B", "H") * (f(s, "ctx")*(2*f(s, "R")+f(s, "Dr")) + f(s, "R")*(f(s, "Dn")+f(s, "Dv")))
-		},
-		Bytes: func(s kernels.Shape) float64 {
-			return bf16 * (f(s, "B", "ctx")*(f(s, "R")+f(s, "Dr")) + f(s, "H")*(f(s, "Dn")+f(s, "Dv"))*f(s, "R"))
-		},
-		Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, true) },
+	Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, true) },
+}
+
+var moeExpertsBench = &Bench{
+	Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"},
+	Doc: "N tokens of H routed to topk of E experts of width I (random distinct routes)",
+	Shapes: []kernels.Shape{
+		sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6),     // DeepSeek-V2-Lite decode, batch 1
+		sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),    // batch 16
+		sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),   // a few hundred tokens: a short prompt
+		sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6), // W3's prefill
 	},
-	{
-		Op: kernels.OpMoEExperts, Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"},
-		Doc: "N tokens of H routed to topk of E experts of width I (random distinct routes)",
-		Shapes: []kernels.Shape{
-			sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6),     // DeepSeek-V2-Lite decode, batch 1
-			sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),    // batch 16
-			sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),   // a few hundred tokens: a short prompt
-			sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6), // W3's prefill
-		},
-		FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") },
-		// The experts some token chose, each read once, and the tokens in
-		// and out: the count of chosen experts is the expected one for
-		// random routes, E·(1 − (1 − topk/E)^N).
-		Bytes: func(s kernels.Shape) float64 {
-			e, k, n := f(s, "E"), f(s, "topk"), f(s, "N")
-			touched := e * (1 - math.Pow(1-k/e, n))
-			return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
-		},
-		Build: buildMoE,
+	FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") },
+	// The experts some token chose, each read once, and the tokens in
+	// and out: the count of chosen experts is the expected one for
+	// random routes, E·(1 − (1 − topk/E)^N).
+	Bytes: func(s kernels.Shape) float64 {
+		e, k, n := f(s, "E"), f(s, "topk"), f(s, "N")
+		touched := e * (1 - math.Pow(1-k/e, n))
+		return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
 	},
-	{
-		Op: kernels.OpGroupGemm, Bound: "compute", Dims: []string{"M", "N", "K", "E"},
-		Doc: "out [M,N] = x [M,K] · w[g] [N,K]ᵀ over E groups of rows, sized by routing M/6 tokens to 6 experts of uneven popularity; " +
-			"a row of naive's dense cuBLAS GEMM of the same M, N, K follows",
-		Shapes: groupGemmShapes(),
-		FLOPs:  func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
-		// x, out, and the weights of the groups some row uses, at their
-		// expected number for uniform routes (each problem counts its own).
-		Bytes: func(s kernels.Shape) float64 {
-			return bf16 * (touchedGroups(s)*f(s, "N", "K") + f(s, "M", "K") + f(s, "M", "N"))
-		},
-		Build: buildGroupGemm,
-		Dense: buildDenseOfGroups,
+	Build: buildMoE,
+}
+
+var groupGemmBench = &Bench{
+	Bound: "compute", Dims: []string{"M", "N", "K", "E"},
+	Doc: "out [M,N] = x [M,K] · w[g] [N,K]ᵀ over E groups of rows, sized by routing M/6 tokens to 6 experts of uneven popularity; " +
+		"a row of naive's dense cuBLAS GEMM of the same M, N, K follows",
+	Shapes: groupGemmShapes(),
+	FLOPs:  func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
+	// x, out, and the weights of the groups some row uses, at their
+	// expected number for uniform routes (each problem counts its own).
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (touchedGroups(s)*f(s, "N", "K") + f(s, "M", "K") + f(s, "M", "N"))
 	},
+	Build: buildGroupGemm,
+	Dense: buildDenseOfGroups,
 }
 
 // decodeLinearShapes are the projections of one decode step at batch 16
