@@ -27,9 +27,14 @@
 //     in the file named for the op, and, for a set that owns only some ops
 //     (SetInfo.Own), the op in that list; a set that has no kernel for it
 //     runs its fallback's.
-//  5. Its cases: kernels/kerneltest's table, which holds every set against
-//     the cpu set, and kernels/kbench's, which times every set (two tables
-//     still, with their own builders of inputs).
+//  5. kernels/kerneltest/table.go: its row, which names its check cases
+//     (a function in cases.go that adds them: shapes, pitched views,
+//     poisoned outputs), which hold every set against the cpu set, and its
+//     benchmark, if it is worth timing alone (a Bench in bench.go: shape
+//     names, default shapes, FLOP and byte counts, and the builder of its
+//     operands and call for a shape), which kernels/kbench times every set
+//     on. One row serves both modes, as one test case does in
+//     test-backend-ops; TestTable fails on an op without its row.
 //
 // A kernel set is registered (Register) from its package's init; its name
 // is then one that specs, and the command line, take.

@@ -16,6 +16,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 	_ "github.com/fuselm/fuselm/kernels/fused"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/spread"
 )
@@ -173,11 +174,11 @@ func TestPrefillF16OnCPU(t *testing.T) {
 	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
 	c := CaseFor(kernels.OpAttnPrefill)
 	s, _ := kernels.ParseShape("B=2,H=4,KVH=2,D=16,N=9,causal=1,dt=f16")
-	p, err := build(newBuilder(dev, 0, 0), c, s)
+	p, err := build(kerneltest.NewBuilder(dev, 0, 0), c, s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dt := p.outs[0].DType; dt != kernels.F16 {
+	if dt := p.Outs[0].DType; dt != kernels.F16 {
 		t.Fatalf("out is %v, want f16", dt)
 	}
 	row := Row{}
@@ -216,7 +217,7 @@ func TestCheckCatchesAWrongResult(t *testing.T) {
 	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
 	c := CaseFor(kernels.OpRMSNorm)
 	s, _ := kernels.ParseShape("M=4,N=32")
-	b := newBuilder(dev, 0, 0)
+	b := kerneltest.NewBuilder(dev, 0, 0)
 	p, err := build(b, c, s)
 	if err != nil {
 		t.Fatal(err)
@@ -415,18 +416,18 @@ func TestCopyZeroIndependentOfCopies(t *testing.T) {
 		c := CaseFor(op)
 		s := map[kernels.Op]string{kernels.OpAddRMSNorm: "M=8,N=64", kernels.OpRoPE: "T=4,H=2,D=32,R=32,interleaved=0"}[op]
 		sh, _ := kernels.ParseShape(s)
-		one, err := build(newBuilder(dev, 7, 0), c, sh)
+		one, err := build(kerneltest.NewBuilder(dev, 7, 0), c, sh)
 		if err != nil {
 			t.Fatal(err)
 		}
-		many, err := build(newBuilder(dev, 7, 1<<20), c, sh)
+		many, err := build(kerneltest.NewBuilder(dev, 7, 1<<20), c, sh)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if one.copies != 1 || many.copies < 2 {
-			t.Fatalf("%s: %d and %d copies", op, one.copies, many.copies)
+		if one.Copies != 1 || many.Copies < 2 {
+			t.Fatalf("%s: %d and %d copies", op, one.Copies, many.Copies)
 		}
-		if e := kernels.RelErr(many.built[0], one.built[0]); e != 0 {
+		if e := kernels.RelErr(many.Built[0], one.Built[0]); e != 0 {
 			t.Errorf("%s: copy 0's state differs by %g with more copies", op, e)
 		}
 	}
@@ -442,7 +443,7 @@ func TestCheckAfterTiming(t *testing.T) {
 	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}, opt: Options{Seed: 3}}
 	c := CaseFor(kernels.OpRoPE)
 	s, _ := kernels.ParseShape("T=6,H=2,D=32,R=32,interleaved=0")
-	p, err := build(newBuilder(dev, 3, 1<<16), c, s)
+	p, err := build(kerneltest.NewBuilder(dev, 3, 1<<16), c, s)
 	if err != nil {
 		t.Fatal(err)
 	}

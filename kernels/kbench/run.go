@@ -8,6 +8,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -254,7 +255,7 @@ func (r *runner) ops(set string) (setOps, error) {
 
 // shape measures one shape of one case for every set.
 func (r *runner) shape(c *Case, s kernels.Shape) {
-	b := newBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
+	b := kerneltest.NewBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
 	defer r.release(b)
 	p, err := build(b, c, s)
 	if err != nil {
@@ -311,12 +312,12 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 			tuner.UseVariant(c.Op, key, was)
 		}
 	}
-	if c.dense != nil && r.rep.MatrixRate > 0 {
+	if c.Dense != nil && r.rep.MatrixRate > 0 {
 		r.denseRow(c, s)
 	}
 }
 
-// denseVariant names the row of a case's dense reference (Case.dense).
+// denseVariant names the row of a case's dense reference (Case.Dense).
 const denseVariant = "dense cuBLAS, same M,N,K"
 
 // denseRow times the dense problem of c at s with naive (cuBLAS), as a
@@ -330,7 +331,7 @@ func (r *runner) denseRow(c *Case, s kernels.Shape) {
 		row.Err = err.Error()
 		return
 	}
-	b := newBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
+	b := kerneltest.NewBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
 	defer r.release(b)
 	p, err := buildDense(b, c, s)
 	var g group
@@ -344,48 +345,48 @@ func (r *runner) denseRow(c *Case, s kernels.Shape) {
 	}
 	r.timed = append(r.timed, timedRow{index: len(r.rep.Rows), c: c, shape: s, group: g, dense: true})
 	flops := c.FLOPs(s)
-	row.TFLOPS, row.GBs = flops/row.Ms/1e9, p.bytes/row.Ms/1e6
-	row.Bound, row.FloorMs = bound(flops, p.bytes, r.rep.MatrixRate, r.rep.CopyRate)
+	row.TFLOPS, row.GBs = flops/row.Ms/1e9, p.Bytes/row.Ms/1e6
+	row.Bound, row.FloorMs = bound(flops, p.Bytes, r.rep.MatrixRate, r.rep.CopyRate)
 	if row.FloorMs > 0 {
 		row.OfFloor = row.FloorMs / row.Ms
 	}
 }
 
-// buildDense builds the dense problem of c at s (Case.dense), turning a
+// buildDense builds the dense problem of c at s (Case.Dense), turning a
 // device error into an error.
-func buildDense(b *builder, c *Case, s kernels.Shape) (p *problem, err error) {
-	err = call(b.dev, func() { p = c.dense(b, s) })
+func buildDense(b *kerneltest.Builder, c *Case, s kernels.Shape) (p *kerneltest.Problem, err error) {
+	err = call(b.Dev(), func() { p = c.Dense(b, s) })
 	return p, err
 }
 
 // build builds a problem, turning a device error into an error.
-func build(b *builder, c *Case, s kernels.Shape) (p *problem, err error) {
+func build(b *kerneltest.Builder, c *Case, s kernels.Shape) (p *kerneltest.Problem, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			be, ok := v.(benchError)
+			be, ok := v.(kerneltest.BuildError)
 			if !ok {
 				panic(v)
 			}
-			p, err = nil, be.err
+			p, err = nil, be.Unwrap()
 		}
 	}()
-	p = c.build(b, c, s)
-	if err := b.dev.Sync(); err != nil {
+	p = c.Build(b, c, s)
+	if err := b.Dev().Sync(); err != nil {
 		return nil, err
 	}
-	for _, t := range p.state {
-		v, err := b.dev.ReadF32(t)
+	for _, t := range p.State {
+		v, err := b.Dev().ReadF32(t)
 		if err != nil {
 			return nil, err
 		}
-		p.built = append(p.built, v)
+		p.Built = append(p.Built, v)
 	}
 	return p, nil
 }
 
 // release frees a shape's tensors and hands the memory back to the driver.
-func (r *runner) release(b *builder) {
-	b.free()
+func (r *runner) release(b *kerneltest.Builder) {
+	b.Free()
 	if t, ok := r.dev.(interface{ TrimCache() error }); ok {
 		t.TrimCache()
 	}
@@ -393,7 +394,7 @@ func (r *runner) release(b *builder) {
 
 // measure checks then times one set (in its current variant) on p, and
 // returns how it ran the calls it timed.
-func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) group {
+func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *kerneltest.Problem, o kernels.Ops, set string, ref *reference) group {
 	checked, err := r.check(c, s, p, o, set, ref)
 	row.Checked = checked
 	if err != nil {
@@ -408,8 +409,8 @@ func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kerne
 	ms := sp.Median
 	row.Ms, row.Spread = ms, sp
 	flops, bytes := c.FLOPs(s), c.Bytes(s)
-	if p.bytes > 0 {
-		bytes = p.bytes
+	if p.Bytes > 0 {
+		bytes = p.Bytes
 	}
 	row.TFLOPS = flops / ms / 1e9
 	row.GBs = bytes / ms / 1e6
@@ -456,7 +457,7 @@ type reference struct {
 // check runs set's op once on copy 0 and holds its outputs against the
 // reference: the cpu set where the problem is cheap, else naive on the
 // same device (a naive row then is the reference itself).
-func (r *runner) check(c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) (string, error) {
+func (r *runner) check(c *Case, s kernels.Shape, p *kerneltest.Problem, o kernels.Ops, set string, ref *reference) (string, error) {
 	cheap := c.FLOPs(s) <= cpuRefFLOPs && c.Bytes(s) <= cpuRefBytes
 	if ref.by == "" {
 		ref.by = "naive"
@@ -492,7 +493,7 @@ func (r *runner) check(c *Case, s kernels.Shape, p *problem, o kernels.Ops, set 
 
 // reference computes p's outputs with set by: the cpu set on the same
 // problem built on a host device, or naive on p itself.
-func (r *runner) reference(c *Case, s kernels.Shape, p *problem, by string) ([][]float32, error) {
+func (r *runner) reference(c *Case, s kernels.Shape, p *kerneltest.Problem, by string) ([][]float32, error) {
 	if by == "naive" {
 		o, err := r.ops("naive")
 		if err != nil {
@@ -508,8 +509,8 @@ func (r *runner) reference(c *Case, s kernels.Shape, p *problem, by string) ([][
 	if err != nil {
 		return nil, err
 	}
-	hb := newBuilder(host, r.opt.Seed, 0)
-	defer hb.free()
+	hb := kerneltest.NewBuilder(host, r.opt.Seed, 0)
+	defer hb.Free()
 	hp, err := build(hb, c, s)
 	if err != nil {
 		return nil, err
@@ -519,17 +520,17 @@ func (r *runner) reference(c *Case, s kernels.Shape, p *problem, by string) ([][
 
 // runOnce runs p's op once on copy 0 with o and returns its outputs (see
 // runOnceOn).
-func (r *runner) runOnce(p *problem, o kernels.Ops) ([][]float32, error) {
+func (r *runner) runOnce(p *kerneltest.Problem, o kernels.Ops) ([][]float32, error) {
 	return r.runOnceOn(r.dev, p, o)
 }
 
 // runOnceOn runs p's op once on copy 0 of dev with o and returns its
 // outputs, copy 0's in-place inputs put back as built before and after.
-func (r *runner) runOnceOn(dev kernels.Device, p *problem, o kernels.Ops) ([][]float32, error) {
-	b := &builder{dev: dev}
+func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops) ([][]float32, error) {
+	b := kerneltest.NewBuilder(dev, 0, 0)
 	restore := func() error {
-		for i, t := range p.state {
-			if err := uploadF32(b, t, p.built[i]); err != nil {
+		for i, t := range p.State {
+			if err := uploadF32(b, t, p.Built[i]); err != nil {
 				return err
 			}
 		}
@@ -538,11 +539,11 @@ func (r *runner) runOnceOn(dev kernels.Device, p *problem, o kernels.Ops) ([][]f
 	if err := restore(); err != nil {
 		return nil, err
 	}
-	if err := call(dev, func() { p.run(o, 0) }); err != nil {
+	if err := call(dev, func() { p.Run(o, 0) }); err != nil {
 		return nil, err
 	}
-	outs := make([][]float32, len(p.outs))
-	for i, t := range p.outs {
+	outs := make([][]float32, len(p.Outs))
+	for i, t := range p.Outs {
 		v, err := dev.ReadF32(t)
 		if err != nil {
 			return nil, err
@@ -567,17 +568,17 @@ func call(dev kernels.Device, f func()) (err error) {
 	return dev.Sync()
 }
 
-func uploadF32(b *builder, t *kernels.Tensor, v []float32) (err error) {
+func uploadF32(b *kerneltest.Builder, t *kernels.Tensor, v []float32) (err error) {
 	defer func() {
 		if x := recover(); x != nil {
-			be, ok := x.(benchError)
+			be, ok := x.(kerneltest.BuildError)
 			if !ok {
 				panic(x)
 			}
-			err = be.err
+			err = be.Unwrap()
 		}
 	}()
-	b.upload(t, v)
+	b.Upload(t, v)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -31,8 +32,8 @@ type group struct {
 // time is the spread over the groups of the device time of one call of p's
 // op with o, rotating over p's copies, in ms (its median is the row's time),
 // and how it ran them.
-func (r *runner) time(p *problem, o kernels.Ops) (spread.Summary, group, error) {
-	next := p.caller(o)
+func (r *runner) time(p *kerneltest.Problem, o kernels.Ops) (spread.Summary, group, error) {
+	next := rotate(p, o)
 	// Warm-up: kernel loading, scratch buffers, cuBLAS's first calls.
 	if err := call(r.dev, func() { next(); next() }); err != nil {
 		return spread.Summary{}, group{}, err
@@ -72,11 +73,11 @@ func (opt Options) groups() int {
 	return DefaultGroups
 }
 
-// caller is a function that runs p's op with o once, on the next of p's
+// rotate is a function that runs p's op with o once, on the next of p's
 // copies each time.
-func (p *problem) caller(o kernels.Ops) func() {
+func rotate(p *kerneltest.Problem, o kernels.Ops) func() {
 	i := 0
-	return func() { p.run(o, i%p.copies); i++ }
+	return func() { p.Run(o, i%p.Copies); i++ }
 }
 
 // grouped is what runs one group g of calls of next: g.size calls, or a
@@ -122,6 +123,13 @@ func (r *runner) elapsed(n int, f func()) (float64, error) {
 	return ms, err
 }
 
+// copier is implemented by devices that copy between device addresses
+// (kernels/cuda), whose copy rate is a floor's.
+type copier interface {
+	Memcpy(dst, src uintptr, n int)
+	Ptr(t *kernels.Tensor) uintptr
+}
+
 // ceilings measures the device's two rates the floors divide by: a large
 // device-to-device copy (bytes read and written), and a large bf16 GEMM
 // through the naive set's cuBLAS. A device that cannot copy, or a build
@@ -131,10 +139,10 @@ func (r *runner) ceilings() {
 	if !ok {
 		return
 	}
-	b := newBuilder(r.dev, 1, 0)
+	b := kerneltest.NewBuilder(r.dev, 1, 0)
 	defer r.release(b)
 	const copyBytes = 1 << 30
-	src, dst := b.alloc(kernels.BF16, copyBytes/2), b.alloc(kernels.BF16, copyBytes/2)
+	src, dst := b.Alloc(kernels.BF16, copyBytes/2), b.Alloc(kernels.BF16, copyBytes/2)
 	if ms, err := r.median(func() { c.Memcpy(c.Ptr(dst), c.Ptr(src), copyBytes) }); err == nil {
 		r.rep.CopyRate = 2 * copyBytes / ms * 1e3
 	}
@@ -143,7 +151,7 @@ func (r *runner) ceilings() {
 		return
 	}
 	const n = 8192
-	x, w, out := b.random(b.act(n, n), 1), b.random(b.alloc(kernels.BF16, n, n), 0.01), b.act(n, n)
+	x, w, out := b.Random(b.Act(n, n), 1), b.Random(b.Alloc(kernels.BF16, n, n), 0.01), b.Act(n, n)
 	if ms, err := r.median(func() { o.Linear(out, x, w, nil) }); err == nil {
 		r.rep.MatrixRate = 2 * n * n * n / ms * 1e3
 	}

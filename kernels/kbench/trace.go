@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
 	"github.com/fuselm/fuselm/kernels/profile"
 )
 
@@ -97,11 +98,11 @@ func (r *runner) traceShape(tr profile.KernelTracer, rows []timedRow) {
 
 // traceOn builds the problem of rows (all of one shape) again with mk, as
 // time had it (the same seed), and traces every row on it.
-func (r *runner) traceOn(tr profile.KernelTracer, rows []timedRow, mk func(*builder, *Case, kernels.Shape) (*problem, error)) {
+func (r *runner) traceOn(tr profile.KernelTracer, rows []timedRow, mk func(*kerneltest.Builder, *Case, kernels.Shape) (*kerneltest.Problem, error)) {
 	if len(rows) == 0 {
 		return
 	}
-	b := newBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
+	b := kerneltest.NewBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
 	defer r.release(b)
 	p, perr := mk(b, rows[0].c, rows[0].shape)
 	for _, t := range rows {
@@ -152,7 +153,7 @@ func (r *runner) rowOps(t timedRow, row *Row) (kernels.Ops, func(), error) {
 // traceRow runs t's calls of p with o under the trace and fills in row's
 // kernels from what the device recorded; the tracer's note (records it
 // lost) goes into the row's.
-func (r *runner) traceRow(row *Row, tr profile.KernelTracer, t timedRow, p *problem, o kernels.Ops) {
+func (r *runner) traceRow(row *Row, tr profile.KernelTracer, t timedRow, p *kerneltest.Problem, o kernels.Ops) {
 	recs, note, err := r.traceGroup(tr, p, o, t.group, uint64(t.index)+1)
 	row.Note = joinNote(row.Note, note)
 	if err != nil {
@@ -165,8 +166,8 @@ func (r *runner) traceRow(row *Row, tr profile.KernelTracer, t timedRow, p *prob
 	}
 	row.Kernels = kernelTimes(recs, t.group.size, row.Ms)
 	bytes := t.c.Bytes(t.shape)
-	if p.bytes > 0 {
-		bytes = p.bytes
+	if p.Bytes > 0 {
+		bytes = p.Bytes
 	}
 	row.NoAppendMs, row.NoAppendTFLOPS, row.NoAppendGBs = withoutAppend(row.Kernels, t.c.FLOPs(t.shape), bytes)
 }
@@ -174,10 +175,10 @@ func (r *runner) traceRow(row *Row, tr profile.KernelTracer, t timedRow, p *prob
 // traceGroup runs one call, a warm-up group and a group g of calls of p's
 // op with o under the trace id id (which ties cuBLAS's graph nodes to
 // cuBLAS), and returns the records of the last group.
-func (r *runner) traceGroup(tr profile.KernelTracer, p *problem, o kernels.Ops, g group, id uint64) ([]profile.KernelRecord, string, error) {
+func (r *runner) traceGroup(tr profile.KernelTracer, p *kerneltest.Problem, o kernels.Ops, g group, id uint64) ([]profile.KernelRecord, string, error) {
 	tr.TraceID(id)
 	defer tr.TraceID(0)
-	next := p.caller(o)
+	next := rotate(p, o)
 	if err := call(r.dev, next); err != nil {
 		return nil, "", err
 	}

@@ -9,28 +9,63 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 )
 
-// cases is the table Run walks: every op at sizes that are multiples of no
-// tile (rows 1, 3, 17, 129; head dims 64, 96, 128; cache lengths 1 to 300),
-// with pitched views where the op allows them. Feature dims are multiples of
+// cases are the check cases Run walks, those of table's rows in order:
+// every op at sizes that are multiples of no tile (rows 1, 3, 17, 129; head
+// dims 64, 96, 128; cache lengths 1 to 300), with pitched views where the
+// op allows them. Feature dims are multiples of
 // 8, so a row of 16-bit values always starts on a 16-byte boundary; ops
 // taking weights run once per weight dtype in wdts.
 func cases(wdts []kernels.DType) []opCase {
-	var cs []opCase
-	add := func(op kernels.Op, name string, run func(e *env)) {
-		cs = append(cs, opCase{op: op, name: name, wdt: kernels.BF16, run: run})
+	l := &caseList{wdts: wdts}
+	for _, row := range table {
+		l.op = row.op
+		row.checks(l)
 	}
-	addLong := func(op kernels.Op, name string, run func(e *env)) {
-		cs = append(cs, opCase{op: op, name: name, wdt: kernels.BF16, run: run, long: true})
-	}
-	addW := func(op kernels.Op, name string, run func(e *env)) {
-		for _, w := range wdts {
-			cs = append(cs, opCase{op: op, name: name + ",w=" + w.String(), wdt: w, run: run})
-		}
-	}
+	return l.cs
+}
 
-	for _, s := range []struct{ n, d, v int }{{1, 64, 37}, {3, 96, 1000}, {17, 200, 1000}, {129, 128, 50}} {
-		addW(kernels.OpEmbedding, fmt.Sprintf("N=%d,D=%d,V=%d", s.n, s.d, s.v), func(e *env) { embedding(e, s.n, s.d, s.v) })
+// caseList collects the check cases of table's rows, each row's checks
+// adding the cases of its op.
+type caseList struct {
+	op   kernels.Op // the op whose cases are being added
+	wdts []kernels.DType
+	cs   []opCase
+}
+
+// add is a case of the op, its weights (if any) bf16.
+func (l *caseList) add(name string, run func(e *env)) {
+	l.addCase(opCase{name: name, wdt: kernels.BF16, run: run})
+}
+
+// addLong is a case of minutes on a cpu device: GPUs only.
+func (l *caseList) addLong(name string, run func(e *env)) {
+	l.addCase(opCase{name: name, wdt: kernels.BF16, run: run, long: true})
+}
+
+// addW is a case once per weight dtype, named for it.
+func (l *caseList) addW(name string, run func(e *env)) {
+	for _, w := range l.wdts {
+		l.addCase(opCase{name: name + ",w=" + w.String(), wdt: w, run: run})
 	}
+}
+
+// addCase is c, a case of the op.
+func (l *caseList) addCase(c opCase) {
+	c.op = l.op
+	l.cs = append(l.cs, c)
+}
+
+// embeddingChecks are tables of 37 to 1000 rows, their first and last ids
+// among those looked up.
+func embeddingChecks(l *caseList) {
+	for _, s := range []struct{ n, d, v int }{{1, 64, 37}, {3, 96, 1000}, {17, 200, 1000}, {129, 128, 50}} {
+		l.addW(fmt.Sprintf("N=%d,D=%d,V=%d", s.n, s.d, s.v), func(e *env) { embedding(e, s.n, s.d, s.v) })
+	}
+}
+
+// linearChecks are pitched inputs and outputs, bias and f32 out, then every
+// row count of a decode step (decodeLinearCases).
+func linearChecks(l *caseList) {
 	for _, s := range []linearCase{
 		{n: 1, k: 64, m: 96},
 		{n: 3, k: 128, m: 200, bias: true},
@@ -41,32 +76,49 @@ func cases(wdts []kernels.DType) []opCase {
 		{n: 5, k: 64, m: 40, bias: true, pitchedX: true, pitchedOut: true, f32Out: true},
 		{n: 4, k: 100, m: 50, bias: true}, // K a multiple of no 16-byte load: fused leaves it to cuBLAS
 	} {
-		addW(kernels.OpLinear, s.String(), func(e *env) { linear(e, s) })
+		l.addW(s.String(), func(e *env) { linear(e, s) })
 	}
 	for _, s := range decodeLinearCases() {
-		for _, w := range wdts {
-			cs = append(cs, opCase{op: kernels.OpLinear, name: s.String() + ",w=" + w.String(), wdt: w,
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w,
 				run: func(e *env) { linear(e, s) }, long: s.n*s.k*s.m > 1<<24})
 		}
 	}
+}
+
+// rmsNormChecks are out of place, in place and into a column slice.
+func rmsNormChecks(l *caseList) {
 	for _, s := range []struct {
 		n, d int
 		mode string
 	}{{1, 64, "out"}, {3, 96, "in-place"}, {17, 200, "pitched"}, {129, 128, "out"}, {33, 512, "pitched"}, {5, 3584, "out"}, {3, 2048, "in-place"}} {
-		addW(kernels.OpRMSNorm, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
+		l.addW(fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
 	}
+}
+
+// addRMSNormChecks add into the residual, x whole or a column slice.
+func addRMSNormChecks(l *caseList) {
 	for _, s := range []struct {
 		n, d int
 		mode string
 	}{{17, 96, "add"}, {1, 128, "add"}, {129, 200, "add"}, {5, 3584, "add"}, {33, 2048, "add"}, {17, 520, "add, pitched"}} {
-		addW(kernels.OpAddRMSNorm, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
+		l.addW(fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
 	}
+}
+
+// addChecks write a new tensor or either input.
+func addChecks(l *caseList) {
 	for _, s := range []struct {
 		n, d int
 		mode string
 	}{{1, 64, "out"}, {3, 96, "out=a"}, {17, 200, "out=b"}, {129, 128, "out"}} {
-		add(kernels.OpAdd, fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { addOp(e, s.n, s.d, s.mode) })
+		l.add(fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { addOp(e, s.n, s.d, s.mode) })
 	}
+}
+
+// ropeChecks are the models' q and k heads as column slices of qkv,
+// rotate_half and interleaved, whole and partial.
+func ropeChecks(l *caseList) {
 	for _, s := range []ropeCase{
 		{name: "qwen2 q of qkv", t: 17, heads: 4, stride: 128, dim: 128, width: 8 * 128, col: 0},
 		{name: "qwen2 k of qkv", t: 3, heads: 2, stride: 128, dim: 128, width: 8 * 128, col: 4 * 128},
@@ -76,11 +128,20 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "deepseek q_pe", t: 17, heads: 3, stride: 192, offset: 128, dim: 64, width: 3 * 192, interleaved: true},
 		{name: "deepseek k_pe", t: 129, heads: 1, stride: 576, offset: 512, dim: 64, width: 576, interleaved: true},
 	} {
-		add(kernels.OpRoPE, fmt.Sprintf("%s,T=%d", s.name, s.t), func(e *env) { rope(e, s) })
+		l.add(fmt.Sprintf("%s,T=%d", s.name, s.t), func(e *env) { rope(e, s) })
 	}
+}
+
+// swiGLUChecks are rows of gate and up of several widths.
+func swiGLUChecks(l *caseList) {
 	for _, s := range []struct{ n, i int }{{1, 64}, {3, 96}, {17, 200}, {129, 1408}} {
-		add(kernels.OpSwiGLU, fmt.Sprintf("N=%d,I=%d", s.n, s.i), func(e *env) { swiGLU(e, s.n, s.i) })
+		l.add(fmt.Sprintf("N=%d,I=%d", s.n, s.i), func(e *env) { swiGLU(e, s.n, s.i) })
 	}
+}
+
+// attnPrefillChecks are ragged batches over caches of NaN beyond each
+// row, causal or not, in bf16 and in f16.
+func attnPrefillChecks(l *caseList) {
 	for _, s := range []attnCase{
 		{name: "one token, cache 1", lens: []int{1}, past: []int{0}, heads: 2, kv: 2, d: 64, maxSeq: 1},
 		{name: "gqa 2", lens: []int{5, 17, 1}, past: []int{0, 3, 130}, heads: 4, kv: 2, d: 128, maxSeq: 160, fused: true},
@@ -94,7 +155,7 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "all keys", lens: []int{5, 17, 1}, past: []int{0, 3, 130}, heads: 4, kv: 2, d: 128, maxSeq: 160, nonCausal: true},
 		{name: "all keys, tiles", lens: []int{300, 129}, past: []int{0, 77}, heads: 8, kv: 2, d: 64, maxSeq: 520, fused: true, nonCausal: true},
 	} {
-		add(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
+		l.add(s.String(), func(e *env) { attention(e, s, false) })
 	}
 	for _, s := range []attnCase{
 		{name: "long past", lens: []int{40, 3}, past: []int{16400, 70}, heads: 7, kv: 1, d: 128, maxSeq: 16440, fused: true},
@@ -104,7 +165,7 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "long past, all keys", lens: []int{130, 7}, past: []int{16300, 0}, heads: 4, kv: 2, d: 128, maxSeq: 16500, nonCausal: true},
 		{name: "D=64 long past", lens: []int{200}, past: []int{16390}, heads: 2, kv: 1, d: 64, maxSeq: 16600, fused: true},
 	} {
-		addLong(kernels.OpAttnPrefill, s.String(), func(e *env) { attention(e, s, false) })
+		l.addLong(s.String(), func(e *env) { attention(e, s, false) })
 	}
 	// f16 operands (kbench's fp16 rows) against the cpu set's f32 on the
 	// same values; a set whose kernels do not take them declines.
@@ -117,9 +178,13 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "D=64 long past", lens: []int{200}, past: []int{16390}, heads: 2, kv: 1, d: 64, maxSeq: 16600, fused: true, long: true},
 	} {
 		s.f16 = true
-		cs = append(cs, opCase{op: kernels.OpAttnPrefill, name: s.String(), wdt: kernels.BF16, long: s.long, declinable: true,
+		l.addCase(opCase{name: s.String(), wdt: kernels.BF16, long: s.long, declinable: true,
 			run: func(e *env) { attention(e, s, false) }})
 	}
+}
+
+// attnDecodeChecks are ragged batches of one token per row.
+func attnDecodeChecks(l *caseList) {
 	for _, s := range []attnCase{
 		{name: "cache 1", past: []int{0}, heads: 2, kv: 2, d: 64, maxSeq: 1},
 		{name: "gqa 2", past: []int{0, 7, 299}, heads: 4, kv: 2, d: 128, maxSeq: 300},
@@ -130,15 +195,19 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "D=80 group 5", past: []int{77, 130}, heads: 10, kv: 2, d: 80, maxSeq: 131},
 	} {
 		s.lens = ones(len(s.past))
-		add(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
+		l.add(s.String(), func(e *env) { attention(e, s, true) })
 	}
 	for _, s := range []attnCase{
 		{name: "qwen2-7b 16K", past: []int{16383, 9000, 1, 16500}, heads: 28, kv: 4, d: 128, maxSeq: 16501, fused: true},
 		{name: "qwen2-7b 32K batch 1", past: []int{32760}, heads: 28, kv: 4, d: 128, maxSeq: 32768, fused: true},
 	} {
 		s.lens = ones(len(s.past))
-		addLong(kernels.OpAttnDecode, s.String(), func(e *env) { attention(e, s, true) })
+		l.addLong(s.String(), func(e *env) { attention(e, s, true) })
 	}
+}
+
+// mlaPrefillChecks are ragged batches at head dims fused has kernels for.
+func mlaPrefillChecks(l *caseList) {
 	// MLA head dims are ones fused has kernels for (multiples of 16, the
 	// mma's k; see kernels/fused/mla.go), the sizes multiples of no tile.
 	for _, s := range []mlaCase{
@@ -149,13 +218,17 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "ragged past", lens: []int{70, 1, 129, 0}, past: []int{200, 0, 33, 9}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, pitched: true},
 		{name: "5 heads", lens: []int{40, 17}, past: []int{0, 77}, heads: 5, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 120},
 	} {
-		addW(kernels.OpMLAPrefill, s.String(), func(e *env) { mla(e, s, false) })
+		l.addW(s.String(), func(e *env) { mla(e, s, false) })
 	}
 	for _, s := range []mlaCase{
 		{name: "2K prompt after a past", lens: []int{2049, 130}, past: []int{0, 1500}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 2100},
 	} {
-		addLong(kernels.OpMLAPrefill, s.String(), func(e *env) { mla(e, s, false) })
+		l.addLong(s.String(), func(e *env) { mla(e, s, false) })
 	}
+}
+
+// mlaDecodeChecks are ragged batches of one token per row.
+func mlaDecodeChecks(l *caseList) {
 	for _, s := range []mlaCase{
 		{name: "small", past: []int{0, 7}, heads: 2, nope: 16, rope: 16, v: 16, rank: 32, maxSeq: 8},
 		{name: "odd", past: []int{0, 1, 159}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, pitched: true},
@@ -164,7 +237,7 @@ func cases(wdts []kernels.DType) []opCase {
 			heads: 10, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 401, pitched: true},
 	} {
 		s.lens = ones(len(s.past))
-		addW(kernels.OpMLADecode, s.String(), func(e *env) { mla(e, s, true) })
+		l.addW(s.String(), func(e *env) { mla(e, s, true) })
 	}
 	for _, s := range []mlaCase{
 		{name: "v2-lite 16K", past: []int{16383, 9000, 1, 16500}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 16501},
@@ -173,8 +246,13 @@ func cases(wdts []kernels.DType) []opCase {
 			heads: 7, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 16384, pitched: true},
 	} {
 		s.lens = ones(len(s.past))
-		addLong(kernels.OpMLADecode, s.String(), func(e *env) { mla(e, s, true) })
+		l.addLong(s.String(), func(e *env) { mla(e, s, true) })
 	}
+}
+
+// moeRouteChecks are greedy and group-limited routes, then routes with
+// exact ties.
+func moeRouteChecks(l *caseList) {
 	for _, s := range []routeCase{
 		{name: "greedy E=64 K=6", n: 17, e: 64, r: kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Scale: 1}},
 		{name: "greedy norm E=8 K=2", n: 129, e: 8, r: kernels.Routing{Method: kernels.RouteGreedy, TopK: 2, NormTopK: true, Scale: 1}},
@@ -183,8 +261,28 @@ func cases(wdts []kernels.DType) []opCase {
 		{name: "group-limited norm E=12 4 groups top 2 K=4", n: 129, e: 12, r: kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 4, Groups: 4, TopKGroups: 2, NormTopK: true, Scale: 2.5}},
 		{name: "group-limited E=64 8 groups top 3 K=6", n: 1, e: 64, r: kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 1}},
 	} {
-		add(kernels.OpMoERoute, fmt.Sprintf("%s,N=%d", s.name, s.n), func(e *env) { moeRoute(e, s) })
+		l.add(fmt.Sprintf("%s,N=%d", s.name, s.n), func(e *env) { moeRoute(e, s) })
 	}
+	tied := func(r kernels.Routing) routeCase { return routeCase{r: r} }
+	for _, s := range []routeCase{
+		tied(kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Scale: 1}),
+		tied(kernels.Routing{Method: kernels.RouteGreedy, TopK: 2, NormTopK: true, Scale: 1}),
+		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 1}),
+		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 4, Groups: 4, TopKGroups: 2, Scale: 2.5}),
+		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 8, Groups: 8, TopKGroups: 1, Scale: 1}),
+	} {
+		s.n, s.e, s.ties = 33, 64, true
+		if s.r.Groups == 4 {
+			s.e = 12
+		}
+		s.name = fmt.Sprintf("ties %s E=%d K=%d", routeName(s.r), s.e, s.r.TopK)
+		l.add(fmt.Sprintf("%s,N=%d", s.name, s.n), func(e *env) { moeRoute(e, s) })
+	}
+}
+
+// moeExpertsChecks are random distinct routes, then DeepSeek-V2-Lite's
+// own dims at decode and prefill batch sizes.
+func moeExpertsChecks(l *caseList) {
 	for _, s := range []expertsCase{
 		{n: 1, h: 64, inter: 32, e: 4, k: 2},
 		{n: 3, h: 96, inter: 72, e: 8, k: 2},
@@ -192,8 +290,19 @@ func cases(wdts []kernels.DType) []opCase {
 		{n: 129, h: 200, inter: 96, e: 64, k: 6},
 		{n: 9, h: 512, inter: 352, e: 8, k: 6},
 	} {
-		addW(kernels.OpMoEExperts, fmt.Sprintf("N=%d,H=%d,I=%d,E=%d,K=%d", s.n, s.h, s.inter, s.e, s.k), func(e *env) { moeExperts(e, s) })
+		l.addW(fmt.Sprintf("N=%d,H=%d,I=%d,E=%d,K=%d", s.n, s.h, s.inter, s.e, s.k), func(e *env) { moeExperts(e, s) })
 	}
+	// DeepSeek-V2-Lite's routed experts: decode at batch 1 and 16, and a
+	// prefill of a few hundred and of 2K tokens (1.1 GB of expert weights: GPUs only).
+	for _, n := range []int{1, 16, 300, 2048} { // 2048 tokens: the prefill tiling (188 rows per expert)
+		s := expertsCase{n: n, h: 2048, inter: 1408, e: 64, k: 6}
+		l.addLong(fmt.Sprintf("v2-lite dims,N=%d", n), func(e *env) { moeExperts(e, s) })
+	}
+}
+
+// argmaxChecks are rows of one largest value, ties and NaNs, the chosen
+// value beside the index.
+func argmaxChecks(l *caseList) {
 	for _, s := range []struct {
 		b, v      int
 		k         kind
@@ -212,12 +321,11 @@ func cases(wdts []kernels.DType) []opCase {
 		if s.nan {
 			name += ",nan"
 		}
-		add(kernels.OpArgmax, name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan, false) })
+		l.add(name, func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan, false) })
 		if s.nan || s.v > 30000 || s.ties && s.k == actK {
-			add(kernels.OpArgmax, name+",value", func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan, true) })
+			l.add(name+",value", func(e *env) { argmax(e, s.b, s.v, s.k, s.ties, s.nan, true) })
 		}
 	}
-	return append(cs, moeCases(wdts)...)
 }
 
 func embedding(e *env, n, d, v int) {

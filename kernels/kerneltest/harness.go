@@ -12,6 +12,12 @@
 //
 // Every case is a subtest named op/case, so `go test -run 'TestOps/attn_decode'`
 // runs one op.
+//
+// Each op has one row in table (table.go), as each op has one test case in
+// ggml's test-backend-ops serving its eval and perf modes: its checks
+// (cases.go), which Run walks, and its benchmark (bench.go: shape names,
+// default shapes, FLOP and byte counts, and the builder of its operands on
+// a device with a Builder, builder.go), which kernels/kbench times.
 package kerneltest
 
 import (

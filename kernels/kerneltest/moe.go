@@ -9,11 +9,9 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 )
 
-// moeCases are the grouped GEMM's cases, and the MoE cases beyond the
-// first table's: routes with exact ties, and the experts at
-// DeepSeek-V2-Lite's own dims at decode and prefill batch sizes.
-func moeCases(wdts []kernels.DType) []opCase {
-	var cs []opCase
+// groupGemmChecks are groups empty, uneven and of one, pitched, and
+// over fused's prefill tiling.
+func groupGemmChecks(l *caseList) {
 	for _, s := range []groupGemmCase{
 		{name: "odd", sizes: []int{3, 0, 17, 1, 40}, lead: 2, trail: 5, n: 72, k: 200},
 		{name: "empty groups", sizes: []int{0, 0, 5, 0, 0, 0, 129, 0}, n: 136, k: 64},
@@ -26,35 +24,8 @@ func moeCases(wdts []kernels.DType) []opCase {
 		// variant), with a partial n-tile, a k tail and empty groups.
 		{name: "prefill tiling, odd", sizes: []int{0, 130, 1, 0, 257, 383, 0, 77}, lead: 3, trail: 2, n: 264, k: 200, pitched: true},
 	} {
-		for _, w := range wdts {
-			cs = append(cs, opCase{op: kernels.OpGroupGemm, name: s.String() + ",w=" + w.String(), wdt: w,
-				run: func(e *env) { groupGemm(e, s) }})
-		}
+		l.addW(s.String(), func(e *env) { groupGemm(e, s) })
 	}
-	tied := func(r kernels.Routing) routeCase { return routeCase{r: r} }
-	for _, s := range []routeCase{
-		tied(kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Scale: 1}),
-		tied(kernels.Routing{Method: kernels.RouteGreedy, TopK: 2, NormTopK: true, Scale: 1}),
-		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 1}),
-		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 4, Groups: 4, TopKGroups: 2, Scale: 2.5}),
-		tied(kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 8, Groups: 8, TopKGroups: 1, Scale: 1}),
-	} {
-		s.n, s.e, s.ties = 33, 64, true
-		if s.r.Groups == 4 {
-			s.e = 12
-		}
-		s.name = fmt.Sprintf("ties %s E=%d K=%d", routeName(s.r), s.e, s.r.TopK)
-		cs = append(cs, opCase{op: kernels.OpMoERoute, name: fmt.Sprintf("%s,N=%d", s.name, s.n), wdt: kernels.BF16,
-			run: func(e *env) { moeRoute(e, s) }})
-	}
-	// DeepSeek-V2-Lite's routed experts: decode at batch 1 and 16, and a
-	// prefill of a few hundred and of 2K tokens (1.1 GB of expert weights: GPUs only).
-	for _, n := range []int{1, 16, 300, 2048} { // 2048 tokens: the prefill tiling (188 rows per expert)
-		s := expertsCase{n: n, h: 2048, inter: 1408, e: 64, k: 6}
-		cs = append(cs, opCase{op: kernels.OpMoEExperts, name: fmt.Sprintf("v2-lite dims,N=%d", n), wdt: kernels.BF16,
-			long: true, run: func(e *env) { moeExperts(e, s) }})
-	}
-	return cs
 }
 
 func routeName(r kernels.Routing) string {
