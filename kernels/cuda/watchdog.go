@@ -65,9 +65,12 @@ func (d *Device) syncStream() error {
 }
 
 // pollUntil calls query, a cuStreamQuery, until it answers anything but
-// not-ready or limit passes (hung): at once for the first milliseconds, then
-// every 100 µs.
+// not-ready or limit passes (hung): at once for the first spinFor, then
+// every 100 µs. A decode step's wait (milliseconds) is all spin, so that a
+// run with a user set loaded (whose build arms the watchdog) is not timed
+// with sleeps the runs before it did not have.
 func pollUntil(query func() uint32, limit time.Duration) (code uint32, hung bool) {
+	const spinFor = 50 * time.Millisecond
 	start := time.Now()
 	for {
 		if code = query(); code != cudaErrorNotReady {
@@ -77,7 +80,7 @@ func pollUntil(query func() uint32, limit time.Duration) (code uint32, hung bool
 		if waited > limit {
 			return code, true
 		}
-		if waited < 2*time.Millisecond {
+		if waited < spinFor {
 			runtime.Gosched()
 		} else {
 			time.Sleep(100 * time.Microsecond)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 )
 
@@ -75,7 +76,7 @@ var setName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 // sizes). Every error is one line that names the manifest.
 func ReadManifest(dir string) (*Manifest, []kernel, error) {
 	path := filepath.Join(dir, ManifestName)
-	raw, err := os.ReadFile(path)
+	raw, err := infile.Read(path, maxSourceBytes)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil, fmt.Errorf("kernel directory %s has no %s (the manifest: docs/KERNEL_ABI.md)", dir, ManifestName)

@@ -33,7 +33,11 @@ func compileKernel(c *cuda.Compiler, k kernel) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	return c.Compile(program(k, string(src)), compileOptions(k)...)
+	p, err := program(k, string(src))
+	if err != nil {
+		return nil, "", err
+	}
+	return c.Compile(p, compileOptions(k)...)
 }
 
 // Every .cu kernel of the examples compiles without a GPU and defines its

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -98,7 +99,7 @@ func variants(ks []kernel) map[kernels.Op][]kernels.Variant {
 		v := kernels.Variant{Name: "default", Params: fmt.Sprintf("file=%s entry=%s block=%d grid=%q shared=%q",
 			filepath.Base(k.path), k.spec.Entry, k.spec.Block, gridText(k), sharedText(k))}
 		if k.kind != "cu" {
-			img, err := os.ReadFile(k.path)
+			img, err := infile.Read(k.path, maxSourceBytes)
 			if err == nil {
 				err = checkImage(k, img)
 			}
@@ -309,12 +310,16 @@ func newOps(d *cuda.Device, name string, ks []kernel) (*ops, error) {
 
 // loadModule compiles or loads the file of kernel k.
 func loadModule(d *cuda.Device, k kernel) (*cuda.Module, error) {
-	src, err := os.ReadFile(k.path)
+	src, err := infile.Read(k.path, maxSourceBytes)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", k.op, err)
 	}
 	if k.kind == "cu" {
-		mod, err := d.ProgramModule(program(k, string(src)), compileOptions(k)...)
+		p, err := program(k, string(src))
+		if err != nil {
+			return nil, err
+		}
+		mod, err := d.ProgramModule(p, compileOptions(k)...)
 		if err != nil {
 			return nil, compileError(k, err)
 		}

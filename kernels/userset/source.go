@@ -7,10 +7,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
+	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
@@ -23,15 +26,40 @@ const HeaderName = "fuselm.cuh"
 // Header is fuselm.cuh's text, for a user who compiles elsewhere.
 func Header() string { return header }
 
+// headerExts are the files beside a user's .cu file that go to NVRTC with
+// it as headers (and so into the kernel cache's key: an edited header
+// recompiles).
+var headerExts = []string{".cuh", ".h", ".hpp"}
+
+// maxSourceBytes bounds a user's source or header file.
+const maxSourceBytes = 16 << 20
+
 // program is what NVRTC compiles for k's .cu file, src: the file under its
-// path (so that NVRTC's messages name it), with fuselm.cuh among its
-// headers for any #include of it.
-func program(k kernel, src string) cuda.Program {
-	return cuda.Program{Name: k.path, Src: src, Headers: []cuda.Header{{Name: HeaderName, Src: header}}}
+// path (so that NVRTC's messages name it), with fuselm.cuh and every header
+// beside it (headerExts) by name, for the #includes that name them.
+func program(k kernel, src string) (cuda.Program, error) {
+	p := cuda.Program{Name: k.path, Src: src, Headers: []cuda.Header{{Name: HeaderName, Src: header}}}
+	dir := filepath.Dir(k.path)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return p, fmt.Errorf("%s: %w", k.op, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || name == HeaderName || !slices.Contains(headerExts, filepath.Ext(name)) {
+			continue
+		}
+		b, err := infile.Read(filepath.Join(dir, name), maxSourceBytes)
+		if err != nil {
+			return p, fmt.Errorf("%s: header %w", k.op, err)
+		}
+		p.Headers = append(p.Headers, cuda.Header{Name: name, Src: string(b)})
+	}
+	return p, nil
 }
 
 // compileOptions are the NVRTC options of k's .cu file: its own directory
-// on the include path (its other headers), then the manifest's.
+// on the include path (headers in folders below it), then the manifest's.
 func compileOptions(k kernel) []string {
 	return append([]string{"--include-path=" + filepath.Dir(k.path)}, k.spec.Options...)
 }
