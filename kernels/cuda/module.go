@@ -253,12 +253,6 @@ func (d *Device) argBits(a any) (uint64, bool) {
 
 func dim(v uint32) uintptr { return uintptr(max(v, 1)) }
 
-// Overlaps reports whether LaunchOverlapped lets a kernel start while the
-// kernel before it on the stream is still running: compute capability 9.0
-// and CUDA 12 on, unless FUSELM_PDL=off turned it off (to measure what it
-// buys).
-func (d *Device) Overlaps() bool { return d.pdl }
-
 // LaunchOverlapped is Launch for a kernel that may start while the kernel
 // before it on the stream is still running (programmatic dependent
 // launch): its blocks begin once every block of that kernel has run
@@ -267,9 +261,10 @@ func (d *Device) Overlaps() bool { return d.pdl }
 // or writes anything they read (common.cuh's grid_wait and grid_release).
 // What it runs before grid_wait (address arithmetic, loads of weights no
 // kernel writes) overlaps the previous kernel's tail. Where the device
-// cannot (Overlaps), it is Launch, and the griddepcontrol instructions
-// return at once. Stream capture keeps the overlap as a programmatic edge
-// of the graph.
+// cannot (below compute capability 9.0 or CUDA 12), or FUSELM_PDL=off
+// asked it not to (to measure what the overlap buys), it is Launch, and
+// the griddepcontrol instructions return at once. Stream capture keeps the
+// overlap as a programmatic edge of the graph.
 func (d *Device) LaunchOverlapped(f *Func, grid, block Dim3, sharedBytes int, args ...any) {
 	d.launch(f, d.pdl, grid, block, sharedBytes, args...)
 }

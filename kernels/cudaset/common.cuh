@@ -95,9 +95,12 @@ template <typename Op> __device__ float block_reduce(float v) {
 	return v;
 }
 
-// better orders (value, index) pairs for argmax: larger value, then lower index.
+// better orders (value, index) pairs for argmax as torch.argmax does: NaN
+// above every number, then the larger value, then the lower index.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-	return v > bv || (v == bv && i < bi);
+	const bool nan = v != v, bnan = bv != bv;
+	if (nan != bnan) return nan;
+	return nan || v == bv ? i < bi : v > bv;
 }
 
 __device__ __forceinline__ void warp_argmax(float& v, int& i) {
@@ -132,15 +135,14 @@ __device__ void block_argmax(float& v, int& i) {
 }
 
 // block_argmax_of leaves in every thread's (v, i) the block's best pair
-// of row[c0, c1): the largest value, NaN counting as the largest (as
-// torch.argmax), ties to the lower index. A row of -inf gives c0.
+// of row[c0, c1) by better: the first NaN, else the first of the largest
+// values, as torch.argmax. A row of -inf gives c0.
 template <typename T> __device__ void block_argmax_of(const T* row, int c0, int c1, float& v, int& i) {
 	v = NEG_INF;
 	i = NO_INDEX;
 #pragma unroll 4
 	for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-		float x = to_f32(row[c]);
-		if (x != x) x = __int_as_float(0x7f800000u);
+		const float x = to_f32(row[c]);
 		if (better(x, c, v, i)) {
 			v = x;
 			i = c;
@@ -168,8 +170,9 @@ __device__ __forceinline__ int row_of(const int* start, int B, int t) {
 	return lo;
 }
 
-// Programmatic dependent launch (cuda.Func.SetOverlap): a kernel launched to
-// overlap the one before it on the stream calls grid_wait before it reads
+// Programmatic dependent launch (cudaset.Kit.Overlap,
+// cuda.Device.LaunchOverlapped): a kernel launched to overlap the one
+// before it on the stream calls grid_wait before it reads
 // what the kernels before it wrote or writes what they read, and
 // grid_release once the kernel after it may begin (its blocks then take the
 // SMs this grid leaves free and run up to their own grid_wait). Work before

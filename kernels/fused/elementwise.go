@@ -103,10 +103,14 @@ func (o *ops) Add(out, a, b *kernels.Tensor) {
 }
 
 // argmaxChunk and argmaxThreads are elementwise.cu's ARGMAX_CHUNK, the
-// columns of one block of argmax_split, and ARGMAX_THREADS.
+// columns of one block of argmax_split, and ARGMAX_THREADS; argmaxMaxRows
+// is the most rows one call takes: its counters are allocated once, with
+// the set, so that no launch allocates or clears anything and a captured
+// graph replays it.
 const (
 	argmaxChunk   = 4096
 	argmaxThreads = 256
+	argmaxMaxRows = 4096
 )
 
 // Argmax is argmax_split: each row cut into blocks of argmaxChunk columns
@@ -116,15 +120,10 @@ const (
 func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	kernels.CheckArgmax(o.D.ActDType(), out, logits)
 	rows, cols := logits.Rows(), logits.Cols()
+	o.Need(rows <= argmaxMaxRows, kernels.OpArgmax, "%d rows: argmax_split counts the finished blocks of at most %d (naive runs more)",
+		rows, argmaxMaxRows)
 	if rows == 0 {
 		return
-	}
-	if o.argmaxCounters == nil || o.argmaxCounters.Numel() < rows {
-		if o.argmaxCounters != nil {
-			o.D.Free(o.argmaxCounters)
-		}
-		o.argmaxCounters = o.D.Alloc(kernels.I32, max(rows, 64))
-		o.D.Zero(o.argmaxCounters)
 	}
 	splits := (cols + argmaxChunk - 1) / argmaxChunk
 	part := o.Scratch("argmax.part", kernels.I32, rows*splits, 2)

@@ -172,6 +172,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		}
 	}
 	o.Overlap(overlapKernels()...)
+	o.argmaxCounters = o.D.Alloc(kernels.I32, argmaxMaxRows)
+	o.D.Zero(o.argmaxCounters)
 	if err := o.initLinear(); err != nil {
 		return nil, err
 	}

@@ -778,6 +778,9 @@ func argmax(e *env, b, v int, k kind, ties, nan, value bool) {
 			}
 		}
 		top := slices.Max(row) + 1
+		if nan {
+			top = float32(math.Inf(1)) // NaN still ranks above it, as in torch.argmax
+		}
 		at := e.rng.Perm(v)[:1+e.rng.Intn(3)]
 		if !ties {
 			at = at[:1]
