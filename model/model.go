@@ -212,9 +212,8 @@ type engine struct {
 	// Step inputs, i32, in one buffer [2·maxTokens + 3·maxRows + 1], so that
 	// a step writes them in one transfer: newStep packs a step's token ids,
 	// positions, Batch.StartDev, Batch.PastDev and last at its start
-	// (stepViews), and stepIDs and stepLast are the current step's views.
-	in                *kernels.Tensor
-	stepIDs, stepLast *kernels.Tensor
+	// (stepViews).
+	in *kernels.Tensor
 	// Outputs.
 	lastHidden *kernels.Tensor // [maxRows, H] act: the last new token of each row, after the final norm
 	logits     *kernels.Tensor // [maxRows, V] f32
@@ -342,7 +341,7 @@ func vec(t *kernels.Tensor, n int) *kernels.Tensor {
 // It waits for the device first, since the previous step may still read the
 // input tensors; it queues nothing, so a decode step's work (decodeOne) can
 // be captured in a graph and replayed after each newStep.
-func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLogits int) (*layers.Step, error) {
+func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLogits int) (*step, error) {
 	if err := e.dev.Sync(); err != nil {
 		return nil, err
 	}
@@ -370,13 +369,20 @@ func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLog
 		Rows: B, Tokens: T, Start: start, Past: append([]int(nil), past...), MaxSeq: e.maxSeq,
 		StartDev: v.start, PastDev: v.past,
 	}
-	s := &layers.Step{Ops: e.ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode}
-	e.stepIDs, e.stepLast = v.ids, v.last
+	s := &step{Step: &layers.Step{Ops: e.ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode},
+		ids: v.ids, last: v.last}
 	in := slices.Concat(ids, pos, start32, past32, last)
 	if err := e.dev.WriteI32(vec(e.in, len(in)), in); err != nil {
 		return nil, fmt.Errorf("model: writing step inputs: %w", err)
 	}
 	return s, nil
+}
+
+// step is a forward step: what the layers see of it, and the token ids
+// and last-token indices the decoder itself reads (views of engine.in).
+type step struct {
+	*layers.Step
+	ids, last *kernels.Tensor
 }
 
 // stepInputs are the views of one step's inputs in engine.in.
@@ -411,13 +417,14 @@ func (e *engine) setLayer(layer int) {
 //
 // The residual additions are fused with the norm that follows them:
 // AddRMSNorm(h, x, y) is x += y; h = norm(x).
-func (e *engine) forward(s *layers.Step, nLogits int) {
+func (e *engine) forward(st *step, nLogits int) {
+	s := st.Step
 	T, H := s.Tokens(), e.cfg.HiddenSize
 	x := e.ws.Get(bufHidden, T, H)
 	h := e.ws.Get(bufNormed, T, H)
 	y := e.ws.Get(bufOut, T, H)
 	e.setLayer(-1)
-	e.embedTokens.Forward(s, x, e.stepIDs)
+	e.embedTokens.Forward(s, x, st.ids)
 	e.setLayer(0)
 	e.layers[0].InputLayernorm.Forward(s, h, x)
 	for i, l := range e.layers {
@@ -437,7 +444,7 @@ func (e *engine) forward(s *layers.Step, nLogits int) {
 	}
 	// Only the last new token of each row needs logits: gather those rows.
 	last := e.lastHidden.Slice(0, nLogits)
-	e.ops.Embedding(last, h, e.stepLast)
+	e.ops.Embedding(last, h, st.last)
 	e.lmHead.Forward(s, e.logits.Slice(s.Row0, s.Row0+nLogits), last)
 }
 
@@ -479,7 +486,7 @@ func prefill(e *engine, prompts [][]int) error {
 // through the model for every row of s, leaving the logits in rows [0, B) of
 // e.logits and, when greedy, their argmax in e.next. It only queues device
 // work, so a CUDA graph can capture it.
-func decodeOne(e *engine, s *layers.Step, greedy bool) {
+func decodeOne(e *engine, s *step, greedy bool) {
 	B := s.Batch.Rows
 	e.forward(s, B)
 	if greedy {
