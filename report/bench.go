@@ -11,6 +11,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/kbench"
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // Format is how a document is written: as text tables, JSON or CSV.
@@ -51,8 +52,8 @@ func writeJSON(w io.Writer, v any) error {
 func WriteBench(w io.Writer, rep *kbench.Report, prov Provenance, as Format) error {
 	switch as {
 	case AsJSON:
-		return writeJSON(w, Bench{Provenance: prov, Target: rep.Target, CopyRate: NullNum(rep.CopyRate),
-			MatrixRate: NullNum(rep.MatrixRate), Groups: rep.Groups, Rows: rep.Rows, Tuned: rep.Tuned, Note: NullString(rep.Note)})
+		return writeJSON(w, Bench{Provenance: prov, Target: rep.Target, CopyRate: profile.NonZero(rep.CopyRate),
+			MatrixRate: profile.NonZero(rep.MatrixRate), Groups: rep.Groups, Rows: rep.Rows, Tuned: rep.Tuned, Note: profile.NonZero(rep.Note)})
 	case AsCSV:
 		cw := csv.NewWriter(w)
 		cw.Write([]string{"op", "shape", "set", "variant", "ms", "ms_min", "ms_max", "ms_rel_stddev", "tflop_s", "gb_s", "floor_ms",
@@ -203,9 +204,9 @@ type DryVariant struct {
 func NewDryRun(prov Provenance, target kernels.Target, offers []kbench.Offer) *DryRun {
 	doc := &DryRun{Provenance: prov, Target: target, Offers: []DryOffer{}}
 	for _, o := range offers {
-		d := DryOffer{Op: o.Op, Shape: o.Shape, Set: o.Set, Runs: NullString(o.Fallback)}
+		d := DryOffer{Op: o.Op, Shape: o.Shape, Set: o.Set, Runs: profile.NonZero(o.Fallback)}
 		for _, v := range o.Variants {
-			d.Variants = append(d.Variants, DryVariant{Name: v.Name, Params: v.Params, Valid: v.Valid(), Reason: NullString(v.Why)})
+			d.Variants = append(d.Variants, DryVariant{Name: v.Name, Params: v.Params, Valid: v.Valid(), Reason: profile.NonZero(v.Why)})
 		}
 		doc.Offers = append(doc.Offers, d)
 	}

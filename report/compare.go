@@ -188,16 +188,16 @@ func (r *Compare) CompareOps(base, cand kernels.Spec, units []string) {
 			seen[o.Op] = true
 			unit := unitOf(o.Op)
 			row := OpComparison{Op: o.Op, BaselineSet: base.Runner(o.Op), CandidateSet: cand.Runner(o.Op),
-				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: NullString(unit)}
+				BaselineMs: bo[o.Op].Ms, CandidateMs: co[o.Op].Ms, Unit: profile.NonZero(unit)}
 			if row.CandidateMs > 0 {
-				row.Speedup = NullNum(row.BaselineMs / row.CandidateMs)
+				row.Speedup = profile.NonZero(row.BaselineMs / row.CandidateMs)
 			}
 			row.GainShare = r.share(row.BaselineMs, row.CandidateMs)
 			if v := ablation["baseline, "+unit+" on candidate"]; v != nil && unit != "" {
-				row.AloneTokensPerSec = NullNum(v.TokensPerSec)
+				row.AloneTokensPerSec = profile.NonZero(v.TokensPerSec)
 			}
 			if v := ablation["candidate, "+unit+" on baseline"]; v != nil && unit != "" {
-				row.WithoutTokensPerSec = NullNum(v.TokensPerSec)
+				row.WithoutTokensPerSec = profile.NonZero(v.TokensPerSec)
 			}
 			r.Ops = append(r.Ops, row)
 		}

@@ -5,6 +5,8 @@ package report
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // Provenance opens every JSON document infer writes: the build that made
@@ -20,23 +22,7 @@ type Provenance struct {
 // NewProvenance is the provenance of a document made now on device ("" for
 // none) by the build of version ver and commit rev ("" when unknown).
 func NewProvenance(ver, rev, device string) Provenance {
-	return Provenance{Version: ver, Commit: NullString(rev), Date: time.Now().UTC().Format(time.RFC3339), Device: NullString(device)}
-}
-
-// NullString is s, or nil (JSON null) when s is empty.
-func NullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-// NullNum is v, or nil (JSON null) when v is 0: a figure not measured.
-func NullNum(v float64) *float64 {
-	if v == 0 {
-		return nil
-	}
-	return &v
+	return Provenance{Version: ver, Commit: profile.NonZero(rev), Date: time.Now().UTC().Format(time.RFC3339), Device: profile.NonZero(device)}
 }
 
 // JSON is v as one indented JSON document, ending in a newline.

@@ -86,8 +86,8 @@ func PhasesOf(gen *model.Generation, rows int) Phases {
 		p.PrefillTokensPerSec = float64(gen.PromptTokens) / (gen.PrefillMs / 1000)
 	}
 	if gen.DecodeSteps > 0 && gen.DecodeMs > 0 {
-		p.DecodeTokensPerSec = NullNum(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
-		p.TPOTMs = NullNum(gen.DecodeMs / float64(gen.DecodeSteps))
+		p.DecodeTokensPerSec = profile.NonZero(float64(gen.NewTokens-rows) / (gen.DecodeMs / 1000))
+		p.TPOTMs = profile.NonZero(gen.DecodeMs / float64(gen.DecodeSteps))
 	}
 	return p
 }

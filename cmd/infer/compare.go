@@ -274,7 +274,7 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		if err != nil {
 			return fmt.Errorf("%s (%s): %w", spec, role, err)
 		}
-		v.Role, v.Ablated = role, report.NullString(unit)
+		v.Role, v.Ablated = role, profile.NonZero(unit)
 		r := report.Run{Model: rep.Model, Kernels: v.Spec, DType: rep.DType,
 			Timings: report.Timings{TokensPerSec: v.TokensPerSec, WallS: v.WallS, ComputeMs: v.ComputeMs}}
 		r.ProfileSource = v.ProfileSource
@@ -390,7 +390,7 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 		Phases:        report.PhasesOf(med.Gen, len(prompts)),
 		ComputeMs:     profiled.Report.ComputeMs,
 		ProfileSource: profiled.Report.Source,
-		ProfileNote:   report.NullString(profiled.Report.Note),
+		ProfileNote:   profile.NonZero(profiled.Report.Note),
 		Memory:        report.NewMemory(dev, m.Memory(), profiled.Profile),
 		Ops:           profiled.Profile,
 		Tokens:        first.Tokens,

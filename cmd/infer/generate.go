@@ -226,7 +226,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Profile:    med.Profile,
 		Tuning:     tuned,
 	}
-	rep.ProfileNote = report.NullString(med.Report.Note)
+	rep.ProfileNote = profile.NonZero(med.Report.Note)
 	rep.ProfileSource = med.Report.Source
 	rep.GPU = report.NewGPU(med.Report, gen.WallMs)
 	rep.Memory = report.NewMemory(dev, m.Memory(), med.Profile)

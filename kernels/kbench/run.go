@@ -9,6 +9,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
+	"github.com/fuselm/fuselm/kernels/profile"
 	"github.com/fuselm/fuselm/spread"
 )
 
@@ -78,6 +79,7 @@ type Row struct {
 // were not traced; a note or an error is null when there is none.
 func (r Row) MarshalJSON() ([]byte, error) {
 	type fields Row // Row's fields and tags, without this method
+	null := profile.NonZero[float64]
 	var sp *spread.Summary
 	if r.Ms > 0 {
 		sp = &r.Spread
@@ -96,23 +98,8 @@ func (r Row) MarshalJSON() ([]byte, error) {
 		NoAppendMs     *float64        `json:"ms_without_kv_append"`
 		NoAppendTFLOPS *float64        `json:"tflop_s_without_kv_append"`
 		NoAppendGBs    *float64        `json:"gb_s_without_kv_append"`
-	}{fields(r), orNull(r.Ms), sp, orNull(r.TFLOPS), orNull(r.GBs), orNull(r.FloorMs), orNull(r.OfFloor),
-		orNullString(r.Note), orNullString(r.Err), r.Kernels, orNull(r.NoAppendMs), orNull(r.NoAppendTFLOPS), orNull(r.NoAppendGBs)})
-}
-
-// orNull is &v, or nil (JSON null) for 0: a figure not measured.
-func orNull(v float64) *float64 {
-	if v == 0 {
-		return nil
-	}
-	return &v
-}
-
-func orNullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
+	}{fields(r), null(r.Ms), sp, null(r.TFLOPS), null(r.GBs), null(r.FloorMs), null(r.OfFloor),
+		profile.NonZero(r.Note), profile.NonZero(r.Err), r.Kernels, null(r.NoAppendMs), null(r.NoAppendTFLOPS), null(r.NoAppendGBs)})
 }
 
 // Report is what Run measured.

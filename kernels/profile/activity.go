@@ -496,9 +496,9 @@ func BusyTime(recs []KernelRecord) (busyMs, spanMs float64) {
 	return float64(busy) / 1e6, float64(last-iv[0][0]) / 1e6
 }
 
-// nonZero is &v, or nil (JSON null) when v is its type's zero: what a
-// profile did not measure.
-func nonZero[T comparable](v T) *T {
+// NonZero is &v, or nil (JSON null) when v is its type's zero: a figure
+// not measured, the one rule of every JSON document fuselm writes.
+func NonZero[T comparable](v T) *T {
 	var zero T
 	if v == zero {
 		return nil
@@ -519,7 +519,7 @@ func (s OpStat) MarshalJSON() ([]byte, error) {
 		Bytes   *float64 `json:"bytes"`
 		TFLOPs  *float64 `json:"tflop_per_s"`
 		GBs     *float64 `json:"gb_per_s"`
-	}{plain(s), nonZero(s.Set), nonZero(s.Kernels), nonZero(s.FLOPs), nonZero(s.Bytes), nonZero(s.TFLOPs), nonZero(s.GBs)})
+	}{plain(s), NonZero(s.Set), NonZero(s.Kernels), NonZero(s.FLOPs), NonZero(s.Bytes), NonZero(s.TFLOPs), NonZero(s.GBs)})
 }
 
 // MarshalJSON writes what the report's source does not measure as null:
@@ -538,6 +538,6 @@ func (r Report) MarshalJSON() ([]byte, error) {
 		Replays  *int          `json:"graph_replays"`
 		Kernels  []KernelStat  `json:"kernels"`
 		Coverage []CoverageRow `json:"coverage"`
-	}{plain(r), nonZero(r.Note), nonZero(r.BusyMs), nonZero(r.SpanMs), nonZero(r.Launches), nonZero(r.ReplayMs),
-		nonZero(r.Replays), r.Kernels, r.Coverage})
+	}{plain(r), NonZero(r.Note), NonZero(r.BusyMs), NonZero(r.SpanMs), NonZero(r.Launches), NonZero(r.ReplayMs),
+		NonZero(r.Replays), r.Kernels, r.Coverage})
 }
