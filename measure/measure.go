@@ -12,10 +12,9 @@ import (
 
 // Run is one timed generation and its profile.
 type Run struct {
-	Gen     *model.Generation
-	Report  *profile.Report
-	Profile []profile.OpStat  // the report's Ops
-	Trace   profile.Recording // when asked for
+	Gen    *model.Generation
+	Report *profile.Report
+	Trace  profile.Recording // when asked for
 }
 
 // Generations runs warmup untimed generations, then repeat timed ones,
@@ -43,7 +42,6 @@ func Generations(m model.Model, prompts [][]int, opts model.GenerateOptions, pro
 			continue
 		}
 		r := Run{Gen: gen, Report: prof.Report()}
-		r.Profile = r.Report.Ops
 		if keepTrace {
 			r.Trace = prof.Recording()
 		}

@@ -391,8 +391,8 @@ func runVariant(m model.Model, dev kernels.Device, ops *kernels.Dispatch, prof *
 		ComputeMs:     profiled.Report.ComputeMs,
 		ProfileSource: profiled.Report.Source,
 		ProfileNote:   profile.NonZero(profiled.Report.Note),
-		Memory:        report.NewMemory(dev, m.Memory(), profiled.Profile),
-		Ops:           profiled.Profile,
+		Memory:        report.NewMemory(dev, m.Memory(), profiled.Report.Ops),
+		Ops:           profiled.Report.Ops,
 		Tokens:        first.Tokens,
 		Logits:        first.PrefillLogits,
 	}

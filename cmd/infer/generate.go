@@ -223,13 +223,13 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		Kernels:    spec.String(),
 		DType:      dev.ActDType().String(),
 		Batch:      f.batch,
-		Profile:    med.Profile,
+		Profile:    med.Report.Ops,
 		Tuning:     tuned,
 	}
 	rep.ProfileNote = profile.NonZero(med.Report.Note)
 	rep.ProfileSource = med.Report.Source
 	rep.GPU = report.NewGPU(med.Report, gen.WallMs)
-	rep.Memory = report.NewMemory(dev, m.Memory(), med.Profile)
+	rep.Memory = report.NewMemory(dev, m.Memory(), med.Report.Ops)
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, report.Row{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})
 	}
