@@ -484,6 +484,14 @@ type CheckError struct {
 // millions, which would take seconds to write out and pages to print.
 const checkErrorShown = 10
 
+// Prepend puts problem first, standing for n problems the check did not
+// list one by one, and keeps the first checkErrorShown.
+func (e *CheckError) Prepend(problem string, n int) {
+	e.Problems = append([]string{problem}, e.Problems...)
+	e.Problems = e.Problems[:min(len(e.Problems), checkErrorShown)]
+	e.Count += n
+}
+
 // Error is one line that says the first problem and how many there are,
 // then the next problems kept, one a line.
 func (e *CheckError) Error() string {

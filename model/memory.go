@@ -147,8 +147,7 @@ func planLoad(cfg *loader.Config, w *loader.Weights, act kernels.DType, opt Load
 		if ce := (*loader.CheckError)(nil); planCfg != cfg && errors.As(err, &ce) {
 			summary := fmt.Sprintf("model.layers.%d to model.layers.%d: missing (num_hidden_layers is %d; the checkpoint holds %d layers)",
 				held+1, cfg.NumLayers-1, cfg.NumLayers, held)
-			ce.Problems = append([]string{summary}, ce.Problems...)
-			ce.Count++
+			ce.Prepend(summary, 1)
 		}
 		return nil, fmt.Errorf("model: %w", err)
 	}
