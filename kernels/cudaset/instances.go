@@ -2,6 +2,8 @@ package cudaset
 
 import (
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -76,4 +78,34 @@ func InstancesHeader(regen string, fams []Instances) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// CheckInstances is every set's instance-header test: the header file of
+// srcs holds what InstancesHeader(regen, fams) makes (with update it is
+// written to the working directory's file instead), and each .cu file of
+// uses expands the list of every family it defines. It returns what is
+// wrong, one line each.
+func CheckInstances(srcs fs.FS, header, regen string, fams []Instances, uses map[string][]Instances, update bool) []string {
+	var bad []string
+	want := InstancesHeader(regen, fams)
+	if update {
+		if err := os.WriteFile(header, []byte(want), 0o644); err != nil {
+			bad = append(bad, err.Error())
+		}
+	} else if got, err := fs.ReadFile(srcs, header); err != nil || string(got) != want {
+		bad = append(bad, fmt.Sprintf("%s is not what the Go tables make (%v): run %s", header, err, regen))
+	}
+	for file, defined := range uses {
+		src, err := fs.ReadFile(srcs, file)
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		for _, f := range defined {
+			if use := "\n" + f.Macro + "_INSTANCES(" + f.Macro + ")\n"; !strings.Contains(string(src), use) {
+				bad = append(bad, fmt.Sprintf("%s has no line %q", file, strings.TrimSpace(use)))
+			}
+		}
+	}
+	return bad
 }
