@@ -84,6 +84,7 @@ type driverAPI struct {
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction              uintptr
 	cuFuncSetAttribute, cuFuncGetAttribute, cuLaunchKernel             uintptr
 	cuLaunchKernelEx                                                   uintptr // 0 before CUDA 12
+	cuOccupancyMaxActiveClusters                                       uintptr // 0 before CUDA 12
 	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate       uintptr
 	cuGraphUpload, cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy   uintptr
 	cuTensorMapEncodeTiled                                             uintptr // 0 before CUDA 12
@@ -150,6 +151,7 @@ func loadDriver() (*driverAPI, error) {
 			sym(&d.cuFuncGetAttribute, "cuFuncGetAttribute"),
 			sym(&d.cuLaunchKernel, "cuLaunchKernel"),
 			optSym(&d.cuLaunchKernelEx, "cuLaunchKernelEx"),
+			optSym(&d.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters"),
 			{ptr: &d.cuStreamBeginCapture, names: []string{"cuStreamBeginCapture_v2", "cuStreamBeginCapture"}, used: &d.beginCaptureName},
 			sym(&d.cuStreamEndCapture, "cuStreamEndCapture"),
 			{ptr: &d.cuGraphInstantiate, names: []string{"cuGraphInstantiateWithFlags"}, used: &d.instantiateName},

@@ -335,3 +335,31 @@ func (d *Device) launch(f *Func, overlap bool, grid, block Dim3, sharedBytes int
 			call, f.name, dim(grid.X), dim(grid.Y), dim(grid.Z), dim(block.X), dim(block.Y), dim(block.Z), sharedBytes)))
 	}
 }
+
+// MaxActiveClusters is how many clusters of f (a kernel whose cluster
+// shape is compiled in, __cluster_dims__) can run on the device at once
+// with blocks of block threads and sharedBytes of dynamic shared memory,
+// as the driver counts them (cuOccupancyMaxActiveClusters) for a grid of
+// grid blocks (a multiple of the cluster shape); an error where the driver
+// cannot say (before CUDA 12) or f has no clusters.
+func (f *Func) MaxActiveClusters(grid, block Dim3, sharedBytes int) (int, error) {
+	d := f.d
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return 0, errClosed
+	}
+	if d.drv.cuOccupancyMaxActiveClusters == 0 {
+		return 0, fmt.Errorf("cuda: %s: the driver has no cuOccupancyMaxActiveClusters (CUDA 12 or later)", f.name)
+	}
+	var c launchConfig
+	c.gridX, c.gridY, c.gridZ = uint32(dim(grid.X)), uint32(dim(grid.Y)), uint32(dim(grid.Z))
+	c.blockX, c.blockY, c.blockZ = uint32(dim(block.X)), uint32(dim(block.Y)), uint32(dim(block.Z))
+	c.shared, c.stream = uint32(sharedBytes), d.stream
+	var n int32
+	r := ccall(d.drv.cuOccupancyMaxActiveClusters, uintptr(unsafe.Pointer(&n)), f.h, uintptr(unsafe.Pointer(&c)))
+	if err := d.drv.check(r, fmt.Sprintf("cuOccupancyMaxActiveClusters(%s, block %d, shared %d)", f.name, dim(block.X), sharedBytes)); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}

@@ -183,6 +183,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.hopper = newHopper(kit)       // never fails: an error stays in o.hopper.err
 	o.mlaHopper = newMLAHopper(kit) // nor does this: o.mlaHopper.err
 	o.gw = newGroupWgmma(kit)       // nor does group_wgmma's build
+	o.mlaFlat = newMLAFlat(kit)     // nor mla_decode's flat variant
 	return o, nil
 }
 
@@ -199,6 +200,7 @@ type ops struct {
 	hopper    *hopperKit        // flash_hopper, or why it is absent (hopper.go)
 	gw        *gwKit            // group_wgmma, or why it is absent (group_wgmma.go)
 	mlaHopper *mlaHopperKit     // mla_hopper, or why it is absent (mla_hopper.go)
+	mlaFlat   *mlaFlatKit       // mla_decode's flat variant, or why it is absent (mla_flat.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 }
@@ -207,5 +209,5 @@ type ops struct {
 // then the Hopper ones it adds where the device allows; for compile checks
 // apart from a device.
 func Modules() []cudaset.Module {
-	return append(modules(), hopperModule(), mlaHopperModule(), gwModule())
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), mlaFlatModule())
 }

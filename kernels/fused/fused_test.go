@@ -434,14 +434,14 @@ func TestMLAPrefillConfigs(t *testing.T) {
 func TestMLAVariants(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
-	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 2 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
+	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 3 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
 		t.Errorf("mla_decode of V2-Lite on sm_90a: %+v", vs)
 	}
 	if shared := mlaDecodeShared(mlaLatent{512, 64}); shared > h200.SharedPerBlock {
 		t.Errorf("mla_decode needs %d bytes of shared memory, an H200 block gets %d", shared, h200.SharedPerBlock)
 	}
 	wide := kernels.Shape{"B": 1, "H": 128, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512} // DeepSeek-V2's 128 heads
-	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 2 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
+	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 3 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
 		t.Errorf("mla_decode of 128 heads: %+v, want refused for its heads", vs)
 	}
 	prefill := kernels.Shape{"B": 1, "H": 16, "N": 11041, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
@@ -487,8 +487,12 @@ func TestMLAKeysVariant(t *testing.T) {
 	h200, a100 := kernels.Targets["sm_90a"], kernels.Targets["sm_80"]
 	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
 	vs := variants(kernels.OpMLADecode, lite, h200)
-	if len(vs) != 2 || vs[0].Name != mlaDecodeVariant || vs[1].Name != mlaKeysVariant || !vs[0].Valid() || !vs[1].Valid() {
+	if len(vs) != 3 || vs[0].Name != mlaDecodeVariant || vs[1].Name != mlaKeysVariant || vs[2].Name != mlaFlatVariant ||
+		!vs[0].Valid() || !vs[1].Valid() || !vs[2].Valid() {
 		t.Fatalf("mla_decode of V2-Lite on sm_90a: %+v", vs)
+	}
+	if vs := variants(kernels.OpMLADecode, lite, a100); len(vs) != 2 {
+		t.Errorf("mla_decode of V2-Lite on sm_80: %+v, want no flat variant (its clusters are sm_90's)", vs)
 	}
 	if !strings.Contains(vs[1].Params, "blocks_per_sm=2") || !strings.Contains(vs[1].Params, "key_tile=32") {
 		t.Errorf("keys on sm_90a: %s, want two blocks an SM of 32-key tiles", vs[1].Params)
@@ -527,7 +531,21 @@ func TestMLAKeysVariant(t *testing.T) {
 		t.Errorf("mla_decode runs %q by default at batch 16, want %q", got, mlaKeysVariant)
 	}
 	if got := o.VariantFor(kernels.OpMLADecode, one); got != mlaDecodeVariant {
-		t.Errorf("mla_decode runs %q by default at batch 1, want %q", got, mlaDecodeVariant)
+		t.Errorf("mla_decode runs %q by default at batch 1 where flat is not built, want %q", got, mlaDecodeVariant)
+	}
+	withFlat := &ops{mlaFlat: &mlaFlatKit{}}
+	if got := withFlat.VariantFor(kernels.OpMLADecode, one); got != mlaFlatVariant {
+		t.Errorf("mla_decode runs %q by default at batch 1 where flat is built, want %q", got, mlaFlatVariant)
+	}
+	if got := withFlat.VariantFor(kernels.OpMLADecode, key); got != mlaKeysVariant {
+		t.Errorf("mla_decode runs %q by default at batch 16 where flat is built, want %q", got, mlaKeysVariant)
+	}
+	if err := o.UseVariant(kernels.OpMLADecode, one, mlaFlatVariant); err == nil {
+		t.Errorf("flat chosen where it is not built")
+	}
+	wideNope := kernels.Shape{"B": 1, "H": 16, "ctx": 4096, "Dn": 512, "Dr": 64, "Dv": 128, "R": 512}
+	if vs := variants(kernels.OpMLADecode, wideNope, h200); vs[2].Valid() || !strings.Contains(vs[2].Why, "nope dim 512") {
+		t.Errorf("flat with 512 nope dims: %+v, want refused", vs[2])
 	}
 	if err := o.UseVariant(kernels.OpMLADecode, "", mlaDecodeVariant); err != nil || o.VariantFor(kernels.OpMLADecode, key) != mlaDecodeVariant {
 		t.Errorf("choosing latent_split for every batch: %v, now %q at batch 16", err, o.VariantFor(kernels.OpMLADecode, key))
@@ -542,9 +560,32 @@ func TestMLAKeysVariant(t *testing.T) {
 		t.Errorf("an unknown variant: %v, now %q", err, o.VariantFor(kernels.OpMLADecode, key))
 	}
 	info, _ := kernels.Set("fused")
-	if vs := info.VariantsOf(kernels.OpMLADecode, lite, h200); len(vs) != 2 {
+	if vs := info.VariantsOf(kernels.OpMLADecode, lite, h200); len(vs) != 3 {
 		t.Errorf("the registry lists %d mla_decode variants: %+v", len(vs), vs)
 	}
+}
+
+// TestMLADecodeFlat runs the shared harness's mla_decode cases and the
+// decode graph with mla_decode's flat variant the default at every batch;
+// on sm_90a it must be built (a fallback would test another variant).
+func TestMLADecodeFlat(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	if dev.Props().Arch != hopperArch {
+		t.Skipf("mla_decode's flat variant runs on %s only; this device targets %s", hopperArch, dev.Props().Arch)
+	}
+	o, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.(*ops).mlaFlat.ready(); err != nil {
+		t.Fatalf("flat is not built on this %s device: %v", hopperArch, err)
+	}
+	t.Logf("clusters of %d blocks at once: %v", mlfCluster, o.(*ops).mlaFlat.clusters)
+	saved := mlaDecodeDefault
+	defer func() { mlaDecodeDefault = saved }()
+	mlaDecodeDefault = mlaFlatVariant
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
+	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 
 // TestMLADecodeKeys runs the shared harness's mla_decode cases and the decode

@@ -142,6 +142,20 @@
 	X(mla_decode_keys_r32_p16_s3, 32, 16, 3) \
 	X(mla_decode_keys_r32_p16_s4, 32, 16, 4)
 
+#define MLA_FLAT_INSTANCES(X) \
+	X(mla_flat_r512_p64_s2, 512, 64, 2) \
+	X(mla_flat_r512_p64_s3, 512, 64, 3) \
+	X(mla_flat_r512_p64_s4, 512, 64, 4) \
+	X(mla_flat_r256_p32_s2, 256, 32, 2) \
+	X(mla_flat_r256_p32_s3, 256, 32, 3) \
+	X(mla_flat_r256_p32_s4, 256, 32, 4) \
+	X(mla_flat_r96_p16_s2, 96, 16, 2) \
+	X(mla_flat_r96_p16_s3, 96, 16, 3) \
+	X(mla_flat_r96_p16_s4, 96, 16, 4) \
+	X(mla_flat_r32_p16_s2, 32, 16, 2) \
+	X(mla_flat_r32_p16_s3, 32, 16, 3) \
+	X(mla_flat_r32_p16_s4, 32, 16, 4)
+
 #define GROUP_GEMM_INSTANCES(X) \
 	X(group_gemm_m16, moe_gate_up_m16, 16, 64, 1, 4, 128, 4) \
 	X(group_gemm_m64, moe_gate_up_m64, 64, 128, 1, 4, 64, 4) \

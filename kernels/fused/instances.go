@@ -21,7 +21,7 @@ func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(),
-		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(),
+		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
 		groupGemmInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(),
 	}
@@ -122,6 +122,16 @@ func mlaKeysInstances() cudaset.Instances {
 	for _, d := range mlaDecodeDims {
 		for _, s := range mlaKeysStageCounts {
 			f.Kernels = append(f.Kernels, cudaset.Of(mlaKeysKernel(d, s), d.Rank, d.Rope, s))
+		}
+	}
+	return f
+}
+
+func mlaFlatInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "MLA_FLAT"}
+	for _, d := range mlaDecodeDims {
+		for _, s := range mlaKeysStageCounts {
+			f.Kernels = append(f.Kernels, cudaset.Of(mlaFlatKernel(d, s), d.Rank, d.Rope, s))
 		}
 	}
 	return f

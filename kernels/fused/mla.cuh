@@ -63,3 +63,179 @@ __device__ __forceinline__ void mla_split_out(const float (&o)[NO][4], int i, fl
 		}
 	}
 }
+
+#define MLK_BN 32 // keys per tile of MlaKeyTiles: 8 per warp
+#define MLK_PP 40 // bf16 per row of the p tile: 32 and 8 of padding, so ldmatrix meets no bank twice
+#define MLK_EXTRA (16 * MLK_PP * 2 + DEC_WARPS * 16 * 4) // the p tile, then the warps' tile maxima (and, at the end, sums)
+
+// MlaKeyTiles is the loop over one split's keys that mla_decode_keys
+// (mla_keys.cu) and mla_flat (mla_flat.cu) share: tiles of MLK_BN
+// positions, each of the DEC_WARPS warps scoring its own 8 over all R+DR
+// dims, one shared running max per tile, p rounded to bf16 through shared
+// memory, each warp multiplying all of p by its quarter of the R output
+// dims (mla_keys.cu says why). Shared memory, from smem: the 16 query rows,
+// STAGES stages of MLK_BN rows (Tile<R+DR>), then MLK_EXTRA bytes.
+//
+// Its user queues the queries (loadQ) and the first STAGES-1 tiles (load),
+// each tile its own cp.async group and the queries in one of them or after
+// them, then calls run, which waits for all of those before the first tile
+// and keeps STAGES-1 tiles in flight from then on.
+template <int R, int DR, int STAGES> struct MlaKeyTiles {
+	static_assert(STAGES >= 2, "a tile computed while the next loads");
+	static_assert(MLK_BN == DEC_WARPS * 8, "each warp scores one n-tile of 8 keys");
+	typedef Tile<R + DR> T;
+	static constexpr int W = R + DR, KS = W / 16, KP = (KS + 1) / 2, DP = R / 16, DPW = (DP + DEC_WARPS - 1) / DEC_WARPS;
+	static constexpr int THREADS = DEC_WARPS * 32;
+	static constexpr int STAGE_BYTES = MLK_BN * T::ROW_BYTES;
+
+	const bf16* keys; // the split's first position in the cache
+	const bf16* kNew; // the new latent, which the cache holds at position newAt of the split once appended
+	int nkeys, newAt, tid, lane, warp;
+	unsigned sQ, sKV, sP;
+	unsigned* pOut;  // the p tile as bf16 pairs
+	float* tileMax;  // [warp][16]
+
+	__device__ MlaKeyTiles(unsigned char* smem, const bf16* keys_, const bf16* kNew_, int nkeys_, int newAt_)
+	    : keys(keys_), kNew(kNew_), nkeys(nkeys_), newAt(newAt_), tid(threadIdx.x), lane(threadIdx.x & 31),
+	      warp(threadIdx.x >> 5) {
+		sQ = smem_addr(smem);
+		sKV = sQ + 16 * T::ROW_BYTES;
+		sP = sKV + STAGES * STAGE_BYTES;
+		unsigned char* extra = smem + 16 * T::ROW_BYTES + STAGES * STAGE_BYTES;
+		pOut = reinterpret_cast<unsigned*>(extra);
+		tileMax = reinterpret_cast<float*>(extra + 16 * MLK_PP * 2);
+	}
+	__device__ int tiles() const { return (nkeys + MLK_BN - 1) / MLK_BN; }
+	__device__ unsigned stage(int s) const { return sKV + s * STAGE_BYTES; }
+
+	// load queues tile j into its stage, the new latent's row from kNew;
+	// early, before the kernel's grid_wait, it leaves that row out (kNew is
+	// not written yet: the caller stores it with newRow after the wait).
+	__device__ void load(int j, bool early = false) const {
+		const unsigned dst = stage(j % STAGES);
+		for (int i = tid; i < MLK_BN * T::CHUNKS; i += THREADS) {
+			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = j * MLK_BN + r;
+			const bool ok = key < nkeys;
+			if (early && key == newAt) continue;
+			const bf16* src = !ok ? keys : key == newAt ? kNew + c * 8 : keys + (long long)key * W + c * 8;
+			cp16(T::at(dst, r, c), src, ok);
+		}
+	}
+
+	// newRow stores the new latent into its row of tile j's stage.
+	__device__ void newRow(int j) const {
+		const int r = newAt - j * MLK_BN;
+		for (int c = tid; c < T::CHUNKS; c += THREADS)
+			st_shared16(T::at(stage(j % STAGES), r, c), *reinterpret_cast<const uint4*>(kNew + c * 8));
+	}
+
+	// loadQ queues the query rows: q_lat then q_pe of each head, zero past
+	// the heads. qlat: row b's first head; qpe: row b's first head's q_pe,
+	// qhs apart.
+	__device__ void loadQ(const bf16* qlat, const bf16* qpe, int qhs, int heads) const {
+		for (int i = tid; i < 16 * T::CHUNKS; i += THREADS) {
+			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS;
+			const bool ok = r < heads;
+			const bf16* src = c < R / 8 ? qlat + (long long)r * R + c * 8 : qpe + (long long)r * qhs + (c - R / 8) * 8;
+			cp16(T::at(sQ, r, c), ok ? src : qlat, ok);
+		}
+	}
+
+	// run accumulates the split into o (this warp's dims of o_lat,
+	// unnormalised) and st (each row's max; this thread's share of its sum),
+	// and returns with every cp.async group done and the stages free.
+	__device__ void run(float (&o)[2 * DPW][4], RowState (&st)[2], float scale_log2) const {
+		const int kw = warp * 8, dp0 = warp * DPW, ntiles = tiles();
+#pragma unroll
+		for (int d = 0; d < 2 * DPW; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+		st[0] = st[1] = RowState{NEG_INF, 0.0f};
+		for (int j = 0; j < ntiles; j++) {
+			// Tile j is in; every warp is done with tile j-1, so its stage
+			// takes tile j+STAGES-1. The first tile waits for everything
+			// queued before the loop (the queries may come last).
+			if (j == 0)
+				cp_wait<0>();
+			else
+				cp_wait<STAGES - 2>();
+			__syncthreads();
+			if (j + STAGES - 1 < ntiles) load(j + STAGES - 1);
+			cp_commit();
+			const unsigned kT = stage(j % STAGES);
+
+			// The warp's 8 keys against the 16 query rows, over all W dims:
+			// two k-steps per ldmatrix of keys, even and odd k-steps in two
+			// chains.
+			float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+			for (int kp2 = 0; kp2 < KP; kp2++) {
+				unsigned kb[4], qa[4];
+				ldsm_x4(kb, T::at(kT, kw + (lane & 7), min(4 * kp2 + (lane >> 3), 2 * KS - 1)));
+				ldsm_x4(qa, T::at(sQ, lane & 15, 4 * kp2 + (lane >> 4)));
+				mma16816(s, qa, kb[0], kb[1]);
+				if (2 * kp2 + 1 < KS) {
+					unsigned qb[4];
+					ldsm_x4(qb, T::at(sQ, lane & 15, 4 * kp2 + 2 + (lane >> 4)));
+					mma16816(s2, qb, kb[2], kb[3]);
+				}
+			}
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				s[e] += s2[e];
+				if (j * MLK_BN + kw + 2 * (lane & 3) + (e & 1) >= nkeys) s[e] = NEG_INF;
+			}
+			// The tile's max of every row, over all warps' keys.
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				const float mx = quad_max(fmaxf(s[2 * i], s[2 * i + 1]));
+				if ((lane & 3) == 0) tileMax[warp * 16 + (lane >> 2) + i * 8] = mx;
+			}
+			__syncthreads();
+			float alpha[2];
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				const int r = (lane >> 2) + i * 8;
+				float mx = tileMax[r];
+#pragma unroll
+				for (int w = 1; w < DEC_WARPS; w++) mx = fmaxf(mx, tileMax[w * 16 + r]);
+				const float m_new = fmaxf(st[i].m, mx);
+				const float mb = m_new == NEG_INF ? 0.0f : m_new * scale_log2; // a row that has seen no key yet
+				alpha[i] = exp2_ftz(fmaf(st[i].m, scale_log2, -mb));
+				s[2 * i] = exp2_ftz(fmaf(s[2 * i], scale_log2, -mb));
+				s[2 * i + 1] = exp2_ftz(fmaf(s[2 * i + 1], scale_log2, -mb));
+				st[i].m = m_new;
+				st[i].l = st[i].l * alpha[i] + s[2 * i] + s[2 * i + 1]; // this thread's share of the row's sum
+				pOut[(r * MLK_PP + kw + 2 * (lane & 3)) / 2] = pack2(s[2 * i], s[2 * i + 1]);
+			}
+			rescale(o, alpha);
+			__syncthreads(); // p is whole; tileMax is read
+			// o_lat += P·C over the warp's dims; C is the tile's first R columns.
+#pragma unroll
+			for (int kk = 0; kk < MLK_BN / 16; kk++) {
+				unsigned pa[4];
+				ldsm_x4(pa, sP + (lane & 15) * (MLK_PP * 2) + (kk * 16 + (lane >> 4) * 8) * 2);
+				mla_pc<R, T>(o, pa, kT, kk, dp0, lane);
+			}
+		}
+		cp_wait<0>();
+		__syncthreads(); // every warp is done with the stages and tileMax
+	}
+
+	// sums is each row's sum of p over the split, l[i] for this thread's
+	// fragment rows (lane/4 and lane/4 + 8), from every warp's shares: the
+	// warps share the max, so the row's sum is the sum of theirs.
+	__device__ void sums(const RowState (&st)[2], float (&l)[2]) const {
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const float x = quad_sum(st[i].l);
+			if ((lane & 3) == 0) tileMax[warp * 16 + (lane >> 2) + i * 8] = x;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int r = (lane >> 2) + i * 8;
+			l[i] = tileMax[r];
+#pragma unroll
+			for (int w = 1; w < DEC_WARPS; w++) l[i] += tileMax[w * 16 + r];
+		}
+	}
+};

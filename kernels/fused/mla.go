@@ -211,8 +211,11 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	}
 }
 
-// MLADecode is absorbed MLA (its variant "latent_split" by default, or
-// "keys", mla_keys.cu, by a tuning choice): q_lat = W_UK[h]ᵀ·q_nope for every head (one
+// MLADecode is absorbed MLA, in one of three variants: "flat"
+// (mla_flat.cu, mla_flat.go), the default below mlaKeysMinRows rows where
+// the device runs it; "keys" (mla_keys.cu), the default from there; and
+// "latent_split", the default below mlaKeysMinRows where flat cannot run.
+// The last two: q_lat = W_UK[h]ᵀ·q_nope for every head (one
 // strided-batched GEMM over the heads), then mla_decode, flash-decoding of
 // all heads of a row at once over its latent cache in splits that fill one
 // wave of the GPU (it appends the new latents itself), attn_merge of the
@@ -229,12 +232,19 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	o.Need(a.Heads <= maxMLAHeads, op, "%d heads: mla_decode takes at most %d, one m-tile (mla=naive runs any)", a.Heads, maxMLAHeads)
 	o.Need(a.NopeDim%cudaset.VecWidth == 0, op, "nope dim %d: mla_decode reads q_pe in 16-byte pieces, so it must be a multiple of %d",
 		a.NopeDim, cudaset.VecWidth)
+	variant := o.variantFor(op, mlaDecodeKey(a.Batch.Rows))
+	if variant == mlaFlatVariant {
+		if a.Batch.Rows > 0 {
+			o.mlaFlatDecode(a)
+		}
+		return
+	}
 	// The variant's kernel, its shared memory and the blocks an SM holds:
 	// splits fill one wave of those.
 	perSM := o.D.Props().MaxSharedPerSM
 	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
 	wave := max(1, perSM/shared) * o.SMs
-	if o.variantFor(op, mlaDecodeKey(a.Batch.Rows)) == mlaKeysVariant {
+	if variant == mlaKeysVariant {
 		stages := mlaKeysStages(d, perSM)
 		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
 		wave = blocksPerSM(shared, perSM) * o.SMs

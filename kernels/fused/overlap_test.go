@@ -61,7 +61,7 @@ func TestOverlapKernelsWait(t *testing.T) {
 		return rest
 	}
 	calls := regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*<[^;]*>\s*\(`)
-	for _, k := range overlapKernels() {
+	for _, k := range append(overlapKernels(), mlaFlatModule().Funcs...) {
 		var def string
 		if m, ok := macroOf[k]; ok {
 			def = body(regexp.MustCompile(`#define ` + m + `\(`))

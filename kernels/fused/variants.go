@@ -44,7 +44,7 @@ type choiceKey struct {
 
 // table is fused's variants, op by op, in the order kbench lists them:
 // flash_prefill's tilings and flash_hopper for attn_prefill, flash_decode,
-// mla_prefill's tilings and mla_hopper, mla_decode's two, the single
+// mla_prefill's tilings and mla_hopper, mla_decode's three, the single
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets), and
 // linear_skinny and cuBLAS for linear.
@@ -113,7 +113,16 @@ var table = func() []variant {
 		shared := mlaKeysShared(d, stages)
 		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d splits=one wave; absorbed: W_UK and W_UV by cuBLAS, warps score their own keys, one max per tile, p·c by output dims, attn_merge merges",
 			decodeWarps, mlkTile, stages, shared, blocksPerSM(shared, t.SharedPerSM)), join(archWhy(t), mlaLatentWhy(d, s["H"]), fits(shared, t)), true
-	}})
+	}}, variant{op: kernels.OpMLADecode, name: mlaFlatVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		if t.Arch != hopperArch {
+			return "", "", false
+		}
+		d := mlaLatent{s["R"], s["Dr"]}
+		stages := mlaFlatStages(d, t.SharedPerSM)
+		shared := mlaFlatShared(d, stages)
+		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d cluster=%d splits=every cluster at once; mla_qlat and mla_out (merge and W_UV) overlapped, clusters merge in shared memory",
+			decodeWarps, mlkTile, stages, shared, blocksPerSM(shared, t.SharedPerSM), mlfCluster), join(mlaFlatWhy(d, s["H"], s["Dn"]), fits(shared, t)), true
+	}, use: func(o *ops, _ string) error { return o.mlaFlat.ready() }})
 	single := func(op kernels.Op, name, params string) variant {
 		return variant{op: op, name: name, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 			return params, archWhy(t), true
@@ -362,6 +371,9 @@ func mlaDecodePick(o *ops, key, chosen string) string {
 	}
 	if key == mlaDecodeKey(mlaKeysMinRows) {
 		return mlaKeysVariant
+	}
+	if o.mlaFlat.ready() == nil {
+		return mlaFlatVariant
 	}
 	return mlaDecodeVariant
 }

@@ -1,0 +1,146 @@
+package fused
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// The "flat" variant of mla_decode (mla_flat.cu): mla_qlat, mla_flat in
+// clusters that merge their splits in shared memory, and mla_out (the
+// clusters' merge and W_UV), three overlapped launches and no cuBLAS. Its
+// clusters are sm_90's, so it is a module of its own, compiled only where
+// the device's target is hopperArch; where it cannot be built, New still
+// succeeds and the variant says why.
+const (
+	// mlaFlatVariant is the variant's name among mla_decode's.
+	mlaFlatVariant = "flat"
+	// mlfCluster is MLF_CLUSTER, the splits of a cluster.
+	mlfCluster = 8
+	// mlfExtra is MLF_EXTRA less MLK_EXTRA: each row's (max, sum).
+	mlfExtra = 16 * 8
+	// Limits of mla_qlat and mla_out: QL_COLS, QL_ROWS, QL_MAX_DN,
+	// MO_ROWS and MO_MAX_R.
+	qlCols, qlRows, qlMaxNope = 32, 8, 256
+	moRows, moMaxRank         = 16, 512
+)
+
+func mlaFlatKernel(d mlaLatent, stages int) string {
+	return fmt.Sprintf("mla_flat_r%d_p%d_s%d", d.Rank, d.Rope, stages)
+}
+
+// mlaFlatShared is mla_flat's dynamic shared memory with stages tiles in
+// flight: mla_decode_keys's and the rows' cluster statistics.
+func mlaFlatShared(d mlaLatent, stages int) int { return mlaKeysShared(d, stages) + mlfExtra }
+
+// mlaFlatStages is mla_flat's stage count on a device of perSM bytes of
+// shared memory per SM: the most for which two blocks fit an SM, else the
+// fewest.
+func mlaFlatStages(d mlaLatent, perSM int) int {
+	for _, s := range slices.Backward(mlaKeysStageCounts) {
+		if mlkBlocksPerSM*(mlaFlatShared(d, s)+blockReserve) <= perSM {
+			return s
+		}
+	}
+	return mlaKeysStageCounts[0]
+}
+
+// mlaFlatModule is the variant's NVRTC module.
+func mlaFlatModule() cudaset.Module {
+	return module("mla_flat.cu", append([]string{"mla_qlat", "mla_out"}, cudaset.Names(mlaFlatInstances())...))
+}
+
+// mlaFlatKit is the flat variant on one device.
+type mlaFlatKit struct {
+	err      error          // why it cannot run here; nil when it can
+	clusters map[string]int // per mla_flat kernel: the clusters the device runs at once
+}
+
+// newMLAFlat compiles the flat variant into k where the device allows it,
+// readies each instance's shared memory, asks the driver how many of its
+// clusters run at once, and launches its kernels overlapped. It never
+// fails: what went wrong is kept in the kit's err.
+func newMLAFlat(k *cudaset.Kit) *mlaFlatKit {
+	m := &mlaFlatKit{clusters: map[string]int{}}
+	what := "mla_decode " + mlaFlatVariant
+	if m.err = addHopperModule(k, what, "mla_flat", mlaFlatModule()); m.err != nil {
+		return m
+	}
+	perSM := k.D.Props().MaxSharedPerSM
+	for _, d := range mlaDecodeDims {
+		s := mlaFlatStages(d, perSM)
+		name, shared := mlaFlatKernel(d, s), mlaFlatShared(d, s)
+		if err := k.FitShared(name, shared); err != nil {
+			m.err = fmt.Errorf("fused: %s: %s: %w", what, name, err)
+			return m
+		}
+		n, err := k.Func(name).MaxActiveClusters(cuda.Dim3{X: mlfCluster}, cuda.Dim3{X: decodeWarps * 32}, shared)
+		if err != nil {
+			m.err = fmt.Errorf("fused: %s: %w", what, err)
+			return m
+		}
+		if n < 1 {
+			m.err = fmt.Errorf("fused: %s: the device runs no cluster of %d blocks of %s", what, mlfCluster, name)
+			return m
+		}
+		m.clusters[name] = n
+	}
+	k.Overlap(mlaFlatModule().Funcs...)
+	return m
+}
+
+// ready is nil where the variant runs, else why not.
+func (m *mlaFlatKit) ready() error {
+	if m == nil {
+		return fmt.Errorf("fused: mla_decode %s: not built", mlaFlatVariant)
+	}
+	return m.err
+}
+
+// mlaFlatWhy is why the flat variant cannot take latents d with heads
+// heads and nope dims dn.
+func mlaFlatWhy(d mlaLatent, heads, dn int) string {
+	var why []string
+	if w := mlaLatentWhy(d, heads); w != "" {
+		why = append(why, w)
+	}
+	if dn > qlMaxNope {
+		why = append(why, fmt.Sprintf("nope dim %d: mla_qlat takes at most %d", dn, qlMaxNope))
+	}
+	if d.Rank > moMaxRank || d.Rank%qlCols != 0 {
+		why = append(why, fmt.Sprintf("rank %d: mla_qlat and mla_out take multiples of %d up to %d", d.Rank, qlCols, moMaxRank))
+	}
+	return join(why...)
+}
+
+// mlaFlatDecode is MLADecode's flat variant: mla_qlat, mla_flat over every
+// cluster the device runs at once shared among the rows, and mla_out.
+// Buffer sizes depend on the batch's rows only, so a graph replays it.
+func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
+	op := kernels.OpMLADecode
+	d := mlaLatent{a.Rank, a.RopeDim}
+	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
+	o.Need(mlaFlatWhy(d, h, dn) == "", op, "%s (mla=naive runs it)", mlaFlatWhy(d, h, dn))
+	b := a.Batch
+	stages := mlaFlatStages(d, o.D.Props().MaxSharedPerSM)
+	kernel, shared := mlaFlatKernel(d, stages), mlaFlatShared(d, stages)
+	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
+
+	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
+	o.LaunchGrid("mla_qlat", cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((b.Rows + qlRows - 1) / qlRows)},
+		cuda.Dim3{X: 256}, 0, qlat.P, q.P, int32(q.Pitch), int32(dn+dr), w.P, int32(dn), int32(dv), int32(r), int32(h), int32(b.Rows))
+
+	perRow := max(1, o.mlaFlat.clusters[kernel]/b.Rows) // clusters a row
+	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r)
+	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2)
+	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(mlfCluster * perRow), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
+		part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr), o.D.Ptr(a.KV), int32(a.KV.Pitch),
+		o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq), scaleLog2(a.Scale))
+
+	out := o.Mat(a.Out)
+	o.LaunchGrid("mla_out", cuda.Dim3{X: uint32(h), Y: uint32((dv + moRows - 1) / moRows), Z: uint32(b.Rows)}, cuda.Dim3{X: 128}, 0,
+		out.P, int32(out.Pitch), part.P, stats.P, w.P, int32(dn), int32(dv), int32(r), int32(h), int32(perRow))
+}
