@@ -105,13 +105,14 @@ func TestLinearWgmmaKernels(t *testing.T) {
 // what naive runs) much closer than the kerneltest's 2%: both sum in f32
 // and round once, after the bias rounded to bf16, so they differ only
 // where their orders of summation round an element to the other side of a
-// bf16 step. Shapes: of no tile, and Qwen2-7B's qkv (with bias) and down
-// at 1,000 rows. It also times both, for a first look (infer bench linear
-// is the measurement).
+// bf16 step. Shapes: of no tile (once with an f32 bias, which lwBias
+// rounds into a bf16 copy), and Qwen2-7B's qkv (with bias) and down at
+// 1,000 rows. It also times both, for a first look (infer bench linear is
+// the measurement).
 func TestLinearWgmmaCuBLAS(t *testing.T) {
 	dev, o := openHopperSet(t, "linear_wgmma", func(o *ops) error { return o.lw.err })
 	rng := rand.New(rand.NewSource(21))
-	random := func(scale float64, shape ...int) *kernels.Tensor {
+	random := func(dt kernels.DType, scale float64, shape ...int) *kernels.Tensor {
 		n := 1
 		for _, d := range shape {
 			n *= d
@@ -120,17 +121,19 @@ func TestLinearWgmmaCuBLAS(t *testing.T) {
 		for i := range v {
 			v[i] = float32(rng.NormFloat64() * scale)
 		}
-		return tensorOn(t, dev, kernels.BF16, v, shape...)
+		return tensorOn(t, dev, dt, v, shape...)
 	}
 	for _, s := range []struct {
 		m, n, k int
 		bias    bool
-	}{{300, 1000, 520, true}, {1000, 4608, 3584, true}, {1000, 3584, 18944, false}, {129, 264, 200, false}} {
-		x := random(1, s.m, s.k)
-		w := random(1/math.Sqrt(float64(s.k)), s.n, s.k)
+		biasDT  kernels.DType
+	}{{300, 1000, 520, true, kernels.BF16}, {300, 1000, 520, true, kernels.F32}, {1000, 4608, 3584, true, kernels.BF16},
+		{1000, 3584, 18944, false, 0}, {129, 264, 200, false, 0}} {
+		x := random(kernels.BF16, 1, s.m, s.k)
+		w := random(kernels.BF16, 1/math.Sqrt(float64(s.k)), s.n, s.k)
 		var b *kernels.Tensor
 		if s.bias {
-			b = random(0.5, s.n)
+			b = random(s.biasDT, 0.5, s.n)
 		}
 		want := dev.Alloc(kernels.BF16, s.m, s.n)
 		o.Addmm(want, x, w, b)
@@ -151,10 +154,10 @@ func TestLinearWgmmaCuBLAS(t *testing.T) {
 			}
 			ms := msPerCall(t, dev, func() { o.linearWgmma(cfg, got, x, w, b) })
 			flop := 2 * float64(s.m) * float64(s.n) * float64(s.k)
-			t.Logf("M=%d N=%d K=%d bias=%v %s: rel %.2e, max %.3g at %d; %.3f ms (%.0f TFLOP/s), cuBLAS %.3f ms (%.0f)",
-				s.m, s.n, s.k, s.bias, c.Variant, d.Rel, d.Max, d.MaxAt, ms, flop/ms/1e9, refMs, flop/refMs/1e9)
+			t.Logf("M=%d N=%d K=%d bias=%v (%v) %s: rel %.2e, max %.3g at %d; %.3f ms (%.0f TFLOP/s), cuBLAS %.3f ms (%.0f)",
+				s.m, s.n, s.k, s.bias, s.biasDT, c.Variant, d.Rel, d.Max, d.MaxAt, ms, flop/ms/1e9, refMs, flop/refMs/1e9)
 			if d.Unwritten > 0 || d.Rel > 1e-3 {
-				t.Errorf("M=%d N=%d K=%d %s: against cuBLAS %+v", s.m, s.n, s.k, c.Variant, d)
+				t.Errorf("M=%d N=%d K=%d bias=%v (%v) %s: against cuBLAS %+v", s.m, s.n, s.k, s.bias, s.biasDT, c.Variant, d)
 			}
 			dev.Free(got)
 		}
