@@ -45,9 +45,12 @@
 //   e.frag(acc, j, row, col, lo, hi)  output 8-column block j of the tile
 //                as this thread's bf16 pairs: columns col and col + 1
 //                (global) of rows row (lo) and row + 8 (hi).
-// LwPlain adds the bias. A SwiGLU epilogue over w's gate and up rows
-// interleaved 8 by 8 would take block j from acc[2j] (gate) and acc[2j+1]
-// (up), with COLS = BN/2; a residual add would read out's old values.
+// LwPlain adds the bias. A SwiGLU epilogue (COLS = BN/2) takes block j from
+// the gate and up accumulators of the same columns: acc[j] and
+// acc[j + BN/16] where the producer loads a stage's w as two boxes of BN/2
+// rows, gate rows then up rows (group_wgmma's way: w as HF stacks it), or
+// acc[2j] and acc[2j+1] for gate and up rows interleaved 8 by 8 at load
+// time. A residual add would read out's old values.
 //
 // A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
 // (LW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
