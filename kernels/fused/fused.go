@@ -2,7 +2,8 @@
 // cores for prefill, flash-decoding for decode, both also for DeepSeek-V2's
 // latent attention (MLA, absorbed at decode), one-pass RMSNorm (with the
 // residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
-// decode's few rows (cuBLAS for the rest), and DeepSeek-V2's MoE (a router
+// decode's few rows and a Hopper GEMM for prefill's many (cuBLAS for the
+// rest, and for prefill until the GEMM is measured), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
 // sorted by expert), an argmax over many blocks a row, and an add that
 // overlaps the kernel before it. The op it has no kernel of its own for
@@ -183,6 +184,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.hopper = newHopper(kit)       // never fails: an error stays in o.hopper.err
 	o.mlaHopper = newMLAHopper(kit) // nor does this: o.mlaHopper.err
 	o.gw = newGroupWgmma(kit)       // nor does group_wgmma's build
+	o.lw = newLinearWgmma(kit)      // nor linear_wgmma's
 	o.mlaFlat = newMLAFlat(kit)     // nor mla_decode's flat variant
 	return o, nil
 }
@@ -199,6 +201,7 @@ type ops struct {
 	noRoom    map[string]string // MLA kernels the device's shared memory cannot hold, and why
 	hopper    *hopperKit        // flash_hopper, or why it is absent (hopper.go)
 	gw        *gwKit            // group_wgmma, or why it is absent (group_wgmma.go)
+	lw        *lwKit            // linear_wgmma, or why it is absent (linear_wgmma.go)
 	mlaHopper *mlaHopperKit     // mla_hopper, or why it is absent (mla_hopper.go)
 	mlaFlat   *mlaFlatKit       // mla_decode's flat variant, or why it is absent (mla_flat.go)
 
@@ -209,5 +212,5 @@ type ops struct {
 // then the Hopper ones it adds where the device allows; for compile checks
 // apart from a device.
 func Modules() []cudaset.Module {
-	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), mlaFlatModule())
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule())
 }

@@ -67,6 +67,12 @@ func TestSourceConstants(t *testing.T) {
 		{"attention.cuh", "DEC_STAGES", decodeStages},
 		{"attention.cu", "MERGE_DIMS", mergeDims},
 		{"attention.cu", "MERGE_WARPS", mergeWarps},
+		{"hop_gemm.cuh", "HG_BK", lwK},
+		{"hop_gemm.cuh", "HG_CONSUMERS", lwConsumers},
+		{"linear_wgmma.cu", "LW_PRODUCER_REGS", lwProducerRegs},
+		{"linear_wgmma.cu", "LW_CONSUMER_REGS", lwConsumerRegs},
+		{"linear_wgmma.cu", "LW_OUT_BUFS", lwOutBufs},
+		{"linear_wgmma.cu", "LW_BOX", hopperBox},
 	} {
 		if want := fmt.Sprintf("#define %s %d", c.define, c.value); !strings.Contains(sourceText(t, c.file), want) {
 			t.Errorf("%s has no %q", c.file, want)
@@ -403,8 +409,9 @@ func TestLinearVariants(t *testing.T) {
 	}
 	info, _ := kernels.Set("fused")
 	vs := info.VariantsOf(kernels.OpLinear, kernels.Shape{"M": 1, "N": 100, "K": 60}, kernels.Targets["sm_90a"])
-	if len(vs) != 2 || vs[0].Valid() || !strings.Contains(vs[0].Why, "K=60") || !vs[1].Valid() {
-		t.Errorf("K=60: %+v", vs)
+	if len(vs) != 4 || vs[0].Valid() || !strings.Contains(vs[0].Why, "K=60") || !vs[1].Valid() ||
+		vs[2].Valid() || !strings.Contains(vs[2].Why, "K=60") || vs[3].Valid() {
+		t.Errorf("K=60: %+v, want skinny and both linear_wgmma instances refused for K, cublas valid", vs)
 	}
 }
 

@@ -41,16 +41,16 @@
 // down instead of hanging.
 
 #include "groups.cuh"
-#include "hopper.cuh"
+#include "hop_gemm.cuh"
 #include "instances.cuh"
 
-#define GW_BM 128            // rows of a tile: GW_CONSUMERS × 64
-#define GW_BK 64             // k of a stage: one 128-byte swizzle row of bf16
-#define GW_CONSUMERS 2       // consumer warpgroups
+#define GW_BM 128              // rows of a tile: GW_CONSUMERS × 64
+#define GW_BK HG_BK            // k of a stage: one 128-byte swizzle row of bf16
+#define GW_CONSUMERS HG_CONSUMERS // consumer warpgroups
 #define GW_THREADS (128 * (1 + GW_CONSUMERS))
-#define GW_PRODUCER_REGS 56  // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
-#define GW_CONSUMER_REGS 224 // and of the consumers
-#define GW_ROW_BYTES 128     // bytes of a stage row: GW_BK bf16
+#define GW_PRODUCER_REGS 56    // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
+#define GW_CONSUMER_REGS 224   // and of the consumers
+#define GW_ROW_BYTES HG_ROW_BYTES // bytes of a stage row: GW_BK bf16
 // Within the registers the block is launched with (hop_attention.cuh says why).
 static_assert(GW_PRODUCER_REGS * 128 + GW_CONSUMER_REGS * 128 * GW_CONSUMERS <= 65536 / GW_THREADS / 8 * 8 * GW_THREADS,
               "setmaxnreg asks for more registers than the block has");
@@ -93,16 +93,11 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
 	auto sA = [&](int s) { return base + s * L::STAGE_BYTES; };
 	auto sB = [&](int s) { return base + s * L::STAGE_BYTES + L::A_BYTES; };
-	auto full = [&](int s) { return smem_addr(&bars[s]); };
-	auto empty = [&](int s) { return smem_addr(&bars[STAGES + s]); };
+	const HopRing<STAGES> ring{bars};
 
-	if (threadIdx.x == 0) {
-		for (int s = 0; s < STAGES; s++) {
-			mbar_init(full(s), GATHER ? 1 + 128 : 1); // the expect_tx arrival (+ each producer thread's copies)
-			mbar_init(empty(s), GW_CONSUMERS * 4);    // one arrival per consumer warp
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-	}
+	// full: the expect_tx arrival (+ each producer thread's copies); empty:
+	// one arrival per consumer warp.
+	if (threadIdx.x == 0) ring.init(GATHER ? 1 + 128 : 1, GW_CONSUMERS * 4);
 	if (threadIdx.x < 32) group_tile_starts<GW_BM>(first, E, M, start);
 	__syncthreads();
 
@@ -140,13 +135,14 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 				}
 			}
 			for (int kt = 0; kt < ktiles; kt++, it++) {
-				const int s = it % STAGES;
-				if (it >= STAGES && !mbar_wait(empty(s), (it / STAGES - 1) & 1, status, GW_WAIT_EMPTY, it)) return;
+				const int s = ring.stage(it);
+				if (!ring.acquire(it, status, GW_WAIT_EMPTY)) return;
 				if (tid == 0) {
-					mbar_expect_tx(full(s), L::B_BYTES + (GATHER ? 0 : L::A_BYTES));
-					tma_load_3d(sB(s), wmap, full(s), kt * GW_BK, b0, g);
-					tma_load_3d(sB(s) + HALF * GW_ROW_BYTES, wmap, full(s), kt * GW_BK, b1, g);
-					if (!GATHER) tma_load_2d(sA(s), xmap, full(s), kt * GW_BK, row0);
+					const unsigned full = ring.full(s);
+					mbar_expect_tx(full, L::B_BYTES + (GATHER ? 0 : L::A_BYTES));
+					tma_load_3d(sB(s), wmap, full, kt * GW_BK, b0, g);
+					tma_load_3d(sB(s) + HALF * GW_ROW_BYTES, wmap, full, kt * GW_BK, b1, g);
+					if (!GATHER) tma_load_2d(sA(s), xmap, full, kt * GW_BK, row0);
 				}
 				if (GATHER) {
 					const int c = tid % 8, k = kt * GW_BK + c * 8;
@@ -156,7 +152,7 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 						const bool ok = src[i] >= 0 && k < K;
 						cp16(sA(s) + r * GW_ROW_BYTES + ((c ^ (r & 7)) << 4), ok ? x + (long long)src[i] * xp + k : x, ok);
 					}
-					cp_async_arrive(full(s));
+					cp_async_arrive(ring.full(s));
 				}
 			}
 		}
@@ -167,41 +163,14 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 	// of it 16 of them, this thread rows lane/4 and lane/4 + 8 of those.
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GW_CONSUMER_REGS));
 	const int w = wg - 1, wi = tid / 32, lane = tid % 32;
-	auto release = [&](int s) { // this warp's wgmmas no longer read stage s
-		__syncwarp();
-		if (lane == 0) mbar_arrive(empty(s));
-	};
+	auto a = [&](int s) { return sA(s) + 64 * w * GW_ROW_BYTES; }; // this warpgroup's rows of the stage
 	float acc[BN / 8][4];
 	int it = 0;
 	for (int t = blockIdx.x; t < total; t += gridDim.x) {
 		int g, row0, rowEnd, nt;
 		tile(t, g, row0, rowEnd, nt);
-#pragma unroll
-		for (int n = 0; n < BN / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-		for (int kt = 0; kt < ktiles; kt++, it++) {
-			const int s = it % STAGES;
-			if (!mbar_test(full(s), (it / STAGES) & 1)) {
-				// The stage is late: drain the wgmmas in flight first, so that
-				// the waiting (and its timeout's record) holds no accumulator
-				// of a running wgmma (else ptxas serializes them all, C7511).
-				wg_wait<0>();
-				if (!mbar_wait(full(s), (it / STAGES) & 1, status, GW_WAIT_FULL, it)) return;
-			}
-			if (GATHER) fence_async_shared(); // the producer's cp.async rows, seen by wgmma
-			__syncwarp();
-			wg_fence();
-#pragma unroll
-			for (int kk = 0; kk < GW_BK / 16; kk++)
-				Wgmma<BN>::ss(acc, sw128_desc(sA(s) + 64 * w * GW_ROW_BYTES + kk * 32, 16), sw128_desc(sB(s) + kk * 32, 16), 1);
-			wg_commit();
-			if (kt > 0) {
-				wg_wait<1>(); // the previous stage's wgmmas are done
-				release((it - 1) % STAGES);
-			}
-		}
-		wg_wait<0>();
-		keep(acc);
-		release((it - 1) % STAGES);
+		// With GATHER the fence makes the producer's cp.async rows seen by wgmma.
+		if (!hop_gemm_steps<BN, STAGES, GATHER>(acc, ring, it, ktiles, a, sB, status, GW_WAIT_FULL)) return;
 
 		// Epilogue: this thread's rows r and r + 8, columns 8n + 2·(lane%4)
 		// and the next of each 8-column slice n.

@@ -1,8 +1,9 @@
 // The Hopper building blocks (sm_90a only) of the fused set's warp-
-// specialized kernels, flash_hopper (hopper.cu), mla_hopper (mla_hopper.cu)
-// and group_wgmma (group_wgmma.cu): tensor maps and the copy engine's tensor copies,
-// mbarriers with a wait that gives up instead of hanging, and wgmma with
-// its shared-memory descriptors. Built on mma.cuh (smem_addr).
+// specialized kernels, flash_hopper (hopper.cu), mla_hopper (mla_hopper.cu),
+// group_wgmma (group_wgmma.cu) and linear_wgmma (linear_wgmma.cu): tensor
+// maps and the copy engine's tensor copies, mbarriers with a wait that gives
+// up instead of hanging, named barriers, stmatrix, and wgmma with its
+// shared-memory descriptors. Built on mma.cuh (smem_addr).
 
 #pragma once
 #include "mma.cuh"
@@ -108,6 +109,35 @@ __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk
 // read their shared memory (their writes to global memory complete by the
 // kernel's end).
 __device__ __forceinline__ void tma_store_wait() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+// --- named barriers and stmatrix ---------------------------------------------
+
+// bar_sync waits at named barrier id for threads threads (a multiple of 32,
+// whole warps); 0 is __syncthreads'.
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+	asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// bar_all is bar_sync that also reports whether ok held on every thread
+// that arrived: a decision the threads of a barrier then take together.
+__device__ __forceinline__ bool bar_all(int id, int threads, bool ok) {
+	unsigned all;
+	asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+	             : "=r"(all)
+	             : "r"((unsigned)ok), "r"(id), "r"(threads)
+	             : "memory");
+	return all != 0;
+}
+
+// stsm_x4 stores four 8×8 matrices of 16-bit elements to shared memory, each
+// in the mma C-fragment layout (thread t holds row t/4, elements 2(t%4) and
+// 2(t%4)+1, in r[i] for matrix i); lane l gives the address of row l%8 of
+// matrix l/8, 16 bytes.
+__device__ __forceinline__ void stsm_x4(unsigned addr, const unsigned (&r)[4]) {
+	asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+	             "r"(r[2]), "r"(r[3])
+	             : "memory");
+}
 
 // --- wgmma -----------------------------------------------------------------
 

@@ -23,7 +23,7 @@ func instances() []cudaset.Instances {
 		flashPrefillInstances(), flashDecodeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
 		groupGemmInstances(), linearInstances(),
-		hopperInstances(), mlaHopperInstances(), gwInstances(),
+		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(),
 	}
 }
 
@@ -177,6 +177,14 @@ func gwInstances() cudaset.Instances {
 	for _, c := range gwConfigs {
 		p, g, x := c.kernels()
 		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{p, g, x}, Args: []any{c.BN, c.Stages}})
+	}
+	return f
+}
+
+func lwInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
+	for _, c := range lwConfigs {
+		f.Kernels = append(f.Kernels, cudaset.Of(c.kernel(), c.BN, c.Stages))
 	}
 	return f
 }

@@ -36,7 +36,10 @@ const (
 )
 
 // Linear variants: "skinny", linear_skinny (weights streamed once, rows ≤
-// linMaxRows); "cublas", the shared cuBLAS addmm naive runs too. Without a
+// linMaxRows); "cublas", the shared cuBLAS addmm naive runs too; on sm_90a
+// linear_wgmma's instances for prefill's many rows (lwConfigs,
+// linear_wgmma.go), which run without a tuning choice only where
+// linWgmmaDefault says so (nowhere yet). Without a
 // tuning choice a shape runs skinny when it has at most linMaxRows rows and
 // at least linSkinnyBytes of weights: in infer bench linear
 // (bench/RESULTS.md, linear), skinny reads the big streams at
@@ -72,8 +75,15 @@ func parseLinearKey(s string) (linearKey, error) {
 	return k, nil
 }
 
-// linearDefault is the variant a problem runs without a tuning choice.
-func linearDefault(k linearKey) string {
+// linearDefault is the variant a problem runs without a tuning choice:
+// linWgmmaDefault from linWgmmaRows rows where it can run here, skinny for a
+// big weight stream of few rows, else cuBLAS.
+func (o *ops) linearDefault(k linearKey) string {
+	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
+		if _, ok := o.lw.runs(linWgmmaDefault); ok {
+			return linWgmmaDefault
+		}
+	}
 	if k.m <= linMaxRows && int64(k.n)*int64(k.k)*2 >= linSkinnyBytes {
 		return linSkinny
 	}
@@ -162,19 +172,25 @@ func (p linearPlan) String() string {
 }
 
 // Linear is out = x·wᵀ + bias: linear_skinny for the few rows of a decode
-// step, cuBLAS (cudaset.Addmm, the GEMM naive runs) for the rest, as the
-// tuning choice for the shape, or linearDefault, says. Both round as
-// torch's addmm (see linear.cu). skinny needs bf16 weights with K a
-// multiple of 8 and x's rows on 16-byte boundaries; a problem that has not
-// them runs cuBLAS.
+// step, linear_wgmma on sm_90a for prefill's many, cuBLAS (cudaset.Addmm,
+// the GEMM naive runs) for the rest, as the tuning choice for the shape, or
+// linearDefault, says. All round as torch's addmm (see linear.cu). skinny
+// needs bf16 weights with K a multiple of 8 and x's rows on 16-byte
+// boundaries, linear_wgmma bf16 out and every matrix's rows on 16-byte
+// boundaries (lwTakes); a problem that has not them runs cuBLAS.
 func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	kernels.CheckLinear(o.D.ActDType(), out, x, w, bias)
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	if m == 0 || n == 0 {
 		return
 	}
-	if o.linearFor(linearKey{m, n, k}) == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
+	v := o.linearFor(linearKey{m, n, k})
+	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
 		o.skinny(out, x, w, bias)
+		return
+	}
+	if c, ok := o.lw.runs(v); ok && o.lwTakes(out, x, w) {
+		o.linearWgmma(c, out, x, w, bias)
 		return
 	}
 	o.Addmm(out, x, w, bias)
@@ -242,5 +258,5 @@ func (o *ops) linearFor(k linearKey) string {
 	if v, ok := o.choice[choiceKey{kernels.OpLinear, k.String()}]; ok {
 		return v
 	}
-	return linearDefault(k)
+	return o.linearDefault(k)
 }

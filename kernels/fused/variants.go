@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
 // variant is one of fused's kernels for an op, as kbench lists it and the
@@ -47,7 +48,7 @@ type choiceKey struct {
 // mla_prefill's tilings and mla_hopper, mla_decode's three, the single
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets), and
-// linear_skinny and cuBLAS for linear.
+// linear_skinny, cuBLAS and linear_wgmma's instances for linear.
 var table = func() []variant {
 	var vs []variant
 	for _, c := range flashConfigs {
@@ -173,6 +174,15 @@ var table = func() []variant {
 	}}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
 		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
 	}})
+	for _, c := range lwConfigs {
+		vs = append(vs, variant{op: kernels.OpLinear, name: c.Variant, valid: lwValid(c), use: func(o *ops, key string) error {
+			if k, _ := parseLinearKey(key); k.k%cudaset.VecWidth != 0 {
+				return fmt.Errorf("linear_wgmma takes K a multiple of %d (rows on 16-byte boundaries), the key has %d", cudaset.VecWidth, k.k)
+			}
+			_, err := o.lw.config(c.Variant) // why linear_wgmma cannot run here, NVRTC's log included
+			return err
+		}})
+	}
 	return vs
 }()
 

@@ -282,9 +282,11 @@ func TestDryRun(t *testing.T) {
 	if seen != 2 {
 		t.Errorf("%d offers for %s among the defaults, want naive's and fused's", seen, f16)
 	}
-	// linear's first shape is 4096 rows: cuBLAS only.
-	if fusedLinear == nil || fusedLinear.Fallback != "" || len(fusedLinear.Variants) != 2 ||
-		fusedLinear.Variants[0].Valid() || !fusedLinear.Variants[1].Valid() {
+	// linear's first shape is 4096 rows: not skinny's; cuBLAS and
+	// linear_wgmma's two instances on sm_90a.
+	if fusedLinear == nil || fusedLinear.Fallback != "" || len(fusedLinear.Variants) != 4 ||
+		fusedLinear.Variants[0].Valid() || !fusedLinear.Variants[1].Valid() || !fusedLinear.Variants[2].Valid() ||
+		!fusedLinear.Variants[3].Valid() {
 		t.Errorf("fused linear offer: %+v", fusedLinear)
 	}
 	a100 := kernels.Targets["sm_80"]

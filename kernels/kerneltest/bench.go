@@ -121,11 +121,11 @@ func causalHalf(s kernels.Shape) float64 {
 
 var linearBench = &Bench{
 	Bound: "compute", Dims: []string{"M", "N", "K"},
-	Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in naive, and in fused beyond decode's few rows)",
-	Shapes: append([]kernels.Shape{
+	Doc: "out [M,N] = x [M,K] · w [N,K]ᵀ in bf16 (cuBLAS in naive; in fused linear_skinny for decode's few rows, " +
+		"cuBLAS or, by choice on sm_90a, linear_wgmma beyond)",
+	Shapes: append(append([]kernels.Shape{
 		sh("M", 4096, "N", 4096, "K", 4096), sh("M", 8192, "N", 8192, "K", 8192),
-		sh("M", 16384, "N", 37888, "K", 3584), // Qwen2-7B gate_up over W1's rows, a sixteenth
-	}, decodeLinearShapes()...),
+	}, prefillLinearShapes()...), decodeLinearShapes()...),
 	FLOPs: func(s kernels.Shape) float64 { return 2 * f(s, "M", "N", "K") },
 	Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")) },
 	Build: buildLinear,
@@ -139,6 +139,21 @@ func buildLinear(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 	outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n) })
 	return &Problem{Copies: c, Outs: outs[:1],
 		Run: func(o kernels.Ops, i int) { o.Linear(outs[i], xs[i], ws[i], nil) }}
+}
+
+// prefillLinearShapes are Qwen2-7B's projections over a prefill's rows:
+// qkv (N = 3,584 + 2·512), o, gate_up (N = 2·18,944) and down (K = 18,944)
+// at 16,384 rows (a sixteenth of W1's) and 10,816 (W1's prompt, 676 tokens,
+// over its batch of 16), the GEMMs prefill spends most of its time in. The
+// runs here have no bias (qkv's is one add per output).
+func prefillLinearShapes() []kernels.Shape {
+	var s []kernels.Shape
+	for _, m := range []int{16384, 10816} {
+		for _, p := range [][2]int{{4608, 3584}, {3584, 3584}, {37888, 3584}, {3584, 18944}} {
+			s = append(s, sh("M", m, "N", p[0], "K", p[1]))
+		}
+	}
+	return s
 }
 
 // decodeLinearShapes are the projections of one decode step at batch 16

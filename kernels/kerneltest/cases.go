@@ -64,7 +64,8 @@ func embeddingChecks(l *caseList) {
 }
 
 // linearChecks are pitched inputs and outputs, bias and f32 out, then every
-// row count of a decode step (decodeLinearCases).
+// row count of a decode step (decodeLinearCases) and prefill's projections
+// (prefillLinearCases).
 func linearChecks(l *caseList) {
 	for _, s := range []linearCase{
 		{n: 1, k: 64, m: 96},
@@ -82,6 +83,12 @@ func linearChecks(l *caseList) {
 		for _, w := range l.wdts {
 			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w,
 				run: func(e *env) { linear(e, s) }, long: s.n*s.k*s.m > 1<<24})
+		}
+	}
+	for _, s := range prefillLinearCases() {
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w,
+				run: func(e *env) { linear(e, s) }, long: s.n*s.k*s.m > 1<<30})
 		}
 	}
 }
@@ -382,6 +389,25 @@ func decodeLinearCases() []linearCase {
 		linearCase{n: 13, k: 520, m: 34000, f32Out: true},                // waves of whole columns, the rest split
 		linearCase{n: 1, k: 3584, m: 640, bias: true, f32Out: true},      // a 1-row lm_head-like f32 out
 	)
+}
+
+// prefillLinearCases are the projections of a prefill, hundreds of rows:
+// M, N and K multiples of no GEMM tile (300 rows, 1,000 features, 520
+// inputs: 2.3 m-tiles of 128, 3.9 n-tiles of 256, 8.1 k-steps of 64), then
+// Qwen2-7B's qkv (with its bias), o, gate_up and down with the model's
+// features and inputs divided by 8 (gate_up's by 16) over 677 rows, and its
+// qkv and down whole at 1,000 rows (long: GPUs only). The cpu set takes
+// a fraction of a second over the others.
+func prefillLinearCases() []linearCase {
+	return []linearCase{
+		{n: 300, k: 520, m: 1000, bias: true},
+		{n: 677, k: 3584 / 8, m: (3584 + 2*512) / 8, bias: true},             // qkv
+		{n: 677, k: 3584 / 8, m: 3584 / 8, pitchedX: true, pitchedOut: true}, // o_proj, x a column slice
+		{n: 677, k: 3584 / 8, m: 2 * 18944 / 16},                             // gate_up
+		{n: 677, k: 18944 / 16, m: 3584 / 8, pitchedOut: true},               // down
+		{n: 1000, k: 3584, m: 3584 + 2*512, bias: true},                      // qkv whole
+		{n: 1000, k: 18944, m: 3584},                                         // down whole
+	}
 }
 
 // Column slices are taken at these offsets of wider matrices.

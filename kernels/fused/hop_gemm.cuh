@@ -1,0 +1,93 @@
+// What the Hopper GEMMs share (sm_90a only): group_wgmma (group_wgmma.cu,
+// the MoE's grouped GEMM) and linear_wgmma (linear_wgmma.cu, prefill's
+// dense linear). Both are a producer warpgroup filling a ring of stages, each
+// a 128-row tile of A and a BN-row tile of B of HG_BK k, 128-byte swizzled,
+// and two consumer warpgroups of 64 rows each that multiply them by wgmma:
+// HopRing is the ring's barriers and phases, hop_gemm_steps one tile's
+// k-steps on a consumer.
+
+#pragma once
+#include "hopper.cuh"
+
+#define HG_BK 64        // k of a stage: one 128-byte swizzle row of bf16
+#define HG_ROW_BYTES 128 // bytes of a stage row
+#define HG_CONSUMERS 2  // consumer warpgroups, 64 rows of a tile each
+
+// HopRing is a ring of STAGES stages between one producer and the consumer
+// warps. K-steps are counted over all of a block's tiles, on both sides
+// alike: step it uses stage it % STAGES, in phase it / STAGES. full(s)
+// completes when the stage's copies have landed (the copy engine's bytes,
+// and any arrivals the producer adds), empty(s) when every consumer warp is
+// done reading it.
+template <int STAGES> struct HopRing {
+	unsigned long long* bars; // 2·STAGES mbarriers in shared memory
+
+	__device__ unsigned full(int s) const { return smem_addr(&bars[s]); }
+	__device__ unsigned empty(int s) const { return smem_addr(&bars[STAGES + s]); }
+	__device__ static int stage(int it) { return it % STAGES; }
+	__device__ static unsigned parity(int it) { return (it / STAGES) & 1; }
+
+	// init, by one thread before a barrier of the block: full expecting
+	// fullArrivals arrivals a phase, empty one from each of consumerWarps.
+	__device__ void init(unsigned fullArrivals, unsigned consumerWarps) const {
+		for (int s = 0; s < STAGES; s++) {
+			mbar_init(full(s), fullArrivals);
+			mbar_init(empty(s), consumerWarps);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+
+	// acquire is the producer's wait for step it's stage to be free (the
+	// first STAGES steps find it so); false when the wait gave up.
+	__device__ bool acquire(int it, int* status, int code) const {
+		return it < STAGES || mbar_wait(empty(stage(it)), parity(it) ^ 1, status, code, it);
+	}
+
+	// release is a consumer warp's arrival on stage s's empty barrier once
+	// its wgmmas no longer read it.
+	__device__ void release(int s) const {
+		__syncwarp();
+		if ((threadIdx.x & 31) == 0) mbar_arrive(empty(s));
+	}
+};
+
+// hop_gemm_steps is a consumer warpgroup's k-steps of one tile: ktiles
+// steps from the block's step it (advanced past them), each HG_BK/16
+// wgmma m64nBNk16 into acc of its 64 rows of A at a(s) and the BN rows of B
+// at b(s) (shared addresses of stage s, both operands K-major, 128-byte
+// swizzled). One step's wgmmas stay in flight while the next step's are
+// issued; a stage is released once the wgmmas after it have been waited
+// for, the last when all are done. FENCE orders operands the producer's
+// threads copied (cp.async) before wgmma reads them. It returns false when
+// a wait gave up (recorded in status with code).
+template <int BN, int STAGES, bool FENCE, typename A, typename B>
+__device__ __forceinline__ bool hop_gemm_steps(float (&acc)[BN / 8][4], const HopRing<STAGES>& ring, int& it, int ktiles, A a,
+                                               B b, int* status, int code) {
+#pragma unroll
+	for (int n = 0; n < BN / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+	for (int kt = 0; kt < ktiles; kt++, it++) {
+		const int s = ring.stage(it);
+		if (!mbar_test(ring.full(s), ring.parity(it))) {
+			// The stage is late: drain the wgmmas in flight first, so that
+			// the waiting (and its timeout's record) holds no accumulator
+			// of a running wgmma (else ptxas serializes them all, C7511).
+			wg_wait<0>();
+			if (!mbar_wait(ring.full(s), ring.parity(it), status, code, it)) return false;
+		}
+		if (FENCE) fence_async_shared();
+		__syncwarp();
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < HG_BK / 16; kk++)
+			Wgmma<BN>::ss(acc, sw128_desc(a(s) + kk * 32, 16), sw128_desc(b(s) + kk * 32, 16), 1);
+		wg_commit();
+		if (kt > 0) {
+			wg_wait<1>(); // the previous step's wgmmas are done
+			ring.release(ring.stage(it - 1));
+		}
+	}
+	wg_wait<0>();
+	keep(acc);
+	if (ktiles > 0) ring.release(ring.stage(it - 1));
+	return true;
+}

@@ -1,0 +1,239 @@
+// linear_wgmma: out = x·wᵀ + bias for prefill's many rows on Hopper (sm_90a
+// only: wgmma, setmaxnreg, stmatrix and the copy engine's tensor copies),
+// the "wgmma" variants of linear. Rounding as torch's addmm and cuBLAS with
+// beta = 1 over bf16 bias rows (naive's Linear): the sum in f32, the bias
+// in bf16 (the host rounds any other bias into a bf16 copy, as those rows
+// are), out = round(acc + bias) once.
+//
+// Operands (pitches in elements, each a multiple of 8, every matrix on a
+// 16-byte boundary: what the tensor maps need):
+//   xmap  x bf16 [M, K], box {64, LW_BM}
+//   wmap  w bf16 [N, K], box {64, BN}
+//   omap  out bf16 [M, N], box {LW_BOX, 64}
+//   all three with the 128-byte swizzle; elements past a map's bounds read
+//   as zeros and are not written.
+//   bias bf16 [N], or null for none, on a 4-byte boundary and readable up to
+//   an even length (read in pairs); group ≥ 1.
+//
+// Persistent blocks (one an SM) of three warpgroups walk the output tiles t
+// = blockIdx.x, + gridDim.x, ... in LwTiles's order: swaths of `group`
+// m-tiles, m-tile fastest within a swath, so that the blocks running at
+// once share about group m-tiles of x and SMs/group n-tiles of w in L2
+// (n-fastest, group_wgmma's order, would stream all of w once per m-tile).
+//   - warpgroup 0, the producer (setmaxnreg down to LW_PRODUCER_REGS): one
+//     thread fills a ring of STAGES stages (hop_gemm.cuh's HopRing), each
+//     LW_BM rows of x and BN rows of w over HG_BK k, by two tensor copies.
+//     K's tail, rows past M and columns past N come in as zeros.
+//   - warpgroups 1 and 2, the consumers (setmaxnreg up to
+//     LW_CONSUMER_REGS), own 64 rows of the tile each and all BN columns:
+//     hop_gemm_steps, four wgmma m64nBNk16 a stage, one stage in flight
+//     while the next is issued. The epilogue E turns the accumulators into
+//     output columns 8 at a time; stmatrix puts them into one of the
+//     warpgroup's LW_OUT_BUFS boxes of 64 rows × LW_BOX columns in the
+//     layout the tensor copies swizzle, and one thread stores each box by a
+//     tensor copy, which runs on while the warpgroup fills the next box and
+//     starts the next tile's wgmmas (the producer has its stages loaded
+//     meanwhile). Before a box is written, its buffer's last store must
+//     have read it: thread 0 waits for the stores before the barrier that
+//     precedes each store, so the store of box b overlaps the filling of b+1.
+//
+// The epilogue is a type, chosen when the kernel is instantiated:
+//   E::COLS      the output columns of a tile (a multiple of LW_BOX);
+//   e.load(col0, lane)  before a tile's k-steps, whose first output column
+//                is col0: loads what frag needs of this thread's columns
+//                into registers, so that the loads land under the wgmmas;
+//   e.frag(acc, j, row, col, lo, hi)  output 8-column block j of the tile
+//                as this thread's bf16 pairs: columns col and col + 1
+//                (global) of rows row (lo) and row + 8 (hi).
+// LwPlain adds the bias. A SwiGLU epilogue (COLS = BN/2) takes block j from
+// the gate and up accumulators of the same columns: acc[j] and
+// acc[j + BN/16] where the producer loads a stage's w as two boxes of BN/2
+// rows, gate rows then up rows (group_wgmma's way: w as HF stacks it), or
+// acc[2j] and acc[2j+1] for gate and up rows interleaved 8 by 8 at load
+// time. A residual add would read out's old values.
+//
+// A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
+// (LW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
+// down instead of hanging.
+
+#include "hop_gemm.cuh"
+#include "instances.cuh"
+
+#define LW_BM (64 * HG_CONSUMERS) // rows of a tile
+#define LW_THREADS (128 * (1 + HG_CONSUMERS))
+#define LW_PRODUCER_REGS 40       // setmaxnreg of the producer warpgroup
+#define LW_CONSUMER_REGS 232      // and of the consumers
+#define LW_BOX 64                 // columns of an output box: 128 bytes of bf16, the swizzle's span
+#define LW_OUT_BUFS 2             // output boxes a consumer warpgroup stages at once
+#define LW_WG_BAR 1               // named barrier of consumer warpgroup w: LW_WG_BAR + w
+// Within the registers the block is launched with (hop_attention.cuh says why).
+static_assert(LW_PRODUCER_REGS * 128 + LW_CONSUMER_REGS * 128 * HG_CONSUMERS <= 65536 / LW_THREADS / 8 * 8 * LW_THREADS,
+              "setmaxnreg asks for more registers than the block has");
+
+// Codes of status[0] when a wait timed out.
+#define LW_WAIT_FULL 1
+#define LW_WAIT_EMPTY 2
+
+// LwLayout is the shared memory of linear_wgmma<BN, STAGES, E>: per stage
+// the x tile (LW_BM rows) then the w tile (BN rows), rows of 128 bytes;
+// then each consumer's output boxes.
+template <int BN, int STAGES> struct LwLayout {
+	static constexpr int A_BYTES = LW_BM * HG_ROW_BYTES;
+	static constexpr int B_BYTES = BN * HG_ROW_BYTES;
+	static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+	static constexpr int OUT = STAGES * STAGE_BYTES;  // the first output box
+	static constexpr int OUT_BYTES = 64 * LW_BOX * 2; // a box: a consumer's 64 rows
+	static constexpr int ALIGN = 1024;                // the 128-byte swizzle's period; the dynamic base is rounded up to it
+	static constexpr int SMEM = OUT + HG_CONSUMERS * LW_OUT_BUFS * OUT_BYTES + ALIGN;
+};
+
+// LwTiles numbers the output tiles of mtiles × ntiles in swaths of group
+// m-tiles (the last swath may have fewer), each walked m-tile fastest,
+// then n-tile by n-tile.
+struct LwTiles {
+	int mtiles, ntiles, group;
+
+	__device__ int total() const { return mtiles * ntiles; }
+
+	__device__ void at(int t, int& mt, int& nt) const {
+		const int per = group * ntiles; // tiles of a full swath
+		const int sw = t / per, in = t - sw * per;
+		const int rows = min(group, mtiles - sw * group);
+		nt = in / rows;
+		mt = sw * group + in - nt * rows;
+	}
+};
+
+// LwPlain is the plain epilogue of tiles of BN columns: out = acc + bias,
+// rounded once; no bias when bias is null. A thread's bias pairs (one
+// register of two bf16 per 8-column block: 32 at BN = 256) are loaded with
+// the tile and first read in its epilogue, so the loads land under the
+// wgmmas; columns past N take zeros (the tensor stores leave them).
+template <int BN> struct LwPlain {
+	static constexpr int COLS = BN;
+	const unsigned* bias; // bf16 pairs
+	int N;
+	unsigned b[BN / 8]; // bias[col], bias[col + 1] of block j
+
+	__device__ __forceinline__ void load(int col0, int lane) {
+		if (!bias) return;
+#pragma unroll
+		for (int j = 0; j < BN / 8; j++) {
+			const int col = col0 + 8 * j + 2 * (lane & 3);
+			b[j] = col < N ? __ldg(bias + col / 2) : 0u;
+		}
+	}
+
+	template <int NB>
+	__device__ __forceinline__ void frag(const float (&acc)[NB][4], int j, int, int, unsigned& lo, unsigned& hi) const {
+		float b0 = 0.0f, b1 = 0.0f;
+		if (bias) {
+			b0 = __uint_as_float(b[j] << 16); // the pair widened to f32: the low bf16, then the high
+			b1 = __uint_as_float(b[j] & 0xffff0000u);
+		}
+		lo = pack2(acc[j][0] + b0, acc[j][1] + b1);
+		hi = pack2(acc[j][2] + b0, acc[j][3] + b1);
+	}
+};
+
+// linear_wgmma: see the top of this file. Launch: a persistent grid (at most
+// one block an SM, at most the tiles), LW_THREADS threads,
+// LwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
+template <int BN, int STAGES, typename E>
+__device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* wmap, const TmaMap* omap, E epi, int M, int N,
+                                             int K, int group, int* status) {
+	typedef LwLayout<BN, STAGES> L;
+	constexpr int OUT_COLS = E::COLS;
+	static_assert(OUT_COLS % LW_BOX == 0, "a tile's output is whole boxes");
+	extern __shared__ unsigned char smem_raw[];
+	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
+
+	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
+	auto sA = [&](int s) { return base + s * L::STAGE_BYTES; };
+	auto sB = [&](int s) { return base + s * L::STAGE_BYTES + L::A_BYTES; };
+	auto sOut = [&](int w, int b) { return base + L::OUT + (w * LW_OUT_BUFS + b) * L::OUT_BYTES; };
+	const HopRing<STAGES> ring{bars};
+
+	// full: the expect_tx arrival; empty: one arrival per consumer warp.
+	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4);
+	__syncthreads();
+
+	const LwTiles tiles{(M + LW_BM - 1) / LW_BM, (N + BN - 1) / BN, group};
+	const int total = tiles.total();
+	const int ktiles = (K + HG_BK - 1) / HG_BK;
+	const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+	if (wg == 0) {
+		// The producer: one thread issues every copy.
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(LW_PRODUCER_REGS));
+		if (tid != 0) return;
+		int it = 0; // k-steps issued so far, over all of this block's tiles
+		for (int t = blockIdx.x; t < total; t += gridDim.x) {
+			int mt, nt;
+			tiles.at(t, mt, nt);
+			for (int kt = 0; kt < ktiles; kt++, it++) {
+				const int s = ring.stage(it);
+				if (!ring.acquire(it, status, LW_WAIT_EMPTY)) return;
+				const unsigned full = ring.full(s);
+				mbar_expect_tx(full, L::STAGE_BYTES);
+				tma_load_2d(sA(s), xmap, full, kt * HG_BK, mt * LW_BM);
+				tma_load_2d(sB(s), wmap, full, kt * HG_BK, nt * BN);
+			}
+		}
+		return;
+	}
+
+	// A consumer: warpgroup w owns the tile's rows [64w, 64w+64), warp wi
+	// of it 16 of them, this thread rows lane/4 and lane/4 + 8 of those.
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(LW_CONSUMER_REGS));
+	const int w = wg - 1, wi = tid / 32, lane = tid % 32;
+	auto a = [&](int s) { return sA(s) + 64 * w * HG_ROW_BYTES; }; // this warpgroup's rows of the stage
+	// The row of a box whose address this lane gives to stmatrix (lanes
+	// 8i..8i+7 give matrix i's rows: i odd the lower 8 of the warp's 16),
+	// and the 16-byte chunk (of the pair 2p, 2p+1) it falls in.
+	const int srow = 16 * wi + 8 * ((lane >> 3) & 1) + (lane & 7), schunk = lane >> 4;
+	float acc[BN / 8][4];
+	int it = 0, box = 0;
+	for (int t = blockIdx.x; t < total; t += gridDim.x) {
+		int mt, nt;
+		tiles.at(t, mt, nt);
+		const int row = mt * LW_BM + 64 * w, col0 = nt * OUT_COLS; // the warpgroup's first row, the tile's first column
+		epi.load(col0, lane);
+		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, LW_WAIT_FULL);
+		if (!bar_all(LW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
+
+		// Epilogue: the warpgroup's 64 rows from row, in boxes of LW_BOX
+		// output columns.
+#pragma unroll
+		for (int c = 0; c < OUT_COLS / LW_BOX; c++) {
+			const unsigned buf = sOut(w, box % LW_OUT_BUFS);
+#pragma unroll
+			for (int p = 0; p < LW_BOX / 16; p++) {
+				const int j = c * (LW_BOX / 8) + 2 * p; // output blocks j and j + 1
+				const int col = col0 + 8 * j + 2 * (lane & 3);
+				unsigned r[4];
+				epi.frag(acc, j, row + 16 * wi + lane / 4, col, r[0], r[1]);
+				epi.frag(acc, j + 1, row + 16 * wi + lane / 4, col + 8, r[2], r[3]);
+				stsm_x4(buf + srow * HG_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
+			}
+			fence_async_shared();
+			if (tid == 0) tma_store_wait(); // the earlier boxes are read: the next box's buffer is free
+			bar_sync(LW_WG_BAR + w, 128);
+			if (tid == 0) {
+				tma_store_2d(omap, buf, col0 + c * LW_BOX, row);
+				tma_store_commit();
+			}
+			box++;
+		}
+	}
+	if (tid == 0) tma_store_wait(); // shared memory outlives the stores' reads
+}
+
+// The instances (named as in linear_wgmma.go's lwConfigs): tiles of BN
+// columns through STAGES stages, the plain epilogue.
+#define LINEAR_WGMMA(NAME, BN, ST)                                                                                        \
+	extern "C" __global__ void __launch_bounds__(LW_THREADS, 1)                                                           \
+	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap omap, \
+	         const unsigned* bias, int M, int N, int K, int group, int* status) {                                          \
+		linear_wgmma<BN, ST>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                         \
+	}
+LINEAR_WGMMA_INSTANCES(LINEAR_WGMMA)
