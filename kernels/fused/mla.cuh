@@ -116,7 +116,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 		for (int i = tid; i < MLK_BN * T::CHUNKS; i += THREADS) {
 			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = j * MLK_BN + r;
 			const bool ok = key < nkeys;
-			if (early && key == newAt) continue;
+			if (early && ok && key == newAt) continue;
 			const bf16* src = !ok ? keys : key == newAt ? kNew + c * 8 : keys + (long long)key * W + c * 8;
 			cp16(T::at(dst, r, c), src, ok);
 		}
