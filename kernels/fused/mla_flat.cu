@@ -42,6 +42,7 @@
 #define QL_MAX_DN 256                 // the most nope dims mla_qlat takes (4 weight rows a thread)
 #define MO_ROWS 16                    // output dims of a mla_out block: 4 a warp
 #define MO_MAX_R 512                  // the largest rank mla_out takes (two 16-byte chunks a lane)
+#define MO_MAX_P 128                  // the most clusters a row mla_out merges: one a thread
 
 __device__ __forceinline__ unsigned cluster_rank() {
 	unsigned r;
@@ -210,16 +211,17 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		const unsigned at = smem_addr(rowStat + 2 * ((lane >> 2) + 8 * i));
+		float2 ml[MLF_CLUSTER]; // every load in flight at once
+#pragma unroll
+		for (int q = 0; q < MLF_CLUSTER; q++) ml[q] = ld_cluster2(cluster_at(at, q));
 		M[i] = NEG_INF;
-		for (int q = 0; q < MLF_CLUSTER; q++) {
-			const float2 ml = ld_cluster2(cluster_at(at, q));
-			if (ml.y > 0.0f) M[i] = fmaxf(M[i], ml.x);
-		}
+#pragma unroll
+		for (int q = 0; q < MLF_CLUSTER; q++)
+			if (ml[q].y > 0.0f) M[i] = fmaxf(M[i], ml[q].x);
 		L[i] = 0.0f;
-		for (int q = 0; q < MLF_CLUSTER; q++) {
-			const float2 ml = ld_cluster2(cluster_at(at, q));
-			if (ml.y > 0.0f) L[i] += ml.y * exp2f(ml.x - M[i]);
-		}
+#pragma unroll
+		for (int q = 0; q < MLF_CLUSTER; q++)
+			if (ml[q].y > 0.0f) L[i] += ml[q].y * exp2f(ml[q].x - M[i]);
 		f[i] = l[i] > 0.0f ? exp2f(mine[i] - M[i]) : 0.0f;
 	}
 
@@ -246,13 +248,16 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	for (int i = tid; i < heads * (SLICE / 4); i += Tiles::THREADS) {
 		const int r = i / (SLICE / 4), d = rank * SLICE + 4 * (i - r * (SLICE / 4));
 		const unsigned at = smem_addr(ob + r * OP + d);
-		float4 v = ld_cluster4(cluster_at(at, 0));
+		float4 x[MLF_CLUSTER]; // every load in flight at once
+#pragma unroll
+		for (int q = 0; q < MLF_CLUSTER; q++) x[q] = ld_cluster4(cluster_at(at, q));
+		float4 v = x[0];
+#pragma unroll
 		for (int q = 1; q < MLF_CLUSTER; q++) {
-			const float4 x = ld_cluster4(cluster_at(at, q));
-			v.x += x.x;
-			v.y += x.y;
-			v.z += x.z;
-			v.w += x.w;
+			v.x += x[q].x;
+			v.y += x[q].y;
+			v.z += x[q].z;
+			v.w += x[q].w;
 		}
 		*reinterpret_cast<float4*>(part + (((long long)b * heads + r) * P + cl) * R + d) = v;
 	}
@@ -283,11 +288,13 @@ MLA_FLAT_INSTANCES(MLA_FLAT)
 // rounded to bf16. Each warp takes 4 of the block's MO_ROWS output dims, a
 // lane two 16-byte chunks of each of their W_UV rows.
 //   out bf16 [B, heads·DV], pitch op; part, stats: mla_flat's; w: kv_b_proj.
-//   R ≤ MO_MAX_R, a multiple of 8.
+//   R ≤ MO_MAX_R, a multiple of 8; P ≤ MO_MAX_P.
 // Launch: grid (heads, ceil(DV / MO_ROWS), B), 128 threads.
 extern "C" __global__ void __launch_bounds__(128) mla_out(bf16* out, int op, const float* part, const float* stats,
                                                           const bf16* w, int dn, int dv, int R, int heads, int P) {
 	__shared__ __align__(16) float ol[MO_MAX_R];
+	__shared__ float wts[MO_MAX_P]; // each cluster's weight
+	__shared__ float red[4];        // the warps' max, then their sums
 	const int h = blockIdx.x, d0 = blockIdx.y * MO_ROWS, b = blockIdx.z;
 	const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
 	const bf16* wv = w + ((long long)h * (dn + dv) + dn) * R;
@@ -305,21 +312,31 @@ extern "C" __global__ void __launch_bounds__(128) mla_out(bf16* out, int op, con
 	}
 	grid_wait();
 	grid_release();
+	// Each cluster's weight 2^(M_p − M), M the max over the clusters that
+	// saw keys (0 for the others), the stats loaded at once, a thread a
+	// cluster; then o_lat = Σ_p part_p·w_p / Σ_p L_p·w_p, p in order.
 	const long long bh = (long long)b * heads + h;
-	const float* st = stats + bh * P * 2;
-	float M = NEG_INF;
-	for (int p = 0; p < P; p++)
-		if (st[2 * p + 1] > 0.0f) M = fmaxf(M, st[2 * p]);
-	float L = 0.0f;
-	for (int p = 0; p < P; p++)
-		if (st[2 * p + 1] > 0.0f) L += st[2 * p + 1] * exp2f(st[2 * p] - M);
-	const float inv = 1.0f / L;
+	float2 ml = make_float2(NEG_INF, 0.0f);
+	if (t < P) ml = *reinterpret_cast<const float2*>(stats + (bh * P + t) * 2);
+	const bool seen = ml.y > 0.0f;
+	float M = warp_reduce<MaxOp>(seen ? ml.x : NEG_INF);
+	if (lane == 0) red[warp] = M;
+	__syncthreads();
+	M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+	const float wt = seen ? exp2f(ml.x - M) : 0.0f;
+	if (t < P) wts[t] = wt;
+	float L = warp_reduce<SumOp>(ml.y * wt);
+	__syncthreads(); // every warp has read red
+	if (lane == 0) red[warp] = L;
+	__syncthreads();
+	const float inv = 1.0f / (red[0] + red[1] + red[2] + red[3]);
+	const float* pp = part + bh * P * R;
 	for (int d = 4 * t; d < R; d += 4 * blockDim.x) {
 		float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
 		for (int p = 0; p < P; p++) {
-			if (!(st[2 * p + 1] > 0.0f)) continue;
-			const float s = exp2f(st[2 * p] - M);
-			const float4 x = *reinterpret_cast<const float4*>(part + (bh * P + p) * R + d);
+			const float s = wts[p];
+			const float4 x = *reinterpret_cast<const float4*>(pp + (long long)p * R + d);
 			acc.x = fmaf(x.x, s, acc.x);
 			acc.y = fmaf(x.y, s, acc.y);
 			acc.z = fmaf(x.z, s, acc.z);

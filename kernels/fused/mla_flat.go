@@ -24,8 +24,8 @@ const (
 	mlfExtra = 16 * 8
 	// Limits of mla_qlat and mla_out: QL_COLS, QL_ROWS, QL_MAX_DN,
 	// MO_ROWS and MO_MAX_R.
-	qlCols, qlRows, qlMaxNope = 32, 8, 256
-	moRows, moMaxRank         = 16, 512
+	qlCols, qlRows, qlMaxNope      = 32, 8, 256
+	moRows, moMaxRank, moMaxPerRow = 16, 512, 128
 )
 
 func mlaFlatKernel(d mlaLatent, stages int) string {
@@ -128,7 +128,7 @@ func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
 	stages := mlaFlatStages(d, o.D.Props().MaxSharedPerSM)
 	kernel, shared := mlaFlatKernel(d, stages), mlaFlatShared(d, stages)
 
-	perRow := max(1, o.mlaFlat.clusters[kernel]/b.Rows) // clusters a row
+	perRow := min(moMaxPerRow, max(1, o.mlaFlat.clusters[kernel]/b.Rows)) // clusters a row
 	o.mlaFlatLaunch(a, kernel, shared, perRow, o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r),
 		o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r), o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2))
 }
