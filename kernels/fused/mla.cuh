@@ -76,10 +76,11 @@ __device__ __forceinline__ void mla_split_out(const float (&o)[NO][4], int i, fl
 // dims (mla_keys.cu says why). Shared memory, from smem: the 16 query rows,
 // STAGES stages of MLK_BN rows (Tile<R+DR>), then MLK_EXTRA bytes.
 //
-// Its user queues the queries (loadQ) and the first STAGES-1 tiles (load),
-// each tile its own cp.async group and the queries in one of them or after
-// them, then calls run, which waits for all of those before the first tile
-// and keeps STAGES-1 tiles in flight from then on.
+// Its user queues the queries (loadQ) and the first tiles (load), up to
+// STAGES of them, each its own cp.async group and the queries in one of
+// them or after them, then calls run with the count queued; run waits for
+// all of those before the first tile and keeps STAGES-1 tiles in flight
+// from then on.
 template <int R, int DR, int STAGES> struct MlaKeyTiles {
 	static_assert(STAGES >= 2, "a tile computed while the next loads");
 	static_assert(MLK_BN == DEC_WARPS * 8, "each warp scores one n-tile of 8 keys");
@@ -144,7 +145,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 	// run accumulates the split into o (this warp's dims of o_lat,
 	// unnormalised) and st (each row's max; this thread's share of its sum),
 	// and returns with every cp.async group done and the stages free.
-	__device__ void run(float (&o)[2 * DPW][4], RowState (&st)[2], float scale_log2) const {
+	__device__ void run(float (&o)[2 * DPW][4], RowState (&st)[2], float scale_log2, int queued) const {
 		const int kw = warp * 8, dp0 = warp * DPW, ntiles = tiles();
 #pragma unroll
 		for (int d = 0; d < 2 * DPW; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -158,7 +159,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 			else
 				cp_wait<STAGES - 2>();
 			__syncthreads();
-			if (j + STAGES - 1 < ntiles) load(j + STAGES - 1);
+			if (j + STAGES - 1 < ntiles && j + STAGES - 1 >= queued) load(j + STAGES - 1);
 			cp_commit();
 			const unsigned kT = stage(j % STAGES);
 

@@ -176,9 +176,10 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	const bf16* kNew = kn + (long long)b * kp;
 	const Tiles tiles(smem, row + (long long)k0 * W, kNew, nkeys, newAt);
 
-	// Under the kernel before: the cached positions of the first tiles.
+	// Under the kernel before: the cached positions of the first tiles, a
+	// tile a stage (a short split, all of it).
 #pragma unroll
-	for (int j = 0; j < STAGES - 1; j++) {
+	for (int j = 0; j < STAGES; j++) {
 		if (j < tiles.tiles()) tiles.load(j, true);
 		cp_commit();
 	}
@@ -187,13 +188,13 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	if (newAt >= 0 && newAt < nkeys) {
 		for (int i = tid; i < W / 8; i += Tiles::THREADS)
 			*reinterpret_cast<uint4*>(row + (long long)(len - 1) * W + i * 8) = *reinterpret_cast<const uint4*>(kNew + i * 8);
-		if (newAt < (STAGES - 1) * MLK_BN) tiles.newRow(newAt / MLK_BN);
+		if (newAt < STAGES * MLK_BN) tiles.newRow(newAt / MLK_BN);
 	}
 	tiles.loadQ(qlat + (long long)b * heads * R, qpe + (long long)b * qp, qhs, heads);
 	cp_commit();
 	float o[2 * DPW][4];
 	RowState st[2];
-	tiles.run(o, st, scale_log2);
+	tiles.run(o, st, scale_log2, STAGES);
 	float l[2];
 	tiles.sums(st, l);
 

@@ -67,7 +67,7 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	}
 	float o[2 * Tiles::DPW][4];
 	RowState st[2];
-	tiles.run(o, st, scale_log2);
+	tiles.run(o, st, scale_log2, STAGES - 1);
 	float l[2];
 	tiles.sums(st, l);
 	// Every warp holds the rows' max and its dims' sums; each writes its dims.
