@@ -274,9 +274,9 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	cluster_sync(); // no block leaves while another reads its shared memory
 }
 
-// mla_flat_r<R>_p<DR>_s<STAGES>: two blocks an SM, as mla_decode_keys.
+// mla_flat_r<R>_p<DR>_s<STAGES>.
 #define MLA_FLAT(NAME, R, DR, S)                                                                                   \
-	extern "C" __global__ void __cluster_dims__(MLF_CLUSTER, 1, 1) __launch_bounds__(DEC_WARPS * 32, 2) NAME(      \
+	extern "C" __global__ void __cluster_dims__(MLF_CLUSTER, 1, 1) __launch_bounds__(DEC_WARPS * 32) NAME(         \
 	    float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn, int kp,       \
 	    bf16* cache, const int* past, int heads, int maxSeq, float scale_log2) {                                    \
 		mla_flat<R, DR, S>(part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, scale_log2);         \

@@ -2,7 +2,9 @@ package fused
 
 import (
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -37,11 +39,12 @@ func mlaFlatKernel(d mlaLatent, stages int) string {
 func mlaFlatShared(d mlaLatent, stages int) int { return mlaKeysShared(d, stages) + mlfExtra }
 
 // mlaFlatStages is mla_flat's stage count on a device of perSM bytes of
-// shared memory per SM: the most for which two blocks fit an SM, else the
-// fewest.
+// shared memory per SM: the most that one block an SM holds, so that a
+// split's tiles are in flight at once (two blocks an SM of fewer stages
+// ran slower: bench/RESULTS.md), else the fewest.
 func mlaFlatStages(d mlaLatent, perSM int) int {
 	for _, s := range slices.Backward(mlaKeysStageCounts) {
-		if mlkBlocksPerSM*(mlaFlatShared(d, s)+blockReserve) <= perSM {
+		if mlaFlatShared(d, s)+blockReserve <= perSM {
 			return s
 		}
 	}
@@ -129,6 +132,9 @@ func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
 	kernel, shared := mlaFlatKernel(d, stages), mlaFlatShared(d, stages)
 
 	perRow := min(moMaxPerRow, max(1, o.mlaFlat.clusters[kernel]/b.Rows)) // clusters a row
+	if v, err := strconv.Atoi(os.Getenv("FUSELM_FLAT_CLUSTERS")); err == nil && v > 0 {
+		perRow = min(moMaxPerRow, v)
+	}
 	o.mlaFlatLaunch(a, kernel, shared, perRow, o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r),
 		o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r), o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2))
 }
