@@ -2,9 +2,7 @@ package fused
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -132,9 +130,6 @@ func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
 	kernel, shared := mlaFlatKernel(d, stages), mlaFlatShared(d, stages)
 
 	perRow := min(moMaxPerRow, max(1, o.mlaFlat.clusters[kernel]/b.Rows)) // clusters a row
-	if v, err := strconv.Atoi(os.Getenv("FUSELM_FLAT_CLUSTERS")); err == nil && v > 0 {
-		perRow = min(moMaxPerRow, v)
-	}
 	o.mlaFlatLaunch(a, kernel, shared, perRow, o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r),
 		o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r), o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2))
 }
