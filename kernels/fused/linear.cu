@@ -69,18 +69,6 @@ __device__ __forceinline__ void lin_prefetch(const bf16* p) {
 	asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
-// lin_prefetch_row asks L2 for bytes (a multiple of 16) of a weight row
-// from p (16-byte aligned): on sm_90 one bulk prefetch by the copy engine,
-// before it a line by each of a row's four lanes (t) of the first
-// LIN_PREFETCH stages.
-__device__ __forceinline__ void lin_prefetch_row(const bf16* p, int bytes, int t) {
-#if __CUDA_ARCH__ >= 900
-	if (t == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-	if (64 * t * 2 < bytes) lin_prefetch(p + 64 * t);
-#endif
-}
-
 __device__ __forceinline__ uint4 lin_lds(const bf16* p) {
 	uint4 v;
 	const unsigned a = (unsigned)__cvta_generic_to_shared(p);
@@ -185,15 +173,15 @@ __device__ __forceinline__ void linear_skinny(TO* out, int op, const bf16* x, in
 
 	const int stages = (ke - kb + LIN_STAGE - 1) / LIN_STAGE;
 	// Launched to overlap the kernel before it (which writes x, or what x
-	// is made from): the warp's weight rows are asked of L2 before the
-	// wait, on sm_90 all of the block's k range of each (bulk prefetches by
-	// the copy engine, which stream while the kernel before runs), before
-	// it the first LIN_PREFETCH stages, each of a row's four lanes one
-	// 128-byte line, so that the loads find them there. (Loads themselves
+	// is made from): the first LIN_PREFETCH stages of the warp's weight
+	// rows are asked of L2 before the wait, each of a row's four lanes one
+	// 128-byte line, so that their loads find them there. (Loads themselves
 	// would be sunk below the wait by the compiler.)
 	static_assert(LIN_PREFETCH * LIN_STAGE == 4 * 64, "a row's four lanes ask one 128-byte line each");
-	if (okA) lin_prefetch_row(wa - 8 * t + kb, (ke - kb) * 2, t);
-	if (okB) lin_prefetch_row(wb - 8 * t + kb, (ke - kb) * 2, t);
+	if (kb + 64 * t < ke) {
+		if (okA) lin_prefetch(wa - 8 * t + kb + 64 * t);
+		if (okB) lin_prefetch(wb - 8 * t + kb + 64 * t);
+	}
 	grid_wait();
 	grid_release();
 	LinStage s0, s1;
