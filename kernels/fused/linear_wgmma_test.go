@@ -142,10 +142,9 @@ func TestLinearWgmmaCuBLAS(t *testing.T) {
 		refMs := msPerCall(t, dev, func() { o.Addmm(want, x, w, b) })
 		if s.bias {
 			// cuBLAS with beta = 1 over the bias rows rounds its product
-			// before it adds them (2.7e-3 from the sum rounded once, on
-			// the H200): the reference is cuBLAS's f32 product, the bias
-			// in bf16 added on the host and rounded once, as the kernel
-			// and HF's addmm do.
+			// before it adds them (the log below says by how much): the
+			// reference is cuBLAS's f32 product, the bias in bf16 added on
+			// the host and rounded once, as the kernel and HF's addmm do.
 			acc := dev.Alloc(kernels.F32, s.m, s.n)
 			o.Gemm(true, s.m, s.n, s.k, 1, o.Mat(x), o.Mat(w), 0, o.Mat(acc))
 			sum, bv := read(t, dev, acc), read(t, dev, b)
