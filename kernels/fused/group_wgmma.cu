@@ -37,7 +37,7 @@
 // engine (and by cp.async's zero fill with GATHER).
 //
 // A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
-// (GW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
+// (HG_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
 // down instead of hanging.
 
 #include "groups.cuh"
@@ -51,13 +51,7 @@
 #define GW_PRODUCER_REGS 56    // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
 #define GW_CONSUMER_REGS 224   // and of the consumers
 #define GW_ROW_BYTES HG_ROW_BYTES // bytes of a stage row: GW_BK bf16
-// Within the registers the block is launched with (hop_attention.cuh says why).
-static_assert(GW_PRODUCER_REGS * 128 + GW_CONSUMER_REGS * 128 * GW_CONSUMERS <= 65536 / GW_THREADS / 8 * 8 * GW_THREADS,
-              "setmaxnreg asks for more registers than the block has");
-
-// Codes of status[0] when a wait timed out.
-#define GW_WAIT_FULL 1
-#define GW_WAIT_EMPTY 2
+static_assert(HG_REGS_FIT(GW_PRODUCER_REGS, GW_CONSUMER_REGS, GW_THREADS), "setmaxnreg asks for more registers than the block has");
 
 // GwLayout is the shared memory of group_wgmma<BN, STAGES>: per stage the
 // A tile (GW_BM rows) then the B tile (BN rows), rows of 128 bytes.
@@ -136,7 +130,7 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 			}
 			for (int kt = 0; kt < ktiles; kt++, it++) {
 				const int s = ring.stage(it);
-				if (!ring.acquire(it, status, GW_WAIT_EMPTY)) return;
+				if (!ring.acquire(it, status, HG_WAIT_EMPTY)) return;
 				if (tid == 0) {
 					const unsigned full = ring.full(s);
 					mbar_expect_tx(full, L::B_BYTES + (GATHER ? 0 : L::A_BYTES));
@@ -170,7 +164,7 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 		int g, row0, rowEnd, nt;
 		tile(t, g, row0, rowEnd, nt);
 		// With GATHER the fence makes the producer's cp.async rows seen by wgmma.
-		if (!hop_gemm_steps<BN, STAGES, GATHER>(acc, ring, it, ktiles, a, sB, status, GW_WAIT_FULL)) return;
+		if (!hop_gemm_steps<BN, STAGES, GATHER>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL)) return;
 
 		// Epilogue: this thread's rows r and r + 8, columns 8n + 2·(lane%4)
 		// and the next of each 8-column slice n.

@@ -12,6 +12,14 @@
 #define HG_BK 64        // k of a stage: one 128-byte swizzle row of bf16
 #define HG_ROW_BYTES 128 // bytes of a stage row
 #define HG_CONSUMERS 2  // consumer warpgroups, 64 rows of a tile each
+// Codes of status[0] when a wait of the ring timed out: the consumers'
+// wait for a full stage, the producer's for an empty one.
+#define HG_WAIT_FULL 1
+#define HG_WAIT_EMPTY 2
+// HG_REGS_FIT says whether setmaxnreg's producer and consumer registers
+// stay within what a block of THREADS gets (hop_attention.cuh says why).
+#define HG_REGS_FIT(PRODUCER, CONSUMER, THREADS) \
+	((PRODUCER) * 128 + (CONSUMER) * 128 * HG_CONSUMERS <= 65536 / (THREADS) / 8 * 8 * (THREADS))
 
 // HopRing is a ring of STAGES stages between one producer and the consumer
 // warps. K-steps are counted over all of a block's tiles, on both sides

@@ -53,7 +53,7 @@
 // time. A residual add would read out's old values.
 //
 // A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
-// (LW_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
+// (HG_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
 // down instead of hanging.
 
 #include "hop_gemm.cuh"
@@ -66,13 +66,7 @@
 #define LW_BOX 64                 // columns of an output box: 128 bytes of bf16, the swizzle's span
 #define LW_OUT_BUFS 2             // output boxes a consumer warpgroup stages at once
 #define LW_WG_BAR 1               // named barrier of consumer warpgroup w: LW_WG_BAR + w
-// Within the registers the block is launched with (hop_attention.cuh says why).
-static_assert(LW_PRODUCER_REGS * 128 + LW_CONSUMER_REGS * 128 * HG_CONSUMERS <= 65536 / LW_THREADS / 8 * 8 * LW_THREADS,
-              "setmaxnreg asks for more registers than the block has");
-
-// Codes of status[0] when a wait timed out.
-#define LW_WAIT_FULL 1
-#define LW_WAIT_EMPTY 2
+static_assert(HG_REGS_FIT(LW_PRODUCER_REGS, LW_CONSUMER_REGS, LW_THREADS), "setmaxnreg asks for more registers than the block has");
 
 // LwLayout is the shared memory of linear_wgmma<BN, STAGES, E>: per stage
 // the x tile (LW_BM rows) then the w tile (BN rows), rows of 128 bytes;
@@ -172,7 +166,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 			tiles.at(t, mt, nt);
 			for (int kt = 0; kt < ktiles; kt++, it++) {
 				const int s = ring.stage(it);
-				if (!ring.acquire(it, status, LW_WAIT_EMPTY)) return;
+				if (!ring.acquire(it, status, HG_WAIT_EMPTY)) return;
 				const unsigned full = ring.full(s);
 				mbar_expect_tx(full, L::STAGE_BYTES);
 				tma_load_2d(sA(s), xmap, full, kt * HG_BK, mt * LW_BM);
@@ -198,7 +192,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 		tiles.at(t, mt, nt);
 		const int row = mt * LW_BM + 64 * w, col0 = nt * OUT_COLS; // the warpgroup's first row, the tile's first column
 		epi.load(col0, lane);
-		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, LW_WAIT_FULL);
+		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL);
 		if (!bar_all(LW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
 
 		// Epilogue: the warpgroup's 64 rows from row, in boxes of LW_BOX
