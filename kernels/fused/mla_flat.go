@@ -123,31 +123,23 @@ func mlaFlatWhy(d mlaLatent, heads, dn int) string {
 func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
 	op := kernels.OpMLADecode
 	d := mlaLatent{a.Rank, a.RopeDim}
-	h, dn, r := a.Heads, a.NopeDim, a.Rank
+	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
 	o.Need(mlaFlatWhy(d, h, dn) == "", op, "%s (mla=naive runs it)", mlaFlatWhy(d, h, dn))
 	b := a.Batch
 	stages := mlaFlatStages(d, o.D.Props().MaxSharedPerSM)
 	kernel, shared := mlaFlatKernel(d, stages), mlaFlatShared(d, stages)
 
 	perRow := min(moMaxPerRow, max(1, o.mlaFlat.clusters[kernel]/b.Rows)) // clusters a row
-	o.mlaFlatLaunch(a, kernel, shared, perRow, o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r),
-		o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r), o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2))
-}
+	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
+	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r)
+	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2)
+	q, w, out := o.Mat(a.Q), o.Mat(a.WKVB), o.Mat(a.Out)
 
-// mlaFlatLaunch launches the flat variant's three kernels with perRow
-// clusters a row, into qlat, part and stats.
-func (o *ops) mlaFlatLaunch(a *kernels.MLAArgs, kernel string, shared, perRow int, qlat, part, stats cudaset.Mat) {
-	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
-	b := a.Batch
-	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
 	o.LaunchGrid("mla_qlat", cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((b.Rows + qlRows - 1) / qlRows)},
 		cuda.Dim3{X: 256}, 0, qlat.P, q.P, int32(q.Pitch), int32(dn+dr), w.P, int32(dn), int32(dv), int32(r), int32(h), int32(b.Rows))
-
 	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(mlfCluster * perRow), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
 		part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr), o.D.Ptr(a.KV), int32(a.KV.Pitch),
 		o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq), scaleLog2(a.Scale))
-
-	out := o.Mat(a.Out)
 	o.LaunchGrid("mla_out", cuda.Dim3{X: uint32(h), Y: uint32((dv + moRows - 1) / moRows), Z: uint32(b.Rows)}, cuda.Dim3{X: 128}, 0,
 		out.P, int32(out.Pitch), part.P, stats.P, w.P, int32(dn), int32(dv), int32(r), int32(h), int32(perRow))
 }
