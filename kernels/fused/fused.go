@@ -3,7 +3,7 @@
 // latent attention (MLA, absorbed at decode), one-pass RMSNorm (with the
 // residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
 // decode's few rows and a Hopper GEMM for prefill's many (cuBLAS for the
-// rest, and for prefill until the GEMM is measured), and DeepSeek-V2's MoE (a router
+// rest, and for prefill until that GEMM reaches it), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
 // sorted by expert), an argmax over many blocks a row, and an add that
 // overlaps the kernel before it. The op it has no kernel of its own for

@@ -124,6 +124,7 @@ func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
 	op := kernels.OpMLADecode
 	d := mlaLatent{a.Rank, a.RopeDim}
 	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
+	o.Need(o.mlaFlat.ready() == nil, op, "%v", o.mlaFlat.ready())
 	o.Need(mlaFlatWhy(d, h, dn) == "", op, "%s (mla=naive runs it)", mlaFlatWhy(d, h, dn))
 	b := a.Batch
 	stages := mlaFlatStages(d, o.D.Props().MaxSharedPerSM)
