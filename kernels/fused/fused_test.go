@@ -501,6 +501,12 @@ func TestMLAKeysVariant(t *testing.T) {
 	if vs := variants(kernels.OpMLADecode, lite, a100); len(vs) != 2 {
 		t.Errorf("mla_decode of V2-Lite on sm_80: %+v, want no flat variant (its clusters are sm_90's)", vs)
 	}
+	// flat: one block an SM with as many stages as fit, so that a split's
+	// tiles are all queued before the grid's wait.
+	if s := mlaFlatStages(mlaLatent{512, 64}, h200.SharedPerSM); s != 4 || !strings.Contains(vs[2].Params, "stages=4") ||
+		!strings.Contains(vs[2].Params, "blocks_per_sm=1") || mlaFlatShared(mlaLatent{512, 64}, s) > h200.SharedPerBlock {
+		t.Errorf("flat on sm_90a: %d stages, %s; want 4 stages, one block an SM", s, vs[2].Params)
+	}
 	if !strings.Contains(vs[1].Params, "blocks_per_sm=2") || !strings.Contains(vs[1].Params, "key_tile=32") {
 		t.Errorf("keys on sm_90a: %s, want two blocks an SM of 32-key tiles", vs[1].Params)
 	}
