@@ -118,20 +118,18 @@ func mlaDecodeInstances() cudaset.Instances {
 }
 
 func mlaKeysInstances() cudaset.Instances {
-	f := cudaset.Instances{Macro: "MLA_DECODE_KEYS"}
-	for _, d := range mlaDecodeDims {
-		for _, s := range mlaKeysStageCounts {
-			f.Kernels = append(f.Kernels, cudaset.Of(mlaKeysKernel(d, s), d.Rank, d.Rope, s))
-		}
-	}
-	return f
+	return mlaStagedInstances("MLA_DECODE_KEYS", mlaKeysKernel)
 }
+func mlaFlatInstances() cudaset.Instances { return mlaStagedInstances("MLA_FLAT", mlaFlatKernel) }
 
-func mlaFlatInstances() cudaset.Instances {
-	f := cudaset.Instances{Macro: "MLA_FLAT"}
+// mlaStagedInstances are a macro's instances of the MLA tile loop both
+// mla_decode_keys and mla_flat run (MlaKeyTiles): every latent dims of
+// mlaDecodeDims with every stage count of mlaKeysStageCounts.
+func mlaStagedInstances(macro string, name func(mlaLatent, int) string) cudaset.Instances {
+	f := cudaset.Instances{Macro: macro}
 	for _, d := range mlaDecodeDims {
 		for _, s := range mlaKeysStageCounts {
-			f.Kernels = append(f.Kernels, cudaset.Of(mlaFlatKernel(d, s), d.Rank, d.Rope, s))
+			f.Kernels = append(f.Kernels, cudaset.Of(name(d, s), d.Rank, d.Rope, s))
 		}
 	}
 	return f
