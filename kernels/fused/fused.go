@@ -186,6 +186,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.gw = newGroupWgmma(kit)       // nor does group_wgmma's build
 	o.lw = newLinearWgmma(kit)      // nor linear_wgmma's
 	o.mlaFlat = newMLAFlat(kit)     // nor mla_decode's flat variant
+	o.ls = newLinearStream(kit)     // nor linear_stream
 	return o, nil
 }
 
@@ -204,6 +205,7 @@ type ops struct {
 	lw        *lwKit            // linear_wgmma, or why it is absent (linear_wgmma.go)
 	mlaHopper *mlaHopperKit     // mla_hopper, or why it is absent (mla_hopper.go)
 	mlaFlat   *mlaFlatKit       // mla_decode's flat variant, or why it is absent (mla_flat.go)
+	ls        *lsKit            // linear_stream, or why it is absent (linear_stream.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 }
@@ -212,5 +214,5 @@ type ops struct {
 // then the Hopper ones it adds where the device allows; for compile checks
 // apart from a device.
 func Modules() []cudaset.Module {
-	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule())
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule())
 }

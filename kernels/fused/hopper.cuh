@@ -91,6 +91,15 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, uns
 	    : "memory");
 }
 
+// bulk_load copies bytes (a multiple of 16, both addresses 16-byte
+// aligned) of contiguous global memory at src into shared memory at dst by
+// the copy engine, no tensor map needed; the copy completes on bar.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+	             "r"(bytes), "r"(bar)
+	             : "memory");
+}
+
 // tma_store_2d copies the box at src in shared memory (written with the
 // map's swizzle, and made visible to the copy engine by fence_async_shared
 // and a barrier) to coordinates (c0, c1) of map; elements past the map's

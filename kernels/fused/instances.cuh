@@ -189,3 +189,9 @@
 #define LINEAR_WGMMA_INSTANCES(X) \
 	X(linear_wgmma_n256_s4, 256, 4) \
 	X(linear_wgmma_n128_s6, 128, 6)
+
+#define LINEAR_STREAM_INSTANCES(X) \
+	X(linear_stream_n1_bf16, 1, bf16) \
+	X(linear_stream_n2_bf16, 2, bf16) \
+	X(linear_stream_n1_f32, 1, float) \
+	X(linear_stream_n2_f32, 2, float)

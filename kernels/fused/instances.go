@@ -23,7 +23,7 @@ func instances() []cudaset.Instances {
 		flashPrefillInstances(), flashDecodeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
 		groupGemmInstances(), linearInstances(),
-		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(),
+		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 	}
 }
 
@@ -175,6 +175,16 @@ func gwInstances() cudaset.Instances {
 	for _, c := range gwConfigs {
 		p, g, x := c.kernels()
 		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{p, g, x}, Args: []any{c.BN, c.Stages}})
+	}
+	return f
+}
+
+func lsInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_STREAM"}
+	for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
+		for nt := 1; nt <= linMaxRows/8; nt++ {
+			f.Kernels = append(f.Kernels, cudaset.Of(linearStreamKernel(nt, out), nt, cudaset.CType(out)))
+		}
 	}
 	return f
 }

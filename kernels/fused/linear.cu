@@ -43,7 +43,7 @@
 // bf16 first when out is bf16, then out = round(acc + bias) once: what
 // cuBLAS's addmm with beta = 1 over bf16 bias rows gives (naive's Linear).
 
-#include "mma.cuh"
+#include "linear.cuh"
 #include "instances.cuh"
 
 #define LIN_WARPS 8                      // warps of a block, one m16 tile of features each
@@ -67,27 +67,6 @@ __device__ __forceinline__ uint4 lin_ldg(const bf16* p) {
 
 __device__ __forceinline__ void lin_prefetch(const bf16* p) {
 	asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
-__device__ __forceinline__ uint4 lin_lds(const bf16* p) {
-	uint4 v;
-	const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-	asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-	return v;
-}
-
-__device__ __forceinline__ unsigned lin_word(const uint4& v, int i) {
-	return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// lin_bias is bias[f] as the addmm path adds it: rounded to bf16 first when
-// the output is bf16 (the bias rows were copied into the bf16 output).
-template <typename TO> __device__ __forceinline__ float lin_bias(const void* bias, int type, int f) {
-	float b = 0.0f;
-	if (type == 1) b = to_f32(((const bf16*)bias)[f]);
-	else if (type == 2) b = to_f32(((const half_bits*)bias)[f]);
-	else if (type == 3) b = ((const float*)bias)[f];
-	return sizeof(TO) == 2 ? round_bf16(b) : b;
 }
 
 // Stage holds one stage of a warp's weight loads: rows g and g+8 of its tile.

@@ -84,7 +84,13 @@ func (o *ops) linearDefault(k linearKey) string {
 			return linWgmmaDefault
 		}
 	}
-	if k.m <= linMaxRows && int64(k.n)*int64(k.k)*2 >= linSkinnyBytes {
+	bytes := int64(k.n) * int64(k.k) * 2
+	if k.m <= linMaxRows && bytes <= linStreamMaxBytes && o.ls.ready() == nil {
+		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
+			return linStream
+		}
+	}
+	if k.m <= linMaxRows && bytes >= linSkinnyBytes {
 		return linSkinny
 	}
 	return linCuBLAS
@@ -185,6 +191,9 @@ func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 		return
 	}
 	v := o.linearFor(linearKey{m, n, k})
+	if v == linStream && m <= linMaxRows && o.streamTakes(x, w) && o.stream(out, x, w, bias) {
+		return
+	}
 	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
 		o.skinny(out, x, w, bias)
 		return
@@ -214,23 +223,21 @@ func (o *ops) skinny(out, x, w, bias *kernels.Tensor) {
 	if p.full < p.columns {
 		part = o.Scratch("linear.part", kernels.F32, p.splits*m, (p.columns-p.full)*linFeatures)
 	}
-	var bp uintptr
-	biasType := int32(0) // linear.cu's biasType
-	if bias != nil {
-		bp = o.D.Ptr(bias)
-		switch bias.DType {
-		case kernels.BF16:
-			biasType = 1
-		case kernels.F16:
-			biasType = 2
-		case kernels.F32:
-			biasType = 3
-		}
-	}
+	bp, biasType := o.linBias(bias)
 	om, xm := o.Mat(out), o.Mat(x)
 	o.Launch(name, p.blocks(), linWarps*32,
 		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType, part.P, o.D.Ptr(o.lin.counters),
 		int32(m), int32(n), int32(k), int32(p.full), int32(p.splits), int32(p.chunk))
+}
+
+// linBias is bias as the decode linears take it (linear.cuh's lin_bias):
+// its address (0 for none) and the code of its dtype.
+func (o *ops) linBias(bias *kernels.Tensor) (uintptr, int32) {
+	if bias == nil {
+		return 0, 0
+	}
+	code := map[kernels.DType]int32{kernels.BF16: 1, kernels.F16: 2, kernels.F32: 3}[bias.DType]
+	return o.D.Ptr(bias), code
 }
 
 // skinnyValid is linear_skinny's params for shape s (M rows, N features,

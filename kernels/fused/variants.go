@@ -171,6 +171,13 @@ var table = func() []variant {
 			return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
 		}
 		return nil
+	}}, variant{op: kernels.OpLinear, name: linStream, valid: streamValid, use: func(o *ops, key string) error {
+		k, _ := parseLinearKey(key)
+		sms, shared := streamTarget(o)
+		if _, err := planStream(k.m, k.n, k.k, sms, shared); err != nil {
+			return fmt.Errorf("linear_stream: %w", err)
+		}
+		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
 	}}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
 		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
 	}})

@@ -1,0 +1,164 @@
+// linear_stream (sm_90a): out = x·wᵀ + bias for the few rows of a decode
+// step (M ≤ 16), the weights streamed into shared memory by the copy engine
+// and most of them requested before the kernel's grid_wait, under the
+// kernel before it.
+//
+// Operands (pitches in elements):
+//   out  TO [M, N], pitch op (bf16 activations, or f32 logits)
+//   x    bf16 [M, K], pitch xp; rows start on 16-byte boundaries
+//   w    bf16 [N, K], packed, 16-byte aligned; K a multiple of 32
+//   bias [N] of dtype biasType (0 none, 1 bf16, 2 f16, 3 f32)
+//   status i32 [8]: a timed-out wait's record (hopper.cuh), zero while none
+//
+// Work: block b of the grid owns the weight rows [b·N/G, (b+1)·N/G) over
+// all of K, so no block shares an output with another (no split-K, no
+// second pass) and the blocks' bytes differ by one row at most. It walks
+// its rows in tiles of LS_ROWS and each tile's k in stages of ks: a stage
+// is LS_ROWS weight rows × ks k, one bulk copy a row into a ring of
+// `stages` slots, each row LS_WPAD elements apart so that the loads below
+// meet no bank conflict. The ring's first slots are requested before
+// grid_wait: the weights are no kernel's output, so their stream starts
+// under the previous kernel's tail, and for the small matrices of a decode
+// step that is most or all of the block's bytes. x (every row, all of K)
+// follows after the wait, one bulk copy a row.
+//
+// A stage's k is split among the block's warps; each multiplies its
+// k-range of the 16 rows as linear_skinny does (the weights as the mma's
+// A operand, 16 rows × 16 k, x as B, 8 tokens a n-tile, so M ≤ 8 costs one
+// mma a k-step), with the same permuted k order: thread (g, t) loads k
+// [8t, 8t+8) of rows g and g+8 of each 32-k chunk and x's tokens at the
+// same k. At a tile's last stage the warps' f32 sums meet in shared memory
+// and are added in warp order (deterministic), the bias added, out written.
+//
+// Rounding: as linear_skinny (linear.cuh's lin_bias): sums in f32, the
+// bias rounded to bf16 first when out is bf16, out rounded once.
+//
+// Shared memory (dynamic; the host's lsShared): LS_BARS bytes of
+// mbarriers (a slot's each, then x's), the warps' sums (LS_RED), x's rows
+// of ls_xrow(K) elements (rounded up to 128 bytes), then the ring.
+
+#include "hopper.cuh"
+#include "linear.cuh"
+#include "instances.cuh"
+
+#define LS_WARPS 8                            // warps of a block, each a k-range of every stage
+#define LS_THREADS (LS_WARPS * 32)
+#define LS_ROWS 16                            // weight rows of a stage: one m16 tile
+#define LS_WPAD 32                            // elements between a stage's rows: 64 bytes
+#define LS_MAX_STAGES 8                       // slots of the ring at most
+#define LS_BARS 128                           // bytes of mbarriers: LS_MAX_STAGES slots, then x
+#define LS_RED (LS_WARPS * LS_ROWS * 16 * 4)  // the warps' f32 sums of a tile: [warp][token][row]
+#define LS_X (LS_BARS + LS_RED)               // where x starts
+
+// ls_xrow is the elements of x's rows in shared memory: K, with 64 bytes
+// more where K·2 is a multiple of 128, so that a row starts 64 bytes
+// (mod 128) after the one before and the B loads meet no bank conflict.
+__device__ __forceinline__ int ls_xrow(int K) { return K % 64 == 0 ? K + 32 : K; }
+
+// Launch: grid min(N, SMs) blocks of LS_THREADS, lsShared bytes of dynamic
+// shared memory; ks a multiple of 8·32 (each warp's k-range whole chunks),
+// 1 ≤ stages ≤ LS_MAX_STAGES.
+template <int NT, typename TO>
+__device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,
+                                              int M, int N, int K, int ks, int stages, int* status) {
+	extern __shared__ __align__(128) unsigned char smem[];
+	const unsigned bars = smem_addr(smem), xbar = bars + 8 * LS_MAX_STAGES;
+	float* red = reinterpret_cast<float*>(smem + LS_BARS);
+	const int xrow = ls_xrow(K), wrow = ks + LS_WPAD;
+	bf16* xs = reinterpret_cast<bf16*>(smem + LS_X);
+	bf16* ring = reinterpret_cast<bf16*>(smem + LS_X + (M * xrow * 2 + 127) / 128 * 128);
+
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const int r0 = (int)((long long)blockIdx.x * N / gridDim.x), r1 = (int)((long long)(blockIdx.x + 1) * N / gridDim.x);
+	const int kst = (K + ks - 1) / ks;                    // stages of a tile
+	const int total = (r1 - r0 + LS_ROWS - 1) / LS_ROWS * kst; // stages of the block
+
+	// issue, by warp 0, requests stage s into its slot: one bulk copy of
+	// each of its rows' k-range.
+	auto issue = [&](int s) {
+		const int slot = s % stages, tile = s / kst, k0 = (s - tile * kst) * ks;
+		const int row0 = r0 + tile * LS_ROWS, rows = min(LS_ROWS, r1 - row0), kn = min(ks, K - k0);
+		const unsigned bar = bars + 8 * slot;
+		if (lane == 0) mbar_expect_tx(bar, rows * kn * 2);
+		__syncwarp();
+		if (lane < rows)
+			bulk_load(smem_addr(ring + (slot * LS_ROWS + lane) * wrow), w + (long long)(row0 + lane) * K + k0, kn * 2, bar);
+	};
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < stages; s++) mbar_init(bars + 8 * s, 1);
+		mbar_init(xbar, 1);
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+	}
+	__syncthreads();
+	if (warp == 0)
+		for (int s = 0; s < min(stages, total); s++) issue(s);
+	grid_wait();
+	grid_release();
+	if (warp == 0) {
+		if (lane == 0) mbar_expect_tx(xbar, M * K * 2);
+		__syncwarp();
+		if (lane < M) bulk_load(smem_addr(xs + lane * xrow), x + (long long)lane * xp, K * 2, xbar);
+	}
+	if (!mbar_wait(xbar, 0, status, 1, -1)) return;
+
+	float acc[NT][4];
+#pragma unroll
+	for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+	const int kw = ks / LS_WARPS; // each warp's k of a stage
+	for (int s = 0; s < total; s++) {
+		const int slot = s % stages, tile = s / kst, kc = s - tile * kst, k0 = kc * ks;
+		if (!mbar_wait(bars + 8 * slot, (s / stages) & 1, status, 2, s)) return;
+		const bf16* wa = ring + (slot * LS_ROWS + g) * wrow + 8 * t;
+		const bf16* wb = wa + 8 * wrow;
+		const int kb = warp * kw, ke = min(kb + kw, K - k0);
+		for (int c = kb; c < ke; c += 32) {
+			const uint4 a = lin_lds(wa + c), b = lin_lds(wb + c);
+			uint4 xv[NT];
+#pragma unroll
+			for (int j = 0; j < NT; j++) {
+				const int tok = j * 8 + g;
+				xv[j] = tok < M ? lin_lds(xs + tok * xrow + k0 + c + 8 * t) : make_uint4(0, 0, 0, 0);
+			}
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const unsigned af[4] = {lin_word(a, 2 * h), lin_word(b, 2 * h), lin_word(a, 2 * h + 1), lin_word(b, 2 * h + 1)};
+#pragma unroll
+				for (int j = 0; j < NT; j++) mma16816(acc[j], af, lin_word(xv[j], 2 * h), lin_word(xv[j], 2 * h + 1));
+			}
+		}
+		const bool last = kc == kst - 1;
+		if (last) {
+			// Accumulator (j, e): row g (+8 from e = 2), token 8j + 2t + (e & 1).
+			float* mine = red + warp * LS_ROWS * 16;
+#pragma unroll
+			for (int j = 0; j < NT; j++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					mine[(j * 8 + 2 * t + (e & 1)) * LS_ROWS + g + (e < 2 ? 0 : 8)] = acc[j][e];
+					acc[j][e] = 0.0f;
+				}
+			}
+		}
+		__syncthreads(); // every warp is done with the slot (and has written its sums)
+		if (warp == 0 && s + stages < total) issue(s + stages);
+		if (last) {
+			const int tok = threadIdx.x / LS_ROWS, row = threadIdx.x % LS_ROWS, f = r0 + tile * LS_ROWS + row;
+			if (tok < M && f < r1) {
+				float v = 0.0f;
+#pragma unroll
+				for (int q = 0; q < LS_WARPS; q++) v += red[(q * 16 + tok) * LS_ROWS + row];
+				out[(long long)tok * op + f] = from_f32<TO>(v + lin_bias<TO>(bias, biasType, f));
+			}
+			__syncthreads(); // the sums are read before the next tile writes them
+		}
+	}
+}
+
+#define LINEAR_STREAM(NAME, NT, TO)                                                                         \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType, int M,  \
+	         int N, int K, int ks, int stages, int* status) {                                               \
+		linear_stream<NT, TO>(out, op, x, xp, w, bias, biasType, M, N, K, ks, stages, status);              \
+	}
+LINEAR_STREAM_INSTANCES(LINEAR_STREAM)

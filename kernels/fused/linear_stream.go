@@ -1,0 +1,195 @@
+package fused
+
+import (
+	"fmt"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// linear_stream (linear_stream.cu), linear's variant "stream" for decode's
+// few rows on sm_90a: each block owns whole weight rows over all of K and
+// streams them into shared memory through the copy engine, its first
+// stages requested before its grid_wait so that the stream starts under
+// the kernel before. A module of its own (bulk copies and mbarriers are
+// sm_90's), compiled only where the device's target is hopperArch; where it
+// cannot be built New still succeeds and the variant says why.
+
+// The layout of linear_stream, named as in linear_stream.cu.
+const (
+	linStream   = "stream"
+	lsWarps     = 8  // LS_WARPS
+	lsRows      = 16 // LS_ROWS: weight rows of a stage
+	lsPad       = 32 // LS_WPAD: elements between a stage's rows
+	lsMaxStages = 8  // LS_MAX_STAGES
+	lsBars      = 128
+	lsRed       = lsWarps * lsRows * 16 * 4
+	// lsChunk is the k of one warp's loads of a row (4 lanes of 8): a
+	// stage's k is lsWarps of them at least, and K a multiple of it.
+	lsChunk = 32
+)
+
+// linStreamMaxBytes is the most weight bytes a problem of at most
+// linMaxRows rows has for linear_stream to run it without a tuning choice,
+// where it can run; 0 keeps it off the default. A variable, so that tests
+// can put every problem it takes on it.
+var linStreamMaxBytes int64 = 0
+
+// streamTarget is the SMs and the shared memory a block may take that
+// linear_stream plans for on o's device: a variable, so that a host test
+// can plan for an H200.
+var streamTarget = func(o *ops) (sms, shared int) { return o.SMs, o.MaxShared }
+
+// lsPlan is how linear_stream covers a problem: blocks blocks, each its
+// rows in tiles of lsRows, each tile's k in stages of ks, through a ring
+// of stages slots; shared is the block's dynamic shared memory.
+type lsPlan struct {
+	blocks, ks, stages, shared int
+}
+
+func (p lsPlan) String() string {
+	return fmt.Sprintf("blocks=%d stage=%dx%d slots=%d shared=%d", p.blocks, lsRows, p.ks, p.stages, p.shared)
+}
+
+// lsXRow is ls_xrow: x's row in shared memory, 64 bytes longer where K·2
+// is a multiple of 128 (no bank conflicts between rows).
+func lsXRow(k int) int {
+	if k%64 == 0 {
+		return k + 32
+	}
+	return k
+}
+
+// planStream plans m rows of x over n features of k inputs on sms SMs whose
+// blocks may hold maxShared bytes: one block an SM (at most one a row), the
+// widest stage k (halving from all of K) that leaves room for two slots
+// (or for all of a block's stages, where it has one), and as many slots as
+// fit, up to the block's stages and lsMaxStages. An error says why it
+// cannot run the problem.
+func planStream(m, n, k, sms, maxShared int) (lsPlan, error) {
+	switch {
+	case m < 1 || m > linMaxRows:
+		return lsPlan{}, fmt.Errorf("M=%d rows: linear_stream takes 1 to %d", m, linMaxRows)
+	case k%lsChunk != 0 || k == 0:
+		return lsPlan{}, fmt.Errorf("K=%d is not a positive multiple of %d (whole 32-k chunks)", k, lsChunk)
+	case n < 1:
+		return lsPlan{}, fmt.Errorf("N=%d features", n)
+	}
+	blocks := min(max(1, sms), n)
+	tiles := ((n+blocks-1)/blocks + lsRows - 1) / lsRows
+	x := (m*lsXRow(k)*2 + 127) / 128 * 128
+	room := maxShared - lsBars - lsRed - x
+	unit := lsWarps * lsChunk
+	for ks := (k + unit - 1) / unit * unit; ; ks = ((ks/2 + unit - 1) / unit) * unit {
+		stage := lsRows * (ks + lsPad) * 2
+		total := tiles * ((k + ks - 1) / ks)
+		slots := min(max(0, room/stage), lsMaxStages, total)
+		if slots >= min(2, total) && slots > 0 {
+			return lsPlan{blocks: blocks, ks: ks, stages: slots, shared: lsBars + lsRed + x + slots*stage}, nil
+		}
+		if ks == unit {
+			return lsPlan{}, fmt.Errorf("x [%d, %d] leaves no room for two stages of %d×%d weights in %d bytes of shared memory",
+				m, k, lsRows, unit, maxShared)
+		}
+	}
+}
+
+// planStreamOK reports whether planStream takes the problem of key k.
+func planStreamOK(k linearKey, sms, shared int) bool {
+	_, err := planStream(k.m, k.n, k.k, sms, shared)
+	return err == nil
+}
+
+func linearStreamKernel(nt int, out kernels.DType) string {
+	return fmt.Sprintf("linear_stream_n%d_%s", nt, out)
+}
+
+// lsModule is linear_stream's NVRTC module.
+func lsModule() cudaset.Module { return module("linear_stream.cu", cudaset.Names(lsInstances())) }
+
+// lsKit is linear_stream on one device.
+type lsKit struct {
+	err    error           // why it cannot run here; nil when it can
+	status *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+}
+
+// newLinearStream compiles linear_stream into k where the device allows it,
+// lets its kernels take all the shared memory a block may, and launches them
+// overlapped. It never fails: what went wrong is kept in the kit.
+func newLinearStream(k *cudaset.Kit) *lsKit {
+	l := &lsKit{}
+	if l.err = addHopperModule(k, "linear "+linStream, "linear_stream", lsModule()); l.err != nil {
+		return l
+	}
+	for _, name := range lsModule().Funcs {
+		if err := k.FitShared(name, k.MaxShared); err != nil {
+			l.err = fmt.Errorf("fused: linear %s: %s: %w", linStream, name, err)
+			return l
+		}
+	}
+	k.Overlap(lsModule().Funcs...)
+	l.status = newWaitStatus(k)
+	return l
+}
+
+// ready is nil where linear_stream runs, else why not.
+func (l *lsKit) ready() error {
+	if l == nil {
+		return fmt.Errorf("fused: linear %s: not built", linStream)
+	}
+	return l.err
+}
+
+// streamTakes reports whether linear_stream's copies fit x and w: bf16
+// weights, packed, 16-byte aligned rows of x and w.
+func (o *ops) streamTakes(x, w *kernels.Tensor) bool {
+	k := x.Cols()
+	return o.ls.ready() == nil && cudaset.IsBF16(w) && w.Pitch == k && x.Pitch%cudaset.VecWidth == 0 &&
+		o.D.Ptr(x)%16 == 0 && o.D.Ptr(w)%16 == 0
+}
+
+// stream launches linear_stream as planStream cuts the problem, or reports
+// false where it cannot (the caller runs another variant).
+func (o *ops) stream(out, x, w, bias *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	sms, shared := streamTarget(o)
+	p, err := planStream(m, n, k, sms, shared)
+	if err != nil {
+		return false
+	}
+	bp, biasType := o.linBias(bias)
+	om, xm := o.Mat(out), o.Mat(x)
+	o.LaunchShared(linearStreamKernel((m+7)/8, out.DType), p.blocks, lsWarps*32, p.shared,
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType,
+		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+	return true
+}
+
+// linearStreamWaits reports a wait of linear_stream that timed out since
+// the last call (synchronizing with the device), and clears the record.
+func (o *ops) linearStreamWaits() error {
+	if o.ls == nil || o.ls.status == nil {
+		return nil
+	}
+	st, err := o.D.ReadI32(o.ls.status)
+	if err != nil || st[0] == 0 {
+		return err
+	}
+	o.D.Zero(o.ls.status)
+	what := map[int32]string{1: "x", 2: "a stage of weights"}[st[0]]
+	return fmt.Errorf("fused: linear_stream: a wait for %s timed out: block %d, thread %d, stage %d, parity %d (the kernel gave up; its output is garbage)",
+		what, st[1], st[4], st[5], st[6])
+}
+
+// streamValid is linear_stream's params for shape s on t, or why it cannot
+// run it: offered on hopperArch only.
+func streamValid(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
+	if t.Arch != hopperArch {
+		return "", "", false
+	}
+	p, err := planStream(s["M"], s["N"], s["K"], t.SMs, t.SharedPerBlock)
+	if err != nil {
+		return "", err.Error(), true
+	}
+	return fmt.Sprintf("warps=%d bulk copies before the grid wait, %v", lsWarps, p), "", true
+}
