@@ -282,12 +282,20 @@ func TestDryRun(t *testing.T) {
 	if seen != 2 {
 		t.Errorf("%d offers for %s among the defaults, want naive's and fused's", seen, f16)
 	}
-	// linear's first shape is 4096 rows: not skinny's; cuBLAS and
-	// linear_wgmma's two instances on sm_90a.
-	if fusedLinear == nil || fusedLinear.Fallback != "" || len(fusedLinear.Variants) != 4 ||
-		fusedLinear.Variants[0].Valid() || !fusedLinear.Variants[1].Valid() || !fusedLinear.Variants[2].Valid() ||
-		!fusedLinear.Variants[3].Valid() {
+	// linear's first shape is 4096 rows: not skinny's nor stream's; cuBLAS
+	// and linear_wgmma's two instances on sm_90a.
+	if fusedLinear == nil || fusedLinear.Fallback != "" {
 		t.Errorf("fused linear offer: %+v", fusedLinear)
+	} else {
+		var valid []string
+		for _, v := range fusedLinear.Variants {
+			if v.Valid() {
+				valid = append(valid, v.Name)
+			}
+		}
+		if len(fusedLinear.Variants) != 5 || strings.Join(valid, ",") != "cublas,wgmma,wgmma_n128" {
+			t.Errorf("fused linear offer at 4096 rows: valid %v of %+v, want cublas,wgmma,wgmma_n128 of 5", valid, fusedLinear.Variants)
+		}
 	}
 	a100 := kernels.Targets["sm_80"]
 	a100.SharedPerBlock = 100 << 10
