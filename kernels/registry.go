@@ -231,6 +231,29 @@ func (s Spec) Runner(op Op) string {
 	return ""
 }
 
+// Whole reports whether the spec runs op as one call of its Runner: always
+// for an op without parts; for a composite op (OpInfo.Parts) when the spec
+// names the op itself, or runs each of its parts on the set that runs it.
+// Otherwise the Dispatch runs the parts, each on its own set:
+// "fused,linear=naive" runs naive's linear and fused's swiglu where the
+// MLP calls linear_swiglu, as it did before there was one.
+func (s Spec) Whole(op Op) bool {
+	if _, named := s.Overrides[op]; named {
+		return true
+	}
+	i := opIndex(op)
+	if i < 0 {
+		return true
+	}
+	r := s.Runner(op)
+	for _, p := range opTable[i].Parts {
+		if s.Runner(p) != r {
+			return false
+		}
+	}
+	return true
+}
+
 // String is the canonical form of the spec: the base set, then the ops that
 // differ from it in AllOps order.
 func (s Spec) String() string {
