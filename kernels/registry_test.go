@@ -1,6 +1,8 @@
 package kernels_test
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -354,5 +356,84 @@ func TestRegistryFallback(t *testing.T) {
 	if _, err := kernels.ParseSpec("cpu,add=turbo"); err == nil ||
 		!strings.Contains(err.Error(), `unknown kernel set "turbo" (want one of cpu, fused, naive, tpu_test_only: the sets built into this binary)`) {
 		t.Errorf("an unregistered set: %v, want the registered ones listed", err)
+	}
+}
+
+// TestCompositeParts: linear_swiglu runs as one call of its set where the
+// spec runs linear and swiglu there too, or names it; else as linear then
+// swiglu, each on its own set and in its own profile row, with the same
+// result.
+func TestCompositeParts(t *testing.T) {
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"fused", true}, {"naive", true}, {"cpu", true},
+		{"fused,linear=naive", false}, {"fused,swiglu=naive", false},
+		{"fused,linear=naive,swiglu=naive", false}, {"fused,linear=naive,linear_swiglu=fused", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpLinearSwiGLU); got != c.whole {
+			t.Errorf("%s: Whole(linear_swiglu) = %v, want %v", c.spec, got, c.whole)
+		}
+		if !s.Whole(kernels.OpLinear) {
+			t.Errorf("%s: an op without parts is not whole", c.spec)
+		}
+	}
+
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "swiglu_test_only", Device: "cpu", Own: []kernels.Op{kernels.OpSwiGLU},
+		Fallback: "cpu", New: cpuSet.New})
+	defer kernels.Unregister("swiglu_test_only")
+	dev := cpu.NewDevice()
+	const n, k, inter = 3, 16, 8
+	x, w := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, 2*inter, k)
+	for i, t := range []*kernels.Tensor{x, w} {
+		v := make([]float32, t.Numel())
+		for j := range v {
+			v[j] = float32((j*7+i*3)%11-5) / 8
+		}
+		copy(cpu.F32(t), v)
+	}
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]string
+	}{
+		{"cpu", map[kernels.Op]string{kernels.OpLinearSwiGLU: "cpu"}},
+		{"cpu,swiglu=swiglu_test_only", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "swiglu_test_only"}},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof := profile.New(dev)
+		ops, err := s.Build(dev, prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := dev.Alloc(kernels.F32, n, inter)
+		ops.LinearSwiGLU(out, x, w)
+		ops.LinearSwiGLU(out, x, w) // the intermediate kept from the first call
+		if err := prof.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got := map[kernels.Op]string{}
+		for _, r := range prof.Table() {
+			got[r.Op] = r.Set
+			if r.Calls != 2 {
+				t.Errorf("%s: %s ran %d times, want 2", c.spec, r.Op, r.Calls)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Clone(cpu.F32(out)))
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Errorf("linear_swiglu whole %v, as its parts %v", outs[0], outs[1])
 	}
 }

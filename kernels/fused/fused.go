@@ -33,7 +33,7 @@ func module(file string, funcs []string) cudaset.Module {
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
-	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU,
+	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax, kernels.OpAdd,

@@ -260,3 +260,59 @@ func (o *ops) linearFor(k linearKey) string {
 	}
 	return o.linearDefault(k)
 }
+
+// linSwiGLUUnfused is linear_swiglu's variant that runs the pair as two
+// ops: the set's Linear (its own variant for the stacked problem: skinny,
+// cuBLAS or linear_wgmma) into a scratch [M, 2I], then swiglu. The others
+// are linear_wgmma's instances (lwConfigs) with SwiGLU in the epilogue,
+// named as linear's.
+const linSwiGLUUnfused = "unfused"
+
+// scrGateUp is the scratch of the unfused pair: gate and up bf16 [M, 2I].
+const scrGateUp = "mlp.gate_up"
+
+// linearSwiGLUDefault is the variant a linear_swiglu problem (k: its
+// stacked GEMM, N = 2I) runs without a tuning choice: linear_wgmma's
+// default instance where linear's rule would run it (linWgmmaDefault from
+// linWgmmaRows rows, where it can run here), with SwiGLU in its epilogue;
+// else the unfused pair. So the epilogue is on exactly where linear_wgmma
+// is linear's default: nowhere yet.
+func (o *ops) linearSwiGLUDefault(k linearKey) string {
+	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
+		if _, ok := o.lw.runs(linWgmmaDefault); ok {
+			return linWgmmaDefault
+		}
+	}
+	return linSwiGLUUnfused
+}
+
+// linearSwiGLUFor is the variant linear_swiglu problems of k run: the
+// tuning choice for k, else linearSwiGLUDefault.
+func (o *ops) linearSwiGLUFor(k linearKey) string {
+	if v, ok := o.choice[choiceKey{kernels.OpLinearSwiGLU, k.String()}]; ok {
+		return v
+	}
+	return o.linearSwiGLUDefault(k)
+}
+
+// LinearSwiGLU is the MLP's gate/up projection and SwiGLU: linear_wgmma
+// with SwiGLU in its epilogue (one pass, out written once) where the
+// variant for the problem is one of its instances and the operands fit its
+// tensor maps (lwTakes), so on sm_90a only; else, as the pair ran before
+// this op (a decode step's linear_skinny, cuBLAS, any device), the set's
+// Linear into scratch then its SwiGLU. Both round as HF's bf16
+// act_fn(gate_proj(x)) * up_proj(x) (see linear_wgmma.cu's LwSwiGLU).
+func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	kernels.CheckLinearSwiGLU(o.D.ActDType(), out, x, w)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	if m == 0 || n == 0 {
+		return
+	}
+	if c, ok := o.lw.runs(o.linearSwiGLUFor(linearKey{m, n, k})); ok && o.lwTakes(out, x, w) {
+		o.linearSwiGLUWgmma(c, out, x, w)
+		return
+	}
+	gateUp := o.ScratchTensor(scrGateUp, out.DType, m, n)
+	o.Linear(gateUp, x, w, nil)
+	o.SwiGLU(out, gateUp)
+}

@@ -73,6 +73,8 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 
 	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
+	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
+	add(kernels.OpLinearSwiGLU, func() { ops.LinearSwiGLU(mlpOut, x, mlpW) }, mlpOut)
 
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
 	state = append(state, kc, vc)
