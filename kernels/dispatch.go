@@ -164,13 +164,29 @@ func (d *Dispatch) call(op Op, f func(Ops)) {
 
 // callWhole runs a composite op: whole, a call of it, on its set where the
 // spec runs it as one call (Spec.Whole), else parts, which calls its parts
-// through d, each told to the observer as its own op.
+// through d, each told to the observer as its own op. A set that declines
+// the whole call (Unsupported: it fuses only some shapes) has the parts
+// run too, not its fallback's composite: the observer is then told of the
+// parts only, so a call shows as the op only where one kernel ran it.
 func (d *Dispatch) callWhole(op Op, whole func(Ops), parts func()) {
-	if d.whole[opPos[op]] {
-		d.call(op, whole)
+	i := opPos[op]
+	if !d.whole[i] {
+		parts()
 		return
 	}
-	parts()
+	var end OpEnd
+	if d.obs != nil {
+		end = d.obs.BeginOp(op, d.names[i])
+	}
+	if _, declined := Declined(func() { whole(d.pick[i]) }); declined {
+		parts() // the begun call is dropped: a set declines before it queues any work
+		return
+	}
+	if end != nil {
+		var c Cost
+		whole(costOf{&c})
+		end.EndOp(d.names[i], c)
+	}
 }
 
 // linearSwiGLUParts is LinearSwiGLU as its parts, Linear into a [N, 2I]

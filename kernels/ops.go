@@ -34,9 +34,10 @@ type OpInfo struct {
 	Method string // the Ops method that runs it
 	Group  string // "" when the op belongs to no group
 	// Parts are the ops a composite op does the work of, in order: the
-	// Dispatch runs it as one call of its set only where the spec runs
-	// every part on that set too, or names the op itself (Spec.Whole);
-	// else it runs the parts, each on the set the spec runs it on, so that
+	// Dispatch runs it as one call of its set only where that set fuses it
+	// (SetInfo.Fuses) and the spec runs every part on that set too, or
+	// where the spec names the op itself (Spec.Whole); else it runs the
+	// parts, each on the set the spec runs it on, so that
 	// "fused,linear=naive" still means what it says. nil for the other ops.
 	Parts []Op
 	Doc   string

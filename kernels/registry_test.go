@@ -280,6 +280,13 @@ func (p picky) Add(out, a, b *kernels.Tensor) {
 	p.Ops.Add(out, a, b)
 }
 
+func (p picky) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	if x.Rows()%2 != 0 {
+		panic(kernels.Unsupported{Set: "picky", Op: kernels.OpLinearSwiGLU, Why: "odd rows"})
+	}
+	p.Ops.LinearSwiGLU(out, x, w)
+}
+
 // TestDeclinedCallsFallBack: a call a set declines runs on its fallback,
 // and the profile names the set that ran it; without a fallback the
 // Unsupported panic goes on.
@@ -360,15 +367,15 @@ func TestRegistryFallback(t *testing.T) {
 }
 
 // TestCompositeParts: linear_swiglu runs as one call of its set where the
-// spec runs linear and swiglu there too, or names it; else as linear then
-// swiglu, each on its own set and in its own profile row, with the same
-// result.
+// set fuses it and the spec runs linear and swiglu there too, or where the
+// spec names it; else as linear then swiglu, each on its own set and in its
+// own profile row, with the same result.
 func TestCompositeParts(t *testing.T) {
 	for _, c := range []struct {
 		spec  string
 		whole bool
 	}{
-		{"fused", true}, {"naive", true}, {"cpu", true},
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"naive,linear_swiglu=naive", true},
 		{"fused,linear=naive", false}, {"fused,swiglu=naive", false},
 		{"fused,linear=naive,swiglu=naive", false}, {"fused,linear=naive,linear_swiglu=fused", true},
 	} {
@@ -403,7 +410,8 @@ func TestCompositeParts(t *testing.T) {
 		spec string
 		rows map[kernels.Op]string
 	}{
-		{"cpu", map[kernels.Op]string{kernels.OpLinearSwiGLU: "cpu"}},
+		{"cpu,linear_swiglu=cpu", map[kernels.Op]string{kernels.OpLinearSwiGLU: "cpu"}},
+		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "cpu"}},
 		{"cpu,swiglu=swiglu_test_only", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "swiglu_test_only"}},
 	} {
 		s, err := kernels.ParseSpec(c.spec)
@@ -433,7 +441,38 @@ func TestCompositeParts(t *testing.T) {
 		}
 		outs = append(outs, slices.Clone(cpu.F32(out)))
 	}
-	if !slices.Equal(outs[0], outs[1]) {
-		t.Errorf("linear_swiglu whole %v, as its parts %v", outs[0], outs[1])
+	for _, o := range outs[1:] {
+		if !slices.Equal(outs[0], o) {
+			t.Errorf("linear_swiglu whole %v, as its parts %v", outs[0], o)
+		}
+	}
+
+	// A set that fuses it for some calls only: the calls it declines run
+	// as the parts, on the same set, in their own rows.
+	kernels.Register(kernels.SetInfo{Name: "fuses_test_only", Device: "cpu", Fallback: "cpu",
+		Own:   []kernels.Op{kernels.OpLinear, kernels.OpSwiGLU, kernels.OpLinearSwiGLU},
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU},
+		New: func(dev kernels.Device) (kernels.Ops, error) {
+			ops, err := cpuSet.New(dev)
+			return picky{ops}, err
+		}})
+	defer kernels.Unregister("fuses_test_only")
+	prof := profile.New(dev)
+	ops, err := kernels.Spec{Base: "fuses_test_only"}.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rows := range []int{2, 3} {
+		ops.LinearSwiGLU(dev.Alloc(kernels.F32, rows, inter), dev.Alloc(kernels.F32, rows, k), w)
+	}
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[kernels.Op]int{}
+	for _, r := range prof.Table() {
+		got[r.Op] = r.Calls
+	}
+	if want := map[kernels.Op]int{kernels.OpLinearSwiGLU: 1, kernels.OpLinear: 1, kernels.OpSwiGLU: 1}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("a set declining odd rows: calls %v, want %v", got, want)
 	}
 }

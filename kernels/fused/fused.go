@@ -41,7 +41,7 @@ var owned = []kernels.Op{
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		New: New, Variants: variants})
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU}, New: New, Variants: variants})
 }
 
 // Tile shapes of the kernels, named as in the .cu sources.

@@ -262,14 +262,12 @@ func (o *ops) linearFor(k linearKey) string {
 }
 
 // linSwiGLUUnfused is linear_swiglu's variant that runs the pair as two
-// ops: the set's Linear (its own variant for the stacked problem: skinny,
-// cuBLAS or linear_wgmma) into a scratch [M, 2I], then swiglu. The others
-// are linear_wgmma's instances (lwConfigs) with SwiGLU in the epilogue,
-// named as linear's.
+// ops: LinearSwiGLU declines it, and the Dispatch runs the set's Linear
+// (its own variant for the stacked problem: skinny, cuBLAS or
+// linear_wgmma) into an intermediate [M, 2I], then swiglu. The others are
+// linear_wgmma's instances (lwConfigs) with SwiGLU in the epilogue, named
+// as linear's.
 const linSwiGLUUnfused = "unfused"
-
-// scrGateUp is the scratch of the unfused pair: gate and up bf16 [M, 2I].
-const scrGateUp = "mlp.gate_up"
 
 // linearSwiGLUDefault is the variant a linear_swiglu problem (k: its
 // stacked GEMM, N = 2I) runs without a tuning choice: linear_wgmma's
@@ -298,21 +296,19 @@ func (o *ops) linearSwiGLUFor(k linearKey) string {
 // LinearSwiGLU is the MLP's gate/up projection and SwiGLU: linear_wgmma
 // with SwiGLU in its epilogue (one pass, out written once) where the
 // variant for the problem is one of its instances and the operands fit its
-// tensor maps (lwTakes), so on sm_90a only; else, as the pair ran before
-// this op (a decode step's linear_skinny, cuBLAS, any device), the set's
-// Linear into scratch then its SwiGLU. Both round as HF's bf16
+// tensor maps (lwTakes), so on sm_90a only. Elsewhere (the unfused
+// variant: a decode step, prefill while the epilogue is not the default,
+// any other device) it declines the call, and the Dispatch runs the parts,
+// the set's Linear and SwiGLU, as they ran before this op and in their own
+// profile rows (see kernels.Dispatch). Both round as HF's bf16
 // act_fn(gate_proj(x)) * up_proj(x) (see linear_wgmma.cu's LwSwiGLU).
 func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	kernels.CheckLinearSwiGLU(o.D.ActDType(), out, x, w)
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
-	if m == 0 || n == 0 {
-		return
-	}
-	if c, ok := o.lw.runs(o.linearSwiGLUFor(linearKey{m, n, k})); ok && o.lwTakes(out, x, w) {
+	v := o.linearSwiGLUFor(linearKey{m, n, k})
+	c, ok := o.lw.runs(v)
+	o.Need(ok && o.lwTakes(out, x, w), kernels.OpLinearSwiGLU, "variant %s at M=%d,N=%d,K=%d: linear then swiglu run it", v, m, n, k)
+	if m > 0 {
 		o.linearSwiGLUWgmma(c, out, x, w)
-		return
 	}
-	gateUp := o.ScratchTensor(scrGateUp, out.DType, m, n)
-	o.Linear(gateUp, x, w, nil)
-	o.SwiGLU(out, gateUp)
 }

@@ -189,7 +189,7 @@ var table = func() []variant {
 		vs = append(vs, variant{op: kernels.OpLinear, name: c.Variant, valid: lwValid(c, false), use: lwUse(c)})
 	}
 	vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: linSwiGLUUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
-		return "linear's variant for M,N,K into scratch [M, N], then swiglu", archWhy(t), true
+		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then swiglu, two ops", archWhy(t), true
 	}})
 	for _, c := range lwConfigs {
 		vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: c.Variant, valid: lwValid(c, true), use: lwUse(c)})

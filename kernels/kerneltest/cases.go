@@ -152,7 +152,9 @@ func swiGLUChecks(l *caseList) {
 // (no 16-byte rows: fused leaves them to the unfused pair), Qwen2-7B's
 // gate_up and DeepSeek-V2-Lite's shared experts with the model's dims
 // divided by 8 (Qwen2's I by 16), and Qwen2-7B's whole at 1,000 rows (long:
-// GPUs only).
+// GPUs only). A set that fuses the pair for some shapes only declines the
+// others (the Dispatch then runs linear and swiglu, whose own cases hold
+// them): those cases are skipped for it.
 func linearSwiGLUChecks(l *caseList) {
 	for _, s := range []linearSwiGLUCase{
 		{n: 1, k: 64, i: 48},
@@ -165,11 +167,14 @@ func linearSwiGLUChecks(l *caseList) {
 		{n: 300, k: 520, i: 1000},
 		{n: 677, k: 3584 / 8, i: 18944 / 16},
 	} {
-		l.addW(s.String(), func(e *env) { linearSwiGLU(e, s) })
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { linearSwiGLU(e, s) }})
+		}
 	}
 	whole := linearSwiGLUCase{n: 1000, k: 3584, i: 18944}
 	for _, w := range l.wdts {
-		l.addCase(opCase{name: whole.String() + ",w=" + w.String(), wdt: w, long: true, run: func(e *env) { linearSwiGLU(e, whole) }})
+		l.addCase(opCase{name: whole.String() + ",w=" + w.String(), wdt: w, long: true, declinable: true,
+			run: func(e *env) { linearSwiGLU(e, whole) }})
 	}
 }
 
