@@ -143,9 +143,9 @@ func buildLinear(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 
 // prefillLinearShapes are Qwen2-7B's projections over a prefill's rows:
 // qkv (N = 3,584 + 2·512), o, gate_up (N = 2·18,944) and down (K = 18,944)
-// at 16,384 rows (a sixteenth of W1's) and 10,816 (W1's prompt, 676 tokens,
-// over its batch of 16), the GEMMs prefill spends most of its time in. The
-// runs here have no bias (qkv's is one add per output).
+// at 16,384 rows and 10,816 (one row of W1's: its prompt, a sixteenth of
+// its prefill step), the GEMMs prefill spends most of its time in. The runs
+// here have no bias (qkv's is one add per output).
 func prefillLinearShapes() []kernels.Shape {
 	var s []kernels.Shape
 	for _, m := range []int{16384, 10816} {
@@ -286,9 +286,11 @@ var linearSwiGLUBench = &Bench{
 		"as linear's gate_up rows name it); in fused the pair unfused or, by choice on sm_90a, linear_wgmma with SwiGLU " +
 		"in its epilogue; the dense row is cuBLAS's gate_up GEMM alone",
 	Shapes: []kernels.Shape{
-		// Qwen2-7B (H = 3,584, I = 18,944) at a sixteenth of W1's
-		// prefill and at W1's, then at decode batch 16
-		sh("M", 16384, "N", 2*18944, "K", 3584), sh("M", 10816, "N", 2*18944, "K", 3584), sh("M", 16, "N", 2*18944, "K", 3584),
+		// Qwen2-7B (H = 3,584, I = 18,944) at 16,384 rows, at one W1
+		// row's prompt (10,816), at W1's whole prefill step (16 rows of
+		// 10,816), then at decode batch 16
+		sh("M", 16384, "N", 2*18944, "K", 3584), sh("M", 10816, "N", 2*18944, "K", 3584),
+		sh("M", 16*10816, "N", 2*18944, "K", 3584), sh("M", 16, "N", 2*18944, "K", 3584),
 		// DeepSeek-V2-Lite's dense layer (I = 10,944, H = 2,048) over W3's prompt
 		sh("M", 11041, "N", 2*10944, "K", 2048),
 	},
