@@ -135,6 +135,24 @@ func CheckSwiGLU(act DType, out, gateUp *Tensor) {
 
 func (k costOf) SwiGLU(out, gateUp *Tensor) { *k.c = swigluCost(out) }
 
+// CheckLinearSwiGLU: out [N,I] act, not x; x [N,K] act; w [2I,K] float, the
+// gate rows then the up rows.
+func CheckLinearSwiGLU(act DType, out, x, w *Tensor) {
+	op := OpLinearSwiGLU
+	needActs(op, act, "out", out, "x", x)
+	need(IsFloat(w) && w.Cols() == x.Cols(), op, "w %v for x %v", w, x)
+	need(rowsCols(out, x.Rows(), w.Rows()/2) && w.Rows()%2 == 0, op, "out %v for x %v, w %v (gate and up rows)", out, x, w)
+	need(!same(out, x), op, "out aliases x")
+}
+
+// The cost of LinearSwiGLU is its parts' FLOPs and the bytes of one pass:
+// x and w read, out written; the [N, 2I] intermediate of the unfused pair
+// is no part of its floor.
+func (k costOf) LinearSwiGLU(out, x, w *Tensor) {
+	lin := linearCost(out, x, w, nil)
+	*k.c = Cost{FLOPs: lin.FLOPs + swigluCost(out).FLOPs, Bytes: size(x) + size(w) + size(out)}
+}
+
 // Check checks the batch's host tables and device mirrors for a step of
 // tokens new tokens; a prefill also checks that every row's new tokens fit
 // its cache (decode lengths live on the device: kernels check them there).

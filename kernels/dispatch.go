@@ -31,13 +31,18 @@ type Dispatch struct {
 	built map[string]Ops // every set built so far, by name (Switch adds to it)
 	pick  []Ops          // the set that runs each op, in opTable's order
 	names []string       // its name
+	whole []bool         // whether a composite op runs as one call (Spec.Whole), else as its parts
+	// scratch holds the intermediates of composite ops run as their
+	// parts, by name (see scratch).
+	scratch map[string]*Tensor
 }
 
 // Build makes the Ops this spec selects on dev, every call told to obs
 // (nil for none: the profile, kernels/profile, is the usual observer).
 func (s Spec) Build(dev Device, obs Observer) (*Dispatch, error) {
 	d := &Dispatch{dev: dev, obs: obs, built: map[string]Ops{},
-		pick: make([]Ops, len(opTable)), names: make([]string, len(opTable))}
+		pick: make([]Ops, len(opTable)), names: make([]string, len(opTable)), whole: make([]bool, len(opTable)),
+		scratch: map[string]*Tensor{}}
 	if err := d.use(s); err != nil {
 		return nil, err
 	}
@@ -74,6 +79,7 @@ func (d *Dispatch) use(s Spec) error {
 	for i, o := range AllOps {
 		d.names[i] = s.Runner(o)
 		d.pick[i] = d.built[d.names[i]]
+		d.whole[i] = s.Whole(o)
 	}
 	d.kind = kind
 	return nil
@@ -154,6 +160,57 @@ func (d *Dispatch) call(op Op, f func(Ops)) {
 		f(costOf{&c})
 		end.EndOp(set, c)
 	}
+}
+
+// callWhole runs a composite op: whole, a call of it, on its set where the
+// spec runs it as one call (Spec.Whole), else parts, which calls its parts
+// through d, each told to the observer as its own op. A set that declines
+// the whole call (Unsupported: it fuses only some shapes) has the parts
+// run too, not its fallback's composite: the observer is then told of the
+// parts only, so a call shows as the op only where one kernel ran it.
+func (d *Dispatch) callWhole(op Op, whole func(Ops), parts func()) {
+	i := opPos[op]
+	if !d.whole[i] {
+		parts()
+		return
+	}
+	var end OpEnd
+	if d.obs != nil {
+		end = d.obs.BeginOp(op, d.names[i])
+	}
+	if _, declined := Declined(func() { whole(d.pick[i]) }); declined {
+		parts() // the begun call is dropped: a set declines before it queues any work
+		return
+	}
+	if end != nil {
+		var c Cost
+		whole(costOf{&c})
+		end.EndOp(d.names[i], c)
+	}
+}
+
+// linearSwiGLUParts is LinearSwiGLU as its parts, Linear into a [N, 2I]
+// intermediate then SwiGLU, each on the set the spec runs it on.
+func (d *Dispatch) linearSwiGLUParts(out, x, w *Tensor) {
+	gateUp := d.scratchOf("linear_swiglu.gate_up", out.DType, x.Rows(), w.Rows())
+	d.Linear(gateUp, x, w, nil)
+	d.SwiGLU(out, gateUp)
+}
+
+// scratchOf is a packed [rows, cols] tensor of dt over the buffer d keeps
+// under name, which grows (the old one freed: work queued on it is
+// unaffected) when it is too small. Like the sets' scratch, a decode step
+// sizes it when it first runs eagerly, before a graph captures it.
+func (d *Dispatch) scratchOf(name string, dt DType, rows, cols int) *Tensor {
+	t := d.scratch[name]
+	if t == nil || t.Buf.Bytes() < rows*cols*dt.Size() {
+		if t != nil {
+			d.dev.Free(t)
+		}
+		t = d.dev.Alloc(dt, rows, cols)
+		d.scratch[name] = t
+	}
+	return NewTensor(t.Buf, dt, 0, rows, cols)
 }
 
 // run calls f on op i's set, or, when that set declines the call

@@ -19,7 +19,12 @@
 //  1. ops.go: its Op constant, its opTable row (name, the Ops method that
 //     runs it, group, what it does) and its Ops method, documented with
 //     the layout of every argument; then go generate ./kernels writes its
-//     Dispatch and NotOwned methods (ops_gen.go).
+//     Dispatch and NotOwned methods (ops_gen.go). A composite op, one that
+//     does the work of others in one call (linear_swiglu: linear, then
+//     swiglu), names them as its Parts, and dispatch.go holds the method
+//     that runs them instead (linearSwiGLUParts), which the Dispatch calls
+//     where the spec puts the parts on other sets, the set does not fuse
+//     the op (SetInfo.Fuses), or the set declines the call.
 //  2. contract.go: its Check function, which every set calls first, and
 //     its cost (costOf's method: the FLOPs and bytes the profile reads).
 //  3. kernels/cpu: the plain reference, in the file named for the op.

@@ -8,30 +8,39 @@ type Op string
 
 // Every op, in the order of opTable.
 const (
-	OpEmbedding   Op = "embedding"
-	OpLinear      Op = "linear"
-	OpRMSNorm     Op = "rms_norm"
-	OpAddRMSNorm  Op = "add_rms_norm"
-	OpAdd         Op = "add"
-	OpRoPE        Op = "rope"
-	OpSwiGLU      Op = "swiglu"
-	OpAttnPrefill Op = "attn_prefill"
-	OpAttnDecode  Op = "attn_decode"
-	OpMLAPrefill  Op = "mla_prefill"
-	OpMLADecode   Op = "mla_decode"
-	OpMoERoute    Op = "moe_route"
-	OpMoEExperts  Op = "moe_experts"
-	OpGroupGemm   Op = "group_gemm"
-	OpArgmax      Op = "argmax"
+	OpEmbedding    Op = "embedding"
+	OpLinear       Op = "linear"
+	OpRMSNorm      Op = "rms_norm"
+	OpAddRMSNorm   Op = "add_rms_norm"
+	OpAdd          Op = "add"
+	OpRoPE         Op = "rope"
+	OpSwiGLU       Op = "swiglu"
+	OpLinearSwiGLU Op = "linear_swiglu"
+	OpAttnPrefill  Op = "attn_prefill"
+	OpAttnDecode   Op = "attn_decode"
+	OpMLAPrefill   Op = "mla_prefill"
+	OpMLADecode    Op = "mla_decode"
+	OpMoERoute     Op = "moe_route"
+	OpMoEExperts   Op = "moe_experts"
+	OpGroupGemm    Op = "group_gemm"
+	OpArgmax       Op = "argmax"
 )
 
 // OpInfo describes an op: its name, the group a kernel spec may name it by
-// (TileGym's per-op patch flags attn=, rms_norm=, ...), and what it does.
+// (TileGym's per-op patch flags attn=, rms_norm=, ...), the ops it is made
+// of, and what it does.
 type OpInfo struct {
 	Op     Op
 	Method string // the Ops method that runs it
 	Group  string // "" when the op belongs to no group
-	Doc    string
+	// Parts are the ops a composite op does the work of, in order: the
+	// Dispatch runs it as one call of its set only where that set fuses it
+	// (SetInfo.Fuses) and the spec runs every part on that set too, or
+	// where the spec names the op itself (Spec.Whole); else it runs the
+	// parts, each on the set the spec runs it on, so that
+	// "fused,linear=naive" still means what it says. nil for the other ops.
+	Parts []Op
+	Doc   string
 }
 
 // opTable is the one list of ops: the op list, spec parsing, the dispatch
@@ -45,6 +54,8 @@ var opTable = []OpInfo{
 	{Op: OpAdd, Method: "Add", Doc: "elementwise sum"},
 	{Op: OpRoPE, Method: "RoPE", Doc: "rotary embedding of the q and k heads, in place"},
 	{Op: OpSwiGLU, Method: "SwiGLU", Doc: "silu(gate)·up"},
+	{Op: OpLinearSwiGLU, Method: "LinearSwiGLU", Parts: []Op{OpLinear, OpSwiGLU},
+		Doc: "the MLP's gate/up projection and SwiGLU: swiglu(x·wᵀ), one GEMM with SwiGLU in its epilogue where a set has it"},
 	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
 	{Op: OpMLAPrefill, Method: "MLAPrefill", Group: "mla", Doc: "DeepSeek-V2 latent attention of new tokens"},
@@ -143,6 +154,14 @@ type Ops interface {
 	// SwiGLU is out = silu(gate) · up with gate = gateUp[:, :I] and
 	// up = gateUp[:, I:]. out [N,I] act; gateUp [N,2I] act.
 	SwiGLU(out, gateUp *Tensor)
+
+	// LinearSwiGLU is Linear then SwiGLU, out = SwiGLU(x · wᵀ), rounded as
+	// the two round (gate and up to act, then as SwiGLU), with w the gate
+	// and up projections stacked as the loader holds them: gate rows first.
+	// out [N,I] act, pitched; x [N,K] act, pitched; w [2I,K] weight. It is
+	// a composite op (OpInfo.Parts): a Dispatch runs Linear and SwiGLU
+	// instead where the spec puts them on other sets.
+	LinearSwiGLU(out, x, w *Tensor)
 
 	// AttentionPrefill is causal attention of a packed batch of new tokens
 	// against each row's KV cache, after appending the new keys and values to

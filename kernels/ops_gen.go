@@ -42,6 +42,12 @@ func (d *Dispatch) SwiGLU(out, gateUp *Tensor) {
 	d.call(OpSwiGLU, func(o Ops) { o.SwiGLU(out, gateUp) })
 }
 
+// LinearSwiGLU runs OpLinearSwiGLU on the set the spec chose for it, or as its parts
+// (linearSwiGLUParts) where the spec runs them on other sets.
+func (d *Dispatch) LinearSwiGLU(out, x, w *Tensor) {
+	d.callWhole(OpLinearSwiGLU, func(o Ops) { o.LinearSwiGLU(out, x, w) }, func() { d.linearSwiGLUParts(out, x, w) })
+}
+
 // AttentionPrefill runs OpAttnPrefill on the set the spec chose for it.
 func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
 	d.call(OpAttnPrefill, func(o Ops) { o.AttentionPrefill(a) })
@@ -104,6 +110,9 @@ func (n NotOwned) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r 
 
 // SwiGLU panics: the set runs OpSwiGLU on its fallback.
 func (n NotOwned) SwiGLU(out, gateUp *Tensor) { n.panic(OpSwiGLU) }
+
+// LinearSwiGLU panics: the set runs OpLinearSwiGLU on its fallback.
+func (n NotOwned) LinearSwiGLU(out, x, w *Tensor) { n.panic(OpLinearSwiGLU) }
 
 // AttentionPrefill panics: the set runs OpAttnPrefill on its fallback.
 func (n NotOwned) AttentionPrefill(a *AttnArgs) { n.panic(OpAttnPrefill) }

@@ -17,6 +17,11 @@ type SetInfo struct {
 	// op. A spec that picks the set for another op runs its fallback's
 	// kernel for it (see FallbackOf), and the profile names the fallback.
 	Own []Op
+	// Fuses lists the composite ops (OpInfo.Parts) the set runs as one
+	// kernel of its own, at least for some calls: where the spec runs one
+	// on a set that does not fuse it, the Dispatch runs its parts, so that
+	// a set whose composite is only its parts profiles as it did before.
+	Fuses []Op
 	// Fallback names the set that runs what this set does not: the ops it
 	// does not own and the calls it declines (Unsupported). "" leaves it to
 	// the registry: the baseline of the set's device kind when the set owns
@@ -229,6 +234,33 @@ func (s Spec) Runner(op Op) string {
 		name = FallbackOf(name)
 	}
 	return ""
+}
+
+// Whole reports whether the spec runs op as one call of its Runner: always
+// for an op without parts; for a composite op (OpInfo.Parts) when the spec
+// names the op itself, or when the set that runs it fuses it
+// (SetInfo.Fuses) and runs each of its parts too. Otherwise the Dispatch
+// runs the parts, each on its own set: "fused,linear=naive" runs naive's
+// linear and fused's swiglu where the MLP calls linear_swiglu, as it did
+// before there was one, and naive's and cpu's runs profile as before.
+func (s Spec) Whole(op Op) bool {
+	if _, named := s.Overrides[op]; named {
+		return true
+	}
+	i := opIndex(op)
+	if i < 0 || len(opTable[i].Parts) == 0 {
+		return true
+	}
+	r := s.Runner(op)
+	if info, ok := lookup(r); !ok || !slices.Contains(info.Fuses, op) {
+		return false
+	}
+	for _, p := range opTable[i].Parts {
+		if s.Runner(p) != r {
+			return false
+		}
+	}
+	return true
 }
 
 // String is the canonical form of the spec: the base set, then the ops that

@@ -1,6 +1,8 @@
 package kernels_test
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -278,6 +280,13 @@ func (p picky) Add(out, a, b *kernels.Tensor) {
 	p.Ops.Add(out, a, b)
 }
 
+func (p picky) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	if x.Rows()%2 != 0 {
+		panic(kernels.Unsupported{Set: "picky", Op: kernels.OpLinearSwiGLU, Why: "odd rows"})
+	}
+	p.Ops.LinearSwiGLU(out, x, w)
+}
+
 // TestDeclinedCallsFallBack: a call a set declines runs on its fallback,
 // and the profile names the set that ran it; without a fallback the
 // Unsupported panic goes on.
@@ -354,5 +363,116 @@ func TestRegistryFallback(t *testing.T) {
 	if _, err := kernels.ParseSpec("cpu,add=turbo"); err == nil ||
 		!strings.Contains(err.Error(), `unknown kernel set "turbo" (want one of cpu, fused, naive, tpu_test_only: the sets built into this binary)`) {
 		t.Errorf("an unregistered set: %v, want the registered ones listed", err)
+	}
+}
+
+// TestCompositeParts: linear_swiglu runs as one call of its set where the
+// set fuses it and the spec runs linear and swiglu there too, or where the
+// spec names it; else as linear then swiglu, each on its own set and in its
+// own profile row, with the same result.
+func TestCompositeParts(t *testing.T) {
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"naive,linear_swiglu=naive", true},
+		{"fused,linear=naive", false}, {"fused,swiglu=naive", false},
+		{"fused,linear=naive,swiglu=naive", false}, {"fused,linear=naive,linear_swiglu=fused", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpLinearSwiGLU); got != c.whole {
+			t.Errorf("%s: Whole(linear_swiglu) = %v, want %v", c.spec, got, c.whole)
+		}
+		if !s.Whole(kernels.OpLinear) {
+			t.Errorf("%s: an op without parts is not whole", c.spec)
+		}
+	}
+
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "swiglu_test_only", Device: "cpu", Own: []kernels.Op{kernels.OpSwiGLU},
+		Fallback: "cpu", New: cpuSet.New})
+	defer kernels.Unregister("swiglu_test_only")
+	dev := cpu.NewDevice()
+	const n, k, inter = 3, 16, 8
+	x, w := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, 2*inter, k)
+	for i, t := range []*kernels.Tensor{x, w} {
+		v := make([]float32, t.Numel())
+		for j := range v {
+			v[j] = float32((j*7+i*3)%11-5) / 8
+		}
+		copy(cpu.F32(t), v)
+	}
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]string
+	}{
+		{"cpu,linear_swiglu=cpu", map[kernels.Op]string{kernels.OpLinearSwiGLU: "cpu"}},
+		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "cpu"}},
+		{"cpu,swiglu=swiglu_test_only", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "swiglu_test_only"}},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof := profile.New(dev)
+		ops, err := s.Build(dev, prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := dev.Alloc(kernels.F32, n, inter)
+		ops.LinearSwiGLU(out, x, w)
+		ops.LinearSwiGLU(out, x, w) // the intermediate kept from the first call
+		if err := prof.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got := map[kernels.Op]string{}
+		for _, r := range prof.Table() {
+			got[r.Op] = r.Set
+			if r.Calls != 2 {
+				t.Errorf("%s: %s ran %d times, want 2", c.spec, r.Op, r.Calls)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Clone(cpu.F32(out)))
+	}
+	for _, o := range outs[1:] {
+		if !slices.Equal(outs[0], o) {
+			t.Errorf("linear_swiglu whole %v, as its parts %v", outs[0], o)
+		}
+	}
+
+	// A set that fuses it for some calls only: the calls it declines run
+	// as the parts, on the same set, in their own rows.
+	kernels.Register(kernels.SetInfo{Name: "fuses_test_only", Device: "cpu", Fallback: "cpu",
+		Own:   []kernels.Op{kernels.OpLinear, kernels.OpSwiGLU, kernels.OpLinearSwiGLU},
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU},
+		New: func(dev kernels.Device) (kernels.Ops, error) {
+			ops, err := cpuSet.New(dev)
+			return picky{ops}, err
+		}})
+	defer kernels.Unregister("fuses_test_only")
+	prof := profile.New(dev)
+	ops, err := kernels.Spec{Base: "fuses_test_only"}.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rows := range []int{2, 3} {
+		ops.LinearSwiGLU(dev.Alloc(kernels.F32, rows, inter), dev.Alloc(kernels.F32, rows, k), w)
+	}
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[kernels.Op]int{}
+	for _, r := range prof.Table() {
+		got[r.Op] = r.Calls
+	}
+	if want := map[kernels.Op]int{kernels.OpLinearSwiGLU: 1, kernels.OpLinear: 1, kernels.OpSwiGLU: 1}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("a set declining odd rows: calls %v, want %v", got, want)
 	}
 }

@@ -4,7 +4,6 @@ import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
-	bufGateUp       = "mlp.gate_up"       // [T, 2·intermediate] act
 	bufAct          = "mlp.act"           // [T, intermediate] act: silu(gate)·up
 	bufRouterLogits = "moe.router_logits" // [T, n_routed_experts] f32
 	bufTopkIdx      = "moe.topk_idx"      // [T, num_experts_per_tok] i32
@@ -13,10 +12,14 @@ const (
 )
 
 // MLP is the SwiGLU feed-forward block, as HF's Qwen2MLP and DeepseekV2MLP:
-// down_proj(silu(gate_proj(x)) · up_proj(x)).
+// down_proj(silu(gate_proj(x)) · up_proj(x)). The gate/up projection and
+// SwiGLU are one op, LinearSwiGLU, which a kernel set may run as one GEMM
+// with SwiGLU in its epilogue (the [T, 2·intermediate] of gate and up then
+// never reaches memory) or as Linear then SwiGLU, as before.
 type MLP struct {
 	// GateUpProj is gate_proj and up_proj stacked: weight
-	// [2·intermediate, hidden], the gate rows first.
+	// [2·intermediate, hidden], the gate rows first; no bias (HF's have
+	// none).
 	GateUpProj Linear
 	DownProj   Linear // down_proj [hidden, intermediate]
 }
@@ -26,17 +29,16 @@ func (m *MLP) IntermediateSize() int { return m.GateUpProj.OutFeatures() / 2 }
 
 // Reserve asks ws for the buffers Forward uses.
 func (m *MLP) Reserve(ws *Workspace, act kernels.DType) {
-	ws.Reserve(bufGateUp, act, 2*m.IntermediateSize())
 	ws.Reserve(bufAct, act, m.IntermediateSize())
 }
 
 // Forward computes out [T, hidden] from x [T, hidden].
 func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
-	T, I := s.Tokens(), m.IntermediateSize()
-	gateUp := s.WS.Get(bufGateUp, T, 2*I)
-	m.GateUpProj.Forward(s, gateUp, x)
-	act := s.WS.Get(bufAct, T, I)
-	s.Ops.SwiGLU(act, gateUp)
+	if m.GateUpProj.Bias != nil {
+		panic("layers: MLP.GateUpProj has a bias; LinearSwiGLU takes none (HF's gate_proj and up_proj have none)")
+	}
+	act := s.WS.Get(bufAct, s.Tokens(), m.IntermediateSize())
+	s.Ops.LinearSwiGLU(act, x, m.GateUpProj.Weight)
 	m.DownProj.Forward(s, out, act)
 }
 

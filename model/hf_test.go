@@ -15,6 +15,7 @@ import (
 	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	_ "github.com/fuselm/fuselm/kernels/fused"
+	"github.com/fuselm/fuselm/kernels/kbench"
 	_ "github.com/fuselm/fuselm/kernels/naive"
 	"github.com/fuselm/fuselm/loader"
 )
@@ -155,13 +156,17 @@ func cpuOpsAct(t *testing.T, act kernels.DType) (kernels.Device, kernels.Ops) {
 // The tests that hold the model against HF and against itself run on the
 // kernel spec in $FUSELM_TEST_KERNELS ("naive", "fused,attn=naive", ...; the
 // cpu set when unset), on CUDA device 0 for the CUDA sets, skipping without
-// one. The device and its ops are made once and shared.
+// one. With $FUSELM_TEST_TUNING set they run the choices of the device's
+// tuning cache too, as infer does (infer bench --optimize writes it beside
+// the kernel cache): so a variant no default runs can be held against HF.
+// The device and its ops are made once and shared.
 var testBackend struct {
-	once sync.Once
-	dev  kernels.Device
-	ops  kernels.Ops
-	err  error
-	skip string
+	once   sync.Once
+	dev    kernels.Device
+	ops    kernels.Ops
+	tuning []string // what the tuning cache changed, a line a choice
+	err    error
+	skip   string
 }
 
 // backendOps returns the device and ops of $FUSELM_TEST_KERNELS.
@@ -197,7 +202,15 @@ func backendOps(t *testing.T) (kernels.Device, kernels.Ops) {
 			return
 		}
 		b.dev = dev
-		b.ops, b.err = spec.Build(dev, nil)
+		ops, err := spec.Build(dev, nil)
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.ops = ops
+		if os.Getenv("FUSELM_TEST_TUNING") != "" {
+			b.tuning, b.err = applyTestTuning(dev, ops)
+		}
 	})
 	if b.skip != "" {
 		t.Skip(b.skip)
@@ -205,7 +218,35 @@ func backendOps(t *testing.T) (kernels.Device, kernels.Ops) {
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
+	for _, line := range b.tuning {
+		t.Log(line)
+	}
 	return b.dev, b.ops
+}
+
+// applyTestTuning applies the tuning cache of dev to ops and says what it
+// changed; a cache that is missing, stale or changes nothing is an error,
+// since the test was asked to run its choices.
+func applyTestTuning(dev *cuda.Device, ops *kernels.Dispatch) ([]string, error) {
+	path, cache, stale, err := kbench.DeviceCache(dev)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("FUSELM_TEST_TUNING: %w", err)
+	case stale != "":
+		return nil, fmt.Errorf("FUSELM_TEST_TUNING: %s not applied: %s", path, stale)
+	}
+	applied, skipped := ops.ApplyTuning(cache.Choices())
+	var lines []string
+	for _, c := range applied {
+		lines = append(lines, fmt.Sprintf("tuning: %s %s %s runs %s (from %s)", c.Set, c.Op, c.Key, c.Variant, path))
+	}
+	for _, err := range skipped {
+		lines = append(lines, fmt.Sprintf("tuning: not applied: %v", err))
+	}
+	if len(applied) == 0 {
+		return nil, fmt.Errorf("FUSELM_TEST_TUNING: %s holds no choice for this spec (%d entries)", path, len(cache.Entries))
+	}
+	return lines, nil
 }
 
 // load loads a model on the test backend, closed at the end of the test.

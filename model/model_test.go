@@ -299,6 +299,9 @@ func (o *recordingOps) RoPE(x *kernels.Tensor, heads, stride, off int, pos *kern
 func (o *recordingOps) SwiGLU(out, gateUp *kernels.Tensor) {
 	o.do(func() { o.Ops.SwiGLU(out, gateUp) })
 }
+func (o *recordingOps) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	o.do(func() { o.Ops.LinearSwiGLU(out, x, w) })
+}
 func (o *recordingOps) AttentionPrefill(a *kernels.AttnArgs) {
 	o.do(func() { o.Ops.AttentionPrefill(a) })
 }

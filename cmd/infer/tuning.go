@@ -18,20 +18,6 @@ import (
 // The tuning cache: bench --optimize writes the fastest variant per tuning
 // key beside the device's kernel cache, and every run applies it.
 
-// readTuning finds and reads the tuning cache of a CUDA device, kept
-// beside its kernel cache; stale says why a cache found there does not
-// hold for this device (and cache is then a new, empty one).
-func readTuning(d *cuda.Device) (path string, cache *kbench.Cache, stale string, err error) {
-	dir := d.CacheDir()
-	if dir == "" {
-		return "", nil, "", errors.New("the kernel cache is off (FUSELM_KERNEL_CACHE=off), and the tuning cache lives beside it")
-	}
-	p := d.Props()
-	path = kbench.CachePath(filepath.Dir(dir), p.Name, p.Arch, p.NVRTCVersion)
-	cache, stale, err = kbench.ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
-	return path, cache, stale, err
-}
-
 // keepTuning writes the run's choices into the device's tuning cache.
 func keepTuning(dev kernels.Device, rep *kbench.Report, opt kbench.Options, logw io.Writer) error {
 	d, ok := dev.(*cuda.Device)
@@ -42,7 +28,7 @@ func keepTuning(dev kernels.Device, rep *kbench.Report, opt kbench.Options, logw
 		fmt.Fprintln(logw, "bench: no op run here has several variants: nothing to keep")
 		return nil
 	}
-	path, cache, stale, err := readTuning(d)
+	path, cache, stale, err := kbench.DeviceCache(d)
 	if err != nil {
 		return err
 	}
@@ -81,7 +67,7 @@ func applyTuning(dev kernels.Device, ops *kernels.Dispatch, logf func(string, ..
 	if !ok {
 		return nil
 	}
-	path, cache, stale, err := readTuning(d)
+	path, cache, stale, err := kbench.DeviceCache(d)
 	switch {
 	case path == "":
 		return nil // no kernel cache, so no tuning cache

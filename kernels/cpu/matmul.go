@@ -206,3 +206,23 @@ func axpy(a float32, x, y []float32) {
 		y[i] += a * v
 	}
 }
+
+// LinearSwiGLU is Linear then SwiGLU, out = swiglu(x·wᵀ): out [N,I] act,
+// pitched; x [N,K] act, pitched; w [2I,K], the gate rows first. It rounds
+// as the two ops do: gate and up to bf16 (Linear's output), then as
+// SwiGLU.
+func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	const op = kernels.OpLinearSwiGLU
+	kernels.CheckLinearSwiGLU(o.dev.ActDType(), out, x, w)
+	xm, wm := o.in(op, "x", x), weightArg(op, "w", w)
+	om, commit := o.out(op, "out", out)
+	gu := newMat(xm.rows, wm.rows)
+	gemm(gu, xm, wm, nil)
+	o.round(gu.d)
+	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			swiglu(om.row(i), gu.row(i), o.bf16)
+		}
+	})
+	commit()
+}

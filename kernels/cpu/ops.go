@@ -42,6 +42,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //     cos and sin, each product and the sum; with interleaved pairs
 //     (DeepSeek-V2's apply_rotary_emb, in f32): the result only.
 //   - SwiGLU: silu(gate), then the product with up.
+//   - LinearSwiGLU: gate and up (Linear's output), then as SwiGLU.
 //   - Attention: as torch's scaled_dot_product_attention on CUDA (HF's
 //     default "sdpa"): scores, softmax and the weighted sum of values in
 //     f32, the output rounded; where SDPA would run a fused kernel (flash,

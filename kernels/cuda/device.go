@@ -474,6 +474,20 @@ func (d *Device) Scratch(key string, n int) uintptr {
 	return p
 }
 
+// ScratchTensor is Scratch(key, ...) as a packed [rows, cols] tensor of dt,
+// for a launcher that hands its temporaries to the set's own ops. It is
+// valid as Scratch's memory is, and must not be freed.
+func (d *Device) ScratchTensor(key string, dt kernels.DType, rows, cols int) *kernels.Tensor {
+	d.Scratch(key, rows*cols*dt.Size())
+	d.mu.Lock()
+	b := d.scratch[key]
+	d.mu.Unlock()
+	if b == nil { // the device failed; the failure is recorded
+		b = &buffer{dev: d}
+	}
+	return kernels.NewTensor(b, dt, 0, rows, cols)
+}
+
 // MemStats reports the caching allocator's state.
 func (d *Device) MemStats() MemStats {
 	d.mu.Lock()

@@ -297,6 +297,12 @@ func (k *Kit) Scratch(name string, dt kernels.DType, rows, cols int) Mat {
 	return Mat{P: k.D.Scratch(k.Set+"."+name, rows*cols*dt.Size()), Pitch: cols, DT: dt}
 }
 
+// ScratchTensor is Scratch as a tensor, for a launcher that runs the set's
+// own ops on its temporaries (see cuda.Device.ScratchTensor).
+func (k *Kit) ScratchTensor(name string, dt kernels.DType, rows, cols int) *kernels.Tensor {
+	return k.D.ScratchTensor(k.Set+"."+name, dt, rows, cols)
+}
+
 // VecFor is the widest access (VecWidth or 1 elements) that every row start
 // of the matrices allows when rows of cols elements are moved.
 func VecFor(cols int, ms ...Mat) int {

@@ -267,3 +267,55 @@ func (o *ops) linearFor(k linearKey) string {
 	}
 	return o.linearDefault(k)
 }
+
+// linSwiGLUUnfused is linear_swiglu's variant that runs the pair as two
+// ops: LinearSwiGLU declines it, and the Dispatch runs the set's Linear
+// (its own variant for the stacked problem: skinny, cuBLAS or
+// linear_wgmma) into an intermediate [M, 2I], then swiglu. The others are
+// linear_wgmma's instances (lwConfigs) with SwiGLU in the epilogue, named
+// as linear's.
+const linSwiGLUUnfused = "unfused"
+
+// linearSwiGLUDefault is the variant a linear_swiglu problem (k: its
+// stacked GEMM, N = 2I) runs without a tuning choice: linear_wgmma's
+// default instance where linear's rule would run it (linWgmmaDefault from
+// linWgmmaRows rows, where it can run here), with SwiGLU in its epilogue;
+// else the unfused pair. So the epilogue is on exactly where linear_wgmma
+// is linear's default: nowhere yet.
+func (o *ops) linearSwiGLUDefault(k linearKey) string {
+	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
+		if _, ok := o.lw.runs(linWgmmaDefault); ok {
+			return linWgmmaDefault
+		}
+	}
+	return linSwiGLUUnfused
+}
+
+// linearSwiGLUFor is the variant linear_swiglu problems of k run: the
+// tuning choice for k, else linearSwiGLUDefault.
+func (o *ops) linearSwiGLUFor(k linearKey) string {
+	if v, ok := o.choice[choiceKey{kernels.OpLinearSwiGLU, k.String()}]; ok {
+		return v
+	}
+	return o.linearSwiGLUDefault(k)
+}
+
+// LinearSwiGLU is the MLP's gate/up projection and SwiGLU: linear_wgmma
+// with SwiGLU in its epilogue (one pass, out written once) where the
+// variant for the problem is one of its instances and the operands fit its
+// tensor maps (lwTakes), so on sm_90a only. Elsewhere (the unfused
+// variant: a decode step, prefill while the epilogue is not the default,
+// any other device) it declines the call, and the Dispatch runs the parts,
+// the set's Linear and SwiGLU, as they ran before this op and in their own
+// profile rows (see kernels.Dispatch). Both round as HF's bf16
+// act_fn(gate_proj(x)) * up_proj(x) (see linear_wgmma.cu's LwSwiGLU).
+func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	kernels.CheckLinearSwiGLU(o.D.ActDType(), out, x, w)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	v := o.linearSwiGLUFor(linearKey{m, n, k})
+	c, ok := o.lw.runs(v)
+	o.Need(ok && o.lwTakes(out, x, w), kernels.OpLinearSwiGLU, "variant %s at M=%d,N=%d,K=%d: linear then swiglu run it", v, m, n, k)
+	if m > 0 {
+		o.linearSwiGLUWgmma(c, out, x, w)
+	}
+}

@@ -1,6 +1,7 @@
 // linear_wgmma: out = x·wᵀ + bias for prefill's many rows on Hopper (sm_90a
 // only: wgmma, setmaxnreg, stmatrix and the copy engine's tensor copies),
-// the "wgmma" variants of linear. Rounding as torch's addmm and cuBLAS with
+// the "wgmma" variants of linear, and with SwiGLU in its epilogue those of
+// linear_swiglu (LwSwiGLU below). Rounding as torch's addmm and cuBLAS with
 // beta = 1 over bf16 bias rows (naive's Linear): the sum in f32, the bias
 // in bf16 (the host rounds any other bias into a bf16 copy, as those rows
 // are), out = round(acc + bias) once.
@@ -8,7 +9,8 @@
 // Operands (pitches in elements, each a multiple of 8, every matrix on a
 // 16-byte boundary: what the tensor maps need):
 //   xmap  x bf16 [M, K], box {64, LW_BM}
-//   wmap  w bf16 [N, K], box {64, BN}
+//   wmap  w bf16 [N, K], box {64, BN} (LwPlain); with LwSwiGLU w [2N, K],
+//         the gate rows then the up rows, box {64, BN/2}
 //   omap  out bf16 [M, N], box {LW_BOX, 64}
 //   all three with the 128-byte swizzle; elements past a map's bounds read
 //   as zeros and are not written.
@@ -38,19 +40,23 @@
 //     precedes each store, so the store of box b overlaps the filling of b+1.
 //
 // The epilogue is a type, chosen when the kernel is instantiated:
-//   E::COLS      the output columns of a tile (a multiple of LW_BOX);
+//   E::COLS      the output columns of a tile (a multiple of LW_BOX): N
+//                is out's columns, tiles cover them COLS at a time;
+//   E::W_BOXES   the tensor copies of w rows a stage takes (BN / W_BOXES
+//                rows each, wmap's box), and e.w_row(nt, b) where copy b
+//                of n-tile nt starts among w's rows;
 //   e.load(col0, lane)  before a tile's k-steps, whose first output column
 //                is col0: loads what frag needs of this thread's columns
 //                into registers, so that the loads land under the wgmmas;
 //   e.frag(acc, j, row, col, lo, hi)  output 8-column block j of the tile
 //                as this thread's bf16 pairs: columns col and col + 1
 //                (global) of rows row (lo) and row + 8 (hi).
-// LwPlain adds the bias. A SwiGLU epilogue (COLS = BN/2) takes block j from
-// the gate and up accumulators of the same columns: acc[j] and
-// acc[j + BN/16] where the producer loads a stage's w as two boxes of BN/2
-// rows, gate rows then up rows (group_wgmma's way: w as HF stacks it), or
-// acc[2j] and acc[2j+1] for gate and up rows interleaved 8 by 8 at load
-// time. A residual add would read out's old values.
+// LwPlain (COLS = BN, one copy of BN rows) adds the bias. LwSwiGLU (COLS =
+// BN/2) loads a stage's w as two copies of BN/2 rows, the gate rows of the
+// tile's columns then their up rows (group_wgmma's way: w as HF stacks
+// gate_proj over up_proj), so block j takes gate from acc[j] and up from
+// acc[j + BN/16], the same columns of the same thread. A residual add would
+// read out's old values.
 //
 // A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
 // (HG_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
@@ -105,9 +111,12 @@ struct LwTiles {
 // wgmmas; columns past N take zeros (the tensor stores leave them).
 template <int BN> struct LwPlain {
 	static constexpr int COLS = BN;
+	static constexpr int W_BOXES = 1;
 	const unsigned* bias; // bf16 pairs
 	int N;
 	unsigned b[BN / 8]; // bias[col], bias[col + 1] of block j
+
+	__device__ __forceinline__ int w_row(int nt, int) const { return nt * BN; }
 
 	__device__ __forceinline__ void load(int col0, int lane) {
 		if (!bias) return;
@@ -130,6 +139,36 @@ template <int BN> struct LwPlain {
 	}
 };
 
+// LwSwiGLU is the epilogue of the MLP's gate/up projection: tiles of BN/2
+// output columns, out = silu(gate) · up with w's gate rows [0, inter) and up
+// rows [inter, 2·inter), rounded as HF's act_fn(gate_proj(x)) * up_proj(x)
+// in bf16 and as fused's swiglu: gate and up to bf16 (the projection's
+// output), silu(gate) to bf16, the product to bf16. The gate copy of the
+// last n-tile may run past inter into up rows, and the up copy past 2·inter
+// (zeros): both only feed columns past inter, which the stores leave.
+template <int BN> struct LwSwiGLU {
+	static constexpr int COLS = BN / 2;
+	static constexpr int W_BOXES = 2;
+	int inter; // I: out's columns, the first up row of w
+
+	__device__ __forceinline__ int w_row(int nt, int b) const { return b * inter + nt * COLS; }
+
+	__device__ __forceinline__ void load(int, int) {}
+
+	__device__ __forceinline__ static float act(float g, float u) {
+		g = round_bf16(g);
+		return round_bf16(g / (1.0f + expf(-g))) * round_bf16(u);
+	}
+
+	template <int NB>
+	__device__ __forceinline__ void frag(const float (&acc)[NB][4], int j, int, int, unsigned& lo, unsigned& hi) const {
+		static_assert(NB == BN / 8, "the accumulators of BN columns: gate blocks, then up blocks");
+		constexpr int UP = BN / 16; // the first up block
+		lo = pack2(act(acc[j][0], acc[j + UP][0]), act(acc[j][1], acc[j + UP][1]));
+		hi = pack2(act(acc[j][2], acc[j + UP][2]), act(acc[j][3], acc[j + UP][3]));
+	}
+};
+
 // linear_wgmma: see the top of this file. Launch: a persistent grid (at most
 // one block an SM, at most the tiles), LW_THREADS threads,
 // LwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
@@ -139,6 +178,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	typedef LwLayout<BN, STAGES> L;
 	constexpr int OUT_COLS = E::COLS;
 	static_assert(OUT_COLS % LW_BOX == 0, "a tile's output is whole boxes");
+	static_assert(BN % E::W_BOXES == 0 && BN / E::W_BOXES % 8 == 0, "w's copies are whole 8-row core matrices");
 	extern __shared__ unsigned char smem_raw[];
 	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
 
@@ -152,7 +192,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4);
 	__syncthreads();
 
-	const LwTiles tiles{(M + LW_BM - 1) / LW_BM, (N + BN - 1) / BN, group};
+	const LwTiles tiles{(M + LW_BM - 1) / LW_BM, (N + OUT_COLS - 1) / OUT_COLS, group};
 	const int total = tiles.total();
 	const int ktiles = (K + HG_BK - 1) / HG_BK;
 	const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -170,7 +210,9 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 				const unsigned full = ring.full(s);
 				mbar_expect_tx(full, L::STAGE_BYTES);
 				tma_load_2d(sA(s), xmap, full, kt * HG_BK, mt * LW_BM);
-				tma_load_2d(sB(s), wmap, full, kt * HG_BK, nt * BN);
+#pragma unroll
+				for (int b = 0; b < E::W_BOXES; b++)
+					tma_load_2d(sB(s) + b * (BN / E::W_BOXES) * HG_ROW_BYTES, wmap, full, kt * HG_BK, epi.w_row(nt, b));
 			}
 		}
 		return;
@@ -223,11 +265,17 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 }
 
 // The instances (named as in linear_wgmma.go's lwConfigs): tiles of BN
-// columns through STAGES stages, the plain epilogue.
-#define LINEAR_WGMMA(NAME, BN, ST)                                                                                        \
+// w rows through STAGES stages, with the plain epilogue (linear) and with
+// SwiGLU's (linear_swiglu: N is out's columns, I).
+#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST)                                                                           \
 	extern "C" __global__ void __launch_bounds__(LW_THREADS, 1)                                                           \
 	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap omap, \
 	         const unsigned* bias, int M, int N, int K, int group, int* status) {                                          \
 		linear_wgmma<BN, ST>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                         \
+	}                                                                                                                     \
+	extern "C" __global__ void __launch_bounds__(LW_THREADS, 1)                                                           \
+	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,                              \
+	                const __grid_constant__ TmaMap omap, int M, int N, int K, int group, int* status) {                   \
+		linear_wgmma<BN, ST>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                              \
 	}
 LINEAR_WGMMA_INSTANCES(LINEAR_WGMMA)

@@ -45,6 +45,13 @@ type lwConfig struct {
 
 func (c lwConfig) kernel() string { return fmt.Sprintf("linear_wgmma_n%d_s%d", c.BN, c.Stages) }
 
+// swigluKernel is the instance with SwiGLU in its epilogue (LwSwiGLU), the
+// variant of linear_swiglu of the same name: BN rows of w a tile, BN/2 of
+// gate and BN/2 of up, BN/2 output columns.
+func (c lwConfig) swigluKernel() string {
+	return fmt.Sprintf("linear_wgmma_swiglu_n%d_s%d", c.BN, c.Stages)
+}
+
 // shared is LwLayout<BN, STAGES>::SMEM.
 func (c lwConfig) shared() int {
 	return c.Stages*(lwRows+c.BN)*lwK*2 + lwConsumers*lwOutBufs*lwOutBox + hopperAlign
@@ -97,8 +104,15 @@ func newLinearWgmma(k *cudaset.Kit) *lwKit {
 		return l
 	}
 	for _, c := range lwConfigs {
-		if err := k.FitShared(c.kernel(), c.shared()); err != nil {
-			l.why[c.Variant] = fmt.Errorf("fused: linear %s: %s: %w", c.Variant, c.kernel(), err)
+		var err error
+		for _, name := range []string{c.kernel(), c.swigluKernel()} {
+			if err = k.FitShared(name, c.shared()); err != nil {
+				err = fmt.Errorf("fused: linear %s: %s: %w", c.Variant, name, err)
+				break
+			}
+		}
+		if err != nil {
+			l.why[c.Variant] = err
 			continue
 		}
 		l.fit[c.Variant] = c
@@ -133,9 +147,10 @@ func (l *lwKit) runs(name string) (lwConfig, bool) {
 	return c, ok
 }
 
-// lwValid is the variant entry of instance c for shape s on target t:
+// lwValid is the variant entry of instance c for shape s on target t, with
+// SwiGLU in the epilogue (linear_swiglu, N = 2I) or the plain one (linear):
 // absent (offered false) where t is not hopperArch.
-func lwValid(c lwConfig) func(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
+func lwValid(c lwConfig, swiglu bool) func(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
 	return func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		if t.Arch != hopperArch {
 			return "", "", false
@@ -144,8 +159,12 @@ func lwValid(c lwConfig) func(s kernels.Shape, t kernels.Target) (params, why st
 		if k := s["K"]; k%cudaset.VecWidth != 0 {
 			vec = fmt.Sprintf("K=%d: w's rows are not on the 16-byte boundaries tensor copies need; cublas runs it", k)
 		}
-		params := fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d m-tiles epilogue=bias, stmatrix into %d boxes a consumer, tensor stores",
-			lwRows, c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, lwOutBufs)
+		epi := "bias"
+		if swiglu {
+			epi = fmt.Sprintf("swiglu (w as %d gate and %d up rows a stage, %d columns out)", c.BN/2, c.BN/2, c.BN/2)
+		}
+		params := fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d m-tiles epilogue=%s, stmatrix into %d boxes a consumer, tensor stores",
+			lwRows, c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, epi, lwOutBufs)
 		return params, join(vec, fits(c.shared(), t)), true
 	}
 }
@@ -177,6 +196,24 @@ func (o *ops) linearWgmma(c lwConfig, out, x, w, bias *kernels.Tensor) {
 	tiles := ((m + lwRows - 1) / lwRows) * ((n + c.BN - 1) / c.BN)
 	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(min(tiles, o.SMs))}, cuda.Dim3{X: lwThreads}, c.shared(),
 		xmap, wmap, omap, o.lwBias(bias), int32(m), int32(n), int32(k), int32(max(1, lwGroup)), o.D.Ptr(o.lw.status))
+}
+
+// linearSwiGLUWgmma launches instance c with SwiGLU in its epilogue: out
+// [m, inter] = swiglu(x [m, k] · w [2·inter, k]ᵀ), w's gate rows then its up
+// rows, each stage's w as two tensor copies of BN/2 rows.
+func (o *ops) linearSwiGLUWgmma(c lwConfig, out, x, w *kernels.Tensor) {
+	op := kernels.OpLinearSwiGLU
+	m, k, inter := x.Rows(), x.Cols(), out.Cols()
+	xm, wm := o.Mat(x), o.Mat(w)
+	xmap := o.xMap(op, xm, m, k)
+	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(2 * inter)},
+		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.BN / 2)}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "w's tensor map: %v", err)
+	omap, _, err := o.hopperOutMap(o.D.Ptr(out), out.Pitch, inter, m, 2)
+	o.Need(err == nil, op, "out's tensor map: %v", err)
+	tiles := ((m + lwRows - 1) / lwRows) * ((inter + c.BN/2 - 1) / (c.BN / 2))
+	o.LaunchGrid(c.swigluKernel(), cuda.Dim3{X: uint32(min(tiles, o.SMs))}, cuda.Dim3{X: lwThreads}, c.shared(),
+		xmap, wmap, omap, int32(m), int32(inter), int32(k), int32(max(1, lwGroup)), o.D.Ptr(o.lw.status))
 }
 
 // lwBias is bias as linear_wgmma reads it (0 for none): bf16 pairs from a

@@ -47,8 +47,10 @@ type choiceKey struct {
 // flash_prefill's tilings and flash_hopper for attn_prefill, flash_decode,
 // mla_prefill's tilings and mla_hopper, mla_decode's three, the single
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
-// the rows per group; the params say which the shape gets), and
-// linear_skinny, cuBLAS and linear_wgmma's instances for linear.
+// the rows per group; the params say which the shape gets),
+// linear_skinny, cuBLAS and linear_wgmma's instances for linear, and the
+// unfused pair and linear_wgmma's instances with SwiGLU in the epilogue for
+// linear_swiglu.
 var table = func() []variant {
 	var vs []variant
 	for _, c := range flashConfigs {
@@ -181,21 +183,31 @@ var table = func() []variant {
 	}}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
 		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
 	}})
-	for _, c := range lwConfigs {
-		vs = append(vs, variant{op: kernels.OpLinear, name: c.Variant, valid: lwValid(c), use: func(o *ops, key string) error {
+	lwUse := func(c lwConfig) func(o *ops, key string) error {
+		return func(o *ops, key string) error {
 			if k, _ := parseLinearKey(key); k.k%cudaset.VecWidth != 0 {
 				return fmt.Errorf("linear_wgmma takes K a multiple of %d (rows on 16-byte boundaries), the key has %d", cudaset.VecWidth, k.k)
 			}
 			_, err := o.lw.config(c.Variant) // why linear_wgmma cannot run here, NVRTC's log included
 			return err
-		}})
+		}
+	}
+	for _, c := range lwConfigs {
+		vs = append(vs, variant{op: kernels.OpLinear, name: c.Variant, valid: lwValid(c, false), use: lwUse(c)})
+	}
+	vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: linSwiGLUUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then swiglu, two ops", archWhy(t), true
+	}})
+	for _, c := range lwConfigs {
+		vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: c.Variant, valid: lwValid(c, true), use: lwUse(c)})
 	}
 	return vs
 }()
 
 // tunings are the ops whose variant is chosen per tuning key: attention
 // prefill's per head dim and element type (prefillKey), linear's per shape
-// (M, N, K), mla_prefill's per head dims, the grouped GEMM's (group_gemm,
+// (M, N, K), linear_swiglu's per its stacked GEMM's (M, N = 2I, K),
+// mla_prefill's per head dims, the grouped GEMM's (group_gemm,
 // moe_experts) per tiling, mla_decode's by batch (mlaDecodeKey); the other
 // ops have one variant.
 var tunings = map[kernels.Op]tuning{
@@ -239,6 +251,20 @@ var tunings = map[kernels.Op]tuning{
 				return ""
 			}
 			return o.linearFor(k)
+		},
+	},
+	kernels.OpLinearSwiGLU: {
+		key: func(s kernels.Shape) string { return linearKey{s["M"], s["N"], s["K"]}.String() },
+		parse: func(key string) (string, error) {
+			_, err := parseLinearKey(key)
+			return key, err
+		},
+		pick: func(o *ops, key, _ string) string {
+			k, err := parseLinearKey(key)
+			if err != nil {
+				return ""
+			}
+			return o.linearSwiGLUFor(k)
 		},
 	},
 	kernels.OpGroupGemm:  gemmTuning(kernels.OpGroupGemm),

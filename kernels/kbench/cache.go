@@ -11,6 +11,7 @@ import (
 
 	"github.com/fuselm/fuselm/infile"
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
 // Cache is the tuning cache of one device and compiler: the variants
@@ -44,6 +45,21 @@ var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 func CachePath(dir, device, arch string, nvrtc int) string {
 	name := fmt.Sprintf("%s_%s_nvrtc%d.json", unsafeName.ReplaceAllString(device, "-"), arch, nvrtc)
 	return filepath.Join(dir, "tuning", name)
+}
+
+// DeviceCache finds and reads the tuning cache of CUDA device d, kept
+// beside its kernel cache (in the parent of $FUSELM_KERNEL_CACHE); stale
+// says why a cache found there does not hold for d (c is then a new, empty
+// one).
+func DeviceCache(d *cuda.Device) (path string, c *Cache, stale string, err error) {
+	dir := d.CacheDir()
+	if dir == "" {
+		return "", nil, "", errors.New("the kernel cache is off (FUSELM_KERNEL_CACHE=off), and the tuning cache lives beside it")
+	}
+	p := d.Props()
+	path = CachePath(filepath.Dir(dir), p.Name, p.Arch, p.NVRTCVersion)
+	c, stale, err = ReadCache(path, p.Name, p.Arch, p.NVRTCVersion)
+	return path, c, stale, err
 }
 
 // maxCacheBytes bounds a tuning cache file: a few choices per op and shape.

@@ -143,9 +143,9 @@ func buildLinear(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 
 // prefillLinearShapes are Qwen2-7B's projections over a prefill's rows:
 // qkv (N = 3,584 + 2·512), o, gate_up (N = 2·18,944) and down (K = 18,944)
-// at 16,384 rows (a sixteenth of W1's) and 10,816 (W1's prompt, 676 tokens,
-// over its batch of 16), the GEMMs prefill spends most of its time in. The
-// runs here have no bias (qkv's is one add per output).
+// at 16,384 rows and 10,816 (one row of W1's: its prompt, a sixteenth of
+// its prefill step), the GEMMs prefill spends most of its time in. The runs
+// here have no bias (qkv's is one add per output).
 func prefillLinearShapes() []kernels.Shape {
 	var s []kernels.Shape
 	for _, m := range []int{16384, 10816} {
@@ -278,6 +278,36 @@ func buildSwiGLU(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 	outs := each(b, c, func() *kernels.Tensor { return b.Act(n, inter) })
 	return &Problem{Copies: c, Outs: outs[:1],
 		Run: func(o kernels.Ops, i int) { o.SwiGLU(outs[i], gus[i]) }}
+}
+
+var linearSwiGLUBench = &Bench{
+	Bound: "compute", Dims: []string{"M", "N", "K"},
+	Doc: "out [M,N/2] = swiglu(x [M,K] · w [N,K]ᵀ), w the gate rows then the up rows (N = 2I, the stacked GEMM's N, " +
+		"as linear's gate_up rows name it); in fused the pair unfused or, by choice on sm_90a, linear_wgmma with SwiGLU " +
+		"in its epilogue; the dense row is cuBLAS's gate_up GEMM alone",
+	Shapes: []kernels.Shape{
+		// Qwen2-7B (H = 3,584, I = 18,944) at 16,384 rows, at one W1
+		// row's prompt (10,816), at W1's whole prefill step (16 rows of
+		// 10,816), then at decode batch 16
+		sh("M", 16384, "N", 2*18944, "K", 3584), sh("M", 10816, "N", 2*18944, "K", 3584),
+		sh("M", 16*10816, "N", 2*18944, "K", 3584), sh("M", 16, "N", 2*18944, "K", 3584),
+		// DeepSeek-V2-Lite's dense layer (I = 10,944, H = 2,048) over W3's prompt
+		sh("M", 11041, "N", 2*10944, "K", 2048),
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 2*f(s, "M", "N", "K") + 3*f(s, "M", "N") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")/2) },
+	Build: buildLinearSwiGLU,
+	Dense: buildDenseOfGroups,
+}
+
+func buildLinearSwiGLU(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	m, n, k := s["M"], s["N"], s["K"]
+	c := b.copiesFor(bc.Bytes(s))
+	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 2) })
+	ws := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n/2) })
+	return &Problem{Copies: c, Outs: outs[:1],
+		Run: func(o kernels.Ops, i int) { o.LinearSwiGLU(outs[i], xs[i], ws[i]) }}
 }
 
 var attnPrefillBench = &Bench{

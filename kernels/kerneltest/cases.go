@@ -146,6 +146,38 @@ func swiGLUChecks(l *caseList) {
 	}
 }
 
+// linearSwiGLUChecks are decode's few rows and prefill's hundreds at
+// sizes of no tile (K and I multiples of no GEMM tile, I of no 64-column
+// output box), pitched x and out, an I and a K that are no multiple of 8
+// (no 16-byte rows: fused leaves them to the unfused pair), Qwen2-7B's
+// gate_up and DeepSeek-V2-Lite's shared experts with the model's dims
+// divided by 8 (Qwen2's I by 16), and Qwen2-7B's whole at 1,000 rows (long:
+// GPUs only). A set that fuses the pair for some shapes only declines the
+// others (the Dispatch then runs linear and swiglu, whose own cases hold
+// them): those cases are skipped for it.
+func linearSwiGLUChecks(l *caseList) {
+	for _, s := range []linearSwiGLUCase{
+		{n: 1, k: 64, i: 48},
+		{n: 3, k: 128, i: 100, pitchedX: true},
+		{n: 16, k: 3584 / 8, i: 18944 / 16},
+		{n: 17, k: 96, i: 200, pitchedOut: true},
+		{n: 129, k: 200, i: 264, pitchedX: true, pitchedOut: true},
+		{n: 5, k: 100, i: 52},
+		{n: 129, k: 2048 / 8, i: 2 * 1408 / 8},
+		{n: 300, k: 520, i: 1000},
+		{n: 677, k: 3584 / 8, i: 18944 / 16},
+	} {
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { linearSwiGLU(e, s) }})
+		}
+	}
+	whole := linearSwiGLUCase{n: 1000, k: 3584, i: 18944}
+	for _, w := range l.wdts {
+		l.addCase(opCase{name: whole.String() + ",w=" + w.String(), wdt: w, long: true, declinable: true,
+			run: func(e *env) { linearSwiGLU(e, whole) }})
+	}
+}
+
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
 // row, causal or not, in bf16 and in f16.
 func attnPrefillChecks(l *caseList) {
@@ -541,6 +573,41 @@ func swiGLU(e *env, n, i int) {
 	out := e.poisoned(actK, n, i)
 	e.run(func(o kernels.Ops, s int) { o.SwiGLU(out[s], gu[s]) })
 	e.check("out", out, all)
+}
+
+type linearSwiGLUCase struct {
+	n, k, i              int // rows, inputs, outputs (w has 2i rows)
+	pitchedX, pitchedOut bool
+}
+
+func (c linearSwiGLUCase) String() string {
+	s := fmt.Sprintf("N=%d,K=%d,I=%d", c.n, c.k, c.i)
+	if c.pitchedX {
+		s += ",pitched x"
+	}
+	if c.pitchedOut {
+		s += ",pitched out"
+	}
+	return s
+}
+
+// linearSwiGLU is out = swiglu(x·wᵀ) with w's gate rows then its up rows,
+// x scaled so that gate spans silu's bend.
+func linearSwiGLU(e *env, c linearSwiGLUCase) {
+	x := e.random(actK, 2, c.n, c.k)
+	if c.pitchedX {
+		x = e.random(actK, 2, c.n, c.k+24).cols(xCol, xCol+c.k)
+	}
+	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), 2*c.i, c.k)
+	whole := e.poisoned(actK, c.n, c.i)
+	out, written := whole, all
+	if c.pitchedOut {
+		whole = e.poisoned(actK, c.n, c.i+32)
+		out = whole.cols(outCol, outCol+c.i)
+		written = func(r, col int) bool { return col >= outCol && col < outCol+c.i }
+	}
+	e.run(func(o kernels.Ops, s int) { o.LinearSwiGLU(out[s], x[s], w[s]) })
+	e.check("out", whole, written)
 }
 
 type attnCase struct {

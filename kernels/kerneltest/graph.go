@@ -73,6 +73,14 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 
 	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
+	// A set that fuses linear_swiglu for prefill's shapes only declines a
+	// decode step's (the Dispatch runs linear and swiglu, recorded above
+	// and below): it is left out then.
+	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
+	mlp := func() { ops.LinearSwiGLU(mlpOut, x, mlpW) }
+	if _, declined := kernels.Declined(mlp); !declined {
+		add(kernels.OpLinearSwiGLU, mlp, mlpOut)
+	}
 
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
 	state = append(state, kc, vc)

@@ -16,6 +16,7 @@ var table = []opCases{
 	{kernels.OpAdd, addChecks, nil},
 	{kernels.OpRoPE, ropeChecks, ropeBench},
 	{kernels.OpSwiGLU, swiGLUChecks, swiGLUBench},
+	{kernels.OpLinearSwiGLU, linearSwiGLUChecks, linearSwiGLUBench},
 	{kernels.OpAttnPrefill, attnPrefillChecks, attnPrefillBench},
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
 	{kernels.OpMLAPrefill, mlaPrefillChecks, mlaPrefillBench},

@@ -79,6 +79,15 @@ func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {
 	o.swiglu(o.Mat(out), o.Mat(gateUp), n, inter)
 }
 
+// LinearSwiGLU is the set's Linear into a scratch [N, 2I] then its SwiGLU,
+// as HF's eager gate_up projection and act_fn(gate) * up.
+func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	kernels.CheckLinearSwiGLU(o.D.ActDType(), out, x, w)
+	gateUp := o.ScratchTensor(scrGateUp, out.DType, x.Rows(), w.Rows())
+	o.Linear(gateUp, x, w, nil)
+	o.SwiGLU(out, gateUp)
+}
+
 // swiglu is out = silu(gateUp[:, :inter]) · gateUp[:, inter:] over rows:
 // silu writes out, mul multiplies it in place.
 func (o *ops) swiglu(out, gateUp cudaset.Mat, rows, inter int) {

@@ -60,6 +60,7 @@ var (
 // Scratch buffers (cudaset.Kit.Scratch), by what they hold.
 const (
 	scrRstd      = "rms.rstd"       // RMSNorm: rstd f32 [N]
+	scrGateUp    = "mlp.gate_up"    // LinearSwiGLU: gate and up projections bf16 [N, 2I]
 	scrScores    = "attn.scores"    // attention: scores f32 [heads*queries, keys]
 	scrProbs     = "attn.probs"     // attention: probabilities bf16 (f16 for f16 operands) [heads*queries, keys]
 	scrAttnAcc   = "attn.acc"       // attention: P·V of the softmax numerators f32 [queries, heads*dim]

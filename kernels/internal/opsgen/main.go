@@ -1,7 +1,10 @@
 // Command opsgen writes kernels/ops_gen.go from the op table and the Ops
 // interface of kernels/ops.go: the methods of Dispatch, each routing its op
-// through Dispatch.call, and those of NotOwned, each panicking that the set
-// has no kernel of its own for the op. go generate runs it in kernels.
+// through Dispatch.call (a composite op's, one with Parts, through
+// Dispatch.callWhole and the hand-written method that runs its parts, named
+// for it: linearSwiGLUParts for LinearSwiGLU), and those of NotOwned, each
+// panicking that the set has no kernel of its own for the op. go generate
+// runs it in kernels.
 //
 //	go run ./internal/opsgen [-src ops.go] [-out ops_gen.go]
 package main
@@ -34,8 +37,12 @@ func main() {
 	}
 }
 
-// row is one op of the table: its constant and the Ops method that runs it.
-type row struct{ op, method string }
+// row is one op of the table: its constant, the Ops method that runs it and
+// whether it has parts.
+type row struct {
+	op, method string
+	composite  bool
+}
 
 // method is one method of the Ops interface: its parameters as written and
 // the names they are passed on by.
@@ -66,6 +73,13 @@ func generate(path string) ([]byte, error) {
 		m, ok := methods[r.method]
 		if !ok {
 			return nil, fmt.Errorf("%s: opTable runs %s with %s, which Ops lacks", path, r.op, r.method)
+		}
+		if r.composite {
+			parts := strings.ToLower(r.method[:1]) + r.method[1:] + "Parts"
+			fmt.Fprintf(&b, "\n// %s runs %s on the set the spec chose for it, or as its parts\n// (%s) where the spec runs them on other sets.\n", r.method, r.op, parts)
+			fmt.Fprintf(&b, "func (d *Dispatch) %s(%s) {\n\td.callWhole(%s, func(o Ops) { o.%s(%s) }, func() { d.%s(%s) })\n}\n",
+				r.method, m.params, r.op, r.method, m.args, parts, m.args)
+			continue
 		}
 		fmt.Fprintf(&b, "\n// %s runs %s on the set the spec chose for it.\n", r.method, r.op)
 		fmt.Fprintf(&b, "func (d *Dispatch) %s(%s) {\n\td.call(%s, func(o Ops) { o.%s(%s) })\n}\n", r.method, m.params, r.op, r.method, m.args)
@@ -114,6 +128,8 @@ func tableRows(f *ast.File) ([]row, error) {
 						if lit, ok := kv.Value.(*ast.BasicLit); ok {
 							r.method, _ = strconv.Unquote(lit.Value)
 						}
+					case "Parts":
+						r.composite = true
 					}
 				}
 				if r.op == "" || r.method == "" {
