@@ -86,7 +86,7 @@ func (o *ops) linearDefault(k linearKey) string {
 	}
 	bytes := int64(k.n) * int64(k.k) * 2
 	if k.m <= linMaxRows && bytes <= linStreamMaxBytes && o.ls.ready() == nil {
-		if sms, shared, perSM := streamTarget(o); planStreamOK(k, sms, shared, perSM) {
+		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
 			return linStream
 		}
 	}

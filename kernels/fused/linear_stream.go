@@ -38,7 +38,7 @@ var linStreamMaxBytes int64 = 0
 // streamTarget is the SMs and the shared memory a block may take that
 // linear_stream plans for on o's device: a variable, so that a host test
 // can plan for an H200.
-var streamTarget = func(o *ops) (sms, shared, perSM int) { return o.SMs, o.MaxShared, o.D.Props().MaxSharedPerSM }
+var streamTarget = func(o *ops) (sms, shared int) { return o.SMs, o.MaxShared }
 
 // lsPlan is how linear_stream covers a problem: blocks blocks, each its
 // rows in tiles of lsRows, each tile's k in stages of ks, through a ring
@@ -60,27 +60,13 @@ func lsXRow(k int) int {
 	return k
 }
 
-// planStream plans m rows of x over n features of k inputs on sms SMs of
-// perSM bytes of shared memory, whose blocks may hold maxShared: one block
-// an SM (at most one a row), in at most half an SM's shared memory where
-// the problem fits it, so that the next kernel's blocks (the next linear's,
-// say) fit beside this one's and start their own stream under its tail;
-// else in all a block may take.
-func planStream(m, n, k, sms, maxShared, perSM int) (lsPlan, error) {
-	if half := perSM/2 - blockReserve; half < maxShared {
-		if p, err := planStreamIn(m, n, k, sms, half); err == nil {
-			return p, nil
-		}
-	}
-	return planStreamIn(m, n, k, sms, maxShared)
-}
-
-// planStreamIn is planStream within maxShared bytes a block: the widest
-// stage k (halving from all of K) that leaves room for two slots (or for
-// all of a block's stages, where it has one), and as many slots as fit, up
-// to the block's stages and lsMaxStages. An error says why it cannot run
-// the problem.
-func planStreamIn(m, n, k, sms, maxShared int) (lsPlan, error) {
+// planStream plans m rows of x over n features of k inputs on sms SMs whose
+// blocks may hold maxShared bytes: one block an SM (at most one a row), the
+// widest stage k (halving from all of K) that leaves room for two slots
+// (or for all of a block's stages, where it has one), and as many slots as
+// fit, up to the block's stages and lsMaxStages. An error says why it
+// cannot run the problem.
+func planStream(m, n, k, sms, maxShared int) (lsPlan, error) {
 	switch {
 	case m < 1 || m > linMaxRows:
 		return lsPlan{}, fmt.Errorf("M=%d rows: linear_stream takes 1 to %d", m, linMaxRows)
@@ -109,8 +95,8 @@ func planStreamIn(m, n, k, sms, maxShared int) (lsPlan, error) {
 }
 
 // planStreamOK reports whether planStream takes the problem of key k.
-func planStreamOK(k linearKey, sms, shared, perSM int) bool {
-	_, err := planStream(k.m, k.n, k.k, sms, shared, perSM)
+func planStreamOK(k linearKey, sms, shared int) bool {
+	_, err := planStream(k.m, k.n, k.k, sms, shared)
 	return err == nil
 }
 
@@ -166,8 +152,8 @@ func (o *ops) streamTakes(x, w *kernels.Tensor) bool {
 // false where it cannot (the caller runs another variant).
 func (o *ops) stream(out, x, w, bias *kernels.Tensor) bool {
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
-	sms, shared, perSM := streamTarget(o)
-	p, err := planStream(m, n, k, sms, shared, perSM)
+	sms, shared := streamTarget(o)
+	p, err := planStream(m, n, k, sms, shared)
 	if err != nil {
 		return false
 	}
@@ -201,7 +187,7 @@ func streamValid(s kernels.Shape, t kernels.Target) (params, why string, offered
 	if t.Arch != hopperArch {
 		return "", "", false
 	}
-	p, err := planStream(s["M"], s["N"], s["K"], t.SMs, t.SharedPerBlock, t.SharedPerSM)
+	p, err := planStream(s["M"], s["N"], s["K"], t.SMs, t.SharedPerBlock)
 	if err != nil {
 		return "", err.Error(), true
 	}

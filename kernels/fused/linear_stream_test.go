@@ -11,10 +11,9 @@ import (
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
-// TestLinearStreamPlan checks linear_stream's plans without a GPU: within
-// half an SM's shared memory where the problem fits it (whole K in a stage
-// where that leaves room for two, narrower stages where not), a whole
-// block where x is too big for half, refusals past 16 rows, K not a multiple of 32, or x too big for a
+// TestLinearStreamPlan checks linear_stream's plans without a GPU: whole K
+// in one stage where x leaves room for two, narrower stages where it does
+// not, refusals past 16 rows, K not a multiple of 32, or x too big for a
 // block; every plan fits an H200 block; and the default takes it only under
 // linStreamMaxBytes, where it is built.
 func TestLinearStreamPlan(t *testing.T) {
@@ -22,19 +21,18 @@ func TestLinearStreamPlan(t *testing.T) {
 	for _, c := range []struct {
 		m, n, k    int
 		ks, stages int
-		half       bool // within half an SM's shared memory
 		why        string
 	}{
-		{m: 1, n: 3072, k: 2048, ks: 1024, stages: 3, half: true}, // DeepSeek-V2-Lite's q: 24 rows a block, two tiles of two stages
-		{m: 1, n: 576, k: 2048, ks: 2048, stages: 1, half: true},  // kv_a: 5 rows a block, one stage
-		{m: 1, n: 5632, k: 2048, ks: 1024, stages: 3, half: true}, // shared experts' gate_up
-		{m: 1, n: 2048, k: 10944, ks: 768, stages: 3, half: true}, // the dense layer's down: K in 15 stages
-		{m: 16, n: 4608, k: 3584, ks: 1024, stages: 3},            // Qwen2-7B's qkv at batch 16: x takes half an SM, so a block takes all it may
+		{m: 1, n: 3072, k: 2048, ks: 2048, stages: 2},  // DeepSeek-V2-Lite's q: 24 rows a block, two tiles
+		{m: 1, n: 576, k: 2048, ks: 2048, stages: 1},   // kv_a: 5 rows a block, one stage
+		{m: 1, n: 5632, k: 2048, ks: 2048, stages: 3},  // shared experts' gate_up
+		{m: 1, n: 2048, k: 10944, ks: 2816, stages: 2}, // the dense layer's down: K in four stages
+		{m: 16, n: 4608, k: 3584, ks: 1024, stages: 3}, // Qwen2-7B's qkv at batch 16: x takes half the block
 		{m: 16, n: 3584, k: 18944, why: "leaves no room"},
 		{m: 17, n: 64, k: 64, why: "takes 1 to 16"},
 		{m: 1, n: 64, k: 200, why: "multiple of 32"},
 	} {
-		p, err := planStream(c.m, c.n, c.k, h200.SMs, h200.SharedPerBlock, h200.SharedPerSM)
+		p, err := planStream(c.m, c.n, c.k, h200.SMs, h200.SharedPerBlock)
 		switch {
 		case c.why != "":
 			if err == nil || !strings.Contains(err.Error(), c.why) {
@@ -42,9 +40,8 @@ func TestLinearStreamPlan(t *testing.T) {
 			}
 		case err != nil:
 			t.Errorf("M=%d N=%d K=%d: %v", c.m, c.n, c.k, err)
-		case p.ks != c.ks || p.stages != c.stages || p.shared > h200.SharedPerBlock || p.blocks != min(h200.SMs, c.n) ||
-			(p.shared <= h200.SharedPerSM/2-blockReserve) != c.half:
-			t.Errorf("M=%d N=%d K=%d: %v, want stages of %d k, %d slots, within half an SM %v", c.m, c.n, c.k, p, c.ks, c.stages, c.half)
+		case p.ks != c.ks || p.stages != c.stages || p.shared > h200.SharedPerBlock || p.blocks != min(h200.SMs, c.n):
+			t.Errorf("M=%d N=%d K=%d: %v, want stages of %d k, %d slots, within %d bytes", c.m, c.n, c.k, p, c.ks, c.stages, h200.SharedPerBlock)
 		}
 	}
 	defer func(b int64) { linStreamMaxBytes = b }(linStreamMaxBytes)
@@ -76,7 +73,7 @@ func TestLinearStreamPlan(t *testing.T) {
 func linearDefaultOn(o *ops, k linearKey, t kernels.Target) string {
 	saved := streamTarget
 	defer func() { streamTarget = saved }()
-	streamTarget = func(*ops) (int, int, int) { return t.SMs, t.SharedPerBlock, t.SharedPerSM }
+	streamTarget = func(*ops) (int, int) { return t.SMs, t.SharedPerBlock }
 	return o.linearDefault(k)
 }
 
@@ -147,8 +144,7 @@ func TestLinearStreamExact(t *testing.T) {
 		refMs := msPerCall(t, dev, func() { o.Addmm(want, x, w, b) })
 		got := dev.Alloc(s.out, s.m, s.n)
 		dev.MemsetD8(dev.Ptr(got), 0xff, s.m*s.n*s.out.Size()) // NaN: an element the kernel does not write shows
-		sms, shared, perSM := streamTarget(o)
-		p, err := planStream(s.m, s.n, s.k, sms, shared, perSM)
+		p, err := planStream(s.m, s.n, s.k, o.SMs, o.MaxShared)
 		if err != nil || !o.streamTakes(x, w) {
 			t.Fatalf("M=%d N=%d K=%d: linear_stream refuses it: %v", s.m, s.n, s.k, err)
 		}

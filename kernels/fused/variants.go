@@ -175,8 +175,8 @@ var table = func() []variant {
 		return nil
 	}}, variant{op: kernels.OpLinear, name: linStream, valid: streamValid, use: func(o *ops, key string) error {
 		k, _ := parseLinearKey(key)
-		sms, shared, perSM := streamTarget(o)
-		if _, err := planStream(k.m, k.n, k.k, sms, shared, perSM); err != nil {
+		sms, shared := streamTarget(o)
+		if _, err := planStream(k.m, k.n, k.k, sms, shared); err != nil {
 			return fmt.Errorf("linear_stream: %w", err)
 		}
 		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
