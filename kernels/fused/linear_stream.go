@@ -29,11 +29,15 @@ const (
 	lsChunk = 32
 )
 
-// linStreamMaxBytes is the most weight bytes a problem of at most
-// linMaxRows rows has for linear_stream to run it without a tuning choice,
-// where it can run; 0 keeps it off the default. A variable, so that tests
-// can put every problem it takes on it.
-var linStreamMaxBytes int64 = 0
+// linStreamRows is the most rows a problem has for linear_stream to run it
+// without a tuning choice, where it can run and the weights are under
+// linSkinnyBytes: one, batch 1's decode, where infer bench linear measured
+// it ahead of cuBLAS on most of both models' matrices and level with it on
+// the rest (bench/RESULTS.md, linear_stream); at 16 rows each block's copy
+// of x (16 × K) costs more than cuBLAS's tiles lose on several shapes, and
+// between 2 and 15 it has not been measured. A variable, so that tests can
+// put every problem it takes on it.
+var linStreamRows = 1
 
 // streamTarget is the SMs and the shared memory a block may take that
 // linear_stream plans for on o's device: a variable, so that a host test
