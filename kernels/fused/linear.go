@@ -38,7 +38,7 @@ const (
 // Linear variants: "skinny", linear_skinny (weights streamed once, rows ≤
 // linMaxRows); "cublas", the shared cuBLAS addmm naive runs too; on sm_90a
 // linear_stream (linear_stream.go), the default for linStreamRows rows
-// under linSkinnyBytes, and linear_wgmma's instances for prefill's many
+// under linStreamBytes, and linear_wgmma's instances for prefill's many
 // rows (lwConfigs, linear_wgmma.go), which run without a tuning choice
 // only where linWgmmaDefault says so (nowhere yet). Without a
 // tuning choice a shape runs skinny when it has at most linMaxRows rows and
@@ -78,7 +78,7 @@ func parseLinearKey(s string) (linearKey, error) {
 
 // linearDefault is the variant a problem runs without a tuning choice:
 // linWgmmaDefault from linWgmmaRows rows where it can run here, stream for
-// up to linStreamRows rows under linSkinnyBytes where it can run, skinny for
+// up to linStreamRows rows under linStreamBytes where it can run, skinny for
 // a big weight stream of few rows, else cuBLAS.
 func (o *ops) linearDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
@@ -87,7 +87,7 @@ func (o *ops) linearDefault(k linearKey) string {
 		}
 	}
 	bytes := int64(k.n) * int64(k.k) * 2
-	if k.m <= linStreamRows && bytes < linSkinnyBytes && o.ls.ready() == nil {
+	if k.m <= linStreamRows && bytes < linStreamBytes && o.ls.ready() == nil {
 		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
 			return linStream
 		}

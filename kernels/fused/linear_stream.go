@@ -29,15 +29,19 @@ const (
 	lsChunk = 32
 )
 
-// linStreamRows is the most rows a problem has for linear_stream to run it
-// without a tuning choice, where it can run and the weights are under
-// linSkinnyBytes: one, batch 1's decode, where infer bench linear measured
-// it ahead of cuBLAS on most of both models' matrices and level with it on
-// the rest (bench/RESULTS.md, linear_stream); at 16 rows each block's copy
-// of x (16 × K) costs more than cuBLAS's tiles lose on several shapes, and
-// between 2 and 15 it has not been measured. A variable, so that tests can
-// put every problem it takes on it.
-var linStreamRows = 1
+// Without a tuning choice linear_stream runs problems of at most
+// linStreamRows rows and under linStreamBytes of weights, where it can run:
+// batch 1's decode, whose small matrices (DeepSeek-V2-Lite's, 1 to 22 MiB a
+// layer) it took from cuBLAS for W3's gain (bench/RESULTS.md,
+// linear_stream). Qwen2-7B's (25 to 130 MiB), though each is as fast or
+// faster alone but qkv, made W2 at batch 1 slower in the model, and at 16
+// rows each block's copy of x (16 × K) costs more than cuBLAS's tiles lose
+// on several shapes; between 2 and 15 rows it has not been measured.
+// Variables, so that tests can put every problem it takes on it.
+var (
+	linStreamRows        = 1
+	linStreamBytes int64 = 24 << 20
+)
 
 // streamTarget is the SMs and the shared memory a block may take that
 // linear_stream plans for on o's device: a variable, so that a host test

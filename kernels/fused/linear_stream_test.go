@@ -15,7 +15,7 @@ import (
 // in one stage where x leaves room for two, narrower stages where it does
 // not, refusals past 16 rows, K not a multiple of 32, or x too big for a
 // block; every plan fits an H200 block; and the default takes it only under
-// skinny's weights and up to linStreamRows rows, where it is built.
+// linStreamBytes and up to linStreamRows rows, where it is built.
 func TestLinearStreamPlan(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	for _, c := range []struct {
@@ -44,9 +44,16 @@ func TestLinearStreamPlan(t *testing.T) {
 			t.Errorf("M=%d N=%d K=%d: %v, want stages of %d k, %d slots, within %d bytes", c.m, c.n, c.k, p, c.ks, c.stages, h200.SharedPerBlock)
 		}
 	}
-	defer func(r int) { linStreamRows = r }(linStreamRows)
-	linStreamRows = linMaxRows
-	o := &ops{}
+	o := &ops{ls: &lsKit{}}
+	for k, want := range map[linearKey]string{ // the defaults as they stand
+		{1, 3072, 2048}: linStream, {1, 5632, 2048}: linStream, {1, 3584, 3584}: linCuBLAS, {2, 3072, 2048}: linCuBLAS,
+	} {
+		if got := linearDefaultOn(o, k, h200); got != want {
+			t.Errorf("untouched defaults: %s runs %q, want %q", k, got, want)
+		}
+	}
+	defer func(r int, b int64) { linStreamRows, linStreamBytes = r, b }(linStreamRows, linStreamBytes)
+	linStreamRows, linStreamBytes = linMaxRows, 64<<20
 	o.ls = &lsKit{err: fmt.Errorf("no Hopper here")}
 	if got := o.linearDefault(linearKey{1, 3072, 2048}); got != linCuBLAS {
 		t.Errorf("without linear_stream built, 1×3072×2048 runs %q", got)
@@ -59,7 +66,8 @@ func TestLinearStreamPlan(t *testing.T) {
 	}{
 		{linearKey{1, 3072, 2048}, linStream}, {linearKey{16, 4608, 3584}, linStream},
 		{linearKey{16, 3584, 18944}, linCuBLAS}, // x does not fit: cuBLAS (130 MiB: under skinny's)
-		{linearKey{1, 37888, 3584}, linSkinny},  // over linSkinnyBytes
+		{linearKey{1, 37888, 3584}, linSkinny},  // over linStreamBytes, over linSkinnyBytes
+		{linearKey{1, 3584, 18944}, linCuBLAS},  // over linStreamBytes, under linSkinnyBytes
 		{linearKey{17, 3072, 2048}, linCuBLAS},
 	} {
 		if got := linearDefaultOn(o, c.k, h200); got != c.want {
@@ -84,8 +92,8 @@ func linearDefaultOn(o *ops, k linearKey, t kernels.Target) string {
 // that its prefetch before the grid wait is replayed overlapped.
 func TestLinearStreamKernels(t *testing.T) {
 	dev, _ := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
-	defer func(r int, b int64) { linStreamRows, linSkinnyBytes = r, b }(linStreamRows, linSkinnyBytes)
-	linStreamRows, linSkinnyBytes = linMaxRows, math.MaxInt64
+	defer func(r int, b int64) { linStreamRows, linStreamBytes = r, b }(linStreamRows, linStreamBytes)
+	linStreamRows, linStreamBytes = linMaxRows, math.MaxInt64
 	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
