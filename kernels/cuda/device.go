@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,6 +84,10 @@ type Device struct {
 	pdl        bool
 	launchCfg  launchConfig
 	launchAttr launchAttribute
+	// carveout is the preferred share of the L1/shared memory of an SM
+	// that goes to shared memory, in percent, set on every kernel as it is
+	// found (FUSELM_CARVEOUT); -1 leaves the driver's choice.
+	carveout int
 
 	stage     [2]staging // pinned host buffers for transfers
 	stageNext int
@@ -137,6 +142,26 @@ const cuLaunchAttributeProgrammaticStreamSerialization = 6
 // cuLaunchKernelEx, and FUSELM_PDL not "off".
 func overlapAllowed(ccMajor int, haveLaunchEx bool, env string) bool {
 	return ccMajor >= 9 && haveLaunchEx && env != "off"
+}
+
+// carveoutFrom is FUSELM_CARVEOUT's value as a percent of an SM's L1 and
+// shared memory preferred for shared memory: "" leaves the driver's choice
+// (-1), "max" is 100, else a whole percent from 0 to 100. An SM changes its
+// split only when idle, so a chain of overlapped kernels whose shared
+// memory needs differ may drain between them; a fixed preference for every
+// kernel is what this measures.
+func carveoutFrom(env string) (int, error) {
+	switch env {
+	case "":
+		return -1, nil
+	case "max":
+		return 100, nil
+	}
+	n, err := strconv.Atoi(env)
+	if err != nil || n < 0 || n > 100 {
+		return 0, fmt.Errorf("cuda: FUSELM_CARVEOUT=%q: want max or a percent from 0 to 100", env)
+	}
+	return n, nil
 }
 
 // maxKernelArgs is the most arguments Launch passes.
@@ -227,6 +252,9 @@ func Open(ordinal int) (dev *Device, err error) {
 	d.ccOpts = compileOptions(d.props.Arch, d.nvrtc.lib.path)
 	d.cacheDir = cacheDirFrom(os.Getenv, os.UserCacheDir)
 	d.pdl = overlapAllowed(d.props.CCMajor, drv.cuLaunchKernelEx != 0, os.Getenv("FUSELM_PDL"))
+	if d.carveout, err = carveoutFrom(os.Getenv("FUSELM_CARVEOUT")); err != nil {
+		return nil, err
+	}
 	d.launchAttr.id = cuLaunchAttributeProgrammaticStreamSerialization
 	d.launchAttr.value[0] = 1 // programmaticStreamSerializationAllowed, an int
 

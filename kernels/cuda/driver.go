@@ -53,6 +53,7 @@ const (
 	cuFuncAttrLocalSizeBytes            = 3
 	cuFuncAttrNumRegs                   = 4
 	cuFuncAttrMaxDynamicSharedSizeBytes = 8
+	cuFuncAttrPreferredSharedCarveout   = 9
 
 	cuStreamNonBlocking     = 1
 	cuEventDefault          = 0

@@ -158,6 +158,12 @@ func (m *Module) Func(name string) (*Func, error) {
 		return nil, err
 	}
 	f := &Func{d: d, h: h, name: name}
+	if d.carveout >= 0 {
+		if err := d.drv.check(ccall(d.drv.cuFuncSetAttribute, h, cuFuncAttrPreferredSharedCarveout, uintptr(d.carveout)),
+			fmt.Sprintf("cuFuncSetAttribute(%s, PREFERRED_SHARED_MEMORY_CARVEOUT, %d)", name, d.carveout)); err != nil {
+			return nil, err
+		}
+	}
 	m.funcs[name] = f
 	d.own[name] = true
 	return f, nil

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -44,6 +45,22 @@ func TestOverlapAllowed(t *testing.T) {
 	} {
 		if got := overlapAllowed(c.cc, c.ex, c.env); got != c.expect {
 			t.Errorf("overlapAllowed(%d, %v, %q) = %v, want %v", c.cc, c.ex, c.env, got, c.expect)
+		}
+	}
+}
+
+// TestCarveoutFrom holds FUSELM_CARVEOUT's parsing: empty leaves the
+// driver's choice, max and whole percents are taken, anything else is an
+// error naming the variable.
+func TestCarveoutFrom(t *testing.T) {
+	for env, want := range map[string]int{"": -1, "max": 100, "0": 0, "50": 50, "100": 100} {
+		if got, err := carveoutFrom(env); err != nil || got != want {
+			t.Errorf("carveoutFrom(%q) = %d, %v; want %d", env, got, err, want)
+		}
+	}
+	for _, env := range []string{"101", "-1", "half", "50%"} {
+		if _, err := carveoutFrom(env); err == nil || !strings.Contains(err.Error(), "FUSELM_CARVEOUT") {
+			t.Errorf("carveoutFrom(%q): %v, want an error naming FUSELM_CARVEOUT", env, err)
 		}
 	}
 }
