@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/bits"
 	"os"
@@ -70,12 +71,18 @@ type Want struct {
 // there is one, the tensor.
 func OpenWeights(dir string) (*Weights, error) {
 	w := &Weights{dir: dir, tensors: map[string]*TensorInfo{}}
+	single := filepath.Join(dir, SingleWeightsFile)
 	var err error
-	if fi, e := os.Stat(filepath.Join(dir, SingleWeightsFile)); e == nil && !fi.IsDir() {
+	switch {
+	case stIsFile(single):
 		err = w.addFile(SingleWeightsFile, nil)
-	} else if _, e := os.Stat(filepath.Join(dir, WeightsIndexFile)); e == nil {
+	case stExists(filepath.Join(dir, WeightsIndexFile)):
 		err = w.openIndexed()
-	} else {
+	case stExists(single):
+		// A directory or a link to nothing, and no index: addFile says
+		// what it is.
+		err = w.addFile(SingleWeightsFile, nil)
+	default:
 		err = stNoWeightsError(dir)
 	}
 	if err != nil {
@@ -84,6 +91,20 @@ func OpenWeights(dir string) (*Weights, error) {
 	}
 	w.names = cfgSortedKeys(w.tensors)
 	return w, nil
+}
+
+// stIsFile reports whether path names something other than a directory,
+// following links: what transformers takes for a weights file.
+func stIsFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && !fi.IsDir()
+}
+
+// stExists reports whether there is an entry at path, be it a link to
+// nothing.
+func stExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 func stNoWeightsError(dir string) error {
@@ -129,9 +150,10 @@ func (w *Weights) openIndexed() error {
 	}
 	files := cfgSortedKeys(byFile)
 	// Every shard first, so that a missing one is reported before the
-	// mapping work.
+	// mapping work; one that is there but no file (a directory, a link to
+	// nothing) is reported by addFile, which says what it is.
 	for _, file := range files {
-		if fi, err := os.Stat(filepath.Join(w.dir, file)); err != nil || fi.IsDir() {
+		if _, err := os.Lstat(filepath.Join(w.dir, file)); errors.Is(err, fs.ErrNotExist) {
 			names := byFile[file]
 			more := ""
 			if len(names) > 1 {

@@ -406,6 +406,29 @@ func TestOpenWeightsCorrupt(t *testing.T) {
 				stTestTensors[0].name: shard1, stTestTensors[1].name: shard1,
 				stTestTensors[2].name: shard2, stTestTensors[3].name: shard2})
 		}, []string{shard2, `tensor "` + stTestTensors[3].name + `"`, "truncated?"}},
+		{"shard is a directory", func(t *testing.T, dir string) {
+			stTestWrite(t, dir, shard1, stTestBuild(stTestTensors[:2]))
+			os.Mkdir(filepath.Join(dir, shard2), 0o755)
+			stTestIndex(t, dir, map[string]string{
+				stTestTensors[0].name: shard1, stTestTensors[1].name: shard1,
+				stTestTensors[2].name: shard2, stTestTensors[3].name: shard2})
+		}, []string{shard2, "a directory, not a regular file"}},
+		{"shard a link to nothing", func(t *testing.T, dir string) {
+			stTestWrite(t, dir, shard1, stTestBuild(stTestTensors[:2]))
+			os.Symlink("blobs/gone", filepath.Join(dir, shard2))
+			stTestIndex(t, dir, map[string]string{
+				stTestTensors[0].name: shard1, stTestTensors[1].name: shard1,
+				stTestTensors[2].name: shard2, stTestTensors[3].name: shard2})
+		}, []string{shard2, "a symbolic link to blobs/gone, which leads to no file"}},
+		{"weights file is a directory", func(t *testing.T, dir string) {
+			os.Mkdir(filepath.Join(dir, SingleWeightsFile), 0o755)
+		}, []string{SingleWeightsFile, "a directory, not a regular file"}},
+		{"weights file a link to nothing", func(t *testing.T, dir string) {
+			os.Symlink("blobs/gone", filepath.Join(dir, SingleWeightsFile))
+		}, []string{SingleWeightsFile, "a symbolic link to blobs/gone, which leads to no file"}},
+		{"index is a directory", func(t *testing.T, dir string) {
+			os.Mkdir(filepath.Join(dir, WeightsIndexFile), 0o755)
+		}, []string{WeightsIndexFile, "a directory, not a regular file"}},
 		{"index bad JSON", func(t *testing.T, dir string) {
 			stTestWrite(t, dir, WeightsIndexFile, []byte(`{"weight_map": {`))
 		}, []string{WeightsIndexFile, "bad JSON"}},
