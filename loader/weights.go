@@ -345,7 +345,7 @@ func stParseHeader(data []byte) (*stHeader, error) {
 		case prev == nil && e.begin != 0:
 			return nil, fmt.Errorf("tensor %q: data starts at offset %d, leaving a hole at the start of the data", e.name, e.begin)
 		case prev != nil && e.begin < prev.end:
-			return nil, fmt.Errorf("tensor %q: data [%d,%d) overlaps tensor %q [%d,%d)", e.name, e.begin, e.end, prev.name, prev.begin, prev.end)
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d,%d) overlap tensor %q's [%d,%d)", e.name, e.begin, e.end, prev.name, prev.begin, prev.end)
 		case prev != nil && e.begin > prev.end:
 			return nil, fmt.Errorf("tensor %q: data starts at offset %d, leaving a hole after tensor %q (ends at %d)", e.name, e.begin, prev.name, prev.end)
 		}
