@@ -42,7 +42,9 @@ type TensorInfo struct {
 	Shape     []int
 	// Data is the little-endian, row-major tensor data, memory-mapped
 	// read-only from File: writing to it faults, and it is invalid after
-	// Weights.Close.
+	// Weights.Close. Reading it faults too where the file has been cut
+	// short since it was opened: read it through Weights.Read, which makes
+	// that an error.
 	Data   []byte
 	File   string // the file, relative to the model directory
 	Offset int64  // where Data starts in File
@@ -52,7 +54,7 @@ type TensorInfo struct {
 // Its methods are safe for concurrent use, Close excepted.
 type Weights struct {
 	dir     string
-	maps    [][]byte // one mapping per file
+	maps    []*stMapping // one per file
 	tensors map[string]*TensorInfo
 	names   []string
 	total   int64
@@ -176,7 +178,8 @@ func (w *Weights) addFile(file string, names []string) error {
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
-	defer f.Close()
+	m := &stMapping{file: file, f: f}
+	w.maps = append(w.maps, m) // Close closes f and unmaps data
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
@@ -192,13 +195,20 @@ func (w *Weights) addFile(file string, names []string) error {
 	if err != nil {
 		return fmt.Errorf("loader: %s: mmap: %v", file, err)
 	}
-	w.maps = append(w.maps, data)
+	m.data, m.size = data, size
 
 	// The header is parsed once, here; the tests hold these checks and the
 	// views below to what the safetensors library makes of the same files.
-	hdr, err := stParseHeader(data)
-	if err != nil {
-		return fmt.Errorf("loader: %s: %w", file, err)
+	// The file may be cut short under its mapping meanwhile, as while the
+	// tensors are read: guard turns the fault into an error.
+	var hdr *stHeader
+	if err := w.guard("header", func() (err error) {
+		if hdr, err = stParseHeader(data); err != nil {
+			return fmt.Errorf("loader: %s: %w", file, err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if names == nil {
 		names = cfgSortedKeys(hdr.entries)
@@ -586,18 +596,23 @@ func stSameShape(a, b []int) bool {
 // WILLNEED); it does not wait.
 func (w *Weights) Prefetch() {
 	for _, m := range w.maps {
-		stWillNeed(m)
+		if m.data != nil {
+			stWillNeed(m.data)
+		}
 	}
 }
 
-// Close unmaps the files; every TensorInfo.Data becomes invalid. Calling it
-// again does nothing.
+// Close unmaps and closes the files; every TensorInfo.Data becomes invalid.
+// Calling it again does nothing.
 func (w *Weights) Close() error {
 	var first error
 	for _, m := range w.maps {
-		if err := stUnmap(m); err != nil && first == nil {
-			first = fmt.Errorf("loader: munmap: %w", err)
+		if m.data != nil {
+			if err := stUnmap(m.data); err != nil && first == nil {
+				first = fmt.Errorf("loader: munmap: %w", err)
+			}
 		}
+		m.f.Close() // opened read-only: nothing to lose
 	}
 	w.maps = nil
 	w.tensors = map[string]*TensorInfo{}
