@@ -6,6 +6,7 @@
 package infile
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -19,6 +20,9 @@ import (
 func Open(path string) (*os.File, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
+		if target, lerr := os.Readlink(path); lerr == nil && errors.Is(err, fs.ErrNotExist) {
+			return nil, &DanglingError{Path: path, Target: target, Err: err}
+		}
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
@@ -74,6 +78,20 @@ type TooLargeError struct {
 func (e *TooLargeError) Error() string {
 	return fmt.Sprintf("%s: more than %d bytes (%d)", e.Path, e.Limit, e.Size)
 }
+
+// DanglingError is Open's error for a symbolic link to nothing (a Hugging
+// Face cache's snapshot whose blob is gone, say): ls lists the path, so
+// "no such file" would mislead. It satisfies errors.Is(err, fs.ErrNotExist).
+type DanglingError struct {
+	Path, Target string
+	Err          error // os.Stat's
+}
+
+func (e *DanglingError) Error() string {
+	return fmt.Sprintf("%s: a symbolic link to %s, which leads to no file", e.Path, e.Target)
+}
+
+func (e *DanglingError) Unwrap() error { return e.Err }
 
 // notRegular says what path is instead of a regular file.
 func notRegular(path string, m fs.FileMode) error {

@@ -65,4 +65,14 @@ func TestOpenOnlyRegular(t *testing.T) {
 	if _, err := Read(filepath.Join(dir, "missing"), 3); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Read of a missing file: %v", err)
 	}
+	// A link to nothing says so: ls lists it, "no such file" would mislead.
+	os.Symlink("gone", filepath.Join(dir, "dangling"))
+	os.Symlink("dangling", filepath.Join(dir, "chain"))
+	for _, c := range []struct{ name, target string }{{"dangling", "gone"}, {"chain", "dangling"}} {
+		path := filepath.Join(dir, c.name)
+		want := path + ": a symbolic link to " + c.target + ", which leads to no file"
+		if _, err := Read(path, 3); !errors.Is(err, fs.ErrNotExist) || err.Error() != want {
+			t.Errorf("Read of a link to nothing: %v, want %q", err, want)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/bits"
 	"os"
@@ -41,7 +42,9 @@ type TensorInfo struct {
 	Shape     []int
 	// Data is the little-endian, row-major tensor data, memory-mapped
 	// read-only from File: writing to it faults, and it is invalid after
-	// Weights.Close.
+	// Weights.Close. Reading it faults too where the file has been cut
+	// short since it was opened: read it through Weights.Read, which makes
+	// that an error.
 	Data   []byte
 	File   string // the file, relative to the model directory
 	Offset int64  // where Data starts in File
@@ -51,7 +54,7 @@ type TensorInfo struct {
 // Its methods are safe for concurrent use, Close excepted.
 type Weights struct {
 	dir     string
-	maps    [][]byte // one mapping per file
+	maps    []*stMapping // one per file
 	tensors map[string]*TensorInfo
 	names   []string
 	total   int64
@@ -70,12 +73,18 @@ type Want struct {
 // there is one, the tensor.
 func OpenWeights(dir string) (*Weights, error) {
 	w := &Weights{dir: dir, tensors: map[string]*TensorInfo{}}
+	single := filepath.Join(dir, SingleWeightsFile)
 	var err error
-	if fi, e := os.Stat(filepath.Join(dir, SingleWeightsFile)); e == nil && !fi.IsDir() {
+	switch {
+	case stIsFile(single):
 		err = w.addFile(SingleWeightsFile, nil)
-	} else if _, e := os.Stat(filepath.Join(dir, WeightsIndexFile)); e == nil {
+	case stExists(filepath.Join(dir, WeightsIndexFile)):
 		err = w.openIndexed()
-	} else {
+	case stExists(single):
+		// A directory or a link to nothing, and no index: addFile says
+		// what it is.
+		err = w.addFile(SingleWeightsFile, nil)
+	default:
 		err = stNoWeightsError(dir)
 	}
 	if err != nil {
@@ -84,6 +93,20 @@ func OpenWeights(dir string) (*Weights, error) {
 	}
 	w.names = cfgSortedKeys(w.tensors)
 	return w, nil
+}
+
+// stIsFile reports whether path names something other than a directory,
+// following links: what transformers takes for a weights file.
+func stIsFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && !fi.IsDir()
+}
+
+// stExists reports whether there is an entry at path, be it a link to
+// nothing.
+func stExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 func stNoWeightsError(dir string) error {
@@ -129,9 +152,10 @@ func (w *Weights) openIndexed() error {
 	}
 	files := cfgSortedKeys(byFile)
 	// Every shard first, so that a missing one is reported before the
-	// mapping work.
+	// mapping work; one that is there but no file (a directory, a link to
+	// nothing) is reported by addFile, which says what it is.
 	for _, file := range files {
-		if fi, err := os.Stat(filepath.Join(w.dir, file)); err != nil || fi.IsDir() {
+		if _, err := os.Lstat(filepath.Join(w.dir, file)); errors.Is(err, fs.ErrNotExist) {
 			names := byFile[file]
 			more := ""
 			if len(names) > 1 {
@@ -154,7 +178,8 @@ func (w *Weights) addFile(file string, names []string) error {
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
 	}
-	defer f.Close()
+	m := &stMapping{file: file, f: f}
+	w.maps = append(w.maps, m) // Close closes f and unmaps data
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("loader: %w", err)
@@ -170,13 +195,20 @@ func (w *Weights) addFile(file string, names []string) error {
 	if err != nil {
 		return fmt.Errorf("loader: %s: mmap: %v", file, err)
 	}
-	w.maps = append(w.maps, data)
+	m.data, m.size = data, size
 
 	// The header is parsed once, here; the tests hold these checks and the
 	// views below to what the safetensors library makes of the same files.
-	hdr, err := stParseHeader(data)
-	if err != nil {
-		return fmt.Errorf("loader: %s: %w", file, err)
+	// The file may be cut short under its mapping meanwhile, as while the
+	// tensors are read: guard turns the fault into an error.
+	var hdr *stHeader
+	if err := w.guard("header", func() (err error) {
+		if hdr, err = stParseHeader(data); err != nil {
+			return fmt.Errorf("loader: %s: %w", file, err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if names == nil {
 		names = cfgSortedKeys(hdr.entries)
@@ -323,7 +355,7 @@ func stParseHeader(data []byte) (*stHeader, error) {
 		case prev == nil && e.begin != 0:
 			return nil, fmt.Errorf("tensor %q: data starts at offset %d, leaving a hole at the start of the data", e.name, e.begin)
 		case prev != nil && e.begin < prev.end:
-			return nil, fmt.Errorf("tensor %q: data [%d,%d) overlaps tensor %q [%d,%d)", e.name, e.begin, e.end, prev.name, prev.begin, prev.end)
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d,%d) overlap tensor %q's [%d,%d)", e.name, e.begin, e.end, prev.name, prev.begin, prev.end)
 		case prev != nil && e.begin > prev.end:
 			return nil, fmt.Errorf("tensor %q: data starts at offset %d, leaving a hole after tensor %q (ends at %d)", e.name, e.begin, prev.name, prev.end)
 		}
@@ -564,18 +596,23 @@ func stSameShape(a, b []int) bool {
 // WILLNEED); it does not wait.
 func (w *Weights) Prefetch() {
 	for _, m := range w.maps {
-		stWillNeed(m)
+		if m.data != nil {
+			stWillNeed(m.data)
+		}
 	}
 }
 
-// Close unmaps the files; every TensorInfo.Data becomes invalid. Calling it
-// again does nothing.
+// Close unmaps and closes the files; every TensorInfo.Data becomes invalid.
+// Calling it again does nothing.
 func (w *Weights) Close() error {
 	var first error
 	for _, m := range w.maps {
-		if err := stUnmap(m); err != nil && first == nil {
-			first = fmt.Errorf("loader: munmap: %w", err)
+		if m.data != nil {
+			if err := stUnmap(m.data); err != nil && first == nil {
+				first = fmt.Errorf("loader: munmap: %w", err)
+			}
 		}
+		m.f.Close() // opened read-only: nothing to lose
 	}
 	w.maps = nil
 	w.tensors = map[string]*TensorInfo{}

@@ -356,9 +356,9 @@ func TestOpenWeightsCorrupt(t *testing.T) {
 		{"offsets lie", header(`{"a": {"dtype": "F32", "shape": [2,3], "data_offsets": [0,20]}, "b": {"dtype": "F32", "shape": [6], "data_offsets": [20,48]}}`, 48),
 			[]string{SingleWeightsFile, `tensor "a"`, "hold 20 bytes", "needs 24"}},
 		{"offsets overlap", header(`{"a": {"dtype": "F32", "shape": [2,3], "data_offsets": [0,24]}, "b": {"dtype": "F32", "shape": [6], "data_offsets": [16,40]}}`, 48),
-			[]string{SingleWeightsFile, `tensor "b"`, `overlaps tensor "a"`}},
+			[]string{SingleWeightsFile, `tensor "b"`, `overlap tensor "a"'s`}},
 		{"same offsets", header(`{"a": {"dtype": "F32", "shape": [2,3], "data_offsets": [0,24]}, "b": {"dtype": "F32", "shape": [6], "data_offsets": [0,24]}}`, 24),
-			[]string{SingleWeightsFile, `tensor "b"`, `overlaps tensor "a"`}},
+			[]string{SingleWeightsFile, `tensor "b"`, `overlap tensor "a"'s`}},
 		{"begin after end", header(`{"a": {"dtype": "F32", "shape": [2,3], "data_offsets": [24,0]}}`, 24),
 			[]string{SingleWeightsFile, `tensor "a"`, "begin after end"}},
 		{"hole", header(`{"a": {"dtype": "F32", "shape": [2,3], "data_offsets": [0,24]}, "b": {"dtype": "F16", "shape": [6], "data_offsets": [36,48]}}`, 48),
@@ -406,6 +406,29 @@ func TestOpenWeightsCorrupt(t *testing.T) {
 				stTestTensors[0].name: shard1, stTestTensors[1].name: shard1,
 				stTestTensors[2].name: shard2, stTestTensors[3].name: shard2})
 		}, []string{shard2, `tensor "` + stTestTensors[3].name + `"`, "truncated?"}},
+		{"shard is a directory", func(t *testing.T, dir string) {
+			stTestWrite(t, dir, shard1, stTestBuild(stTestTensors[:2]))
+			os.Mkdir(filepath.Join(dir, shard2), 0o755)
+			stTestIndex(t, dir, map[string]string{
+				stTestTensors[0].name: shard1, stTestTensors[1].name: shard1,
+				stTestTensors[2].name: shard2, stTestTensors[3].name: shard2})
+		}, []string{shard2, "a directory, not a regular file"}},
+		{"shard a link to nothing", func(t *testing.T, dir string) {
+			stTestWrite(t, dir, shard1, stTestBuild(stTestTensors[:2]))
+			os.Symlink("blobs/gone", filepath.Join(dir, shard2))
+			stTestIndex(t, dir, map[string]string{
+				stTestTensors[0].name: shard1, stTestTensors[1].name: shard1,
+				stTestTensors[2].name: shard2, stTestTensors[3].name: shard2})
+		}, []string{shard2, "a symbolic link to blobs/gone, which leads to no file"}},
+		{"weights file is a directory", func(t *testing.T, dir string) {
+			os.Mkdir(filepath.Join(dir, SingleWeightsFile), 0o755)
+		}, []string{SingleWeightsFile, "a directory, not a regular file"}},
+		{"weights file a link to nothing", func(t *testing.T, dir string) {
+			os.Symlink("blobs/gone", filepath.Join(dir, SingleWeightsFile))
+		}, []string{SingleWeightsFile, "a symbolic link to blobs/gone, which leads to no file"}},
+		{"index is a directory", func(t *testing.T, dir string) {
+			os.Mkdir(filepath.Join(dir, WeightsIndexFile), 0o755)
+		}, []string{WeightsIndexFile, "a directory, not a regular file"}},
 		{"index bad JSON", func(t *testing.T, dir string) {
 			stTestWrite(t, dir, WeightsIndexFile, []byte(`{"weight_map": {`))
 		}, []string{WeightsIndexFile, "bad JSON"}},

@@ -86,8 +86,15 @@ func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor 
 	for _, p := range parts {
 		info, _ := s.w.Get(p.name)
 		view := kernels.NewTensor(t.Buf, dt, t.Offset+off, p.shape...)
-		if err := s.dev.Upload(view, info.Data, info.DType); err != nil && s.err == nil {
-			s.err = fmt.Errorf("model: uploading %s: %w", p.name, err)
+		if s.err == nil { // after an error the model is not kept: nothing more to read
+			// Read turns a fault reading the mapped file (cut short
+			// since it was opened) into an error that names it.
+			s.err = s.w.Read(info, func(data []byte) error {
+				if err := s.dev.Upload(view, data, info.DType); err != nil {
+					return fmt.Errorf("model: uploading %s: %w", p.name, err)
+				}
+				return nil
+			})
 		}
 		off += numel(p.shape)
 		s.done += int64(len(info.Data))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"unsafe"
 
@@ -222,7 +223,11 @@ const convertGrain = 256 << 10
 
 // convert writes the elements of src (type st) into dst (type dt), in
 // parallel for large inputs: besides the arithmetic, reading a memory-mapped
-// checkpoint faults its pages in, which several threads do faster.
+// checkpoint faults its pages in, which several threads do faster. The
+// workers fault as the caller does (debug.SetPanicOnFault), and a worker's
+// panic is raised again on the caller's goroutine: a caller that recovers
+// a fault reading a mapped file cut short under it (the loader's
+// Weights.Read) recovers it here too.
 func convert(dst []byte, dt kernels.DType, src []byte, st kernels.DType) {
 	n := len(src) / st.Size()
 	workers := min(runtime.GOMAXPROCS(0), 8, n/convertGrain)
@@ -230,17 +235,27 @@ func convert(dst []byte, dt kernels.DType, src []byte, st kernels.DType) {
 		convertRange(dst, dt, src, st, 0, n)
 		return
 	}
+	onFault := debug.SetPanicOnFault(false)
+	debug.SetPanicOnFault(onFault)
 	var wg sync.WaitGroup
 	per := (n + workers - 1) / workers
-	for lo := 0; lo < n; lo += per {
-		hi := min(lo+per, n)
+	panics := make([]any, workers)
+	for i := 0; i*per < n; i++ {
+		lo, hi := i*per, min((i+1)*per, n)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { panics[i] = recover() }()
+			debug.SetPanicOnFault(onFault)
 			convertRange(dst, dt, src, st, lo, hi)
 		}()
 	}
 	wg.Wait()
+	for _, p := range panics {
+		if p != nil {
+			panic(p)
+		}
+	}
 }
 
 // convertRange converts elements [lo, hi).
