@@ -193,10 +193,10 @@ func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 		return
 	}
 	v := o.linearFor(linearKey{m, n, k})
-	if v == linStream && m <= linMaxRows && o.streamTakes(x, w) && o.stream(out, x, w, bias) {
+	if v == linStream && m <= linMaxRows && o.streamTakes(out, x, w) && o.stream(out, x, w, bias) {
 		return
 	}
-	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(x, w) {
+	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(out, x, w) {
 		o.skinny(out, x, w, bias)
 		return
 	}
@@ -208,11 +208,20 @@ func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 }
 
 // skinnyTakes reports whether linear_skinny's loads fit x and w: bf16
-// weights, packed, K a multiple of 8, and 16-byte aligned rows.
-func (o *ops) skinnyTakes(x, w *kernels.Tensor) bool {
+// x and weights (the mma's operands), packed weights, K a multiple of 8,
+// and 16-byte aligned rows; and whether it has an instance for out's dtype
+// (bf16 or f32).
+func (o *ops) skinnyTakes(out, x, w *kernels.Tensor) bool {
 	k := x.Cols()
-	return cudaset.IsBF16(w) && w.Pitch == k && k%cudaset.VecWidth == 0 && x.Pitch%cudaset.VecWidth == 0 &&
+	return decodeLinearOut(out) && cudaset.IsBF16(x) && cudaset.IsBF16(w) && w.Pitch == k && k%cudaset.VecWidth == 0 && x.Pitch%cudaset.VecWidth == 0 &&
 		o.D.Ptr(x)%16 == 0 && o.D.Ptr(w)%16 == 0
+}
+
+// decodeLinearOut reports whether the decode linears (linear_skinny,
+// linear_stream) have instances writing out's dtype: bf16 activations or
+// f32 logits.
+func decodeLinearOut(out *kernels.Tensor) bool {
+	return out.DType == kernels.BF16 || out.DType == kernels.F32
 }
 
 // skinny launches linear_skinny as planLinear cuts the problem.

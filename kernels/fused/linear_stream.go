@@ -148,11 +148,12 @@ func (l *lsKit) ready() error {
 	return l.err
 }
 
-// streamTakes reports whether linear_stream's copies fit x and w: bf16
-// weights, packed, 16-byte aligned rows of x and w.
-func (o *ops) streamTakes(x, w *kernels.Tensor) bool {
+// streamTakes reports whether linear_stream's copies fit x and w: bf16 x
+// and weights (the mma's operands), packed weights, 16-byte aligned rows of
+// x and w; and whether it has an instance for out's dtype.
+func (o *ops) streamTakes(out, x, w *kernels.Tensor) bool {
 	k := x.Cols()
-	return o.ls.ready() == nil && cudaset.IsBF16(w) && w.Pitch == k && x.Pitch%cudaset.VecWidth == 0 &&
+	return o.ls.ready() == nil && decodeLinearOut(out) && cudaset.IsBF16(x) && cudaset.IsBF16(w) && w.Pitch == k && x.Pitch%cudaset.VecWidth == 0 &&
 		o.D.Ptr(x)%16 == 0 && o.D.Ptr(w)%16 == 0
 }
 

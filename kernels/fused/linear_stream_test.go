@@ -153,7 +153,7 @@ func TestLinearStreamExact(t *testing.T) {
 		got := dev.Alloc(s.out, s.m, s.n)
 		dev.MemsetD8(dev.Ptr(got), 0xff, s.m*s.n*s.out.Size()) // NaN: an element the kernel does not write shows
 		p, err := planStream(s.m, s.n, s.k, o.SMs, o.MaxShared)
-		if err != nil || !o.streamTakes(x, w) {
+		if err != nil || !o.streamTakes(got, x, w) {
 			t.Fatalf("M=%d N=%d K=%d: linear_stream refuses it: %v", s.m, s.n, s.k, err)
 		}
 		o.stream(got, x, w, b)
