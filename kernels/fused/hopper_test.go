@@ -222,6 +222,22 @@ func tensorOn(t *testing.T, dev kernels.Device, dt kernels.DType, vals []float32
 	return x
 }
 
+// normalOn returns a maker of packed tensors of dt on dev, each of the
+// given shape, holding normal samples of rng scaled by scale (rounded to dt).
+func normalOn(t *testing.T, dev kernels.Device, rng *rand.Rand) func(dt kernels.DType, scale float64, shape ...int) *kernels.Tensor {
+	return func(dt kernels.DType, scale float64, shape ...int) *kernels.Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		return tensorOn(t, dev, dt, v, shape...)
+	}
+}
+
 // intsOn is an i32 tensor on dev holding v.
 func intsOn(t *testing.T, dev kernels.Device, v []int) *kernels.Tensor {
 	t.Helper()

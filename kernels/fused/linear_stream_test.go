@@ -106,18 +106,7 @@ func TestLinearStreamKernels(t *testing.T) {
 // (infer bench linear is the measurement).
 func TestLinearStreamExact(t *testing.T) {
 	dev, o := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
-	rng := rand.New(rand.NewSource(19))
-	random := func(dt kernels.DType, scale float64, shape ...int) *kernels.Tensor {
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return tensorOn(t, dev, dt, v, shape...)
-	}
+	random := normalOn(t, dev, rand.New(rand.NewSource(19)))
 	for _, s := range []struct {
 		m, n, k int
 		bias    bool

@@ -87,14 +87,8 @@ func TestLinearSwiGLUWgmmaKernels(t *testing.T) {
 // first look (infer bench linear_swiglu is the measurement).
 func TestLinearSwiGLUWgmmaUnfused(t *testing.T) {
 	dev, o := openHopperSet(t, "linear_wgmma", func(o *ops) error { return o.lw.err })
-	rng := rand.New(rand.NewSource(21))
-	random := func(scale float64, shape ...int) *kernels.Tensor {
-		v := make([]float32, shape[0]*shape[1])
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return tensorOn(t, dev, kernels.BF16, v, shape...)
-	}
+	normal := normalOn(t, dev, rand.New(rand.NewSource(21)))
+	random := func(scale float64, shape ...int) *kernels.Tensor { return normal(kernels.BF16, scale, shape...) }
 	for _, s := range []struct{ m, inter, k int }{{300, 1000, 520}, {129, 264, 200}, {1000, 10944, 2048}, {1000, 18944, 3584}} {
 		x := random(2, s.m, s.k)
 		w := random(1/math.Sqrt(float64(s.k)), 2*s.inter, s.k)

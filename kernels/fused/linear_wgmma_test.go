@@ -112,18 +112,7 @@ func TestLinearWgmmaKernels(t *testing.T) {
 // the measurement).
 func TestLinearWgmmaCuBLAS(t *testing.T) {
 	dev, o := openHopperSet(t, "linear_wgmma", func(o *ops) error { return o.lw.err })
-	rng := rand.New(rand.NewSource(21))
-	random := func(dt kernels.DType, scale float64, shape ...int) *kernels.Tensor {
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return tensorOn(t, dev, dt, v, shape...)
-	}
+	random := normalOn(t, dev, rand.New(rand.NewSource(21)))
 	for _, s := range []struct {
 		m, n, k int
 		bias    bool
