@@ -237,38 +237,31 @@ var tunings = map[kernels.Op]tuning{
 		},
 		pick: mlaDecodePick,
 	},
-	kernels.OpLinear: {
+	// linearFor and linearSwiGLUFor are the rules; Linear and LinearSwiGLU
+	// call them with the problem's linearKey, parsing no key on every call.
+	kernels.OpLinear:       linearTuning((*ops).linearFor),
+	kernels.OpLinearSwiGLU: linearTuning((*ops).linearSwiGLUFor),
+	kernels.OpGroupGemm:    gemmTuning(kernels.OpGroupGemm),
+	kernels.OpMoEExperts:   gemmTuning(kernels.OpMoEExperts),
+}
+
+// linearTuning is the tuning of an op keyed by a linear problem's shape
+// (M, N, K), whose variant for a key is rule's.
+func linearTuning(rule func(*ops, linearKey) string) tuning {
+	return tuning{
 		key: func(s kernels.Shape) string { return linearKey{s["M"], s["N"], s["K"]}.String() },
 		parse: func(key string) (string, error) {
 			_, err := parseLinearKey(key)
 			return key, err
 		},
-		// linearFor is the rule; Linear calls it with the problem's
-		// linearKey, parsing no key on every call.
 		pick: func(o *ops, key, _ string) string {
 			k, err := parseLinearKey(key)
 			if err != nil {
 				return ""
 			}
-			return o.linearFor(k)
+			return rule(o, k)
 		},
-	},
-	kernels.OpLinearSwiGLU: {
-		key: func(s kernels.Shape) string { return linearKey{s["M"], s["N"], s["K"]}.String() },
-		parse: func(key string) (string, error) {
-			_, err := parseLinearKey(key)
-			return key, err
-		},
-		pick: func(o *ops, key, _ string) string {
-			k, err := parseLinearKey(key)
-			if err != nil {
-				return ""
-			}
-			return o.linearSwiGLUFor(k)
-		},
-	},
-	kernels.OpGroupGemm:  gemmTuning(kernels.OpGroupGemm),
-	kernels.OpMoEExperts: gemmTuning(kernels.OpMoEExperts),
+	}
 }
 
 // variants lists fused's variants of op for shape s on target t, valid or
