@@ -144,11 +144,16 @@ func groupGemmInstances() cudaset.Instances {
 	return f
 }
 
-func linearInstances() cudaset.Instances {
-	f := cudaset.Instances{Macro: "LINEAR_SKINNY"}
+func linearInstances() cudaset.Instances { return decodeLinearInstances("LINEAR_SKINNY", linearKernel) }
+
+// decodeLinearInstances are a decode linear's (linear_skinny's,
+// linear_stream's) instances, kernel(nt, out) for n-tiles of 8 rows up to
+// linMaxRows and bf16 or f32 out (decodeLinearOut).
+func decodeLinearInstances(macro string, kernel func(nt int, out kernels.DType) string) cudaset.Instances {
+	f := cudaset.Instances{Macro: macro}
 	for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
 		for nt := 1; nt <= linMaxRows/8; nt++ {
-			f.Kernels = append(f.Kernels, cudaset.Of(linearKernel(nt, out), nt, cudaset.CType(out)))
+			f.Kernels = append(f.Kernels, cudaset.Of(kernel(nt, out), nt, cudaset.CType(out)))
 		}
 	}
 	return f
@@ -179,15 +184,7 @@ func gwInstances() cudaset.Instances {
 	return f
 }
 
-func lsInstances() cudaset.Instances {
-	f := cudaset.Instances{Macro: "LINEAR_STREAM"}
-	for _, out := range []kernels.DType{kernels.BF16, kernels.F32} {
-		for nt := 1; nt <= linMaxRows/8; nt++ {
-			f.Kernels = append(f.Kernels, cudaset.Of(linearStreamKernel(nt, out), nt, cudaset.CType(out)))
-		}
-	}
-	return f
-}
+func lsInstances() cudaset.Instances { return decodeLinearInstances("LINEAR_STREAM", linearStreamKernel) }
 
 func lwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
