@@ -184,7 +184,9 @@ func gwInstances() cudaset.Instances {
 	return f
 }
 
-func lsInstances() cudaset.Instances { return decodeLinearInstances("LINEAR_STREAM", linearStreamKernel) }
+func lsInstances() cudaset.Instances {
+	return decodeLinearInstances("LINEAR_STREAM", linearStreamKernel)
+}
 
 func lwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
