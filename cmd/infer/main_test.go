@@ -45,36 +45,28 @@ func oneLine(t *testing.T, args []string, stderr, want string) {
 // section (offsets in the header are relative to it).
 func patchCheckpoint(t *testing.T, src string, patch func(header map[string]any, data []byte)) string {
 	t.Helper()
-	dir := t.TempDir()
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+	return copyCheckpoint(t, src, func(dir string) {
+		path := filepath.Join(dir, "model.safetensors")
+		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if e.Name() == "model.safetensors" {
-			n := binary.LittleEndian.Uint64(b)
-			var header map[string]any
-			if err := json.Unmarshal(b[8:8+n], &header); err != nil {
-				t.Fatal(err)
-			}
-			data := b[8+n:]
-			patch(header, data)
-			h, err := json.Marshal(header)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b = append(binary.LittleEndian.AppendUint64(nil, uint64(len(h))), h...)
-			b = append(b, data...)
-		}
-		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+		n := binary.LittleEndian.Uint64(b)
+		var header map[string]any
+		if err := json.Unmarshal(b[8:8+n], &header); err != nil {
 			t.Fatal(err)
 		}
-	}
-	return dir
+		data := b[8+n:]
+		patch(header, data)
+		h, err := json.Marshal(header)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(binary.LittleEndian.AppendUint64(nil, uint64(len(h))), h...)
+		if err := os.WriteFile(path, append(b, data...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // tensorData is the bytes of tensor name in a patchCheckpoint data section.

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
 // TestLinearSwiGLUHost checks linear_swiglu's variants without a GPU: the
@@ -61,21 +60,7 @@ func TestLinearSwiGLUHost(t *testing.T) {
 // tensor maps cannot take, K or I not a multiple of 8, run the unfused
 // pair) with each instance of linear_wgmma, SwiGLU in its epilogue, the
 // default from one row; then once more with swaths of 2 m-tiles.
-func TestLinearSwiGLUWgmmaKernels(t *testing.T) {
-	dev, _ := openHopperSet(t, "linear_wgmma", func(o *ops) error { return o.lw.err })
-	defer func(v string, rows, g int) { linWgmmaDefault, linWgmmaRows, lwGroup = v, rows, g }(linWgmmaDefault, linWgmmaRows, lwGroup)
-	linWgmmaRows = 1
-	for _, c := range lwConfigs {
-		linWgmmaDefault = c.Variant
-		t.Run(c.Variant, func(t *testing.T) {
-			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinearSwiGLU)
-		})
-	}
-	linWgmmaDefault, lwGroup = lwConfigs[0].Variant, 2
-	t.Run(lwConfigs[0].Variant+",group=2", func(t *testing.T) {
-		kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinearSwiGLU)
-	})
-}
+func TestLinearSwiGLUWgmmaKernels(t *testing.T) { runLwInstances(t, kernels.OpLinearSwiGLU) }
 
 // TestLinearSwiGLUWgmmaUnfused holds each instance with SwiGLU in its
 // epilogue against the unfused pair as the model ran it before (cuBLAS

@@ -85,19 +85,24 @@ func TestLinearWgmmaCompiles(t *testing.T) {
 // instance of linear_wgmma the default from one row, then once more with
 // swaths of 2 m-tiles, so that the cases of 3 to 8 m-tiles end on a short
 // swath.
-func TestLinearWgmmaKernels(t *testing.T) {
+func TestLinearWgmmaKernels(t *testing.T) { runLwInstances(t, kernels.OpLinear) }
+
+// runLwInstances runs the shared kerneltest's cases of op with each
+// instance of linear_wgmma the default from one row, then once more with
+// swaths of 2 m-tiles.
+func runLwInstances(t *testing.T, op kernels.Op) {
 	dev, _ := openHopperSet(t, "linear_wgmma", func(o *ops) error { return o.lw.err })
 	defer func(v string, rows, g int) { linWgmmaDefault, linWgmmaRows, lwGroup = v, rows, g }(linWgmmaDefault, linWgmmaRows, lwGroup)
 	linWgmmaRows = 1
 	for _, c := range lwConfigs {
 		linWgmmaDefault = c.Variant
 		t.Run(c.Variant, func(t *testing.T) {
-			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear)
+			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), op)
 		})
 	}
 	linWgmmaDefault, lwGroup = lwConfigs[0].Variant, 2
 	t.Run(lwConfigs[0].Variant+",group=2", func(t *testing.T) {
-		kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear)
+		kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), op)
 	})
 }
 
