@@ -26,8 +26,11 @@
 // alike: step it uses stage it % STAGES, in phase it / STAGES. full(s)
 // completes when the stage's copies have landed (the copy engine's bytes,
 // and any arrivals the producer adds), empty(s) when every consumer warp is
-// done reading it.
-template <int STAGES> struct HopRing {
+// done reading it. With CLUSTER > 1 the blocks of a cluster copy into each
+// other's stages (multicast), so stage s is free only once the consumer
+// warps of every block of the cluster are done with it: each warp arrives
+// on empty(s) of every block, and each producer waits on its own.
+template <int STAGES, int CLUSTER = 1> struct HopRing {
 	unsigned long long* bars; // 2·STAGES mbarriers in shared memory
 
 	__device__ unsigned full(int s) const { return smem_addr(&bars[s]); }
@@ -35,8 +38,9 @@ template <int STAGES> struct HopRing {
 	__device__ static int stage(int it) { return it % STAGES; }
 	__device__ static unsigned parity(int it) { return (it / STAGES) & 1; }
 
-	// init, by one thread before a barrier of the block: full expecting
-	// fullArrivals arrivals a phase, empty one from each of consumerWarps.
+	// init, by one thread before a barrier of the block (of the cluster,
+	// with CLUSTER > 1): full expecting fullArrivals arrivals a phase, empty
+	// one from each of consumerWarps (those of the whole cluster).
 	__device__ void init(unsigned fullArrivals, unsigned consumerWarps) const {
 		for (int s = 0; s < STAGES; s++) {
 			mbar_init(full(s), fullArrivals);
@@ -51,11 +55,17 @@ template <int STAGES> struct HopRing {
 		return it < STAGES || mbar_wait(empty(stage(it)), parity(it) ^ 1, status, code, it);
 	}
 
-	// release is a consumer warp's arrival on stage s's empty barrier once
-	// its wgmmas no longer read it.
+	// release is a consumer warp's arrival on stage s's empty barrier (of
+	// each block of the cluster: lane r arrives on rank r's) once its wgmmas
+	// no longer read it.
 	__device__ void release(int s) const {
 		__syncwarp();
-		if ((threadIdx.x & 31) == 0) mbar_arrive(empty(s));
+		if constexpr (CLUSTER == 1) {
+			if ((threadIdx.x & 31) == 0) mbar_arrive(empty(s));
+		} else {
+			const unsigned lane = threadIdx.x & 31;
+			if (lane < CLUSTER) mbar_arrive_cluster(cluster_at(empty(s), lane));
+		}
 	}
 };
 
@@ -68,9 +78,9 @@ template <int STAGES> struct HopRing {
 // for, the last when all are done. FENCE orders operands the producer's
 // threads copied (cp.async) before wgmma reads them. It returns false when
 // a wait gave up (recorded in status with code).
-template <int BN, int STAGES, bool FENCE, typename A, typename B>
-__device__ __forceinline__ bool hop_gemm_steps(float (&acc)[BN / 8][4], const HopRing<STAGES>& ring, int& it, int ktiles, A a,
-                                               B b, int* status, int code) {
+template <int BN, int STAGES, bool FENCE, int CLUSTER, typename A, typename B>
+__device__ __forceinline__ bool hop_gemm_steps(float (&acc)[BN / 8][4], const HopRing<STAGES, CLUSTER>& ring, int& it, int ktiles,
+                                               A a, B b, int* status, int code) {
 #pragma unroll
 	for (int n = 0; n < BN / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 	for (int kt = 0; kt < ktiles; kt++, it++) {

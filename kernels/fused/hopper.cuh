@@ -1,9 +1,10 @@
 // The Hopper building blocks (sm_90a only) of the fused set's warp-
 // specialized kernels, flash_hopper (hopper.cu), mla_hopper (mla_hopper.cu),
-// group_wgmma (group_wgmma.cu) and linear_wgmma (linear_wgmma.cu): tensor
-// maps and the copy engine's tensor copies, mbarriers with a wait that gives
-// up instead of hanging, named barriers, stmatrix, and wgmma with its
-// shared-memory descriptors. Built on mma.cuh (smem_addr).
+// group_wgmma (group_wgmma.cu), linear_wgmma (linear_wgmma.cu) and mla_flat
+// (mla_flat.cu): tensor maps and the copy engine's tensor copies (multicast
+// to a cluster too), mbarriers with a wait that gives up instead of hanging,
+// clusters, named barriers, stmatrix, and wgmma with its shared-memory
+// descriptors. Built on mma.cuh (smem_addr).
 
 #pragma once
 #include "mma.cuh"
@@ -118,6 +119,63 @@ __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk
 // read their shared memory (their writes to global memory complete by the
 // kernel's end).
 __device__ __forceinline__ void tma_store_wait() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+// --- clusters -----------------------------------------------------------------
+
+// cluster_rank is this block's rank in its cluster; cluster_id and
+// cluster_count are its cluster's index along x in the grid and the
+// clusters along x (the grids here are one-dimensional).
+__device__ __forceinline__ unsigned cluster_rank() {
+	unsigned r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+	return r;
+}
+__device__ __forceinline__ int cluster_id() {
+	int r;
+	asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+	return r;
+}
+__device__ __forceinline__ int cluster_count() {
+	int r;
+	asm("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+	return r;
+}
+// cluster_sync is a barrier of every thread of the cluster's blocks that
+// has not exited, each warp converged: what each wrote to shared memory
+// before it, the others read after it.
+__device__ __forceinline__ void cluster_sync() {
+	asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// cluster_at is the address of a shared address of this block in the
+// shared memory of the cluster's block rank.
+__device__ __forceinline__ unsigned cluster_at(unsigned addr, unsigned rank) {
+	unsigned r;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+	return r;
+}
+
+// mbar_arrive_cluster arrives on the mbarrier at addr, an address
+// cluster_at made (of this block or another of the cluster). Its ordering
+// is mbar_arrive's (release at the block's scope): enough where the
+// arrival says that this thread's reads of shared memory are done, as a
+// consumer's after wgmma.wait_group; .release.cluster would put a fence of
+// the whole GPU (MEMBAR.ALL.GPU) before every arrival.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned addr) {
+	asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+
+// tma_load_2d_multicast is tma_load_2d into the shared memory of every
+// block of the cluster in mask (bit r: rank r): the box lands at dst's
+// offset in each, and completes with its bytes on the barrier at bar's
+// offset in each.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1,
+                                                      unsigned short mask) {
+	asm volatile(
+	    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], "
+	    "%5;\n" ::"r"(dst),
+	    "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+	    : "memory");
+}
 
 // --- named barriers and stmatrix ---------------------------------------------
 

@@ -191,7 +191,7 @@ func lsInstances() cudaset.Instances {
 func lwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
 	for _, c := range lwConfigs {
-		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.kernel(), c.swigluKernel()}, Args: []any{c.BN, c.Stages}})
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.kernel(), c.swigluKernel()}, Args: []any{c.BN, c.Stages, c.Cluster}})
 	}
 	return f
 }

@@ -16,7 +16,7 @@ import (
 // tuning choices that follow whether linear_wgmma was built.
 func TestLinearSwiGLUHost(t *testing.T) {
 	gateUp := kernels.Shape{"M": 16384, "N": 37888, "K": 3584}
-	if got := valid(variants(kernels.OpLinearSwiGLU, gateUp, kernels.Targets["sm_90a"])); fmt.Sprint(got) != "[unfused wgmma wgmma_n128]" {
+	if got := valid(variants(kernels.OpLinearSwiGLU, gateUp, kernels.Targets["sm_90a"])); fmt.Sprint(got) != "[unfused wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2]" {
 		t.Errorf("linear_swiglu at W1's gate_up on sm_90a: %v", got)
 	}
 	if got := valid(variants(kernels.OpLinearSwiGLU, gateUp, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[unfused]" {
@@ -59,7 +59,8 @@ func TestLinearSwiGLUHost(t *testing.T) {
 // cases (1 to 1,000 rows, K and I of no tile, pitched x and out; those the
 // tensor maps cannot take, K or I not a multiple of 8, run the unfused
 // pair) with each instance of linear_wgmma, SwiGLU in its epilogue, the
-// default from one row; then once more with swaths of 2 m-tiles.
+// default from one row; then once more per 128×256 instance with short
+// swaths (lwShortSwaths).
 func TestLinearSwiGLUWgmmaKernels(t *testing.T) { runLwInstances(t, kernels.OpLinearSwiGLU) }
 
 // TestLinearSwiGLUWgmmaUnfused holds each instance with SwiGLU in its

@@ -10,7 +10,8 @@
 // 16-byte boundary: what the tensor maps need):
 //   xmap  x bf16 [M, K], box {64, LW_BM}
 //   wmap  w bf16 [N, K], box {64, BN} (LwPlain); with LwSwiGLU w [2N, K],
-//         the gate rows then the up rows, box {64, BN/2}
+//         the gate rows then the up rows, box {64, BN/2}; in clusters
+//         (CLUSTER = 2, below) box {64, BN/2} for both
 //   omap  out bf16 [M, N], box {LW_BOX, 64}
 //   all three with the 128-byte swizzle; elements past a map's bounds read
 //   as zeros and are not written.
@@ -38,6 +39,22 @@
 //     meanwhile). Before a box is written, its buffer's last store must
 //     have read it: thread 0 waits for the stores before the barrier that
 //     precedes each store, so the store of box b overlaps the filling of b+1.
+//
+// In clusters (CLUSTER = 2, the _c2 instances: variants wgmma_mc2 and
+// wgmma_n128_mc2) the two blocks of a cluster take two m-tiles of one
+// n-tile, rank r m-tile 2i + r (the units of LwTiles are those pairs), so
+// that they read the same w: each producer copies its own x and half of the
+// stage's w rows, that half by multicast into both blocks' shared memory,
+// and w crosses from L2 once a cluster instead of once a block. Each
+// block's full barrier expects the whole stage (its x, its half of w and
+// the other's), and its empty barrier counts the consumer warps of both
+// blocks (each warp arrives on both), since the other producer's next copy
+// writes into this block's stage too. Where the m-tiles are odd, the second
+// block of the last pair lies past M: it copies the last m-tile's x (any
+// rows would do), does the same work, and its stores fall past M. A cluster
+// barrier follows the barriers' initialization (no copy or arrival reaches
+// a barrier not yet initialized) and ends the consumers (no arrival reaches
+// a block that has exited).
 //
 // The epilogue is a type, chosen when the kernel is instantiated:
 //   E::COLS      the output columns of a tile (a multiple of LW_BOX): N
@@ -169,16 +186,27 @@ template <int BN> struct LwSwiGLU {
 	}
 };
 
+// lw_first is the first unit of work of this block (of its cluster, with
+// CLUSTER > 1), lw_stride the grid's blocks (clusters) between its units.
+template <int CLUSTER> __device__ __forceinline__ int lw_first() { return CLUSTER == 1 ? (int)blockIdx.x : cluster_id(); }
+template <int CLUSTER> __device__ __forceinline__ int lw_stride() { return CLUSTER == 1 ? (int)gridDim.x : cluster_count(); }
+
 // linear_wgmma: see the top of this file. Launch: a persistent grid (at most
-// one block an SM, at most the tiles), LW_THREADS threads,
+// one block an SM, at most the tiles; with CLUSTER > 1 whole clusters, at
+// most as many as run at once and as the tiles' units), LW_THREADS threads,
 // LwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
-template <int BN, int STAGES, typename E>
+template <int BN, int STAGES, int CLUSTER, typename E>
 __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* wmap, const TmaMap* omap, E epi, int M, int N,
                                              int K, int group, int* status) {
 	typedef LwLayout<BN, STAGES> L;
 	constexpr int OUT_COLS = E::COLS;
+	// w's tensor copies a stage: E's, each cut into as many as the cluster
+	// has blocks; block rank issues copies rank, rank + CLUSTER, ...
+	constexpr int W_COPIES = E::W_BOXES > CLUSTER ? E::W_BOXES : CLUSTER;
+	constexpr int W_CUT = W_COPIES / E::W_BOXES, W_ROWS = BN / W_COPIES; // copies of an E box; rows of a copy (wmap's box)
 	static_assert(OUT_COLS % LW_BOX == 0, "a tile's output is whole boxes");
-	static_assert(BN % E::W_BOXES == 0 && BN / E::W_BOXES % 8 == 0, "w's copies are whole 8-row core matrices");
+	static_assert(W_COPIES % E::W_BOXES == 0 && W_COPIES % CLUSTER == 0 && BN % W_COPIES == 0 && W_ROWS % 8 == 0,
+	              "w's copies are whole 8-row core matrices, as many for each block of a cluster");
 	extern __shared__ unsigned char smem_raw[];
 	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
 
@@ -186,22 +214,39 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	auto sA = [&](int s) { return base + s * L::STAGE_BYTES; };
 	auto sB = [&](int s) { return base + s * L::STAGE_BYTES + L::A_BYTES; };
 	auto sOut = [&](int w, int b) { return base + L::OUT + (w * LW_OUT_BUFS + b) * L::OUT_BYTES; };
-	const HopRing<STAGES> ring{bars};
+	const HopRing<STAGES, CLUSTER> ring{bars};
 
-	// full: the expect_tx arrival; empty: one arrival per consumer warp.
-	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4);
-	__syncthreads();
+	// full: the expect_tx arrival; empty: one arrival per consumer warp of
+	// the cluster. In a cluster, no block copies into another's stages or
+	// arrives on its barriers before that block has initialized them.
+	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4 * CLUSTER);
+	if constexpr (CLUSTER == 1)
+		__syncthreads();
+	else
+		cluster_sync();
 
-	const LwTiles tiles{(M + LW_BM - 1) / LW_BM, (N + OUT_COLS - 1) / OUT_COLS, group};
+	// The tiles' units: CLUSTER m-tiles of one n-tile, which the blocks of
+	// a cluster take, rank r m-tile CLUSTER·i + r (past the last m-tile
+	// when their count is not a multiple: see the producer), walked in
+	// swaths of group m-tiles as the tiles are without clusters.
+	const int mtiles = (M + LW_BM - 1) / LW_BM;
+	const LwTiles tiles{(mtiles + CLUSTER - 1) / CLUSTER, (N + OUT_COLS - 1) / OUT_COLS, CLUSTER == 1 ? group : max(1, group / CLUSTER)};
+	const int rank = CLUSTER == 1 ? 0 : (int)cluster_rank();
 	const int total = tiles.total();
 	const int ktiles = (K + HG_BK - 1) / HG_BK;
 	const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 	if (wg == 0) {
-		// The producer: one thread issues every copy.
+		// The producer: one thread issues every copy. In a cluster it
+		// multicasts its copies of w to every block, and each block's full
+		// barrier expects the whole stage: its x, its copies of w and the
+		// others'. A block whose m-tile lies past M (the last unit's, when
+		// the m-tiles do not divide among the cluster) copies x of the last
+		// m-tile instead: its outputs all fall past M, which the stores
+		// leave, but it takes its share of w's copies.
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(LW_PRODUCER_REGS));
 		if (tid != 0) return;
 		int it = 0; // k-steps issued so far, over all of this block's tiles
-		for (int t = blockIdx.x; t < total; t += gridDim.x) {
+		for (int t = lw_first<CLUSTER>(); t < total; t += lw_stride<CLUSTER>()) {
 			int mt, nt;
 			tiles.at(t, mt, nt);
 			for (int kt = 0; kt < ktiles; kt++, it++) {
@@ -209,10 +254,17 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 				if (!ring.acquire(it, status, HG_WAIT_EMPTY)) return;
 				const unsigned full = ring.full(s);
 				mbar_expect_tx(full, L::STAGE_BYTES);
-				tma_load_2d(sA(s), xmap, full, kt * HG_BK, mt * LW_BM);
+				tma_load_2d(sA(s), xmap, full, kt * HG_BK, (CLUSTER == 1 ? mt : min(mt * CLUSTER + rank, mtiles - 1)) * LW_BM);
 #pragma unroll
-				for (int b = 0; b < E::W_BOXES; b++)
-					tma_load_2d(sB(s) + b * (BN / E::W_BOXES) * HG_ROW_BYTES, wmap, full, kt * HG_BK, epi.w_row(nt, b));
+				for (int c = 0; c < W_COPIES / CLUSTER; c++) {
+					const int b = c * CLUSTER + rank; // the copy: rows [b·W_ROWS, (b+1)·W_ROWS) of the stage's w
+					const unsigned dst = sB(s) + b * W_ROWS * HG_ROW_BYTES;
+					const int wrow = epi.w_row(nt, b / W_CUT) + b % W_CUT * W_ROWS;
+					if constexpr (CLUSTER == 1)
+						tma_load_2d(dst, wmap, full, kt * HG_BK, wrow);
+					else
+						tma_load_2d_multicast(dst, wmap, full, kt * HG_BK, wrow, (1u << CLUSTER) - 1);
+				}
 			}
 		}
 		return;
@@ -229,9 +281,10 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	const int srow = 16 * wi + 8 * ((lane >> 3) & 1) + (lane & 7), schunk = lane >> 4;
 	float acc[BN / 8][4];
 	int it = 0, box = 0;
-	for (int t = blockIdx.x; t < total; t += gridDim.x) {
+	for (int t = lw_first<CLUSTER>(); t < total; t += lw_stride<CLUSTER>()) {
 		int mt, nt;
 		tiles.at(t, mt, nt);
+		mt = mt * CLUSTER + rank;
 		const int row = mt * LW_BM + 64 * w, col0 = nt * OUT_COLS; // the warpgroup's first row, the tile's first column
 		epi.load(col0, lane);
 		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL);
@@ -262,20 +315,29 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 		}
 	}
 	if (tid == 0) tma_store_wait(); // shared memory outlives the stores' reads
+	if constexpr (CLUSTER > 1) {
+		// No block leaves while another's consumers may still arrive on its
+		// empty barriers (every copy into its stages it has waited for).
+		__syncwarp();
+		cluster_sync();
+	}
 }
 
 // The instances (named as in linear_wgmma.go's lwConfigs): tiles of BN
-// w rows through STAGES stages, with the plain epilogue (linear) and with
-// SwiGLU's (linear_swiglu: N is out's columns, I).
-#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST)                                                                           \
-	extern "C" __global__ void __launch_bounds__(LW_THREADS, 1)                                                           \
+// w rows through STAGES stages, in clusters of CL blocks along x (1: none),
+// with the plain epilogue (linear) and with SwiGLU's (linear_swiglu: N is
+// out's columns, I).
+#define LW_CLUSTER_DIMS_1
+#define LW_CLUSTER_DIMS_2 __cluster_dims__(2, 1, 1)
+#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST, CL)                                                                       \
+	extern "C" __global__ void LW_CLUSTER_DIMS_##CL __launch_bounds__(LW_THREADS, 1)                                      \
 	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap omap, \
 	         const unsigned* bias, int M, int N, int K, int group, int* status) {                                          \
-		linear_wgmma<BN, ST>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                         \
+		linear_wgmma<BN, ST, CL>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                     \
 	}                                                                                                                     \
-	extern "C" __global__ void __launch_bounds__(LW_THREADS, 1)                                                           \
+	extern "C" __global__ void LW_CLUSTER_DIMS_##CL __launch_bounds__(LW_THREADS, 1)                                      \
 	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,                              \
 	                const __grid_constant__ TmaMap omap, int M, int N, int K, int group, int* status) {                   \
-		linear_wgmma<BN, ST>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                              \
+		linear_wgmma<BN, ST, CL>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                          \
 	}
 LINEAR_WGMMA_INSTANCES(LINEAR_WGMMA)

@@ -37,19 +37,52 @@ const (
 var lwGroup = 16
 
 // lwConfig is an instance of linear_wgmma: BN columns a tile through Stages
-// stages, named Variant among linear's variants.
+// stages, in clusters of Cluster blocks (1: none) that share each stage's w
+// by multicast, named Variant among linear's variants.
 type lwConfig struct {
-	Variant    string
-	BN, Stages int
+	Variant             string
+	BN, Stages, Cluster int
 }
 
-func (c lwConfig) kernel() string { return fmt.Sprintf("linear_wgmma_n%d_s%d", c.BN, c.Stages) }
+func (c lwConfig) kernel() string { return c.name("linear_wgmma") }
 
 // swigluKernel is the instance with SwiGLU in its epilogue (LwSwiGLU), the
 // variant of linear_swiglu of the same name: BN rows of w a tile, BN/2 of
 // gate and BN/2 of up, BN/2 output columns.
-func (c lwConfig) swigluKernel() string {
-	return fmt.Sprintf("linear_wgmma_swiglu_n%d_s%d", c.BN, c.Stages)
+func (c lwConfig) swigluKernel() string { return c.name("linear_wgmma_swiglu") }
+
+// name is kernel's instance for c: tile, stages, and cluster when there is one.
+func (c lwConfig) name(kernel string) string {
+	s := fmt.Sprintf("%s_n%d_s%d", kernel, c.BN, c.Stages)
+	if c.Cluster > 1 {
+		s += fmt.Sprintf("_c%d", c.Cluster)
+	}
+	return s
+}
+
+// wRows is the rows of w a tensor copy brings (wmap's box), with SwiGLU in
+// the epilogue or not: a tile's BN rows (BN/2 of gate and BN/2 of up with
+// SwiGLU), cut into Cluster copies where the blocks of a cluster share them
+// (W_ROWS in linear_wgmma.cu).
+func (c lwConfig) wRows(swiglu bool) int {
+	boxes := 1
+	if swiglu {
+		boxes = 2
+	}
+	return c.BN / max(boxes, c.Cluster)
+}
+
+// units is the units of work of m rows and cols output columns (its
+// SwiGLU's, BN/2, or BN a tile): tiles, or with clusters the groups of
+// Cluster m-tiles of one n-tile that a cluster's blocks take together.
+func (c lwConfig) units(m, cols int, swiglu bool) int {
+	tn := c.BN
+	if swiglu {
+		tn = c.BN / 2
+	}
+	cl := max(1, c.Cluster)
+	mtiles := (m + lwRows - 1) / lwRows
+	return (mtiles + cl - 1) / cl * ((cols + tn - 1) / tn)
 }
 
 // shared is LwLayout<BN, STAGES>::SMEM.
@@ -63,8 +96,10 @@ func (c lwConfig) shared() int {
 // same bytes), which reads a third more of L2 per FLOP but cuts a shape
 // into twice the tiles, for the shapes whose last wave of 128×256 tiles
 // would leave most SMs idle (M = 10,816, N = 3,584: 1,190 tiles on 132
-// SMs).
-var lwConfigs = []lwConfig{{"wgmma", 256, 4}, {"wgmma_n128", 128, 6}}
+// SMs); and both again in clusters of two blocks (the _mc2 variants) that
+// take two m-tiles of one n-tile, each block copying half of a stage's w to
+// both by multicast, so that w crosses from L2 once a cluster.
+var lwConfigs = []lwConfig{{"wgmma", 256, 4, 1}, {"wgmma_n128", 128, 6, 1}, {"wgmma_mc2", 256, 4, 2}, {"wgmma_n128_mc2", 128, 6, 2}}
 
 // lwConfigNamed is the instance of variant name.
 func lwConfigNamed(name string) (lwConfig, bool) {
@@ -90,35 +125,65 @@ func lwModule() cudaset.Module { return module("linear_wgmma.cu", cudaset.Names(
 
 // lwKit is linear_wgmma on one device.
 type lwKit struct {
-	err    error               // why it cannot run here; nil when it can
-	fit    map[string]lwConfig // the instances whose shared memory fits, by variant
-	why    map[string]error    // and why each other cannot run
-	status *kernels.Tensor     // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+	err      error               // why it cannot run here; nil when it can
+	fit      map[string]lwConfig // the instances whose shared memory fits, by variant
+	why      map[string]error    // and why each other cannot run
+	clusters map[string]int      // per variant in clusters: the clusters the device runs at once
+	status   *kernels.Tensor     // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
 }
 
-// newLinearWgmma compiles linear_wgmma into k where the device allows it. It
-// never fails: what went wrong is kept in the kit.
+// newLinearWgmma compiles linear_wgmma into k where the device allows it,
+// readies each instance's shared memory and asks the driver how many
+// clusters of each clustered instance run at once. It never fails: what
+// went wrong is kept in the kit.
 func newLinearWgmma(k *cudaset.Kit) *lwKit {
-	l := &lwKit{fit: map[string]lwConfig{}, why: map[string]error{}}
+	l := &lwKit{fit: map[string]lwConfig{}, why: map[string]error{}, clusters: map[string]int{}}
 	if l.err = addHopperModule(k, lwConfigs[0].Variant, "linear_wgmma", lwModule()); l.err != nil {
 		return l
 	}
 	for _, c := range lwConfigs {
-		var err error
-		for _, name := range []string{c.kernel(), c.swigluKernel()} {
-			if err = k.FitShared(name, c.shared()); err != nil {
-				err = fmt.Errorf("fused: linear %s: %s: %w", c.Variant, name, err)
-				break
-			}
-		}
-		if err != nil {
-			l.why[c.Variant] = err
+		if err := l.ready(k, c); err != nil {
+			l.why[c.Variant] = fmt.Errorf("fused: linear %s: %w", c.Variant, err)
 			continue
 		}
 		l.fit[c.Variant] = c
 	}
 	l.status = newWaitStatus(k)
 	return l
+}
+
+// ready readies instance c's kernels on k: their shared memory, and for
+// clusters the most that run at once (both kernels alike: the fewer).
+func (l *lwKit) ready(k *cudaset.Kit, c lwConfig) error {
+	for _, name := range []string{c.kernel(), c.swigluKernel()} {
+		if err := k.FitShared(name, c.shared()); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if c.Cluster <= 1 {
+			continue
+		}
+		n, err := k.Func(name).MaxActiveClusters(cuda.Dim3{X: uint32(c.Cluster)}, cuda.Dim3{X: lwThreads}, c.shared())
+		if err != nil {
+			return err
+		}
+		if n < 1 {
+			return fmt.Errorf("%s: the device runs no cluster of %d blocks of it", name, c.Cluster)
+		}
+		if have, ok := l.clusters[c.Variant]; !ok || n < have {
+			l.clusters[c.Variant] = n
+		}
+	}
+	return nil
+}
+
+// grid is the blocks of a persistent launch of instance c over units of
+// work (lwConfig.units): one block an SM and a unit, or with clusters
+// Cluster blocks a unit, as many clusters as run at once at most.
+func (l *lwKit) grid(c lwConfig, sms, units int) uint32 {
+	if c.Cluster <= 1 {
+		return uint32(min(units, sms))
+	}
+	return uint32(c.Cluster * min(units, l.clusters[c.Variant]))
 }
 
 // config is the instance of variant name, or why it cannot run here.
@@ -165,6 +230,10 @@ func lwValid(c lwConfig, swiglu bool) func(s kernels.Shape, t kernels.Target) (p
 		}
 		params := fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d m-tiles epilogue=%s, stmatrix into %d boxes a consumer, tensor stores",
 			lwRows, c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, epi, lwOutBufs)
+		if c.Cluster > 1 {
+			params += fmt.Sprintf(" cluster=%dx1 (m-tiles %d·i+rank of one n-tile; each block multicasts %d of a stage's %d w rows to the cluster)",
+				c.Cluster, c.Cluster, c.wRows(swiglu), c.BN)
+		}
 		return params, join(vec, fits(c.shared(), t)), true
 	}
 }
@@ -182,19 +251,19 @@ func (o *ops) lwTakes(out, x, w *kernels.Tensor) bool {
 }
 
 // linearWgmma launches instance c: out [m, n] = x [m, k] · w [n, k]ᵀ + bias
-// on a persistent grid of at most one block per SM.
+// on a persistent grid of at most one block per SM (lwKit.grid).
 func (o *ops) linearWgmma(c lwConfig, out, x, w, bias *kernels.Tensor) {
 	op := kernels.OpLinear
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	xm, wm := o.Mat(x), o.Mat(w)
 	xmap := o.xMap(op, xm, m, k)
 	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(n)},
-		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.BN)}, Swizzle: hopperSwizzle})
+		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.wRows(false))}, Swizzle: hopperSwizzle})
 	o.Need(err == nil, op, "w's tensor map: %v", err)
 	omap, _, err := o.hopperOutMap(o.D.Ptr(out), out.Pitch, n, m, 2)
 	o.Need(err == nil, op, "out's tensor map: %v", err)
-	tiles := ((m + lwRows - 1) / lwRows) * ((n + c.BN - 1) / c.BN)
-	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(min(tiles, o.SMs))}, cuda.Dim3{X: lwThreads}, c.shared(),
+	grid := o.lw.grid(c, o.SMs, c.units(m, n, false))
+	o.LaunchGrid(c.kernel(), cuda.Dim3{X: grid}, cuda.Dim3{X: lwThreads}, c.shared(),
 		xmap, wmap, omap, o.lwBias(bias), int32(m), int32(n), int32(k), int32(max(1, lwGroup)), o.D.Ptr(o.lw.status))
 }
 
@@ -207,12 +276,12 @@ func (o *ops) linearSwiGLUWgmma(c lwConfig, out, x, w *kernels.Tensor) {
 	xm, wm := o.Mat(x), o.Mat(w)
 	xmap := o.xMap(op, xm, m, k)
 	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(2 * inter)},
-		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.BN / 2)}, Swizzle: hopperSwizzle})
+		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.wRows(true))}, Swizzle: hopperSwizzle})
 	o.Need(err == nil, op, "w's tensor map: %v", err)
 	omap, _, err := o.hopperOutMap(o.D.Ptr(out), out.Pitch, inter, m, 2)
 	o.Need(err == nil, op, "out's tensor map: %v", err)
-	tiles := ((m + lwRows - 1) / lwRows) * ((inter + c.BN/2 - 1) / (c.BN / 2))
-	o.LaunchGrid(c.swigluKernel(), cuda.Dim3{X: uint32(min(tiles, o.SMs))}, cuda.Dim3{X: lwThreads}, c.shared(),
+	grid := o.lw.grid(c, o.SMs, c.units(m, inter, true))
+	o.LaunchGrid(c.swigluKernel(), cuda.Dim3{X: grid}, cuda.Dim3{X: lwThreads}, c.shared(),
 		xmap, wmap, omap, int32(m), int32(inter), int32(k), int32(max(1, lwGroup)), o.D.Ptr(o.lw.status))
 }
 

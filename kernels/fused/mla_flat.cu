@@ -32,6 +32,7 @@
 // bf16 for P·C, o_lat merged in f32 and rounded once before W_UV, the
 // output rounded once; only the order of f32 sums differs.
 
+#include "hopper.cuh"
 #include "mla.cuh"
 #include "instances.cuh"
 
@@ -44,23 +45,6 @@
 #define MO_MAX_R 512                  // the largest rank mla_out takes (two 16-byte chunks a lane)
 #define MO_MAX_P 128                  // the most clusters a row mla_out merges: one a thread
 
-__device__ __forceinline__ unsigned cluster_rank() {
-	unsigned r;
-	asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-	return r;
-}
-// cluster_sync is a barrier of every thread of the cluster's blocks: what
-// each wrote to shared memory before it, the others read after it.
-__device__ __forceinline__ void cluster_sync() {
-	asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// cluster_at is the address of a shared address of this block in the
-// shared memory of the cluster's block rank.
-__device__ __forceinline__ unsigned cluster_at(unsigned addr, unsigned rank) {
-	unsigned r;
-	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-	return r;
-}
 __device__ __forceinline__ float2 ld_cluster2(unsigned addr) {
 	float2 v;
 	asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
