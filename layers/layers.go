@@ -1,9 +1,11 @@
 // Package layers holds the building blocks of the models, written against
 // kernels.Ops: Linear, Embedding, RMSNorm, Attention (GQA), MLA, MLP
 // (SwiGLU) and MoE. Their fields mirror the module names of HF transformers'
-// modeling files (q_proj → QProj, kv_a_proj_with_mqa → KVAProjWithMQA, ...),
-// with two fusions made at load time: Attention.QKVProj is q_proj, k_proj and
-// v_proj stacked, and MLP.GateUpProj is gate_proj and up_proj stacked.
+// modeling files (q_a_proj → QAProj, kv_a_proj_with_mqa → KVAProjWithMQA,
+// ...), with three fusions made at load time: Attention.QKVProj is q_proj,
+// k_proj and v_proj stacked, MLP.GateUpProj is gate_proj and up_proj
+// stacked, and MLA.QKVAProjWithMQA (without q LoRA) is q_proj and
+// kv_a_proj_with_mqa stacked.
 //
 // A layer owns its weights as device tensors; it never allocates during a
 // forward step. Temporaries come from a Workspace sized once for the largest

@@ -4,10 +4,11 @@ import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLA.
 const (
-	bufMLAQA  = "mla.q_a" // [T, q_lora_rank] act
-	bufMLAQ   = "mla.q"   // [T, Heads·(NopeDim+RopeDim)] act
-	bufMLAKV  = "mla.kv"  // [T, Rank+RopeDim] act: the compressed kv and the shared rope key
-	bufMLAOut = "mla.out" // [T, Heads·VDim] act, the attention output before o_proj
+	bufMLAQKVA = "mla.q_kv_a" // [T, Heads·(NopeDim+RopeDim) + Rank+RopeDim] act: q then the kv latent, without q LoRA
+	bufMLAQA   = "mla.q_a"    // [T, q_lora_rank] act
+	bufMLAQ    = "mla.q"      // [T, Heads·(NopeDim+RopeDim)] act, with q LoRA
+	bufMLAKV   = "mla.kv"     // [T, Rank+RopeDim] act, with q LoRA: the compressed kv and the shared rope key
+	bufMLAOut  = "mla.out"    // [T, Heads·VDim] act, the attention output before o_proj
 )
 
 // MLA is DeepSeek-V2's multi-head latent attention, as HF's
@@ -19,17 +20,27 @@ const (
 //	q_pe, k_pe = rope(q_pe), rope(k_pe)                         (interleaved pairs)
 //	out = o_proj(attention over the cache of (kv_nope, k_pe), expanded by kv_b_proj)
 //
+// Without q LoRA, q_proj and kv_a_proj_with_mqa are one Linear
+// (QKVAProjWithMQA) whose output row holds q then the latent: q and kv are
+// column views of it, pitched, and every op after the projection reads and
+// writes them in place there. With q LoRA they are apart, each in a packed
+// buffer of its own.
+//
 // The cache keeps the latent (kv_nope, k_pe) per token, as HF 5.x does; the
 // MLA kernels expand it with kv_b_proj.
 type MLA struct {
-	QProj          *Linear  // q_proj [Heads·(Nope+Rope), hidden]; nil when q_lora_rank is set
-	QAProj         *Linear  // q_a_proj [q_lora_rank, hidden]
-	QALayernorm    *RMSNorm // q_a_layernorm [q_lora_rank]
-	QBProj         *Linear  // q_b_proj [Heads·(Nope+Rope), q_lora_rank]
-	KVAProjWithMQA Linear   // kv_a_proj_with_mqa [Rank+Rope, hidden]
-	KVALayernorm   RMSNorm  // kv_a_layernorm [Rank]
-	KVBProj        Linear   // kv_b_proj [Heads·(Nope+V), Rank]; used by the kernels as MLAArgs.WKVB
-	OProj          Linear   // o_proj [hidden, Heads·V]
+	// QKVAProjWithMQA is q_proj and kv_a_proj_with_mqa stacked, when
+	// q_lora_rank is null: weight [Heads·(Nope+Rope) + Rank+Rope, hidden],
+	// q_proj's rows first (and a bias likewise, zero over q_proj's rows,
+	// which HF gives none). nil with q LoRA.
+	QKVAProjWithMQA *Linear
+	QAProj          *Linear  // q_a_proj [q_lora_rank, hidden]; nil without q LoRA
+	QALayernorm     *RMSNorm // q_a_layernorm [q_lora_rank]
+	QBProj          *Linear  // q_b_proj [Heads·(Nope+Rope), q_lora_rank]
+	KVAProjWithMQA  *Linear  // kv_a_proj_with_mqa [Rank+Rope, hidden]; nil without q LoRA (it is in QKVAProjWithMQA)
+	KVALayernorm    RMSNorm  // kv_a_layernorm [Rank]
+	KVBProj         Linear   // kv_b_proj [Heads·(Nope+V), Rank]; used by the kernels as MLAArgs.WKVB
+	OProj           Linear   // o_proj [hidden, Heads·V]
 
 	Heads   int
 	NopeDim int // qk_nope_head_dim
@@ -45,11 +56,13 @@ type MLA struct {
 
 // Reserve asks ws for the buffers Forward uses.
 func (m *MLA) Reserve(ws *Workspace, act kernels.DType) {
-	if m.QAProj != nil {
+	if m.QKVAProjWithMQA != nil {
+		ws.Reserve(bufMLAQKVA, act, m.QKVAProjWithMQA.OutFeatures())
+	} else {
 		ws.Reserve(bufMLAQA, act, m.QAProj.OutFeatures())
+		ws.Reserve(bufMLAQ, act, m.Heads*(m.NopeDim+m.RopeDim))
+		ws.Reserve(bufMLAKV, act, m.Rank+m.RopeDim)
 	}
-	ws.Reserve(bufMLAQ, act, m.Heads*(m.NopeDim+m.RopeDim))
-	ws.Reserve(bufMLAKV, act, m.Rank+m.RopeDim)
 	ws.Reserve(bufMLAOut, act, m.Heads*m.VDim)
 }
 
@@ -58,24 +71,27 @@ func (m *MLA) Reserve(ws *Workspace, act kernels.DType) {
 func (m *MLA) Forward(s *Step, out, x *kernels.Tensor) {
 	T := s.Tokens()
 	qk := m.NopeDim + m.RopeDim
-	q := s.WS.Get(bufMLAQ, T, m.Heads*qk)
-	if m.QProj != nil {
-		m.QProj.Forward(s, q, x)
+	qDim, kvDim := m.Heads*qk, m.Rank+m.RopeDim
+	var q, kv *kernels.Tensor
+	if m.QKVAProjWithMQA != nil {
+		qkva := s.WS.Get(bufMLAQKVA, T, qDim+kvDim)
+		m.QKVAProjWithMQA.Forward(s, qkva, x)
+		q, kv = qkva.ColSlice(0, qDim), qkva.ColSlice(qDim, qDim+kvDim)
 	} else {
 		qa := s.WS.Get(bufMLAQA, T, m.QAProj.OutFeatures())
 		m.QAProj.Forward(s, qa, x)
 		m.QALayernorm.Forward(s, qa, qa)
+		q = s.WS.Get(bufMLAQ, T, qDim)
 		m.QBProj.Forward(s, q, qa)
+		kv = s.WS.Get(bufMLAKV, T, kvDim)
+		m.KVAProjWithMQA.Forward(s, kv, x)
 	}
-
-	kv := s.WS.Get(bufMLAKV, T, m.Rank+m.RopeDim)
-	m.KVAProjWithMQA.Forward(s, kv, x)
 	kvNope := kv.ColSlice(0, m.Rank)
 	m.KVALayernorm.Forward(s, kvNope, kvNope)
 
 	// q_pe is the last RopeDim of each head; k_pe is one head after the latent.
 	s.Ops.RoPE(q, m.Heads, qk, m.NopeDim, s.Pos, m.Rope)
-	s.Ops.RoPE(kv, 1, m.Rank+m.RopeDim, m.Rank, s.Pos, m.Rope)
+	s.Ops.RoPE(kv, 1, kvDim, m.Rank, s.Pos, m.Rope)
 
 	attn := s.WS.Get(bufMLAOut, T, m.Heads*m.VDim)
 	args := &kernels.MLAArgs{

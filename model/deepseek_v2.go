@@ -47,28 +47,29 @@ func buildDeepseekV2(cfg *loader.Config, s *weightSet, cache *LatentCache, rope 
 	for i := range cfg.NumLayers {
 		p := fmt.Sprintf("model.layers.%d", i)
 		a := p + ".self_attn"
+		kvaOut := ds.KVLoraRank + ds.QKRopeHeadDim
 		selfAttn := &layers.MLA{
-			KVAProjWithMQA: s.linear(a+".kv_a_proj_with_mqa", ds.KVLoraRank+ds.QKRopeHeadDim, H, ds.AttentionBias),
-			KVALayernorm:   s.rmsNorm(a+".kv_a_layernorm", ds.KVLoraRank, latentNormEps),
-			KVBProj:        s.linear(a+".kv_b_proj", heads*(ds.QKNopeHeadDim+ds.VHeadDim), ds.KVLoraRank, false),
-			OProj:          s.linear(a+".o_proj", H, heads*ds.VHeadDim, ds.AttentionBias),
-			Heads:          heads,
-			NopeDim:        ds.QKNopeHeadDim,
-			RopeDim:        ds.QKRopeHeadDim,
-			VDim:           ds.VHeadDim,
-			Rank:           ds.KVLoraRank,
-			Scale:          float32(yarnSoftmaxScale(&cfg.Rope, qkHeadDim)),
-			Rope:           rope,
-			Cache:          cache.C[i],
+			KVALayernorm: s.rmsNorm(a+".kv_a_layernorm", ds.KVLoraRank, latentNormEps),
+			KVBProj:      s.linear(a+".kv_b_proj", heads*(ds.QKNopeHeadDim+ds.VHeadDim), ds.KVLoraRank, false),
+			OProj:        s.linear(a+".o_proj", H, heads*ds.VHeadDim, ds.AttentionBias),
+			Heads:        heads,
+			NopeDim:      ds.QKNopeHeadDim,
+			RopeDim:      ds.QKRopeHeadDim,
+			VDim:         ds.VHeadDim,
+			Rank:         ds.KVLoraRank,
+			Scale:        float32(yarnSoftmaxScale(&cfg.Rope, qkHeadDim)),
+			Rope:         rope,
+			Cache:        cache.C[i],
 		}
 		if ds.QLoraRank == 0 {
-			q := s.linear(a+".q_proj", heads*qkHeadDim, H, false)
-			selfAttn.QProj = &q
+			qkva := qKVAProj(s, a, heads*qkHeadDim, kvaOut, H, ds.AttentionBias)
+			selfAttn.QKVAProjWithMQA = &qkva
 		} else {
 			qa := s.linear(a+".q_a_proj", ds.QLoraRank, H, ds.AttentionBias)
 			qaNorm := s.rmsNorm(a+".q_a_layernorm", ds.QLoraRank, latentNormEps)
 			qb := s.linear(a+".q_b_proj", heads*qkHeadDim, ds.QLoraRank, false)
-			selfAttn.QAProj, selfAttn.QALayernorm, selfAttn.QBProj = &qa, &qaNorm, &qb
+			kva := s.linear(a+".kv_a_proj_with_mqa", kvaOut, H, ds.AttentionBias)
+			selfAttn.QAProj, selfAttn.QALayernorm, selfAttn.QBProj, selfAttn.KVAProjWithMQA = &qa, &qaNorm, &qb, &kva
 		}
 		var mlp layers.FFN
 		if i >= ds.FirstKDenseReplace {
@@ -86,6 +87,20 @@ func buildDeepseekV2(cfg *loader.Config, s *weightSet, cache *LatentCache, rope 
 	d.norm = s.rmsNorm("model.norm", H, eps)
 	d.lmHead = lmHead(cfg, s, d.embedTokens)
 	return d
+}
+
+// qKVAProj is q_proj [qOut, hidden] and kv_a_proj_with_mqa [kvaOut, hidden]
+// of the attention module a stacked into one Linear, q_proj's rows first:
+// both read the layer's input, so a step runs one GEMM for the two. q_proj
+// has no bias in HF; with attention_bias, the stack's bias is zero over
+// q_proj's outputs and kv_a_proj_with_mqa's bias after them.
+func qKVAProj(s *weightSet, a string, qOut, kvaOut, hidden int, bias bool) layers.Linear {
+	l := s.stackedLinear(a, []string{"q_proj", "kv_a_proj_with_mqa"}, []int{qOut, kvaOut}, hidden, false)
+	if bias {
+		l.Bias = s.load(false, []int{qOut + kvaOut},
+			part{shape: []int{qOut}}, part{name: a + ".kv_a_proj_with_mqa.bias", shape: []int{kvaOut}})
+	}
+	return l
 }
 
 // buildMoE is DeepseekV2Moe: the router mlp.gate, the routed experts

@@ -28,7 +28,9 @@ type weightSet struct {
 	err         error             // the first upload error
 }
 
-// part is one checkpoint tensor of a device tensor.
+// part is one checkpoint tensor of a device tensor; a part with no name is
+// zeros that no checkpoint tensor holds (the bias a module has not, stacked
+// beside a module's that has one).
 type part struct {
 	name  string
 	shape []int
@@ -58,12 +60,22 @@ func storageDType(act, src kernels.DType) kernels.DType {
 
 // load returns a device tensor of the given shape made of the parts laid one
 // after the other (a stack along the first dimension: the parts of fused
-// q/k/v or gate/up weights, the experts of an MoE layer). norm says the
-// tensor is a norm weight, kept as f32 where the checkpoint types are kept.
+// q/k/v, q/kv_a or gate/up weights, the experts of an MoE layer). Each part
+// is uploaded straight into its place in the one allocation, with no stacked
+// copy made on the host, so a stack takes the memory of its parts and no
+// more. norm says the tensor is a norm weight, kept as f32 where the
+// checkpoint types are kept; other tensors keep there the type of their
+// first checkpoint part (storageDType).
 func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor {
 	n := 0
+	first := ""
 	for _, p := range parts {
-		s.want = append(s.want, loader.Want{Name: p.name, Shape: p.shape})
+		if p.name != "" {
+			s.want = append(s.want, loader.Want{Name: p.name, Shape: p.shape})
+			if first == "" {
+				first = p.name
+			}
+		}
 		n += numel(p.shape)
 	}
 	if numel(shape) != n {
@@ -71,8 +83,8 @@ func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor 
 	}
 	src := kernels.F32
 	if s.w != nil && !norm {
-		if first, ok := s.w.Get(parts[0].name); ok {
-			src = first.DType
+		if info, ok := s.w.Get(first); ok {
+			src = info.DType
 		}
 	}
 	dt := storageDType(s.act, src)
@@ -84,8 +96,17 @@ func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor 
 	s.owned = append(s.owned, t)
 	off := 0
 	for _, p := range parts {
-		info, _ := s.w.Get(p.name)
 		view := kernels.NewTensor(t.Buf, dt, t.Offset+off, p.shape...)
+		off += numel(p.shape)
+		if p.name == "" {
+			if s.err == nil {
+				if err := s.dev.Upload(view, make([]byte, view.Numel()*dt.Size()), dt); err != nil {
+					s.err = fmt.Errorf("model: zeroing a part of %v: %w", shape, err)
+				}
+			}
+			continue
+		}
+		info, _ := s.w.Get(p.name)
 		if s.err == nil { // after an error the model is not kept: nothing more to read
 			// Read turns a fault reading the mapped file (cut short
 			// since it was opened) into an error that names it.
@@ -96,7 +117,6 @@ func (s *weightSet) load(norm bool, shape []int, parts ...part) *kernels.Tensor 
 				return nil
 			})
 		}
-		off += numel(p.shape)
 		s.done += int64(len(info.Data))
 		if s.progress != nil {
 			s.progress(s.done, s.total)

@@ -164,7 +164,7 @@ func decodeLinearShapes() []kernels.Shape {
 	for _, m := range []int{16, 1} {
 		for _, p := range [][2]int{
 			{4608, 3584}, {3584, 3584}, {37888, 3584}, {3584, 18944}, {152064, 3584}, // qkv, o, gate_up, down, lm_head
-			{3072, 2048}, {576, 2048}, {2048, 2048}, // q, kv_a, o
+			{3648, 2048}, {3072, 2048}, {576, 2048}, {2048, 2048}, // q_kv_a (q and kv_a stacked, as the model runs them), q, kv_a, o
 			{21888, 2048}, {2048, 10944}, {5632, 2048}, {2048, 2816}, // dense gate_up, down; shared experts' gate_up, down
 			{64, 2048}, {102400, 2048}, // router, lm_head
 		} {

@@ -93,12 +93,14 @@ func linearChecks(l *caseList) {
 	}
 }
 
-// rmsNormChecks are out of place, in place and into a column slice.
+// rmsNormChecks are out of place, in place, into a column slice and in
+// place on a column slice.
 func rmsNormChecks(l *caseList) {
 	for _, s := range []struct {
 		n, d int
 		mode string
-	}{{1, 64, "out"}, {3, 96, "in-place"}, {17, 200, "pitched"}, {129, 128, "out"}, {33, 512, "pitched"}, {5, 3584, "out"}, {3, 2048, "in-place"}} {
+	}{{1, 64, "out"}, {3, 96, "in-place"}, {17, 200, "pitched"}, {129, 128, "out"}, {33, 512, "pitched"}, {5, 3584, "out"}, {3, 2048, "in-place"},
+		{1, 512, "in-place, pitched"}, {17, 32, "in-place, pitched"}} {
 		l.addW(fmt.Sprintf("%s,N=%d,D=%d", s.mode, s.n, s.d), func(e *env) { rmsNorm(e, s.n, s.d, s.mode) })
 	}
 }
@@ -134,6 +136,12 @@ func ropeChecks(l *caseList) {
 		{name: "interleaved D=64", t: 3, heads: 2, stride: 64, dim: 64, width: 2 * 64, interleaved: true},
 		{name: "deepseek q_pe", t: 17, heads: 3, stride: 192, offset: 128, dim: 64, width: 3 * 192, interleaved: true},
 		{name: "deepseek k_pe", t: 129, heads: 1, stride: 576, offset: 512, dim: 64, width: 576, interleaved: true},
+		// DeepSeek-V2-Lite's q_kv_a row (q_proj's 16 heads of 192, then
+		// kv_a_proj_with_mqa's 576): q_pe and k_pe rotated where they lie.
+		{name: "v2-lite q_pe of q_kv_a", t: 17, heads: 16, stride: 192, offset: 128, dim: 64, width: 16*192 + 576, interleaved: true},
+		{name: "v2-lite q_pe of q_kv_a", t: 1, heads: 16, stride: 192, offset: 128, dim: 64, width: 16*192 + 576, interleaved: true},
+		{name: "v2-lite k_pe of q_kv_a", t: 129, heads: 1, stride: 576, offset: 512, dim: 64, width: 16*192 + 576, col: 16 * 192, interleaved: true},
+		{name: "v2-lite k_pe of q_kv_a", t: 1, heads: 1, stride: 576, offset: 512, dim: 64, width: 16*192 + 576, col: 16 * 192, interleaved: true},
 	} {
 		l.add(fmt.Sprintf("%s,T=%d", s.name, s.t), func(e *env) { rope(e, s) })
 	}
@@ -256,6 +264,9 @@ func mlaPrefillChecks(l *caseList) {
 		{name: "v2-lite heads", lens: []int{129}, past: []int{0}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 129, pitched: true},
 		{name: "ragged past", lens: []int{70, 1, 129, 0}, past: []int{200, 0, 33, 9}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, pitched: true},
 		{name: "5 heads", lens: []int{40, 17}, past: []int{0, 77}, heads: 5, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 120},
+		{name: "small", lens: []int{3, 1}, past: []int{0, 5}, heads: 2, nope: 16, rope: 16, v: 16, rank: 32, maxSeq: 8, stacked: true},
+		{name: "odd", lens: []int{17, 5, 1}, past: []int{0, 40, 130}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, stacked: true},
+		{name: "v2-lite", lens: []int{129, 5}, past: []int{0, 200}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, stacked: true},
 	} {
 		l.addW(s.String(), func(e *env) { mla(e, s, false) })
 	}
@@ -274,6 +285,9 @@ func mlaDecodeChecks(l *caseList) {
 		{name: "v2-lite batch 16", past: spread(16, 300), heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300},
 		{name: "batch 16 ragged, 10 heads", past: []int{400, 3, 211, 0, 96, 350, 1, 257, 33, 312, 199, 64, 377, 128, 300, 15},
 			heads: 10, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 401, pitched: true},
+		{name: "small", past: []int{0, 1, 7}, heads: 2, nope: 16, rope: 16, v: 16, rank: 32, maxSeq: 8, stacked: true},
+		{name: "v2-lite batch 1", past: []int{250}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, stacked: true},
+		{name: "v2-lite batch 16", past: spread(16, 300), heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, stacked: true},
 	} {
 		s.lens = ones(len(s.past))
 		l.addW(s.String(), func(e *env) { mla(e, s, true) })
@@ -497,6 +511,12 @@ func rmsNorm(e *env, n, d int, mode string) {
 		e.run(func(o kernels.Ops, s int) { o.RMSNorm(out[s], xs.cols(0, d)[s], w[s], eps) })
 		e.check("out", whole, func(r, c int) bool { return c >= outCol && c < outCol+d })
 		e.check("x", xs, all)
+	case "in-place, pitched": // MLA's latent in its q_kv_a row: q (3 heads of 192) before it, k_pe after
+		const q = 3 * 192
+		xs := e.random(actK, 3, n, q+d+64)
+		x := xs.cols(q, q+d)
+		e.run(func(o kernels.Ops, s int) { o.RMSNorm(x[s], x[s], w[s], eps) })
+		e.check("x", xs, all)
 	case "add":
 		resid := e.random(actK, 1, n, d)
 		out := e.poisoned(actK, n, d)
@@ -719,6 +739,9 @@ type mlaCase struct {
 	heads, nope, rope, v, rank int
 	maxSeq                     int
 	pitched                    bool // KV is a column slice of a wider matrix
+	// stacked: Q and KV are the column slices of one [T, Q+KV] matrix, as
+	// the model's q_proj and kv_a_proj_with_mqa stacked write them.
+	stacked bool
 }
 
 func (c mlaCase) String() string {
@@ -729,16 +752,25 @@ func (c mlaCase) String() string {
 	if c.pitched {
 		s += ",pitched kv"
 	}
+	if c.stacked {
+		s += ",q and kv of q_kv_a"
+	}
 	return s
 }
 
 func mla(e *env, c mlaCase, decode bool) {
 	nb, t := len(c.lens), sum(c.lens)
-	width := c.rank + c.rope
-	q := e.random(actK, 1, t, c.heads*(c.nope+c.rope))
-	kv := e.random(actK, 1, t, width)
-	if c.pitched {
-		kv = e.random(actK, 1, t, width+16).cols(xCol, xCol+width)
+	width, qw := c.rank+c.rope, c.heads*(c.nope+c.rope)
+	var q, kv, qkva pair
+	if c.stacked {
+		qkva = e.random(actK, 1, t, qw+width)
+		q, kv = qkva.cols(0, qw), qkva.cols(qw, qw+width)
+	} else {
+		q = e.random(actK, 1, t, qw)
+		kv = e.random(actK, 1, t, width)
+		if c.pitched {
+			kv = e.random(actK, 1, t, width+16).cols(xCol, xCol+width)
+		}
 	}
 	wkvb := e.random(weightK, 1/math.Sqrt(float64(c.rank)), c.heads*(c.nope+c.v), c.rank)
 	vals := e.normal(nb*c.maxSeq*width, 1)
@@ -765,6 +797,9 @@ func mla(e *env, c mlaCase, decode bool) {
 		b, p := r/c.maxSeq, r%c.maxSeq
 		return p < c.past[b]+c.lens[b]
 	})
+	if c.stacked {
+		e.check("q_kv_a", qkva, all) // read only: as it was
+	}
 }
 
 type routeCase struct {

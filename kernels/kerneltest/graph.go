@@ -89,12 +89,19 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 		KCache: kc, VCache: vc, Batch: b, Heads: heads, KVHeads: kvHeads, HeadDim: dim, Scale: 0.088}
 	add(kernels.OpAttnDecode, func() { ops.AttentionDecode(attn) }, attn.Out)
 
+	// MLA as DeepSeek-V2-Lite's layer runs it: q and the new latent are
+	// column slices of one q_kv_a row, rotated in place, then attended.
 	const mh, nope, ropeDim, vdim, rank = 4, 64, 32, 64, 256
-	cache := g.random(act, rows, seq, rank+ropeDim)
-	state = append(state, cache)
-	mla := &kernels.MLAArgs{Out: g.alloc(act, rows, mh*vdim), Q: g.random(act, rows, mh*(nope+ropeDim)),
-		KV: g.random(act, rows, rank+ropeDim), Cache: cache, WKVB: g.random(kernels.BF16, mh*(nope+vdim), rank),
+	const mq, mkv = mh * (nope + ropeDim), rank + ropeDim
+	qkva, cache := g.random(act, rows, mq+mkv), g.random(act, rows, seq, mkv)
+	state = append(state, qkva, cache)
+	mcos, msin := g.random(kernels.F32, seq, ropeDim/2), g.random(kernels.F32, seq, ropeDim/2)
+	mrope := &kernels.Rope{Dim: ropeDim, Interleaved: true, Cos: mcos, Sin: msin}
+	mla := &kernels.MLAArgs{Out: g.alloc(act, rows, mh*vdim), Q: qkva.ColSlice(0, mq), KV: qkva.ColSlice(mq, mq+mkv),
+		Cache: cache, WKVB: g.random(kernels.BF16, mh*(nope+vdim), rank),
 		Batch: b, Heads: mh, NopeDim: nope, RopeDim: ropeDim, VDim: vdim, Rank: rank, Scale: 0.1}
+	add(kernels.OpRoPE, func() { ops.RoPE(mla.Q, mh, nope+ropeDim, nope, pos, mrope) }, qkva)
+	add(kernels.OpRoPE, func() { ops.RoPE(mla.KV, 1, mkv, rank, pos, mrope) }, qkva)
 	add(kernels.OpMLADecode, func() { ops.MLADecode(mla) }, mla.Out)
 
 	const experts, topK = 16, 4
