@@ -175,6 +175,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = o.D.Alloc(kernels.I32, argmaxMaxRows)
 	o.D.Zero(o.argmaxCounters)
+	o.moeCounters = o.D.Alloc(kernels.I32, foldCounters)
+	o.D.Zero(o.moeCounters)
 	if err := o.initLinear(); err != nil {
 		return nil, err
 	}
@@ -208,6 +210,7 @@ type ops struct {
 	ls        *lsKit            // linear_stream, or why it is absent (linear_stream.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
+	moeCounters    *kernels.Tensor // i32 [foldCounters]: group_gemm_fold's finished blocks per n-tile, zero between launches
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

@@ -201,5 +201,8 @@ func defaultGemmVariant(op kernels.Op, c gemmConfig) string {
 	if op == kernels.OpMoEExperts && c.Name == prefillTiling {
 		return "cublas_per_expert"
 	}
+	if op == kernels.OpMoEExperts && c.Name == foldTiling {
+		return foldedVariant
+	}
 	return "grouped_mma"
 }

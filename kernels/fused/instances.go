@@ -22,7 +22,7 @@ func instances() []cudaset.Instances {
 		rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
-		groupGemmInstances(), linearInstances(),
+		groupGemmInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 	}
 }
@@ -142,6 +142,14 @@ func groupGemmInstances() cudaset.Instances {
 			Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}})
 	}
 	return f
+}
+
+// moeFoldInstances are the folded decode path's kernels (moe.cu's
+// MOE_FOLD), at the tiling it runs in (foldTiling).
+func moeFoldInstances() cudaset.Instances {
+	c := foldConfig()
+	return cudaset.Instances{Macro: "MOE_FOLD", Kernels: []cudaset.Instance{{Names: []string{c.foldGateUpKernel(), c.foldGemmKernel()},
+		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 
 func linearInstances() cudaset.Instances { return decodeLinearInstances("LINEAR_SKINNY", linearKernel) }

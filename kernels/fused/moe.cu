@@ -136,6 +136,15 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 
 // ---------------------------------------------------------- grouped GEMM
 
+// fold_rank is choice i's place among its expert's choices: how many
+// choices before it chose the same expert (ex: fold_count's).
+__device__ __forceinline__ int fold_rank(const int* ex, int i) {
+	const int e = ex[i];
+	int rank = 0;
+	for (int j = 0; j < i; j++) rank += ex[j] == e;
+	return rank;
+}
+
 // find_tile maps m-tile mt of a grouped GEMM to its group (groups.cuh:
 // group_tile_starts, then group_of_tile). It sets the tile's group g, its
 // first row and the group's end, or returns false when mt is past the work
@@ -175,9 +184,9 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 // Launch: grid (ceil(N / BN) — ceil(N/2 / (BN/2)) with SWIGLU —, an upper
 // bound of the m-tiles), WARPS_M·WARPS_N·32 threads, STAGES·(BM + BN)·BK·2
 // bytes of dynamic shared memory.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD = false>
 __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
-                           const int* first, int E, int M, int N, int K) {
+                           const int* first, int E, int M, int N, int K, int choices = 0) {
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
@@ -195,14 +204,27 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int wm = warp / WARPS_N, wn = warp % WARPS_N;
 	const int nt0 = blockIdx.x;
-	for (int r = tid; r < BM; r += THREADS) {
-		const int row = row0 + r;
-		int src = -1;
-		if (row < rowEnd) {
-			if (gather == nullptr) src = row;
-			else if (gather[row] >= 0) src = gather[row] / gdiv;
+	if (FOLD) {
+		// gather is each choice's expert (fold_count's, in shared memory):
+		// the rows of this tile are the choices of group g whose rank
+		// falls in it.
+		for (int r = tid; r < BM; r += THREADS) aRow[r] = -1;
+		__syncthreads();
+		for (int i = tid; i < choices; i += THREADS) {
+			if (gather[i] != g) continue;
+			const int r = first[g] + fold_rank(gather, i) - row0;
+			if (r >= 0 && r < BM) aRow[r] = i / gdiv;
 		}
-		aRow[r] = src;
+	} else {
+		for (int r = tid; r < BM; r += THREADS) {
+			const int row = row0 + r;
+			int src = -1;
+			if (row < rowEnd) {
+				if (gather == nullptr) src = row;
+				else if (gather[row] >= 0) src = gather[row] / gdiv;
+			}
+			aRow[r] = src;
+		}
 	}
 	for (int c = tid; c < BN; c += THREADS) {
 		int wr = -1;
@@ -333,6 +355,145 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 		group_gemm<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, gather, gdiv, w, first, E, M, N, K);             \
 	}
 GROUP_GEMM_INSTANCES(GROUP_GEMM)
+
+// ------------------------------------------- decode: align and combine folded
+
+// The folded decode path (moe.go's MoEExperts at tiling m16 and at most
+// MOE_FOLD_MAX choices) runs the experts in two launches instead of four:
+// every block of the gate/up kernel counts the choices itself and ranks
+// those of its own expert (moe_align's work, a few hundred operations), and the last block of each n-tile of
+// the down kernel sums that tile's columns of every token (moe_combine's
+// work). The rows, the products and the weighted sum are the unfolded
+// path's, so the two agree bit for bit.
+#define MOE_FOLD_MAX 128
+
+// fold_count is the first half of moe_align in one block's shared memory:
+// ex[i] is choice i's expert and first[e] expert e's first padded row, the
+// counts rounded up to whole m-tiles of BM rows. A choice's row within its
+// expert is its rank (fold_rank), so the order within an expert is choice
+// order (moe_align's is an atomic's). An expert outside [0, E) traps.
+//   idx i32 [N, ip] (K columns); first [E+1], ex [≥ N·K], count [E]:
+//   shared. N·K ≤ MOE_FOLD_MAX, E ≤ MAX_GROUPS.
+template <int BM> __device__ void fold_count(int* first, int* ex, int* count, const int* idx, int ip, int N, int K, int E) {
+	const int tid = threadIdx.x, lane = tid & 31, choices = N * K;
+	for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+	__syncthreads();
+	for (int i = tid; i < choices; i += blockDim.x) {
+		const int t = i / K, e = idx[(long long)t * ip + (i - t * K)];
+		if (e < 0 || e >= E) __trap();
+		ex[i] = e;
+		atomicAdd(&count[e], 1);
+	}
+	__syncthreads();
+	if (tid < 32) {
+		int run = 0;
+		for (int e0 = 0; e0 < E; e0 += 32) {
+			const int e = e0 + lane;
+			const int n = e < E ? (count[e] + BM - 1) / BM * BM : 0;
+			int incl = n;
+#pragma unroll
+			for (int o = 1; o < 32; o <<= 1) {
+				const int v = __shfl_up_sync(FULL_MASK, incl, o);
+				if (lane >= o) incl += v;
+			}
+			if (e < E) first[e] = run + incl - n;
+			run += __shfl_sync(FULL_MASK, incl, 31);
+		}
+		if (lane == 0) first[E] = run;
+	}
+	__syncthreads();
+}
+
+// moe_gate_up_fold is moe_gate_up over the choices of idx, which every
+// block counts itself (fold_count; it ranks its own expert's); block (0, 0) also writes the tables the
+// down kernel and its combine read (first, slot) and moe_align's sorted.
+//   out bf16 [M, op]; x bf16 [N, xp]; idx i32 [N, ip] (K columns); w, E, M,
+//   NN (2I), KK (H): moe_gate_up's. first i32 [E+1], sorted i32 [M], slot
+//   i32 [N·K] written.
+// Launch: moe_gate_up's grid and block (tiling of the instance).
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+__device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K,
+                                 const bf16* w, int* first, int* sorted, int* slot, int E, int M, int NN, int KK) {
+	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
+	grid_wait();
+	grid_release();
+	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
+	const int choices = N * K;
+	if (blockIdx.x == 0 && blockIdx.y == 0) {
+		for (int e = threadIdx.x; e <= E; e += blockDim.x) first[e] = sFirst[e];
+		for (int r = threadIdx.x; r < sFirst[E]; r += blockDim.x) sorted[r] = -1;
+		__syncthreads();
+		for (int i = threadIdx.x; i < choices; i += blockDim.x) {
+			const int r = sFirst[sEx[i]] + fold_rank(sEx, i);
+			slot[i] = r;
+			sorted[r] = i;
+		}
+	}
+	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
+}
+
+// group_gemm_fold is group_gemm (the experts' down projections into y,
+// every choice's row) and then moe_combine for the block's n-tile: each
+// block, finished or past the work, counts itself on its n-tile's counter,
+// and the last to come sums the tile's columns of every token,
+//   out[t, c] = bf16(Σ_k weight[t, k] · y[slot[t·K + k], c]) in k order,
+// as moe_combine does, reading the other blocks' y through L2 after a
+// fence; it leaves the counter at zero for the next launch.
+//   y bf16 [M, yp]; act, w, first, E, M, NN (H), KK (I): group_gemm's.
+//   out bf16 [N, outp]; slot i32 [N·K]; weight f32 [N, wp]; counters i32
+//   [≥ gridDim.x], zero between launches. NN a multiple of 8.
+// Launch: group_gemm's grid and block.
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+__device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E,
+                                int M, int NN, int KK, bf16* out, int outp, const int* slot, const float* weight,
+                                int wp, int N, int K, int* counters) {
+	__shared__ bool lastFlag;
+	grid_wait();
+	grid_release();
+	group_gemm<BM, BN, WM, WN, BK, ST, false>(y, yp, act, ap, nullptr, 1, w, first, E, M, NN, KK);
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0) lastFlag = atomicAdd(&counters[blockIdx.x], 1) == (int)gridDim.y - 1;
+	__syncthreads();
+	if (!lastFlag) return;
+	__threadfence();
+	const int c0 = blockIdx.x * BN, per = min(BN, NN - c0) / 8;
+	for (int i = threadIdx.x; i < N * per; i += blockDim.x) {
+		const int t = i / per, c = c0 + (i - t * per) * 8;
+		float acc[8];
+#pragma unroll
+		for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+		for (int k = 0; k < K; k++) {
+			const float wk = weight[(long long)t * wp + k];
+			const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(y + (long long)slot[t * K + k] * yp + c));
+			const bf16* v = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+			for (int j = 0; j < 8; j++) acc[j] += wk * __bfloat162float(v[j]);
+		}
+		uint4 o;
+		unsigned* ow = reinterpret_cast<unsigned*>(&o);
+#pragma unroll
+		for (int j = 0; j < 4; j++) ow[j] = pack2(acc[2 * j], acc[2 * j + 1]);
+		*reinterpret_cast<uint4*>(out + (long long)t * outp + c) = o;
+	}
+	if (threadIdx.x == 0) counters[blockIdx.x] = 0; // ready for the next launch
+}
+
+#define MOE_FOLD(GATE_UP, GEMM, BM, BN, WM, WN, BK, ST)                                                          \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
+	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK) {                              \
+		moe_gate_up_fold<BM, BN, WM, WN, BK, ST>(out, op, x, xp, idx, ip, N, K, w, first, sorted, slot, E, M, NN, \
+		                                         KK);                                                             \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GEMM(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E, int M, int NN,     \
+	         int KK, bf16* out, int outp, const int* slot, const float* weight, int wp, int N, int K,              \
+	         int* counters) {                                                                                     \
+		group_gemm_fold<BM, BN, WM, WN, BK, ST>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot, weight, \
+		                                        wp, N, K, counters);                                              \
+	}
+MOE_FOLD_INSTANCES(MOE_FOLD)
 
 // -------------------------------------------------- permutation and sum
 

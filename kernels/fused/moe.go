@@ -19,6 +19,17 @@ const (
 	maxGroups = 256
 	// alignThreads is ALIGN_THREADS, moe_align's one block.
 	alignThreads = 1024
+	// foldMax is MOE_FOLD_MAX: the most choices (tokens × top-k) the folded
+	// decode path ranks in each block.
+	foldMax = 128
+	// foldTiling is the tiling the folded path runs in: decode's.
+	foldTiling = "m16"
+	// foldCounters is how many n-tiles the folded down kernel can count
+	// (one counter each): hidden sizes up to foldCounters·BN.
+	foldCounters = 1024
+	// foldedVariant is moe_experts' variant at foldTiling that folds
+	// moe_align and moe_combine into the grouped GEMMs (see MoEExperts).
+	foldedVariant = "grouped_mma_folded"
 )
 
 // gemmConfig is a tiling of the grouped GEMM (moe.cu's GROUP_GEMM): BM × BN
@@ -47,6 +58,21 @@ var gemmConfigs = []gemmConfig{
 // gemmKernel and gateUpKernel are the tiling's group_gemm and moe_gate_up.
 func (c gemmConfig) gemmKernel() string   { return "group_gemm_" + c.Name }
 func (c gemmConfig) gateUpKernel() string { return "moe_gate_up_" + c.Name }
+
+// foldGateUpKernel and foldGemmKernel are the folded decode path's
+// kernels in tiling c (moe.cu's MOE_FOLD).
+func (c gemmConfig) foldGateUpKernel() string { return "moe_gate_up_" + c.Name + "_fold" }
+func (c gemmConfig) foldGemmKernel() string   { return "group_gemm_" + c.Name + "_fold" }
+
+// foldConfig is the tiling of foldTiling.
+func foldConfig() gemmConfig {
+	for _, c := range gemmConfigs {
+		if c.Name == foldTiling {
+			return c
+		}
+	}
+	panic("fused: no tiling " + foldTiling)
+}
 
 func (c gemmConfig) threads() int { return 32 * c.WarpsM * c.WarpsN }
 
@@ -176,8 +202,8 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.M
 	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
 }
 
-// MoEExperts runs the routed experts in four launches, none of which reads
-// anything on the host:
+// MoEExperts runs the routed experts in four launches (two at decode, see
+// below), none of which reads anything on the host:
 //
 //  1. moe_align sorts the choices by expert, each expert's rows padded to
 //     the tiling's M tile (one block);
@@ -196,6 +222,12 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.M
 // token order, then zero it and convert it, against the combine's one
 // write and one read of the bf16 rows (0.54 GB, 0.13 ms at the copy rate);
 // at decode both are a few µs, and the combine keeps HF's order of the sum.
+//
+// At decode (tiling foldTiling, at most foldMax choices, the variant
+// foldedVariant) steps 1 and 4 fold into 2 and 3, whose launches were most
+// of their cost: every moe_gate_up block ranks the choices itself, and the
+// last block of each of group_gemm's n-tiles sums that tile's columns of
+// every token (moe.cu's MOE_FOLD). Same rows, same sums, same result.
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	op := kernels.OpMoEExperts
 	kernels.CheckMoEExperts(o.D.ActDType(), out, x, idx, weight, gateUp, down)
@@ -215,9 +247,14 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
 	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
 	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
+	variant := o.variantFor(op, wgmmaKey(c))
+	if variant == foldedVariant && o.foldTakes(c, choices, hidden) {
+		o.expertsFolded(c, tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
+		return
+	}
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		int32(experts), int32(c.BM))
-	if o.variantFor(op, wgmmaKey(c)) == wgmmaVariant {
+	if variant == wgmmaVariant {
 		// group_wgmma: gate/up over the rows gathered by its producer, or
 		// packed first (into y, spent before down writes it), then down.
 		if wgmmaGather {
@@ -236,6 +273,30 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 		o.groupGemm(c, "group_gemm", tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	}
 	o.CombineRows(o.Mat(out), y, slot.P, weight, n, k, hidden)
+}
+
+// foldTakes reports whether the folded path can run choices (tokens ×
+// top-k) in tiling c with hidden columns out.
+func (o *ops) foldTakes(c gemmConfig, choices, hidden int) bool {
+	return c.Name == foldTiling && choices <= foldMax && (hidden+c.BN-1)/c.BN <= foldCounters && o.moeCounters != nil
+}
+
+// expertsFolded is MoEExperts in two launches: moe_gate_up_fold (the
+// alignment in every block, block 0 writing first, sorted and slot), then
+// group_gemm_fold (down, and the combine by each n-tile's last block).
+func (o *ops) expertsFolded(c gemmConfig, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
+	first, sorted, slot, act, y cudaset.Mat, rows int) {
+	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
+	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
+	block := cuda.Dim3{X: uint32(c.threads())}
+	o.LaunchGrid(c.foldGateUpKernel(), cuda.Dim3{X: uint32((inter + c.BN/2 - 1) / (c.BN / 2)), Y: uint32(tiles)}, block, c.shared(),
+		act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
+		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2*inter), int32(hidden))
+	om := o.Mat(out)
+	o.LaunchGrid(c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}, block, c.shared(),
+		y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
+		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
+		o.D.Ptr(o.moeCounters))
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
@@ -284,7 +345,8 @@ func (o *ops) moeFirstFor(experts int) cudaset.Mat {
 
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
-	return append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances())...)
+	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances())...),
+		cudaset.Names(moeFoldInstances())...)
 }
 
 // gemmShared lists the grouped GEMM kernels with their dynamic shared
@@ -295,5 +357,8 @@ func gemmShared() map[string]int {
 		m[c.gemmKernel()] = c.shared()
 		m[c.gateUpKernel()] = c.shared()
 	}
+	c := foldConfig()
+	m[c.foldGateUpKernel()] = c.shared()
+	m[c.foldGemmKernel()] = c.shared()
 	return m
 }

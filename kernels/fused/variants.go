@@ -148,11 +148,27 @@ var table = func() []variant {
 				return nil
 			}
 		}
+		// unfolded is grouped_mma where it runs beside the default: moe_experts'
+		// four launches at the tiling where the folded two are the default.
+		unfolded := func(c gemmConfig) bool {
+			return defaultGemmVariant(op, c) == "grouped_mma" || defaultGemmVariant(op, c) == foldedVariant
+		}
 		vs = append(vs, variant{op: op, name: "grouped_mma", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			c := gemmTiling(op, s)
-			return c.params() + " (" + c.regime + ")", join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == "grouped_mma"
-		}, use: atDefault("grouped_mma")})
+			return c.params() + " (" + c.regime + ")", join(archWhy(t), fits(c.shared(), t)), unfolded(c)
+		}, use: func(_ *ops, key string) error {
+			if c, _ := gemmTilingOfKey(key); !unfolded(c) {
+				return fmt.Errorf("fused has no variant %q of %s at %s", "grouped_mma", op, key)
+			}
+			return nil
+		}})
 		if op == kernels.OpMoEExperts {
+			vs = append(vs, variant{op: op, name: foldedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+				c := gemmTiling(op, s)
+				return fmt.Sprintf("grouped_mma with moe_align in every gate/up block and moe_combine in down's last block of an n-tile "+
+						"(two launches; at most %d choices, else grouped_mma's four)", foldMax),
+					join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == foldedVariant
+			}, use: atDefault(foldedVariant)})
 			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				return "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", archWhy(t),
 					defaultGemmVariant(op, gemmTiling(op, s)) == "cublas_per_expert"
@@ -434,6 +450,9 @@ func gemmTuning(op kernels.Op) tuning {
 			}
 			if c.Name == prefillTiling && (chosen == wgmmaVariant || chosen == "" && prefillWgmma) && o.gw.ready() == nil {
 				return wgmmaVariant
+			}
+			if chosen == "grouped_mma" && defaultGemmVariant(op, c) == foldedVariant {
+				return chosen
 			}
 			return defaultGemmVariant(op, c)
 		},
