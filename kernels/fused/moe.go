@@ -223,7 +223,7 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.M
 // write and one read of the bf16 rows (0.54 GB, 0.13 ms at the copy rate);
 // at decode both are a few µs, and the combine keeps HF's order of the sum.
 //
-// At decode (tiling foldTiling, at most foldMax choices, the variant
+// At decode (tiling foldTiling, at most foldTokens tokens, the variant
 // foldedVariant) steps 1 and 4 fold into 2 and 3, whose launches were most
 // of their cost: every moe_gate_up block ranks the choices itself, and the
 // last block of each of group_gemm's n-tiles sums that tile's columns of
@@ -248,7 +248,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
 	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
 	variant := o.variantFor(op, wgmmaKey(c))
-	if variant == foldedVariant && o.foldTakes(c, choices, hidden) {
+	if variant == foldedVariant && o.foldTakes(c, n, choices, hidden) {
 		o.expertsFolded(c, tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
 		return
 	}
@@ -275,10 +275,18 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	o.CombineRows(o.Mat(out), y, slot.P, weight, n, k, hidden)
 }
 
-// foldTakes reports whether the folded path can run choices (tokens ×
-// top-k) in tiling c with hidden columns out.
-func (o *ops) foldTakes(c gemmConfig, choices, hidden int) bool {
-	return c.Name == foldTiling && choices <= foldMax && (hidden+c.BN-1)/c.BN <= foldCounters && o.moeCounters != nil
+// foldTokens is the most tokens the folded path takes by default: alone
+// on an H200 it measured faster at 1, 3 and 5 tokens and slower at 16 of
+// distinct routing (bench/RESULTS.md, MoE), where every one of its
+// thousands of gate/up blocks counts the choices before most exit. A
+// variable, so that the tests can fold every case the kernels can take.
+var foldTokens = 8
+
+// foldTakes reports whether the folded path runs tokens (choices of them
+// with top-k) in tiling c with hidden columns out.
+func (o *ops) foldTakes(c gemmConfig, tokens, choices, hidden int) bool {
+	return c.Name == foldTiling && tokens <= foldTokens && choices <= foldMax && (hidden+c.BN-1)/c.BN <= foldCounters &&
+		o.moeCounters != nil
 }
 
 // expertsFolded is MoEExperts in two launches: moe_gate_up_fold (the

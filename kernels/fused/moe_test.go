@@ -36,16 +36,23 @@ func TestMoEFoldVariants(t *testing.T) {
 	c := foldConfig()
 	o.moeCounters = &kernels.Tensor{}
 	for _, s := range []struct {
-		choices, hidden int
-		want            bool
-	}{{6, 2048, true}, {foldMax, 2048, true}, {foldMax + 1, 2048, false}, {96, foldCounters*c.BN + 1, false}} {
-		if got := o.foldTakes(c, s.choices, s.hidden); got != s.want {
-			t.Errorf("%d choices, hidden %d: folds %v, want %v", s.choices, s.hidden, got, s.want)
+		tokens, choices, hidden int
+		want                    bool
+	}{{1, 6, 2048, true}, {foldTokens, 6 * foldTokens, 2048, true}, {foldTokens + 1, 6 * foldTokens, 2048, false},
+		{1, 6, foldCounters*c.BN + 1, false}} {
+		if got := o.foldTakes(c, s.tokens, s.choices, s.hidden); got != s.want {
+			t.Errorf("%d tokens, %d choices, hidden %d: folds %v, want %v", s.tokens, s.choices, s.hidden, got, s.want)
 		}
+	}
+	defer func(n int) { foldTokens = n }(foldTokens)
+	foldTokens = foldMax
+	if o.foldTakes(c, foldMax, foldMax+1, 2048) {
+		t.Errorf("%d choices fold: more than a block ranks", foldMax+1)
 	}
 }
 
-// TestMoEFoldExact holds the folded decode path (two launches) against
+// TestMoEFoldExact holds the folded decode path (two launches, taken for
+// every case up to foldMax choices, past the default's foldTokens) against
 // moe_experts' four (grouped_mma chosen at the same key) on the same
 // inputs, bit for bit: the same rows and products, the same weighted sum in
 // k order. Cases: one token and DeepSeek-V2-Lite's dims; tokens sharing
@@ -64,6 +71,8 @@ func TestMoEFoldExact(t *testing.T) {
 	rng := rand.New(rand.NewSource(23))
 	random := normalOn(t, dev, rng)
 	key := "tiling=" + foldTiling
+	defer func(n int) { foldTokens = n }(foldTokens)
+	foldTokens = foldMax // fold every case the kernels take, not only the default's
 	for _, c := range []struct {
 		n, hidden, inter, experts, k int
 		shared                       bool // every token picks the same experts
@@ -104,7 +113,7 @@ func TestMoEFoldExact(t *testing.T) {
 			return v
 		}
 		want := run("grouped_mma")
-		folds := o.foldTakes(configFor(choices, c.experts), choices, c.hidden)
+		folds := o.foldTakes(configFor(choices, c.experts), c.n, choices, c.hidden)
 		if folds != (choices <= foldMax) {
 			t.Errorf("n=%d: folds %v with %d choices", c.n, folds, choices)
 		}

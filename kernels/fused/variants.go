@@ -166,7 +166,7 @@ var table = func() []variant {
 			vs = append(vs, variant{op: op, name: foldedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				c := gemmTiling(op, s)
 				return fmt.Sprintf("grouped_mma with moe_align in every gate/up block and moe_combine in down's last block of an n-tile "+
-						"(two launches; at most %d choices, else grouped_mma's four)", foldMax),
+						"(two launches; up to %d tokens and %d choices, else grouped_mma's four)", foldTokens, foldMax),
 					join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == foldedVariant
 			}, use: atDefault(foldedVariant)})
 			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
