@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -429,6 +430,54 @@ extern "C" __global__ void rev(int* p, int n) {
 		if int(x) != n-1-i {
 			t.Fatalf("element %d is %d", i, x)
 		}
+	}
+}
+
+// TestModuleGlobal finds a module's __device__ array (its address and
+// size), reads its initial values back through a tensor, reads what a
+// kernel wrote into it, and refuses a name the module lacks.
+func TestModuleGlobal(t *testing.T) {
+	d := openDevice(t)
+	m, err := d.Module("global", `
+__device__ int counts[5] = {1, 2, 3, 4, 5};
+extern "C" __global__ void bump(int by) { counts[threadIdx.x] += by; }`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptr, n, err := m.Global("counts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ptr == 0 || n != 5*4 {
+		t.Fatalf("counts at %#x, %d bytes; want 20", ptr, n)
+	}
+	read := func() []int32 {
+		t.Helper()
+		buf := d.Alloc(kernels.I32, n/4)
+		defer d.Free(buf)
+		d.Memcpy(d.Ptr(buf), ptr, n)
+		v, err := d.ReadI32(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := read(); !slices.Equal(v, []int32{1, 2, 3, 4, 5}) {
+		t.Errorf("counts read back as %v", v)
+	}
+	f, err := m.Func("bump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Module() != m {
+		t.Errorf("bump's Module is not the module it was found in")
+	}
+	d.Launch(f, Dim3{X: 1}, Dim3{X: 5}, 0, int32(10))
+	if v := read(); !slices.Equal(v, []int32{11, 12, 13, 14, 15}) {
+		t.Errorf("counts after bump(10): %v", v)
+	}
+	if _, _, err := m.Global("absent"); err == nil || !strings.Contains(err.Error(), "absent") {
+		t.Errorf("Global(absent): %v, want an error naming it", err)
 	}
 }
 

@@ -83,6 +83,7 @@ type driverAPI struct {
 	cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventDestroy   uintptr
 	cuEventElapsedTime                                                 uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction              uintptr
+	cuModuleGetGlobal                                                  uintptr
 	cuFuncSetAttribute, cuFuncGetAttribute, cuLaunchKernel             uintptr
 	cuLaunchKernelEx                                                   uintptr // 0 before CUDA 12
 	cuOccupancyMaxActiveClusters                                       uintptr // 0 before CUDA 12
@@ -148,6 +149,7 @@ func loadDriver() (*driverAPI, error) {
 			sym(&d.cuModuleLoadData, "cuModuleLoadData"),
 			sym(&d.cuModuleUnload, "cuModuleUnload"),
 			sym(&d.cuModuleGetFunction, "cuModuleGetFunction"),
+			sym(&d.cuModuleGetGlobal, "cuModuleGetGlobal_v2"),
 			sym(&d.cuFuncSetAttribute, "cuFuncSetAttribute"),
 			sym(&d.cuFuncGetAttribute, "cuFuncGetAttribute"),
 			sym(&d.cuLaunchKernel, "cuLaunchKernel"),

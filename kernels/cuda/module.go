@@ -24,6 +24,7 @@ type Module struct {
 // Func is a kernel of a Module.
 type Func struct {
 	d    *Device
+	m    *Module
 	h    uintptr // CUfunction
 	name string
 }
@@ -157,7 +158,7 @@ func (m *Module) Func(name string) (*Func, error) {
 	if err := d.drv.check(ccall(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(&h)), m.h, uintptr(unsafe.Pointer(&cname[0]))), fmt.Sprintf("cuModuleGetFunction(%s, %q)", m.name, name)); err != nil {
 		return nil, err
 	}
-	f := &Func{d: d, h: h, name: name}
+	f := &Func{d: d, m: m, h: h, name: name}
 	if d.carveout >= 0 {
 		if err := d.drv.check(ccall(d.drv.cuFuncSetAttribute, h, cuFuncAttrPreferredSharedCarveout, uintptr(d.carveout)),
 			fmt.Sprintf("cuFuncSetAttribute(%s, PREFERRED_SHARED_MEMORY_CARVEOUT, %d)", name, d.carveout)); err != nil {
@@ -169,8 +170,30 @@ func (m *Module) Func(name string) (*Func, error) {
 	return f, nil
 }
 
+// Global is the device address and size in bytes of the module's
+// __device__ variable name, one at global namespace scope (whose name C++
+// does not mangle), for instance to read it back with Memcpy into a tensor.
+func (m *Module) Global(name string) (ptr uintptr, bytes int, err error) {
+	d := m.d
+	d.enter()
+	defer d.leave()
+	if d.closed {
+		return 0, 0, errClosed
+	}
+	var p, n uintptr
+	cname := cStr(name)
+	if err := d.drv.check(ccall(d.drv.cuModuleGetGlobal, uintptr(unsafe.Pointer(&p)), uintptr(unsafe.Pointer(&n)), m.h, uintptr(unsafe.Pointer(&cname[0]))),
+		fmt.Sprintf("cuModuleGetGlobal(%s, %q)", m.name, name)); err != nil {
+		return 0, 0, err
+	}
+	return p, int(n), nil
+}
+
 // Name is the kernel's name.
 func (f *Func) Name() string { return f.name }
+
+// Module is the module f was found in.
+func (f *Func) Module() *Module { return f.m }
 
 // SetMaxDynamicShared lets launches of f use up to bytes of dynamic shared
 // memory (above 48 KiB needs this; the limit is Props.MaxSharedOptin less
