@@ -4,6 +4,7 @@
 
 #pragma once
 #include "attention.cuh"
+#include "mla_probe.cuh"
 
 // mla_pc adds P·C of k-step kk (keys [16kk, 16kk+16) of the tile at kT,
 // whose first R columns are C; pa P's A fragment) to this warp's o_lat dims
@@ -95,6 +96,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 	unsigned sQ, sKV, sP;
 	unsigned* pOut;  // the p tile as bf16 pairs
 	float* tileMax;  // [warp][16]
+	mutable MlaProbe probe; // its user's, for the tiles' stamps (mla_probe.cuh; nothing in the normal build)
 
 	__device__ MlaKeyTiles(unsigned char* smem, const bf16* keys_, const bf16* kNew_, int nkeys_, int newAt_)
 	    : keys(keys_), kNew(kNew_), nkeys(nkeys_), newAt(newAt_), tid(threadIdx.x), lane(threadIdx.x & 31),
@@ -159,6 +161,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 			else
 				cp_wait<STAGES - 2>();
 			__syncthreads();
+			probe.tile(MLA_READY, j);
 			if (j + STAGES - 1 < ntiles && j + STAGES - 1 >= queued) load(j + STAGES - 1);
 			cp_commit();
 			const unsigned kT = stage(j % STAGES);
@@ -216,6 +219,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 				ldsm_x4(pa, sP + (lane & 15) * (MLK_PP * 2) + (kk * 16 + (lane >> 4) * 8) * 2);
 				mla_pc<R, T>(o, pa, kT, kk, dp0, lane);
 			}
+			probe.tile(MLA_COMPUTED, j);
 		}
 		cp_wait<0>();
 		__syncthreads(); // every warp is done with the stages and tileMax

@@ -28,6 +28,9 @@
 //      o_lat rounded to bf16 as the second batched GEMM rounds it. A block
 //      takes MO_ROWS output dims of one head and row and loads those W_UV
 //      rows before its grid_wait.
+// With -DMLF_PROBE=1 (a measurement build: mlaFlatOpts, TestMLAFlatProbe)
+// thread 0 of every block of the three records its phase boundaries
+// (MlaProbe, mla_probe.cuh); the normal build has none of it.
 // Rounding: mla_decode's (mla.cu): q_lat in bf16, each product in f32, p in
 // bf16 for P·C, o_lat merged in f32 and rounded once before W_UV, the
 // output rounded once; only the order of f32 sums differs.
@@ -72,6 +75,7 @@ extern "C" __global__ void __launch_bounds__(256)
     mla_qlat(bf16* qlat, const bf16* q, int qp, int qhs, const bf16* w, int dn, int dv, int R, int heads, int B) {
 	__shared__ float qs[QL_ROWS][QL_MAX_DN];
 	__shared__ float red[8][QL_ROWS][QL_COLS];
+	const MlaProbe probe(MLA_PROBE_QLAT);
 	const int h = blockIdx.y, c0 = blockIdx.x * QL_COLS, b0 = blockIdx.z * QL_ROWS, nb = min(QL_ROWS, B - b0);
 	const int t = threadIdx.x, cc = t & 3, rg = t >> 2, lane = t & 31, warp = t >> 5;
 	const bf16* wh = w + (long long)h * (dn + dv) * R + c0 + cc * 8;
@@ -82,7 +86,9 @@ extern "C" __global__ void __launch_bounds__(256)
 		const int j = rg + 64 * k;
 		wr[k] = j < dn ? *reinterpret_cast<const uint4*>(wh + (long long)j * R) : make_uint4(0, 0, 0, 0);
 	}
+	probe.stamp(MLA_PRELOADED);
 	grid_wait();
+	probe.stamp(MLA_WAITED);
 	grid_release();
 	for (int i = t; i < nb * dn; i += blockDim.x) {
 		const int bb = i / dn, j = i - bb * dn;
@@ -130,6 +136,7 @@ extern "C" __global__ void __launch_bounds__(256)
 		for (int wq = 1; wq < 8; wq++) v += red[wq][bb][c];
 		qlat[(long long)(b0 + bb) * heads * R + (long long)h * R + c0 + c] = __float2bfloat16(v);
 	}
+	probe.stamp(MLA_EXIT);
 }
 
 // mla_flat splits row b = blockIdx.z's keys into gridDim.x splits of equal
@@ -150,6 +157,7 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	static_assert(R % (4 * MLF_CLUSTER) == 0, "each block of a cluster sums whole float4s of the dims");
 	static_assert(16 * OP * 4 <= STAGES * Tiles::STAGE_BYTES, "the cluster's o_lat fits in the stages");
 	extern __shared__ __align__(128) unsigned char smem[];
+	const MlaProbe probe(MLA_PROBE_FLAT);
 	const int b = blockIdx.z, split = blockIdx.x, splits = gridDim.x;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int len = past[b] + 1; // the step's inputs, written before any kernel of the step
@@ -159,6 +167,7 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	bf16* row = cache + (long long)b * maxSeq * W;
 	const bf16* kNew = kn + (long long)b * kp;
 	const Tiles tiles(smem, row + (long long)k0 * W, kNew, nkeys, newAt);
+	tiles.probe = probe;
 
 	// Under the kernel before: the cached positions of the first tiles, a
 	// tile a stage (a short split, all of it).
@@ -167,7 +176,11 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 		if (j < tiles.tiles()) tiles.load(j, true);
 		cp_commit();
 	}
+	probe.stamp(MLA_PRELOADED);
+	probe.note(MLA_TILES, tiles.tiles());
+	probe.note(MLA_KEYS, nkeys);
 	grid_wait();
+	probe.stamp(MLA_WAITED);
 	grid_release();
 	if (newAt >= 0 && newAt < nkeys) {
 		for (int i = tid; i < W / 8; i += Tiles::THREADS)
@@ -176,9 +189,11 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	}
 	tiles.loadQ(qlat + (long long)b * heads * R, qpe + (long long)b * qp, qhs, heads);
 	cp_commit();
+	probe.stamp(MLA_QUEUED);
 	float o[2 * DPW][4];
 	RowState st[2];
 	tiles.run(o, st, scale_log2, STAGES);
+	probe.stamp(MLA_RUN_DONE);
 	float l[2];
 	tiles.sums(st, l);
 
@@ -191,7 +206,9 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 			rowStat[2 * ((lane >> 2) + 8 * i)] = mine[i];
 			rowStat[2 * ((lane >> 2) + 8 * i) + 1] = l[i];
 		}
+	probe.stamp(MLA_SUMS);
 	cluster_sync();
+	probe.stamp(MLA_SYNC1);
 	float f[2], M[2], L[2];
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
@@ -224,11 +241,14 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 				*reinterpret_cast<float2*>(ob + ((lane >> 2) + 8 * i) * OP + dp * 16 + hh * 8 + 2 * (lane & 3)) =
 				    make_float2(o[2 * x + hh][2 * i] * f[i], o[2 * x + hh][2 * i + 1] * f[i]);
 	}
+	probe.stamp(MLA_SCALED);
 	cluster_sync();
+	probe.stamp(MLA_SYNC2);
 
 	// Block k of the cluster sums dims [k·SLICE, (k+1)·SLICE) of every head
 	// over the cluster's blocks, in rank order.
 	const unsigned rank = cluster_rank();
+	probe.note(MLA_RANK, rank);
 	const int P = splits / MLF_CLUSTER, cl = split / MLF_CLUSTER;
 	for (int i = tid; i < heads * (SLICE / 4); i += Tiles::THREADS) {
 		const int r = i / (SLICE / 4), d = rank * SLICE + 4 * (i - r * (SLICE / 4));
@@ -255,7 +275,9 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 			s[0] = M[i];
 			s[1] = L[i];
 		}
+	probe.stamp(MLA_MERGED);
 	cluster_sync(); // no block leaves while another reads its shared memory
+	probe.stamp(MLA_EXIT);
 }
 
 // mla_flat_r<R>_p<DR>_s<STAGES>.
@@ -280,6 +302,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_out(bf16* out, int op, con
 	__shared__ __align__(16) float ol[MO_MAX_R];
 	__shared__ float wts[MO_MAX_P]; // each cluster's weight
 	__shared__ float red[4];        // the warps' max, then their sums
+	const MlaProbe probe(MLA_PROBE_OUT);
 	const int h = blockIdx.x, d0 = blockIdx.y * MO_ROWS, b = blockIdx.z;
 	const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
 	const bf16* wv = w + ((long long)h * (dn + dv) + dn) * R;
@@ -295,7 +318,9 @@ extern "C" __global__ void __launch_bounds__(128) mla_out(bf16* out, int op, con
 			                                : make_uint4(0, 0, 0, 0);
 		}
 	}
+	probe.stamp(MLA_PRELOADED);
 	grid_wait();
+	probe.stamp(MLA_WAITED);
 	grid_release();
 	// Each cluster's weight 2^(M_p − M), M the max over the clusters that
 	// saw keys (0 for the others), the stats loaded at once, a thread a
@@ -348,4 +373,5 @@ extern "C" __global__ void __launch_bounds__(128) mla_out(bf16* out, int op, con
 		s = warp_reduce<SumOp>(s);
 		if (lane == 0 && d < dv) out[(long long)b * op + (long long)h * dv + d] = __float2bfloat16(s);
 	}
+	probe.stamp(MLA_EXIT);
 }

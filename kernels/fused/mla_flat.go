@@ -49,9 +49,16 @@ func mlaFlatStages(d mlaLatent, perSM int) int {
 	return mlaKeysStageCounts[0]
 }
 
+// mlaFlatOpts are extra NVRTC options of the variant's module, empty but in
+// tests: TestMLAFlatProbe sets -DMLF_PROBE=1 before New to build the
+// timestamp probe (mla_probe.cuh).
+var mlaFlatOpts []string
+
 // mlaFlatModule is the variant's NVRTC module.
 func mlaFlatModule() cudaset.Module {
-	return module("mla_flat.cu", append([]string{"mla_qlat", "mla_out"}, cudaset.Names(mlaFlatInstances())...))
+	m := module("mla_flat.cu", append([]string{"mla_qlat", "mla_out"}, cudaset.Names(mlaFlatInstances())...))
+	m.Opts = slices.Clone(mlaFlatOpts)
+	return m
 }
 
 // mlaFlatKit is the flat variant on one device.
