@@ -4,7 +4,10 @@
 // (mla_flat.cu): tensor maps and the copy engine's tensor copies (multicast
 // to a cluster too), mbarriers with a wait that gives up instead of hanging,
 // clusters, named barriers, stmatrix, and wgmma with its shared-memory
-// descriptors. Built on mma.cuh (smem_addr).
+// descriptors. Built on mma.cuh (smem_addr). mla.cuh includes it too, for
+// MlaKeyTiles' bulk copies (mla_flat's only): a function here is emitted
+// only where a kernel calls it, so mla.cu and mla_keys.cu still build for
+// targets below sm_90.
 
 #pragma once
 #include "mma.cuh"
@@ -65,6 +68,21 @@ __device__ __forceinline__ bool mbar_wait(unsigned bar, unsigned parity, int* st
 	}
 	return true;
 }
+
+// mbar_wait_trap waits for the phase of bar with the given parity to
+// complete, and traps (failing the launch) when it waited HOP_WAIT_CYCLES:
+// mbar_wait for kernels without a status record.
+__device__ __forceinline__ void mbar_wait_trap(unsigned bar, unsigned parity) {
+	if (mbar_test(bar, parity)) return;
+	const long long t0 = clock64();
+	while (!mbar_test(bar, parity))
+		if (clock64() - t0 > HOP_WAIT_CYCLES) __trap();
+}
+
+// mbar_init_fence makes this thread's mbar_init of the barriers before it
+// visible to the other threads of the cluster and to the copy engine; a
+// barrier of the threads that use them follows.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 // cp_async_arrive makes bar's pending arrival of this thread complete
 // when all of its earlier cp.async copies have landed (noinc: the arrival

@@ -4,6 +4,7 @@
 
 #pragma once
 #include "attention.cuh"
+#include "hopper.cuh" // bulk copies and mbarriers, MlaKeyTiles<..., true>'s only
 #include "mla_probe.cuh"
 
 // mla_pc adds P·C of k-step kk (keys [16kk, 16kk+16) of the tile at kT,
@@ -69,26 +70,58 @@ __device__ __forceinline__ void mla_split_out(const float (&o)[NO][4], int i, fl
 #define MLK_PP 40 // bf16 per row of the p tile: 32 and 8 of padding, so ldmatrix meets no bank twice
 #define MLK_EXTRA (16 * MLK_PP * 2 + DEC_WARPS * 16 * 4) // the p tile, then the warps' tile maxima (and, at the end, sums)
 
+// MlkRows is the layout of MlaKeyTiles' bulk-copied key tiles (BULK): row
+// r at r·ROW_BYTES, its chunks in order (a bulk copy writes a row as it is
+// in the cache), ROW_BYTES an odd count of 16-byte chunks (D·2 + 16 bytes
+// where D/8 is even), so that the 8 rows of an ldmatrix matrix, all at one
+// chunk, fall on the 8 different 16-byte bank groups of 128 bytes.
+template <int D> struct MlkRows {
+	static_assert(D % 8 == 0, "rows of whole 16-byte chunks");
+	static constexpr int CHUNKS = D / 8;
+	static constexpr int ROW_BYTES = (CHUNKS | 1) * 16;
+	__device__ static unsigned at(unsigned base, int r, int c) { return base + r * ROW_BYTES + (c << 4); }
+};
+// MlkKeys is the layout of MlaKeyTiles' key tiles: Tile's swizzle for
+// cp.async, MlkRows for bulk copies.
+template <int D, bool BULK> struct MlkKeys {
+	typedef Tile<D> type;
+};
+template <int D> struct MlkKeys<D, true> {
+	typedef MlkRows<D> type;
+};
+
 // MlaKeyTiles is the loop over one split's keys that mla_decode_keys
 // (mla_keys.cu) and mla_flat (mla_flat.cu) share: tiles of MLK_BN
 // positions, each of the DEC_WARPS warps scoring its own 8 over all R+DR
 // dims, one shared running max per tile, p rounded to bf16 through shared
 // memory, each warp multiplying all of p by its quarter of the R output
-// dims (mla_keys.cu says why). Shared memory, from smem: the 16 query rows,
-// STAGES stages of MLK_BN rows (Tile<R+DR>), then MLK_EXTRA bytes.
+// dims (mla_keys.cu says why). Shared memory, from smem (SHARED bytes): the
+// 16 query rows (Tile<R+DR>), STAGES stages of MLK_BN key rows (layout K),
+// MLK_EXTRA bytes, then with BULK the stages' mbarriers.
 //
-// Its user queues the queries (loadQ) and the first tiles (load), up to
-// STAGES of them, each its own cp.async group and the queries in one of
-// them or after them, then calls run with the count queued; run waits for
-// all of those before the first tile and keeps STAGES-1 tiles in flight
-// from then on.
-template <int R, int DR, int STAGES> struct MlaKeyTiles {
+// The key tiles come one of two ways. Without BULK, by cp.async from every
+// thread into Tile's swizzle: the user queues the queries (loadQ) and the
+// first tiles (load), up to STAGES of them, each its own cp.async group
+// and the queries in one of them or after them, then calls run with the
+// count queued; run waits for all of those before the first tile and keeps
+// STAGES-1 tiles in flight from then on. With BULK (sm_90a: mla_flat), by
+// the copy engine, one bulk copy a cached row issued by a lane of warp 0,
+// into MlkRows, each stage completing on its mbarrier: the user calls
+// initBars first, then as before, the queries still by cp.async in one
+// group; run waits for that group before the first tile and for a tile's
+// mbarrier before each tile.
+template <int R, int DR, int STAGES, bool BULK = false> struct MlaKeyTiles {
 	static_assert(STAGES >= 2, "a tile computed while the next loads");
 	static_assert(MLK_BN == DEC_WARPS * 8, "each warp scores one n-tile of 8 keys");
-	typedef Tile<R + DR> T;
+	static_assert(!BULK || MLK_BN == 32, "a lane of warp 0 copies a row of a tile");
+	static_assert(MLK_EXTRA % 8 == 0, "the mbarriers after MLK_EXTRA are 8-byte aligned");
+	typedef Tile<R + DR> T;                         // the queries
+	typedef typename MlkKeys<R + DR, BULK>::type K; // the key tiles
 	static constexpr int W = R + DR, KS = W / 16, KP = (KS + 1) / 2, DP = R / 16, DPW = (DP + DEC_WARPS - 1) / DEC_WARPS;
 	static constexpr int THREADS = DEC_WARPS * 32;
-	static constexpr int STAGE_BYTES = MLK_BN * T::ROW_BYTES;
+	static constexpr int STAGE_BYTES = MLK_BN * K::ROW_BYTES;
+	static constexpr int BAR_BYTES = BULK ? (8 * STAGES + 15) / 16 * 16 : 0; // a stage's mbarrier each
+	static constexpr int SHARED = 16 * T::ROW_BYTES + STAGES * STAGE_BYTES + MLK_EXTRA + BAR_BYTES;
 
 	const bf16* keys; // the split's first position in the cache
 	const bf16* kNew; // the new latent, which the cache holds at position newAt of the split once appended
@@ -110,26 +143,68 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 	}
 	__device__ int tiles() const { return (nkeys + MLK_BN - 1) / MLK_BN; }
 	__device__ unsigned stage(int s) const { return sKV + s * STAGE_BYTES; }
+	__device__ unsigned bar(int s) const { return sP + MLK_EXTRA + 8 * s; } // BULK: stage s's mbarrier
+
+	// initBars readies the stages' mbarriers (BULK; without, nothing), one
+	// arrival a phase (load's expect_tx), before the first load; a barrier
+	// of the block. run waits for every tile loaded, so they end with no
+	// phase pending, and nothing else uses their bytes (no mbarrier.inval).
+	__device__ void initBars() const {
+		if constexpr (BULK) {
+			if (tid == 0) {
+				for (int s = 0; s < STAGES; s++) mbar_init(bar(s), 1);
+				mbar_init_fence();
+			}
+			__syncthreads();
+		}
+	}
 
 	// load queues tile j into its stage, the new latent's row from kNew;
 	// early, before the kernel's grid_wait, it leaves that row out (kNew is
 	// not written yet: the caller stores it with newRow after the wait).
+	// With BULK the rows past nkeys are zeroed by plain stores (p·c must
+	// not meet garbage there), and lane r of warp 0 copies row r (the
+	// cache's rows and kNew are W·2 contiguous bytes, 16-byte aligned) onto
+	// the stage's mbarrier, which expects the bytes of the rows copied.
 	__device__ void load(int j, bool early = false) const {
-		const unsigned dst = stage(j % STAGES);
-		for (int i = tid; i < MLK_BN * T::CHUNKS; i += THREADS) {
-			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = j * MLK_BN + r;
-			const bool ok = key < nkeys;
-			if (early && ok && key == newAt) continue;
-			const bf16* src = !ok ? keys : key == newAt ? kNew + c * 8 : keys + (long long)key * W + c * 8;
-			cp16(T::at(dst, r, c), src, ok);
+		if constexpr (BULK) {
+			const unsigned dst = stage(j % STAGES), b = bar(j % STAGES);
+			const int k0 = j * MLK_BN, rows = min(MLK_BN, nkeys - k0); // j < tiles(): at least one
+			for (int i = tid; i < (MLK_BN - rows) * K::CHUNKS; i += THREADS) {
+				const int r = i / K::CHUNKS;
+				st_shared16(K::at(dst, rows + r, i - r * K::CHUNKS), make_uint4(0, 0, 0, 0));
+			}
+			if (warp == 0) {
+				const int key = k0 + lane;
+				const bool late = early && newAt >= k0 && newAt < k0 + rows; // newRow stores it
+				const unsigned bytes = (rows - (late ? 1 : 0)) * W * 2;      // none when the new latent is the tile's one key
+				if (lane == 0) {
+					if (bytes > 0)
+						mbar_expect_tx(b, bytes);
+					else
+						mbar_arrive(b);
+				}
+				__syncwarp();
+				if (lane < rows && !(early && key == newAt))
+					bulk_load(K::at(dst, lane, 0), key == newAt ? kNew : keys + (long long)key * W, W * 2, b);
+			}
+		} else {
+			const unsigned dst = stage(j % STAGES);
+			for (int i = tid; i < MLK_BN * K::CHUNKS; i += THREADS) {
+				const int r = i / K::CHUNKS, c = i - r * K::CHUNKS, key = j * MLK_BN + r;
+				const bool ok = key < nkeys;
+				if (early && ok && key == newAt) continue;
+				const bf16* src = !ok ? keys : key == newAt ? kNew + c * 8 : keys + (long long)key * W + c * 8;
+				cp16(K::at(dst, r, c), src, ok);
+			}
 		}
 	}
 
 	// newRow stores the new latent into its row of tile j's stage.
 	__device__ void newRow(int j) const {
 		const int r = newAt - j * MLK_BN;
-		for (int c = tid; c < T::CHUNKS; c += THREADS)
-			st_shared16(T::at(stage(j % STAGES), r, c), *reinterpret_cast<const uint4*>(kNew + c * 8));
+		for (int c = tid; c < K::CHUNKS; c += THREADS)
+			st_shared16(K::at(stage(j % STAGES), r, c), *reinterpret_cast<const uint4*>(kNew + c * 8));
 	}
 
 	// loadQ queues the query rows: q_lat then q_pe of each head, zero past
@@ -146,7 +221,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 
 	// run accumulates the split into o (this warp's dims of o_lat,
 	// unnormalised) and st (each row's max; this thread's share of its sum),
-	// and returns with every cp.async group done and the stages free.
+	// and returns with every copy done and the stages free.
 	__device__ void run(float (&o)[2 * DPW][4], RowState (&st)[2], float scale_log2, int queued) const {
 		const int kw = warp * 8, dp0 = warp * DPW, ntiles = tiles();
 #pragma unroll
@@ -155,15 +230,20 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 		for (int j = 0; j < ntiles; j++) {
 			// Tile j is in; every warp is done with tile j-1, so its stage
 			// takes tile j+STAGES-1. The first tile waits for everything
-			// queued before the loop (the queries may come last).
-			if (j == 0)
+			// queued before the loop (the queries may come last); with BULK
+			// the queries are the only cp.async group, and tile j is the
+			// (j / STAGES)-th phase of its stage's mbarrier.
+			if constexpr (BULK) {
+				if (j == 0) cp_wait<0>();
+				mbar_wait_trap(bar(j % STAGES), (j / STAGES) & 1);
+			} else if (j == 0)
 				cp_wait<0>();
 			else
 				cp_wait<STAGES - 2>();
 			__syncthreads();
 			probe.tile(MLA_READY, j);
 			if (j + STAGES - 1 < ntiles && j + STAGES - 1 >= queued) load(j + STAGES - 1);
-			cp_commit();
+			if constexpr (!BULK) cp_commit();
 			const unsigned kT = stage(j % STAGES);
 
 			// The warp's 8 keys against the 16 query rows, over all W dims:
@@ -173,7 +253,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 #pragma unroll
 			for (int kp2 = 0; kp2 < KP; kp2++) {
 				unsigned kb[4], qa[4];
-				ldsm_x4(kb, T::at(kT, kw + (lane & 7), min(4 * kp2 + (lane >> 3), 2 * KS - 1)));
+				ldsm_x4(kb, K::at(kT, kw + (lane & 7), min(4 * kp2 + (lane >> 3), 2 * KS - 1)));
 				ldsm_x4(qa, T::at(sQ, lane & 15, 4 * kp2 + (lane >> 4)));
 				mma16816(s, qa, kb[0], kb[1]);
 				if (2 * kp2 + 1 < KS) {
@@ -217,7 +297,7 @@ template <int R, int DR, int STAGES> struct MlaKeyTiles {
 			for (int kk = 0; kk < MLK_BN / 16; kk++) {
 				unsigned pa[4];
 				ldsm_x4(pa, sP + (lane & 15) * (MLK_PP * 2) + (kk * 16 + (lane >> 4) * 8) * 2);
-				mla_pc<R, T>(o, pa, kT, kk, dp0, lane);
+				mla_pc<R, K>(o, pa, kT, kk, dp0, lane);
 			}
 			probe.tile(MLA_COMPUTED, j);
 		}

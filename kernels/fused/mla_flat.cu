@@ -16,7 +16,10 @@
 //      that all blocks finish together at any length and a captured step
 //      replays. A block queues its first tiles before its grid_wait (the
 //      cached positions are written by earlier steps; the new latent, which
-//      the kernel before may still be writing, follows after the wait).
+//      the kernel before may still be writing, follows after the wait), by
+//      bulk copies (MlaKeyTiles' BULK: a row a copy, issued by one warp), so
+//      that issuing them takes a few instructions, not a cp.async of 16
+//      bytes a thread at a time.
 //      The splits come in clusters of MLF_CLUSTER blocks that merge their
 //      outputs through distributed shared memory: each block scales its
 //      unnormalised o_lat to the cluster's max, and block k of the cluster
@@ -30,7 +33,10 @@
 //      rows before its grid_wait.
 // With -DMLF_PROBE=1 (a measurement build: mlaFlatOpts, TestMLAFlatProbe)
 // thread 0 of every block of the three records its phase boundaries
-// (MlaProbe, mla_probe.cuh); the normal build has none of it.
+// (MlaProbe, mla_probe.cuh); the normal build has none of it. With
+// -DMLF_CP=1 (a test build: TestMLAFlatBulk) mla_flat loads its key tiles
+// by cp.async as mla_decode_keys does, the reference its bulk copies are
+// held to bit for bit.
 // Rounding: mla_decode's (mla.cu): q_lat in bf16, each product in f32, p in
 // bf16 for P·C, o_lat merged in f32 and rounded once before W_UV, the
 // output rounded once; only the order of f32 sums differs.
@@ -39,8 +45,13 @@
 #include "mla.cuh"
 #include "instances.cuh"
 
+#ifdef MLF_CP
+#define MLF_BULK false // mla_flat's key tiles by cp.async (the test build)
+#else
+#define MLF_BULK true // mla_flat's key tiles by bulk copies
+#endif
 #define MLF_CLUSTER 8                 // blocks of a cluster: the splits that merge in shared memory
-#define MLF_EXTRA (MLK_EXTRA + 16 * 8) // MlaKeyTiles' extra bytes, then each row's (max, sum) for the cluster
+#define MLF_STATS (16 * 8)            // after MlaKeyTiles' bytes: each row's (max, sum) for the cluster
 #define QL_COLS 32                    // latent columns of a mla_qlat block: 4 threads of 8
 #define QL_ROWS 8                     // batch rows of a mla_qlat block
 #define QL_MAX_DN 256                 // the most nope dims mla_qlat takes (4 weight rows a thread)
@@ -147,11 +158,14 @@ extern "C" __global__ void __launch_bounds__(256)
 //   maxSeq, scale_log2: as mla_decode's (mla.cu). A length past maxSeq
 //   traps.
 // Launch: grid (MLF_CLUSTER·P, 1, B), DEC_WARPS·32 threads, shared
-// (16 + STAGES·MLK_BN)·Tile<R+DR>::ROW_BYTES + MLF_EXTRA bytes.
+// MlaKeyTiles<R, DR, STAGES, true>::SHARED + MLF_STATS bytes: 16·Tile<R+DR>::
+// ROW_BYTES of queries, STAGES·MLK_BN·MlkRows<R+DR>::ROW_BYTES of keys,
+// MLK_EXTRA, the stages' mbarriers (8·STAGES bytes rounded up to 16), the
+// rows' (max, sum); the MLF_CP build needs less (no padding, no mbarriers).
 template <int R, int DR, int STAGES>
 __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn,
                          int kp, bf16* cache, const int* past, int heads, int maxSeq, float scale_log2) {
-	typedef MlaKeyTiles<R, DR, STAGES> Tiles;
+	typedef MlaKeyTiles<R, DR, STAGES, MLF_BULK> Tiles;
 	constexpr int W = R + DR, DPW = Tiles::DPW, OP = R + 8; // OP: a row of the cluster's o_lat buffer, f32, padded
 	constexpr int SLICE = R / MLF_CLUSTER;                  // dims a block of the cluster sums
 	static_assert(R % (4 * MLF_CLUSTER) == 0, "each block of a cluster sums whole float4s of the dims");
@@ -171,10 +185,11 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 
 	// Under the kernel before: the cached positions of the first tiles, a
 	// tile a stage (a short split, all of it).
+	tiles.initBars();
 #pragma unroll
 	for (int j = 0; j < STAGES; j++) {
 		if (j < tiles.tiles()) tiles.load(j, true);
-		cp_commit();
+		if constexpr (!MLF_BULK) cp_commit(); // a cp.async group a stage
 	}
 	probe.stamp(MLA_PRELOADED);
 	probe.note(MLA_TILES, tiles.tiles());
@@ -198,7 +213,7 @@ __device__ void mla_flat(float* part, float* stats, const bf16* qlat, const bf16
 	tiles.sums(st, l);
 
 	// The cluster's max and sum of each row, from every block's.
-	float* rowStat = reinterpret_cast<float*>(smem + 16 * Tiles::T::ROW_BYTES + STAGES * Tiles::STAGE_BYTES + MLK_EXTRA);
+	float* rowStat = reinterpret_cast<float*>(smem + Tiles::SHARED);
 	const float mine[2] = {l[0] > 0.0f ? st[0].m * scale_log2 : NEG_INF, l[1] > 0.0f ? st[1].m * scale_log2 : NEG_INF};
 	if (warp == 0 && (lane & 3) == 0)
 #pragma unroll

@@ -20,8 +20,8 @@ const (
 	mlaFlatVariant = "flat"
 	// mlfCluster is MLF_CLUSTER, the splits of a cluster.
 	mlfCluster = 8
-	// mlfExtra is MLF_EXTRA less MLK_EXTRA: each row's (max, sum).
-	mlfExtra = 16 * 8
+	// mlfStats is MLF_STATS: each row's (max, sum).
+	mlfStats = 16 * 8
 	// Limits of mla_qlat and mla_out: QL_COLS, QL_ROWS, QL_MAX_DN,
 	// MO_ROWS and MO_MAX_R.
 	qlCols, qlRows, qlMaxNope      = 32, 8, 256
@@ -33,8 +33,18 @@ func mlaFlatKernel(d mlaLatent, stages int) string {
 }
 
 // mlaFlatShared is mla_flat's dynamic shared memory with stages tiles in
-// flight: mla_decode_keys's and the rows' cluster statistics.
-func mlaFlatShared(d mlaLatent, stages int) int { return mlaKeysShared(d, stages) + mlfExtra }
+// flight (MlaKeyTiles<..., true>::SHARED and MLF_STATS): the query rows in
+// Tile's layout, the key tiles in MlkRows's (rows of bulkRowBytes), the p
+// tile and the warps' maxima, the stages' mbarriers, the rows' cluster
+// statistics.
+func mlaFlatShared(d mlaLatent, stages int) int {
+	w := d.Rank + d.Rope
+	return 16*rowBytes(w) + stages*mlkTile*bulkRowBytes(w) + mlkExtra + (8*stages+15)/16*16 + mlfStats
+}
+
+// bulkRowBytes is MlkRows<w>::ROW_BYTES: a row of w bf16 padded to an odd
+// count of 16-byte chunks, so that ldmatrix's 8 rows meet no bank twice.
+func bulkRowBytes(w int) int { return (w/8 | 1) * 16 }
 
 // mlaFlatStages is mla_flat's stage count on a device of perSM bytes of
 // shared memory per SM: the most that one block an SM holds, so that a

@@ -113,13 +113,14 @@ func TestMLAProbeHeader(t *testing.T) {
 	}
 }
 
-// TestMLAFlatProbeCompiles compiles mla_flat.cu with and without its probe
-// with the NVRTC library at $FUSELM_NVRTC for $FUSELM_NVRTC_ARCH (sm_90a when
-// unset), without a GPU, as kernels/cudaset's TestNVRTCCompile does: both
-// must define every kernel, the probe build its two globals, and the
-// normal build neither. It logs ptxas's report of V2-Lite's instance in
-// each; with $FUSELM_NVRTC_OUT set it writes both cubins there. Skipped
-// when FUSELM_NVRTC is unset.
+// TestMLAFlatProbeCompiles compiles mla_flat.cu with and without its probe,
+// and its cp.async reference build (mlaFlatCPOpt), with the NVRTC library
+// at $FUSELM_NVRTC for $FUSELM_NVRTC_ARCH (sm_90a when unset), without a
+// GPU, as kernels/cudaset's TestNVRTCCompile does: each must define every
+// kernel, the probe build its two globals, and the others neither. It
+// logs ptxas's report of V2-Lite's instance in each; with
+// $FUSELM_NVRTC_OUT set it writes the cubins there. Skipped when
+// FUSELM_NVRTC is unset.
 func TestMLAFlatProbeCompiles(t *testing.T) {
 	lib := os.Getenv("FUSELM_NVRTC")
 	if lib == "" {
@@ -133,11 +134,13 @@ func TestMLAFlatProbeCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, probe := range []bool{false, true} {
+	for _, build := range []struct {
+		probe bool
+		opts  []string
+		name  string
+	}{{false, nil, "probe=false"}, {true, []string{mlaProbeOpt}, "probe=true"}, {false, []string{mlaFlatCPOpt}, "cp"}} {
 		saved := mlaFlatOpts
-		if probe {
-			mlaFlatOpts = []string{mlaProbeOpt}
-		}
+		mlaFlatOpts = build.opts
 		m := mlaFlatModule()
 		mlaFlatOpts = saved
 		p, err := cudaset.Source(m)
@@ -147,24 +150,24 @@ func TestMLAFlatProbeCompiles(t *testing.T) {
 		p.Name = "fused_" + m.File
 		img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
 		if err != nil {
-			t.Fatalf("probe=%v, options %q: %v\n%s", probe, m.Opts, err, log)
+			t.Fatalf("%s, options %q: %v\n%s", build.name, m.Opts, err, log)
 		}
 		for _, f := range m.Funcs {
 			if !strings.Contains(log, "Compiling entry function '"+f+"'") {
-				t.Errorf("probe=%v: no kernel %s in ptxas's report", probe, f)
+				t.Errorf("%s: no kernel %s in ptxas's report", build.name, f)
 			}
 		}
 		for _, g := range []string{"mla_probe", "mla_probe_runs"} {
 			has := bytes.Contains(img, []byte("\x00"+g+"\x00"))
-			if has != probe {
-				t.Errorf("probe=%v: the cubin holds the global %s: %v", probe, g, has)
+			if has != build.probe {
+				t.Errorf("%s: the cubin holds the global %s: %v", build.name, g, has)
 			}
 		}
 		lite := mlaFlatKernel(mlaLatent{512, 64}, 4)
 		report := regexp.MustCompile(`(?s)Compiling entry function '` + lite + `'.*?Used [^\n]*`).FindString(log)
-		t.Logf("probe=%v, options %q: %d kernels, %d bytes of cubin; %s", probe, m.Opts, len(m.Funcs), len(img), report)
+		t.Logf("%s, options %q: %d kernels, %d bytes of cubin; %s", build.name, m.Opts, len(m.Funcs), len(img), report)
 		if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
-			name := fmt.Sprintf("%s/%s.probe=%v.cubin", dir, p.Name, probe)
+			name := fmt.Sprintf("%s/%s.%s.cubin", dir, p.Name, build.name)
 			if err := os.WriteFile(name, img, 0o644); err != nil {
 				t.Error(err)
 			}
