@@ -307,15 +307,9 @@ func TestMLAFlatProbe(t *testing.T) {
 	defer func() { mlaFlatOpts = saved }()
 	mlaFlatOpts = []string{mlaProbeOpt}
 	dev, o := openHopperSet(t, "mla_flat", func(o *ops) error { return o.mlaFlat.ready() })
-	savedDefault := mlaDecodeDefault
-	defer func() { mlaDecodeDefault = savedDefault }()
-	mlaDecodeDefault = mlaFlatVariant
-
+	kernel, stages := useFlat(t, dev)
 	d := mlaHopperDims
-	lat := mlaLatent{d.rank, d.rope}
 	const heads = 16
-	stages := mlaFlatStages(lat, dev.Props().MaxSharedPerSM)
-	kernel := mlaFlatKernel(lat, stages)
 	p := newMLAProbe(t, dev, o.Func(kernel).Module())
 	p.kernel, p.clusterN, p.keyBytes = kernel, mlfCluster, (d.rank+d.rope)*2
 	p.clusters = min(moMaxPerRow, max(1, o.mlaFlat.clusters[kernel])) // perRow at one row

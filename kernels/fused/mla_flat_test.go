@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
 // mlaFlatCPOpt builds mla_flat.cu with its key tiles loaded by cp.async
@@ -38,6 +39,18 @@ func mlaFlatLens(keys, splits int) []int {
 	return lens
 }
 
+// useFlat makes flat mla_decode's default for the rest of the test and
+// returns its kernel at V2-Lite's latent dims (mlaHopperDims) on dev, with
+// the stages that kernel has there.
+func useFlat(t *testing.T, dev *cuda.Device) (kernel string, stages int) {
+	saved := mlaDecodeDefault
+	t.Cleanup(func() { mlaDecodeDefault = saved })
+	mlaDecodeDefault = mlaFlatVariant
+	lat := mlaLatent{mlaHopperDims.rank, mlaHopperDims.rope}
+	stages = mlaFlatStages(lat, dev.Props().MaxSharedPerSM)
+	return mlaFlatKernel(lat, stages), stages
+}
+
 // TestMLAFlatBulk holds mla_flat's bulk copies of its key tiles to its
 // cp.async build (mlaFlatCPOpt) bit for bit: two sets on one device, the
 // second built with MLF_CP, run MLADecode's flat variant on the same inputs
@@ -60,15 +73,9 @@ func TestMLAFlatBulk(t *testing.T) {
 	if err := cp.mlaFlat.ready(); err != nil {
 		t.Fatalf("mla_flat's cp.async build: %v", err)
 	}
-	savedDefault := mlaDecodeDefault
-	defer func() { mlaDecodeDefault = savedDefault }()
-	mlaDecodeDefault = mlaFlatVariant
-
+	kernel, _ := useFlat(t, dev)
 	d := mlaHopperDims
-	lat := mlaLatent{d.rank, d.rope}
 	const heads = 16
-	stages := mlaFlatStages(lat, dev.Props().MaxSharedPerSM)
-	kernel := mlaFlatKernel(lat, stages)
 	if bulk.mlaFlat.clusters[kernel] != cp.mlaFlat.clusters[kernel] {
 		t.Fatalf("%s: %d clusters at once, %d in the cp.async build", kernel, bulk.mlaFlat.clusters[kernel], cp.mlaFlat.clusters[kernel])
 	}
