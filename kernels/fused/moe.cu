@@ -367,6 +367,29 @@ GROUP_GEMM_INSTANCES(GROUP_GEMM)
 // path's, so the two agree bit for bit.
 #define MOE_FOLD_MAX 128
 
+// padded_starts writes start[e], group e's first row, and start[E], all
+// the rows, from count[e] of E groups: each count rounded up to whole
+// m-tiles of bm rows, summed in group order (moe_align's offsets, and
+// fold_count's). The 32 threads of one warp call it; the caller
+// synchronizes before start is read.
+__device__ void padded_starts(const int* count, int E, int bm, int* start) {
+	const int lane = threadIdx.x & 31;
+	int run = 0;
+	for (int e0 = 0; e0 < E; e0 += 32) {
+		const int e = e0 + lane;
+		const int n = e < E ? (count[e] + bm - 1) / bm * bm : 0;
+		int incl = n;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			const int v = __shfl_up_sync(FULL_MASK, incl, o);
+			if (lane >= o) incl += v;
+		}
+		if (e < E) start[e] = run + incl - n;
+		run += __shfl_sync(FULL_MASK, incl, 31);
+	}
+	if (lane == 0) start[E] = run;
+}
+
 // fold_count is the first half of moe_align in one block's shared memory:
 // ex[i] is choice i's expert and first[e] expert e's first padded row, the
 // counts rounded up to whole m-tiles of BM rows. A choice's row within its
@@ -375,7 +398,7 @@ GROUP_GEMM_INSTANCES(GROUP_GEMM)
 //   idx i32 [N, ip] (K columns); first [E+1], ex [≥ N·K], count [E]:
 //   shared. N·K ≤ MOE_FOLD_MAX, E ≤ MAX_GROUPS.
 template <int BM> __device__ void fold_count(int* first, int* ex, int* count, const int* idx, int ip, int N, int K, int E) {
-	const int tid = threadIdx.x, lane = tid & 31, choices = N * K;
+	const int tid = threadIdx.x, choices = N * K;
 	for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
 	__syncthreads();
 	for (int i = tid; i < choices; i += blockDim.x) {
@@ -385,22 +408,7 @@ template <int BM> __device__ void fold_count(int* first, int* ex, int* count, co
 		atomicAdd(&count[e], 1);
 	}
 	__syncthreads();
-	if (tid < 32) {
-		int run = 0;
-		for (int e0 = 0; e0 < E; e0 += 32) {
-			const int e = e0 + lane;
-			const int n = e < E ? (count[e] + BM - 1) / BM * BM : 0;
-			int incl = n;
-#pragma unroll
-			for (int o = 1; o < 32; o <<= 1) {
-				const int v = __shfl_up_sync(FULL_MASK, incl, o);
-				if (lane >= o) incl += v;
-			}
-			if (e < E) first[e] = run + incl - n;
-			run += __shfl_sync(FULL_MASK, incl, 31);
-		}
-		if (lane == 0) first[E] = run;
-	}
+	if (tid < 32) padded_starts(count, E, BM, first);
 	__syncthreads();
 }
 
@@ -511,10 +519,9 @@ MOE_FOLD_INSTANCES(MOE_FOLD)
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
     moe_align(int* first, int* sorted, int* slot, const int* idx, int ip, int N, int K, int E, int BM) {
 	__shared__ int count[MAX_GROUPS], cursor[MAX_GROUPS];
-	__shared__ int total;
 	grid_wait();
 	grid_release();
-	const int tid = threadIdx.x, lane = tid & 31;
+	const int tid = threadIdx.x;
 	const int choices = N * K;
 	for (int e = tid; e < E; e += ALIGN_THREADS) count[e] = 0;
 	__syncthreads();
@@ -525,28 +532,10 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 	};
 	for (int i = tid; i < choices; i += ALIGN_THREADS) atomicAdd(&count[expert(i)], 1);
 	__syncthreads();
-	if (tid < 32) {
-		int run = 0;
-		for (int e0 = 0; e0 < E; e0 += 32) {
-			const int e = e0 + lane;
-			const int n = e < E ? (count[e] + BM - 1) / BM * BM : 0;
-			int incl = n;
-#pragma unroll
-			for (int o = 1; o < 32; o <<= 1) {
-				const int v = __shfl_up_sync(FULL_MASK, incl, o);
-				if (lane >= o) incl += v;
-			}
-			if (e < E) {
-				first[e] = cursor[e] = run + incl - n;
-			}
-			run += __shfl_sync(FULL_MASK, incl, 31);
-		}
-		if (lane == 0) {
-			first[E] = run;
-			total = run;
-		}
-	}
-	__syncthreads();
+	if (tid < 32) padded_starts(count, E, BM, first);
+	__syncthreads(); // first, in global memory, is read back by the block below
+	for (int e = tid; e < E; e += ALIGN_THREADS) cursor[e] = first[e];
+	const int total = first[E];
 	for (int r = tid; r < total; r += ALIGN_THREADS) sorted[r] = -1;
 	__syncthreads();
 	for (int i = tid; i < choices; i += ALIGN_THREADS) {
