@@ -13,6 +13,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -201,6 +202,7 @@ type engine struct {
 	cfg       *loader.Config
 	dev       kernels.Device
 	ops       kernels.Ops
+	decodeOps kernels.Ops // ops, or ops leaving out what FUSELM_SKIP_OPS names (skip.go)
 	maxRows   int
 	maxSeq    int
 	maxTokens int // the largest step: PrefillChunk, and at least maxRows
@@ -265,7 +267,15 @@ func (e *engine) Close() error {
 // newEngine returns an engine for the model p planned, whose weightSet
 // uploads, with the rotary tables made.
 func newEngine(cfg *loader.Config, w *loader.Weights, dev kernels.Device, ops kernels.Ops, opt LoadOptions, p *plan) (*engine, error) {
-	e := &engine{cfg: cfg, dev: dev, ops: ops, maxRows: opt.MaxRows, maxSeq: opt.MaxSeq, maxTokens: p.maxTokens}
+	e := &engine{cfg: cfg, dev: dev, ops: ops, decodeOps: ops, maxRows: opt.MaxRows, maxSeq: opt.MaxSeq, maxTokens: p.maxTokens}
+	skip, err := skipOps()
+	if err != nil {
+		return nil, err
+	}
+	if skip != nil {
+		e.decodeOps = newSkipping(ops, skip)
+		fmt.Fprintf(os.Stderr, "infer: %s: decode steps leave out %v, so the text is wrong: for measuring what those ops cost a step\n", skipEnv, skip)
+	}
 	e.weights = &weightSet{w: w, dev: dev, act: dev.ActDType(), progress: opt.Progress}
 	for _, want := range p.weights.want {
 		info, _ := w.Get(want.Name)
@@ -369,7 +379,11 @@ func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLog
 		Rows: B, Tokens: T, Start: start, Past: append([]int(nil), past...), MaxSeq: e.maxSeq,
 		StartDev: v.start, PastDev: v.past,
 	}
-	s := &step{Step: &layers.Step{Ops: e.ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode},
+	ops := e.ops
+	if decode {
+		ops = e.decodeOps
+	}
+	s := &step{Step: &layers.Step{Ops: ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode},
 		ids: v.ids, last: v.last}
 	in := slices.Concat(ids, pos, start32, past32, last)
 	if err := e.dev.WriteI32(vec(e.in, len(in)), in); err != nil {

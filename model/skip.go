@@ -1,0 +1,127 @@
+package model
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/fuselm/fuselm/kernels"
+)
+
+// skipEnv names ops that decode steps leave out: a measurement, not a mode.
+// What a decode step costs with an op left out, against the same run with
+// it, is what that op costs on the step's critical path, launches and
+// overlap included, which no per-kernel time says (a kernel that runs under
+// its neighbour's tail costs less than its own duration). The generated
+// text is then wrong, and the run says so on stderr; prefill runs every op,
+// so the cache and the first token are right.
+const skipEnv = "FUSELM_SKIP_OPS"
+
+// skipOps parses skipEnv: nil when it is unset or empty, else the ops it
+// names (comma-separated op names), or an error naming an unknown one or
+// one a step cannot go without (embedding and argmax feed the next step).
+func skipOps() ([]kernels.Op, error) {
+	text := strings.TrimSpace(os.Getenv(skipEnv))
+	if text == "" {
+		return nil, nil
+	}
+	var ops []kernels.Op
+	for _, name := range strings.Split(text, ",") {
+		op := kernels.Op(strings.TrimSpace(name))
+		switch {
+		case !slices.Contains(kernels.AllOps, op):
+			return nil, fmt.Errorf("model: %s=%q: unknown op %q", skipEnv, text, op)
+		case op == kernels.OpEmbedding || op == kernels.OpArgmax:
+			return nil, fmt.Errorf("model: %s=%q: a decode step cannot leave out %s", skipEnv, text, op)
+		}
+		ops = append(ops, op)
+	}
+	return ops, nil
+}
+
+// skipping runs every op on Ops but those in skip, which it leaves out.
+type skipping struct {
+	kernels.Ops
+	skip map[kernels.Op]bool
+}
+
+func newSkipping(ops kernels.Ops, skip []kernels.Op) *skipping {
+	s := &skipping{Ops: ops, skip: map[kernels.Op]bool{}}
+	for _, op := range skip {
+		s.skip[op] = true
+	}
+	return s
+}
+
+func (s *skipping) Linear(out, x, w, bias *kernels.Tensor) {
+	if !s.skip[kernels.OpLinear] {
+		s.Ops.Linear(out, x, w, bias)
+	}
+}
+
+func (s *skipping) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
+	if !s.skip[kernels.OpRMSNorm] {
+		s.Ops.RMSNorm(out, x, w, eps)
+	}
+}
+
+func (s *skipping) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
+	if !s.skip[kernels.OpAddRMSNorm] {
+		s.Ops.AddRMSNorm(out, resid, x, w, eps)
+	}
+}
+
+func (s *skipping) Add(out, a, b *kernels.Tensor) {
+	if !s.skip[kernels.OpAdd] {
+		s.Ops.Add(out, a, b)
+	}
+}
+
+func (s *skipping) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+	if !s.skip[kernels.OpRoPE] {
+		s.Ops.RoPE(x, heads, headStride, offset, pos, r)
+	}
+}
+
+func (s *skipping) SwiGLU(out, gateUp *kernels.Tensor) {
+	if !s.skip[kernels.OpSwiGLU] {
+		s.Ops.SwiGLU(out, gateUp)
+	}
+}
+
+func (s *skipping) LinearSwiGLU(out, x, w *kernels.Tensor) {
+	if !s.skip[kernels.OpLinearSwiGLU] {
+		s.Ops.LinearSwiGLU(out, x, w)
+	}
+}
+
+func (s *skipping) AttentionDecode(a *kernels.AttnArgs) {
+	if !s.skip[kernels.OpAttnDecode] {
+		s.Ops.AttentionDecode(a)
+	}
+}
+
+func (s *skipping) MLADecode(a *kernels.MLAArgs) {
+	if !s.skip[kernels.OpMLADecode] {
+		s.Ops.MLADecode(a)
+	}
+}
+
+func (s *skipping) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
+	if !s.skip[kernels.OpMoERoute] {
+		s.Ops.MoERoute(idx, weight, logits, r)
+	}
+}
+
+func (s *skipping) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
+	if !s.skip[kernels.OpMoEExperts] {
+		s.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
+	}
+}
+
+func (s *skipping) GroupGemm(out, x, w, first *kernels.Tensor) {
+	if !s.skip[kernels.OpGroupGemm] {
+		s.Ops.GroupGemm(out, x, w, first)
+	}
+}
