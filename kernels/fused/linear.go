@@ -78,7 +78,8 @@ func parseLinearKey(s string) (linearKey, error) {
 
 // linearDefault is the variant a problem runs without a tuning choice:
 // linWgmmaDefault from linWgmmaRows rows where it can run here, stream for
-// up to linStreamRows rows under linStreamBytes where it can run, skinny for
+// up to linStreamRows rows (linMaxRows where the output has at most
+// linStreamNarrow features) under linStreamBytes where it can run, skinny for
 // a big weight stream of few rows, else cuBLAS.
 func (o *ops) linearDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
@@ -87,7 +88,8 @@ func (o *ops) linearDefault(k linearKey) string {
 		}
 	}
 	bytes := int64(k.n) * int64(k.k) * 2
-	if k.m <= linStreamRows && bytes < linStreamBytes && o.ls.ready() == nil {
+	rows := k.m <= linStreamRows || k.m <= linMaxRows && k.n <= linStreamNarrow
+	if rows && bytes < linStreamBytes && o.ls.ready() == nil {
 		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
 			return linStream
 		}

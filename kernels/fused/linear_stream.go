@@ -36,11 +36,17 @@ const (
 // linear_stream). Qwen2-7B's (25 to 130 MiB), though each is as fast or
 // faster alone but qkv, made W2 at batch 1 slower in the model, and at 16
 // rows each block's copy of x (16 × K) costs more than cuBLAS's tiles lose
-// on several shapes; between 2 and 15 rows it has not been measured.
+// on several shapes; between 2 and 15 rows it has not been measured. The
+// exception is a narrow output, at most linStreamNarrow features, which it
+// runs up to linMaxRows rows: there a block owns a row tile or two, and at
+// 16 rows it beat cuBLAS on every such decode shape of DeepSeek-V2-Lite
+// (o_proj, the shared experts' down, the router) while losing the wider
+// ones (bench/RESULTS.md, linear_stream).
 // Variables, so that tests can put every problem it takes on it.
 var (
-	linStreamRows        = 1
-	linStreamBytes int64 = 24 << 20
+	linStreamRows         = 1
+	linStreamNarrow       = 2048
+	linStreamBytes  int64 = 24 << 20
 )
 
 // streamTarget is the SMs and the shared memory a block may take that

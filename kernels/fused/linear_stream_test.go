@@ -47,6 +47,7 @@ func TestLinearStreamPlan(t *testing.T) {
 	o := &ops{ls: &lsKit{}}
 	for k, want := range map[linearKey]string{ // the defaults as they stand
 		{1, 3072, 2048}: linStream, {1, 5632, 2048}: linStream, {1, 3584, 3584}: linCuBLAS, {2, 3072, 2048}: linCuBLAS,
+		{16, 2048, 2816}: linStream, {16, 64, 2048}: linStream, {16, 2048, 10944}: linCuBLAS, {17, 2048, 2048}: linCuBLAS,
 	} {
 		if got := linearDefaultOn(o, k, h200); got != want {
 			t.Errorf("untouched defaults: %s runs %q, want %q", k, got, want)
