@@ -15,7 +15,10 @@ import (
 // overlap included, which no per-kernel time says (a kernel that runs under
 // its neighbour's tail costs less than its own duration). The generated
 // text is then wrong, and the run says so on stderr; prefill runs every op,
-// so the cache and the first token are right.
+// so the cache and the first token are right. Composite ops the Dispatch
+// runs as their parts (linear_swiglu where a set does not fuse it) are
+// left out whole or not at all: their parts run inside the Dispatch,
+// which this does not reach.
 const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
