@@ -477,10 +477,28 @@ func TestCompositeParts(t *testing.T) {
 	}
 }
 
-// TestRMSNormRoPEParts: rms_norm_rope, which no cpu set fuses, runs as
-// rms_norm and two ropes, in their own profile rows, unless the spec names
-// it; either way with the same result.
+// TestRMSNormRoPEParts: rms_norm_rope runs whole where the set that runs it
+// fuses it (fused) and runs rms_norm and rope too, or where the spec names
+// it; the cpu set, which does not fuse it, runs it as rms_norm and two
+// ropes, in their own profile rows, unless the spec names it; either way
+// with the same result.
 func TestRMSNormRoPEParts(t *testing.T) {
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"fused,rope=naive", false}, {"fused,rms_norm=naive", false},
+		{"fused,attn=naive,linear=naive", true}, {"naive,rms_norm_rope=fused", true}, {"fused,rope=naive,rms_norm_rope=fused", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpRMSNormRoPE); got != c.whole {
+			t.Errorf("%s: Whole(rms_norm_rope) = %v, want %v", c.spec, got, c.whole)
+		}
+	}
+
 	dev := cpu.NewDevice()
 	const tokens, heads, nope, dim, rank, positions = 3, 2, 4, 4, 8, 8
 	fill := func(t *kernels.Tensor, seed int) *kernels.Tensor {
