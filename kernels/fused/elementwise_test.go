@@ -10,6 +10,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
+	_ "github.com/fuselm/fuselm/kernels/naive" // the specs below put ops on naive, and fused falls back to it
 )
 
 // TestRMSNormRoPEHost checks rms_norm_rope's host side without a GPU: the
