@@ -50,6 +50,25 @@ func rowsCols(t *Tensor, rows, cols int) bool { return t.Rows() == rows && t.Col
 // same reports whether two views start at the same element of one buffer.
 func same(a, b *Tensor) bool { return a.Buf == b.Buf && a.Offset == b.Offset }
 
+// apart reports whether two views share no element: they lie in other
+// buffers, or in spans of one buffer that do not meet, or their rows are of
+// one pitch and their column windows within it do not meet (q and kv as
+// column slices of one matrix).
+func apart(a, b *Tensor) bool {
+	if a.Buf != b.Buf || a.Numel() == 0 || b.Numel() == 0 {
+		return true
+	}
+	end := func(t *Tensor) int { return t.Offset + (t.Rows()-1)*t.Pitch + t.Cols() }
+	if end(a) <= b.Offset || end(b) <= a.Offset {
+		return true
+	}
+	if a.Pitch != b.Pitch || a.Pitch == 0 {
+		return false
+	}
+	ca, cb := a.Offset%a.Pitch, b.Offset%b.Pitch
+	return ca+a.Cols() <= a.Pitch && cb+b.Cols() <= b.Pitch && (ca+a.Cols() <= cb || cb+b.Cols() <= ca)
+}
+
 // CheckEmbedding: out [N,D] act; table [V,D] float; ids [N] i32.
 func CheckEmbedding(act DType, out, table, ids *Tensor) {
 	op := OpEmbedding
@@ -112,7 +131,11 @@ func (k costOf) Add(out, a, b *Tensor) {
 // [offset, offset+r.Dim) inside it; pos [T] i32; r.Cos, r.Sin [MaxPos,
 // ≥Dim/2] f32 of one pitch.
 func CheckRoPE(act DType, x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
-	op := OpRoPE
+	checkRoPE(OpRoPE, act, x, heads, headStride, offset, pos, r)
+}
+
+// checkRoPE is CheckRoPE for op, which rotates x as RoPE does.
+func checkRoPE(op Op, act DType, x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
 	needActs(op, act, "x", x)
 	need(r != nil && r.Dim > 0 && r.Dim%2 == 0, op, "rotated dims %v", r)
 	need(heads >= 0 && offset >= 0 && offset+r.Dim <= headStride && heads*headStride <= x.Cols(), op,
@@ -151,6 +174,27 @@ func CheckLinearSwiGLU(act DType, out, x, w *Tensor) {
 func (k costOf) LinearSwiGLU(out, x, w *Tensor) {
 	lin := linearCost(out, x, w, nil)
 	*k.c = Cost{FLOPs: lin.FLOPs + swigluCost(out).FLOPs, Bytes: size(x) + size(w) + size(out)}
+}
+
+// CheckRMSNormRoPE: q [T, ≥heads·headStride] act with each head's rotated
+// dims [offset, offset+r.Dim) inside it; kv [T, Rank+r.Dim] act, no
+// element of it in q; w [Rank] float; pos [T] i32; the tables as RoPE's.
+func CheckRMSNormRoPE(act DType, q, kv, w *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	op := OpRMSNormRoPE
+	needActs(op, act, "q", q, "kv", kv)
+	need(r != nil && r.Dim > 0 && r.Dim%2 == 0, op, "rotated dims %v", r)
+	need(IsFloat(w) && w.Numel() > 0 && kv.Cols() == w.Numel()+r.Dim, op, "kv %v for a latent of w %v and %d rotated dims", kv, w, r.Dim)
+	need(q.Rows() == kv.Rows(), op, "q %v, kv %v", q, kv)
+	need(apart(q, kv), op, "q %v and kv %v share elements", q, kv)
+	checkRoPE(op, act, q, heads, headStride, offset, pos, r)
+}
+
+// The cost of RMSNormRoPE is its parts': the latent's norm and the two
+// rotations, each of which reads and writes only its own elements.
+func (k costOf) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	norm := normCost(kv.ColSlice(0, w.Numel()), w, false)
+	qr, kr := ropeCost(q, heads, r), ropeCost(kv, 1, r)
+	*k.c = Cost{FLOPs: norm.FLOPs + qr.FLOPs + kr.FLOPs, Bytes: norm.Bytes + qr.Bytes + kr.Bytes}
 }
 
 // Check checks the batch's host tables and device mirrors for a step of

@@ -197,6 +197,24 @@ func (d *Dispatch) linearSwiGLUParts(out, x, w *Tensor) {
 	d.SwiGLU(out, gateUp)
 }
 
+// rmsNormRoPEParts is RMSNormRoPE as its parts, RMSNorm then RoPE twice,
+// each on the set the spec runs it on.
+func (d *Dispatch) rmsNormRoPEParts(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	RMSNormRoPEParts(d, q, kv, w, eps, heads, headStride, offset, pos, r)
+}
+
+// RMSNormRoPEParts runs RMSNormRoPE's work on o as the three calls it
+// replaces: RMSNorm of kv's latent in place, RoPE of q's heads, RoPE of
+// k_pe (kv's one head after the latent). The sets that do not fuse it run
+// it so, and so does a Dispatch where the spec splits its parts.
+func RMSNormRoPEParts(o Ops, q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	rank := w.Numel()
+	latent := kv.ColSlice(0, rank)
+	o.RMSNorm(latent, latent, w, eps)
+	o.RoPE(q, heads, headStride, offset, pos, r)
+	o.RoPE(kv, 1, kv.Cols(), rank, pos, r)
+}
+
 // scratchOf is a packed [rows, cols] tensor of dt over the buffer d keeps
 // under name, which grows (the old one freed: work queued on it is
 // unaffected) when it is too small. Like the sets' scratch, a decode step

@@ -21,8 +21,9 @@
 //     the layout of every argument; then go generate ./kernels writes its
 //     Dispatch and NotOwned methods (ops_gen.go). A composite op, one that
 //     does the work of others in one call (linear_swiglu: linear, then
-//     swiglu), names them as its Parts, and dispatch.go holds the method
-//     that runs them instead (linearSwiGLUParts), which the Dispatch calls
+//     swiglu; rms_norm_rope: rms_norm, then rope twice), names them as its
+//     Parts, and dispatch.go holds the method that runs them instead
+//     (linearSwiGLUParts, rmsNormRoPEParts), which the Dispatch calls
 //     where the spec puts the parts on other sets, the set does not fuse
 //     the op (SetInfo.Fuses), or the set declines the call.
 //  2. contract.go: its Check function, which every set calls first, and

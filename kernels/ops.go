@@ -16,6 +16,7 @@ const (
 	OpRoPE         Op = "rope"
 	OpSwiGLU       Op = "swiglu"
 	OpLinearSwiGLU Op = "linear_swiglu"
+	OpRMSNormRoPE  Op = "rms_norm_rope"
 	OpAttnPrefill  Op = "attn_prefill"
 	OpAttnDecode   Op = "attn_decode"
 	OpMLAPrefill   Op = "mla_prefill"
@@ -56,6 +57,8 @@ var opTable = []OpInfo{
 	{Op: OpSwiGLU, Method: "SwiGLU", Doc: "silu(gate)·up"},
 	{Op: OpLinearSwiGLU, Method: "LinearSwiGLU", Parts: []Op{OpLinear, OpSwiGLU},
 		Doc: "the MLP's gate/up projection and SwiGLU: swiglu(x·wᵀ), one GEMM with SwiGLU in its epilogue where a set has it"},
+	{Op: OpRMSNormRoPE, Method: "RMSNormRoPE", Parts: []Op{OpRMSNorm, OpRoPE},
+		Doc: "DeepSeek's kv_a_layernorm of the latent and the rotary embedding of q's and k's rope dims, in place, in one launch where a set has it"},
 	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
 	{Op: OpMLAPrefill, Method: "MLAPrefill", Group: "mla", Doc: "DeepSeek-V2 latent attention of new tokens"},
@@ -162,6 +165,18 @@ type Ops interface {
 	// a composite op (OpInfo.Parts): a Dispatch runs Linear and SwiGLU
 	// instead where the spec puts them on other sets.
 	LinearSwiGLU(out, x, w *Tensor)
+
+	// RMSNormRoPE is what MLA does to q and the new latent after their
+	// projection, in place: RMSNorm of kv's first Rank = len(w) columns
+	// (kv_a_layernorm), RoPE of q's heads as RoPE(q, heads, headStride,
+	// offset, pos, r), and RoPE of kv's last r.Dim columns (k_pe, one
+	// head, not normalised), each rounded as that op rounds.
+	// q [T, ≥heads*headStride] act, pitched; kv [T, Rank+r.Dim] act,
+	// pitched, sharing no element with q (both may be column slices of
+	// one matrix); w [Rank] weight; pos [T] i32. It is a composite op
+	// (OpInfo.Parts): a Dispatch runs RMSNorm and RoPE, three calls (see
+	// RMSNormRoPEParts), where the spec puts them on other sets.
+	RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope)
 
 	// AttentionPrefill is causal attention of a packed batch of new tokens
 	// against each row's KV cache, after appending the new keys and values to

@@ -48,6 +48,12 @@ func (d *Dispatch) LinearSwiGLU(out, x, w *Tensor) {
 	d.callWhole(OpLinearSwiGLU, func(o Ops) { o.LinearSwiGLU(out, x, w) }, func() { d.linearSwiGLUParts(out, x, w) })
 }
 
+// RMSNormRoPE runs OpRMSNormRoPE on the set the spec chose for it, or as its parts
+// (rmsNormRoPEParts) where the spec runs them on other sets.
+func (d *Dispatch) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	d.callWhole(OpRMSNormRoPE, func(o Ops) { o.RMSNormRoPE(q, kv, w, eps, heads, headStride, offset, pos, r) }, func() { d.rmsNormRoPEParts(q, kv, w, eps, heads, headStride, offset, pos, r) })
+}
+
 // AttentionPrefill runs OpAttnPrefill on the set the spec chose for it.
 func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
 	d.call(OpAttnPrefill, func(o Ops) { o.AttentionPrefill(a) })
@@ -113,6 +119,11 @@ func (n NotOwned) SwiGLU(out, gateUp *Tensor) { n.panic(OpSwiGLU) }
 
 // LinearSwiGLU panics: the set runs OpLinearSwiGLU on its fallback.
 func (n NotOwned) LinearSwiGLU(out, x, w *Tensor) { n.panic(OpLinearSwiGLU) }
+
+// RMSNormRoPE panics: the set runs OpRMSNormRoPE on its fallback.
+func (n NotOwned) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope) {
+	n.panic(OpRMSNormRoPE)
+}
 
 // AttentionPrefill panics: the set runs OpAttnPrefill on its fallback.
 func (n NotOwned) AttentionPrefill(a *AttnArgs) { n.panic(OpAttnPrefill) }

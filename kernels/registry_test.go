@@ -476,3 +476,88 @@ func TestCompositeParts(t *testing.T) {
 		t.Errorf("a set declining odd rows: calls %v, want %v", got, want)
 	}
 }
+
+// TestRMSNormRoPEParts: rms_norm_rope runs whole where the set that runs it
+// fuses it (fused) and runs rms_norm and rope too, or where the spec names
+// it; the cpu set, which does not fuse it, runs it as rms_norm and two
+// ropes, in their own profile rows, unless the spec names it; either way
+// with the same result.
+func TestRMSNormRoPEParts(t *testing.T) {
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"fused,rope=naive", false}, {"fused,rms_norm=naive", false},
+		{"fused,attn=naive,linear=naive", true}, {"naive,rms_norm_rope=fused", true}, {"fused,rope=naive,rms_norm_rope=fused", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpRMSNormRoPE); got != c.whole {
+			t.Errorf("%s: Whole(rms_norm_rope) = %v, want %v", c.spec, got, c.whole)
+		}
+	}
+
+	dev := cpu.NewDevice()
+	const tokens, heads, nope, dim, rank, positions = 3, 2, 4, 4, 8, 8
+	fill := func(t *kernels.Tensor, seed int) *kernels.Tensor {
+		v := cpu.F32(t)
+		for j := range v {
+			v[j] = float32((j*7+seed*3)%11-5) / 8
+		}
+		return t
+	}
+	w := fill(dev.Alloc(kernels.F32, rank), 1)
+	rope := &kernels.Rope{Dim: dim, Interleaved: true, Cos: fill(dev.Alloc(kernels.F32, positions, dim/2), 2),
+		Sin: fill(dev.Alloc(kernels.F32, positions, dim/2), 3)}
+	pos := dev.Alloc(kernels.I32, tokens)
+	copy(cpu.I32(pos), []int32{7, 0, 3})
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]int
+	}{
+		{"cpu,rms_norm_rope=cpu", map[kernels.Op]int{kernels.OpRMSNormRoPE: 1}},
+		{"cpu", map[kernels.Op]int{kernels.OpRMSNorm: 1, kernels.OpRoPE: 2}},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof := profile.New(dev)
+		ops, err := s.Build(dev, prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// q and kv as the model's stacked q_kv_a row holds them.
+		qkva := fill(dev.Alloc(kernels.F32, tokens, heads*(nope+dim)+rank+dim), 4)
+		q, kv := qkva.ColSlice(0, heads*(nope+dim)), qkva.ColSlice(heads*(nope+dim), qkva.Cols())
+		ops.RMSNormRoPE(q, kv, w, 1e-6, heads, nope+dim, nope, pos, rope)
+		if err := prof.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got := map[kernels.Op]int{}
+		for _, r := range prof.Table() {
+			got[r.Op] = r.Calls
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile calls %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Clone(cpu.F32(qkva)))
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Errorf("rms_norm_rope whole %v, as its parts %v", outs[0], outs[1])
+	}
+	// q and kv may not share an element: the contract, which a set's own
+	// call checks, says so.
+	qkva := dev.Alloc(kernels.F32, tokens, heads*(nope+dim)+rank+dim)
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "share elements") {
+			t.Errorf("q overlapping kv: %v, want a panic saying they share elements", r)
+		}
+	}()
+	cpuSet, _ := kernels.Set("cpu")
+	cpuOps, _ := cpuSet.New(dev)
+	cpuOps.RMSNormRoPE(qkva.ColSlice(0, heads*(nope+dim)), qkva.ColSlice(heads*(nope+dim)-1, qkva.Cols()-1), w, 1e-6, heads, nope+dim, nope, pos, rope)
+}

@@ -20,6 +20,9 @@ const (
 //	q_pe, k_pe = rope(q_pe), rope(k_pe)                         (interleaved pairs)
 //	out = o_proj(attention over the cache of (kv_nope, k_pe), expanded by kv_b_proj)
 //
+// The norm and the two ropes are one op, RMSNormRoPE, which a kernel set
+// may run in one launch.
+//
 // Without q LoRA, q_proj and kv_a_proj_with_mqa are one Linear
 // (QKVAProjWithMQA) whose output row holds q then the latent: q and kv are
 // column views of it, pitched, and every op after the projection reads and
@@ -86,12 +89,10 @@ func (m *MLA) Forward(s *Step, out, x *kernels.Tensor) {
 		kv = s.WS.Get(bufMLAKV, T, kvDim)
 		m.KVAProjWithMQA.Forward(s, kv, x)
 	}
-	kvNope := kv.ColSlice(0, m.Rank)
-	m.KVALayernorm.Forward(s, kvNope, kvNope)
-
-	// q_pe is the last RopeDim of each head; k_pe is one head after the latent.
-	s.Ops.RoPE(q, m.Heads, qk, m.NopeDim, s.Pos, m.Rope)
-	s.Ops.RoPE(kv, 1, kvDim, m.Rank, s.Pos, m.Rope)
+	// kv_a_layernorm of the latent (kv's first Rank columns), and the rope
+	// of q_pe (the last RopeDim of each head) and of k_pe (one head after
+	// the latent), in place: one op, one launch where the set fuses it.
+	s.Ops.RMSNormRoPE(q, kv, m.KVALayernorm.Weight, m.KVALayernorm.Eps, m.Heads, qk, m.NopeDim, s.Pos, m.Rope)
 
 	attn := s.WS.Get(bufMLAOut, T, m.Heads*m.VDim)
 	args := &kernels.MLAArgs{

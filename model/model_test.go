@@ -302,6 +302,9 @@ func (o *recordingOps) SwiGLU(out, gateUp *kernels.Tensor) {
 func (o *recordingOps) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	o.do(func() { o.Ops.LinearSwiGLU(out, x, w) })
 }
+func (o *recordingOps) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, stride, off int, pos *kernels.Tensor, r *kernels.Rope) {
+	o.do(func() { o.Ops.RMSNormRoPE(q, kv, w, eps, heads, stride, off, pos, r) })
+}
 func (o *recordingOps) AttentionPrefill(a *kernels.AttnArgs) {
 	o.do(func() { o.Ops.AttentionPrefill(a) })
 }

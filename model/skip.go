@@ -99,6 +99,19 @@ func (s *skipping) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	}
 }
 
+// RMSNormRoPE is left out when named; where one of its parts is named, it
+// runs as its parts through s, so that rms_norm or rope alone is left out
+// as it was before the three calls were one op.
+func (s *skipping) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+	switch {
+	case s.skip[kernels.OpRMSNormRoPE]:
+	case s.skip[kernels.OpRMSNorm] || s.skip[kernels.OpRoPE]:
+		kernels.RMSNormRoPEParts(s, q, kv, w, eps, heads, headStride, offset, pos, r)
+	default:
+		s.Ops.RMSNormRoPE(q, kv, w, eps, heads, headStride, offset, pos, r)
+	}
+}
+
 func (s *skipping) AttentionDecode(a *kernels.AttnArgs) {
 	if !s.skip[kernels.OpAttnDecode] {
 		s.Ops.AttentionDecode(a)

@@ -32,13 +32,36 @@ func TestSkipOps(t *testing.T) {
 	if c.rope != 0 || c.add != 1 {
 		t.Errorf("skipping rope: rope ran %d times, add %d, want 0 and 1", c.rope, c.add)
 	}
+	// MLA's norm and ropes, one op: left out whole when named, run as
+	// their parts (the rope ones left out) when rope is named.
+	q, kv, w := &kernels.Tensor{Shape: []int{1, 8}, Pitch: 8}, &kernels.Tensor{Shape: []int{1, 6}, Pitch: 6}, &kernels.Tensor{Shape: []int{4}, Pitch: 4}
+	r := &kernels.Rope{Dim: 2}
+	s.RMSNormRoPE(q, kv, w, 1e-6, 2, 4, 2, nil, r)
+	if c.norm != 1 || c.rope != 0 || c.whole != 0 {
+		t.Errorf("skipping rope: MLA's rms_norm_rope ran rms_norm %d times, rope %d, whole %d, want 1, 0, 0", c.norm, c.rope, c.whole)
+	}
+	c = counting{}
+	s = newSkipping(&c, []kernels.Op{kernels.OpRMSNormRoPE})
+	s.RMSNormRoPE(q, kv, w, 1e-6, 2, 4, 2, nil, r)
+	if c.norm != 0 || c.rope != 0 || c.whole != 0 {
+		t.Errorf("skipping rms_norm_rope: it ran (rms_norm %d, rope %d, whole %d)", c.norm, c.rope, c.whole)
+	}
+	s = newSkipping(&c, []kernels.Op{kernels.OpAdd})
+	s.RMSNormRoPE(q, kv, w, 1e-6, 2, 4, 2, nil, r)
+	if c.norm != 0 || c.rope != 0 || c.whole != 1 {
+		t.Errorf("skipping add: rms_norm_rope ran rms_norm %d times, rope %d, whole %d, want 0, 0, 1", c.norm, c.rope, c.whole)
+	}
 }
 
-// counting counts the calls of two ops; the others are not called.
+// counting counts the calls of some ops; the others are not called.
 type counting struct {
 	kernels.Ops
-	rope, add int
+	rope, add, norm, whole int
 }
 
 func (c *counting) RoPE(*kernels.Tensor, int, int, int, *kernels.Tensor, *kernels.Rope) { c.rope++ }
 func (c *counting) Add(_, _, _ *kernels.Tensor)                                         { c.add++ }
+func (c *counting) RMSNorm(_, _, _ *kernels.Tensor, _ float32)                          { c.norm++ }
+func (c *counting) RMSNormRoPE(_, _, _ *kernels.Tensor, _ float32, _, _, _ int, _ *kernels.Tensor, _ *kernels.Rope) {
+	c.whole++
+}

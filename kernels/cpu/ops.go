@@ -43,6 +43,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //     (DeepSeek-V2's apply_rotary_emb, in f32): the result only.
 //   - SwiGLU: silu(gate), then the product with up.
 //   - LinearSwiGLU: gate and up (Linear's output), then as SwiGLU.
+//   - RMSNormRoPE: as RMSNorm and RoPE, its parts.
 //   - Attention: as torch's scaled_dot_product_attention on CUDA (HF's
 //     default "sdpa"): scores, softmax and the weighted sum of values in
 //     f32, the output rounded; where SDPA would run a fused kernel (flash,
@@ -223,6 +224,13 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 		}
 	})
 	commit()
+}
+
+// RMSNormRoPE is RMSNorm of kv's latent in place, then RoPE of q's heads
+// and of k_pe (kernels.RMSNormRoPEParts), rounded as those ops round.
+func (o *ops) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckRMSNormRoPE(o.dev.ActDType(), q, kv, w, heads, headStride, offset, pos, r)
+	kernels.RMSNormRoPEParts(o, q, kv, w, eps, heads, headStride, offset, pos, r)
 }
 
 // SwiGLU is out = silu(gate)·up with gate = gateUp[:, :I], up = gateUp[:, I:];

@@ -17,18 +17,23 @@
 // Launch: grid.x = rows (one block per row); a block of T threads holds the
 // row in registers, NV accesses of VEC elements per thread, so the row is
 // read once: T·NV·VEC >= cols.
+// The device function normalises row r with the block's first T threads
+// (T a multiple of 32; every thread of the block calls it, as it syncs): a
+// kernel whose blocks are wider for other work (rms_norm_rope) sums a row
+// as the T-thread rms_norm kernel does, its other warps adding zeros, so
+// the two round alike.
 template <bool ADD, typename TW, int VEC, int NV>
 __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, int xp, const TW* w, int cols,
-                         float eps) {
-	const long long r = blockIdx.x;
+                         float eps, long long r, int T) {
 	const bf16* xrow = x + r * xp;
 	bf16* rrow = ADD ? resid + r * rp : nullptr;
+	const bool mine = threadIdx.x < T;
 	float v[NV][VEC];
 	float ss = 0.0f;
 #pragma unroll
 	for (int i = 0; i < NV; i++) {
-		const int c = (threadIdx.x + i * blockDim.x) * VEC;
-		if (c < cols) {
+		const int c = (threadIdx.x + i * T) * VEC;
+		if (mine && c < cols) {
 			const Vec<bf16, VEC> a = load<bf16, VEC>(xrow + c);
 			Vec<bf16, VEC> s;
 			if (ADD) s = load<bf16, VEC>(rrow + c);
@@ -50,8 +55,8 @@ __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, 
 	bf16* orow = out + r * op;
 #pragma unroll
 	for (int i = 0; i < NV; i++) {
-		const int c = (threadIdx.x + i * blockDim.x) * VEC;
-		if (c < cols) {
+		const int c = (threadIdx.x + i * T) * VEC;
+		if (mine && c < cols) {
 			const Vec<TW, VEC> wv = load<TW, VEC>(w + c);
 			Vec<bf16, VEC> y;
 #pragma unroll
@@ -67,7 +72,7 @@ __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, 
 	                                                         float eps) {                                   \
 		grid_wait();                                                                                       \
 		grid_release();                                                                                    \
-		rms_norm<ADD, TW, V, NV>(out, op, resid, rp, x, xp, w, cols, eps);                                 \
+		rms_norm<ADD, TW, V, NV>(out, op, resid, rp, x, xp, w, cols, eps, blockIdx.x, blockDim.x);         \
 	}
 RMS_NORM_INSTANCES(RMS_NORM)
 
@@ -81,10 +86,11 @@ RMS_NORM_INSTANCES(RMS_NORM)
 // layout) or 2·VEC consecutive elements (interleaved). A position outside
 // [0, maxPos) traps.
 // Launch: grid.x = T (one block per token), threads loop over heads·dim/2/VEC.
+// The device function rotates token t's heads with every thread of the
+// block; each element's arithmetic is the same whatever the block.
 template <bool INTERLEAVED, int VEC>
 __device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, const float* cosT,
-                     const float* sinT, int cspitch, int maxPos, int dim) {
-	const long long t = blockIdx.x;
+                     const float* sinT, int cspitch, int maxPos, int dim, long long t) {
 	const int p = pos[t];
 	if (p < 0 || p >= maxPos) __trap();
 	const int half = dim / 2, groups = half / VEC;
@@ -123,9 +129,46 @@ __device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, con
 	                                       const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \
 		grid_wait();                                                                                                \
 		grid_release();                                                                                             \
-		rope<INTERLEAVED, V>(x, pitch, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim);              \
+		rope<INTERLEAVED, V>(x, pitch, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim, blockIdx.x);  \
 	}
 ROPE_INSTANCES(ROPE)
+
+// rms_norm_rope is MLA's kv_a_layernorm and the rotary embedding of q's
+// and k's rope dims (the op rms_norm_rope) in one launch, in place: for
+// token t, kv[t, :rank] = rms_norm(kv[t, :rank]) with weights w, then k_pe
+// = kv[t, rank:rank+dim] rotated as one head, and q's heads rotated at
+// [offset, offset+dim). The pieces share no element, so they run side by
+// side; each calls the same device function as rms_norm and rope with the
+// same instance arguments (VEC, NV, RVEC) the set's launchers pick for a
+// row of rank and for the rope dims, and with normT, the threads of
+// rms_norm's own launch for that row: the results are theirs bit for bit.
+// q bf16 [T, ≥heads·hstride] with pitch qp; kv bf16 [T, rank+dim] with
+// pitch kvp; w TW [rank]; pos i32 [T]; cosT, sinT f32 [maxPos, cspitch].
+// Launch: grid (T, 2), blockIdx.y 0 token t's kv row (its latent, then its
+// k_pe), 1 its q row; blocks of at least normT threads, a multiple of 32.
+template <bool INTERLEAVED, typename TW, int VEC, int NV, int RVEC>
+__device__ void rms_norm_rope(bf16* q, int qp, int heads, int hstride, int offset, bf16* kv, int kvp, const TW* w,
+                              int rank, float eps, int normT, const int* pos, const float* cosT, const float* sinT,
+                              int cspitch, int maxPos, int dim) {
+	const long long t = blockIdx.x;
+	if (blockIdx.y == 0) {
+		rms_norm<false, TW, VEC, NV>(kv, kvp, nullptr, 0, kv, kvp, w, rank, eps, t, normT);
+		rope<INTERLEAVED, RVEC>(kv, kvp, 1, rank + dim, rank, pos, cosT, sinT, cspitch, maxPos, dim, t);
+	} else {
+		rope<INTERLEAVED, RVEC>(q, qp, heads, hstride, offset, pos, cosT, sinT, cspitch, maxPos, dim, t);
+	}
+}
+
+#define RMS_NORM_ROPE(NAME, INTERLEAVED, TW, V, NV, RV)                                                       \
+	extern "C" __global__ void NAME(bf16* q, int qp, int heads, int hstride, int offset, bf16* kv, int kvp,  \
+	                                const TW* w, int rank, float eps, int normT, const int* pos,             \
+	                                const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \
+		grid_wait();                                                                                          \
+		grid_release();                                                                                       \
+		rms_norm_rope<INTERLEAVED, TW, V, NV, RV>(q, qp, heads, hstride, offset, kv, kvp, w, rank, eps, normT, \
+		                                          pos, cosT, sinT, cspitch, maxPos, dim);                       \
+	}
+RMS_NORM_ROPE_INSTANCES(RMS_NORM_ROPE)
 
 // swiglu is out = bf16(bf16(silu(gate)) · up) with gate = gu[:, :inter] and
 // up = gu[:, inter:], as HF's act_fn(gate_proj(x)) * up_proj(x) in bf16: one

@@ -20,9 +20,8 @@ func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 	o.norm(kernels.OpAddRMSNorm, "add_rms_norm", out, resid, x, w, eps)
 }
 
-// norm launches kernel (rms_norm or add_rms_norm): one block per row, the
-// fewest vector accesses per thread (NV) that let a block of at most
-// maxNormThreads hold the row.
+// norm launches kernel (rms_norm or add_rms_norm): one block per row, as
+// normShape shapes it.
 func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, w *kernels.Tensor, eps float32) {
 	n, cols := x.Rows(), x.Cols()
 	if n == 0 {
@@ -35,20 +34,32 @@ func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, w *kernels.Tenso
 		rm = o.Mat(resid)
 		ms = append(ms, rm)
 	}
+	ns := normShapeOf(cols, ms...)
+	o.Need(ns.items > 0, op, "rows of %d elements: at most %d", cols, maxNormThreads*normItems[len(normItems)-1]*ns.vec)
+	o.Launch(normKernel(kernel, w.DType, ns.vec, ns.items), n, ns.threads,
+		om.P, int32(om.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), wm.P, int32(cols), eps)
+}
+
+// normShape is how rms_norm takes a row: vec-wide accesses, items of them
+// a thread (NV), threads a block. Its f32 sum of squares follows from it,
+// so a kernel that normalises a row as rms_norm does (rms_norm_rope) takes
+// the same shape.
+type normShape struct{ vec, items, threads int }
+
+// normShapeOf is rms_norm's shape for rows of cols elements of the
+// matrices ms: the widest access every row start allows, and the fewest
+// accesses a thread (NV) that let a block of at most maxNormThreads hold
+// the row; items is 0 where none does.
+func normShapeOf(cols int, ms ...cudaset.Mat) normShape {
 	v := cudaset.VecFor(cols, ms...)
 	accesses := cols / v
-	items := 0
 	for _, nv := range normItems {
 		if accesses <= maxNormThreads*nv {
-			items = nv
-			break
+			const warp = 32
+			return normShape{vec: v, items: nv, threads: max(warp, (accesses+nv*warp-1)/(nv*warp)*warp)}
 		}
 	}
-	o.Need(items > 0, op, "rows of %d elements: at most %d", cols, maxNormThreads*normItems[len(normItems)-1]*v)
-	const warp = 32
-	threads := max(warp, (accesses+items*warp-1)/(items*warp)*warp)
-	o.Launch(normKernel(kernel, w.DType, v, items), n, threads,
-		om.P, int32(om.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), wm.P, int32(cols), eps)
+	return normShape{vec: v}
 }
 
 // RoPE is one block per token rotating all its heads in place, ropeVec
@@ -60,21 +71,57 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 		return
 	}
 	kernel := "rope_half"
+	if r.Interleaved {
+		kernel = "rope_interleaved"
+	}
+	v := o.ropeVecFor(x, headStride, offset, r)
+	o.Launch(vname(kernel, v), t, cudaset.ThreadsFor(heads*half/v),
+		o.D.Ptr(x), int32(x.Pitch), int32(heads), int32(headStride), int32(offset), o.D.Ptr(pos),
+		o.D.Ptr(r.Cos), o.D.Ptr(r.Sin), int32(r.Cos.Pitch), int32(r.Cos.Rows()), int32(r.Dim))
+}
+
+// ropeVecFor is the pairs a thread of rope rotates in x's heads, headStride
+// apart and rotated from offset: ropeVec where every access of them and of
+// the tables is 8- or 16-byte aligned, else 1.
+func (o *ops) ropeVecFor(x *kernels.Tensor, headStride, offset int, r *kernels.Rope) int {
 	span := ropeVec // elements of one access
 	if r.Interleaved {
-		kernel, span = "rope_interleaved", 2*ropeVec
+		span = 2 * ropeVec
 	}
-	xp, cp := o.D.Ptr(x), o.D.Ptr(r.Cos)
-	sp := o.D.Ptr(r.Sin)
 	bf := kernels.BF16.Size()
-	v := ropeVec
-	if half%ropeVec != 0 || x.Pitch%span != 0 || headStride%span != 0 || offset%span != 0 ||
-		xp%uintptr(span*bf) != 0 || r.Cos.Pitch%ropeVec != 0 || cp%16 != 0 || sp%16 != 0 {
-		v = 1
+	if r.Dim/2%ropeVec != 0 || x.Pitch%span != 0 || headStride%span != 0 || offset%span != 0 ||
+		o.D.Ptr(x)%uintptr(span*bf) != 0 || r.Cos.Pitch%ropeVec != 0 || o.D.Ptr(r.Cos)%16 != 0 || o.D.Ptr(r.Sin)%16 != 0 {
+		return 1
 	}
-	o.Launch(vname(kernel, v), t, cudaset.ThreadsFor(heads*half/v),
-		xp, int32(x.Pitch), int32(heads), int32(headStride), int32(offset), o.D.Ptr(pos),
-		cp, sp, int32(r.Cos.Pitch), int32(r.Cos.Rows()), int32(r.Dim))
+	return ropeVec
+}
+
+// RMSNormRoPE is MLA's kv_a_layernorm and both ropes in one launch of
+// rms_norm_rope (a block a token's kv row, one its q row) instead of three:
+// each is a dependent hop of a decode step's chain of overlapped launches,
+// and the three move a few KB. It runs only where rms_norm would take the
+// latent in one 16-byte access a thread (rmsNormRopeShape) and rope would
+// take ropeVec pairs a thread in q and in k_pe, so that its results are
+// the three launches' bit for bit; it declines other calls, and the
+// Dispatch runs rms_norm and rope.
+func (o *ops) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckRMSNormRoPE(o.D.ActDType(), q, kv, w, heads, headStride, offset, pos, r)
+	const op = kernels.OpRMSNormRoPE
+	t, rank := kv.Rows(), w.Numel()
+	kvm := o.Mat(kv)
+	ns := normShapeOf(rank, kvm, kvm, o.Mat(w))
+	o.Need(ns.vec == rmsNormRopeShape.vec && ns.items == rmsNormRopeShape.items, op,
+		"a latent of %d that rms_norm takes in %d-wide accesses, %d a thread: rms_norm and rope run it", rank, ns.vec, ns.items)
+	o.Need(o.ropeVecFor(q, headStride, offset, r) == ropeVec && o.ropeVecFor(kv, kv.Cols(), rank, r) == ropeVec, op,
+		"q's or k_pe's rope dims not aligned for %d pairs a thread: rms_norm and rope run them", ropeVec)
+	if t == 0 {
+		return
+	}
+	threads := max(ns.threads, cudaset.ThreadsFor(heads*r.Dim/2/ropeVec))
+	o.LaunchGrid(rmsNormRopeKernel(r.Interleaved, w.DType), cuda.Dim3{X: uint32(t), Y: 2}, cuda.Dim3{X: uint32(threads)}, 0,
+		o.D.Ptr(q), int32(q.Pitch), int32(heads), int32(headStride), int32(offset), kvm.P, int32(kvm.Pitch),
+		o.D.Ptr(w), int32(rank), eps, int32(ns.threads), o.D.Ptr(pos),
+		o.D.Ptr(r.Cos), o.D.Ptr(r.Sin), int32(r.Cos.Pitch), int32(r.Cos.Rows()), int32(r.Dim))
 }
 
 // SwiGLU is one vectorized pass of swiglu.

@@ -1,7 +1,7 @@
 // Package fused is the optimized CUDA kernel set: flash attention on tensor
 // cores for prefill, flash-decoding for decode, both also for DeepSeek-V2's
 // latent attention (MLA, absorbed at decode), one-pass RMSNorm (with the
-// residual add), RoPE and SwiGLU kernels, a weight-streaming linear for
+// residual add), RoPE and SwiGLU kernels (and MLA's norm and ropes as one), a weight-streaming linear for
 // decode's few rows and a Hopper GEMM for prefill's many (cuBLAS for the
 // rest, and for prefill until that GEMM reaches it), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
@@ -33,7 +33,7 @@ func module(file string, funcs []string) cudaset.Module {
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
-	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU,
+	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax, kernels.OpAdd,
@@ -41,7 +41,7 @@ var owned = []kernels.Op{
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpLinearSwiGLU}, New: New, Variants: variants})
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE}, New: New, Variants: variants})
 }
 
 // Tile shapes of the kernels, named as in the .cu sources.
@@ -117,7 +117,8 @@ func decodeShared(d int) int                 { return (16 + 2*decodeStages*keyTi
 
 func modules() []cudaset.Module {
 	return []cudaset.Module{
-		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances())),
+		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
+			addInstances(), argmaxInstances())),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),

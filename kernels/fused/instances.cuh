@@ -62,6 +62,14 @@
 	X(rope_half_v4, false, 4) \
 	X(rope_interleaved_v4, true, 4)
 
+#define RMS_NORM_ROPE_INSTANCES(X) \
+	X(rms_norm_rope_half_bf16, false, bf16, 8, 1, 4) \
+	X(rms_norm_rope_half_f16, false, half_bits, 8, 1, 4) \
+	X(rms_norm_rope_half_f32, false, float, 8, 1, 4) \
+	X(rms_norm_rope_interleaved_bf16, true, bf16, 8, 1, 4) \
+	X(rms_norm_rope_interleaved_f16, true, half_bits, 8, 1, 4) \
+	X(rms_norm_rope_interleaved_f32, true, float, 8, 1, 4)
+
 #define SWIGLU_INSTANCES(X) \
 	X(swiglu_v1, 1) \
 	X(swiglu_v8, 8)

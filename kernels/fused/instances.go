@@ -19,7 +19,7 @@ const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update
 // instances are every table, in the order of instances.cuh.
 func instances() []cudaset.Instances {
 	return []cudaset.Instances{
-		rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
+		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
 		groupGemmInstances(), moeFoldInstances(), linearInstances(),
@@ -50,6 +50,32 @@ func ropeInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "ROPE"}
 	for _, v := range []int{1, ropeVec} {
 		f.Kernels = append(f.Kernels, cudaset.Of(vname("rope_half", v), false, v), cudaset.Of(vname("rope_interleaved", v), true, v))
+	}
+	return f
+}
+
+// rmsNormRopeShape is the one rms_norm shape rms_norm_rope is instantiated
+// for: a row in one 16-byte access a thread (a latent of up to
+// maxNormThreads·VecWidth, DeepSeek's 512 among them).
+var rmsNormRopeShape = normShape{vec: cudaset.VecWidth, items: 1}
+
+// rmsNormRopeKernel is rms_norm_rope's instance for pairs interleaved or
+// not and norm weights of w.
+func rmsNormRopeKernel(interleaved bool, w kernels.DType) string {
+	pairs := "half"
+	if interleaved {
+		pairs = "interleaved"
+	}
+	return fmt.Sprintf("rms_norm_rope_%s_%s", pairs, w)
+}
+
+func rmsNormRopeInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "RMS_NORM_ROPE"}
+	for _, il := range []bool{false, true} {
+		for _, w := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+			f.Kernels = append(f.Kernels, cudaset.Of(rmsNormRopeKernel(il, w), il, cudaset.CType(w),
+				rmsNormRopeShape.vec, rmsNormRopeShape.items, ropeVec))
+		}
 	}
 	return f
 }

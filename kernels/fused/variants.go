@@ -135,6 +135,8 @@ var table = func() []variant {
 		single(kernels.OpRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
 		single(kernels.OpAddRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
 		single(kernels.OpRoPE, "token_per_block", fmt.Sprintf("pairs_per_thread=%d", ropeVec)),
+		single(kernels.OpRMSNormRoPE, "one_launch", fmt.Sprintf("blocks=kv_row,q_row a token; latent<=%d in registers; pairs_per_thread=%d",
+			maxNormThreads*rmsNormRopeShape.vec, ropeVec)),
 		single(kernels.OpSwiGLU, "one_pass", "vector=16B grid_stride"),
 		single(kernels.OpMoERoute, "warp_per_token", fmt.Sprintf("experts<=%d groups<=32 topk<=32", 32*routePerLane)))
 	for _, op := range []kernels.Op{kernels.OpGroupGemm, kernels.OpMoEExperts} {

@@ -310,6 +310,43 @@ func buildLinearSwiGLU(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 		Run: func(o kernels.Ops, i int) { o.LinearSwiGLU(outs[i], xs[i], ws[i]) }}
 }
 
+var rmsNormRoPEBench = &Bench{
+	Bound: "memory", Dims: []string{"T", "H", "Dn", "Dr", "R"},
+	Doc: "T tokens of MLA's q (H heads of Dn+Dr, the last Dr rotated) and new latent (R normalised, then Dr rotated), " +
+		"interleaved pairs, as column slices of one q_kv_a row; naive runs its rms_norm then rope twice",
+	Shapes: []kernels.Shape{
+		// DeepSeek-V2-Lite at decode batch 1 and 16, over a 2K prompt and over W3's
+		sh("T", 1, "H", 16, "Dn", 128, "Dr", 64, "R", 512), sh("T", 16, "H", 16, "Dn", 128, "Dr", 64, "R", 512),
+		sh("T", 2048, "H", 16, "Dn", 128, "Dr", 64, "R", 512), sh("T", 11041, "H", 16, "Dn", 128, "Dr", 64, "R", 512),
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 4*f(s, "T", "R") + 3*f(s, "T", "Dr")*(f(s, "H")+1) },
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (2*f(s, "T", "R") + f(s, "R") + 2*f(s, "T", "Dr")*(f(s, "H")+1))
+	},
+	Build: buildRMSNormRoPE,
+}
+
+func buildRMSNormRoPE(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	t, h, dn, dr, rank := s["T"], s["H"], s["Dn"], s["Dr"], s["R"]
+	qw, kvw := h*(dn+dr), rank+dr
+	// The rows hold q's nope dims too, which the op leaves: the copies
+	// rotate over their whole bytes.
+	c := b.copiesFor(float64(bf16 * t * (qw + kvw)))
+	cos, sin := b.ropeTables(t, dr)
+	rope := &kernels.Rope{Dim: dr, Interleaved: true, Cos: cos, Sin: sin}
+	pos := make([]int32, t)
+	for i := range pos {
+		pos[i] = int32(i)
+	}
+	p := b.ints(pos, t)
+	w := b.Random(b.Alloc(kernels.BF16, rank), 0.2)
+	rows := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(t, qw+kvw), 1) })
+	return &Problem{Copies: c, Outs: rows[:1], State: rows[:1],
+		Run: func(o kernels.Ops, i int) {
+			o.RMSNormRoPE(rows[i].ColSlice(0, qw), rows[i].ColSlice(qw, qw+kvw), w, 1e-6, h, dn+dr, dn, p, rope)
+		}}
+}
+
 var attnPrefillBench = &Bench{
 	Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
 	Doc: "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims; " +

@@ -186,6 +186,31 @@ func linearSwiGLUChecks(l *caseList) {
 	}
 }
 
+// rmsNormRoPEChecks are MLA's norm and ropes at DeepSeek-V2-Lite's dims
+// (16 heads, nope 128, rope 64, rank 512) over decode's and prefill's
+// token counts, q and kv as the column slices of one q_kv_a row (the
+// stacked projection without q LoRA) or each packed apart (with q LoRA),
+// then rotate_half pairs at smaller dims and a latent of a width no
+// 16-byte access divides, which a set that fuses the op for some shapes
+// only may decline (the Dispatch then runs rms_norm and rope, whose own
+// cases hold them).
+func rmsNormRoPEChecks(l *caseList) {
+	v2 := func(t int, stacked bool) normRopeCase {
+		return normRopeCase{t: t, heads: 16, nope: 128, rope: 64, rank: 512, interleaved: true, stacked: stacked}
+	}
+	for _, s := range []normRopeCase{
+		v2(1, true), v2(3, true), v2(16, true), v2(37, true), v2(2049, true),
+		v2(1, false), v2(3, false), v2(16, false), v2(37, false),
+		{t: 17, heads: 3, nope: 32, rope: 16, rank: 96, stacked: true},
+	} {
+		l.addW(s.String(), func(e *env) { rmsNormRoPE(e, s) })
+	}
+	odd := normRopeCase{t: 5, heads: 3, nope: 16, rope: 16, rank: 36, interleaved: true, stacked: true}
+	for _, w := range l.wdts {
+		l.addCase(opCase{name: odd.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { rmsNormRoPE(e, odd) }})
+	}
+}
+
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
 // row, causal or not, in bf16 and in f16.
 func attnPrefillChecks(l *caseList) {
@@ -548,6 +573,56 @@ func addOp(e *env, n, d int, mode string) {
 	e.check("out", out, all)
 }
 
+type normRopeCase struct {
+	t, heads, nope, rope, rank int
+	interleaved                bool
+	// stacked: q and kv are the column slices of one [T, q+kv] matrix, as
+	// the model's stacked q_proj and kv_a_proj_with_mqa write them.
+	stacked bool
+}
+
+func (c normRopeCase) String() string {
+	s := fmt.Sprintf("H=%d,nope=%d,rope=%d,rank=%d,T=%d", c.heads, c.nope, c.rope, c.rank, c.t)
+	if !c.interleaved {
+		s += ",rotate_half"
+	}
+	if c.stacked {
+		s += ",q and kv of q_kv_a"
+	}
+	return s
+}
+
+// rmsNormRoPE normalises kv's latent and rotates q's rope dims and k_pe in
+// place; everything else of q and kv must stay as it was.
+func rmsNormRoPE(e *env, c normRopeCase) {
+	const eps = 1e-6
+	g := e.normal(c.rank, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	w := e.tensor(weightK, g, c.rank)
+	r, ps := e.ropeOperands(c.t, c.rope, c.interleaved)
+	qw, kvw := c.heads*(c.nope+c.rope), c.rank+c.rope
+	var q, kv, qkva pair
+	if c.stacked {
+		qkva = e.random(actK, 3, c.t, qw+kvw)
+		q, kv = qkva.cols(0, qw), qkva.cols(qw, qw+kvw)
+	} else {
+		q, kv = e.random(actK, 1, c.t, qw), e.random(actK, 3, c.t, kvw)
+	}
+	e.run(func(o kernels.Ops, s int) {
+		o.RMSNormRoPE(q[s], kv[s], w[s], eps, c.heads, c.nope+c.rope, c.nope, ps[s], r[s])
+	})
+	// Each piece alone, so that an error in the few rotated columns is not
+	// lost in the whole's norm.
+	e.check("q", q, all)
+	e.check("latent", kv.cols(0, c.rank), all)
+	e.check("k_pe", kv.cols(c.rank, kvw), all)
+	if c.stacked {
+		e.check("q_kv_a", qkva, all)
+	}
+}
+
 type ropeCase struct {
 	name                          string
 	t, heads, stride, offset, dim int
@@ -558,15 +633,17 @@ type ropeCase struct {
 // ropePositions is the size of the angle tables.
 const ropePositions = 4096
 
-func rope(e *env, c ropeCase) {
-	half := c.dim / 2
+// ropeOperands are the rotary tables of dim dims over ropePositions, on
+// both sides, and t positions in them, the first the table's last.
+func (e *env) ropeOperands(t, dim int, interleaved bool) ([2]*kernels.Rope, pair) {
+	half := dim / 2
 	cos, sin := make([]float32, ropePositions*half), make([]float32, ropePositions*half)
 	// An attention factor (as YaRN folds into the tables): kernels must use
 	// the tables, not recompute the angles.
 	const factor = 1.07
 	for p := range ropePositions {
 		for i := range half {
-			a := float64(p) * math.Pow(10000, -2*float64(i)/float64(c.dim))
+			a := float64(p) * math.Pow(10000, -2*float64(i)/float64(dim))
 			cos[p*half+i] = float32(math.Cos(a) * factor)
 			sin[p*half+i] = float32(math.Sin(a) * factor)
 		}
@@ -574,14 +651,18 @@ func rope(e *env, c ropeCase) {
 	r := [2]*kernels.Rope{}
 	ct, st := e.tensor(f32K, cos, ropePositions, half), e.tensor(f32K, sin, ropePositions, half)
 	for s := range 2 {
-		r[s] = &kernels.Rope{Dim: c.dim, Interleaved: c.interleaved, Cos: ct[s], Sin: st[s]}
+		r[s] = &kernels.Rope{Dim: dim, Interleaved: interleaved, Cos: ct[s], Sin: st[s]}
 	}
-	pos := make([]int32, c.t)
+	pos := make([]int32, t)
 	for i := range pos {
 		pos[i] = int32(e.rng.Intn(ropePositions))
 	}
 	pos[0] = ropePositions - 1
-	ps := e.ints(pos, c.t)
+	return r, e.ints(pos, t)
+}
+
+func rope(e *env, c ropeCase) {
+	r, ps := e.ropeOperands(c.t, c.dim, c.interleaved)
 	whole := e.random(actK, 1, c.t, c.width)
 	x := whole.cols(c.col, c.col+c.heads*c.stride)
 	e.run(func(o kernels.Ops, s int) { o.RoPE(x[s], c.heads, c.stride, c.offset, ps[s], r[s]) })

@@ -71,16 +71,23 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	rope := &kernels.Rope{Dim: dim, Cos: cos, Sin: sin}
 	add(kernels.OpRoPE, func() { ops.RoPE(qkv, heads+kvHeads, dim, 0, pos, rope) }, qkv)
 
+	// addWhole is add for a composite op: a set that fuses it for some
+	// shapes only declines the others (the Dispatch then runs its parts,
+	// recorded as their own ops), and the call is left out then.
+	addWhole := func(op kernels.Op, run func(), out ...*kernels.Tensor) {
+		if !owns(op) {
+			return
+		}
+		if _, declined := kernels.Declined(run); !declined {
+			add(op, run, out...)
+		}
+	}
+
 	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
-	// A set that fuses linear_swiglu for prefill's shapes only declines a
-	// decode step's (the Dispatch runs linear and swiglu, recorded above
-	// and below): it is left out then.
+	// linear_swiglu is fused for prefill's shapes only, if at all.
 	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
-	mlp := func() { ops.LinearSwiGLU(mlpOut, x, mlpW) }
-	if _, declined := kernels.Declined(mlp); !declined {
-		add(kernels.OpLinearSwiGLU, mlp, mlpOut)
-	}
+	addWhole(kernels.OpLinearSwiGLU, func() { ops.LinearSwiGLU(mlpOut, x, mlpW) }, mlpOut)
 
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
 	state = append(state, kc, vc)
@@ -102,6 +109,9 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 		Batch: b, Heads: mh, NopeDim: nope, RopeDim: ropeDim, VDim: vdim, Rank: rank, Scale: 0.1}
 	add(kernels.OpRoPE, func() { ops.RoPE(mla.Q, mh, nope+ropeDim, nope, pos, mrope) }, qkva)
 	add(kernels.OpRoPE, func() { ops.RoPE(mla.KV, 1, mkv, rank, pos, mrope) }, qkva)
+	// The layer's kv_a_layernorm and both ropes as the one op it calls.
+	mnorm := g.random(kernels.BF16, rank)
+	addWhole(kernels.OpRMSNormRoPE, func() { ops.RMSNormRoPE(mla.Q, mla.KV, mnorm, 1e-6, mh, nope+ropeDim, nope, pos, mrope) }, qkva)
 	add(kernels.OpMLADecode, func() { ops.MLADecode(mla) }, mla.Out)
 
 	const experts, topK = 16, 4

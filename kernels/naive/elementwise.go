@@ -71,6 +71,14 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 		o.D.Ptr(cos), o.D.Ptr(sin), int32(cos.Pitch), int32(cos.Rows()), int32(r.Dim))
 }
 
+// RMSNormRoPE is the set's RMSNorm of kv's latent, then its RoPE of q's
+// heads and of k_pe: four launches, as HF's eager kv_a_layernorm and
+// apply_rotary_emb launch theirs one by one.
+func (o *ops) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckRMSNormRoPE(o.D.ActDType(), q, kv, w, heads, headStride, offset, pos, r)
+	kernels.RMSNormRoPEParts(o, q, kv, w, eps, heads, headStride, offset, pos, r)
+}
+
 // SwiGLU is silu(gate) then the mul kernel, as torch eager: both round to
 // bf16.
 func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {

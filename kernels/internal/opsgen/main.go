@@ -2,9 +2,9 @@
 // interface of kernels/ops.go: the methods of Dispatch, each routing its op
 // through Dispatch.call (a composite op's, one with Parts, through
 // Dispatch.callWhole and the hand-written method that runs its parts, named
-// for it: linearSwiGLUParts for LinearSwiGLU), and those of NotOwned, each
-// panicking that the set has no kernel of its own for the op. go generate
-// runs it in kernels.
+// for it: linearSwiGLUParts for LinearSwiGLU, rmsNormRoPEParts for
+// RMSNormRoPE), and those of NotOwned, each panicking that the set has no
+// kernel of its own for the op. go generate runs it in kernels.
 //
 //	go run ./internal/opsgen [-src ops.go] [-out ops_gen.go]
 package main
@@ -21,6 +21,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 func main() {
@@ -75,7 +76,7 @@ func generate(path string) ([]byte, error) {
 			return nil, fmt.Errorf("%s: opTable runs %s with %s, which Ops lacks", path, r.op, r.method)
 		}
 		if r.composite {
-			parts := strings.ToLower(r.method[:1]) + r.method[1:] + "Parts"
+			parts := unexported(r.method) + "Parts"
 			fmt.Fprintf(&b, "\n// %s runs %s on the set the spec chose for it, or as its parts\n// (%s) where the spec runs them on other sets.\n", r.method, r.op, parts)
 			fmt.Fprintf(&b, "func (d *Dispatch) %s(%s) {\n\td.callWhole(%s, func(o Ops) { o.%s(%s) }, func() { d.%s(%s) })\n}\n",
 				r.method, m.params, r.op, r.method, m.args, parts, m.args)
@@ -89,6 +90,24 @@ func generate(path string) ([]byte, error) {
 		fmt.Fprintf(&b, "func (n NotOwned) %s(%s) { n.panic(%s) }\n", r.method, methods[r.method].params, r.op)
 	}
 	return format.Source(b.Bytes())
+}
+
+// unexported is name with its leading capitals lowered as Go writes an
+// initialism that starts a name: LinearSwiGLU → linearSwiGLU, RMSNormRoPE →
+// rmsNormRoPE (the last of a run of capitals starts the next word).
+func unexported(name string) string {
+	r := []rune(name)
+	n := 0
+	for n < len(r) && unicode.IsUpper(r[n]) {
+		n++
+	}
+	if n > 1 && n < len(r) {
+		n--
+	}
+	for i := range n {
+		r[i] = unicode.ToLower(r[i])
+	}
+	return string(r)
 }
 
 // tableRows reads the rows of opTable, each {Op: OpX, Method: "X", ...}.

@@ -21,3 +21,13 @@ func TestGeneratedIsCurrent(t *testing.T) {
 		t.Errorf("kernels/ops_gen.go is stale: run go generate ./kernels")
 	}
 }
+
+// TestUnexported: a parts method's name lowers the method's leading word,
+// an initialism whole.
+func TestUnexported(t *testing.T) {
+	for in, want := range map[string]string{"LinearSwiGLU": "linearSwiGLU", "RMSNormRoPE": "rmsNormRoPE", "ABC": "abc", "X": "x"} {
+		if got := unexported(in); got != want {
+			t.Errorf("unexported(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,247 @@
+package fused
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"slices"
+	"testing"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
+	_ "github.com/fuselm/fuselm/kernels/naive" // the specs below put ops on naive, and fused falls back to it
+)
+
+// TestRMSNormRoPEHost checks rms_norm_rope's host side without a GPU: the
+// fused set fuses the op, its instances are rms_norm's shape for
+// DeepSeek's latent of 512 (the shape the set's rms_norm launches for it),
+// and the variant table lists its one kernel.
+func TestRMSNormRoPEHost(t *testing.T) {
+	info, _ := kernels.Set("fused")
+	if !info.Owns(kernels.OpRMSNormRoPE) || !slices.Contains(info.Fuses, kernels.OpRMSNormRoPE) {
+		t.Errorf("fused owns rms_norm_rope: %v, fuses it: %v", info.Owns(kernels.OpRMSNormRoPE), info.Fuses)
+	}
+	aligned := cudaset.Mat{P: 1 << 20, Pitch: 3648, DT: kernels.BF16}
+	if got := normShapeOf(512, aligned, aligned, cudaset.Mat{P: 1 << 21, Pitch: 512, DT: kernels.BF16}); got != (normShape{vec: 8, items: 1, threads: 64}) {
+		t.Errorf("rms_norm's shape for a latent of 512: %+v, want 8-wide accesses, one a thread, 64 threads", got)
+	}
+	if got := normShapeOf(512, aligned, aligned, cudaset.Mat{P: 1<<21 + 2, Pitch: 512, DT: kernels.BF16}); got.vec == rmsNormRopeShape.vec {
+		t.Errorf("a latent whose weights start off 16 bytes: %+v, want 1-wide accesses (rms_norm_rope declines it)", got)
+	}
+	if got := rmsNormRopeKernel(true, kernels.BF16); got != "rms_norm_rope_interleaved_bf16" {
+		t.Errorf("kernel %q", got)
+	}
+	if vs := variants(kernels.OpRMSNormRoPE, nil, kernels.Targets["sm_90a"]); len(vs) != 1 || !vs[0].Valid() {
+		t.Errorf("variants on sm_90a: %+v, want one, valid", vs)
+	}
+	if !slices.Contains(overlapKernels(), rmsNormRopeKernel(true, kernels.BF16)) {
+		t.Errorf("rms_norm_rope is not launched to overlap the kernel before it")
+	}
+}
+
+// normRopeCase is one problem of TestRMSNormRoPEExact: tokens of MLA's q
+// and new latent, at DeepSeek-V2-Lite's dims unless the case says.
+type normRopeCase struct {
+	t, heads, nope, rope, rank int
+	interleaved, stacked       bool // stacked: q and kv column slices of one q_kv_a row
+	w                          kernels.DType
+}
+
+func (c normRopeCase) String() string {
+	return fmt.Sprintf("T=%d,H=%d,nope=%d,rope=%d,rank=%d,interleaved=%v,stacked=%v,w=%v",
+		c.t, c.heads, c.nope, c.rope, c.rank, c.interleaved, c.stacked, c.w)
+}
+
+// normRopeProblem is a case's operands on the device, twice: a and b hold
+// the same q and kv values, one for each of the two paths compared.
+type normRopeProblem struct {
+	q, kv [2]*kernels.Tensor
+	w     *kernels.Tensor
+	pos   *kernels.Tensor
+	r     *kernels.Rope
+	owned []*kernels.Tensor // every tensor it allocated
+}
+
+func (p *normRopeProblem) free(dev kernels.Device) {
+	for _, x := range p.owned {
+		dev.Free(x)
+	}
+}
+
+func newNormRopeProblem(t *testing.T, dev kernels.Device, c normRopeCase, rng *rand.Rand) *normRopeProblem {
+	t.Helper()
+	p := &normRopeProblem{}
+	qw, kvw := c.heads*(c.nope+c.rope), c.rank+c.rope
+	normals := func(n int, scale float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		return v
+	}
+	upload := func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
+		x := tensorOn(t, dev, dt, vals, shape...)
+		p.owned = append(p.owned, x)
+		return x
+	}
+	const positions = 4096
+	half := c.rope / 2
+	cos, sin := make([]float32, positions*half), make([]float32, positions*half)
+	for i := range cos {
+		a := rng.Float64() * 2 * math.Pi
+		cos[i], sin[i] = float32(math.Cos(a)), float32(math.Sin(a))
+	}
+	p.r = &kernels.Rope{Dim: c.rope, Interleaved: c.interleaved, Cos: upload(kernels.F32, cos, positions, half),
+		Sin: upload(kernels.F32, sin, positions, half)}
+	pos := make([]int, c.t)
+	for i := range pos {
+		pos[i] = rng.Intn(positions)
+	}
+	p.pos = intsOn(t, dev, pos)
+	p.owned = append(p.owned, p.pos)
+	g := normals(c.rank, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	p.w = upload(c.w, g, c.rank)
+	if c.stacked {
+		vals := normals(c.t*(qw+kvw), 2)
+		for s := range 2 {
+			qkva := upload(kernels.BF16, vals, c.t, qw+kvw)
+			p.q[s], p.kv[s] = qkva.ColSlice(0, qw), qkva.ColSlice(qw, qw+kvw)
+		}
+	} else {
+		qv, kvv := normals(c.t*qw, 1), normals(c.t*kvw, 3)
+		for s := range 2 {
+			p.q[s], p.kv[s] = upload(kernels.BF16, qv, c.t, qw), upload(kernels.BF16, kvv, c.t, kvw)
+		}
+	}
+	return p
+}
+
+// call is RMSNormRoPE of side s's operands, run by run: the set's own
+// method, or kernels.RMSNormRoPEParts on it.
+func (p *normRopeProblem) call(c normRopeCase, s int, run func(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope)) {
+	run(p.q[s], p.kv[s], p.w, 1e-6, c.heads, c.nope+c.rope, c.nope, p.pos, p.r)
+}
+
+// TestRMSNormRoPEExact holds rms_norm_rope, one launch, to the fused set's
+// unfused path, rms_norm then rope twice (three launches), bit for bit: at
+// DeepSeek-V2-Lite's dims over decode's and prefill's token counts, q and
+// kv column slices of one q_kv_a row or packed apart, interleaved pairs and
+// rotate_half, bf16 and f32 norm weights; a latent no 16-byte access
+// divides is declined. It also times both, for a first look (infer bench
+// rms_norm_rope is the measurement). Skipped where no GPU is found.
+func TestRMSNormRoPEExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	set, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := set.(*ops)
+	rng := rand.New(rand.NewSource(23))
+	v2 := func(tokens int, stacked bool) normRopeCase {
+		return normRopeCase{t: tokens, heads: 16, nope: 128, rope: 64, rank: 512, interleaved: true, stacked: stacked, w: kernels.BF16}
+	}
+	var cs []normRopeCase
+	for _, tokens := range []int{1, 3, 16, 37, 2049, 11041} {
+		cs = append(cs, v2(tokens, true), v2(tokens, false))
+	}
+	f32w, half := v2(37, true), v2(16, true)
+	f32w.w, half.interleaved = kernels.F32, false
+	cs = append(cs, f32w, half, normRopeCase{t: 17, heads: 3, nope: 32, rope: 16, rank: 96, interleaved: true, stacked: true, w: kernels.BF16})
+	for _, c := range cs {
+		p := newNormRopeProblem(t, dev, c, rng)
+		if u, declined := kernels.Declined(func() { p.call(c, 0, o.RMSNormRoPE) }); declined {
+			t.Errorf("%s: declined: %v", c, u)
+			p.free(dev)
+			continue
+		}
+		p.call(c, 1, func(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+			kernels.RMSNormRoPEParts(o, q, kv, w, eps, heads, headStride, offset, pos, r)
+		})
+		for _, piece := range []struct {
+			name string
+			x    [2]*kernels.Tensor
+		}{{"q", p.q}, {"kv", p.kv}} {
+			got, want := read(t, dev, piece.x[0]), read(t, dev, piece.x[1])
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					cols := piece.x[0].Cols()
+					t.Errorf("%s: %s[%d,%d] is %g, rms_norm and rope give %g", c, piece.name, i/cols, i%cols, got[i], want[i])
+					break
+				}
+			}
+		}
+		one := msPerCall(t, dev, func() { p.call(c, 0, o.RMSNormRoPE) })
+		three := msPerCall(t, dev, func() {
+			p.call(c, 1, func(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
+				kernels.RMSNormRoPEParts(o, q, kv, w, eps, heads, headStride, offset, pos, r)
+			})
+		})
+		t.Logf("%s: one launch %.2f µs, rms_norm and rope twice %.2f µs", c, one*1e3, three*1e3)
+		p.free(dev)
+	}
+	odd := normRopeCase{t: 5, heads: 3, nope: 16, rope: 16, rank: 36, interleaved: true, stacked: true, w: kernels.BF16}
+	p := newNormRopeProblem(t, dev, odd, rng)
+	defer p.free(dev)
+	if _, declined := kernels.Declined(func() { p.call(odd, 0, o.RMSNormRoPE) }); !declined {
+		t.Errorf("%s: a latent of 36 taken; rms_norm reads it 1 element at a time, which rms_norm_rope has no instance of", odd)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// opCalls is an Observer that lists the op calls of a Dispatch with the
+// set that ran each.
+type opCalls struct{ calls []string }
+
+func (c *opCalls) BeginOp(op kernels.Op, set string) kernels.OpEnd { return opEnd{c, op} }
+func (c *opCalls) SetLayer(int)                                    {}
+
+type opEnd struct {
+	c  *opCalls
+	op kernels.Op
+}
+
+func (e opEnd) EndOp(set string, _ kernels.Cost) { e.c.calls = append(e.c.calls, string(e.op)+"@"+set) }
+
+// TestRMSNormRoPEDispatch: under "fused" MLA's norm and ropes are one call
+// of fused's (one launch); where the spec puts rms_norm or rope on naive
+// they are the three calls, each on its set, as before the op; naming the
+// op runs it whole on that set. Skipped where no GPU is found.
+func TestRMSNormRoPEDispatch(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	c := normRopeCase{t: 3, heads: 16, nope: 128, rope: 64, rank: 512, interleaved: true, stacked: true, w: kernels.BF16}
+	p := newNormRopeProblem(t, dev, c, rand.New(rand.NewSource(29)))
+	defer p.free(dev)
+	for _, s := range []struct {
+		spec  string
+		calls []string
+	}{
+		{"fused", []string{"rms_norm_rope@fused"}},
+		{"fused,rope=naive", []string{"rms_norm@fused", "rope@naive", "rope@naive"}},
+		{"fused,rms_norm=naive", []string{"rms_norm@naive", "rope@fused", "rope@fused"}},
+		{"naive", []string{"rms_norm@naive", "rope@naive", "rope@naive"}},
+		{"naive,rms_norm_rope=fused", []string{"rms_norm_rope@fused"}},
+	} {
+		spec, err := kernels.ParseSpec(s.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs := &opCalls{}
+		d, err := spec.Build(dev, obs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.call(c, 0, d.RMSNormRoPE)
+		if !slices.Equal(obs.calls, s.calls) {
+			t.Errorf("%s: calls %v, want %v", s.spec, obs.calls, s.calls)
+		}
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
