@@ -130,14 +130,27 @@ func (o *ops) rowsAligned(ts ...*kernels.Tensor) bool {
 func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	op := kernels.OpMoERoute
 	kernels.CheckMoERoute(idx, weight, logits, r)
-	n, experts, k := logits.Rows(), logits.Cols(), r.TopK
+	n, experts := logits.Rows(), logits.Cols()
+	o.needRoute(op, experts, r)
+	args := []any{o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight), int32(weight.Pitch), o.D.Ptr(logits),
+		int32(logits.Pitch), int32(n)}
+	o.Launch("moe_route", (n+routeWarps-1)/routeWarps, routeWarps*32, append(args, routeArgs(experts, r)...)...)
+}
+
+// needRoute is what moe.cu's router (route_token) takes beyond the
+// contract, for op's call: at most 32·routePerLane experts, top-32, 32
+// groups.
+func (o *ops) needRoute(op kernels.Op, experts int, r *kernels.Routing) {
 	o.Need(experts <= 32*routePerLane, op, "%d experts, at most %d", experts, 32*routePerLane)
-	o.Need(k <= 32, op, "top-%d, at most 32", k)
-	limited := r.Method == kernels.RouteGroupLimited
-	o.Need(!limited || r.Groups <= 32, op, "%d groups, at most 32", r.Groups)
-	o.Launch("moe_route", (n+routeWarps-1)/routeWarps, routeWarps*32, o.D.Ptr(idx), int32(idx.Pitch),
-		o.D.Ptr(weight), int32(weight.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n), int32(experts),
-		int32(k), b32(limited), int32(r.Groups), int32(r.TopKGroups), b32(r.NormTopK), r.Scale)
+	o.Need(r.TopK <= 32, op, "top-%d, at most 32", r.TopK)
+	o.Need(r.Method != kernels.RouteGroupLimited || r.Groups <= 32, op, "%d groups, at most 32", r.Groups)
+}
+
+// routeArgs are r over experts as moe.cu's kernels take a router (its
+// Route): E, K, groupLimited, groups, topkGroups, norm, scale.
+func routeArgs(experts int, r *kernels.Routing) []any {
+	return []any{int32(experts), int32(r.TopK), b32(r.Method == kernels.RouteGroupLimited), int32(r.Groups),
+		int32(r.TopKGroups), b32(r.NormTopK), r.Scale}
 }
 
 func b32(b bool) int32 {
@@ -291,17 +304,33 @@ func (o *ops) foldTakes(c gemmConfig, tokens, choices, hidden int) bool {
 
 // expertsFolded is MoEExperts in two launches: moe_gate_up_fold (the
 // alignment in every block, block 0 writing first, sorted and slot), then
-// group_gemm_fold (down, and the combine by each n-tile's last block).
+// foldDown.
 func (o *ops) expertsFolded(c gemmConfig, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
 	first, sorted, slot, act, y cudaset.Mat, rows int) {
 	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	block := cuda.Dim3{X: uint32(c.threads())}
-	o.LaunchGrid(c.foldGateUpKernel(), cuda.Dim3{X: uint32((inter + c.BN/2 - 1) / (c.BN / 2)), Y: uint32(tiles)}, block, c.shared(),
+	o.LaunchGrid(c.foldGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(),
 		act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2*inter), int32(hidden))
+	o.foldDown(c, tiles, out, weight, down, first, slot, act, y, rows)
+}
+
+// foldGateUpGrid is the grid of the folded path's gate/up kernels in
+// tiling c: BN/2 of the inter columns by tiles m-tiles.
+func foldGateUpGrid(c gemmConfig, tiles, inter int) cuda.Dim3 {
+	return cuda.Dim3{X: uint32((inter + c.BN/2 - 1) / (c.BN / 2)), Y: uint32(tiles)}
+}
+
+// foldDown is the folded path's second launch, group_gemm_fold: the down
+// projections of the rows of act (first's groups) into y, and out [N, H],
+// each token's rows (slot) weighted by weight [N, K] and summed, by each
+// n-tile's last block.
+func (o *ops) foldDown(c gemmConfig, tiles int, out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
+	n, k, hidden := out.Rows(), weight.Cols(), out.Cols()
+	experts, inter := down.Shape[0], down.Shape[2]
 	om := o.Mat(out)
-	o.LaunchGrid(c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}, block, c.shared(),
+	o.LaunchGrid(c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)},
+		cuda.Dim3{X: uint32(c.threads())}, c.shared(),
 		y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
 		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
 		o.D.Ptr(o.moeCounters))
