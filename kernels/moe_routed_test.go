@@ -11,16 +11,18 @@ import (
 )
 
 // TestMoERoutedParts checks where the Dispatch runs moe_routed as one call:
-// where the set that runs it fuses it and runs moe_route and moe_experts
-// too, or where the spec names it; else as moe_route then moe_experts,
-// each on its own set and in its own profile row, with the same routes
-// and output.
+// where the set that runs it fuses it (fused) and runs moe_route and
+// moe_experts too, or where the spec names it; else as moe_route then
+// moe_experts, each on its own set and in its own profile row, with the
+// same routes and output.
 func TestMoERoutedParts(t *testing.T) {
 	for _, c := range []struct {
 		spec  string
 		whole bool
 	}{
-		{"fused", false}, {"naive", false}, {"cpu", false}, {"naive,moe_routed=naive", true},
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"fused,moe_route=naive", false},
+		{"fused,moe_experts=naive", false}, {"fused,moe=naive", false}, {"naive,moe_routed=naive", true},
+		{"fused,moe_route=naive,moe_routed=fused", true},
 	} {
 		s, err := kernels.ParseSpec(c.spec)
 		if err != nil {

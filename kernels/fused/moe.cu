@@ -45,8 +45,8 @@ struct Route {
 // breaks ties to the lower index (groups and experts alike), as the cpu
 // set's argmax. weight = score / (Σ chosen, summed in choice order,
 // + 1e-20) when norm (and K > 1), times scale. Lane k < K gets choice k,
-// its expert and its weight. Every kernel that routes calls it, so that
-// their routes agree bit for bit.
+// its expert and its weight. Every kernel that routes calls it
+// (moe_route, moe_gate_up_route), so that their routes agree bit for bit.
 //   row f32 [E] the token's logits; sc f32 [32·ROUTE_PER_LANE], the warp's
 //   shared scratch (group-limited only). E ≤ 32·ROUTE_PER_LANE, K ≤ 32,
 //   groups ≤ 32 (checked by the host).
@@ -379,7 +379,7 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	}
 GROUP_GEMM_INSTANCES(GROUP_GEMM)
 
-// ------------------------------------------- decode: align and combine folded
+// ------------------------------- decode: align and combine (and route) folded
 
 // The folded decode path (moe.go's MoEExperts at tiling m16 and at most
 // MOE_FOLD_MAX choices) runs the experts in two launches instead of four:
@@ -387,7 +387,10 @@ GROUP_GEMM_INSTANCES(GROUP_GEMM)
 // those of its own expert (moe_align's work, a few hundred operations), and the last block of each n-tile of
 // the down kernel sums that tile's columns of every token (moe_combine's
 // work). The rows, the products and the weighted sum are the unfolded
-// path's, so the two agree bit for bit.
+// path's, so the two agree bit for bit. The moe_routed op folds moe_route
+// in too (moe_gate_up_route): every gate/up block routes the tokens
+// itself, and the experts run in the same two launches after the router's
+// logits.
 #define MOE_FOLD_MAX 128
 
 // padded_starts writes start[e], group e's first row, and start[E], all
@@ -477,6 +480,55 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
 	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
 }
 
+// moe_gate_up_route is moe_route and moe_gate_up_fold in one kernel (the
+// moe_routed op): every block routes the N tokens itself from their
+// logits, a warp a token (route_token, moe_route's code, so the routes are
+// moe_route's bit for bit), into shared memory and its counts, then runs
+// moe_gate_up_fold's GEMM over those choices. Block (0, 0) also writes the
+// routes to idx and weight (the down kernel's combine reads weight after
+// its grid_wait, that is after this grid has finished) and the tables
+// (fold_tables). Nothing of the GEMM can start before the routes: its
+// expert, hence its weights, and its rows are what they decide; only the
+// counts are zeroed before grid_wait.
+//   out bf16 [M, op]; x bf16 [N, xp]; logits f32 [N, lp] (r.E columns);
+//   idx i32 [N, ip] and weight f32 [N, wp] (r.K columns) written; w, M, NN
+//   (2I), KK (H), first, sorted, slot: moe_gate_up_fold's. N·K ≤
+//   MOE_FOLD_MAX; r as route_token takes it, r.E ≤ MAX_GROUPS.
+// Launch: moe_gate_up's grid and block (tiling of the instance).
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+__device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N,
+                                  const Route r, int* idx, int ip, float* weight, int wp, const bf16* w, int* first,
+                                  int* sorted, int* slot, int M, int NN, int KK) {
+	constexpr int WARPS = WM * WN;
+	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
+	__shared__ float stage[WARPS][32 * ROUTE_PER_LANE];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = r.K, E = r.E;
+	const bool tables = blockIdx.x == 0 && blockIdx.y == 0;
+	for (int e = threadIdx.x; e < E; e += blockDim.x) sCount[e] = 0;
+	__syncthreads();
+	grid_wait();
+	grid_release();
+	for (int t = warp; t < N; t += WARPS) {
+		int e;
+		float wt;
+		__syncwarp(); // the warp's stage is free again
+		route_token(logits + (long long)t * lp, r, stage[warp], e, wt);
+		if (lane < K) {
+			if (e < 0 || e >= E) __trap(); // no score won: NaN logits
+			sEx[t * K + lane] = e;
+			atomicAdd(&sCount[e], 1);
+			if (tables) {
+				idx[(long long)t * ip + lane] = e;
+				weight[(long long)t * wp + lane] = wt;
+			}
+		}
+	}
+	fold_starts<BM>(sFirst, sCount, E);
+	const int choices = N * K;
+	if (tables) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
+	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
+}
+
 // group_gemm_fold is group_gemm (the experts' down projections into y,
 // every choice's row) and then moe_combine for the block's n-tile: each
 // block, finished or past the work, counts itself on its n-tile's counter,
@@ -524,7 +576,7 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 	if (threadIdx.x == 0) counters[blockIdx.x] = 0; // ready for the next launch
 }
 
-#define MOE_FOLD(GATE_UP, GEMM, BM, BN, WM, WN, BK, ST)                                                          \
+#define MOE_FOLD(GATE_UP, GEMM, ROUTED, BM, BN, WM, WN, BK, ST)                                                  \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
 	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK) {                              \
@@ -537,6 +589,14 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 	         int* counters) {                                                                                     \
 		group_gemm_fold<BM, BN, WM, WN, BK, ST>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot, weight, \
 		                                        wp, N, K, counters);                                              \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
+	           int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip,             \
+	           float* weight, int wp, const bf16* w, int* first, int* sorted, int* slot, int M, int NN, int KK) { \
+		moe_gate_up_route<BM, BN, WM, WN, BK, ST>(out, op, x, xp, logits, lp, N,                                  \
+		                                          Route{E, K, groupLimited, groups, topkGroups, norm, scale}, idx, \
+		                                          ip, weight, wp, w, first, sorted, slot, M, NN, KK);             \
 	}
 MOE_FOLD_INSTANCES(MOE_FOLD)
 

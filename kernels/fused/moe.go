@@ -30,6 +30,11 @@ const (
 	// foldedVariant is moe_experts' variant at foldTiling that folds
 	// moe_align and moe_combine into the grouped GEMMs (see MoEExperts).
 	foldedVariant = "grouped_mma_folded"
+	// routedVariant is moe_routed's variant that folds moe_route into the
+	// folded path's gate/up kernel too (see MoERouted); routedUnfused
+	// declines the call, and the Dispatch runs moe_route and moe_experts.
+	routedVariant = "route_folded"
+	routedUnfused = "unfused"
 )
 
 // gemmConfig is a tiling of the grouped GEMM (moe.cu's GROUP_GEMM): BM × BN
@@ -63,6 +68,10 @@ func (c gemmConfig) gateUpKernel() string { return "moe_gate_up_" + c.Name }
 // kernels in tiling c (moe.cu's MOE_FOLD).
 func (c gemmConfig) foldGateUpKernel() string { return "moe_gate_up_" + c.Name + "_fold" }
 func (c gemmConfig) foldGemmKernel() string   { return "group_gemm_" + c.Name + "_fold" }
+
+// routeGateUpKernel is moe_routed's gate/up kernel in tiling c: the folded
+// one, routing the tokens itself (moe.cu's MOE_FOLD).
+func (c gemmConfig) routeGateUpKernel() string { return "moe_gate_up_" + c.Name + "_route" }
 
 // foldConfig is the tiling of foldTiling.
 func foldConfig() gemmConfig {
@@ -336,6 +345,50 @@ func (o *ops) foldDown(c gemmConfig, tiles int, out, weight, down *kernels.Tenso
 		o.D.Ptr(o.moeCounters))
 }
 
+// MoERouted is moe_route and the folded decode path of MoEExperts in that
+// path's two launches, the first right after the router's logits:
+//
+//  1. moe_gate_up_route: every block routes the tokens itself from their
+//     logits (moe_route's code, a warp a token: the same routes bit for
+//     bit), counts and ranks the choices as moe_gate_up_fold does, and
+//     runs its GEMM over them; block (0, 0) also writes idx and weight
+//     and the tables;
+//  2. group_gemm_fold (foldDown): down, and the combine, which reads
+//     weight after its grid_wait, once the first launch has finished.
+//
+// So one launch fewer than moe_route then moe_experts, whose outputs
+// these are bit for bit. It declines (the Dispatch then runs moe_route and
+// moe_experts) where moe_experts would not run the folded path (more than
+// foldTokens tokens, another tiling, another variant chosen for it) or
+// moe_routed's variant is routedUnfused.
+func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
+	op := kernels.OpMoERouted
+	kernels.CheckMoERouted(o.D.ActDType(), out, idx, weight, x, logits, gateUp, down, r)
+	n, hidden, k := x.Rows(), x.Cols(), r.TopK
+	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
+	o.needRoute(op, experts, r)
+	o.checkGemm(op, gateUp, 2*inter, hidden, out, x)
+	o.checkGemm(op, down, hidden, inter)
+	choices := n * k
+	c := configFor(choices, experts)
+	key := wgmmaKey(c)
+	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
+	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && o.foldTakes(c, n, choices, hidden), op,
+		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
+	tiles := mTiles(choices, experts, c.BM)
+	rows := tiles * c.BM
+	first := o.moeFirstFor(experts)
+	sorted := o.Scratch(scrMoESorted, kernels.I32, rows, 1)
+	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
+	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
+	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
+	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
+	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
+		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
+	o.LaunchGrid(c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	o.foldDown(c, tiles, out, weight, down, first, slot, act, y, rows)
+}
+
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
 // the grouped GEMM on mma.sync (about 270 TFLOP/s on W3's shapes) loses to
 // cuBLAS's per-expert GEMMs on Hopper's wgmma (about 450; bench/RESULTS.md,
@@ -397,5 +450,6 @@ func gemmShared() map[string]int {
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()
+	m[c.routeGateUpKernel()] = c.shared()
 	return m
 }
