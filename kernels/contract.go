@@ -311,6 +311,22 @@ func (k costOf) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
 	*k.c = moeCost(out, idx, gateUp, down)
 }
 
+// CheckMoERouted: MoERoute's contract and MoEExperts', over the same E
+// experts: logits [N,E], gateUp [E,2I,H].
+func CheckMoERouted(act DType, out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
+	CheckMoERoute(idx, weight, logits, r)
+	CheckMoEExperts(act, out, x, idx, weight, gateUp, down)
+	need(logits.Cols() == gateUp.Shape[0], OpMoERouted, "logits %v for %d experts", logits, gateUp.Shape[0])
+}
+
+// The cost of MoERouted is the experts' and the router's: MoEExperts'
+// work, the logits read and the routes written.
+func (k costOf) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
+	c := moeCost(out, idx, gateUp, down)
+	c.Bytes += size(logits) + size(idx) + size(weight)
+	*k.c = c
+}
+
 // CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;
 // first [E+1] i32.
 func CheckGroupGemm(act DType, out, x, w, first *Tensor) {

@@ -189,6 +189,13 @@ func (d *Dispatch) callWhole(op Op, whole func(Ops), parts func()) {
 	}
 }
 
+// moERoutedParts is MoERouted as its parts, MoERoute into idx and weight
+// then MoEExperts over them, each on the set the spec runs it on.
+func (d *Dispatch) moERoutedParts(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
+	d.MoERoute(idx, weight, logits, r)
+	d.MoEExperts(out, x, idx, weight, gateUp, down)
+}
+
 // linearSwiGLUParts is LinearSwiGLU as its parts, Linear into a [N, 2I]
 // intermediate then SwiGLU, each on the set the spec runs it on.
 func (d *Dispatch) linearSwiGLUParts(out, x, w *Tensor) {

@@ -23,6 +23,7 @@ const (
 	OpMLADecode    Op = "mla_decode"
 	OpMoERoute     Op = "moe_route"
 	OpMoEExperts   Op = "moe_experts"
+	OpMoERouted    Op = "moe_routed"
 	OpGroupGemm    Op = "group_gemm"
 	OpArgmax       Op = "argmax"
 )
@@ -65,6 +66,8 @@ var opTable = []OpInfo{
 	{Op: OpMLADecode, Method: "MLADecode", Group: "mla", Doc: "DeepSeek-V2 latent attention of one new token per row"},
 	{Op: OpMoERoute, Method: "MoERoute", Group: "moe", Doc: "MoE router: softmax and top-k of the router logits"},
 	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
+	{Op: OpMoERouted, Method: "MoERouted", Parts: []Op{OpMoERoute, OpMoEExperts},
+		Doc: "MoE router and routed experts: moe_route then moe_experts, one kernel chain where a set has it (every gate/up block routing the tokens itself)"},
 	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
 	{Op: OpArgmax, Method: "Argmax", Doc: "index of each row's largest logit"},
 }
@@ -206,6 +209,15 @@ type Ops interface {
 	// out, x [N,H] act; idx, weight [N,K]; gateUp [E,2I,H] weight;
 	// down [E,H,I] weight.
 	MoEExperts(out, x, idx, weight, gateUp, down *Tensor)
+
+	// MoERouted is MoERoute then MoEExperts over its routes: idx and weight
+	// are written as MoERoute writes them, and out as MoEExperts computes
+	// it from them, rounded as the two round. out, x [N,H] act; idx [N,K]
+	// i32, weight [N,K] f32 (K = r.TopK); logits [N,E] f32; gateUp
+	// [E,2I,H] weight; down [E,H,I] weight. It is a composite op
+	// (OpInfo.Parts): a Dispatch runs MoERoute and MoEExperts instead where
+	// the spec puts them on other sets.
+	MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing)
 
 	// GroupGemm is the MoE experts' grouped GEMM: for every group g,
 	// out[r] = x[r] · w[g]ᵀ for the rows r in [first[g], first[g+1]). The

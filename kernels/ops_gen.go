@@ -84,6 +84,12 @@ func (d *Dispatch) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
 	d.call(OpMoEExperts, func(o Ops) { o.MoEExperts(out, x, idx, weight, gateUp, down) })
 }
 
+// MoERouted runs OpMoERouted on the set the spec chose for it, or as its parts
+// (moERoutedParts) where the spec runs them on other sets.
+func (d *Dispatch) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
+	d.callWhole(OpMoERouted, func(o Ops) { o.MoERouted(out, idx, weight, x, logits, gateUp, down, r) }, func() { d.moERoutedParts(out, idx, weight, x, logits, gateUp, down, r) })
+}
+
 // GroupGemm runs OpGroupGemm on the set the spec chose for it.
 func (d *Dispatch) GroupGemm(out, x, w, first *Tensor) {
 	d.call(OpGroupGemm, func(o Ops) { o.GroupGemm(out, x, w, first) })
@@ -142,6 +148,11 @@ func (n NotOwned) MoERoute(idx, weight, logits *Tensor, r *Routing) { n.panic(Op
 
 // MoEExperts panics: the set runs OpMoEExperts on its fallback.
 func (n NotOwned) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) { n.panic(OpMoEExperts) }
+
+// MoERouted panics: the set runs OpMoERouted on its fallback.
+func (n NotOwned) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
+	n.panic(OpMoERouted)
+}
 
 // GroupGemm panics: the set runs OpGroupGemm on its fallback.
 func (n NotOwned) GroupGemm(out, x, w, first *Tensor) { n.panic(OpGroupGemm) }

@@ -47,6 +47,10 @@ func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
 //	logits = x·gateᵀ in f32                       (DeepseekV2TopkRouter)
 //	idx, w = route(softmax(logits))               (Routing)
 //	out = Σ_k w_k · expert_{idx_k}(x) + shared_experts(x)
+//
+// The routing and the routed experts are one op, MoERouted, which a kernel
+// set may run as one kernel chain (the routing in the experts' first
+// kernel) or as MoERoute then MoEExperts, as before.
 type MoE struct {
 	// Gate is the router, mlp.gate.weight [n_routed_experts, hidden]; its
 	// output is f32, as HF computes router logits in float32.
@@ -80,8 +84,7 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	m.Gate.Forward(s, logits, x)
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
-	s.Ops.MoERoute(idx, weight, logits, &m.Routing)
-	s.Ops.MoEExperts(out, x, idx, weight, m.ExpertsGateUp, m.ExpertsDown)
+	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	if m.SharedExperts != nil {
 		shared := s.WS.Get(bufShared, T, out.Cols())
 		m.SharedExperts.Forward(s, shared, x)

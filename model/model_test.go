@@ -319,6 +319,9 @@ func (o *recordingOps) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.
 func (o *recordingOps) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	o.do(func() { o.Ops.MoEExperts(out, x, idx, weight, gateUp, down) })
 }
+func (o *recordingOps) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
+	o.do(func() { o.Ops.MoERouted(out, idx, weight, x, logits, gateUp, down, r) })
+}
 func (o *recordingOps) GroupGemm(out, x, w, first *kernels.Tensor) {
 	o.do(func() { o.Ops.GroupGemm(out, x, w, first) })
 }

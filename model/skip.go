@@ -136,6 +136,22 @@ func (s *skipping) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor)
 	}
 }
 
+// MoERouted leaves out the whole op where skip names it, else the part
+// skip names (the Dispatch runs a composite's parts out of reach of this
+// wrapper), so that moe_route and moe_experts are left out as before the
+// op; with neither named it runs whole.
+func (s *skipping) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
+	switch route, experts := !s.skip[kernels.OpMoERoute], !s.skip[kernels.OpMoEExperts]; {
+	case s.skip[kernels.OpMoERouted]:
+	case route && experts:
+		s.Ops.MoERouted(out, idx, weight, x, logits, gateUp, down, r)
+	case route:
+		s.Ops.MoERoute(idx, weight, logits, r)
+	case experts:
+		s.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
+	}
+}
+
 func (s *skipping) GroupGemm(out, x, w, first *kernels.Tensor) {
 	if !s.skip[kernels.OpGroupGemm] {
 		s.Ops.GroupGemm(out, x, w, first)

@@ -65,3 +65,35 @@ func (c *counting) RMSNorm(_, _, _ *kernels.Tensor, _ float32)                  
 func (c *counting) RMSNormRoPE(_, _, _ *kernels.Tensor, _ float32, _, _, _ int, _ *kernels.Tensor, _ *kernels.Rope) {
 	c.whole++
 }
+
+// TestSkipMoERouted: leaving out moe_route or moe_experts leaves out that
+// part of a moe_routed call and runs the other; moe_routed leaves out both.
+func TestSkipMoERouted(t *testing.T) {
+	for _, c := range []struct {
+		skip                  []kernels.Op
+		whole, route, experts int
+	}{
+		{nil, 1, 0, 0},
+		{[]kernels.Op{kernels.OpMoERoute}, 0, 0, 1},
+		{[]kernels.Op{kernels.OpMoEExperts}, 0, 1, 0},
+		{[]kernels.Op{kernels.OpMoERoute, kernels.OpMoEExperts}, 0, 0, 0},
+		{[]kernels.Op{kernels.OpMoERouted}, 0, 0, 0},
+	} {
+		var m moeCounting
+		newSkipping(&m, c.skip).MoERouted(nil, nil, nil, nil, nil, nil, nil, nil)
+		if m.whole != c.whole || m.route != c.route || m.experts != c.experts {
+			t.Errorf("skipping %v: moe_routed, moe_route, moe_experts ran %d, %d, %d times, want %d, %d, %d",
+				c.skip, m.whole, m.route, m.experts, c.whole, c.route, c.experts)
+		}
+	}
+}
+
+// moeCounting counts the calls of the MoE ops; the others are not called.
+type moeCounting struct {
+	kernels.Ops
+	whole, route, experts int
+}
+
+func (c *moeCounting) MoERouted(_, _, _, _, _, _, _ *kernels.Tensor, _ *kernels.Routing) { c.whole++ }
+func (c *moeCounting) MoERoute(_, _, _ *kernels.Tensor, _ *kernels.Routing)              { c.route++ }
+func (c *moeCounting) MoEExperts(_, _, _, _, _, _ *kernels.Tensor)                       { c.experts++ }

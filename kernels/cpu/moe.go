@@ -132,3 +132,11 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	})
 	commit()
 }
+
+// MoERouted is MoERoute then MoEExperts over its routes, as the Dispatch
+// runs the op's parts: idx, weight and out as the two calls write them.
+func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
+	kernels.CheckMoERouted(o.dev.ActDType(), out, idx, weight, x, logits, gateUp, down, r)
+	o.MoERoute(idx, weight, logits, r)
+	o.MoEExperts(out, x, idx, weight, gateUp, down)
+}

@@ -53,7 +53,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //     HF caches), then attention as above; so no absorbed form.
 //   - MoEExperts: each expert's gate/up and down projection and its SwiGLU
 //     as above; the routing-weighted sum over a token's experts in f32, then
-//     once (transformers' grouped_mm experts).
+//     once (transformers' grouped_mm experts). MoERouted: as MoERoute then
+//     MoEExperts.
 //
 // Embedding copies rows (rounding an f32 table); Argmax reads widened
 // values; MoERoute is f32 as HF's router.

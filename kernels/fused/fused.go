@@ -5,7 +5,8 @@
 // decode's few rows and a Hopper GEMM for prefill's many (cuBLAS for the
 // rest, and for prefill until that GEMM reaches it), and DeepSeek-V2's MoE (a router
 // kernel, and the experts as grouped GEMMs on tensor cores over tokens
-// sorted by expert), an argmax over many blocks a row, and an add that
+// sorted by expert; at decode the router and the sort folded into the
+// first GEMM), an argmax over many blocks a row, and an add that
 // overlaps the kernel before it. The op it has no kernel of its own for
 // (embedding) runs the registry's baseline CUDA set's (naive's), and the
 // profile says so. The .cu sources are embedded and compiled by NVRTC
@@ -35,13 +36,13 @@ func module(file string, funcs []string) cudaset.Module {
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode,
-	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpGroupGemm, kernels.OpLinear,
+	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax, kernels.OpAdd,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE}, New: New, Variants: variants})
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted}, New: New, Variants: variants})
 }
 
 // Tile shapes of the kernels, named as in the .cu sources.

@@ -170,7 +170,7 @@
 	X(group_gemm_m128, moe_gate_up_m128, 128, 256, 2, 4, 64, 3)
 
 #define MOE_FOLD_INSTANCES(X) \
-	X(moe_gate_up_m16_fold, group_gemm_m16_fold, 16, 64, 1, 4, 128, 4)
+	X(moe_gate_up_m16_fold, group_gemm_m16_fold, moe_gate_up_m16_route, 16, 64, 1, 4, 128, 4)
 
 #define LINEAR_SKINNY_INSTANCES(X) \
 	X(linear_skinny_n1_bf16, 1, bf16) \

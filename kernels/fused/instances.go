@@ -171,10 +171,11 @@ func groupGemmInstances() cudaset.Instances {
 }
 
 // moeFoldInstances are the folded decode path's kernels (moe.cu's
-// MOE_FOLD), at the tiling it runs in (foldTiling).
+// MOE_FOLD), at the tiling it runs in (foldTiling): gate/up, down, and
+// moe_routed's gate/up that routes too.
 func moeFoldInstances() cudaset.Instances {
 	c := foldConfig()
-	return cudaset.Instances{Macro: "MOE_FOLD", Kernels: []cudaset.Instance{{Names: []string{c.foldGateUpKernel(), c.foldGemmKernel()},
+	return cudaset.Instances{Macro: "MOE_FOLD", Kernels: []cudaset.Instance{{Names: []string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()},
 		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 

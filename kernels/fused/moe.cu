@@ -30,30 +30,30 @@
 __device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
 
-// moe_route chooses each token's experts as DeepSeek-V2's MoEGate and the
-// cpu set do: scores = softmax(logits) in f32; with groupLimited, only the
-// experts of the topkGroups groups (E/groups consecutive experts each)
-// whose best score is highest compete and the others score 0; the K best
-// scores win, in descending order. Every choice breaks ties to the lower
-// index (groups and experts alike), as the cpu set's argmax. weight =
-// score / (Σ chosen, summed in choice order, + 1e-20) when norm (and
-// K > 1), times scale.
-//   idx i32 [N, ip], weight f32 [N, wp] (K columns written); logits f32
-//   [N, lp] (E columns read). E ≤ 32·ROUTE_PER_LANE, K ≤ 32, groups ≤ 32
-//   (checked by the host).
+// Route is a router's configuration (kernels.Routing) over E experts: the
+// top K, group-limited or greedy, normalised or not, times scale.
+struct Route {
+	int E, K, groupLimited, groups, topkGroups, norm;
+	float scale;
+};
+
+// route_token chooses one token's experts as DeepSeek-V2's MoEGate and the
+// cpu set do, by the 32 lanes of one warp: scores = softmax(logits) in f32;
+// with groupLimited, only the experts of the topkGroups groups (E/groups
+// consecutive experts each) whose best score is highest compete and the
+// others score 0; the K best scores win, in descending order. Every choice
+// breaks ties to the lower index (groups and experts alike), as the cpu
+// set's argmax. weight = score / (Σ chosen, summed in choice order,
+// + 1e-20) when norm (and K > 1), times scale. Lane k < K gets choice k,
+// its expert and its weight. Every kernel that routes calls it
+// (moe_route, moe_gate_up_route), so that their routes agree bit for bit.
+//   row f32 [E] the token's logits; sc f32 [32·ROUTE_PER_LANE], the warp's
+//   shared scratch (group-limited only). E ≤ 32·ROUTE_PER_LANE, K ≤ 32,
+//   groups ≤ 32 (checked by the host).
 // Expert e sits in lane e % 32, slot e / 32, so a lane's slots ascend in
 // expert index and a lane's own argmax keeps the lowest of equal scores.
-// Launch: grid.x = ceil(N / ROUTE_WARPS), ROUTE_WARPS·32 threads.
-extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-    moe_route(int* idx, int ip, float* weight, int wp, const float* logits, int lp, int N, int E, int K,
-              int groupLimited, int groups, int topkGroups, int norm, float scale) {
-	__shared__ float stage[ROUTE_WARPS][32 * ROUTE_PER_LANE];
-	grid_wait();
-	grid_release();
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int t = blockIdx.x * ROUTE_WARPS + warp;
-	if (t >= N) return;
-	const float* row = logits + (long long)t * lp;
+__device__ __forceinline__ void route_token(const float* row, const Route r, float* sc, int& expert, float& weight) {
+	const int lane = threadIdx.x & 31, E = r.E, K = r.K;
 	float s[ROUTE_PER_LANE];
 	float mx = NEG_INF;
 #pragma unroll
@@ -73,10 +73,10 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 #pragma unroll
 	for (int j = 0; j < ROUTE_PER_LANE; j++) s[j] = lane + 32 * j < E ? s[j] / sum : NEG_INF;
 
-	if (groupLimited) {
+	if (r.groupLimited) {
 		// Lane g finds group g's best score from the warp's scores in shared
 		// memory; topkGroups rounds of a warp argmax keep the best groups.
-		float* sc = stage[warp];
+		const int groups = r.groups;
 #pragma unroll
 		for (int j = 0; j < ROUTE_PER_LANE; j++)
 			if (lane + 32 * j < E) sc[lane + 32 * j] = s[j];
@@ -86,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 		if (lane < groups)
 			for (int i = 0; i < gsize; i++) best = fmaxf(best, sc[lane * gsize + i]);
 		bool kept = false;
-		for (int r = 0; r < topkGroups; r++) {
+		for (int k = 0; k < r.topkGroups; k++) {
 			float bv = lane < groups ? best : NEG_INF;
 			int bi = lane < groups ? lane : NO_INDEX;
 			warp_argmax(bv, bi);
@@ -116,11 +116,11 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 				bi = lane + 32 * j;
 			}
 		warp_argmax(bv, bi);
-		if ((bi & 31) == lane) {
+		// The winner's lane takes it out of the running, by selects (a
+		// store at a computed slot would put s in local memory).
+		const int won = (bi & 31) == lane ? bi >> 5 : -1;
 #pragma unroll
-			for (int j = 0; j < ROUTE_PER_LANE; j++)
-				if (j == bi >> 5) s[j] = NEG_INF;
-		}
+		for (int j = 0; j < ROUTE_PER_LANE; j++) s[j] = j == won ? NEG_INF : s[j];
 		if (lane == k) {
 			myW = bv;
 			myI = bi;
@@ -128,9 +128,32 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 		total += bv;
 	}
 	if (lane < K) {
-		const float denom = norm && K > 1 ? total + 1e-20f : 1.0f;
-		idx[(long long)t * ip + lane] = myI;
-		weight[(long long)t * wp + lane] = myW / denom * scale;
+		const float denom = r.norm && K > 1 ? total + 1e-20f : 1.0f;
+		expert = myI;
+		weight = myW / denom * r.scale;
+	}
+}
+
+// moe_route routes each token (route_token), a warp a token.
+//   idx i32 [N, ip], weight f32 [N, wp] (K columns written); logits f32
+//   [N, lp] (E columns read); the router's configuration as Route's.
+// Launch: grid.x = ceil(N / ROUTE_WARPS), ROUTE_WARPS·32 threads.
+extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    moe_route(int* idx, int ip, float* weight, int wp, const float* logits, int lp, int N, int E, int K,
+              int groupLimited, int groups, int topkGroups, int norm, float scale) {
+	__shared__ float stage[ROUTE_WARPS][32 * ROUTE_PER_LANE];
+	grid_wait();
+	grid_release();
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int t = blockIdx.x * ROUTE_WARPS + warp;
+	if (t >= N) return;
+	const Route r{E, K, groupLimited, groups, topkGroups, norm, scale};
+	int e;
+	float w;
+	route_token(logits + (long long)t * lp, r, stage[warp], e, w);
+	if (lane < K) {
+		idx[(long long)t * ip + lane] = e;
+		weight[(long long)t * wp + lane] = w;
 	}
 }
 
@@ -356,7 +379,7 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	}
 GROUP_GEMM_INSTANCES(GROUP_GEMM)
 
-// ------------------------------------------- decode: align and combine folded
+// ------------------------------- decode: align and combine (and route) folded
 
 // The folded decode path (moe.go's MoEExperts at tiling m16 and at most
 // MOE_FOLD_MAX choices) runs the experts in two launches instead of four:
@@ -364,7 +387,10 @@ GROUP_GEMM_INSTANCES(GROUP_GEMM)
 // those of its own expert (moe_align's work, a few hundred operations), and the last block of each n-tile of
 // the down kernel sums that tile's columns of every token (moe_combine's
 // work). The rows, the products and the weighted sum are the unfolded
-// path's, so the two agree bit for bit.
+// path's, so the two agree bit for bit. The moe_routed op folds moe_route
+// in too (moe_gate_up_route): every gate/up block routes the tokens
+// itself, and the experts run in the same two launches after the router's
+// logits.
 #define MOE_FOLD_MAX 128
 
 // padded_starts writes start[e], group e's first row, and start[E], all
@@ -390,11 +416,20 @@ __device__ void padded_starts(const int* count, int E, int bm, int* start) {
 	if (lane == 0) start[E] = run;
 }
 
+// fold_starts is the end of fold_count once every choice is counted in
+// count: first[e], expert e's first padded row, the counts rounded up to
+// whole m-tiles of BM rows. It synchronizes the block before and after.
+template <int BM> __device__ void fold_starts(int* first, const int* count, int E) {
+	__syncthreads();
+	if (threadIdx.x < 32) padded_starts(count, E, BM, first);
+	__syncthreads();
+}
+
 // fold_count is the first half of moe_align in one block's shared memory:
-// ex[i] is choice i's expert and first[e] expert e's first padded row, the
-// counts rounded up to whole m-tiles of BM rows. A choice's row within its
-// expert is its rank (fold_rank), so the order within an expert is choice
-// order (moe_align's is an atomic's). An expert outside [0, E) traps.
+// ex[i] is choice i's expert and first[e] expert e's first padded row
+// (fold_starts). A choice's row within its expert is its rank (fold_rank),
+// so the order within an expert is choice order (moe_align's is an
+// atomic's). An expert outside [0, E) traps.
 //   idx i32 [N, ip] (K columns); first [E+1], ex [≥ N·K], count [E]:
 //   shared. N·K ≤ MOE_FOLD_MAX, E ≤ MAX_GROUPS.
 template <int BM> __device__ void fold_count(int* first, int* ex, int* count, const int* idx, int ip, int N, int K, int E) {
@@ -407,14 +442,28 @@ template <int BM> __device__ void fold_count(int* first, int* ex, int* count, co
 		ex[i] = e;
 		atomicAdd(&count[e], 1);
 	}
+	fold_starts<BM>(first, count, E);
+}
+
+// fold_tables writes, from one block's fold_count (first and ex, shared),
+// the tables the down kernel and its combine read, first [E+1] and slot
+// [choices] (each choice's row), and moe_align's sorted (each row's
+// choice, -1 for padding): moe_align's outputs, in choice order within an
+// expert. One block calls it.
+__device__ void fold_tables(int* first, int* sorted, int* slot, const int* sFirst, const int* ex, int choices, int E) {
+	for (int e = threadIdx.x; e <= E; e += blockDim.x) first[e] = sFirst[e];
+	for (int r = threadIdx.x; r < sFirst[E]; r += blockDim.x) sorted[r] = -1;
 	__syncthreads();
-	if (tid < 32) padded_starts(count, E, BM, first);
-	__syncthreads();
+	for (int i = threadIdx.x; i < choices; i += blockDim.x) {
+		const int r = sFirst[ex[i]] + fold_rank(ex, i);
+		slot[i] = r;
+		sorted[r] = i;
+	}
 }
 
 // moe_gate_up_fold is moe_gate_up over the choices of idx, which every
-// block counts itself (fold_count; it ranks its own expert's); block (0, 0) also writes the tables the
-// down kernel and its combine read (first, slot) and moe_align's sorted.
+// block counts itself (fold_count; it ranks its own expert's); block
+// (0, 0) also writes the tables (fold_tables).
 //   out bf16 [M, op]; x bf16 [N, xp]; idx i32 [N, ip] (K columns); w, E, M,
 //   NN (2I), KK (H): moe_gate_up's. first i32 [E+1], sorted i32 [M], slot
 //   i32 [N·K] written.
@@ -427,16 +476,56 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
 	grid_release();
 	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
 	const int choices = N * K;
-	if (blockIdx.x == 0 && blockIdx.y == 0) {
-		for (int e = threadIdx.x; e <= E; e += blockDim.x) first[e] = sFirst[e];
-		for (int r = threadIdx.x; r < sFirst[E]; r += blockDim.x) sorted[r] = -1;
-		__syncthreads();
-		for (int i = threadIdx.x; i < choices; i += blockDim.x) {
-			const int r = sFirst[sEx[i]] + fold_rank(sEx, i);
-			slot[i] = r;
-			sorted[r] = i;
+	if (blockIdx.x == 0 && blockIdx.y == 0) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
+	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
+}
+
+// moe_gate_up_route is moe_route and moe_gate_up_fold in one kernel (the
+// moe_routed op): every block routes the N tokens itself from their
+// logits, a warp a token (route_token, moe_route's code, so the routes are
+// moe_route's bit for bit), into shared memory and its counts, then runs
+// moe_gate_up_fold's GEMM over those choices. Block (0, 0) also writes the
+// routes to idx and weight (the down kernel's combine reads weight after
+// its grid_wait, that is after this grid has finished) and the tables
+// (fold_tables). Nothing of the GEMM can start before the routes: its
+// expert, hence its weights, and its rows are what they decide; only the
+// counts are zeroed before grid_wait.
+//   out bf16 [M, op]; x bf16 [N, xp]; logits f32 [N, lp] (r.E columns);
+//   idx i32 [N, ip] and weight f32 [N, wp] (r.K columns) written; w, M, NN
+//   (2I), KK (H), first, sorted, slot: moe_gate_up_fold's. N·K ≤
+//   MOE_FOLD_MAX; r as route_token takes it, r.E ≤ MAX_GROUPS.
+// Launch: moe_gate_up's grid and block (tiling of the instance).
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+__device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N,
+                                  const Route r, int* idx, int ip, float* weight, int wp, const bf16* w, int* first,
+                                  int* sorted, int* slot, int M, int NN, int KK) {
+	constexpr int WARPS = WM * WN;
+	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
+	__shared__ float stage[WARPS][32 * ROUTE_PER_LANE];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = r.K, E = r.E;
+	const bool tables = blockIdx.x == 0 && blockIdx.y == 0;
+	for (int e = threadIdx.x; e < E; e += blockDim.x) sCount[e] = 0;
+	__syncthreads();
+	grid_wait();
+	grid_release();
+	for (int t = warp; t < N; t += WARPS) {
+		int e;
+		float wt;
+		__syncwarp(); // the warp's stage is free again
+		route_token(logits + (long long)t * lp, r, stage[warp], e, wt);
+		if (lane < K) {
+			if (e < 0 || e >= E) __trap(); // no score won: NaN logits
+			sEx[t * K + lane] = e;
+			atomicAdd(&sCount[e], 1);
+			if (tables) {
+				idx[(long long)t * ip + lane] = e;
+				weight[(long long)t * wp + lane] = wt;
+			}
 		}
 	}
+	fold_starts<BM>(sFirst, sCount, E);
+	const int choices = N * K;
+	if (tables) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
 	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
 }
 
@@ -487,7 +576,7 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 	if (threadIdx.x == 0) counters[blockIdx.x] = 0; // ready for the next launch
 }
 
-#define MOE_FOLD(GATE_UP, GEMM, BM, BN, WM, WN, BK, ST)                                                          \
+#define MOE_FOLD(GATE_UP, GEMM, ROUTED, BM, BN, WM, WN, BK, ST)                                                  \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
 	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK) {                              \
@@ -500,6 +589,14 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 	         int* counters) {                                                                                     \
 		group_gemm_fold<BM, BN, WM, WN, BK, ST>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot, weight, \
 		                                        wp, N, K, counters);                                              \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
+	           int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip,             \
+	           float* weight, int wp, const bf16* w, int* first, int* sorted, int* slot, int M, int NN, int KK) { \
+		moe_gate_up_route<BM, BN, WM, WN, BK, ST>(out, op, x, xp, logits, lp, N,                                  \
+		                                          Route{E, K, groupLimited, groups, topkGroups, norm, scale}, idx, \
+		                                          ip, weight, wp, w, first, sorted, slot, M, NN, KK);             \
 	}
 MOE_FOLD_INSTANCES(MOE_FOLD)
 

@@ -30,6 +30,11 @@ const (
 	// foldedVariant is moe_experts' variant at foldTiling that folds
 	// moe_align and moe_combine into the grouped GEMMs (see MoEExperts).
 	foldedVariant = "grouped_mma_folded"
+	// routedVariant is moe_routed's variant that folds moe_route into the
+	// folded path's gate/up kernel too (see MoERouted); routedUnfused
+	// declines the call, and the Dispatch runs moe_route and moe_experts.
+	routedVariant = "route_folded"
+	routedUnfused = "unfused"
 )
 
 // gemmConfig is a tiling of the grouped GEMM (moe.cu's GROUP_GEMM): BM × BN
@@ -63,6 +68,10 @@ func (c gemmConfig) gateUpKernel() string { return "moe_gate_up_" + c.Name }
 // kernels in tiling c (moe.cu's MOE_FOLD).
 func (c gemmConfig) foldGateUpKernel() string { return "moe_gate_up_" + c.Name + "_fold" }
 func (c gemmConfig) foldGemmKernel() string   { return "group_gemm_" + c.Name + "_fold" }
+
+// routeGateUpKernel is moe_routed's gate/up kernel in tiling c: the folded
+// one, routing the tokens itself (moe.cu's MOE_FOLD).
+func (c gemmConfig) routeGateUpKernel() string { return "moe_gate_up_" + c.Name + "_route" }
 
 // foldConfig is the tiling of foldTiling.
 func foldConfig() gemmConfig {
@@ -130,14 +139,27 @@ func (o *ops) rowsAligned(ts ...*kernels.Tensor) bool {
 func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	op := kernels.OpMoERoute
 	kernels.CheckMoERoute(idx, weight, logits, r)
-	n, experts, k := logits.Rows(), logits.Cols(), r.TopK
+	n, experts := logits.Rows(), logits.Cols()
+	o.needRoute(op, experts, r)
+	args := []any{o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight), int32(weight.Pitch), o.D.Ptr(logits),
+		int32(logits.Pitch), int32(n)}
+	o.Launch("moe_route", (n+routeWarps-1)/routeWarps, routeWarps*32, append(args, routeArgs(experts, r)...)...)
+}
+
+// needRoute is what moe.cu's router (route_token) takes beyond the
+// contract, for op's call: at most 32·routePerLane experts, top-32, 32
+// groups.
+func (o *ops) needRoute(op kernels.Op, experts int, r *kernels.Routing) {
 	o.Need(experts <= 32*routePerLane, op, "%d experts, at most %d", experts, 32*routePerLane)
-	o.Need(k <= 32, op, "top-%d, at most 32", k)
-	limited := r.Method == kernels.RouteGroupLimited
-	o.Need(!limited || r.Groups <= 32, op, "%d groups, at most 32", r.Groups)
-	o.Launch("moe_route", (n+routeWarps-1)/routeWarps, routeWarps*32, o.D.Ptr(idx), int32(idx.Pitch),
-		o.D.Ptr(weight), int32(weight.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n), int32(experts),
-		int32(k), b32(limited), int32(r.Groups), int32(r.TopKGroups), b32(r.NormTopK), r.Scale)
+	o.Need(r.TopK <= 32, op, "top-%d, at most 32", r.TopK)
+	o.Need(r.Method != kernels.RouteGroupLimited || r.Groups <= 32, op, "%d groups, at most 32", r.Groups)
+}
+
+// routeArgs are r over experts as moe.cu's kernels take a router (its
+// Route): E, K, groupLimited, groups, topkGroups, norm, scale.
+func routeArgs(experts int, r *kernels.Routing) []any {
+	return []any{int32(experts), int32(r.TopK), b32(r.Method == kernels.RouteGroupLimited), int32(r.Groups),
+		int32(r.TopKGroups), b32(r.NormTopK), r.Scale}
 }
 
 func b32(b bool) int32 {
@@ -291,20 +313,80 @@ func (o *ops) foldTakes(c gemmConfig, tokens, choices, hidden int) bool {
 
 // expertsFolded is MoEExperts in two launches: moe_gate_up_fold (the
 // alignment in every block, block 0 writing first, sorted and slot), then
-// group_gemm_fold (down, and the combine by each n-tile's last block).
+// foldDown.
 func (o *ops) expertsFolded(c gemmConfig, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
 	first, sorted, slot, act, y cudaset.Mat, rows int) {
 	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	block := cuda.Dim3{X: uint32(c.threads())}
-	o.LaunchGrid(c.foldGateUpKernel(), cuda.Dim3{X: uint32((inter + c.BN/2 - 1) / (c.BN / 2)), Y: uint32(tiles)}, block, c.shared(),
+	o.LaunchGrid(c.foldGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(),
 		act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2*inter), int32(hidden))
+	o.foldDown(c, tiles, out, weight, down, first, slot, act, y, rows)
+}
+
+// foldGateUpGrid is the grid of the folded path's gate/up kernels in
+// tiling c: BN/2 of the inter columns by tiles m-tiles.
+func foldGateUpGrid(c gemmConfig, tiles, inter int) cuda.Dim3 {
+	return cuda.Dim3{X: uint32((inter + c.BN/2 - 1) / (c.BN / 2)), Y: uint32(tiles)}
+}
+
+// foldDown is the folded path's second launch, group_gemm_fold: the down
+// projections of the rows of act (first's groups) into y, and out [N, H],
+// each token's rows (slot) weighted by weight [N, K] and summed, by each
+// n-tile's last block.
+func (o *ops) foldDown(c gemmConfig, tiles int, out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
+	n, k, hidden := out.Rows(), weight.Cols(), out.Cols()
+	experts, inter := down.Shape[0], down.Shape[2]
 	om := o.Mat(out)
-	o.LaunchGrid(c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}, block, c.shared(),
+	o.LaunchGrid(c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)},
+		cuda.Dim3{X: uint32(c.threads())}, c.shared(),
 		y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
 		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
 		o.D.Ptr(o.moeCounters))
+}
+
+// MoERouted is moe_route and the folded decode path of MoEExperts in that
+// path's two launches, the first right after the router's logits:
+//
+//  1. moe_gate_up_route: every block routes the tokens itself from their
+//     logits (moe_route's code, a warp a token: the same routes bit for
+//     bit), counts and ranks the choices as moe_gate_up_fold does, and
+//     runs its GEMM over them; block (0, 0) also writes idx and weight
+//     and the tables;
+//  2. group_gemm_fold (foldDown): down, and the combine, which reads
+//     weight after its grid_wait, once the first launch has finished.
+//
+// So one launch fewer than moe_route then moe_experts, whose outputs
+// these are bit for bit. It declines (the Dispatch then runs moe_route and
+// moe_experts) where moe_experts would not run the folded path (more than
+// foldTokens tokens, another tiling, another variant chosen for it) or
+// moe_routed's variant is routedUnfused.
+func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
+	op := kernels.OpMoERouted
+	kernels.CheckMoERouted(o.D.ActDType(), out, idx, weight, x, logits, gateUp, down, r)
+	n, hidden, k := x.Rows(), x.Cols(), r.TopK
+	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
+	o.needRoute(op, experts, r)
+	o.checkGemm(op, gateUp, 2*inter, hidden, out, x)
+	o.checkGemm(op, down, hidden, inter)
+	choices := n * k
+	c := configFor(choices, experts)
+	key := wgmmaKey(c)
+	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
+	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && o.foldTakes(c, n, choices, hidden), op,
+		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
+	tiles := mTiles(choices, experts, c.BM)
+	rows := tiles * c.BM
+	first := o.moeFirstFor(experts)
+	sorted := o.Scratch(scrMoESorted, kernels.I32, rows, 1)
+	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
+	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
+	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
+	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
+	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
+		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
+	o.LaunchGrid(c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	o.foldDown(c, tiles, out, weight, down, first, slot, act, y, rows)
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
@@ -368,5 +450,6 @@ func gemmShared() map[string]int {
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()
+	m[c.routeGateUpKernel()] = c.shared()
 	return m
 }

@@ -1,8 +1,10 @@
 package fused
 
 import (
+	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -148,4 +150,179 @@ func TestMoEFoldExact(t *testing.T) {
 			dev.Free(a)
 		}
 	}
+}
+
+// TestMoERoutedVariants checks, without a GPU, moe_routed's variants: the
+// routing gate/up at decode's tiling by default and unfused beside it, and
+// unfused only at the others, where moe_experts does not fold.
+func TestMoERoutedVariants(t *testing.T) {
+	o := &ops{}
+	op := kernels.OpMoERouted
+	dec := o.TuningKey(op, kernels.Shape{"N": 8, "topk": 6, "E": 64})
+	if dec != "tiling="+foldTiling || o.VariantFor(op, dec) != routedVariant {
+		t.Fatalf("decode key %q runs %q untuned, want %s", dec, o.VariantFor(op, dec), routedVariant)
+	}
+	if err := o.UseVariant(op, dec, routedUnfused); err != nil || o.VariantFor(op, dec) != routedUnfused {
+		t.Errorf("%s at decode: %v, now %q", routedUnfused, err, o.VariantFor(op, dec))
+	}
+	pre := o.TuningKey(op, kernels.Shape{"N": 11041, "topk": 6, "E": 64})
+	if pre != "tiling="+prefillTiling || o.VariantFor(op, pre) != routedUnfused {
+		t.Errorf("prefill key %q runs %q untuned, want %s", pre, o.VariantFor(op, pre), routedUnfused)
+	}
+	if err := o.UseVariant(op, pre, routedVariant); err == nil {
+		t.Errorf("%s accepted at prefill's tiling", routedVariant)
+	}
+	h200 := kernels.Targets["sm_90a"]
+	for _, c := range []struct {
+		s    kernels.Shape
+		want []string
+	}{
+		{kernels.Shape{"N": 1, "H": 2048, "I": 1408, "E": 64, "topk": 6}, []string{routedUnfused, routedVariant}},
+		{kernels.Shape{"N": 300, "H": 2048, "I": 1408, "E": 64, "topk": 6}, []string{routedUnfused}},
+	} {
+		var names []string
+		for _, v := range variants(op, c.s, h200) {
+			if v.Valid() {
+				names = append(names, v.Name)
+			}
+		}
+		if !slices.Equal(names, c.want) {
+			t.Errorf("%s: variants %v, want %v", c.s, names, c.want)
+		}
+	}
+}
+
+// TestMoERoutedExact holds moe_routed's chain (moe_gate_up_route, every
+// gate/up block routing the tokens itself, then the folded down and
+// combine) against moe_route then moe_experts on the same set, bit for bit:
+// out, idx and weight. Routes: DeepSeek-V2-Lite's (greedy top-6 of 64
+// experts, one group), group-limited (8 groups, top 3, normalised and
+// scaled), and logits of exact ties (a quarter of a token's experts share
+// its best score: the tie order decides), at 1, 3, 5 and 8 tokens
+// (foldTokens), at V2-Lite's expert dims and at dims of no tile. Past
+// foldTokens, and with the variant unfused chosen, the call must decline
+// (the Dispatch then runs the parts). Outputs start as NaN (idx as -1), so
+// that one left unwritten shows; each chain runs twice, so that a counter
+// the down kernel leaves behind shows in the second.
+func TestMoERoutedExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	set, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := set.(*ops)
+	rng := rand.New(rand.NewSource(29))
+	random := normalOn(t, dev, rng)
+	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	const experts = 64
+	for _, c := range []struct {
+		name             string
+		n, hidden, inter int
+		r                kernels.Routing
+		ties             bool
+	}{
+		{"v2-lite", 1, 2048, 1408, lite, false}, {"v2-lite", 3, 2048, 1408, lite, false},
+		{"v2-lite", 8, 2048, 1408, lite, false}, {"group-limited", 8, 2048, 1408, limited, false},
+		{"ties", 1, 520, 264, lite, true}, {"ties", 8, 520, 264, lite, true},
+		{"ties, group-limited", 5, 520, 264, limited, true}, {"group-limited", 3, 1000, 96, limited, false},
+		{"v2-lite, past the fold", 9, 512, 256, lite, false}, {"v2-lite, past the fold", 16, 2048, 1408, lite, false},
+	} {
+		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
+		k := c.r.TopK
+		vals := make([]float32, c.n*experts)
+		for i := range vals {
+			if c.ties {
+				vals[i] = float32(rng.Intn(4)) * 0.5
+			} else {
+				vals[i] = float32(rng.NormFloat64() * 2)
+			}
+		}
+		logits := tensorOn(t, dev, kernels.F32, vals, c.n, experts)
+		x := random(kernels.BF16, 1, c.n, c.hidden)
+		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), experts, 2*c.inter, c.hidden)
+		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), experts, c.hidden, c.inter)
+		out, idx, weight := dev.Alloc(kernels.BF16, c.n, c.hidden), dev.Alloc(kernels.I32, c.n, k), dev.Alloc(kernels.F32, c.n, k)
+		poison := func() {
+			dev.MemsetD8(dev.Ptr(out), 0xff, c.n*c.hidden*2)
+			dev.MemsetD8(dev.Ptr(idx), 0xff, c.n*k*4)
+			dev.MemsetD8(dev.Ptr(weight), 0xff, c.n*k*4)
+		}
+		type result struct {
+			out, weight []float32
+			idx         []int32
+		}
+		results := func() result {
+			ids, err := dev.ReadI32(idx)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return result{out: read(t, dev, out), weight: read(t, dev, weight), idx: ids}
+		}
+		parts := func() {
+			o.MoERoute(idx, weight, logits, &c.r)
+			o.MoEExperts(out, x, idx, weight, gateUp, down)
+		}
+		whole := func() (kernels.Unsupported, bool) {
+			return kernels.Declined(func() { o.MoERouted(out, idx, weight, x, logits, gateUp, down, &c.r) })
+		}
+		poison()
+		parts()
+		want := results()
+		folds := c.n <= foldTokens
+		for rep := range 2 {
+			poison()
+			if u, declined := whole(); declined != !folds {
+				t.Fatalf("%s: declined %v (%v), want %v", name, declined, u, !folds)
+			} else if declined {
+				break
+			}
+			got := results()
+			if !slices.Equal(got.idx, want.idx) {
+				t.Errorf("%s, run %d: experts %v, moe_route's %v", name, rep, got.idx, want.idx)
+			}
+			for _, v := range []struct {
+				what      string
+				got, want []float32
+			}{{"weight", got.weight, want.weight}, {"out", got.out, want.out}} {
+				if bad, at := bitsDiffer(v.got, v.want); bad > 0 {
+					t.Errorf("%s, run %d: %d of %d %s values differ from moe_route then moe_experts', first at %d: %g against %g",
+						name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
+				}
+			}
+		}
+		key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": c.n, "topk": k, "E": experts})
+		if folds {
+			if err := o.UseVariant(kernels.OpMoERouted, key, routedUnfused); err != nil {
+				t.Fatal(err)
+			}
+			if _, declined := whole(); !declined {
+				t.Errorf("%s: ran whole with %s chosen", name, routedUnfused)
+			}
+			if err := o.UseVariant(kernels.OpMoERouted, key, routedVariant); err != nil {
+				t.Fatal(err)
+			}
+			msParts := msPerCall(t, dev, parts)
+			msWhole := msPerCall(t, dev, func() { whole() })
+			t.Logf("%s: moe_routed %.2f µs, moe_route then moe_experts %.2f µs (alone, back to back)", name, msWhole*1e3, msParts*1e3)
+		}
+		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
+			dev.Free(a)
+		}
+	}
+}
+
+// bitsDiffer is how many of got's values differ from want's in their bits,
+// and the first that does (-1 for none).
+func bitsDiffer(got, want []float32) (bad, at int) {
+	at = -1
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			if bad == 0 {
+				at = i
+			}
+			bad++
+		}
+	}
+	return bad, at
 }

@@ -48,9 +48,9 @@ type choiceKey struct {
 // mla_prefill's tilings and mla_hopper, mla_decode's three, the single
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets),
-// linear_skinny, cuBLAS and linear_wgmma's instances for linear, and the
-// unfused pair and linear_wgmma's instances with SwiGLU in the epilogue for
-// linear_swiglu.
+// moe_routed's unfused pair and its gate/up that routes, linear_skinny,
+// cuBLAS and linear_wgmma's instances for linear, and the unfused pair and
+// linear_wgmma's instances with SwiGLU in the epilogue for linear_swiglu.
 var table = func() []variant {
 	var vs []variant
 	for _, c := range flashConfigs {
@@ -186,6 +186,19 @@ var table = func() []variant {
 			return o.gw.ready() // why group_wgmma cannot run here, NVRTC's log included
 		}})
 	}
+	vs = append(vs, variant{op: kernels.OpMoERouted, name: routedUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+		return "declined to the Dispatch: moe_route, then moe_experts (its variant), two ops", archWhy(t), true
+	}}, variant{op: kernels.OpMoERouted, name: routedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		c := gemmTiling(kernels.OpMoERouted, s)
+		return fmt.Sprintf("%s with moe_route in every gate/up block, a warp a token (two launches after the router; "+
+				"up to %d tokens, and where moe_experts runs %s, else the two ops)", foldedVariant, foldTokens, foldedVariant),
+			join(archWhy(t), fits(c.shared(), t)), c.Name == foldTiling
+	}, use: func(_ *ops, key string) error {
+		if c, _ := gemmTilingOfKey(key); c.Name != foldTiling {
+			return fmt.Errorf("fused has no variant %q of %s at %s", routedVariant, kernels.OpMoERouted, key)
+		}
+		return nil
+	}})
 	vs = append(vs, variant{op: kernels.OpLinear, name: linSkinny, valid: skinnyValid, use: func(_ *ops, key string) error {
 		if k, _ := parseLinearKey(key); k.m > linMaxRows {
 			return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
@@ -226,8 +239,8 @@ var table = func() []variant {
 // prefill's per head dim and element type (prefillKey), linear's per shape
 // (M, N, K), linear_swiglu's per its stacked GEMM's (M, N = 2I, K),
 // mla_prefill's per head dims, the grouped GEMM's (group_gemm,
-// moe_experts) per tiling, mla_decode's by batch (mlaDecodeKey); the other
-// ops have one variant.
+// moe_experts, moe_routed) per tiling, mla_decode's by batch
+// (mlaDecodeKey); the other ops have one variant.
 var tunings = map[kernels.Op]tuning{
 	kernels.OpAttnPrefill: {
 		key: func(s kernels.Shape) string { return prefillKey(s["D"], s.DType(actType)) },
@@ -261,6 +274,24 @@ var tunings = map[kernels.Op]tuning{
 	kernels.OpLinearSwiGLU: linearTuning((*ops).linearSwiGLUFor),
 	kernels.OpGroupGemm:    gemmTuning(kernels.OpGroupGemm),
 	kernels.OpMoEExperts:   gemmTuning(kernels.OpMoEExperts),
+	kernels.OpMoERouted:    routedTuning,
+}
+
+// routedTuning is moe_routed's: keyed as moe_experts' (the tiling, which
+// decides whether it folds); routedVariant at foldTiling unless chosen
+// otherwise, routedUnfused elsewhere.
+var routedTuning = tuning{
+	key:   gemmTuning(kernels.OpMoERouted).key,
+	parse: gemmTuning(kernels.OpMoERouted).parse,
+	pick: func(_ *ops, key, chosen string) string {
+		if chosen != "" {
+			return chosen
+		}
+		if c, ok := gemmTilingOfKey(key); ok && c.Name == foldTiling {
+			return routedVariant
+		}
+		return routedUnfused
+	},
 }
 
 // linearTuning is the tuning of an op keyed by a linear problem's shape
@@ -463,9 +494,9 @@ func gemmTuning(op kernels.Op) tuning {
 
 // gemmTiling is the grouped GEMM's tiling for op's problems of shape s: by
 // the rows per group, M over E for group_gemm, N·topk over E for
-// moe_experts.
+// moe_experts and moe_routed.
 func gemmTiling(op kernels.Op, s kernels.Shape) gemmConfig {
-	if op == kernels.OpMoEExperts {
+	if op == kernels.OpMoEExperts || op == kernels.OpMoERouted {
 		return configFor(s["N"]*s["topk"], s["E"])
 	}
 	return configFor(s["M"], s["E"])

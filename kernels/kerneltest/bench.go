@@ -530,16 +530,20 @@ var moeExpertsBench = &Bench{
 		sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),   // a few hundred tokens: a short prompt
 		sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6), // W3's prefill
 	},
-	FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") },
-	// The experts some token chose, each read once, and the tokens in
-	// and out: the count of chosen experts is the expected one for
-	// random routes, E·(1 − (1 − topk/E)^N).
-	Bytes: func(s kernels.Shape) float64 {
-		e, k, n := f(s, "E"), f(s, "topk"), f(s, "N")
-		touched := e * (1 - math.Pow(1-k/e, n))
-		return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
-	},
+	FLOPs: moeFLOPs,
+	Bytes: moeBytes,
 	Build: buildMoE,
+}
+
+func moeFLOPs(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") }
+
+// moeBytes are the experts some token chose, each read once, and the
+// tokens in and out: the count of chosen experts is the expected one for
+// random routes, E·(1 − (1 − topk/E)^N).
+func moeBytes(s kernels.Shape) float64 {
+	e, k, n := f(s, "E"), f(s, "topk"), f(s, "N")
+	touched := e * (1 - math.Pow(1-k/e, n))
+	return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
 }
 
 func buildMoE(b *Builder, bc *Bench, s kernels.Shape) *Problem {
@@ -569,6 +573,56 @@ func buildMoE(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 	bytes := float64(bf16) * (touched/float64(c)*3*float64(h*inter) + 2*float64(n*h))
 	return &Problem{Copies: c, Outs: []*kernels.Tensor{rs[0].out}, Bytes: bytes,
 		Run: func(o kernels.Ops, i int) { o.MoEExperts(rs[i].out, rs[i].x, rs[i].idx, rs[i].w, gateUp, down) }}
+}
+
+var moeRoutedBench = &Bench{
+	Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"},
+	Doc: "moe_experts' problem routed from router logits [N,E] f32 as DeepSeek-V2-Lite routes (softmax, greedy top-topk, " +
+		"scores apart): moe_route then moe_experts, or in fused, up to 8 tokens, one chain whose gate/up kernel routes",
+	Shapes: []kernels.Shape{
+		sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6), // DeepSeek-V2-Lite decode, batch 1
+		sh("N", 8, "H", 2048, "I", 1408, "E", 64, "topk", 6), // batch 8: the most tokens fused's chain takes
+	},
+	FLOPs: moeFLOPs,
+	// moe_experts' bytes, the logits read and the routes written.
+	Bytes: func(s kernels.Shape) float64 { return moeBytes(s) + 4*f(s, "N", "E") + 8*f(s, "N", "topk") },
+	Build: buildMoERouted,
+}
+
+func buildMoERouted(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	n, h, inter, e, k := s["N"], s["H"], s["I"], s["E"], s["topk"]
+	gateUp := b.Random(b.Alloc(kernels.BF16, e, 2*inter, h), 1/math.Sqrt(float64(h)))
+	down := b.Random(b.Alloc(kernels.BF16, e, h, inter), 1/math.Sqrt(float64(inter)))
+	r := &kernels.Routing{Method: kernels.RouteGreedy, TopK: k, Groups: 1, TopKGroups: 1, Scale: 1}
+	// Each copy's logits route its tokens anew (each token's scores
+	// routeGap apart, so that every set makes the same choice), so that
+	// rotating over the copies reads other experts' weights.
+	c := b.copiesFor(bc.Bytes(s))
+	type routed struct{ x, logits, idx, w, out *kernels.Tensor }
+	var touched float64
+	rs := each(b, c, func() routed {
+		logits := make([]float32, n*e)
+		chosen := map[int]bool{}
+		rng := b.stream()
+		for t := range n {
+			for j, rank := range rng.Perm(e) {
+				logits[t*e+j] = float32(float64(rank-e/2) * routeGap)
+				if rank >= e-k {
+					chosen[j] = true
+				}
+			}
+		}
+		touched += float64(len(chosen))
+		lg := b.Alloc(kernels.F32, n, e)
+		b.Upload(lg, logits)
+		return routed{x: b.Random(b.Act(n, h), 1), logits: lg, idx: b.Alloc(kernels.I32, n, k),
+			w: b.Alloc(kernels.F32, n, k), out: b.Act(n, h)}
+	})
+	bytes := float64(bf16)*(touched/float64(c)*3*float64(h*inter)+2*float64(n*h)) + float64(4*n*e+8*n*k)
+	return &Problem{Copies: c, Outs: []*kernels.Tensor{rs[0].out}, Bytes: bytes,
+		Run: func(o kernels.Ops, i int) {
+			o.MoERouted(rs[i].out, rs[i].idx, rs[i].w, rs[i].x, rs[i].logits, gateUp, down, r)
+		}}
 }
 
 var groupGemmBench = &Bench{

@@ -895,21 +895,35 @@ type routeCase struct {
 const routeGap = 0.1
 
 func moeRoute(e *env, c routeCase) {
+	logits := routeLogits(e, c)
+	lg := e.tensor(f32K, logits, c.n, c.e)
+	k := c.r.TopK
+	idx := e.ints(filled(c.n*k, -1), c.n, k)
+	w := e.poisoned(f32K, c.n, k)
+	e.run(func(o kernels.Ops, s int) { o.MoERoute(idx[s], w[s], lg[s], &c.r) })
+	checkRoutes(e, c, logits, idx, w)
+}
+
+// routeLogits are the router logits of c's tokens: each token's a
+// permutation of scores routeGap apart, so that the choice is exact, or
+// with c.ties tiedLogits.
+func routeLogits(e *env, c routeCase) []float32 {
+	if c.ties {
+		return tiedLogits(e, c.n, c.e)
+	}
 	logits := make([]float32, c.n*c.e)
 	for t := range c.n {
 		for j, rank := range e.rng.Perm(c.e) {
 			logits[t*c.e+j] = float32((float64(rank)-float64(c.e)/2)*routeGap + (e.rng.Float64()-0.5)*routeGap/5)
 		}
 	}
-	if c.ties {
-		logits = tiedLogits(e, c.n, c.e)
-	}
-	lg := e.tensor(f32K, logits, c.n, c.e)
-	k := c.r.TopK
-	idx := e.ints(filled(c.n*k, -1), c.n, k)
-	w := e.poisoned(f32K, c.n, k)
-	e.run(func(o kernels.Ops, s int) { o.MoERoute(idx[s], w[s], lg[s], &c.r) })
+	return logits
+}
 
+// checkRoutes holds the routes idx and w of logits (c's) to the
+// reference's: the experts exactly, the weights within the tolerance.
+func checkRoutes(e *env, c routeCase, logits []float32, idx, w pair) {
+	k := c.r.TopK
 	ids := e.readInts(idx)
 	var ws [2][]float32
 	for s := range 2 {

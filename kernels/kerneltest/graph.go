@@ -126,6 +126,20 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	moeOut, moeX := g.alloc(act, rows, hidden), g.random(act, rows, hidden)
 	moeGU, moeDown := g.random(kernels.BF16, experts, 2*inter, hidden), g.random(kernels.BF16, experts, hidden, inter)
 	add(kernels.OpMoEExperts, func() { ops.MoEExperts(moeOut, moeX, idx, weight, moeGU, moeDown) }, moeOut)
+	// moe_routed over logits of its own, new before every run (so new
+	// routes), into routes of its own. A set that declines the call runs
+	// the parts, recorded above: it is left out then.
+	routedLogits := g.random(kernels.F32, rows, experts)
+	routedIdx, routedWeight := g.alloc(kernels.I32, rows, topK), g.alloc(kernels.F32, rows, topK)
+	routedOut := g.alloc(act, rows, hidden)
+	routed := func() {
+		ops.MoERouted(routedOut, routedIdx, routedWeight, moeX, routedLogits, moeGU, moeDown, routing)
+	}
+	if owns(kernels.OpMoERouted) {
+		if _, declined := kernels.Declined(routed); !declined {
+			add(kernels.OpMoERouted, routed, routedOut, routedIdx, routedWeight)
+		}
+	}
 
 	// Projections: whole columns (K too short to split), with a bias; f32
 	// logits; a K long enough that the weight-streaming kernels split it.
@@ -160,6 +174,13 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	reset := func(lens []int32) {
 		g.write(b.PastDev, lens)
 		g.write(pos, lens)
+		// moe_routed's logits, drawn from the lengths: new routes each replay.
+		rng := rand.New(rand.NewSource(int64(lens[0])<<20 | int64(lens[1])<<10 | int64(lens[2])))
+		v := make([]float32, rows*experts)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		g.upload(routedLogits, v)
 		for i, s := range state {
 			if s == idx {
 				var v []int32

@@ -28,6 +28,65 @@ func groupGemmChecks(l *caseList) {
 	}
 }
 
+// moeRoutedChecks are DeepSeek-V2-Lite's routing (greedy top-6 of 64
+// experts, one group) at decode's token counts, which fused runs as one
+// kernel chain up to 8 tokens, and past them (16, 40), where it declines
+// and the Dispatch runs the parts; group-limited routes, and routes
+// decided by ties; the experts' dims of no tile, then V2-Lite's own (1.1
+// GB of expert weights: GPUs only). A set that declines a case (fused
+// beyond its fold) is skipped on it: moe_route's and moe_experts' own
+// cases hold the parts.
+func moeRoutedChecks(l *caseList) {
+	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	add := func(c routedCase, long bool) {
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: c.String() + ",w=" + w.String(), wdt: w, long: long, declinable: true,
+				run: func(e *env) { moeRouted(e, c) }})
+		}
+	}
+	const h, inter = 264, 176 // of no n-tile (64 columns) and no gate/up tile (32)
+	for _, n := range []int{1, 3, 8, 16, 40} {
+		add(routedCase{routeCase: routeCase{name: "v2-lite routing", n: n, e: 64, r: lite}, h: h, inter: inter}, false)
+	}
+	for _, n := range []int{3, 8} {
+		add(routedCase{routeCase: routeCase{name: "group-limited 8 groups top 3", n: n, e: 64, r: limited}, h: h, inter: inter}, false)
+		add(routedCase{routeCase: routeCase{name: "ties, v2-lite routing", n: n, e: 64, r: lite, ties: true}, h: h, inter: inter}, false)
+		add(routedCase{routeCase: routeCase{name: "ties, group-limited 8 groups top 3", n: n, e: 64, r: limited, ties: true}, h: h, inter: inter}, false)
+	}
+	for _, n := range []int{1, 8, 16} {
+		add(routedCase{routeCase: routeCase{name: "v2-lite", n: n, e: 64, r: lite}, h: 2048, inter: 1408}, true)
+	}
+}
+
+// routedCase is moe_routed over routeCase's tokens and routing, with
+// experts of h inputs and inter intermediate columns.
+type routedCase struct {
+	routeCase
+	h, inter int
+}
+
+func (c routedCase) String() string {
+	return fmt.Sprintf("%s,N=%d,H=%d,I=%d,E=%d,K=%d", c.name, c.n, c.h, c.inter, c.e, c.r.TopK)
+}
+
+// moeRouted routes c's logits (routeLogits) and runs the experts over the
+// routes: idx and weight held to the reference as moe_route's, and out.
+func moeRouted(e *env, c routedCase) {
+	logits := routeLogits(e, c.routeCase)
+	lg := e.tensor(f32K, logits, c.n, c.e)
+	x := e.random(actK, 1, c.n, c.h)
+	gateUp := e.patterned(weightK, 1/math.Sqrt(float64(c.h)), c.e, 2*c.inter, c.h)
+	down := e.patterned(weightK, 1/math.Sqrt(float64(c.inter)), c.e, c.h, c.inter)
+	k := c.r.TopK
+	idx := e.ints(filled(c.n*k, -1), c.n, k)
+	w := e.poisoned(f32K, c.n, k)
+	out := e.poisoned(actK, c.n, c.h)
+	e.run(func(o kernels.Ops, s int) { o.MoERouted(out[s], idx[s], w[s], x[s], lg[s], gateUp[s], down[s], &c.r) })
+	checkRoutes(e, c.routeCase, logits, idx, w)
+	e.check("out", out, all)
+}
+
 func routeName(r kernels.Routing) string {
 	s := "greedy"
 	if r.Method == kernels.RouteGroupLimited {

@@ -24,6 +24,7 @@ var table = []opCases{
 	{kernels.OpMLADecode, mlaDecodeChecks, mlaDecodeBench},
 	{kernels.OpMoERoute, moeRouteChecks, nil},
 	{kernels.OpMoEExperts, moeExpertsChecks, moeExpertsBench},
+	{kernels.OpMoERouted, moeRoutedChecks, moeRoutedBench},
 	{kernels.OpGroupGemm, groupGemmChecks, groupGemmBench},
 	{kernels.OpArgmax, argmaxChecks, nil},
 }

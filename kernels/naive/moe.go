@@ -87,6 +87,15 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	o.CombineRows(o.Mat(out), ys, slots.P, weight, n, k, hidden)
 }
 
+// MoERouted is the set's MoERoute then its MoEExperts over the routes.
+// naive fuses nothing: a Dispatch runs the two as their own ops unless the
+// spec names moe_routed itself.
+func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
+	kernels.CheckMoERouted(o.D.ActDType(), out, idx, weight, x, logits, gateUp, down, r)
+	o.MoERoute(idx, weight, logits, r)
+	o.MoEExperts(out, x, idx, weight, gateUp, down)
+}
+
 // expertGemm is moe_expert_gemm: y = x·w[e]ᵀ over every expert's rows of the
 // sorted x [rows, kk], y [rows, n], w [E, n, kk], offsets i32 [E+1] on the
 // device.
