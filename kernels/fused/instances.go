@@ -24,6 +24,7 @@ func instances() []cudaset.Instances {
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
 		groupGemmInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
+		lsSwiGLUInstances(),
 	}
 }
 
@@ -194,6 +195,16 @@ func gwInstances() cudaset.Instances {
 
 func lsInstances() cudaset.Instances {
 	return decodeLinearInstances("LINEAR_STREAM", linearStreamKernel)
+}
+
+// lsSwiGLUInstances are linear_stream's with SwiGLU in the epilogue
+// (linear_swiglu's), bf16 out, n-tiles of 8 rows up to linMaxRows.
+func lsSwiGLUInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_STREAM_SWIGLU"}
+	for nt := 1; nt <= linMaxRows/8; nt++ {
+		f.Kernels = append(f.Kernels, cudaset.Of(linearStreamSwiGLUKernel(nt), nt))
+	}
+	return f
 }
 
 func lwInstances() cudaset.Instances {

@@ -49,8 +49,8 @@ type choiceKey struct {
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets),
 // linear_skinny, cuBLAS and linear_wgmma's instances for linear, and the
-// unfused pair and linear_wgmma's instances with SwiGLU in the epilogue for
-// linear_swiglu.
+// unfused pair, linear_stream and linear_wgmma's instances with SwiGLU in
+// the epilogue for linear_swiglu.
 var table = func() []variant {
 	var vs []variant
 	for _, c := range flashConfigs {
@@ -213,6 +213,13 @@ var table = func() []variant {
 	}
 	vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: linSwiGLUUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then swiglu, two ops", archWhy(t), true
+	}}, variant{op: kernels.OpLinearSwiGLU, name: linStream, valid: streamSwiGLUValid, use: func(o *ops, key string) error {
+		k, _ := parseLinearKey(key)
+		sms, shared := streamTarget(o)
+		if _, err := planStreamSwiGLU(k.m, k.n/2, k.k, sms, shared); err != nil {
+			return fmt.Errorf("linear_stream with SwiGLU: %w", err)
+		}
+		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
 	}})
 	for _, c := range lwConfigs {
 		vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: c.Variant, valid: lwValid(c, true), use: lwUse(c)})
