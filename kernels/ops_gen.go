@@ -48,6 +48,12 @@ func (d *Dispatch) LinearSwiGLU(out, x, w *Tensor) {
 	d.callWhole(OpLinearSwiGLU, func(o Ops) { o.LinearSwiGLU(out, x, w) }, func() { d.linearSwiGLUParts(out, x, w) })
 }
 
+// LinearAdd runs OpLinearAdd on the set the spec chose for it, or as its parts
+// (linearAddParts) where the spec runs them on other sets.
+func (d *Dispatch) LinearAdd(out, x, w, bias, addend *Tensor) {
+	d.callWhole(OpLinearAdd, func(o Ops) { o.LinearAdd(out, x, w, bias, addend) }, func() { d.linearAddParts(out, x, w, bias, addend) })
+}
+
 // AttentionPrefill runs OpAttnPrefill on the set the spec chose for it.
 func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
 	d.call(OpAttnPrefill, func(o Ops) { o.AttentionPrefill(a) })
@@ -113,6 +119,9 @@ func (n NotOwned) SwiGLU(out, gateUp *Tensor) { n.panic(OpSwiGLU) }
 
 // LinearSwiGLU panics: the set runs OpLinearSwiGLU on its fallback.
 func (n NotOwned) LinearSwiGLU(out, x, w *Tensor) { n.panic(OpLinearSwiGLU) }
+
+// LinearAdd panics: the set runs OpLinearAdd on its fallback.
+func (n NotOwned) LinearAdd(out, x, w, bias, addend *Tensor) { n.panic(OpLinearAdd) }
 
 // AttentionPrefill panics: the set runs OpAttnPrefill on its fallback.
 func (n NotOwned) AttentionPrefill(a *AttnArgs) { n.panic(OpAttnPrefill) }

@@ -302,6 +302,9 @@ func (o *recordingOps) SwiGLU(out, gateUp *kernels.Tensor) {
 func (o *recordingOps) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	o.do(func() { o.Ops.LinearSwiGLU(out, x, w) })
 }
+func (o *recordingOps) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	o.do(func() { o.Ops.LinearAdd(out, x, w, bias, addend) })
+}
 func (o *recordingOps) AttentionPrefill(a *kernels.AttnArgs) {
 	o.do(func() { o.Ops.AttentionPrefill(a) })
 }

@@ -96,6 +96,12 @@ func (s *skipping) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	}
 }
 
+func (s *skipping) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	if !s.skip[kernels.OpLinearAdd] {
+		s.Ops.LinearAdd(out, x, w, bias, addend)
+	}
+}
+
 func (s *skipping) AttentionDecode(a *kernels.AttnArgs) {
 	if !s.skip[kernels.OpAttnDecode] {
 		s.Ops.AttentionDecode(a)

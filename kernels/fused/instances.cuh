@@ -204,3 +204,7 @@
 #define LINEAR_STREAM_SWIGLU_INSTANCES(X) \
 	X(linear_stream_swiglu_n1, 1) \
 	X(linear_stream_swiglu_n2, 2)
+
+#define LINEAR_STREAM_ADD_INSTANCES(X) \
+	X(linear_stream_add_n1, 1) \
+	X(linear_stream_add_n2, 2)

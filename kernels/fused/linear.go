@@ -347,3 +347,45 @@ func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 		o.linearSwiGLUWgmma(c, out, x, w)
 	}
 }
+
+// linAddUnfused is linear_add's variant that runs the pair as two ops:
+// LinearAdd declines it, and the Dispatch runs the set's Linear (its own
+// variant for the problem) into an intermediate [M, N], then add. The
+// other is linStream, linear_stream with the add in its epilogue.
+const linAddUnfused = "unfused"
+
+// linearAddDefault is the variant a linear_add problem runs without a
+// tuning choice: linear_stream with the add in its epilogue where linear
+// runs linear_stream for the problem (linearFor: its tuning choice, else
+// linearDefault: DeepSeek-V2-Lite's shared experts' down projection up to
+// 16 rows), else the unfused pair.
+func (o *ops) linearAddDefault(k linearKey) string {
+	if o.linearFor(k) == linStream {
+		return linStream
+	}
+	return linAddUnfused
+}
+
+// linearAddFor is the variant linear_add problems of k run: the tuning
+// choice for k, else linearAddDefault.
+func (o *ops) linearAddFor(k linearKey) string {
+	if v, ok := o.choice[choiceKey{kernels.OpLinearAdd, k.String()}]; ok {
+		return v
+	}
+	return o.linearAddDefault(k)
+}
+
+// LinearAdd is a projection and a residual add in one kernel, out written
+// once, on sm_90a only: linear_stream with the add in its epilogue where
+// the variant for the problem is linStream and it takes the operands
+// (streamAdd). Elsewhere it declines the call, and the Dispatch runs the
+// parts, the set's Linear and Add, as they ran before this op and in their
+// own profile rows (see kernels.Dispatch). The epilogue gives the parts'
+// outputs (linear_stream, then fused's add) bit for bit.
+func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	kernels.CheckLinearAdd(o.D.ActDType(), out, x, w, bias, addend)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	v := o.linearAddFor(linearKey{m, n, k})
+	o.Need(v == linStream && o.streamAdd(out, x, w, bias, addend), kernels.OpLinearAdd,
+		"variant %s at M=%d,N=%d,K=%d: linear then add run it", v, m, n, k)
+}

@@ -47,6 +47,11 @@
 //              kernel rounds its output (bf16), then as fused's swiglu
 //              (elementwise.cu): bf16(bf16(silu(gate)) · up), so that the
 //              result is linear_stream's then swiglu's bit for bit.
+//   LS_ADD     linear_add's: out = bf16(addend + bf16(x·wᵀ + bias)), the
+//              plain output then fused's add (elementwise.cu: binary.cuh's
+//              AddOp) bit for bit; addend bf16 [M, N], pitch ap, read after
+//              grid_wait by the thread that writes the same element of out,
+//              so out may be addend (not a part of it).
 //
 // Shared memory (dynamic; the host's lsShared): LS_BARS bytes of
 // mbarriers (a slot's each, then x's), the warps' sums (LS_RED), x's rows
@@ -66,7 +71,7 @@
 #define LS_X (LS_BARS + LS_RED)               // where x starts
 
 // The epilogues (see above): the kernel's EPI.
-enum LsEpilogue { LS_PLAIN, LS_SWIGLU };
+enum LsEpilogue { LS_PLAIN, LS_SWIGLU, LS_ADD };
 
 // ls_xrow is the elements of x's rows in shared memory: K, with 64 bytes
 // more where K·2 is a multiple of 128, so that a row starts 64 bytes
@@ -78,7 +83,7 @@ __device__ __forceinline__ int ls_xrow(int K) { return K % 64 == 0 ? K + 32 : K;
 // of 8·32 (each warp's k-range whole chunks), 1 ≤ stages ≤ LS_MAX_STAGES.
 template <int NT, typename TO, int EPI>
 __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,
-                                              int M, int N, int K, int ks, int stages, int* status) {
+                                              const bf16* addend, int ap, int M, int N, int K, int ks, int stages, int* status) {
 	constexpr bool SWIGLU = EPI == LS_SWIGLU;
 	constexpr int UNITS = SWIGLU ? LS_ROWS / 2 : LS_ROWS; // outputs of a tile
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -186,6 +191,9 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 					const float gate = round_bf16(v + lin_bias<TO>(bias, biasType, f));
 					const float up = round_bf16(u + lin_bias<TO>(bias, biasType, F + f));
 					out[(long long)tok * op + f] = from_f32<TO>(lin_swiglu(gate, up));
+				} else if (EPI == LS_ADD) {
+					const float y = round_bf16(v + lin_bias<TO>(bias, biasType, f));
+					out[(long long)tok * op + f] = from_f32<TO>(to_f32(addend[(long long)tok * ap + f]) + y);
 				} else {
 					out[(long long)tok * op + f] = from_f32<TO>(v + lin_bias<TO>(bias, biasType, f));
 				}
@@ -199,15 +207,27 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType, int M,  \
 	         int N, int K, int ks, int stages, int* status) {                                               \
-		linear_stream<NT, TO, LS_PLAIN>(out, op, x, xp, w, bias, biasType, M, N, K, ks, stages, status);    \
+		linear_stream<NT, TO, LS_PLAIN>(out, op, x, xp, w, bias, biasType, nullptr, 0, M, N, K, ks, stages, \
+		                                status);                                                            \
 	}
 LINEAR_STREAM_INSTANCES(LINEAR_STREAM)
 
 // linear_stream_swiglu: LS_SWIGLU's instances, bf16 out; N is w's rows (2I).
-#define LINEAR_STREAM_SWIGLU(NAME, NT)                                                                       \
-	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                              \
-	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, int M, int N, int K, int ks, int stages, \
-	         int* status) {                                                                                  \
-		linear_stream<NT, bf16, LS_SWIGLU>(out, op, x, xp, w, nullptr, 0, M, N, K, ks, stages, status);      \
+#define LINEAR_STREAM_SWIGLU(NAME, NT)                                                                      \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, int M, int N, int K, int ks,          \
+	         int stages, int* status) {                                                                     \
+		linear_stream<NT, bf16, LS_SWIGLU>(out, op, x, xp, w, nullptr, 0, nullptr, 0, M, N, K, ks, stages,  \
+		                                   status);                                                         \
 	}
 LINEAR_STREAM_SWIGLU_INSTANCES(LINEAR_STREAM_SWIGLU)
+
+// linear_stream_add: LS_ADD's instances, bf16 out; addend may be out.
+#define LINEAR_STREAM_ADD(NAME, NT)                                                                         \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,       \
+	         const bf16* addend, int ap, int M, int N, int K, int ks, int stages, int* status) {            \
+		linear_stream<NT, bf16, LS_ADD>(out, op, x, xp, w, bias, biasType, addend, ap, M, N, K, ks, stages, \
+		                                status);                                                            \
+	}
+LINEAR_STREAM_ADD_INSTANCES(LINEAR_STREAM_ADD)

@@ -11,11 +11,11 @@ import (
 // few rows on sm_90a: each block owns whole weight rows over all of K and
 // streams them into shared memory through the copy engine, its first
 // stages requested before its grid_wait so that the stream starts under
-// the kernel before. Its instances with SwiGLU in the epilogue are
-// linear_swiglu's variant "stream". A module of its own (bulk copies and
-// mbarriers are sm_90's), compiled only where the device's target is
-// hopperArch; where it cannot be built New still succeeds and the variants
-// say why.
+// the kernel before. Its instances with SwiGLU and with the residual add in
+// the epilogue are linear_swiglu's and linear_add's variant "stream". A
+// module of its own (bulk copies and mbarriers are sm_90's), compiled only
+// where the device's target is hopperArch; where it cannot be built New
+// still succeeds and the variants say why.
 
 // The layout of linear_stream, named as in linear_stream.cu.
 const (
@@ -145,13 +145,15 @@ func linearStreamKernel(nt int, out kernels.DType) string {
 	return fmt.Sprintf("linear_stream_n%d_%s", nt, out)
 }
 
-// linearStreamSwiGLUKernel is linear_stream's instance with SwiGLU in its
-// epilogue (LS_SWIGLU), bf16 out, for nt n-tiles of 8 rows.
+// linearStreamSwiGLUKernel and linearStreamAddKernel are linear_stream's
+// instances with SwiGLU (LS_SWIGLU) and the residual add (LS_ADD) in their
+// epilogues, bf16 out, for nt n-tiles of 8 rows.
 func linearStreamSwiGLUKernel(nt int) string { return fmt.Sprintf("linear_stream_swiglu_n%d", nt) }
+func linearStreamAddKernel(nt int) string    { return fmt.Sprintf("linear_stream_add_n%d", nt) }
 
 // lsModule is linear_stream's NVRTC module.
 func lsModule() cudaset.Module {
-	return module("linear_stream.cu", cudaset.Names(lsInstances(), lsSwiGLUInstances()))
+	return module("linear_stream.cu", cudaset.Names(lsInstances(), lsSwiGLUInstances(), lsAddInstances()))
 }
 
 // lsKit is linear_stream on one device.
@@ -227,6 +229,25 @@ func (o *ops) streamSwiGLU(out, x, w *kernels.Tensor) bool {
 	om, xm := o.Mat(out), o.Mat(x)
 	o.LaunchShared(linearStreamSwiGLUKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
 		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w),
+		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+	return true
+}
+
+// streamAdd launches linear_stream with the residual add in its epilogue,
+// out = (x·wᵀ + bias) + addend (out may be addend), as planStream cuts the
+// problem, or reports false, launching nothing, where it cannot (bf16 out
+// only).
+func (o *ops) streamAdd(out, x, w, bias, addend *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	sms, shared := streamTarget(o)
+	p, err := planStream(m, n, k, sms, shared)
+	if err != nil || out.DType != kernels.BF16 || !o.streamTakes(out, x, w) {
+		return false
+	}
+	bp, biasType := o.linBias(bias)
+	om, xm, am := o.Mat(out), o.Mat(x), o.Mat(addend)
+	o.LaunchShared(linearStreamAddKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType, am.P, int32(am.Pitch),
 		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
 	return true
 }

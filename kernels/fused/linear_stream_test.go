@@ -86,17 +86,18 @@ func linearDefaultOn(o *ops, k linearKey, t kernels.Target) string {
 	return o.linearDefault(k)
 }
 
-// TestLinearStreamKernels runs the shared kerneltest's linear and
-// linear_swiglu cases with linear_stream the default wherever it takes the
-// problem (the decode cases of 1 to 16 rows whose K is a multiple of 32:
-// bias, f32 out, pitched x and out, N or I of no tile; linear_swiglu's with
-// SwiGLU in its epilogue), then the decode graph with it the default, so
-// that its prefetch before the grid wait is replayed overlapped.
+// TestLinearStreamKernels runs the shared kerneltest's linear,
+// linear_swiglu and linear_add cases with linear_stream the default
+// wherever it takes the problem (the decode cases of 1 to 16 rows whose K
+// is a multiple of 32: bias, f32 out, pitched x and out, N or I of no tile;
+// linear_swiglu's with SwiGLU in its epilogue, linear_add's with the add,
+// out addend or not), then the decode graph with it the default, so that
+// its prefetch before the grid wait is replayed overlapped.
 func TestLinearStreamKernels(t *testing.T) {
 	dev, _ := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
 	defer func(r int, b int64) { linStreamRows, linStreamBytes = r, b }(linStreamRows, linStreamBytes)
 	linStreamRows, linStreamBytes = linMaxRows, math.MaxInt64
-	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear, kernels.OpLinearSwiGLU)
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear, kernels.OpLinearSwiGLU, kernels.OpLinearAdd)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 

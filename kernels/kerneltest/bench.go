@@ -313,6 +313,33 @@ func buildLinearSwiGLU(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 		Run: func(o kernels.Ops, i int) { o.LinearSwiGLU(outs[i], xs[i], ws[i]) }}
 }
 
+var linearAddBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N", "K"},
+	Doc: "out [M,N] += x [M,K] · w [N,K]ᵀ in bf16, the projection rounded before the sum (the MoE's shared experts' " +
+		"down projection added to the routed experts' output); in fused linear_stream with the add in its epilogue " +
+		"where linear runs linear_stream (decode's few rows), else the pair unfused",
+	Shapes: []kernels.Shape{
+		// DeepSeek-V2-Lite's shared experts' down (H = 2,048, I = 2 · 1,408)
+		// at decode batch 1 and 16
+		sh("M", 1, "N", 2048, "K", 2816), sh("M", 16, "N", 2048, "K", 2816),
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 2*f(s, "M", "N", "K") + f(s, "M", "N") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + 2*f(s, "M", "N")) },
+	Build: buildLinearAdd,
+}
+
+// buildLinearAdd adds into out in place, as the MoE does: out is state
+// the runner puts back before each check.
+func buildLinearAdd(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	m, n, k := s["M"], s["N"], s["K"]
+	c := b.copiesFor(bc.Bytes(s))
+	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	ws := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	outs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, n), 1) })
+	return &Problem{Copies: c, Outs: outs[:1], State: outs[:1],
+		Run: func(o kernels.Ops, i int) { o.LinearAdd(outs[i], xs[i], ws[i], nil, outs[i]) }}
+}
+
 var attnPrefillBench = &Bench{
 	Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
 	Doc: "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims; " +

@@ -75,11 +75,21 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
 	// A set that fuses linear_swiglu for prefill's shapes only declines a
 	// decode step's (the Dispatch runs linear and swiglu, recorded above
-	// and below): it is left out then.
-	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
+	// and below): it is left out then. Its output holds numbers before it
+	// first runs: linear_add below reads it.
+	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.random(act, rows, inter)
 	mlp := func() { ops.LinearSwiGLU(mlpOut, x, mlpW) }
 	if _, declined := kernels.Declined(mlp); !declined {
 		add(kernels.OpLinearSwiGLU, mlp, mlpOut)
+	}
+	// The shared experts' down projection of the MLP's output added in
+	// place, as the MoE adds it to the routed experts' output; left out
+	// where the set declines it (the Dispatch runs linear and add).
+	sum, downW, downB := g.random(act, rows, hidden), g.random(kernels.BF16, hidden, inter), g.random(kernels.BF16, hidden)
+	down := func() { ops.LinearAdd(sum, mlpOut, downW, downB, sum) }
+	if _, declined := kernels.Declined(down); !declined {
+		state = append(state, sum)
+		add(kernels.OpLinearAdd, down, sum)
 	}
 
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)

@@ -17,6 +17,7 @@ var table = []opCases{
 	{kernels.OpRoPE, ropeChecks, ropeBench},
 	{kernels.OpSwiGLU, swiGLUChecks, swiGLUBench},
 	{kernels.OpLinearSwiGLU, linearSwiGLUChecks, linearSwiGLUBench},
+	{kernels.OpLinearAdd, linearAddChecks, linearAddBench},
 	{kernels.OpAttnPrefill, attnPrefillChecks, attnPrefillBench},
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
 	{kernels.OpMLAPrefill, mlaPrefillChecks, mlaPrefillBench},
