@@ -197,6 +197,28 @@ func (k costOf) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, of
 	*k.c = Cost{FLOPs: norm.FLOPs + qr.FLOPs + kr.FLOPs, Bytes: norm.Bytes + qr.Bytes + kr.Bytes}
 }
 
+// CheckLinearAdd: out, addend [N,M] act, out either addend (the same view)
+// or apart from it, and not x; x [N,K] act; w [M,K] float; bias [M] float
+// or nil.
+func CheckLinearAdd(act DType, out, x, w, bias, addend *Tensor) {
+	op := OpLinearAdd
+	needActs(op, act, "out", out, "x", x, "addend", addend)
+	need(IsFloat(w) && w.Cols() == x.Cols(), op, "w %v for x %v", w, x)
+	need(rowsCols(out, x.Rows(), w.Rows()) && rowsCols(addend, x.Rows(), w.Rows()), op,
+		"out %v, addend %v for x %v, w %v", out, addend, x, w)
+	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
+	need(!same(out, x), op, "out aliases x")
+	need(!same(out, addend) || out.Pitch == addend.Pitch, op, "out %v starts where addend %v does with another pitch", out, addend)
+}
+
+// The cost of LinearAdd is its parts' FLOPs and the bytes of one pass: x,
+// w, bias and addend read, out written; the [N, M] intermediate of the
+// unfused pair is no part of its floor.
+func (k costOf) LinearAdd(out, x, w, bias, addend *Tensor) {
+	lin := linearCost(out, x, w, bias)
+	*k.c = Cost{FLOPs: lin.FLOPs + float64(out.Numel()), Bytes: lin.Bytes + size(addend)}
+}
+
 // Check checks the batch's host tables and device mirrors for a step of
 // tokens new tokens; a prefill also checks that every row's new tokens fit
 // its cache (decode lengths live on the device: kernels check them there).

@@ -222,6 +222,16 @@ func RMSNormRoPEParts(o Ops, q, kv, w *Tensor, eps float32, heads, headStride, o
 	o.RoPE(kv, 1, kv.Cols(), rank, pos, r)
 }
 
+// linearAddParts is LinearAdd as its parts, each on the set the spec runs
+// it on: Linear into a [N, M] intermediate, then Add of addend and it into
+// out (addend first, as the MoE added its shared experts before the op),
+// so that out may be addend.
+func (d *Dispatch) linearAddParts(out, x, w, bias, addend *Tensor) {
+	lin := d.scratchOf("linear_add.linear", out.DType, x.Rows(), w.Rows())
+	d.Linear(lin, x, w, bias)
+	d.Add(out, addend, lin)
+}
+
 // scratchOf is a packed [rows, cols] tensor of dt over the buffer d keeps
 // under name, which grows (the old one freed: work queued on it is
 // unaffected) when it is too small. Like the sets' scratch, a decode step

@@ -17,6 +17,7 @@ const (
 	OpSwiGLU       Op = "swiglu"
 	OpLinearSwiGLU Op = "linear_swiglu"
 	OpRMSNormRoPE  Op = "rms_norm_rope"
+	OpLinearAdd    Op = "linear_add"
 	OpAttnPrefill  Op = "attn_prefill"
 	OpAttnDecode   Op = "attn_decode"
 	OpMLAPrefill   Op = "mla_prefill"
@@ -60,6 +61,8 @@ var opTable = []OpInfo{
 		Doc: "the MLP's gate/up projection and SwiGLU: swiglu(x·wᵀ), one GEMM with SwiGLU in its epilogue where a set has it"},
 	{Op: OpRMSNormRoPE, Method: "RMSNormRoPE", Parts: []Op{OpRMSNorm, OpRoPE},
 		Doc: "DeepSeek's kv_a_layernorm of the latent and the rotary embedding of q's and k's rope dims, in place, in one launch where a set has it"},
+	{Op: OpLinearAdd, Method: "LinearAdd", Parts: []Op{OpLinear, OpAdd},
+		Doc: "a projection and a residual add: x·wᵀ + bias + addend, one GEMM with the add in its epilogue where a set has it"},
 	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
 	{Op: OpMLAPrefill, Method: "MLAPrefill", Group: "mla", Doc: "DeepSeek-V2 latent attention of new tokens"},
@@ -180,6 +183,15 @@ type Ops interface {
 	// (OpInfo.Parts): a Dispatch runs RMSNorm and RoPE, three calls (see
 	// RMSNormRoPEParts), where the spec puts them on other sets.
 	RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope)
+	// LinearAdd is Linear then Add, out = (x · wᵀ + bias) + addend, rounded
+	// as the two round (the projection to act, then the sum): the MoE's
+	// shared experts' down projection added to the routed experts' output.
+	// out, addend [N,M] act, pitched; out may be addend (the same view), so
+	// that out += x · wᵀ + bias; out must not alias x; x [N,K] act,
+	// pitched; w [M,K] weight; bias [M] weight or nil. It is a composite op
+	// (OpInfo.Parts): a Dispatch runs Linear and Add instead where the spec
+	// puts them on other sets.
+	LinearAdd(out, x, w, bias, addend *Tensor)
 
 	// AttentionPrefill is causal attention of a packed batch of new tokens
 	// against each row's KV cache, after appending the new keys and values to

@@ -54,6 +54,12 @@ func (d *Dispatch) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride,
 	d.callWhole(OpRMSNormRoPE, func(o Ops) { o.RMSNormRoPE(q, kv, w, eps, heads, headStride, offset, pos, r) }, func() { d.rmsNormRoPEParts(q, kv, w, eps, heads, headStride, offset, pos, r) })
 }
 
+// LinearAdd runs OpLinearAdd on the set the spec chose for it, or as its parts
+// (linearAddParts) where the spec runs them on other sets.
+func (d *Dispatch) LinearAdd(out, x, w, bias, addend *Tensor) {
+	d.callWhole(OpLinearAdd, func(o Ops) { o.LinearAdd(out, x, w, bias, addend) }, func() { d.linearAddParts(out, x, w, bias, addend) })
+}
+
 // AttentionPrefill runs OpAttnPrefill on the set the spec chose for it.
 func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
 	d.call(OpAttnPrefill, func(o Ops) { o.AttentionPrefill(a) })
@@ -130,6 +136,9 @@ func (n NotOwned) LinearSwiGLU(out, x, w *Tensor) { n.panic(OpLinearSwiGLU) }
 func (n NotOwned) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, offset int, pos *Tensor, r *Rope) {
 	n.panic(OpRMSNormRoPE)
 }
+
+// LinearAdd panics: the set runs OpLinearAdd on its fallback.
+func (n NotOwned) LinearAdd(out, x, w, bias, addend *Tensor) { n.panic(OpLinearAdd) }
 
 // AttentionPrefill panics: the set runs OpAttnPrefill on its fallback.
 func (n NotOwned) AttentionPrefill(a *AttnArgs) { n.panic(OpAttnPrefill) }

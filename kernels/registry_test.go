@@ -561,3 +561,91 @@ func TestRMSNormRoPEParts(t *testing.T) {
 	cpuOps, _ := cpuSet.New(dev)
 	cpuOps.RMSNormRoPE(qkva.ColSlice(0, heads*(nope+dim)), qkva.ColSlice(heads*(nope+dim)-1, qkva.Cols()-1), w, 1e-6, heads, nope+dim, nope, pos, rope)
 }
+
+// TestLinearAddParts: linear_add runs as one call of its set where the set
+// fuses it and the spec runs linear and add there too, or where the spec
+// names it; else as linear into an intermediate then add, each on its own
+// set and in its own profile row. Either way out may be addend (the MoE's
+// out += shared experts), and the result is the same.
+func TestLinearAddParts(t *testing.T) {
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"cpu,linear_add=cpu", true},
+		{"fused,add=naive", false}, {"fused,linear=naive", false}, {"fused,add=naive,linear_add=fused", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpLinearAdd); got != c.whole {
+			t.Errorf("%s: Whole(linear_add) = %v, want %v", c.spec, got, c.whole)
+		}
+	}
+
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "add_test_only", Device: "cpu", Own: []kernels.Op{kernels.OpAdd},
+		Fallback: "cpu", New: cpuSet.New})
+	defer kernels.Unregister("add_test_only")
+	dev := cpu.NewDevice()
+	const n, k, m = 3, 16, 8
+	x, w, bias, out := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, m, k), dev.Alloc(kernels.F32, m), dev.Alloc(kernels.F32, n, m)
+	fill := func(a *kernels.Tensor, i int) {
+		v := cpu.F32(a)
+		for j := range v {
+			v[j] = float32((j*7+i*3)%11-5) / 8
+		}
+	}
+	for i, a := range []*kernels.Tensor{x, w, bias} {
+		fill(a, i)
+	}
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]string
+	}{
+		{"cpu,linear_add=cpu", map[kernels.Op]string{kernels.OpLinearAdd: "cpu"}},
+		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpAdd: "cpu"}},
+		{"cpu,add=add_test_only", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpAdd: "add_test_only"}},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof := profile.New(dev)
+		ops, err := s.Build(dev, prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(out, 3)
+		ops.LinearAdd(out, x, w, bias, out)
+		ops.LinearAdd(out, x, w, bias, out) // added twice; the intermediate kept from the first call
+		if err := prof.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got := map[kernels.Op]string{}
+		for _, r := range prof.Table() {
+			got[r.Op] = r.Set
+			if r.Calls != 2 {
+				t.Errorf("%s: %s ran %d times, want 2", c.spec, r.Op, r.Calls)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Clone(cpu.F32(out)))
+	}
+	fill(out, 3)
+	lin := dev.Alloc(kernels.F32, n, m)
+	ref, _ := cpuSet.New(dev)
+	for range 2 {
+		ref.Linear(lin, x, w, bias)
+		ref.Add(out, out, lin)
+	}
+	for i, o := range outs {
+		if !slices.Equal(cpu.F32(out), o) {
+			t.Errorf("linear_add run %d: %v, want linear then add %v", i, o, cpu.F32(out))
+		}
+	}
+}

@@ -8,7 +8,6 @@ const (
 	bufRouterLogits = "moe.router_logits" // [T, n_routed_experts] f32
 	bufTopkIdx      = "moe.topk_idx"      // [T, num_experts_per_tok] i32
 	bufTopkWeight   = "moe.topk_weight"   // [T, num_experts_per_tok] f32
-	bufShared       = "moe.shared_out"    // [T, hidden] act
 )
 
 // MLP is the SwiGLU feed-forward block, as HF's Qwen2MLP and DeepseekV2MLP:
@@ -34,12 +33,27 @@ func (m *MLP) Reserve(ws *Workspace, act kernels.DType) {
 
 // Forward computes out [T, hidden] from x [T, hidden].
 func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
+	m.DownProj.Forward(s, out, m.act(s, x))
+}
+
+// ForwardAdd computes out = addend + MLP(x) [T, hidden], rounded as Forward
+// then an Add (the down projection to act, then the sum); out may be
+// addend. The down projection and the add are one op, LinearAdd, which a
+// kernel set may run as one kernel with the add in its epilogue (the MoE's
+// shared experts added to the routed ones' output).
+func (m *MLP) ForwardAdd(s *Step, out, x, addend *kernels.Tensor) {
+	s.Ops.LinearAdd(out, m.act(s, x), m.DownProj.Weight, m.DownProj.Bias, addend)
+}
+
+// act is silu(gate_proj(x)) · up_proj(x) [T, intermediate], in the
+// workspace.
+func (m *MLP) act(s *Step, x *kernels.Tensor) *kernels.Tensor {
 	if m.GateUpProj.Bias != nil {
 		panic("layers: MLP.GateUpProj has a bias; LinearSwiGLU takes none (HF's gate_proj and up_proj have none)")
 	}
 	act := s.WS.Get(bufAct, s.Tokens(), m.IntermediateSize())
 	s.Ops.LinearSwiGLU(act, x, m.GateUpProj.Weight)
-	m.DownProj.Forward(s, out, act)
+	return act
 }
 
 // MoE is DeepSeek-V2's mixture of experts, as HF's DeepseekV2Moe:
@@ -51,6 +65,8 @@ func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
 // The routing and the routed experts are one op, MoERouted, which a kernel
 // set may run as one kernel chain (the routing in the experts' first
 // kernel) or as MoERoute then MoEExperts, as before.
+// The shared experts' down projection is added to the routed experts'
+// output in one op (MLP.ForwardAdd: LinearAdd).
 type MoE struct {
 	// Gate is the router, mlp.gate.weight [n_routed_experts, hidden]; its
 	// output is f32, as HF computes router logits in float32.
@@ -73,7 +89,6 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 	ws.Reserve(bufTopkWeight, kernels.F32, m.Routing.TopK)
 	if m.SharedExperts != nil {
 		m.SharedExperts.Reserve(ws, act)
-		ws.Reserve(bufShared, act, m.ExpertsDown.Shape[1])
 	}
 }
 
@@ -86,8 +101,6 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	if m.SharedExperts != nil {
-		shared := s.WS.Get(bufShared, T, out.Cols())
-		m.SharedExperts.Forward(s, shared, x)
-		s.Ops.Add(out, out, shared)
+		m.SharedExperts.ForwardAdd(s, out, x, out)
 	}
 }

@@ -305,6 +305,10 @@ func (o *recordingOps) LinearSwiGLU(out, x, w *kernels.Tensor) {
 func (o *recordingOps) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, stride, off int, pos *kernels.Tensor, r *kernels.Rope) {
 	o.do(func() { o.Ops.RMSNormRoPE(q, kv, w, eps, heads, stride, off, pos, r) })
 }
+
+func (o *recordingOps) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	o.do(func() { o.Ops.LinearAdd(out, x, w, bias, addend) })
+}
 func (o *recordingOps) AttentionPrefill(a *kernels.AttnArgs) {
 	o.do(func() { o.Ops.AttentionPrefill(a) })
 }

@@ -112,6 +112,12 @@ func (s *skipping) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, hea
 	}
 }
 
+func (s *skipping) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	if !s.skip[kernels.OpLinearAdd] {
+		s.Ops.LinearAdd(out, x, w, bias, addend)
+	}
+}
+
 func (s *skipping) AttentionDecode(a *kernels.AttnArgs) {
 	if !s.skip[kernels.OpAttnDecode] {
 		s.Ops.AttentionDecode(a)

@@ -226,3 +226,31 @@ func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	})
 	commit()
 }
+
+// LinearAdd is Linear then Add, out = (x·wᵀ + bias) + addend: out, addend
+// [N,M] act, pitched, out may be addend; x [N,K] act, pitched; w [M,K];
+// bias [M] or nil. It rounds as the two ops do: the projection to bf16
+// (Linear's output), then the sum.
+func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	const op = kernels.OpLinearAdd
+	kernels.CheckLinearAdd(o.dev.ActDType(), out, x, w, bias, addend)
+	xm, wm := o.in(op, "x", x), weightArg(op, "w", w)
+	var b []float32
+	if bias != nil {
+		b = weightArg(op, "bias", bias).vector()
+	}
+	lin := newMat(xm.rows, wm.rows)
+	gemm(lin, xm, wm, b)
+	o.round(lin.d)
+	am := o.in(op, "addend", addend)
+	om, commit := o.out(op, "out", out)
+	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst, y := om.row(i), lin.row(i)
+			for j, v := range am.row(i) {
+				dst[j] = v + y[j]
+			}
+		}
+	})
+	commit()
+}

@@ -44,6 +44,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //   - SwiGLU: silu(gate), then the product with up.
 //   - LinearSwiGLU: gate and up (Linear's output), then as SwiGLU.
 //   - RMSNormRoPE: as RMSNorm and RoPE, its parts.
+//   - LinearAdd: the projection (Linear's output), then the sum (Add's).
 //   - Attention: as torch's scaled_dot_product_attention on CUDA (HF's
 //     default "sdpa"): scores, softmax and the weighted sum of values in
 //     f32, the output rounded; where SDPA would run a fused kernel (flash,

@@ -208,3 +208,11 @@
 	X(linear_stream_n2_bf16, 2, bf16) \
 	X(linear_stream_n1_f32, 1, float) \
 	X(linear_stream_n2_f32, 2, float)
+
+#define LINEAR_STREAM_SWIGLU_INSTANCES(X) \
+	X(linear_stream_swiglu_n1, 1) \
+	X(linear_stream_swiglu_n2, 2)
+
+#define LINEAR_STREAM_ADD_INSTANCES(X) \
+	X(linear_stream_add_n1, 1) \
+	X(linear_stream_add_n2, 2)

@@ -24,6 +24,7 @@ func instances() []cudaset.Instances {
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
 		groupGemmInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
+		lsSwiGLUInstances(), lsAddInstances(),
 	}
 }
 
@@ -221,6 +222,24 @@ func gwInstances() cudaset.Instances {
 
 func lsInstances() cudaset.Instances {
 	return decodeLinearInstances("LINEAR_STREAM", linearStreamKernel)
+}
+
+// lsSwiGLUInstances are linear_stream's with SwiGLU in the epilogue
+// (linear_swiglu's), lsAddInstances those with the residual add
+// (linear_add's): bf16 out, n-tiles of 8 rows up to linMaxRows.
+func lsSwiGLUInstances() cudaset.Instances {
+	return lsEpilogueInstances("LINEAR_STREAM_SWIGLU", linearStreamSwiGLUKernel)
+}
+func lsAddInstances() cudaset.Instances {
+	return lsEpilogueInstances("LINEAR_STREAM_ADD", linearStreamAddKernel)
+}
+
+func lsEpilogueInstances(macro string, kernel func(nt int) string) cudaset.Instances {
+	f := cudaset.Instances{Macro: macro}
+	for nt := 1; nt <= linMaxRows/8; nt++ {
+		f.Kernels = append(f.Kernels, cudaset.Of(kernel(nt), nt))
+	}
+	return f
 }
 
 func lwInstances() cudaset.Instances {

@@ -14,16 +14,17 @@ var update = flag.Bool("update", false, "write instances.cuh from the Go tables"
 // expands the lists of the kernels it defines.
 func TestInstancesHeader(t *testing.T) {
 	uses := map[string][]cudaset.Instances{
-		"elementwise.cu":  {rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances()},
-		"attention.cu":    {flashPrefillInstances(), flashDecodeInstances()},
-		"mla.cu":          {mlaPrefillInstances(), mlaDecodeInstances()},
-		"mla_keys.cu":     {mlaKeysInstances()},
-		"moe.cu":          {groupGemmInstances()},
-		"linear.cu":       {linearInstances()},
-		"hopper.cu":       {hopperInstances()},
-		"mla_hopper.cu":   {mlaHopperInstances()},
-		"group_wgmma.cu":  {gwInstances()},
-		"linear_wgmma.cu": {lwInstances()},
+		"elementwise.cu":   {rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances()},
+		"attention.cu":     {flashPrefillInstances(), flashDecodeInstances()},
+		"mla.cu":           {mlaPrefillInstances(), mlaDecodeInstances()},
+		"mla_keys.cu":      {mlaKeysInstances()},
+		"moe.cu":           {groupGemmInstances()},
+		"linear.cu":        {linearInstances()},
+		"hopper.cu":        {hopperInstances()},
+		"mla_hopper.cu":    {mlaHopperInstances()},
+		"group_wgmma.cu":   {gwInstances()},
+		"linear_wgmma.cu":  {lwInstances()},
+		"linear_stream.cu": {lsInstances(), lsSwiGLUInstances(), lsAddInstances()},
 	}
 	for _, bad := range cudaset.CheckInstances(sources, "instances.cuh", instancesRegen, instances(), uses, *update) {
 		t.Error(bad)

@@ -1,6 +1,7 @@
 // What the decode linears (linear_skinny in linear.cu, linear_stream in
 // linear_stream.cu) share: 16-byte shared loads taken apart into the mma's
-// operand words, and the bias as torch's addmm adds it. Built on mma.cuh.
+// operand words, the bias as torch's addmm adds it, and swiglu's
+// arithmetic for linear_stream's SwiGLU epilogue. Built on mma.cuh.
 
 #pragma once
 #include "mma.cuh"
@@ -25,3 +26,9 @@ template <typename TO> __device__ __forceinline__ float lin_bias(const void* bia
 	else if (type == 3) b = ((const float*)bias)[f];
 	return sizeof(TO) == 2 ? round_bf16(b) : b;
 }
+
+// lin_swiglu is swiglu's arithmetic (elementwise.cu's swiglu, HF's
+// act_fn(gate) * up in bf16) on a gate and an up already rounded to bf16:
+// silu(gate) rounded to bf16, times up; the caller's store rounds the
+// product.
+__device__ __forceinline__ float lin_swiglu(float gate, float up) { return round_bf16(gate / (1.0f + expf(-gate))) * up; }

@@ -285,20 +285,26 @@ func (o *ops) linearFor(k linearKey) string {
 // ops: LinearSwiGLU declines it, and the Dispatch runs the set's Linear
 // (its own variant for the stacked problem: skinny, cuBLAS or
 // linear_wgmma) into an intermediate [M, 2I], then swiglu. The others are
-// linear_wgmma's instances (lwConfigs) with SwiGLU in the epilogue, named
-// as linear's.
+// linStream, linear_stream with SwiGLU in its epilogue, and linear_wgmma's
+// instances (lwConfigs) with SwiGLU in the epilogue, named as linear's.
 const linSwiGLUUnfused = "unfused"
 
 // linearSwiGLUDefault is the variant a linear_swiglu problem (k: its
-// stacked GEMM, N = 2I) runs without a tuning choice: linear_wgmma's
-// default instance where linear's rule would run it (linWgmmaDefault from
-// linWgmmaRows rows, where it can run here), with SwiGLU in its epilogue;
-// else the unfused pair. So the epilogue is on exactly where linear_wgmma
-// is linear's default: nowhere yet.
+// stacked GEMM, N = 2I) runs without a tuning choice: the epilogue of the
+// kernel linear's rule would run the stacked problem on, where that kernel
+// has one and it can run here; else the unfused pair. So linear_wgmma's
+// default instance from linWgmmaRows rows (where linWgmmaDefault names
+// one: nowhere yet), and linear_stream where linearDefault runs it (at one
+// row under linStreamBytes: DeepSeek-V2-Lite's shared experts at batch 1).
 func (o *ops) linearSwiGLUDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
 		if _, ok := o.lw.runs(linWgmmaDefault); ok {
 			return linWgmmaDefault
+		}
+	}
+	if k.n%2 == 0 && o.linearDefault(k) == linStream {
+		if sms, shared := streamTarget(o); planStreamSwiGLUOK(k, sms, shared) {
+			return linStream
 		}
 	}
 	return linSwiGLUUnfused
@@ -313,22 +319,73 @@ func (o *ops) linearSwiGLUFor(k linearKey) string {
 	return o.linearSwiGLUDefault(k)
 }
 
-// LinearSwiGLU is the MLP's gate/up projection and SwiGLU: linear_wgmma
-// with SwiGLU in its epilogue (one pass, out written once) where the
-// variant for the problem is one of its instances and the operands fit its
-// tensor maps (lwTakes), so on sm_90a only. Elsewhere (the unfused
-// variant: a decode step, prefill while the epilogue is not the default,
-// any other device) it declines the call, and the Dispatch runs the parts,
-// the set's Linear and SwiGLU, as they ran before this op and in their own
-// profile rows (see kernels.Dispatch). Both round as HF's bf16
-// act_fn(gate_proj(x)) * up_proj(x) (see linear_wgmma.cu's LwSwiGLU).
+// LinearSwiGLU is the MLP's gate/up projection and SwiGLU in one kernel,
+// out written once, on sm_90a only: linear_stream with SwiGLU in its
+// epilogue where the variant for the problem is linStream and it takes the
+// operands (streamSwiGLU), linear_wgmma with it where the variant is one
+// of its instances and the operands fit its tensor maps (lwTakes).
+// Elsewhere (the unfused variant: a decode step of more rows, prefill
+// while linear_wgmma's epilogue is not the default, any other device) it
+// declines the call, and the Dispatch runs the parts, the set's Linear and
+// SwiGLU, as they ran before this op and in their own profile rows (see
+// kernels.Dispatch). All round as HF's bf16 act_fn(gate_proj(x)) *
+// up_proj(x) (see linear_wgmma.cu's LwSwiGLU); linear_stream's epilogue
+// gives its unfused pair's outputs (linear_stream then swiglu) bit for
+// bit.
 func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	kernels.CheckLinearSwiGLU(o.D.ActDType(), out, x, w)
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	v := o.linearSwiGLUFor(linearKey{m, n, k})
+	if v == linStream {
+		o.Need(o.streamSwiGLU(out, x, w), kernels.OpLinearSwiGLU,
+			"variant %s at M=%d,N=%d,K=%d: linear_stream does not take it: linear then swiglu run it", v, m, n, k)
+		return
+	}
 	c, ok := o.lw.runs(v)
 	o.Need(ok && o.lwTakes(out, x, w), kernels.OpLinearSwiGLU, "variant %s at M=%d,N=%d,K=%d: linear then swiglu run it", v, m, n, k)
 	if m > 0 {
 		o.linearSwiGLUWgmma(c, out, x, w)
 	}
+}
+
+// linAddUnfused is linear_add's variant that runs the pair as two ops:
+// LinearAdd declines it, and the Dispatch runs the set's Linear (its own
+// variant for the problem) into an intermediate [M, N], then add. The
+// other is linStream, linear_stream with the add in its epilogue.
+const linAddUnfused = "unfused"
+
+// linearAddDefault is the variant a linear_add problem runs without a
+// tuning choice: linear_stream with the add in its epilogue where linear
+// runs linear_stream for the problem (linearFor: its tuning choice, else
+// linearDefault: DeepSeek-V2-Lite's shared experts' down projection up to
+// 16 rows), else the unfused pair.
+func (o *ops) linearAddDefault(k linearKey) string {
+	if o.linearFor(k) == linStream {
+		return linStream
+	}
+	return linAddUnfused
+}
+
+// linearAddFor is the variant linear_add problems of k run: the tuning
+// choice for k, else linearAddDefault.
+func (o *ops) linearAddFor(k linearKey) string {
+	if v, ok := o.choice[choiceKey{kernels.OpLinearAdd, k.String()}]; ok {
+		return v
+	}
+	return o.linearAddDefault(k)
+}
+
+// LinearAdd is a projection and a residual add in one kernel, out written
+// once, on sm_90a only: linear_stream with the add in its epilogue where
+// the variant for the problem is linStream and it takes the operands
+// (streamAdd). Elsewhere it declines the call, and the Dispatch runs the
+// parts, the set's Linear and Add, as they ran before this op and in their
+// own profile rows (see kernels.Dispatch). The epilogue gives the parts'
+// outputs (linear_stream, then fused's add) bit for bit.
+func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	kernels.CheckLinearAdd(o.D.ActDType(), out, x, w, bias, addend)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	v := o.linearAddFor(linearKey{m, n, k})
+	o.Need(v == linStream && o.streamAdd(out, x, w, bias, addend), kernels.OpLinearAdd,
+		"variant %s at M=%d,N=%d,K=%d: linear then add run it", v, m, n, k)
 }

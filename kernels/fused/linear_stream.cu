@@ -33,6 +33,26 @@
 // Rounding: as linear_skinny (linear.cuh's lin_bias): sums in f32, the
 // bias rounded to bf16 first when out is bf16, out rounded once.
 //
+// Epilogues (EPI), each its own instances, the plain ones untouched by the
+// others:
+//   LS_PLAIN   out = x·wᵀ + bias, as above.
+//   LS_SWIGLU  linear_swiglu's: out [M, N/2] = swiglu(x·wᵀ), w [N, K] the
+//              gate rows [0, N/2) then the up rows [N/2, N) (no bias).
+//              The blocks divide the N/2 output columns as the plain
+//              kernel divides rows, and a tile is LS_ROWS/2 columns: its
+//              gate rows j..j+7 in the slot's rows 0-7 and their up rows
+//              N/2+j..N/2+j+7 in rows 8-15, so the mma's accumulator rows g
+//              and g+8 are a column's gate and up, and after the warps' sums
+//              meet one thread holds both. Each is rounded as the plain
+//              kernel rounds its output (bf16), then as fused's swiglu
+//              (elementwise.cu): bf16(bf16(silu(gate)) · up), so that the
+//              result is linear_stream's then swiglu's bit for bit.
+//   LS_ADD     linear_add's: out = bf16(addend + bf16(x·wᵀ + bias)), the
+//              plain output then fused's add (elementwise.cu: binary.cuh's
+//              AddOp) bit for bit; addend bf16 [M, N], pitch ap, read after
+//              grid_wait by the thread that writes the same element of out,
+//              so out may be addend (not a part of it).
+//
 // Shared memory (dynamic; the host's lsShared): LS_BARS bytes of
 // mbarriers (a slot's each, then x's), the warps' sums (LS_RED), x's rows
 // of ls_xrow(K) elements (rounded up to 128 bytes), then the ring.
@@ -50,17 +70,22 @@
 #define LS_RED (LS_WARPS * LS_ROWS * 16 * 4)  // the warps' f32 sums of a tile: [warp][token][row]
 #define LS_X (LS_BARS + LS_RED)               // where x starts
 
+// The epilogues (see above): the kernel's EPI.
+enum LsEpilogue { LS_PLAIN, LS_SWIGLU, LS_ADD };
+
 // ls_xrow is the elements of x's rows in shared memory: K, with 64 bytes
 // more where K·2 is a multiple of 128, so that a row starts 64 bytes
 // (mod 128) after the one before and the B loads meet no bank conflict.
 __device__ __forceinline__ int ls_xrow(int K) { return K % 64 == 0 ? K + 32 : K; }
 
-// Launch: grid min(N, SMs) blocks of LS_THREADS, lsShared bytes of dynamic
-// shared memory; ks a multiple of 8·32 (each warp's k-range whole chunks),
-// 1 ≤ stages ≤ LS_MAX_STAGES.
-template <int NT, typename TO>
+// Launch: grid min(outputs, SMs) blocks of LS_THREADS (outputs: N, or N/2
+// with LS_SWIGLU), lsShared bytes of dynamic shared memory; ks a multiple
+// of 8·32 (each warp's k-range whole chunks), 1 ≤ stages ≤ LS_MAX_STAGES.
+template <int NT, typename TO, int EPI>
 __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,
-                                              int M, int N, int K, int ks, int stages, int* status) {
+                                              const bf16* addend, int ap, int M, int N, int K, int ks, int stages, int* status) {
+	constexpr bool SWIGLU = EPI == LS_SWIGLU;
+	constexpr int UNITS = SWIGLU ? LS_ROWS / 2 : LS_ROWS; // outputs of a tile
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned bars = smem_addr(smem), xbar = bars + 8 * LS_MAX_STAGES;
 	float* red = reinterpret_cast<float*>(smem + LS_BARS);
@@ -69,20 +94,28 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	bf16* ring = reinterpret_cast<bf16*>(smem + LS_X + (M * xrow * 2 + 127) / 128 * 128);
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-	const int r0 = (int)((long long)blockIdx.x * N / gridDim.x), r1 = (int)((long long)(blockIdx.x + 1) * N / gridDim.x);
+	// The block's outputs [r0, r1): w's rows, or with SwiGLU out's columns.
+	const int F = SWIGLU ? N / 2 : N;
+	const int r0 = (int)((long long)blockIdx.x * F / gridDim.x), r1 = (int)((long long)(blockIdx.x + 1) * F / gridDim.x);
 	const int kst = (K + ks - 1) / ks;                    // stages of a tile
-	const int total = (r1 - r0 + LS_ROWS - 1) / LS_ROWS * kst; // stages of the block
+	const int total = (r1 - r0 + UNITS - 1) / UNITS * kst; // stages of the block
 
 	// issue, by warp 0, requests stage s into its slot: one bulk copy of
-	// each of its rows' k-range.
+	// each of its rows' k-range. Slot row i holds w's row row0 + i; with
+	// SwiGLU, rows 0-7 the gate rows row0 + i, rows 8-15 their up rows.
 	auto issue = [&](int s) {
 		const int slot = s % stages, tile = s / kst, k0 = (s - tile * kst) * ks;
-		const int row0 = r0 + tile * LS_ROWS, rows = min(LS_ROWS, r1 - row0), kn = min(ks, K - k0);
+		const int row0 = r0 + tile * UNITS, rows = min(UNITS, r1 - row0), kn = min(ks, K - k0);
 		const unsigned bar = bars + 8 * slot;
-		if (lane == 0) mbar_expect_tx(bar, rows * kn * 2);
+		if (lane == 0) mbar_expect_tx(bar, (SWIGLU ? 2 : 1) * rows * kn * 2);
 		__syncwarp();
-		if (lane < rows)
+		if (SWIGLU) {
+			const int i = lane % UNITS, up = lane / UNITS;
+			if (lane < LS_ROWS && i < rows)
+				bulk_load(smem_addr(ring + (slot * LS_ROWS + lane) * wrow), w + (long long)(up * F + row0 + i) * K + k0, kn * 2, bar);
+		} else if (lane < rows) {
 			bulk_load(smem_addr(ring + (slot * LS_ROWS + lane) * wrow), w + (long long)(row0 + lane) * K + k0, kn * 2, bar);
+		}
 	};
 
 	if (threadIdx.x == 0) {
@@ -143,12 +176,27 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 		__syncthreads(); // every warp is done with the slot (and has written its sums)
 		if (warp == 0 && s + stages < total) issue(s + stages);
 		if (last) {
-			const int tok = threadIdx.x / LS_ROWS, row = threadIdx.x % LS_ROWS, f = r0 + tile * LS_ROWS + row;
-			if (tok < M && f < r1) {
+			// Thread (tok, row) sums the warps' partial sums of the tile's
+			// row in warp order; with SwiGLU the threads of rows 0-7 take a
+			// gate row and its up row (row + 8), each summed so.
+			const int tok = threadIdx.x / LS_ROWS, row = threadIdx.x % LS_ROWS, f = r0 + tile * UNITS + row;
+			if (tok < M && f < r1 && row < UNITS) {
 				float v = 0.0f;
 #pragma unroll
 				for (int q = 0; q < LS_WARPS; q++) v += red[(q * 16 + tok) * LS_ROWS + row];
-				out[(long long)tok * op + f] = from_f32<TO>(v + lin_bias<TO>(bias, biasType, f));
+				if (SWIGLU) {
+					float u = 0.0f;
+#pragma unroll
+					for (int q = 0; q < LS_WARPS; q++) u += red[(q * 16 + tok) * LS_ROWS + row + UNITS];
+					const float gate = round_bf16(v + lin_bias<TO>(bias, biasType, f));
+					const float up = round_bf16(u + lin_bias<TO>(bias, biasType, F + f));
+					out[(long long)tok * op + f] = from_f32<TO>(lin_swiglu(gate, up));
+				} else if (EPI == LS_ADD) {
+					const float y = round_bf16(v + lin_bias<TO>(bias, biasType, f));
+					out[(long long)tok * op + f] = from_f32<TO>(to_f32(addend[(long long)tok * ap + f]) + y);
+				} else {
+					out[(long long)tok * op + f] = from_f32<TO>(v + lin_bias<TO>(bias, biasType, f));
+				}
 			}
 			__syncthreads(); // the sums are read before the next tile writes them
 		}
@@ -159,6 +207,27 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType, int M,  \
 	         int N, int K, int ks, int stages, int* status) {                                               \
-		linear_stream<NT, TO>(out, op, x, xp, w, bias, biasType, M, N, K, ks, stages, status);              \
+		linear_stream<NT, TO, LS_PLAIN>(out, op, x, xp, w, bias, biasType, nullptr, 0, M, N, K, ks, stages, \
+		                                status);                                                            \
 	}
 LINEAR_STREAM_INSTANCES(LINEAR_STREAM)
+
+// linear_stream_swiglu: LS_SWIGLU's instances, bf16 out; N is w's rows (2I).
+#define LINEAR_STREAM_SWIGLU(NAME, NT)                                                                      \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, int M, int N, int K, int ks,          \
+	         int stages, int* status) {                                                                     \
+		linear_stream<NT, bf16, LS_SWIGLU>(out, op, x, xp, w, nullptr, 0, nullptr, 0, M, N, K, ks, stages,  \
+		                                   status);                                                         \
+	}
+LINEAR_STREAM_SWIGLU_INSTANCES(LINEAR_STREAM_SWIGLU)
+
+// linear_stream_add: LS_ADD's instances, bf16 out; addend may be out.
+#define LINEAR_STREAM_ADD(NAME, NT)                                                                         \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,       \
+	         const bf16* addend, int ap, int M, int N, int K, int ks, int stages, int* status) {            \
+		linear_stream<NT, bf16, LS_ADD>(out, op, x, xp, w, bias, biasType, addend, ap, M, N, K, ks, stages, \
+		                                status);                                                            \
+	}
+LINEAR_STREAM_ADD_INSTANCES(LINEAR_STREAM_ADD)

@@ -11,9 +11,11 @@ import (
 // few rows on sm_90a: each block owns whole weight rows over all of K and
 // streams them into shared memory through the copy engine, its first
 // stages requested before its grid_wait so that the stream starts under
-// the kernel before. A module of its own (bulk copies and mbarriers are
-// sm_90's), compiled only where the device's target is hopperArch; where it
-// cannot be built New still succeeds and the variant says why.
+// the kernel before. Its instances with SwiGLU and with the residual add in
+// the epilogue are linear_swiglu's and linear_add's variant "stream". A
+// module of its own (bulk copies and mbarriers are sm_90's), compiled only
+// where the device's target is hopperArch; where it cannot be built New
+// still succeeds and the variants say why.
 
 // The layout of linear_stream, named as in linear_stream.cu.
 const (
@@ -81,16 +83,34 @@ func lsXRow(k int) int {
 // fit, up to the block's stages and lsMaxStages. An error says why it
 // cannot run the problem.
 func planStream(m, n, k, sms, maxShared int) (lsPlan, error) {
+	if n < 1 {
+		return lsPlan{}, fmt.Errorf("N=%d features", n)
+	}
+	return planStreamTiles(m, n, lsRows, k, sms, maxShared)
+}
+
+// planStreamSwiGLU plans linear_stream with SwiGLU in its epilogue: m rows
+// of x over inter output columns (w's 2·inter rows) of k inputs, as
+// planStream plans, the blocks dividing the columns (one block an SM, at
+// most one a column: their weight bytes differ by two rows at most), a
+// stage the gate and up rows of lsRows/2 columns.
+func planStreamSwiGLU(m, inter, k, sms, maxShared int) (lsPlan, error) {
+	if inter < 1 {
+		return lsPlan{}, fmt.Errorf("I=%d output columns (w's gate and up rows: N=%d)", inter, 2*inter)
+	}
+	return planStreamTiles(m, inter, lsRows/2, k, sms, maxShared)
+}
+
+// planStreamTiles is planStream over outs outputs, perTile a tile.
+func planStreamTiles(m, outs, perTile, k, sms, maxShared int) (lsPlan, error) {
 	switch {
 	case m < 1 || m > linMaxRows:
 		return lsPlan{}, fmt.Errorf("M=%d rows: linear_stream takes 1 to %d", m, linMaxRows)
 	case k%lsChunk != 0 || k == 0:
 		return lsPlan{}, fmt.Errorf("K=%d is not a positive multiple of %d (whole 32-k chunks)", k, lsChunk)
-	case n < 1:
-		return lsPlan{}, fmt.Errorf("N=%d features", n)
 	}
-	blocks := min(max(1, sms), n)
-	tiles := ((n+blocks-1)/blocks + lsRows - 1) / lsRows
+	blocks := min(max(1, sms), outs)
+	tiles := ((outs+blocks-1)/blocks + perTile - 1) / perTile
 	x := (m*lsXRow(k)*2 + 127) / 128 * 128
 	room := maxShared - lsBars - lsRed - x
 	unit := lsWarps * lsChunk
@@ -114,12 +134,27 @@ func planStreamOK(k linearKey, sms, shared int) bool {
 	return err == nil
 }
 
+// planStreamSwiGLUOK reports whether planStreamSwiGLU takes the
+// linear_swiglu problem of key k (its stacked GEMM's: N = 2I).
+func planStreamSwiGLUOK(k linearKey, sms, shared int) bool {
+	_, err := planStreamSwiGLU(k.m, k.n/2, k.k, sms, shared)
+	return err == nil
+}
+
 func linearStreamKernel(nt int, out kernels.DType) string {
 	return fmt.Sprintf("linear_stream_n%d_%s", nt, out)
 }
 
+// linearStreamSwiGLUKernel and linearStreamAddKernel are linear_stream's
+// instances with SwiGLU (LS_SWIGLU) and the residual add (LS_ADD) in their
+// epilogues, bf16 out, for nt n-tiles of 8 rows.
+func linearStreamSwiGLUKernel(nt int) string { return fmt.Sprintf("linear_stream_swiglu_n%d", nt) }
+func linearStreamAddKernel(nt int) string    { return fmt.Sprintf("linear_stream_add_n%d", nt) }
+
 // lsModule is linear_stream's NVRTC module.
-func lsModule() cudaset.Module { return module("linear_stream.cu", cudaset.Names(lsInstances())) }
+func lsModule() cudaset.Module {
+	return module("linear_stream.cu", cudaset.Names(lsInstances(), lsSwiGLUInstances(), lsAddInstances()))
+}
 
 // lsKit is linear_stream on one device.
 type lsKit struct {
@@ -180,6 +215,43 @@ func (o *ops) stream(out, x, w, bias *kernels.Tensor) bool {
 	return true
 }
 
+// streamSwiGLU launches linear_stream with SwiGLU in its epilogue, out =
+// swiglu(x·wᵀ) with w's gate rows then its up rows, as planStreamSwiGLU
+// cuts the problem, or reports false, launching nothing, where it cannot
+// (bf16 out only).
+func (o *ops) streamSwiGLU(out, x, w *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	sms, shared := streamTarget(o)
+	p, err := planStreamSwiGLU(m, n/2, k, sms, shared)
+	if err != nil || out.DType != kernels.BF16 || !o.streamTakes(out, x, w) {
+		return false
+	}
+	om, xm := o.Mat(out), o.Mat(x)
+	o.LaunchShared(linearStreamSwiGLUKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w),
+		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+	return true
+}
+
+// streamAdd launches linear_stream with the residual add in its epilogue,
+// out = (x·wᵀ + bias) + addend (out may be addend), as planStream cuts the
+// problem, or reports false, launching nothing, where it cannot (bf16 out
+// only).
+func (o *ops) streamAdd(out, x, w, bias, addend *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	sms, shared := streamTarget(o)
+	p, err := planStream(m, n, k, sms, shared)
+	if err != nil || out.DType != kernels.BF16 || !o.streamTakes(out, x, w) {
+		return false
+	}
+	bp, biasType := o.linBias(bias)
+	om, xm, am := o.Mat(out), o.Mat(x), o.Mat(addend)
+	o.LaunchShared(linearStreamAddKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType, am.P, int32(am.Pitch),
+		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+	return true
+}
+
 // linearStreamWaits reports a wait of linear_stream that timed out since
 // the last call (synchronizing with the device), and clears the record.
 func (o *ops) linearStreamWaits() error {
@@ -207,4 +279,19 @@ func streamValid(s kernels.Shape, t kernels.Target) (params, why string, offered
 		return "", err.Error(), true
 	}
 	return fmt.Sprintf("warps=%d bulk copies before the grid wait, %v", lsWarps, p), "", true
+}
+
+// streamSwiGLUValid is linear_swiglu's variant stream (linear_stream with
+// SwiGLU in its epilogue) for shape s (N = 2I) on t, or why it cannot run
+// it: offered on hopperArch only.
+func streamSwiGLUValid(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
+	if t.Arch != hopperArch {
+		return "", "", false
+	}
+	p, err := planStreamSwiGLU(s["M"], s["N"]/2, s["K"], t.SMs, t.SharedPerBlock)
+	if err != nil {
+		return "", err.Error(), true
+	}
+	return fmt.Sprintf("warps=%d bulk copies before the grid wait, %v, a stage the gate and up rows of %d columns; SwiGLU in the epilogue",
+		lsWarps, p, lsRows/2), "", true
 }

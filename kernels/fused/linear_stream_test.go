@@ -86,16 +86,18 @@ func linearDefaultOn(o *ops, k linearKey, t kernels.Target) string {
 	return o.linearDefault(k)
 }
 
-// TestLinearStreamKernels runs the shared kerneltest's linear cases with
-// linear_stream the default wherever it takes the problem (the decode
-// cases of 1 to 16 rows whose K is a multiple of 32: bias, f32 out, pitched
-// x and out, N of no tile), then the decode graph with it the default, so
-// that its prefetch before the grid wait is replayed overlapped.
+// TestLinearStreamKernels runs the shared kerneltest's linear,
+// linear_swiglu and linear_add cases with linear_stream the default
+// wherever it takes the problem (the decode cases of 1 to 16 rows whose K
+// is a multiple of 32: bias, f32 out, pitched x and out, N or I of no tile;
+// linear_swiglu's with SwiGLU in its epilogue, linear_add's with the add,
+// out addend or not), then the decode graph with it the default, so that
+// its prefetch before the grid wait is replayed overlapped.
 func TestLinearStreamKernels(t *testing.T) {
 	dev, _ := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
 	defer func(r int, b int64) { linStreamRows, linStreamBytes = r, b }(linStreamRows, linStreamBytes)
 	linStreamRows, linStreamBytes = linMaxRows, math.MaxInt64
-	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear)
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear, kernels.OpLinearSwiGLU, kernels.OpLinearAdd)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 
@@ -165,4 +167,19 @@ func TestLinearStreamExact(t *testing.T) {
 			}
 		}
 	}
+}
+
+// bitsDiffer is how many of got's values are not want's bit for bit, and
+// the first of them (-1 for none).
+func bitsDiffer(want, got []float32) (n, first int) {
+	first = -1
+	for i := range want {
+		if i >= len(got) || math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			if n == 0 {
+				first = i
+			}
+			n++
+		}
+	}
+	return n, first
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -111,5 +113,132 @@ func TestLinearSwiGLUWgmmaUnfused(t *testing.T) {
 		for _, a := range []*kernels.Tensor{x, w, gu, want} {
 			dev.Free(a)
 		}
+	}
+}
+
+// TestLinearSwiGLUStreamHost checks linear_swiglu's variant stream
+// (linear_stream with SwiGLU in its epilogue) without a GPU: its plans
+// (the blocks dividing the output columns, a stage the gate and up rows of
+// 8 of them), its listing on sm_90a only, and the default: stream exactly
+// where linear's rule runs linear_stream on the stacked problem (one row
+// under linStreamBytes: DeepSeek-V2-Lite's shared experts, not its dense
+// layer's 85 MiB nor 16 rows), and tuning choices that follow whether
+// linear_stream was built.
+func TestLinearSwiGLUStreamHost(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	for _, c := range []struct {
+		m, inter, k      int
+		blocks, ks, slot int
+		why              string
+	}{
+		{m: 1, inter: 2816, k: 2048, blocks: 132, ks: 2048, slot: 3},  // shared experts: 21 or 22 columns a block, 3 tiles
+		{m: 16, inter: 2816, k: 2048, blocks: 132, ks: 2048, slot: 2}, // x [16, 2048] leaves room for two
+		{m: 1, inter: 10944, k: 2048, blocks: 132, ks: 2048, slot: 3}, // the dense layer: 82 or 83 columns, 11 tiles
+		{m: 3, inter: 37, k: 96, blocks: 37, ks: 256, slot: 1},        // one column a block: one stage
+		{m: 17, inter: 64, k: 64, why: "takes 1 to 16"},
+		{m: 1, inter: 64, k: 200, why: "multiple of 32"},
+		{m: 1, inter: 0, k: 64, why: "I=0"},
+	} {
+		p, err := planStreamSwiGLU(c.m, c.inter, c.k, h200.SMs, h200.SharedPerBlock)
+		switch {
+		case c.why != "":
+			if err == nil || !strings.Contains(err.Error(), c.why) {
+				t.Errorf("M=%d I=%d K=%d: %v, %v; want an error saying %q", c.m, c.inter, c.k, p, err, c.why)
+			}
+		case err != nil:
+			t.Errorf("M=%d I=%d K=%d: %v", c.m, c.inter, c.k, err)
+		case p.blocks != c.blocks || p.ks != c.ks || p.stages != c.slot || p.shared > h200.SharedPerBlock:
+			t.Errorf("M=%d I=%d K=%d: %v, want %d blocks, stages of %d k, %d slots", c.m, c.inter, c.k, p, c.blocks, c.ks, c.slot)
+		}
+	}
+	shared := kernels.Shape{"M": 1, "N": 5632, "K": 2048}
+	if got := valid(variants(kernels.OpLinearSwiGLU, shared, h200)); !slices.Contains(got, linStream) {
+		t.Errorf("linear_swiglu of the shared experts on sm_90a: %v, want stream among them", got)
+	}
+	if got := valid(variants(kernels.OpLinearSwiGLU, kernels.Shape{"M": 17, "N": 5632, "K": 2048}, h200)); slices.Contains(got, linStream) {
+		t.Errorf("linear_swiglu at 17 rows: %v, want no stream", got)
+	}
+	if got := valid(variants(kernels.OpLinearSwiGLU, shared, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[unfused]" {
+		t.Errorf("linear_swiglu of the shared experts on sm_80: %v", got)
+	}
+	saved := streamTarget
+	defer func() { streamTarget = saved }()
+	streamTarget = func(*ops) (int, int) { return h200.SMs, h200.SharedPerBlock }
+	o := &ops{ls: &lsKit{}}
+	for _, c := range []struct {
+		k    linearKey
+		want string
+	}{
+		{linearKey{1, 5632, 2048}, linStream}, {linearKey{16, 5632, 2048}, linSwiGLUUnfused},
+		{linearKey{1, 21888, 2048}, linSwiGLUUnfused}, {linearKey{1, 2 * 18944, 3584}, linSwiGLUUnfused},
+		{linearKey{1, 5632, 200}, linSwiGLUUnfused},
+	} {
+		if got := o.linearSwiGLUDefault(c.k); got != c.want {
+			t.Errorf("linear_swiglu %s runs %q by default, want %q (linear's default %q)", c.k, got, c.want, o.linearDefault(c.k))
+		}
+	}
+	if err := o.UseVariant(kernels.OpLinearSwiGLU, "M=16,N=21888,K=2048", linStream); err != nil ||
+		o.VariantFor(kernels.OpLinearSwiGLU, "M=16,N=21888,K=2048") != linStream {
+		t.Errorf("UseVariant stream at 16 rows: %v", err)
+	}
+	if err := o.UseVariant(kernels.OpLinearSwiGLU, "M=17,N=5632,K=2048", linStream); err == nil {
+		t.Errorf("UseVariant stream at 17 rows accepted")
+	}
+	none := &ops{ls: &lsKit{err: fmt.Errorf("no Hopper here")}}
+	if err := none.UseVariant(kernels.OpLinearSwiGLU, "M=1,N=5632,K=2048", linStream); err == nil {
+		t.Errorf("UseVariant stream without linear_stream accepted")
+	}
+	if got := none.linearSwiGLUDefault(linearKey{1, 5632, 2048}); got != linSwiGLUUnfused {
+		t.Errorf("without linear_stream, the shared experts' linear_swiglu runs %q", got)
+	}
+}
+
+// TestLinearSwiGLUStreamExact holds linear_stream with SwiGLU in its
+// epilogue against the pair the fused set runs without it, linear_stream
+// into gate and up then fused's swiglu, bit for bit: at DeepSeek-V2-Lite's
+// shared experts (I = 2,816, K = 2,048: the default at one row) and dense
+// layer (I = 10,944: 11 tiles a block) at every row count from 1 to 16,
+// and at I of no tile (37: a column a block; 1,001: the blocks' last tiles
+// partial), into a NaN-poisoned out so that an element left unwritten
+// shows. It times both at 1 and 16 rows, for a first look (infer bench
+// linear_swiglu is the measurement).
+func TestLinearSwiGLUStreamExact(t *testing.T) {
+	dev, o := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
+	normal := normalOn(t, dev, rand.New(rand.NewSource(23)))
+	for _, s := range []struct{ inter, k int }{{2816, 2048}, {10944, 2048}, {37, 96}, {1001, 544}} {
+		w := normal(kernels.BF16, 1/math.Sqrt(float64(s.k)), 2*s.inter, s.k)
+		for m := 1; m <= linMaxRows; m++ {
+			x := normal(kernels.BF16, 2, m, s.k) // gate across silu's bend
+			gu, want, got := dev.Alloc(kernels.BF16, m, 2*s.inter), dev.Alloc(kernels.BF16, m, s.inter), dev.Alloc(kernels.BF16, m, s.inter)
+			unfused := func() {
+				if !o.stream(gu, x, w, nil) {
+					t.Fatalf("M=%d I=%d K=%d: linear_stream refuses the stacked problem", m, s.inter, s.k)
+				}
+				o.SwiGLU(want, gu)
+			}
+			unfused()
+			dev.MemsetD8(dev.Ptr(got), 0xff, m*s.inter*2) // NaN: an element the kernel does not write shows
+			if !o.streamSwiGLU(got, x, w) {
+				t.Fatalf("M=%d I=%d K=%d: linear_stream with SwiGLU refuses it", m, s.inter, s.k)
+			}
+			if err := o.linearStreamWaits(); err != nil {
+				t.Fatal(err)
+			}
+			if n, at := bitsDiffer(read(t, dev, want), read(t, dev, got)); n > 0 {
+				t.Errorf("M=%d I=%d K=%d: %d of %d outputs differ from linear_stream then swiglu, the first [%d,%d]",
+					m, s.inter, s.k, n, m*s.inter, at/s.inter, at%s.inter)
+			}
+			if m == 1 || m == linMaxRows {
+				sms, shared := streamTarget(o)
+				p, _ := planStreamSwiGLU(m, s.inter, s.k, sms, shared)
+				ms := msPerCall(t, dev, func() { o.streamSwiGLU(got, x, w) })
+				pairMs := msPerCall(t, dev, unfused)
+				t.Logf("M=%d I=%d K=%d %v: %.2f µs, linear_stream + swiglu %.2f µs", m, s.inter, s.k, p, ms*1e3, pairMs*1e3)
+			}
+			for _, a := range []*kernels.Tensor{x, gu, want, got} {
+				dev.Free(a)
+			}
+		}
+		dev.Free(w)
 	}
 }

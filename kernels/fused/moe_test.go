@@ -311,18 +311,3 @@ func TestMoERoutedExact(t *testing.T) {
 		}
 	}
 }
-
-// bitsDiffer is how many of got's values differ from want's in their bits,
-// and the first that does (-1 for none).
-func bitsDiffer(got, want []float32) (bad, at int) {
-	at = -1
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			if bad == 0 {
-				at = i
-			}
-			bad++
-		}
-	}
-	return bad, at
-}

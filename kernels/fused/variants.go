@@ -49,8 +49,10 @@ type choiceKey struct {
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets),
 // moe_routed's unfused pair and its gate/up that routes, linear_skinny,
-// cuBLAS and linear_wgmma's instances for linear, and the unfused pair and
-// linear_wgmma's instances with SwiGLU in the epilogue for linear_swiglu.
+// cuBLAS and linear_wgmma's instances for linear, the unfused pair,
+// linear_stream and linear_wgmma's instances with SwiGLU in the epilogue
+// for linear_swiglu, and the unfused pair and linear_stream with the add
+// in its epilogue for linear_add.
 var table = func() []variant {
 	var vs []variant
 	for _, c := range flashConfigs {
@@ -228,16 +230,34 @@ var table = func() []variant {
 	}
 	vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: linSwiGLUUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then swiglu, two ops", archWhy(t), true
+	}}, variant{op: kernels.OpLinearSwiGLU, name: linStream, valid: streamSwiGLUValid, use: func(o *ops, key string) error {
+		k, _ := parseLinearKey(key)
+		sms, shared := streamTarget(o)
+		if _, err := planStreamSwiGLU(k.m, k.n/2, k.k, sms, shared); err != nil {
+			return fmt.Errorf("linear_stream with SwiGLU: %w", err)
+		}
+		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
 	}})
 	for _, c := range lwConfigs {
 		vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: c.Variant, valid: lwValid(c, true), use: lwUse(c)})
 	}
+	vs = append(vs, variant{op: kernels.OpLinearAdd, name: linAddUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then add, two ops", archWhy(t), true
+	}}, variant{op: kernels.OpLinearAdd, name: linStream, valid: streamValid, use: func(o *ops, key string) error {
+		k, _ := parseLinearKey(key)
+		sms, shared := streamTarget(o)
+		if _, err := planStream(k.m, k.n, k.k, sms, shared); err != nil {
+			return fmt.Errorf("linear_stream with the add: %w", err)
+		}
+		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
+	}})
 	return vs
 }()
 
 // tunings are the ops whose variant is chosen per tuning key: attention
 // prefill's per head dim and element type (prefillKey), linear's per shape
 // (M, N, K), linear_swiglu's per its stacked GEMM's (M, N = 2I, K),
+// linear_add's per its projection's (M, N, K),
 // mla_prefill's per head dims, the grouped GEMM's (group_gemm,
 // moe_experts, moe_routed) per tiling, mla_decode's by batch
 // (mlaDecodeKey); the other ops have one variant.
@@ -268,10 +288,12 @@ var tunings = map[kernels.Op]tuning{
 		},
 		pick: mlaDecodePick,
 	},
-	// linearFor and linearSwiGLUFor are the rules; Linear and LinearSwiGLU
-	// call them with the problem's linearKey, parsing no key on every call.
+	// linearFor, linearSwiGLUFor and linearAddFor are the rules; Linear,
+	// LinearSwiGLU and LinearAdd call them with the problem's linearKey,
+	// parsing no key on every call.
 	kernels.OpLinear:       linearTuning((*ops).linearFor),
 	kernels.OpLinearSwiGLU: linearTuning((*ops).linearSwiGLUFor),
+	kernels.OpLinearAdd:    linearTuning((*ops).linearAddFor),
 	kernels.OpGroupGemm:    gemmTuning(kernels.OpGroupGemm),
 	kernels.OpMoEExperts:   gemmTuning(kernels.OpMoEExperts),
 	kernels.OpMoERouted:    routedTuning,

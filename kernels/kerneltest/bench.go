@@ -283,8 +283,9 @@ func buildSwiGLU(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 var linearSwiGLUBench = &Bench{
 	Bound: "compute", Dims: []string{"M", "N", "K"},
 	Doc: "out [M,N/2] = swiglu(x [M,K] · w [N,K]ᵀ), w the gate rows then the up rows (N = 2I, the stacked GEMM's N, " +
-		"as linear's gate_up rows name it); in fused the pair unfused or, by choice on sm_90a, linear_wgmma with SwiGLU " +
-		"in its epilogue; the dense row is cuBLAS's gate_up GEMM alone",
+		"as linear's gate_up rows name it); in fused the pair unfused, on sm_90a linear_stream with SwiGLU in its epilogue " +
+		"where linear runs linear_stream (decode's few rows), or by choice linear_wgmma with it; the dense row is cuBLAS's " +
+		"gate_up GEMM alone",
 	Shapes: []kernels.Shape{
 		// Qwen2-7B (H = 3,584, I = 18,944) at 16,384 rows, at one W1
 		// row's prompt (10,816), at W1's whole prefill step (16 rows of
@@ -293,6 +294,8 @@ var linearSwiGLUBench = &Bench{
 		sh("M", 16*10816, "N", 2*18944, "K", 3584), sh("M", 16, "N", 2*18944, "K", 3584),
 		// DeepSeek-V2-Lite's dense layer (I = 10,944, H = 2,048) over W3's prompt
 		sh("M", 11041, "N", 2*10944, "K", 2048),
+		// its shared experts (I = 2 · 1,408) at decode batch 1 and 16
+		sh("M", 1, "N", 2*2816, "K", 2048), sh("M", 16, "N", 2*2816, "K", 2048),
 	},
 	FLOPs: func(s kernels.Shape) float64 { return 2*f(s, "M", "N", "K") + 3*f(s, "M", "N") },
 	Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + f(s, "M", "N")/2) },
@@ -345,6 +348,33 @@ func buildRMSNormRoPE(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 		Run: func(o kernels.Ops, i int) {
 			o.RMSNormRoPE(rows[i].ColSlice(0, qw), rows[i].ColSlice(qw, qw+kvw), w, 1e-6, h, dn+dr, dn, p, rope)
 		}}
+}
+
+var linearAddBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N", "K"},
+	Doc: "out [M,N] += x [M,K] · w [N,K]ᵀ in bf16, the projection rounded before the sum (the MoE's shared experts' " +
+		"down projection added to the routed experts' output); in fused linear_stream with the add in its epilogue " +
+		"where linear runs linear_stream (decode's few rows), else the pair unfused",
+	Shapes: []kernels.Shape{
+		// DeepSeek-V2-Lite's shared experts' down (H = 2,048, I = 2 · 1,408)
+		// at decode batch 1 and 16
+		sh("M", 1, "N", 2048, "K", 2816), sh("M", 16, "N", 2048, "K", 2816),
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 2*f(s, "M", "N", "K") + f(s, "M", "N") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * (f(s, "M", "K") + f(s, "N", "K") + 2*f(s, "M", "N")) },
+	Build: buildLinearAdd,
+}
+
+// buildLinearAdd adds into out in place, as the MoE does: out is state
+// the runner puts back before each check.
+func buildLinearAdd(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	m, n, k := s["M"], s["N"], s["K"]
+	c := b.copiesFor(bc.Bytes(s))
+	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	ws := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	outs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, n), 1) })
+	return &Problem{Copies: c, Outs: outs[:1], State: outs[:1],
+		Run: func(o kernels.Ops, i int) { o.LinearAdd(outs[i], xs[i], ws[i], nil, outs[i]) }}
 }
 
 var attnPrefillBench = &Bench{

@@ -211,6 +211,32 @@ func rmsNormRoPEChecks(l *caseList) {
 	}
 }
 
+// linearAddChecks are decode's rows (1, 3, 16) with and without bias, N
+// of no tile, pitched x, pitched out (and addend, at another pitch), out
+// aliasing addend (the MoE's out += shared experts, a column slice too),
+// DeepSeek-V2-Lite's shared experts' down projection with the model's dims
+// divided by 8, prefill's hundreds of rows, and a K that is no multiple of
+// 32 (fused leaves it to its parts). A set that fuses the pair for some
+// shapes only declines the others (the Dispatch then runs linear and add,
+// whose own cases hold them): those cases are skipped for it.
+func linearAddChecks(l *caseList) {
+	for _, s := range []linearAddCase{
+		{n: 1, k: 256, m: 200},
+		{n: 1, k: 2816 / 8, m: 2048 / 8, bias: true, inPlace: true},
+		{n: 3, k: 128, m: 1000, bias: true, pitchedX: true},
+		{n: 3, k: 96, m: 72, inPlace: true, pitchedOut: true},
+		{n: 16, k: 2816 / 8, m: 2048 / 8, inPlace: true},
+		{n: 16, k: 512, m: 136, bias: true, pitchedX: true, pitchedOut: true},
+		{n: 16, k: 64, m: 40, bias: true, inPlace: true, pitchedX: true, pitchedOut: true},
+		{n: 5, k: 100, m: 52, bias: true},
+		{n: 129, k: 200, m: 264, bias: true, inPlace: true},
+	} {
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { linearAdd(e, s) }})
+		}
+	}
+}
+
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
 // row, causal or not, in bf16 and in f16.
 func attnPrefillChecks(l *caseList) {
@@ -709,6 +735,65 @@ func linearSwiGLU(e *env, c linearSwiGLUCase) {
 	}
 	e.run(func(o kernels.Ops, s int) { o.LinearSwiGLU(out[s], x[s], w[s]) })
 	e.check("out", whole, written)
+}
+
+type linearAddCase struct {
+	n, k, m                    int // rows, inputs, outputs
+	bias, pitchedX, pitchedOut bool
+	inPlace                    bool // out is addend
+}
+
+func (c linearAddCase) String() string {
+	s := fmt.Sprintf("N=%d,K=%d,M=%d", c.n, c.k, c.m)
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{c.bias, "bias"}, {c.pitchedX, "pitched x"}, {c.pitchedOut, "pitched out"}, {c.inPlace, "out=addend"}} {
+		if f.on {
+			s += "," + f.name
+		}
+	}
+	return s
+}
+
+// linearAdd is out = (x·wᵀ + bias) + addend, out either addend or a tensor
+// of its own (poisoned); pitched out takes columns of a wider matrix, and
+// a separate addend columns of another.
+func linearAdd(e *env, c linearAddCase) {
+	x := e.random(actK, 1, c.n, c.k)
+	if c.pitchedX {
+		x = e.random(actK, 1, c.n, c.k+24).cols(xCol, xCol+c.k)
+	}
+	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), c.m, c.k)
+	var b pair
+	if c.bias {
+		b = e.random(weightK, 0.5, c.m)
+	}
+	if c.inPlace {
+		whole := e.random(actK, 1, c.n, c.m)
+		out := whole
+		if c.pitchedOut {
+			whole = e.random(actK, 1, c.n, c.m+32)
+			out = whole.cols(outCol, outCol+c.m)
+		}
+		e.run(func(o kernels.Ops, s int) { o.LinearAdd(out[s], x[s], w[s], b[s], out[s]) })
+		e.check("out", whole, all)
+		return
+	}
+	addends, addend := e.random(actK, 1, c.n, c.m), pair{}
+	whole := e.poisoned(actK, c.n, c.m)
+	out, written := whole, all
+	addend = addends
+	if c.pitchedOut {
+		whole = e.poisoned(actK, c.n, c.m+32)
+		out = whole.cols(outCol, outCol+c.m)
+		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
+		addends = e.random(actK, 1, c.n, c.m+16)
+		addend = addends.cols(xCol, xCol+c.m)
+	}
+	e.run(func(o kernels.Ops, s int) { o.LinearAdd(out[s], x[s], w[s], b[s], addend[s]) })
+	e.check("out", whole, written)
+	e.check("addend", addends, all)
 }
 
 type attnCase struct {

@@ -85,9 +85,15 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 
 	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
-	// linear_swiglu is fused for prefill's shapes only, if at all.
-	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
+	// linear_swiglu is fused for prefill's shapes only, if at all. Its
+	// output holds numbers before it first runs: linear_add below reads it.
+	mlpW, mlpOut := g.random(kernels.BF16, 2*inter, hidden), g.random(act, rows, inter)
 	addWhole(kernels.OpLinearSwiGLU, func() { ops.LinearSwiGLU(mlpOut, x, mlpW) }, mlpOut)
+	// The shared experts' down projection of the MLP's output added in
+	// place, as the MoE adds it to the routed experts' output.
+	sum, downW, downB := g.random(act, rows, hidden), g.random(kernels.BF16, hidden, inter), g.random(kernels.BF16, hidden)
+	state = append(state, sum)
+	addWhole(kernels.OpLinearAdd, func() { ops.LinearAdd(sum, mlpOut, downW, downB, sum) }, sum)
 
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
 	state = append(state, kc, vc)

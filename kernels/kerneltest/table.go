@@ -18,6 +18,7 @@ var table = []opCases{
 	{kernels.OpSwiGLU, swiGLUChecks, swiGLUBench},
 	{kernels.OpLinearSwiGLU, linearSwiGLUChecks, linearSwiGLUBench},
 	{kernels.OpRMSNormRoPE, rmsNormRoPEChecks, rmsNormRoPEBench},
+	{kernels.OpLinearAdd, linearAddChecks, linearAddBench},
 	{kernels.OpAttnPrefill, attnPrefillChecks, attnPrefillBench},
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
 	{kernels.OpMLAPrefill, mlaPrefillChecks, mlaPrefillBench},

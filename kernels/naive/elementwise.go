@@ -96,6 +96,16 @@ func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	o.SwiGLU(out, gateUp)
 }
 
+// LinearAdd is the set's Linear into a scratch [N, M] then its Add of
+// addend and it into out (which may be addend), as HF's eager projection
+// and residual sum.
+func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	kernels.CheckLinearAdd(o.D.ActDType(), out, x, w, bias, addend)
+	lin := o.ScratchTensor(scrLinear, out.DType, x.Rows(), w.Rows())
+	o.Linear(lin, x, w, bias)
+	o.Add(out, addend, lin)
+}
+
 // swiglu is out = silu(gateUp[:, :inter]) · gateUp[:, inter:] over rows:
 // silu writes out, mul multiplies it in place.
 func (o *ops) swiglu(out, gateUp cudaset.Mat, rows, inter int) {

@@ -61,6 +61,7 @@ var (
 const (
 	scrRstd      = "rms.rstd"       // RMSNorm: rstd f32 [N]
 	scrGateUp    = "mlp.gate_up"    // LinearSwiGLU: gate and up projections bf16 [N, 2I]
+	scrLinear    = "linear_add.lin" // LinearAdd: the projection bf16 [N, M]
 	scrScores    = "attn.scores"    // attention: scores f32 [heads*queries, keys]
 	scrProbs     = "attn.probs"     // attention: probabilities bf16 (f16 for f16 operands) [heads*queries, keys]
 	scrAttnAcc   = "attn.acc"       // attention: P·V of the softmax numerators f32 [queries, heads*dim]
