@@ -361,6 +361,14 @@ func (o *ops) foldDown(c gemmConfig, tiles int, out, weight, down *kernels.Tenso
 // moe_experts) where moe_experts would not run the folded path (more than
 // foldTokens tokens, another tiling, another variant chosen for it) or
 // moe_routed's variant is routedUnfused.
+// routeFoldTokens is the most tokens moe_routed routes in its gate/up
+// blocks: every block routes every token before its first weight load,
+// which alone on an H200 paid at one token and cost more than the launch
+// it saves from three (bench/RESULTS.md, MoE); a tuning choice of
+// routedVariant takes every count the fold takes. A variable, so that the
+// tests can run every case the kernels take.
+var routeFoldTokens = 1
+
 func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
 	op := kernels.OpMoERouted
 	kernels.CheckMoERouted(o.D.ActDType(), out, idx, weight, x, logits, gateUp, down, r)
@@ -373,7 +381,8 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	c := configFor(choices, experts)
 	key := wgmmaKey(c)
 	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
-	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && o.foldTakes(c, n, choices, hidden), op,
+	chosen := o.choice[choiceKey{op, key}] == routedVariant // a tuning choice or infer bench's --variants
+	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && (n <= routeFoldTokens || chosen) && o.foldTakes(c, n, choices, hidden), op,
 		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
 	tiles := mTiles(choices, experts, c.BM)
 	rows := tiles * c.BM

@@ -199,13 +199,15 @@ func TestMoERoutedVariants(t *testing.T) {
 // experts, one group), group-limited (8 groups, top 3, normalised and
 // scaled), and logits of exact ties (a quarter of a token's experts share
 // its best score: the tie order decides), at 1, 3, 5 and 8 tokens
-// (foldTokens), at V2-Lite's expert dims and at dims of no tile. Past
-// foldTokens, and with the variant unfused chosen, the call must decline
+// (foldTokens; routeFoldTokens raised to it), at V2-Lite's expert dims and
+// at dims of no tile. Past foldTokens, and with the variant unfused chosen, the call must decline
 // (the Dispatch then runs the parts). Outputs start as NaN (idx as -1), so
 // that one left unwritten shows; each chain runs twice, so that a counter
 // the down kernel leaves behind shows in the second.
 func TestMoERoutedExact(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
+	defer func(n int) { routeFoldTokens = n }(routeFoldTokens)
+	routeFoldTokens = foldTokens // route in the gate/up blocks every case the fold takes, not only the default's
 	set, err := New(dev)
 	if err != nil {
 		t.Fatal(err)
