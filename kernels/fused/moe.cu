@@ -184,8 +184,8 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 	return true;
 }
 
-// group_gemm is the grouped GEMM: for the BM-row m-tile blockIdx.y (see
-// find_tile) of group g and the BN-column n-tile blockIdx.x,
+// group_gemm_tile is one tile of the grouped GEMM: for the BM rows from
+// row0 of group g (rows to rowEnd, its end) and the BN-column n-tile nt0,
 //   out[r, n] = Σ_k a(r)[k] · w[g, n, k]
 // with a(r) = x row r, or, with a gather table, x row gather[r] / gdiv
 // (a row whose gather entry is negative is zero: the padding of an
@@ -197,6 +197,9 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 //   out bf16 [M, op] (N or N/2 columns); x bf16 [*, xp] (K columns); gather
 //   i32 [M] or null; w bf16 [E, N, K] packed; first i32 [E+1], ascending in
 //   [0, M]. K and N are multiples of 8; rows start on 16-byte boundaries.
+//   aRow [BM], bRow [BN]: the block's row tables in shared memory, written
+//   here: the x row of each tile row and the w row (within the group) of
+//   each tile column, -1 for none.
 // Tiling: WARPS_M × WARPS_N warps, each a (BM/WARPS_M) × (BN/WARPS_N)
 // tile of m16n8k16 mma.sync (bf16 in, f32 accumulate); K in BK-wide
 // steps through a STAGES-deep cp.async ring of swizzled tiles (Tile<BK>:
@@ -204,12 +207,13 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 // groups); one barrier per step. With SWIGLU each warp's columns are half
 // gate, half up, for the same intermediate columns, so one thread holds
 // the gate and up of every output it writes.
-// Launch: grid (ceil(N / BN) — ceil(N/2 / (BN/2)) with SWIGLU —, an upper
-// bound of the m-tiles), WARPS_M·WARPS_N·32 threads, STAGES·(BM + BN)·BK·2
-// bytes of dynamic shared memory.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD = false>
-__device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
-                           const int* first, int E, int M, int N, int K, int choices = 0) {
+// A block of WARPS_M·WARPS_N·32 threads with STAGES·(BM + BN)·BK·2 bytes
+// of dynamic shared memory runs it (group_gemm); it leaves the shared
+// tiles and row tables in use (the caller synchronizes before the next).
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD>
+__device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,
+                                                const bf16* w, const int* first, int N, int K, int choices, int g,
+                                                int row0, int rowEnd, int nt0, int* aRow, int* bRow) {
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
@@ -219,14 +223,9 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	static_assert(BM * T::CHUNKS % THREADS == 0 && BN * T::CHUNKS % THREADS == 0, "whole copies per thread");
 	static_assert(!SWIGLU || NT % 2 == 0, "a warp's columns split into gate and up halves of whole n-frags");
 	extern __shared__ __align__(128) unsigned char smem[];
-	__shared__ int aRow[BM]; // the x row of each tile row, -1 for none
-	__shared__ int bRow[BN]; // the w row (within the group) of each tile column, -1 for none
 
-	int g, row0, rowEnd;
-	if (!find_tile<BM>(first, E, M, blockIdx.y, g, row0, rowEnd)) return;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-	const int nt0 = blockIdx.x;
 	if (FOLD) {
 		// gather is each choice's expert (fold_count's, in shared memory):
 		// the rows of this tile are the choices of group g whose rank
@@ -357,6 +356,22 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 			}
 		}
 	}
+}
+
+// group_gemm is the grouped GEMM a block a tile: the block computes m-tile
+// blockIdx.y (see find_tile) and n-tile blockIdx.x (group_gemm_tile), or
+// exits where blockIdx.y is past the work.
+//   out, x, gather, w, first: group_gemm_tile's; M the rows of the bound.
+// Launch: grid (ceil(N / BN) — ceil(N/2 / (BN/2)) with SWIGLU —, an upper
+// bound of the m-tiles), group_gemm_tile's block.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD = false>
+__device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
+                           const int* first, int E, int M, int N, int K, int choices = 0) {
+	__shared__ int aRow[BM], bRow[BN];
+	int g, row0, rowEnd;
+	if (!find_tile<BM>(first, E, M, blockIdx.y, g, row0, rowEnd)) return;
+	group_gemm_tile<BM, BN, WARPS_M, WARPS_N, BK, STAGES, SWIGLU, FOLD>(out, op, x, xp, gather, gdiv, w, first, N, K,
+	                                                                    choices, g, row0, rowEnd, blockIdx.x, aRow, bRow);
 }
 
 // The tilings (named as in moe.go's gemmConfigs): m16 for decode, where
