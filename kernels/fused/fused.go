@@ -177,8 +177,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = o.D.Alloc(kernels.I32, argmaxMaxRows)
 	o.D.Zero(o.argmaxCounters)
-	o.moeCounters = o.D.Alloc(kernels.I32, foldCounters)
-	o.D.Zero(o.moeCounters)
+	if err := o.initMoE(); err != nil {
+		return nil, err
+	}
 	if err := o.initLinear(); err != nil {
 		return nil, err
 	}
@@ -213,6 +214,8 @@ type ops struct {
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 	moeCounters    *kernels.Tensor // i32 [foldCounters]: group_gemm_fold's finished blocks per n-tile, zero between launches
+	dynCounters    *kernels.Tensor // i32 [dynCountersN]: group_gemm_dyn's counter pairs (dynGateUpPair, dynDownPair), zero between launches
+	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

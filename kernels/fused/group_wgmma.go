@@ -196,13 +196,18 @@ func (o *ops) wgmmaWaits() error {
 // the tiling c: group_wgmma is a choice at the prefill tiling only.
 func wgmmaKey(c gemmConfig) string { return "tiling=" + c.Name }
 
-// defaultGemmVariant is the variant op runs at tiling c without group_wgmma.
+// defaultGemmVariant is the variant op runs at tiling c without group_wgmma:
+// at decode's tiling moe_experts' folded (past the fold, the persistent
+// grid) and group_gemm's persistent grid.
 func defaultGemmVariant(op kernels.Op, c gemmConfig) string {
 	if op == kernels.OpMoEExperts && c.Name == prefillTiling {
 		return "cublas_per_expert"
 	}
 	if op == kernels.OpMoEExperts && c.Name == foldTiling {
 		return foldedVariant
+	}
+	if c.Name == dynTiling {
+		return dynVariant
 	}
 	return "grouped_mma"
 }

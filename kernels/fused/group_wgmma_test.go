@@ -39,7 +39,7 @@ func TestWgmmaHost(t *testing.T) {
 	if got := names(variants(kernels.OpGroupGemm, w3, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[grouped_mma]" {
 		t.Errorf("group_gemm at W3 on sm_80: %v", got)
 	}
-	if got := names(variants(kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, h200)); fmt.Sprint(got) != "[grouped_mma]" {
+	if got := names(variants(kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, h200)); fmt.Sprint(got) != "[grouped_mma grouped_mma_dyn]" {
 		t.Errorf("group_gemm at decode on sm_90a: %v", got)
 	}
 	o := &ops{}

@@ -22,7 +22,7 @@ func instances() []cudaset.Instances {
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
-		groupGemmInstances(), moeFoldInstances(), linearInstances(),
+		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(),
 	}
@@ -169,6 +169,14 @@ func groupGemmInstances() cudaset.Instances {
 			Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}})
 	}
 	return f
+}
+
+// groupGemmDynInstances are the grouped GEMM's persistent-grid kernels
+// (moe.cu's GROUP_GEMM_DYN), at the tiling they run in (dynTiling).
+func groupGemmDynInstances() cudaset.Instances {
+	c := dynConfig()
+	return cudaset.Instances{Macro: "GROUP_GEMM_DYN", Kernels: []cudaset.Instance{{Names: []string{c.dynGemmKernel(), c.dynGateUpKernel()},
+		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 
 // moeFoldInstances are the folded decode path's kernels (moe.cu's

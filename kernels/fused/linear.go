@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
@@ -123,15 +124,20 @@ func (o *ops) initLinear() error {
 		if err != nil {
 			return fmt.Errorf("fused: %s: %w", name, err)
 		}
-		regs := (a.Regs + 7) / 8 * 8 // allocated per thread in units of 8
-		threads := linWarps * 32
-		per := min(regsPerSM/max(1, regs*threads), threadsPerSM/threads,
-			o.D.Props().MaxSharedPerSM/(a.StaticShared+sharedReserve))
-		o.lin.perSM[name] = max(1, per)
+		o.lin.perSM[name] = o.residentBlocks(a, linWarps*32, 0)
 	}
 	o.lin.counters = o.D.Alloc(kernels.I32, o.SMs)
 	o.D.Zero(o.lin.counters)
 	return nil
+}
+
+// residentBlocks is how many blocks of a kernel the compiler made a of,
+// with threads threads and dynShared bytes of dynamic shared memory, an SM
+// holds at once (its registers, threads and shared memory), at least one.
+func (o *ops) residentBlocks(a cuda.FuncAttrs, threads, dynShared int) int {
+	regs := (a.Regs + 7) / 8 * 8 // allocated per thread in units of 8
+	return max(1, min(regsPerSM/max(1, regs*threads), threadsPerSM/threads,
+		o.D.Props().MaxSharedPerSM/(a.StaticShared+dynShared+sharedReserve)))
 }
 
 // linearPlan is how linear_skinny covers a problem: columns of linFeatures

@@ -4,8 +4,10 @@
 // with SwiGLU in its epilogue (moe_gate_up), the same grouped GEMM for the
 // down projections (group_gemm, also the group_gemm op), and the weighted
 // sum of each token's experts (moe_combine). Nothing is read on the host:
-// grids are sized for the worst case and blocks past the work exit, so one
-// path serves a decode step inside a CUDA graph and an 11K-token prefill.
+// grids are sized for the worst case and blocks past the work exit (or, at
+// decode's tiling, a persistent grid takes the tiles from a counter:
+// group_gemm_dyn), so one path serves a decode step inside a CUDA graph
+// and an 11K-token prefill.
 //
 // Rounding is HF's bf16 path (transformers' grouped experts): gate and up
 // rounded to bf16, silu(gate) rounded, its product with up rounded; each
@@ -184,8 +186,8 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 	return true;
 }
 
-// group_gemm is the grouped GEMM: for the BM-row m-tile blockIdx.y (see
-// find_tile) of group g and the BN-column n-tile blockIdx.x,
+// group_gemm_tile is one tile of the grouped GEMM: for the BM rows from
+// row0 of group g (rows to rowEnd, its end) and the BN-column n-tile nt0,
 //   out[r, n] = Σ_k a(r)[k] · w[g, n, k]
 // with a(r) = x row r, or, with a gather table, x row gather[r] / gdiv
 // (a row whose gather entry is negative is zero: the padding of an
@@ -197,6 +199,9 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 //   out bf16 [M, op] (N or N/2 columns); x bf16 [*, xp] (K columns); gather
 //   i32 [M] or null; w bf16 [E, N, K] packed; first i32 [E+1], ascending in
 //   [0, M]. K and N are multiples of 8; rows start on 16-byte boundaries.
+//   aRow [BM], bRow [BN]: the block's row tables in shared memory, written
+//   here: the x row of each tile row and the w row (within the group) of
+//   each tile column, -1 for none.
 // Tiling: WARPS_M × WARPS_N warps, each a (BM/WARPS_M) × (BN/WARPS_N)
 // tile of m16n8k16 mma.sync (bf16 in, f32 accumulate); K in BK-wide
 // steps through a STAGES-deep cp.async ring of swizzled tiles (Tile<BK>:
@@ -204,12 +209,14 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 // groups); one barrier per step. With SWIGLU each warp's columns are half
 // gate, half up, for the same intermediate columns, so one thread holds
 // the gate and up of every output it writes.
-// Launch: grid (ceil(N / BN) — ceil(N/2 / (BN/2)) with SWIGLU —, an upper
-// bound of the m-tiles), WARPS_M·WARPS_N·32 threads, STAGES·(BM + BN)·BK·2
-// bytes of dynamic shared memory.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD = false>
-__device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
-                           const int* first, int E, int M, int N, int K, int choices = 0) {
+// A block of WARPS_M·WARPS_N·32 threads with STAGES·(BM + BN)·BK·2 bytes
+// of dynamic shared memory runs it (group_gemm, group_gemm_dyn); it leaves
+// the shared tiles and row tables in use (the caller synchronizes before
+// the next).
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD>
+__device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,
+                                                const bf16* w, const int* first, int N, int K, int choices, int g,
+                                                int row0, int rowEnd, int nt0, int* aRow, int* bRow) {
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
@@ -219,14 +226,9 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	static_assert(BM * T::CHUNKS % THREADS == 0 && BN * T::CHUNKS % THREADS == 0, "whole copies per thread");
 	static_assert(!SWIGLU || NT % 2 == 0, "a warp's columns split into gate and up halves of whole n-frags");
 	extern __shared__ __align__(128) unsigned char smem[];
-	__shared__ int aRow[BM]; // the x row of each tile row, -1 for none
-	__shared__ int bRow[BN]; // the w row (within the group) of each tile column, -1 for none
 
-	int g, row0, rowEnd;
-	if (!find_tile<BM>(first, E, M, blockIdx.y, g, row0, rowEnd)) return;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-	const int nt0 = blockIdx.x;
 	if (FOLD) {
 		// gather is each choice's expert (fold_count's, in shared memory):
 		// the rows of this tile are the choices of group g whose rank
@@ -359,6 +361,74 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	}
 }
 
+// group_gemm is the grouped GEMM a block a tile: the block computes m-tile
+// blockIdx.y (see find_tile) and n-tile blockIdx.x (group_gemm_tile), or
+// exits where blockIdx.y is past the work.
+//   out, x, gather, w, first: group_gemm_tile's; M the rows of the bound.
+// Launch: grid (ceil(N / BN) — ceil(N/2 / (BN/2)) with SWIGLU —, an upper
+// bound of the m-tiles), group_gemm_tile's block.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD = false>
+__device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
+                           const int* first, int E, int M, int N, int K, int choices = 0) {
+	__shared__ int aRow[BM], bRow[BN];
+	int g, row0, rowEnd;
+	if (!find_tile<BM>(first, E, M, blockIdx.y, g, row0, rowEnd)) return;
+	group_gemm_tile<BM, BN, WARPS_M, WARPS_N, BK, STAGES, SWIGLU, FOLD>(out, op, x, xp, gather, gdiv, w, first, N, K,
+	                                                                    choices, g, row0, rowEnd, blockIdx.x, aRow, bRow);
+}
+
+// group_gemm_dyn is group_gemm on a persistent grid: instead of a block a
+// tile of the bound, most of which find no work at decode (the bound
+// counts up to a tile of padding for every expert), each block takes
+// tickets from a counter until they run past the work. Ticket t is m-tile
+// t / ntiles and n-tile t % ntiles, so consecutive tickets share an
+// expert's rows of x, and every tile is group_gemm's block (mt, nt): the
+// same loads, products and epilogue, so the outputs are group_gemm's bit
+// for bit. The work is start[E]·ntiles tiles (group_tile_starts:
+// first[E]/BM where every group is padded to whole m-tiles, as moe_align
+// pads them).
+// counters[0] is the next ticket, counters[1] the blocks finished; both
+// are zero when the grid starts, and the last block to finish sets them
+// back to zero, so that a graph replays the launch with no memset. Every
+// block takes its last ticket (the one past the work) before it counts
+// itself finished, and a fence orders the two: when the last block counts
+// itself, no block takes a ticket any more, and its reset cannot be lost
+// under another block's increment.
+//   out, x, gather, w, first, E, M, N, K: group_gemm's; counters i32 [2],
+//   a pair of its own per kernel (a kernel overlapping this one touches
+//   its own pair only), zero between launches.
+// Launch: 1-D, the blocks an SM holds times the SMs, at most ceil(N / BN)
+// (ceil(N/2 / (BN/2)) with SWIGLU) times the bound of the m-tiles;
+// group_gemm_tile's block. The caller has passed grid_wait: the counters,
+// as first, are touched after it only.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU>
+__device__ void group_gemm_dyn(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
+                               const int* first, int E, int M, int N, int K, int* counters) {
+	__shared__ int aRow[BM], bRow[BN];
+	__shared__ int start[MAX_GROUPS + 1]; // start[g]: group g's first m-tile
+	__shared__ int ticket;
+	const int ntiles = SWIGLU ? (N / 2 + BN / 2 - 1) / (BN / 2) : (N + BN - 1) / BN;
+	if (threadIdx.x < 32) group_tile_starts<BM>(first, E, M, start);
+	for (;;) {
+		if (threadIdx.x == 0) ticket = atomicAdd(&counters[0], 1);
+		__syncthreads(); // the ticket (and, the first time, start) is written
+		const int t = ticket;
+		if (t >= start[E] * ntiles) break;
+		const int mt = t / ntiles, g = group_of_tile(start, E, mt), row0 = first[g] + (mt - start[g]) * BM;
+		group_gemm_tile<BM, BN, WARPS_M, WARPS_N, BK, STAGES, SWIGLU, false>(out, op, x, xp, gather, gdiv, w, first, N, K, 0,
+		                                                                     g, row0, first[g + 1], t - mt * ntiles, aRow, bRow);
+		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
+	}
+	if (threadIdx.x == 0) {
+		__threadfence(); // this block's last ticket before its count
+		if (atomicAdd(&counters[1], 1) == (int)gridDim.x - 1) {
+			__threadfence(); // every block's last ticket before the reset
+			counters[0] = 0;
+			counters[1] = 0;
+		}
+	}
+}
+
 // The tilings (named as in moe.go's gemmConfigs): m16 for decode, where
 // each expert has a few rows and the weights stream through once; m64 for
 // some hundred tokens; m128 for prefill, where the tensor cores bound it.
@@ -378,6 +448,26 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 		group_gemm<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, gather, gdiv, w, first, E, M, N, K);             \
 	}
 GROUP_GEMM_INSTANCES(GROUP_GEMM)
+
+// The persistent-grid instances (group_gemm_dyn) of decode's tiling, m16
+// (moe.go's dynTiling): its arguments and group_gemm's and moe_gate_up's,
+// and the counter pair.
+#define GROUP_GEMM_DYN(GEMM, GATE_UP, BM, BN, WM, WN, BK, ST)                                                    \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GEMM(bf16* out, int op, const bf16* x, int xp, const bf16* w, const int* first, int E, int M, int N, int K, \
+	         int* counters) {                                                                                     \
+		grid_wait();                                                                                              \
+		grid_release();                                                                                           \
+		group_gemm_dyn<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, nullptr, 1, w, first, E, M, N, K, counters); \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,            \
+	            const int* first, int E, int M, int N, int K, int* counters) {                                     \
+		grid_wait();                                                                                              \
+		grid_release();                                                                                           \
+		group_gemm_dyn<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, gather, gdiv, w, first, E, M, N, K, counters); \
+	}
+GROUP_GEMM_DYN_INSTANCES(GROUP_GEMM_DYN)
 
 // ------------------------------- decode: align and combine (and route) folded
 

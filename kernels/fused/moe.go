@@ -35,6 +35,20 @@ const (
 	// declines the call, and the Dispatch runs moe_route and moe_experts.
 	routedVariant = "route_folded"
 	routedUnfused = "unfused"
+	// dynTiling is the tiling whose grouped GEMMs also run on a persistent
+	// grid (moe.cu's group_gemm_dyn): decode's, where the bound's grid is
+	// mostly blocks that find no work. dynVariant is that variant, of
+	// moe_experts (its four launches; the folded variant's past the fold
+	// too) and of group_gemm; grouped_mma there is the grid a block a tile.
+	dynTiling  = "m16"
+	dynVariant = "grouped_mma_dyn"
+	// dynGateUpPair and dynDownPair are where in dynCounters (i32) the
+	// gate/up and down kernels' counter pairs start (the group_gemm op
+	// takes down's): a 128-byte line each, so that the two kernels'
+	// atomics, and their resets, never share one.
+	dynGateUpPair = 0
+	dynDownPair   = 32
+	dynCountersN  = 64
 )
 
 // gemmConfig is a tiling of the grouped GEMM (moe.cu's GROUP_GEMM): BM × BN
@@ -73,14 +87,22 @@ func (c gemmConfig) foldGemmKernel() string   { return "group_gemm_" + c.Name + 
 // one, routing the tokens itself (moe.cu's MOE_FOLD).
 func (c gemmConfig) routeGateUpKernel() string { return "moe_gate_up_" + c.Name + "_route" }
 
-// foldConfig is the tiling of foldTiling.
-func foldConfig() gemmConfig {
+// dynGemmKernel and dynGateUpKernel are group_gemm and moe_gate_up on a
+// persistent grid in tiling c (moe.cu's GROUP_GEMM_DYN).
+func (c gemmConfig) dynGemmKernel() string   { return "group_gemm_" + c.Name + "_dyn" }
+func (c gemmConfig) dynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_dyn" }
+
+// foldConfig and dynConfig are the tilings of foldTiling and dynTiling.
+func foldConfig() gemmConfig { return configNamed(foldTiling) }
+func dynConfig() gemmConfig  { return configNamed(dynTiling) }
+
+func configNamed(name string) gemmConfig {
 	for _, c := range gemmConfigs {
-		if c.Name == foldTiling {
+		if c.Name == name {
 			return c
 		}
 	}
-	panic("fused: no tiling " + foldTiling)
+	panic("fused: no tiling " + name)
 }
 
 func (c gemmConfig) threads() int { return 32 * c.WarpsM * c.WarpsN }
@@ -192,15 +214,19 @@ func (o *ops) GroupGemm(out, x, w, first *kernels.Tensor) {
 		o.wgmmaGemm(op, false, o.Mat(out), o.Mat(x), m, 0, 1, o.D.Ptr(w), o.D.Ptr(first), groups, m, n, k)
 		return
 	}
-	o.groupGemm(c, "group_gemm", mTiles(m, groups, c.BM), o.Mat(out), o.Mat(x), 0, 1, o.D.Ptr(w), o.D.Ptr(first),
+	dyn := o.variantFor(op, wgmmaKey(c)) == dynVariant && o.dynTakes(c)
+	o.groupGemm(c, "group_gemm", dyn, mTiles(m, groups, c.BM), o.Mat(out), o.Mat(x), 0, 1, o.D.Ptr(w), o.D.Ptr(first),
 		groups, m, n, k)
 }
 
 // groupGemm launches kernel (group_gemm or moe_gate_up) in tiling c over
 // at most tiles m-tiles: out [m, ·] = the rows of x (through gather, when
 // not 0) times their group's w [groups, n, kk]. For moe_gate_up n is 2I and
-// a block writes BN/2 of the I columns.
-func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.Mat, gather uintptr, gdiv int, w,
+// a block writes BN/2 of the I columns. The grid is a block a tile of the
+// bound, or with dyn (where dynTakes c) the kernel's persistent instance
+// (group_gemm_dyn): as many blocks as the SMs hold at once, at most one a
+// tile of the bound, taking the tiles from the kernel's counter pair.
+func (o *ops) groupGemm(c gemmConfig, kernel string, dyn bool, tiles int, out, x cudaset.Mat, gather uintptr, gdiv int, w,
 	first uintptr, groups, m, n, kk int) {
 	if tiles == 0 {
 		return
@@ -217,12 +243,25 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.M
 		n *= 2
 	}
 	args = append(args, w, first, int32(groups), int32(m), int32(n), int32(kk))
-	name := c.gemmKernel()
+	name, pair := c.gemmKernel(), dynDownPair
 	if kernel == "moe_gate_up" {
-		name = c.gateUpKernel()
+		name, pair = c.gateUpKernel(), dynGateUpPair
+	}
+	if dyn {
+		name = c.dynGemmKernel()
+		if kernel == "moe_gate_up" {
+			name = c.dynGateUpKernel()
+		}
+		grid = cuda.Dim3{X: uint32(min(int(grid.X)*tiles, o.dynPerSM[name]*o.SMs))}
+		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*pair))
 	}
 	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
 }
+
+// dynTakes reports whether tiling c runs its grouped GEMMs on the
+// persistent grid where chosen: it has those kernels, and their counters
+// are allocated.
+func (o *ops) dynTakes(c gemmConfig) bool { return c.Name == dynTiling && o.dynCounters != nil }
 
 // MoEExperts runs the routed experts in four launches (two at decode, see
 // below), none of which reads anything on the host:
@@ -237,7 +276,13 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, tiles int, out, x cudaset.M
 //
 // The tiling follows N·K/E, the rows per expert (configFor). Grids are
 // sized for the worst case, N·K rows plus less than a tile of padding per
-// expert; blocks past the work exit. The weighted sum is a separate,
+// expert; blocks past the work exit. At decode's tiling (dynTiling) the
+// GEMMs run by default on persistent grids instead (dynVariant, and the
+// folded variant past the fold): as many blocks as the SMs hold, which
+// take the tiles of the work from a counter, where a block a tile of the
+// bound leaves thousands of blocks to launch, wait and exit (16 tokens on
+// the same 6 of 64 experts: 264 of 2,904 gate/up blocks with work; the
+// grid a block a tile stays grouped_mma). The weighted sum is a separate,
 // deterministic pass rather than f32 atomics in the down GEMM's epilogue:
 // at the 11K-token prefill the atomics would read and write an f32
 // accumulator of N·H (90 MB, larger than the L2) once per choice in random
@@ -291,8 +336,9 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			return
 		}
 	} else {
-		o.groupGemm(c, "moe_gate_up", tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
-		o.groupGemm(c, "group_gemm", tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
+		dyn := (variant == dynVariant || variant == foldedVariant) && o.dynTakes(c)
+		o.groupGemm(c, "moe_gate_up", dyn, tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+		o.groupGemm(c, "group_gemm", dyn, tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	}
 	o.CombineRows(o.Mat(out), y, slot.P, weight, n, k, hidden)
 }
@@ -444,8 +490,30 @@ func (o *ops) moeFirstFor(experts int) cudaset.Mat {
 
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
-	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances())...),
+	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
 		cudaset.Names(moeFoldInstances())...)
+}
+
+// initMoE allocates the counters of the folded path and of the persistent
+// grids, zeroed once here (every launch leaves them at zero, so that a
+// captured graph replays the kernels with no memset), and reads how many
+// blocks of each persistent kernel an SM holds from what the compiler made
+// of it.
+func (o *ops) initMoE() error {
+	o.moeCounters = o.D.Alloc(kernels.I32, foldCounters)
+	o.D.Zero(o.moeCounters)
+	o.dynPerSM = map[string]int{}
+	c := dynConfig()
+	for _, name := range cudaset.Names(groupGemmDynInstances()) {
+		a, err := o.Func(name).Attrs()
+		if err != nil {
+			return fmt.Errorf("fused: %s: %w", name, err)
+		}
+		o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
+	}
+	o.dynCounters = o.D.Alloc(kernels.I32, dynCountersN)
+	o.D.Zero(o.dynCounters)
+	return nil
 }
 
 // gemmShared lists the grouped GEMM kernels with their dynamic shared
@@ -456,6 +524,9 @@ func gemmShared() map[string]int {
 		m[c.gemmKernel()] = c.shared()
 		m[c.gateUpKernel()] = c.shared()
 	}
+	d := dynConfig()
+	m[d.dynGemmKernel()] = d.shared()
+	m[d.dynGateUpKernel()] = d.shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()

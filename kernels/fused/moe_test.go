@@ -24,8 +24,8 @@ func TestMoEFoldVariants(t *testing.T) {
 	if err := o.UseVariant(kernels.OpMoEExperts, dec, "grouped_mma"); err != nil || o.VariantFor(kernels.OpMoEExperts, dec) != "grouped_mma" {
 		t.Errorf("grouped_mma at decode: %v, now %q", err, o.VariantFor(kernels.OpMoEExperts, dec))
 	}
-	if got := o.VariantFor(kernels.OpGroupGemm, dec); got != "grouped_mma" {
-		t.Errorf("group_gemm at decode's tiling runs %q: it has no folded variant", got)
+	if got := o.VariantFor(kernels.OpGroupGemm, dec); got != dynVariant {
+		t.Errorf("group_gemm at decode's tiling runs %q: it has no folded variant, and runs %s there", got, dynVariant)
 	}
 	for _, v := range []string{foldedVariant, "grouped_mma"} {
 		if err := o.UseVariant(kernels.OpMoEExperts, "tiling="+prefillTiling, v); err == nil {
@@ -149,6 +149,297 @@ func TestMoEFoldExact(t *testing.T) {
 		for _, a := range []*kernels.Tensor{x, gateUp, down, idx, weight, out} {
 			dev.Free(a)
 		}
+	}
+}
+
+// TestMoEDynVariants checks, without a GPU, where the persistent grid
+// (dynVariant) is offered and chosen: at decode's tiling, for moe_experts
+// (the folded variant's default past the fold; chosen, in every call) and
+// group_gemm (its default), with grouped_mma, a block a tile, selectable
+// beside it for both; at no other tiling.
+func TestMoEDynVariants(t *testing.T) {
+	o := &ops{}
+	h200 := kernels.Targets["sm_90a"]
+	for _, c := range []struct {
+		op   kernels.Op
+		s    kernels.Shape
+		def  string
+		want []string
+	}{
+		{kernels.OpMoEExperts, kernels.Shape{"N": 16, "H": 2048, "I": 1408, "E": 64, "topk": 6}, foldedVariant,
+			[]string{"grouped_mma", dynVariant, foldedVariant}},
+		{kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, dynVariant, []string{"grouped_mma", dynVariant}},
+		{kernels.OpMoEExperts, kernels.Shape{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}, "grouped_mma", []string{"grouped_mma"}},
+		{kernels.OpGroupGemm, kernels.Shape{"M": 3000, "N": 2816, "K": 2048, "E": 64}, "grouped_mma", []string{"grouped_mma"}},
+	} {
+		var names []string
+		for _, v := range variants(c.op, c.s, h200) {
+			if v.Valid() {
+				names = append(names, v.Name)
+			}
+		}
+		if !slices.Equal(names, c.want) {
+			t.Errorf("%s %s: variants %v, want %v", c.op, c.s, names, c.want)
+		}
+		key := o.TuningKey(c.op, c.s)
+		if got := o.VariantFor(c.op, key); got != c.def {
+			t.Errorf("%s at %s runs %q untuned, want %q", c.op, key, got, c.def)
+		}
+		dyn := key == "tiling="+dynTiling
+		if err := o.UseVariant(c.op, key, dynVariant); (err == nil) != dyn {
+			t.Errorf("%s at %s: UseVariant %s: %v", c.op, key, dynVariant, err)
+		}
+		if !dyn {
+			continue
+		}
+		if got := o.VariantFor(c.op, key); got != dynVariant {
+			t.Errorf("%s at %s runs %q with %s chosen", c.op, key, got, dynVariant)
+		}
+		if err := o.UseVariant(c.op, key, "grouped_mma"); err != nil || o.VariantFor(c.op, key) != "grouped_mma" {
+			t.Errorf("%s at %s: grouped_mma: %v, now %q", c.op, key, err, o.VariantFor(c.op, key))
+		}
+	}
+	if o.dynTakes(dynConfig()) {
+		t.Errorf("the persistent grid taken without its counters")
+	}
+	o.dynCounters = &kernels.Tensor{}
+	for _, c := range gemmConfigs {
+		if got := o.dynTakes(c); got != (c.Name == dynTiling) {
+			t.Errorf("tiling %s: dynTakes %v", c.Name, got)
+		}
+	}
+}
+
+// TestMoEDynExact holds the persistent grids of decode's tiling
+// (dynVariant: moe_gate_up and group_gemm taking their tiles from a
+// counter) against a block a tile (grouped_mma) in moe_experts' four
+// launches, bit for bit, at DeepSeek-V2-Lite's dims (hidden 2048,
+// moe_intermediate 1408, top-6 of 64 experts) and 9, 16 and 40 tokens
+// (past the fold, at the same tiling), routed three ways: every token to
+// the same 6 experts (a decode of one prompt's copies), each token to 6
+// of its own (of distinct prompts), and expert 0 in every token's choices
+// (several m-tiles of one expert at 40). The persistent grid runs twice in
+// a row, then captured in a graph replayed twice, then once as the default
+// (the folded variant past foldTokens). Before every run the output and
+// the GEMMs' intermediates (act, y) are NaN, so that a tile no block
+// computes shows; after it every counter must be zero again, so that a
+// launch that leaves one behind shows (in a replay too, as a run with no
+// tiles).
+func TestMoEDynExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	set, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := set.(*ops)
+	rng := rand.New(rand.NewSource(31))
+	random := normalOn(t, dev, rng)
+	const hidden, inter, experts, k = 2048, 1408, 64, 6
+	gateUp := random(kernels.BF16, 1/math.Sqrt(hidden), experts, 2*inter, hidden)
+	down := random(kernels.BF16, 1/math.Sqrt(inter), experts, hidden, inter)
+	defer dev.Free(gateUp)
+	defer dev.Free(down)
+	key := "tiling=" + dynTiling
+	for _, n := range []int{9, 16, 40} {
+		for _, routing := range []string{"shared", "distinct", "hot"} {
+			name := fmt.Sprintf("n=%d %s", n, routing)
+			choices := n * k
+			c := configFor(choices, experts)
+			if c.Name != dynTiling {
+				t.Fatalf("%s: tiling %s, not %s", name, c.Name, dynTiling)
+			}
+			ids := make([]int, choices)
+			ws := make([]float32, choices)
+			shared := rng.Perm(experts)
+			for tok := range n {
+				pick := shared
+				switch routing {
+				case "distinct":
+					pick = rng.Perm(experts)
+				case "hot":
+					pick = append([]int{0}, rng.Perm(experts - 1)[:k-1]...)
+					for j := 1; j < k; j++ {
+						pick[j]++
+					}
+					rng.Shuffle(k, func(a, b int) { pick[a], pick[b] = pick[b], pick[a] })
+				}
+				for j := range k {
+					ids[tok*k+j] = pick[j]
+					ws[tok*k+j] = float32(rng.Float64())
+				}
+			}
+			x := random(kernels.BF16, 1, n, hidden)
+			idx := intsOn(t, dev, ids)
+			idx.Shape, idx.Pitch = []int{n, k}, k
+			weight := tensorOn(t, dev, kernels.F32, ws, n, k)
+			out := dev.Alloc(kernels.BF16, n, hidden)
+			rows := mTiles(choices, experts, c.BM) * c.BM
+			poison := func() {
+				dev.MemsetD8(dev.Ptr(out), 0xff, n*hidden*2)
+				for _, s := range []struct {
+					key  string
+					cols int
+				}{{scrMoEAct, inter}, {scrMoEY, hidden}} {
+					dev.MemsetD8(o.Scratch(s.key, kernels.BF16, rows, s.cols).P, 0xff, rows*s.cols*2)
+				}
+			}
+			call := func() { o.MoEExperts(out, x, idx, weight, gateUp, down) }
+			use := func(v string) {
+				if err := o.UseVariant(kernels.OpMoEExperts, key, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			use("grouped_mma")
+			poison()
+			call()
+			want := read(t, dev, out)
+			if i := slices.IndexFunc(want, func(v float32) bool { return math.IsNaN(float64(v)) }); i >= 0 {
+				t.Fatalf("%s: grouped_mma left output %d unwritten", name, i)
+			}
+			check := func(what string) {
+				if bad, at := bitsDiffer(want, read(t, dev, out)); bad > 0 {
+					got := read(t, dev, out)
+					t.Errorf("%s, %s: %d of %d outputs differ from grouped_mma's, first at %d: %g against %g",
+						name, what, bad, len(want), at, got[at], want[at])
+				}
+				checkDynCounters(t, o, name+", "+what)
+			}
+			use(dynVariant)
+			for rep := range 2 {
+				poison()
+				call()
+				check(fmt.Sprintf("run %d", rep))
+			}
+			poison()
+			if err := dev.BeginCapture(); err != nil {
+				t.Fatal(err)
+			}
+			call()
+			g, err := dev.EndCapture()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			for rep := range 2 {
+				poison()
+				if err := g.Replay(); err != nil {
+					t.Fatal(err)
+				}
+				check(fmt.Sprintf("graph replay %d", rep))
+			}
+			g.Close()
+			use(foldedVariant)
+			poison()
+			call()
+			check("default variant")
+			use("grouped_mma")
+			msOld := msPerCall(t, dev, call)
+			use(dynVariant)
+			msDyn := msPerCall(t, dev, call)
+			t.Logf("%s: %s %.2f µs, grouped_mma %.2f µs (moe_experts' four launches, alone, back to back)", name, dynVariant,
+				msDyn*1e3, msOld*1e3)
+			for _, a := range []*kernels.Tensor{x, idx, weight, out} {
+				dev.Free(a)
+			}
+		}
+	}
+}
+
+// TestGroupGemmDynExact holds the group_gemm op's persistent grid
+// (dynVariant, its default at decode's tiling) against a block a tile
+// (grouped_mma), bit for bit, on groups moe_align did not pad: sizes of no
+// whole m-tile, empty groups, and one group of several m-tiles; twice in a
+// row, then in a graph replayed twice, the output NaN before each run and
+// the counters zero after it.
+func TestGroupGemmDynExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	set, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := set.(*ops)
+	rng := rand.New(rand.NewSource(37))
+	random := normalOn(t, dev, rng)
+	for _, c := range []struct{ m, n, k, groups int }{{200, 2048, 1408, 64}, {96, 520, 264, 64}, {40, 2816, 2048, 8}} {
+		name := fmt.Sprintf("M=%d N=%d K=%d E=%d", c.m, c.n, c.k, c.groups)
+		if cfg := configFor(c.m, c.groups); cfg.Name != dynTiling {
+			t.Fatalf("%s: tiling %s, not %s", name, cfg.Name, dynTiling)
+		}
+		// A third of the rows to group 1, the rest spread at random (a
+		// quarter of the groups left empty).
+		size := make([]int, c.groups)
+		size[1] = c.m / 3
+		for r := size[1]; r < c.m; r++ {
+			g := rng.Intn(c.groups)
+			for g%4 == 3 {
+				g = rng.Intn(c.groups)
+			}
+			size[g]++
+		}
+		first := make([]int, c.groups+1)
+		for g := range c.groups {
+			first[g+1] = first[g] + size[g]
+		}
+		x := random(kernels.BF16, 1, c.m, c.k)
+		w := random(kernels.BF16, 1/math.Sqrt(float64(c.k)), c.groups, c.n, c.k)
+		f := intsOn(t, dev, first)
+		out := dev.Alloc(kernels.BF16, c.m, c.n)
+		key := o.TuningKey(kernels.OpGroupGemm, kernels.Shape{"M": c.m, "N": c.n, "K": c.k, "E": c.groups})
+		run := func(v string) {
+			if err := o.UseVariant(kernels.OpGroupGemm, key, v); err != nil {
+				t.Fatal(err)
+			}
+			dev.MemsetD8(dev.Ptr(out), 0xff, c.m*c.n*2)
+			o.GroupGemm(out, x, w, f)
+		}
+		run("grouped_mma")
+		want := read(t, dev, out)
+		if i := slices.IndexFunc(want, func(v float32) bool { return math.IsNaN(float64(v)) }); i >= 0 {
+			t.Fatalf("%s: grouped_mma left output %d unwritten", name, i)
+		}
+		check := func(what string) {
+			got := read(t, dev, out)
+			if bad, at := bitsDiffer(want, got); bad > 0 {
+				t.Errorf("%s, %s: %d of %d outputs differ from grouped_mma's, first at %d: %g against %g",
+					name, what, bad, len(want), at, got[at], want[at])
+			}
+			checkDynCounters(t, o, name+", "+what)
+		}
+		for rep := range 2 {
+			run(dynVariant)
+			check(fmt.Sprintf("run %d", rep))
+		}
+		if err := dev.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		o.GroupGemm(out, x, w, f)
+		g, err := dev.EndCapture()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for rep := range 2 {
+			dev.MemsetD8(dev.Ptr(out), 0xff, c.m*c.n*2)
+			if err := g.Replay(); err != nil {
+				t.Fatal(err)
+			}
+			check(fmt.Sprintf("graph replay %d", rep))
+		}
+		g.Close()
+		for _, a := range []*kernels.Tensor{x, w, f, out} {
+			dev.Free(a)
+		}
+	}
+}
+
+// checkDynCounters fails t unless every counter of the persistent grids is
+// zero, as each launch must leave them.
+func checkDynCounters(t *testing.T, o *ops, what string) {
+	t.Helper()
+	v, err := o.D.ReadI32(o.dynCounters)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if i := slices.IndexFunc(v, func(n int32) bool { return n != 0 }); i >= 0 {
+		t.Errorf("%s: counter %d is %d after the launch, want 0", what, i, v[i])
 	}
 }
 

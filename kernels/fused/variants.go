@@ -153,9 +153,11 @@ var table = func() []variant {
 			}
 		}
 		// unfolded is grouped_mma where it runs beside the default: moe_experts'
-		// four launches at the tiling where the folded two are the default.
+		// four launches at the tiling where the folded two are the default,
+		// and a block a tile where the persistent grid is.
 		unfolded := func(c gemmConfig) bool {
-			return defaultGemmVariant(op, c) == "grouped_mma" || defaultGemmVariant(op, c) == foldedVariant
+			d := defaultGemmVariant(op, c)
+			return d == "grouped_mma" || d == foldedVariant || d == dynVariant
 		}
 		vs = append(vs, variant{op: op, name: "grouped_mma", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			c := gemmTiling(op, s)
@@ -166,11 +168,21 @@ var table = func() []variant {
 			}
 			return nil
 		}})
+		vs = append(vs, variant{op: op, name: dynVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+			c := gemmTiling(op, s)
+			return c.params() + fmt.Sprintf(" (%s); a persistent grid of the blocks the SMs hold, tiles from an atomic counter", c.regime),
+				join(archWhy(t), fits(c.shared(), t)), c.Name == dynTiling
+		}, use: func(_ *ops, key string) error {
+			if c, _ := gemmTilingOfKey(key); c.Name != dynTiling {
+				return fmt.Errorf("fused has no variant %q of %s at %s", dynVariant, op, key)
+			}
+			return nil
+		}})
 		if op == kernels.OpMoEExperts {
 			vs = append(vs, variant{op: op, name: foldedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				c := gemmTiling(op, s)
 				return fmt.Sprintf("grouped_mma with moe_align in every gate/up block and moe_combine in down's last block of an n-tile "+
-						"(two launches; up to %d tokens and %d choices, else grouped_mma's four)", foldTokens, foldMax),
+						"(two launches; up to %d tokens and %d choices, else %s's four)", foldTokens, foldMax, dynVariant),
 					join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == foldedVariant
 			}, use: atDefault(foldedVariant)})
 			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
@@ -487,8 +499,9 @@ func mlaDecodePick(o *ops, key, chosen string) string {
 
 // gemmTuning is group_gemm's or moe_experts' (op's) tuning: keyed by the
 // tiling (wgmmaKey); group_wgmma where it is chosen at the prefill tiling,
-// or nothing is chosen and prefillWgmma is set, and it can run here; else
-// the tiling's default (defaultGemmVariant).
+// or nothing is chosen and prefillWgmma is set, and it can run here;
+// grouped_mma or dynVariant where chosen at dynTiling; else the tiling's
+// default (defaultGemmVariant).
 func gemmTuning(op kernels.Op) tuning {
 	return tuning{
 		key: func(s kernels.Shape) string { return wgmmaKey(gemmTiling(op, s)) },
@@ -506,7 +519,7 @@ func gemmTuning(op kernels.Op) tuning {
 			if c.Name == prefillTiling && (chosen == wgmmaVariant || chosen == "" && prefillWgmma) && o.gw.ready() == nil {
 				return wgmmaVariant
 			}
-			if chosen == "grouped_mma" && defaultGemmVariant(op, c) == foldedVariant {
+			if (chosen == "grouped_mma" || chosen == dynVariant) && c.Name == dynTiling {
 				return chosen
 			}
 			return defaultGemmVariant(op, c)
