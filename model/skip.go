@@ -15,10 +15,11 @@ import (
 // overlap included, which no per-kernel time says (a kernel that runs under
 // its neighbour's tail costs less than its own duration). The generated
 // text is then wrong, and the run says so on stderr; prefill runs every op,
-// so the cache and the first token are right. Composite ops the Dispatch
-// runs as their parts (linear_swiglu where a set does not fuse it) are
-// left out whole or not at all: their parts run inside the Dispatch,
-// which this does not reach.
+// so the cache and the first token are right. linear_swiglu and
+// linear_add are left out whole or not at all: where a set does not fuse
+// them their parts run inside the Dispatch, which this does not reach.
+// rms_norm_rope and moe_routed run as their parts through this when one of
+// those is named (below), so that part alone is left out.
 const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
