@@ -307,13 +307,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	}
 	choices := n * k
 	c := configFor(choices, experts)
-	tiles := mTiles(choices, experts, c.BM)
-	rows := tiles * c.BM
-	first := o.moeFirstFor(experts)
-	sorted := o.Scratch(scrMoESorted, kernels.I32, rows, 1)
-	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
-	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
-	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
+	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
 	variant := o.variantFor(op, wgmmaKey(c))
 	if variant == foldedVariant && o.foldTakes(c, n, choices, hidden) {
 		o.expertsFolded(c, tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
@@ -430,13 +424,7 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	chosen := o.choice[choiceKey{op, key}] == routedVariant // a tuning choice or infer bench's --variants
 	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && (n <= routeFoldTokens || chosen) && o.foldTakes(c, n, choices, hidden), op,
 		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
-	tiles := mTiles(choices, experts, c.BM)
-	rows := tiles * c.BM
-	first := o.moeFirstFor(experts)
-	sorted := o.Scratch(scrMoESorted, kernels.I32, rows, 1)
-	slot := o.Scratch(scrMoESlot, kernels.I32, choices, 1)
-	act := o.Scratch(scrMoEAct, kernels.BF16, rows, inter)
-	y := o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
+	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
 		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
@@ -472,6 +460,19 @@ func (o *ops) expertsCuBLAS(slot, act, y cudaset.Mat, x, gateUp, down *kernels.T
 	o.swiglu(act, h, rows, inter)
 	o.GemmGroups(at, act, o.Mat(down), y, hidden, inter)
 	return true
+}
+
+// moeScratch is the routed experts' buffers for choices (token, expert)
+// pairs over experts of intermediate inter and hidden columns in tiling c:
+// the m-tiles' bound and its rows (every expert's rows padded to c.BM),
+// the expert offsets, the sorted choices and each choice's row, the
+// SwiGLU activations and the down projections of those rows.
+func (o *ops) moeScratch(c gemmConfig, choices, experts, inter, hidden int) (tiles, rows int, first, sorted, slot, act, y cudaset.Mat) {
+	tiles = mTiles(choices, experts, c.BM)
+	rows = tiles * c.BM
+	return tiles, rows, o.moeFirstFor(experts), o.Scratch(scrMoESorted, kernels.I32, rows, 1),
+		o.Scratch(scrMoESlot, kernels.I32, choices, 1), o.Scratch(scrMoEAct, kernels.BF16, rows, inter),
+		o.Scratch(scrMoEY, kernels.BF16, rows, hidden)
 }
 
 // moeFirstFor is moe_align's output of each expert's first padded row, i32
