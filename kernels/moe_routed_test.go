@@ -7,7 +7,6 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
-	"github.com/fuselm/fuselm/kernels/profile"
 )
 
 // TestMoERoutedParts checks where the Dispatch runs moe_routed as one call:
@@ -52,24 +51,8 @@ func TestMoERoutedParts(t *testing.T) {
 		{"cpu,moe_routed=cpu", map[kernels.Op]string{kernels.OpMoERouted: "cpu"}},
 		{"cpu", map[kernels.Op]string{kernels.OpMoERoute: "cpu", kernels.OpMoEExperts: "cpu"}},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		prof := profile.New(dev)
-		ops, err := s.Build(dev, prof)
-		if err != nil {
-			t.Fatal(err)
-		}
 		out, idx, weight := dev.Alloc(kernels.F32, n, hidden), dev.Alloc(kernels.I32, n, topK), dev.Alloc(kernels.F32, n, topK)
-		ops.MoERouted(out, idx, weight, x, logits, gateUp, down, r)
-		if err := prof.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		got := map[kernels.Op]string{}
-		for _, row := range prof.Table() {
-			got[row.Op] = row.Set
-		}
+		got, _ := profiledRun(t, dev, c.spec, func(ops kernels.Ops) { ops.MoERouted(out, idx, weight, x, logits, gateUp, down, r) })
 		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
 			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
 		}

@@ -414,26 +414,14 @@ func TestCompositeParts(t *testing.T) {
 		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "cpu"}},
 		{"cpu,swiglu=swiglu_test_only", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpSwiGLU: "swiglu_test_only"}},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		prof := profile.New(dev)
-		ops, err := s.Build(dev, prof)
-		if err != nil {
-			t.Fatal(err)
-		}
 		out := dev.Alloc(kernels.F32, n, inter)
-		ops.LinearSwiGLU(out, x, w)
-		ops.LinearSwiGLU(out, x, w) // the intermediate kept from the first call
-		if err := prof.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		got := map[kernels.Op]string{}
-		for _, r := range prof.Table() {
-			got[r.Op] = r.Set
-			if r.Calls != 2 {
-				t.Errorf("%s: %s ran %d times, want 2", c.spec, r.Op, r.Calls)
+		got, calls := profiledRun(t, dev, c.spec, func(ops kernels.Ops) {
+			ops.LinearSwiGLU(out, x, w)
+			ops.LinearSwiGLU(out, x, w) // the intermediate kept from the first call
+		})
+		for op, n := range calls {
+			if n != 2 {
+				t.Errorf("%s: %s ran %d times, want 2", c.spec, op, n)
 			}
 		}
 		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
@@ -521,26 +509,12 @@ func TestRMSNormRoPEParts(t *testing.T) {
 		{"cpu,rms_norm_rope=cpu", map[kernels.Op]int{kernels.OpRMSNormRoPE: 1}},
 		{"cpu", map[kernels.Op]int{kernels.OpRMSNorm: 1, kernels.OpRoPE: 2}},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		prof := profile.New(dev)
-		ops, err := s.Build(dev, prof)
-		if err != nil {
-			t.Fatal(err)
-		}
 		// q and kv as the model's stacked q_kv_a row holds them.
 		qkva := fill(dev.Alloc(kernels.F32, tokens, heads*(nope+dim)+rank+dim), 4)
 		q, kv := qkva.ColSlice(0, heads*(nope+dim)), qkva.ColSlice(heads*(nope+dim), qkva.Cols())
-		ops.RMSNormRoPE(q, kv, w, 1e-6, heads, nope+dim, nope, pos, rope)
-		if err := prof.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		got := map[kernels.Op]int{}
-		for _, r := range prof.Table() {
-			got[r.Op] = r.Calls
-		}
+		_, got := profiledRun(t, dev, c.spec, func(ops kernels.Ops) {
+			ops.RMSNormRoPE(q, kv, w, 1e-6, heads, nope+dim, nope, pos, rope)
+		})
 		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
 			t.Errorf("%s: profile calls %v, want %v", c.spec, got, c.rows)
 		}
@@ -609,26 +583,14 @@ func TestLinearAddParts(t *testing.T) {
 		{"cpu", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpAdd: "cpu"}},
 		{"cpu,add=add_test_only", map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpAdd: "add_test_only"}},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		prof := profile.New(dev)
-		ops, err := s.Build(dev, prof)
-		if err != nil {
-			t.Fatal(err)
-		}
 		fill(out, 3)
-		ops.LinearAdd(out, x, w, bias, out)
-		ops.LinearAdd(out, x, w, bias, out) // added twice; the intermediate kept from the first call
-		if err := prof.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		got := map[kernels.Op]string{}
-		for _, r := range prof.Table() {
-			got[r.Op] = r.Set
-			if r.Calls != 2 {
-				t.Errorf("%s: %s ran %d times, want 2", c.spec, r.Op, r.Calls)
+		got, calls := profiledRun(t, dev, c.spec, func(ops kernels.Ops) {
+			ops.LinearAdd(out, x, w, bias, out)
+			ops.LinearAdd(out, x, w, bias, out) // added twice; the intermediate kept from the first call
+		})
+		for op, n := range calls {
+			if n != 2 {
+				t.Errorf("%s: %s ran %d times, want 2", c.spec, op, n)
 			}
 		}
 		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
@@ -648,4 +610,29 @@ func TestLinearAddParts(t *testing.T) {
 			t.Errorf("linear_add run %d: %v, want linear then add %v", i, o, cpu.F32(out))
 		}
 	}
+}
+
+// profiledRun builds spec's Dispatch on dev with a profile, calls run with
+// it and returns the profile's rows: the set that ran each op and how many
+// times it ran.
+func profiledRun(t *testing.T, dev kernels.Device, spec string, run func(kernels.Ops)) (sets map[kernels.Op]string, calls map[kernels.Op]int) {
+	t.Helper()
+	s, err := kernels.ParseSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof := profile.New(dev)
+	ops, err := s.Build(dev, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(ops)
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sets, calls = map[kernels.Op]string{}, map[kernels.Op]int{}
+	for _, r := range prof.Table() {
+		sets[r.Op], calls[r.Op] = r.Set, r.Calls
+	}
+	return sets, calls
 }
