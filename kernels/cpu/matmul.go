@@ -244,13 +244,6 @@ func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	o.round(lin.d)
 	am := o.in(op, "addend", addend)
 	om, commit := o.out(op, "out", out)
-	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			dst, y := om.row(i), lin.row(i)
-			for j, v := range am.row(i) {
-				dst[j] = v + y[j]
-			}
-		}
-	})
+	addRows(om, am, lin)
 	commit()
 }

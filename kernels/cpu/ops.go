@@ -163,15 +163,21 @@ func (o *ops) Add(out, a, b *kernels.Tensor) {
 	kernels.CheckAdd(o.dev.ActDType(), out, a, b)
 	am, bm := o.in(op, "a", a), o.in(op, "b", b)
 	om, commit := o.out(op, "out", out)
-	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
+	addRows(om, am, bm)
+	commit()
+}
+
+// addRows writes out = a + b row by row, a's element first (Add's and
+// LinearAdd's sum); out may be a or b.
+func addRows(out, a, b mat) {
+	parallel(out.rows, grainFor(out.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			dst, y := om.row(i), bm.row(i)
-			for j, v := range am.row(i) {
+			dst, y := out.row(i), b.row(i)
+			for j, v := range a.row(i) {
 				dst[j] = v + y[j]
 			}
 		}
 	})
-	commit()
 }
 
 // RoPE rotates dims [offset, offset+r.Dim) of each head of every token of x
