@@ -278,13 +278,19 @@ func skinnyValid(s kernels.Shape, t kernels.Target) (params, why string, offered
 	return params, why, true
 }
 
+// chosenOr is the tuning choice of op for k where there is one, else
+// what def says.
+func (o *ops) chosenOr(op kernels.Op, k linearKey, def func(linearKey) string) string {
+	if v, ok := o.choice[choiceKey{op, k.String()}]; ok {
+		return v
+	}
+	return def(k)
+}
+
 // linearFor is the variant problems of key run: the tuning choice for key,
 // else linearDefault (linear's rule, tunings' pick).
 func (o *ops) linearFor(k linearKey) string {
-	if v, ok := o.choice[choiceKey{kernels.OpLinear, k.String()}]; ok {
-		return v
-	}
-	return o.linearDefault(k)
+	return o.chosenOr(kernels.OpLinear, k, o.linearDefault)
 }
 
 // linSwiGLUUnfused is linear_swiglu's variant that runs the pair as two
@@ -319,10 +325,7 @@ func (o *ops) linearSwiGLUDefault(k linearKey) string {
 // linearSwiGLUFor is the variant linear_swiglu problems of k run: the
 // tuning choice for k, else linearSwiGLUDefault.
 func (o *ops) linearSwiGLUFor(k linearKey) string {
-	if v, ok := o.choice[choiceKey{kernels.OpLinearSwiGLU, k.String()}]; ok {
-		return v
-	}
-	return o.linearSwiGLUDefault(k)
+	return o.chosenOr(kernels.OpLinearSwiGLU, k, o.linearSwiGLUDefault)
 }
 
 // LinearSwiGLU is the MLP's gate/up projection and SwiGLU in one kernel,
@@ -375,10 +378,7 @@ func (o *ops) linearAddDefault(k linearKey) string {
 // linearAddFor is the variant linear_add problems of k run: the tuning
 // choice for k, else linearAddDefault.
 func (o *ops) linearAddFor(k linearKey) string {
-	if v, ok := o.choice[choiceKey{kernels.OpLinearAdd, k.String()}]; ok {
-		return v
-	}
-	return o.linearAddDefault(k)
+	return o.chosenOr(kernels.OpLinearAdd, k, o.linearAddDefault)
 }
 
 // LinearAdd is a projection and a residual add in one kernel, out written
