@@ -455,11 +455,18 @@ type linearCase struct {
 }
 
 func (c linearCase) String() string {
-	s := fmt.Sprintf("N=%d,K=%d,M=%d", c.n, c.k, c.m)
+	return linearName(c.n, c.k, c.m, c.bias, c.pitchedX, c.pitchedOut, c.f32Out, "f32 out")
+}
+
+// linearName names a linear case: its dims, then the flags it sets of
+// bias, pitched x, pitched out and the case's own flag (last, called
+// lastName), in that order.
+func linearName(n, k, m int, bias, pitchedX, pitchedOut, last bool, lastName string) string {
+	s := fmt.Sprintf("N=%d,K=%d,M=%d", n, k, m)
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{c.bias, "bias"}, {c.pitchedX, "pitched x"}, {c.pitchedOut, "pitched out"}, {c.f32Out, "f32 out"}} {
+	}{{bias, "bias"}, {pitchedX, "pitched x"}, {pitchedOut, "pitched out"}, {last, lastName}} {
 		if f.on {
 			s += "," + f.name
 		}
@@ -744,16 +751,7 @@ type linearAddCase struct {
 }
 
 func (c linearAddCase) String() string {
-	s := fmt.Sprintf("N=%d,K=%d,M=%d", c.n, c.k, c.m)
-	for _, f := range []struct {
-		on   bool
-		name string
-	}{{c.bias, "bias"}, {c.pitchedX, "pitched x"}, {c.pitchedOut, "pitched out"}, {c.inPlace, "out=addend"}} {
-		if f.on {
-			s += "," + f.name
-		}
-	}
-	return s
+	return linearName(c.n, c.k, c.m, c.bias, c.pitchedX, c.pitchedOut, c.inPlace, "out=addend")
 }
 
 // linearAdd is out = (x·wᵀ + bias) + addend, out either addend or a tensor
