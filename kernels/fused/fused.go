@@ -27,9 +27,11 @@ import (
 //go:embed *.cu *.cuh
 var sources embed.FS
 
-// module is the set's module of file, which defines kernels funcs.
+// module is the set's module of file, which defines kernels funcs, with
+// instances.cuh made from the Go tables (cudaset.InstancesModule): the
+// kernels are compiled with the tilings the launchers size them by.
 func module(file string, funcs []string) cudaset.Module {
-	return cudaset.Module{File: file, Sources: sources, Funcs: funcs}
+	return cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
 }
 
 // owned are the ops fused has kernels of its own for.
