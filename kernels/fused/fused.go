@@ -159,6 +159,9 @@ func overlapKernels() []string {
 
 // New compiles the set's kernels for dev, which must be a *cuda.Device.
 func New(dev kernels.Device) (kernels.Ops, error) {
+	if err := checkGemmConfigs(); err != nil {
+		return nil, fmt.Errorf("fused: %w", err)
+	}
 	kit, err := cudaset.New(dev, "fused", modules())
 	if err != nil {
 		return nil, err
