@@ -40,15 +40,26 @@ const (
 // sources, which #includes what it needs of the set's headers (.cuh) and of
 // cudaset's (common.cuh), as a CUDA compiler given both folders would.
 type Module struct {
-	File    string   // the .cu file's name in Sources, for NVRTC's messages and the kernel cache
-	Sources fs.FS    // the set's .cu and .cuh files
-	Opts    []string // NVRTC options after the device's
-	Funcs   []string // its extern "C" kernels
+	File    string        // the .cu file's name in Sources, for NVRTC's messages and the kernel cache
+	Sources fs.FS         // the set's .cu and .cuh files
+	Headers []cuda.Header // headers made from Go tables, compiled in place of the Sources files of their names
+	Opts    []string      // NVRTC options after the device's
+	Funcs   []string      // its extern "C" kernels
+}
+
+// InstancesModule is a module whose instance header (header, one of the
+// set's .cuh files) is made from fams as InstancesHeader makes it: the
+// kernels compiled are the ones the Go tables the launchers read describe,
+// whatever the checked-in header holds (the set's TestInstancesHeader keeps
+// that file current, for reading and for compiling a .cu by itself).
+func InstancesModule(file string, srcs fs.FS, header, regen string, fams []Instances, funcs []string) Module {
+	return Module{File: file, Sources: srcs, Funcs: funcs,
+		Headers: []cuda.Header{{Name: header, Src: InstancesHeader(regen, fams)}}}
 }
 
 // RowsModule holds the shared row movers, which New adds to every set.
 func RowsModule() Module {
-	return Module{File: "rows.cu", Sources: sources, Funcs: Names(rowsInstances()...)}
+	return InstancesModule("rows.cu", sources, "rows_instances.cuh", rowsRegen, rowsInstances(), Names(rowsInstances()...))
 }
 
 // rowsRegen is how rows_instances.cuh is written again after a table of
@@ -143,8 +154,9 @@ func (k *Kit) add(m Module, owner string) error {
 }
 
 // Source is what NVRTC compiles for m: m.File, with every header of the
-// set and of cudaset (their .cuh files) for its #includes to name. The
-// headers of a set may not take cudaset's names.
+// set and of cudaset (their .cuh files) for its #includes to name, those of
+// m.Headers in place of the files of their names. The headers of a set may
+// not take cudaset's names, and each of m.Headers replaces a file.
 func Source(m Module) (cuda.Program, error) {
 	src, err := fs.ReadFile(m.Sources, m.File)
 	if err != nil {
@@ -154,6 +166,10 @@ func Source(m Module) (cuda.Program, error) {
 	sets := []fs.FS{sources}
 	if m.Sources != fs.FS(sources) { // cudaset's own module has no set beside
 		sets = append(sets, m.Sources)
+	}
+	made := map[string]string{}
+	for _, h := range m.Headers {
+		made[h.Name] = h.Src
 	}
 	seen := map[string]bool{}
 	for _, files := range sets {
@@ -166,11 +182,20 @@ func Source(m Module) (cuda.Program, error) {
 				return cuda.Program{}, fmt.Errorf("module %s: the set's header %s takes the name of cudaset's", m.File, name)
 			}
 			seen[name] = true
+			if src, ok := made[name]; ok {
+				p.Headers = append(p.Headers, cuda.Header{Name: name, Src: src})
+				continue
+			}
 			b, err := fs.ReadFile(files, name)
 			if err != nil {
 				return cuda.Program{}, fmt.Errorf("module %s: %w", m.File, err)
 			}
 			p.Headers = append(p.Headers, cuda.Header{Name: name, Src: string(b)})
+		}
+	}
+	for _, h := range m.Headers {
+		if !seen[h.Name] {
+			return cuda.Program{}, fmt.Errorf("module %s: made header %s replaces no .cuh file of the sources", m.File, h.Name)
 		}
 	}
 	return p, nil

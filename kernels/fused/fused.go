@@ -27,9 +27,11 @@ import (
 //go:embed *.cu *.cuh
 var sources embed.FS
 
-// module is the set's module of file, which defines kernels funcs.
+// module is the set's module of file, which defines kernels funcs, with
+// instances.cuh made from the Go tables (cudaset.InstancesModule): the
+// kernels are compiled with the tilings the launchers size them by.
 func module(file string, funcs []string) cudaset.Module {
-	return cudaset.Module{File: file, Sources: sources, Funcs: funcs}
+	return cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
 }
 
 // owned are the ops fused has kernels of its own for.
@@ -157,6 +159,9 @@ func overlapKernels() []string {
 
 // New compiles the set's kernels for dev, which must be a *cuda.Device.
 func New(dev kernels.Device) (kernels.Ops, error) {
+	if err := checkGemmConfigs(); err != nil {
+		return nil, fmt.Errorf("fused: %w", err)
+	}
 	kit, err := cudaset.New(dev, "fused", modules())
 	if err != nil {
 		return nil, err

@@ -186,6 +186,18 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 	return true;
 }
 
+// GemmRing is the layout of group_gemm_tile's cp.async ring in dynamic
+// shared memory: STAGES stages, each BM rows of x then BN rows of w, BK
+// wide (Tile<BK>); k-tile kt goes to stage kt % STAGES. BYTES is the
+// dynamic shared memory a block is launched with (moe.go's
+// gemmConfig.shared, held to it by TestGemmConfigsCompile).
+template <int BM, int BN, int BK, int STAGES> struct GemmRing {
+	static constexpr int A_BYTES = BM * Tile<BK>::ROW_BYTES, STAGE_BYTES = (BM + BN) * Tile<BK>::ROW_BYTES;
+	static constexpr int BYTES = STAGES * STAGE_BYTES;
+	// a is where k-tile kt's rows of x start; its rows of w follow, A_BYTES on.
+	__device__ static unsigned a(unsigned base, int kt) { return base + (kt % STAGES) * STAGE_BYTES; }
+};
+
 // group_gemm_tile is one tile of the grouped GEMM: for the BM rows from
 // row0 of group g (rows to rowEnd, its end) and the BN-column n-tile nt0,
 //   out[r, n] = Σ_k a(r)[k] · w[g, n, k]
@@ -209,8 +221,8 @@ __device__ bool find_tile(const int* first, int E, int M, int mt, int& g, int& r
 // groups); one barrier per step. With SWIGLU each warp's columns are half
 // gate, half up, for the same intermediate columns, so one thread holds
 // the gate and up of every output it writes.
-// A block of WARPS_M·WARPS_N·32 threads with STAGES·(BM + BN)·BK·2 bytes
-// of dynamic shared memory runs it (group_gemm, group_gemm_dyn); it leaves
+// A block of WARPS_M·WARPS_N·32 threads with GemmRing's BYTES of dynamic
+// shared memory runs it (group_gemm, group_gemm_dyn); it leaves
 // the shared tiles and row tables in use (the caller synchronizes before
 // the next).
 template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD>
@@ -220,9 +232,10 @@ __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
-	constexpr int A_BYTES = BM * T::ROW_BYTES, STAGE_BYTES = (BM + BN) * T::ROW_BYTES;
+	typedef GemmRing<BM, BN, BK, STAGES> Ring;
 	constexpr int A_LOADS = BM * T::CHUNKS / THREADS, B_LOADS = BN * T::CHUNKS / THREADS; // 16-byte copies a thread
 	static_assert(BK % 64 == 0 && WTM % 16 == 0 && WTN % 16 == 0, "tile shapes");
+	static_assert(STAGES >= 2, "a ring of one stage would overwrite the k-tile being read");
 	static_assert(BM * T::CHUNKS % THREADS == 0 && BN * T::CHUNKS % THREADS == 0, "whole copies per thread");
 	static_assert(!SWIGLU || NT % 2 == 0, "a warp's columns split into gate and up halves of whole n-frags");
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -281,7 +294,7 @@ __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x
 	};
 	auto load = [&](int kt) {
 		const int k0 = kt * BK;
-		const unsigned a = base + (kt % STAGES) * STAGE_BYTES, b = a + A_BYTES;
+		const unsigned a = Ring::a(base, kt), b = a + Ring::A_BYTES;
 		rows(A_LOADS, a, aRow, x, xp, k0);
 		rows(B_LOADS, b, bRow, wg, K, k0);
 	};
@@ -303,7 +316,7 @@ __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x
 		__syncthreads(); // step kt has landed; the stage step kt-1 read is free
 		if (kt + STAGES - 1 < ktiles) load(kt + STAGES - 1);
 		cp_commit();
-		const unsigned a = base + (kt % STAGES) * STAGE_BYTES, b = a + A_BYTES;
+		const unsigned a = Ring::a(base, kt), b = a + Ring::A_BYTES;
 #pragma unroll
 		for (int ks = 0; ks < BK / 16; ks++) {
 			unsigned af[MT][4], bf[NT][2];

@@ -2,6 +2,7 @@ package fused
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -107,9 +108,60 @@ func configNamed(name string) gemmConfig {
 
 func (c gemmConfig) threads() int { return 32 * c.WarpsM * c.WarpsN }
 
-// shared is the dynamic shared memory of a block: Stages × (BM + BN) rows
-// of BK bf16.
-func (c gemmConfig) shared() int { return c.Stages * (c.BM + c.BN) * c.BK * 2 }
+// shared is the dynamic shared memory of a block, moe.cu's GemmRing: Stages
+// × (BM + BN) rows of BK bf16 (Tile<BK> rows, rowBytes).
+func (c gemmConfig) shared() int { return c.Stages * (c.BM + c.BN) * rowBytes(c.BK) }
+
+// check reports what of tiling c the grouped GEMM cannot run (moe.cu's
+// group_gemm_tile, whose static_asserts say the same), nil when nothing.
+// The device's limit on shared memory is FitShared's, at New.
+func (c gemmConfig) check() error {
+	threads := c.threads()
+	var why string
+	switch {
+	case c.BM <= 0 || c.BN <= 0 || c.WarpsM <= 0 || c.WarpsN <= 0 || c.BK <= 0:
+		why = "sizes must be positive"
+	case c.BK%64 != 0:
+		why = fmt.Sprintf("BK %d is not a multiple of 64 (a k-tile row is whole 8-chunk swizzle groups)", c.BK)
+	case c.Stages < 2:
+		why = fmt.Sprintf("%d stages: the ring needs at least 2 (one landing while one is read)", c.Stages)
+	case c.BM%c.WarpsM != 0 || c.BM/c.WarpsM%16 != 0:
+		why = fmt.Sprintf("a warp's rows, BM/WarpsM, must be whole m16 fragments, got %d/%d", c.BM, c.WarpsM)
+	case c.BN%c.WarpsN != 0 || c.BN/c.WarpsN%16 != 0:
+		why = fmt.Sprintf("a warp's columns, BN/WarpsN, must be whole pairs of n8 fragments (gate and up halves), got %d/%d",
+			c.BN, c.WarpsN)
+	case threads > 1024:
+		why = fmt.Sprintf("%d threads, more than a block holds", threads)
+	case c.BM*(c.BK/8)%threads != 0 || c.BN*(c.BK/8)%threads != 0:
+		why = fmt.Sprintf("a stage's 16-byte copies (%d of x, %d of w) do not divide among %d threads", c.BM*(c.BK/8),
+			c.BN*(c.BK/8), threads)
+	default:
+		return nil
+	}
+	return fmt.Errorf("grouped GEMM tiling %s: %s", c.params(), why)
+}
+
+// checkGemmConfigs reports what of gemmConfigs the set cannot take: a
+// tiling check refuses, M tiles not ascending (configFor takes the first
+// that holds a group), or the folded path's or the persistent grid's
+// tiling absent.
+func checkGemmConfigs() error {
+	for i, c := range gemmConfigs {
+		if err := c.check(); err != nil {
+			return err
+		}
+		if i > 0 && c.BM <= gemmConfigs[i-1].BM {
+			return fmt.Errorf("grouped GEMM tilings: %s's M tile %d after %s's %d, not ascending", c.Name, c.BM,
+				gemmConfigs[i-1].Name, gemmConfigs[i-1].BM)
+		}
+	}
+	for _, name := range []string{foldTiling, dynTiling} {
+		if !slices.ContainsFunc(gemmConfigs, func(c gemmConfig) bool { return c.Name == name }) {
+			return fmt.Errorf("grouped GEMM tilings: no tiling %s", name)
+		}
+	}
+	return nil
+}
 
 func (c gemmConfig) params() string {
 	return fmt.Sprintf("%s: tile %dx%dx%d, %dx%d warps, %d stages, shared=%d", c.Name, c.BM, c.BN, c.BK, c.WarpsM, c.WarpsN,

@@ -2,12 +2,17 @@ package fused
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
@@ -602,5 +607,301 @@ func TestMoERoutedExact(t *testing.T) {
 		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
 			dev.Free(a)
 		}
+	}
+}
+
+// m16Alternatives are tilings of decode's grouped GEMM other than
+// gemmConfigs' m16 that check accepts (other k-tiles and ring depths): the
+// tests compile them (TestGemmConfigsCompile) and run them against the
+// default (TestMoETilingsExact) in its place.
+var m16Alternatives = []gemmConfig{
+	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 128, Stages: 3},
+	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 64, Stages: 6},
+	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 64, Stages: 4},
+	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 64, Stages: 2},
+	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 256, Stages: 2},
+}
+
+// m16Refused are tilings check refuses, each with what its error must say;
+// the kernels' static_asserts refuse them too (TestGemmConfigsCompile).
+var m16Refused = []struct {
+	c   gemmConfig
+	why string
+}{
+	{gemmConfig{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 32, Stages: 4}, "multiple of 64"},
+	{gemmConfig{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 128, Stages: 1}, "at least 2"},
+	{gemmConfig{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 8, BK: 128, Stages: 4}, "pairs of n8"},
+	{gemmConfig{Name: "m16", BM: 16, BN: 64, WarpsM: 2, WarpsN: 2, BK: 128, Stages: 4}, "m16 fragments"},
+	{gemmConfig{Name: "m16", BM: 16, BN: 48, WarpsM: 1, WarpsN: 3, BK: 128, Stages: 4}, "do not divide"},
+}
+
+// withTiling puts c in gemmConfigs in place of the tiling of its name
+// until t ends: the launchers size their grids and shared memory by it,
+// and New compiles the kernels in it.
+func withTiling(t *testing.T, c gemmConfig) {
+	t.Helper()
+	saved := gemmConfigs
+	i := slices.IndexFunc(saved, func(g gemmConfig) bool { return g.Name == c.Name })
+	if i < 0 {
+		t.Fatalf("no tiling %s", c.Name)
+	}
+	gemmConfigs = slices.Clone(saved)
+	gemmConfigs[i] = c
+	t.Cleanup(func() { gemmConfigs = saved })
+}
+
+// TestGemmConfigCheck checks, without a GPU, the host's side of other
+// tilings of decode's grouped GEMM: check accepts the alternatives and
+// refuses, saying why, what the kernels cannot run, and New refuses such a
+// table before it compiles anything; shared is the ring of Stages × (BM +
+// BN) rows of BK bf16; and the moe.cu module is compiled with the tiling's
+// own instances (the instance header made from the table, whatever the
+// checked-in file holds: with that file's BK 128 and 4 stages, the other
+// tilings were launched with less shared memory than their ring took).
+func TestGemmConfigCheck(t *testing.T) {
+	for i, want := range []int{61440, 61440, 40960, 20480, 81920} {
+		c := m16Alternatives[i]
+		if err := c.check(); err != nil {
+			t.Error(err)
+		}
+		if c.shared() != want {
+			t.Errorf("%s: shared %d, want %d", c.params(), c.shared(), want)
+		}
+	}
+	if c := configNamed("m16"); c.shared() != 81920 {
+		t.Errorf("%s: shared %d, want 81920", c.params(), c.shared())
+	}
+	for _, r := range m16Refused {
+		err := r.c.check()
+		if err == nil || !strings.Contains(err.Error(), r.why) {
+			t.Errorf("%+v: check says %v, want %q", r.c, err, r.why)
+		}
+	}
+	t.Run("New refuses", func(t *testing.T) {
+		withTiling(t, m16Refused[0].c)
+		if _, err := New(nil); err == nil || !strings.Contains(err.Error(), m16Refused[0].why) {
+			t.Errorf("New with %+v: %v", m16Refused[0].c, err)
+		}
+	})
+	for _, c := range append([]gemmConfig{configNamed("m16")}, m16Alternatives...) {
+		t.Run(fmt.Sprintf("BK%d_S%d", c.BK, c.Stages), func(t *testing.T) {
+			withTiling(t, c)
+			p, err := cudaset.Source(module("moe.cu", moeFuncs()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(p.Headers, func(h cuda.Header) bool { return h.Name == "instances.cuh" })
+			if i < 0 {
+				t.Fatal("moe.cu compiles no instances.cuh")
+			}
+			args := fmt.Sprintf(", %d, %d, %d, %d, %d, %d)", c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages)
+			for _, names := range [][]string{{c.gemmKernel(), c.gateUpKernel()}, {c.dynGemmKernel(), c.dynGateUpKernel()},
+				{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}} {
+				if line := "X(" + strings.Join(names, ", ") + args; !strings.Contains(p.Headers[i].Src, line) {
+					t.Errorf("moe.cu compiles an instances.cuh without %s", line)
+				}
+			}
+		})
+	}
+}
+
+// TestGemmConfigsCompile compiles moe.cu with NVRTC (at $FUSELM_NVRTC, for
+// $FUSELM_NVRTC_ARCH, sm_90a when unset), without a GPU, in the default
+// tilings and with each of m16Alternatives in place of m16, each time with
+// a probe that holds every tiling's GemmRing::BYTES (the ring the kernel
+// indexes) to gemmConfig.shared (what the block is launched with); and
+// each tiling of m16Refused must fail the kernels' static_asserts, as
+// check refuses it. Skipped when FUSELM_NVRTC is unset.
+func TestGemmConfigsCompile(t *testing.T) {
+	lib := os.Getenv("FUSELM_NVRTC")
+	if lib == "" {
+		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile moe.cu's tilings without a GPU")
+	}
+	arch := os.Getenv("FUSELM_NVRTC_ARCH")
+	if arch == "" {
+		arch = "sm_90a"
+	}
+	comp, err := cuda.NewCompiler(lib, arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compile := func() error {
+		m := module("moe.cu", moeFuncs())
+		p, err := cudaset.Source(m)
+		if err != nil {
+			return err
+		}
+		var probe strings.Builder
+		probe.WriteString("\n// TestGemmConfigsCompile's probe: the ring each tiling indexes is what moe.go launches it with.\n")
+		for _, c := range gemmConfigs {
+			fmt.Fprintf(&probe, "static_assert(GemmRing<%d, %d, %d, %d>::BYTES == %d, \"tiling %s: GemmRing is not gemmConfig.shared\");\n",
+				c.BM, c.BN, c.BK, c.Stages, c.shared(), c.Name)
+		}
+		p.Src += probe.String()
+		_, _, err = comp.Compile(p, m.Opts...)
+		return err
+	}
+	for _, c := range append([]gemmConfig{configNamed("m16")}, m16Alternatives...) {
+		t.Run(fmt.Sprintf("BK%d_S%d", c.BK, c.Stages), func(t *testing.T) {
+			withTiling(t, c)
+			if err := compile(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for _, r := range m16Refused {
+		t.Run(fmt.Sprintf("refused %dx%dx%d_w%dx%d_S%d", r.c.BM, r.c.BN, r.c.BK, r.c.WarpsM, r.c.WarpsN, r.c.Stages), func(t *testing.T) {
+			withTiling(t, r.c)
+			if err := compile(); err == nil || !strings.Contains(err.Error(), "static assertion") {
+				t.Errorf("%+v (check: %v) compiled: %v", r.c, r.c.check(), err)
+			}
+		})
+	}
+}
+
+// TestMoETilingsExact runs every kernel of decode's tiling compiled in each
+// of m16Alternatives against the same kernels in gemmConfigs' m16, bit for
+// bit: the products sum their k16 steps in the same order whatever the
+// k-tile and the ring. moe_experts folded (every case up to foldMax
+// choices), in four launches (grouped_mma) and on the persistent grid
+// (dynVariant), at DeepSeek-V2-Lite's expert dims (1, 5 and 16 tokens) and
+// at dims of no tile (K past a whole k-tile); moe_routed at one token;
+// group_gemm a block a tile and persistent, on groups of no whole m-tile.
+// Each alternative is a set of its own, built by New with the tiling in
+// gemmConfigs (withTiling: the kernels compile in it and the launchers
+// size their shared memory by it). Outputs start as NaN, and the
+// persistent grids' counters must be zero after each run.
+func TestMoETilingsExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	rng := rand.New(rand.NewSource(41))
+	random := normalOn(t, dev, rng)
+	defer func(n int) { foldTokens = n }(foldTokens)
+	foldTokens = foldMax // fold every case the kernels take
+	key := "tiling=" + foldTiling
+	type problem struct {
+		n, hidden, inter, experts, k      int
+		x, gateUp, down, idx, weight, out *kernels.Tensor
+	}
+	var problems []problem
+	for _, c := range []struct{ n, hidden, inter, experts int }{
+		{1, 2048, 1408, 64}, {5, 2048, 1408, 64}, {16, 2048, 1408, 64}, {21, 520, 264, 8}, {3, 1000, 96, 64},
+	} {
+		const k = 6
+		p := problem{n: c.n, hidden: c.hidden, inter: c.inter, experts: c.experts, k: k}
+		if cfg := configFor(c.n*k, c.experts); cfg.Name != foldTiling {
+			t.Fatalf("n=%d E=%d: tiling %s, not %s", c.n, c.experts, cfg.Name, foldTiling)
+		}
+		p.x = random(kernels.BF16, 1, c.n, c.hidden)
+		p.gateUp = random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), c.experts, 2*c.inter, c.hidden)
+		p.down = random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), c.experts, c.hidden, c.inter)
+		ids := make([]int, c.n*k)
+		ws := make([]float32, c.n*k)
+		for tok := range c.n {
+			pick := rng.Perm(c.experts)
+			for j := range k {
+				ids[tok*k+j] = pick[j]
+				ws[tok*k+j] = float32(rng.Float64())
+			}
+		}
+		p.idx = intsOn(t, dev, ids)
+		p.idx.Shape, p.idx.Pitch = []int{c.n, k}, k
+		p.weight = tensorOn(t, dev, kernels.F32, ws, c.n, k)
+		p.out = dev.Alloc(kernels.BF16, c.n, c.hidden)
+		problems = append(problems, p)
+	}
+	const routedHidden, routedInter, routedExperts = 2048, 1408, 64
+	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	logitVals := make([]float32, routedExperts)
+	for i := range logitVals {
+		logitVals[i] = float32(rng.NormFloat64() * 2)
+	}
+	logits := tensorOn(t, dev, kernels.F32, logitVals, 1, routedExperts)
+	rIdx, rWeight := dev.Alloc(kernels.I32, 1, lite.TopK), dev.Alloc(kernels.F32, 1, lite.TopK)
+	const gm, gn, gk, groups = 96, 520, 264, 64
+	first := make([]int, groups+1)
+	for r := 0; r < gm; r++ {
+		first[1+rng.Intn(groups)]++
+	}
+	for g := range groups {
+		first[g+1] += first[g]
+	}
+	gx := random(kernels.BF16, 1, gm, gk)
+	gw := random(kernels.BF16, 1/math.Sqrt(gk), groups, gn, gk)
+	gFirst := intsOn(t, dev, first)
+	gOut := dev.Alloc(kernels.BF16, gm, gn)
+	defer func() {
+		for _, p := range problems {
+			for _, a := range []*kernels.Tensor{p.x, p.gateUp, p.down, p.idx, p.weight, p.out} {
+				dev.Free(a)
+			}
+		}
+		for _, a := range []*kernels.Tensor{logits, rIdx, rWeight, gx, gw, gFirst, gOut} {
+			dev.Free(a)
+		}
+	}()
+
+	// outputs runs every case on a set built in the current gemmConfigs,
+	// by name.
+	outputs := func(t *testing.T) map[string][]float32 {
+		set, err := New(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := set.(*ops)
+		got := map[string][]float32{}
+		result := func(name string, out *kernels.Tensor) {
+			got[name] = read(t, dev, out)
+			if o.dynCounters != nil {
+				checkDynCounters(t, o, name)
+			}
+		}
+		poison := func(x *kernels.Tensor) { dev.MemsetD8(dev.Ptr(x), 0xff, x.Numel()*x.DType.Size()) }
+		for _, p := range problems {
+			for _, v := range []string{foldedVariant, "grouped_mma", dynVariant} {
+				if err := o.UseVariant(kernels.OpMoEExperts, key, v); err != nil {
+					t.Fatal(err)
+				}
+				poison(p.out)
+				o.MoEExperts(p.out, p.x, p.idx, p.weight, p.gateUp, p.down)
+				result(fmt.Sprintf("moe_experts %s n=%d H=%d I=%d E=%d", v, p.n, p.hidden, p.inter, p.experts), p.out)
+			}
+		}
+		if err := o.UseVariant(kernels.OpMoEExperts, key, foldedVariant); err != nil { // moe_routed runs where moe_experts folds
+			t.Fatal(err)
+		}
+		p := problems[0]
+		poison(p.out)
+		if u, declined := kernels.Declined(func() { o.MoERouted(p.out, rIdx, rWeight, p.x, logits, p.gateUp, p.down, &lite) }); declined {
+			t.Fatalf("moe_routed declined one token: %v", u)
+		}
+		result("moe_routed n=1", p.out)
+		gkey := o.TuningKey(kernels.OpGroupGemm, kernels.Shape{"M": gm, "N": gn, "K": gk, "E": groups})
+		for _, v := range []string{"grouped_mma", dynVariant} {
+			if err := o.UseVariant(kernels.OpGroupGemm, gkey, v); err != nil {
+				t.Fatal(err)
+			}
+			poison(gOut)
+			o.GroupGemm(gOut, gx, gw, gFirst)
+			result("group_gemm "+v, gOut)
+		}
+		return got
+	}
+	want := outputs(t)
+	for name, v := range want {
+		if i := slices.IndexFunc(v, func(f float32) bool { return math.IsNaN(float64(f)) }); i >= 0 {
+			t.Fatalf("%s in the default tiling left output %d unwritten", name, i)
+		}
+	}
+	for _, c := range m16Alternatives {
+		t.Run(fmt.Sprintf("BK%d_S%d", c.BK, c.Stages), func(t *testing.T) {
+			withTiling(t, c)
+			got := outputs(t)
+			for _, name := range slices.Sorted(maps.Keys(want)) {
+				if bad, at := bitsDiffer(want[name], got[name]); bad > 0 {
+					t.Errorf("%s: %d of %d outputs differ from the default tiling's, first at %d: %g against %g", name, bad,
+						len(want[name]), at, got[name][at], want[name][at])
+				}
+			}
+		})
 	}
 }

@@ -8,9 +8,12 @@ import (
 )
 
 // The naive set's kernel instances, one table per macro of its sources:
-// instances.cuh lists them for the .cu files (TestInstancesHeader keeps it
-// current), and the modules' Funcs and the launchers take their names from
-// the same tables.
+// instances.cuh lists them for the .cu files, and the modules' Funcs and
+// the launchers take their names (and, for tilings, their shapes and shared
+// memory) from the same tables. The modules compile the header made from
+// the tables (cudaset.InstancesModule), not the checked-in file, so that an
+// edited table can never launch kernels of the old one; TestInstancesHeader
+// keeps the file current, for reading and for compiling a .cu by itself.
 
 // instancesRegen is how instances.cuh is written again after a table
 // changes.

@@ -79,15 +79,21 @@ func init() {
 	kernels.Register(kernels.SetInfo{Name: "naive", Device: "cuda", Rank: 1, New: New})
 }
 
+// modules are the set's NVRTC modules, each with instances.cuh made from
+// the Go tables (cudaset.InstancesModule).
 func modules() []cudaset.Module {
+	module := func(file string, funcs []string) cudaset.Module {
+		return cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
+	}
+	moe := module("moe.cu", append(cudaset.Names(expertGemmInstances()), "moe_route", "iota_i32", "moe_count", "moe_offsets",
+		"moe_assign"))
+	moe.Opts = []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK),
+		fmt.Sprintf("-DEXPERT_ROWS=%d", expertRows), fmt.Sprintf("-DEXPERT_COLS=%d", expertCols)}
 	return []cudaset.Module{
-		{File: "elementwise.cu", Sources: sources, Funcs: cudaset.Names(binaryInstances(), siluInstances(), rmsRstdInstances(),
-			rmsScaleInstances(), ropeInstances(), argmaxInstances())},
-		{File: "attention.cu", Sources: sources, Funcs: cudaset.Names(kvMaskedCopyInstances(), softmaxInstances(), normalizeInstances())},
-		{File: "moe.cu", Sources: sources, Funcs: append(cudaset.Names(expertGemmInstances()),
-			"moe_route", "iota_i32", "moe_count", "moe_offsets", "moe_assign"),
-			Opts: []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK),
-				fmt.Sprintf("-DEXPERT_ROWS=%d", expertRows), fmt.Sprintf("-DEXPERT_COLS=%d", expertCols)}},
+		module("elementwise.cu", cudaset.Names(binaryInstances(), siluInstances(), rmsRstdInstances(), rmsScaleInstances(),
+			ropeInstances(), argmaxInstances())),
+		module("attention.cu", cudaset.Names(kvMaskedCopyInstances(), softmaxInstances(), normalizeInstances())),
+		moe,
 	}
 }
 
