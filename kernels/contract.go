@@ -180,7 +180,11 @@ func (k costOf) LinearSwiGLU(out, x, w *Tensor) {
 // dims [offset, offset+r.Dim) inside it; kv [T, Rank+r.Dim] act, no
 // element of it in q; w [Rank] float; pos [T] i32; the tables as RoPE's.
 func CheckRMSNormRoPE(act DType, q, kv, w *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
-	op := OpRMSNormRoPE
+	checkRMSNormRoPE(OpRMSNormRoPE, act, q, kv, w, heads, headStride, offset, pos, r)
+}
+
+// checkRMSNormRoPE is CheckRMSNormRoPE for op, which does RMSNormRoPE's work.
+func checkRMSNormRoPE(op Op, act DType, q, kv, w *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
 	needActs(op, act, "q", q, "kv", kv)
 	need(r != nil && r.Dim > 0 && r.Dim%2 == 0, op, "rotated dims %v", r)
 	need(IsFloat(w) && w.Numel() > 0 && kv.Cols() == w.Numel()+r.Dim, op, "kv %v for a latent of w %v and %d rotated dims", kv, w, r.Dim)
@@ -289,6 +293,25 @@ func (a *MLAArgs) Check(op Op, act DType, prefill bool) {
 
 func (k costOf) MLAPrefill(a *MLAArgs) { *k.c = mlaCost(a, false) }
 func (k costOf) MLADecode(a *MLAArgs)  { *k.c = mlaCost(a, true) }
+
+// CheckMLADecodeRoPE: a as MLADecode's; w [a.Rank] float; pos [T] i32;
+// r's rotated dims a.RopeDim; and RMSNormRoPE's contract for q = a.Q,
+// kv = a.KV with a.Heads heads of NopeDim+RopeDim rotated from NopeDim.
+func CheckMLADecodeRoPE(act DType, a *MLAArgs, w *Tensor, pos *Tensor, r *Rope) {
+	op := OpMLADecodeRoPE
+	a.Check(op, act, false)
+	need(r != nil && r.Dim == a.RopeDim, op, "rotated dims %v for rope dims %d", r, a.RopeDim)
+	need(w.Numel() == a.Rank, op, "norm weights %v for rank %d", w, a.Rank)
+	checkRMSNormRoPE(op, act, a.Q, a.KV, w, a.Heads, a.NopeDim+a.RopeDim, a.NopeDim, pos, r)
+}
+
+// The cost of MLADecodeRoPE is its parts': RMSNormRoPE's and MLADecode's.
+func (k costOf) MLADecodeRoPE(a *MLAArgs, w *Tensor, eps float32, pos *Tensor, r *Rope) {
+	var nr Cost
+	costOf{&nr}.RMSNormRoPE(a.Q, a.KV, w, eps, a.Heads, a.NopeDim+a.RopeDim, a.NopeDim, pos, r)
+	m := mlaCost(a, true)
+	*k.c = Cost{FLOPs: nr.FLOPs + m.FLOPs, Bytes: nr.Bytes + m.Bytes}
+}
 
 // CheckMoERoute: logits [N,E] f32; idx [N,K] i32; weight [N,K] f32; the
 // routing fits E experts.

@@ -222,6 +222,22 @@ func RMSNormRoPEParts(o Ops, q, kv, w *Tensor, eps float32, heads, headStride, o
 	o.RoPE(kv, 1, kv.Cols(), rank, pos, r)
 }
 
+// mlaDecodeRoPEParts is MLADecodeRoPE as its parts through d:
+// RMSNormRoPE, which may itself run whole, then MLADecode.
+func (d *Dispatch) mlaDecodeRoPEParts(a *MLAArgs, w *Tensor, eps float32, pos *Tensor, r *Rope) {
+	MLADecodeRoPEParts(d, a, w, eps, pos, r)
+}
+
+// MLADecodeRoPEParts runs MLADecodeRoPE's work on o as the two calls it
+// replaces: RMSNormRoPE of a.Q and a.KV (a.Heads heads of
+// NopeDim+RopeDim, rotated from NopeDim), then MLADecode(a). The sets that
+// do not fuse it run it so, and so does a Dispatch where the spec splits
+// its parts.
+func MLADecodeRoPEParts(o Ops, a *MLAArgs, w *Tensor, eps float32, pos *Tensor, r *Rope) {
+	o.RMSNormRoPE(a.Q, a.KV, w, eps, a.Heads, a.NopeDim+a.RopeDim, a.NopeDim, pos, r)
+	o.MLADecode(a)
+}
+
 // linearAddParts is LinearAdd as its parts, each on the set the spec runs
 // it on: Linear into a [N, M] intermediate, then Add of addend and it into
 // out (addend first, as the MoE added its shared experts before the op),

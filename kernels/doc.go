@@ -21,7 +21,8 @@
 //     the layout of every argument; then go generate ./kernels writes its
 //     Dispatch and NotOwned methods (ops_gen.go). A composite op, one that
 //     does the work of others in one call (linear_swiglu: linear, then
-//     swiglu; rms_norm_rope: rms_norm, then rope twice), names them as its
+//     swiglu; rms_norm_rope: rms_norm, then rope twice; mla_decode_rope:
+//     rms_norm_rope's parts, then mla_decode), names them as its
 //     Parts, and dispatch.go holds the method that runs them instead
 //     (linearSwiGLUParts, rmsNormRoPEParts), which the Dispatch calls
 //     where the spec puts the parts on other sets, the set does not fuse

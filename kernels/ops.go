@@ -8,25 +8,26 @@ type Op string
 
 // Every op, in the order of opTable.
 const (
-	OpEmbedding    Op = "embedding"
-	OpLinear       Op = "linear"
-	OpRMSNorm      Op = "rms_norm"
-	OpAddRMSNorm   Op = "add_rms_norm"
-	OpAdd          Op = "add"
-	OpRoPE         Op = "rope"
-	OpSwiGLU       Op = "swiglu"
-	OpLinearSwiGLU Op = "linear_swiglu"
-	OpRMSNormRoPE  Op = "rms_norm_rope"
-	OpLinearAdd    Op = "linear_add"
-	OpAttnPrefill  Op = "attn_prefill"
-	OpAttnDecode   Op = "attn_decode"
-	OpMLAPrefill   Op = "mla_prefill"
-	OpMLADecode    Op = "mla_decode"
-	OpMoERoute     Op = "moe_route"
-	OpMoEExperts   Op = "moe_experts"
-	OpMoERouted    Op = "moe_routed"
-	OpGroupGemm    Op = "group_gemm"
-	OpArgmax       Op = "argmax"
+	OpEmbedding     Op = "embedding"
+	OpLinear        Op = "linear"
+	OpRMSNorm       Op = "rms_norm"
+	OpAddRMSNorm    Op = "add_rms_norm"
+	OpAdd           Op = "add"
+	OpRoPE          Op = "rope"
+	OpSwiGLU        Op = "swiglu"
+	OpLinearSwiGLU  Op = "linear_swiglu"
+	OpRMSNormRoPE   Op = "rms_norm_rope"
+	OpLinearAdd     Op = "linear_add"
+	OpAttnPrefill   Op = "attn_prefill"
+	OpAttnDecode    Op = "attn_decode"
+	OpMLAPrefill    Op = "mla_prefill"
+	OpMLADecode     Op = "mla_decode"
+	OpMLADecodeRoPE Op = "mla_decode_rope"
+	OpMoERoute      Op = "moe_route"
+	OpMoEExperts    Op = "moe_experts"
+	OpMoERouted     Op = "moe_routed"
+	OpGroupGemm     Op = "group_gemm"
+	OpArgmax        Op = "argmax"
 )
 
 // OpInfo describes an op: its name, the group a kernel spec may name it by
@@ -67,6 +68,10 @@ var opTable = []OpInfo{
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
 	{Op: OpMLAPrefill, Method: "MLAPrefill", Group: "mla", Doc: "DeepSeek-V2 latent attention of new tokens"},
 	{Op: OpMLADecode, Method: "MLADecode", Group: "mla", Doc: "DeepSeek-V2 latent attention of one new token per row"},
+	// No group: "mla=naive" names mla_decode, and would otherwise name this
+	// op too and so take its norm and ropes off the base set with it.
+	{Op: OpMLADecodeRoPE, Method: "MLADecodeRoPE", Parts: []Op{OpRMSNorm, OpRoPE, OpMLADecode},
+		Doc: "a decode step's MLA from its projection on: rms_norm_rope then mla_decode, with q_lat's work in the norm and ropes' launch where a set has it"},
 	{Op: OpMoERoute, Method: "MoERoute", Group: "moe", Doc: "MoE router: softmax and top-k of the router logits"},
 	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
 	{Op: OpMoERouted, Method: "MoERouted", Parts: []Op{OpMoERoute, OpMoEExperts},
@@ -211,6 +216,16 @@ type Ops interface {
 	// MLADecode is MLAPrefill for one new token per row, reading row lengths
 	// from Batch.PastDev only.
 	MLADecode(a *MLAArgs)
+
+	// MLADecodeRoPE is RMSNormRoPE of a.Q and a.KV, then MLADecode(a): a
+	// decode step's MLA from its projection on, with the norm weights w
+	// [Rank] weight, pos [T] i32 and the rotary tables r (r.Dim =
+	// a.RopeDim; q's heads rotated at NopeDim of a head of NopeDim+RopeDim),
+	// each rounded as those ops round. It is a composite op
+	// (OpInfo.Parts): a Dispatch runs RMSNormRoPE (itself composite) and
+	// MLADecode instead where the spec puts rms_norm, rope or mla_decode on
+	// other sets (see MLADecodeRoPEParts).
+	MLADecodeRoPE(a *MLAArgs, w *Tensor, eps float32, pos *Tensor, r *Rope)
 
 	// MoERoute chooses each token's experts from the router logits (see
 	// Routing). idx [N,K] i32; weight [N,K] f32; logits [N,E] f32.

@@ -80,6 +80,12 @@ func (d *Dispatch) MLADecode(a *MLAArgs) {
 	d.call(OpMLADecode, func(o Ops) { o.MLADecode(a) })
 }
 
+// MLADecodeRoPE runs OpMLADecodeRoPE on the set the spec chose for it, or as its parts
+// (mlaDecodeRoPEParts) where the spec runs them on other sets.
+func (d *Dispatch) MLADecodeRoPE(a *MLAArgs, w *Tensor, eps float32, pos *Tensor, r *Rope) {
+	d.callWhole(OpMLADecodeRoPE, func(o Ops) { o.MLADecodeRoPE(a, w, eps, pos, r) }, func() { d.mlaDecodeRoPEParts(a, w, eps, pos, r) })
+}
+
 // MoERoute runs OpMoERoute on the set the spec chose for it.
 func (d *Dispatch) MoERoute(idx, weight, logits *Tensor, r *Routing) {
 	d.call(OpMoERoute, func(o Ops) { o.MoERoute(idx, weight, logits, r) })
@@ -151,6 +157,11 @@ func (n NotOwned) MLAPrefill(a *MLAArgs) { n.panic(OpMLAPrefill) }
 
 // MLADecode panics: the set runs OpMLADecode on its fallback.
 func (n NotOwned) MLADecode(a *MLAArgs) { n.panic(OpMLADecode) }
+
+// MLADecodeRoPE panics: the set runs OpMLADecodeRoPE on its fallback.
+func (n NotOwned) MLADecodeRoPE(a *MLAArgs, w *Tensor, eps float32, pos *Tensor, r *Rope) {
+	n.panic(OpMLADecodeRoPE)
+}
 
 // MoERoute panics: the set runs OpMoERoute on its fallback.
 func (n NotOwned) MoERoute(idx, weight, logits *Tensor, r *Routing) { n.panic(OpMoERoute) }

@@ -239,7 +239,8 @@ func (s Spec) Runner(op Op) string {
 // Whole reports whether the spec runs op as one call of its Runner: always
 // for an op without parts; for a composite op (OpInfo.Parts) when the spec
 // names the op itself, or when the set that runs it fuses it
-// (SetInfo.Fuses) and runs each of its parts too. Otherwise the Dispatch
+// (SetInfo.Fuses) and runs each of its parts too, and each composite op
+// made of its parts only (rms_norm_rope in mla_decode_rope). Otherwise the Dispatch
 // runs the parts, each on its own set: "fused,linear=naive" runs naive's
 // linear and fused's swiglu where the MLP calls linear_swiglu, as it did
 // before there was one, and naive's and cpu's runs profile as before.
@@ -257,6 +258,23 @@ func (s Spec) Whole(op Op) bool {
 	}
 	for _, p := range opTable[i].Parts {
 		if s.Runner(p) != r {
+			return false
+		}
+	}
+	// A composite op whose parts are all among op's (rms_norm_rope in
+	// mla_decode_rope) is what op's parts run as: it must run on r too.
+	for _, in := range opTable {
+		if in.Op != op && len(in.Parts) > 0 && subset(in.Parts, opTable[i].Parts) && s.Runner(in.Op) != r {
+			return false
+		}
+	}
+	return true
+}
+
+// subset reports whether every op of a is in b.
+func subset(a, b []Op) bool {
+	for _, o := range a {
+		if !slices.Contains(b, o) {
 			return false
 		}
 	}

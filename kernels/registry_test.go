@@ -636,3 +636,32 @@ func profiledRun(t *testing.T, dev kernels.Device, spec string, run func(kernels
 	}
 	return sets, calls
 }
+
+// TestMLADecodeRoPEWhole: mla_decode_rope runs whole only where the set
+// that runs it fuses it and runs rms_norm, rope and mla_decode too, or
+// where the spec names it; "mla=naive" names mla_decode (not this op, which
+// is in no group), so the norm and ropes stay on fused's rms_norm_rope;
+// and "rms_norm_rope=naive" puts the norm and ropes on naive.
+func TestMLADecodeRoPEWhole(t *testing.T) {
+	for _, c := range []struct {
+		spec           string
+		whole, nrWhole bool
+	}{
+		{"fused", true, true}, {"naive", false, false}, {"cpu", false, false},
+		{"fused,mla=naive", false, true}, {"fused,mla_decode=naive", false, true},
+		{"fused,rope=naive", false, false}, {"fused,rms_norm=naive", false, false},
+		{"fused,rms_norm_rope=naive", false, true}, {"fused,attn=naive,linear=naive", true, true},
+		{"naive,mla_decode_rope=fused", true, false},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpMLADecodeRoPE); got != c.whole {
+			t.Errorf("%s: Whole(mla_decode_rope) = %v, want %v", c.spec, got, c.whole)
+		}
+		if got := s.Whole(kernels.OpRMSNormRoPE); got != c.nrWhole {
+			t.Errorf("%s: Whole(rms_norm_rope) = %v, want %v", c.spec, got, c.nrWhole)
+		}
+	}
+}

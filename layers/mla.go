@@ -21,7 +21,9 @@ const (
 //	out = o_proj(attention over the cache of (kv_nope, k_pe), expanded by kv_b_proj)
 //
 // The norm and the two ropes are one op, RMSNormRoPE, which a kernel set
-// may run in one launch.
+// may run in one launch; at decode they and the attention are one op,
+// MLADecodeRoPE, so that a set may fold the attention's first step into
+// that launch too.
 //
 // Without q LoRA, q_proj and kv_a_proj_with_mqa are one Linear
 // (QKVAProjWithMQA) whose output row holds q then the latent: q and kv are
@@ -89,11 +91,6 @@ func (m *MLA) Forward(s *Step, out, x *kernels.Tensor) {
 		kv = s.WS.Get(bufMLAKV, T, kvDim)
 		m.KVAProjWithMQA.Forward(s, kv, x)
 	}
-	// kv_a_layernorm of the latent (kv's first Rank columns), and the rope
-	// of q_pe (the last RopeDim of each head) and of k_pe (one head after
-	// the latent), in place: one op, one launch where the set fuses it.
-	s.Ops.RMSNormRoPE(q, kv, m.KVALayernorm.Weight, m.KVALayernorm.Eps, m.Heads, qk, m.NopeDim, s.Pos, m.Rope)
-
 	attn := s.WS.Get(bufMLAOut, T, m.Heads*m.VDim)
 	args := &kernels.MLAArgs{
 		Out:     attn,
@@ -109,9 +106,16 @@ func (m *MLA) Forward(s *Step, out, x *kernels.Tensor) {
 		Rank:    m.Rank,
 		Scale:   m.Scale,
 	}
+	// kv_a_layernorm of the latent (kv's first Rank columns), and the rope
+	// of q_pe (the last RopeDim of each head) and of k_pe (one head after
+	// the latent), in place: one op, one launch where the set fuses it. At
+	// decode the attention joins them in one op, so that a set may start
+	// its first step (q_lat, from q_nope, which the norm and ropes leave)
+	// in that same launch.
 	if s.Decode {
-		s.Ops.MLADecode(args)
+		s.Ops.MLADecodeRoPE(args, m.KVALayernorm.Weight, m.KVALayernorm.Eps, s.Pos, m.Rope)
 	} else {
+		s.Ops.RMSNormRoPE(q, kv, m.KVALayernorm.Weight, m.KVALayernorm.Eps, m.Heads, qk, m.NopeDim, s.Pos, m.Rope)
 		s.Ops.MLAPrefill(args)
 	}
 	m.OProj.Forward(s, out, attn)

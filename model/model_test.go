@@ -317,6 +317,9 @@ func (o *recordingOps) AttentionDecode(a *kernels.AttnArgs) {
 }
 func (o *recordingOps) MLAPrefill(a *kernels.MLAArgs) { o.do(func() { o.Ops.MLAPrefill(a) }) }
 func (o *recordingOps) MLADecode(a *kernels.MLAArgs)  { o.do(func() { o.Ops.MLADecode(a) }) }
+func (o *recordingOps) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
+	o.do(func() { o.Ops.MLADecodeRoPE(a, w, eps, pos, r) })
+}
 func (o *recordingOps) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	o.do(func() { o.Ops.MoERoute(idx, weight, logits, r) })
 }

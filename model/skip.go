@@ -131,6 +131,19 @@ func (s *skipping) MLADecode(a *kernels.MLAArgs) {
 	}
 }
 
+// MLADecodeRoPE is left out when named; where one of its parts (rms_norm,
+// rope, mla_decode) is named, it runs as its parts through s, so that the
+// named part alone is left out as it was before the calls were one op.
+func (s *skipping) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
+	switch {
+	case s.skip[kernels.OpMLADecodeRoPE]:
+	case s.skip[kernels.OpRMSNorm] || s.skip[kernels.OpRoPE] || s.skip[kernels.OpRMSNormRoPE] || s.skip[kernels.OpMLADecode]:
+		kernels.MLADecodeRoPEParts(s, a, w, eps, pos, r)
+	default:
+		s.Ops.MLADecodeRoPE(a, w, eps, pos, r)
+	}
+}
+
 func (s *skipping) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) {
 	if !s.skip[kernels.OpMoERoute] {
 		s.Ops.MoERoute(idx, weight, logits, r)

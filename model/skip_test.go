@@ -51,12 +51,38 @@ func TestSkipOps(t *testing.T) {
 	if c.norm != 0 || c.rope != 0 || c.whole != 1 {
 		t.Errorf("skipping add: rms_norm_rope ran rms_norm %d times, rope %d, whole %d, want 0, 0, 1", c.norm, c.rope, c.whole)
 	}
+	// MLA's decode with its norm and ropes: left out whole when named; run
+	// as its parts when one of them is named, that one left out.
+	a := &kernels.MLAArgs{Q: q, KV: kv, Heads: 2, NopeDim: 2, RopeDim: 2, Rank: 4}
+	for _, c2 := range []struct {
+		skip                       kernels.Op
+		norm, rope, nr, mla, whole int
+	}{
+		{kernels.OpMLADecodeRoPE, 0, 0, 0, 0, 0},
+		{kernels.OpRoPE, 1, 0, 0, 1, 0},
+		{kernels.OpRMSNormRoPE, 0, 0, 0, 1, 0},
+		{kernels.OpMLADecode, 0, 0, 1, 0, 0},
+		{kernels.OpAdd, 0, 0, 0, 0, 1},
+	} {
+		c = counting{}
+		newSkipping(&c, []kernels.Op{c2.skip}).MLADecodeRoPE(a, w, 1e-6, nil, r)
+		got := [5]int{c.norm, c.rope, c.whole, c.mla, c.mlaWhole}
+		if want := [5]int{c2.norm, c2.rope, c2.nr, c2.mla, c2.whole}; got != want {
+			t.Errorf("skipping %s: mla_decode_rope ran rms_norm, rope, rms_norm_rope, mla_decode, whole %v times, want %v", c2.skip, got, want)
+		}
+	}
 }
 
 // counting counts the calls of some ops; the others are not called.
 type counting struct {
 	kernels.Ops
 	rope, add, norm, whole int
+	mla, mlaWhole          int
+}
+
+func (c *counting) MLADecode(*kernels.MLAArgs) { c.mla++ }
+func (c *counting) MLADecodeRoPE(*kernels.MLAArgs, *kernels.Tensor, float32, *kernels.Tensor, *kernels.Rope) {
+	c.mlaWhole++
 }
 
 func (c *counting) RoPE(*kernels.Tensor, int, int, int, *kernels.Tensor, *kernels.Rope) { c.rope++ }

@@ -195,6 +195,13 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	o.mla(kernels.OpMLADecode, a, o.decodeSpans(kernels.OpMLADecode, a.Batch))
 }
 
+// MLADecodeRoPE is RMSNormRoPE of a.Q and a.KV, then MLADecode(a)
+// (kernels.MLADecodeRoPEParts), rounded as those ops round.
+func (o *ops) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckMLADecodeRoPE(o.dev.ActDType(), a, w, pos, r)
+	kernels.MLADecodeRoPEParts(o, a, w, eps, pos, r)
+}
+
 // mla: Out [T, Heads·VDim]; Q [T, Heads·(Nope+Rope)]; KV [T, Rank+Rope];
 // Cache [B, MaxSeq, Rank+Rope], all act; WKVB [Heads·(Nope+VDim), Rank] any
 // float type. With f32 activations it uses the absorbed form, equal to

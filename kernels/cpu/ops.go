@@ -52,6 +52,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //     rounded too before they weigh the values, as those kernels do.
 //   - MLA: k_nope = W_UK·c and v = W_UV·c (kv_b_proj's bf16 output, which
 //     HF caches), then attention as above; so no absorbed form.
+//     MLADecodeRoPE: as RMSNormRoPE and MLADecode, its parts.
 //   - MoEExperts: each expert's gate/up and down projection and its SwiGLU
 //     as above; the routing-weighted sum over a token's experts in f32, then
 //     once (transformers' grouped_mm experts). MoERouted: as MoERoute then

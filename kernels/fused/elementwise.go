@@ -106,22 +106,38 @@ func (o *ops) ropeVecFor(x *kernels.Tensor, headStride, offset int, r *kernels.R
 // Dispatch runs rms_norm and rope.
 func (o *ops) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
 	kernels.CheckRMSNormRoPE(o.D.ActDType(), q, kv, w, heads, headStride, offset, pos, r)
-	const op = kernels.OpRMSNormRoPE
-	t, rank := kv.Rows(), w.Numel()
+	ns, threads := o.normRopeTakes(kernels.OpRMSNormRoPE, q, kv, w, headStride, offset, heads, r)
+	t := kv.Rows()
+	if t == 0 {
+		return
+	}
+	o.LaunchGrid(rmsNormRopeKernel(r.Interleaved, w.DType), cuda.Dim3{X: uint32(t), Y: 2}, cuda.Dim3{X: uint32(threads)}, 0,
+		o.normRopeArgs(q, kv, w, eps, heads, headStride, offset, pos, r, ns)...)
+}
+
+// normRopeTakes is rms_norm_rope's shape for the call: rms_norm's shape for
+// the latent (normT, the threads its sum runs over) and the block's
+// threads. It declines (for op) a call rms_norm would not take in one
+// 16-byte access a thread or rope in ropeVec pairs a thread, where
+// rms_norm_rope's results would not be the parts' bit for bit.
+func (o *ops) normRopeTakes(op kernels.Op, q, kv, w *kernels.Tensor, headStride, offset, heads int, r *kernels.Rope) (normShape, int) {
+	rank := w.Numel()
 	kvm := o.Mat(kv)
 	ns := normShapeOf(rank, kvm, kvm, o.Mat(w))
 	o.Need(ns.vec == rmsNormRopeShape.vec && ns.items == rmsNormRopeShape.items, op,
 		"a latent of %d that rms_norm takes in %d-wide accesses, %d a thread: rms_norm and rope run it", rank, ns.vec, ns.items)
 	o.Need(o.ropeVecFor(q, headStride, offset, r) == ropeVec && o.ropeVecFor(kv, kv.Cols(), rank, r) == ropeVec, op,
 		"q's or k_pe's rope dims not aligned for %d pairs a thread: rms_norm and rope run them", ropeVec)
-	if t == 0 {
-		return
-	}
-	threads := max(ns.threads, cudaset.ThreadsFor(heads*r.Dim/2/ropeVec))
-	o.LaunchGrid(rmsNormRopeKernel(r.Interleaved, w.DType), cuda.Dim3{X: uint32(t), Y: 2}, cuda.Dim3{X: uint32(threads)}, 0,
-		o.D.Ptr(q), int32(q.Pitch), int32(heads), int32(headStride), int32(offset), kvm.P, int32(kvm.Pitch),
-		o.D.Ptr(w), int32(rank), eps, int32(ns.threads), o.D.Ptr(pos),
-		o.D.Ptr(r.Cos), o.D.Ptr(r.Sin), int32(r.Cos.Pitch), int32(r.Cos.Rows()), int32(r.Dim))
+	return ns, max(ns.threads, cudaset.ThreadsFor(heads*r.Dim/2/ropeVec))
+}
+
+// normRopeArgs are rms_norm_rope's arguments from q to dim (norm_rope.cuh),
+// with normT from ns.
+func (o *ops) normRopeArgs(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor,
+	r *kernels.Rope, ns normShape) []any {
+	return []any{o.D.Ptr(q), int32(q.Pitch), int32(heads), int32(headStride), int32(offset), o.D.Ptr(kv), int32(kv.Pitch),
+		o.D.Ptr(w), int32(w.Numel()), eps, int32(ns.threads), o.D.Ptr(pos),
+		o.D.Ptr(r.Cos), o.D.Ptr(r.Sin), int32(r.Cos.Pitch), int32(r.Cos.Rows()), int32(r.Dim)}
 }
 
 // SwiGLU is one vectorized pass of swiglu.

@@ -164,6 +164,14 @@
 	X(mla_flat_r32_p16_s3, 32, 16, 3) \
 	X(mla_flat_r32_p16_s4, 32, 16, 4)
 
+#define MLA_QLAT_ROPE_INSTANCES(X) \
+	X(mla_qlat_rope_half_bf16, false, bf16, 8, 1, 4) \
+	X(mla_qlat_rope_half_f16, false, half_bits, 8, 1, 4) \
+	X(mla_qlat_rope_half_f32, false, float, 8, 1, 4) \
+	X(mla_qlat_rope_interleaved_bf16, true, bf16, 8, 1, 4) \
+	X(mla_qlat_rope_interleaved_f16, true, half_bits, 8, 1, 4) \
+	X(mla_qlat_rope_interleaved_f32, true, float, 8, 1, 4)
+
 #define GROUP_GEMM_INSTANCES(X) \
 	X(group_gemm_m16, moe_gate_up_m16, 16, 64, 1, 4, 128, 4) \
 	X(group_gemm_m64, moe_gate_up_m64, 64, 128, 1, 4, 64, 4) \

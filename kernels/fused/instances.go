@@ -2,6 +2,7 @@ package fused
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -24,7 +25,7 @@ func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(),
-		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(),
+		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(),
@@ -74,10 +75,27 @@ func rmsNormRopeKernel(interleaved bool, w kernels.DType) string {
 }
 
 func rmsNormRopeInstances() cudaset.Instances {
-	f := cudaset.Instances{Macro: "RMS_NORM_ROPE"}
+	return normRopeInstances("RMS_NORM_ROPE", rmsNormRopeKernel)
+}
+
+// mlaQLatRopeKernel is mla_qlat_rope's instance (mla_flat.cu): rms_norm_rope's
+// and mla_qlat's blocks in one grid, for pairs interleaved or not and norm
+// weights of w.
+func mlaQLatRopeKernel(interleaved bool, w kernels.DType) string {
+	return "mla_qlat_rope" + strings.TrimPrefix(rmsNormRopeKernel(interleaved, w), "rms_norm_rope")
+}
+
+func mlaQLatRopeInstances() cudaset.Instances {
+	return normRopeInstances("MLA_QLAT_ROPE", mlaQLatRopeKernel)
+}
+
+// normRopeInstances are a macro's instances of rms_norm_rope's device
+// function: pairs interleaved or not, each weight dtype, rmsNormRopeShape.
+func normRopeInstances(macro string, name func(bool, kernels.DType) string) cudaset.Instances {
+	f := cudaset.Instances{Macro: macro}
 	for _, il := range []bool{false, true} {
 		for _, w := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
-			f.Kernels = append(f.Kernels, cudaset.Of(rmsNormRopeKernel(il, w), il, cudaset.CType(w),
+			f.Kernels = append(f.Kernels, cudaset.Of(name(il, w), il, cudaset.CType(w),
 				rmsNormRopeShape.vec, rmsNormRopeShape.items, ropeVec))
 		}
 	}

@@ -135,6 +135,20 @@ func (o *ops) checkMLA(op kernels.Op, a *kernels.MLAArgs, prefill bool) {
 	o.Need(a.Out.Pitch%2 == 0 && o.D.Ptr(a.Out)%4 == 0, op, "out %v does not start its rows on 4-byte boundaries", a.Out)
 }
 
+// mlaDecodeVariant checks a call of mla_decode's work for op (mla_decode
+// or mla_decode_rope), declining what no variant takes, and is the
+// variant that runs it.
+func (o *ops) mlaDecodeVariant(op kernels.Op, a *kernels.MLAArgs) string {
+	o.checkMLA(op, a, false)
+	d := mlaLatent{a.Rank, a.RopeDim}
+	o.Need(slices.Contains(mlaDecodeDims, d), op, "latents of rank %d, rope %d: the fused kernels take %v (mla=naive runs any)",
+		d.Rank, d.Rope, mlaDecodeDims)
+	o.Need(a.Heads <= maxMLAHeads, op, "%d heads: mla_decode takes at most %d, one m-tile (mla=naive runs any)", a.Heads, maxMLAHeads)
+	o.Need(a.NopeDim%cudaset.VecWidth == 0, op, "nope dim %d: mla_decode reads q_pe in 16-byte pieces, so it must be a multiple of %d",
+		a.NopeDim, cudaset.VecWidth)
+	return o.variantFor(kernels.OpMLADecode, mlaDecodeKey(a.Batch.Rows))
+}
+
 // needRoom refuses kernel when the device's shared memory cannot hold it.
 func (o *ops) needRoom(op kernels.Op, kernel string) {
 	why, tooBig := o.noRoom[kernel]
@@ -225,17 +239,11 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 // buffer's size depends on the batch's rows and capacity only.
 func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	op := kernels.OpMLADecode
-	o.checkMLA(op, a, false)
+	variant := o.mlaDecodeVariant(op, a)
 	d := mlaLatent{a.Rank, a.RopeDim}
-	o.Need(slices.Contains(mlaDecodeDims, d), op, "latents of rank %d, rope %d: the fused kernels take %v (mla=naive runs any)",
-		d.Rank, d.Rope, mlaDecodeDims)
-	o.Need(a.Heads <= maxMLAHeads, op, "%d heads: mla_decode takes at most %d, one m-tile (mla=naive runs any)", a.Heads, maxMLAHeads)
-	o.Need(a.NopeDim%cudaset.VecWidth == 0, op, "nope dim %d: mla_decode reads q_pe in 16-byte pieces, so it must be a multiple of %d",
-		a.NopeDim, cudaset.VecWidth)
-	variant := o.variantFor(op, mlaDecodeKey(a.Batch.Rows))
 	if variant == mlaFlatVariant {
 		if a.Batch.Rows > 0 {
-			o.mlaFlatDecode(a)
+			o.mlaFlatDecode(op, a, nil)
 		}
 		return
 	}

@@ -8,7 +8,9 @@
 //      to bf16 as the batched GEMM rounds it. Each block takes 32 latent
 //      columns of one head for up to 8 rows; it loads its weights (the
 //      head's DN rows of those columns) before its grid_wait, under the
-//      kernel before it.
+//      kernel before it. mla_decode_rope runs it as mla_qlat_rope, whose
+//      grid holds rms_norm_rope's blocks too: the norm and ropes and q_lat
+//      in one launch.
 //   2. mla_flat: the split attention, MlaKeyTiles (mla.cuh) over the latent
 //      cache, every split of a row the same number of keys (the last
 //      fewer), counted from
@@ -44,6 +46,7 @@
 #include "hopper.cuh"
 #include "mla.cuh"
 #include "instances.cuh"
+#include "norm_rope.cuh"
 
 #ifdef MLF_CP
 #define MLF_BULK false // mla_flat's key tiles by cp.async (the test build)
@@ -82,12 +85,15 @@ __device__ __forceinline__ float4 ld_cluster4(unsigned addr) {
 //   h·qhs; w bf16 [heads·(DN+DV), R]. DN ≤ QL_MAX_DN, R a multiple of
 //   QL_COLS.
 // Launch: grid (R / QL_COLS, heads, ceil(B / QL_ROWS)), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-    mla_qlat(bf16* qlat, const bf16* q, int qp, int qhs, const bf16* w, int dn, int dv, int R, int heads, int B) {
+// The device function is the block at (cx, h, bz) of that grid, with its
+// 256 threads (it syncs), so that mla_qlat_rope runs it for some of its
+// blocks.
+__device__ __forceinline__ void mla_qlat_block(bf16* qlat, const bf16* q, int qp, int qhs, const bf16* w, int dn,
+                                               int dv, int R, int heads, int B, int cx, int h, int bz) {
 	__shared__ float qs[QL_ROWS][QL_MAX_DN];
 	__shared__ float red[8][QL_ROWS][QL_COLS];
 	const MlaProbe probe(MLA_PROBE_QLAT);
-	const int h = blockIdx.y, c0 = blockIdx.x * QL_COLS, b0 = blockIdx.z * QL_ROWS, nb = min(QL_ROWS, B - b0);
+	const int c0 = cx * QL_COLS, b0 = bz * QL_ROWS, nb = min(QL_ROWS, B - b0);
 	const int t = threadIdx.x, cc = t & 3, rg = t >> 2, lane = t & 31, warp = t >> 5;
 	const bf16* wh = w + (long long)h * (dn + dv) * R + c0 + cc * 8;
 	constexpr int J = QL_MAX_DN / 64;
@@ -149,6 +155,55 @@ extern "C" __global__ void __launch_bounds__(256)
 	}
 	probe.stamp(MLA_EXIT);
 }
+
+extern "C" __global__ void __launch_bounds__(256)
+    mla_qlat(bf16* qlat, const bf16* q, int qp, int qhs, const bf16* w, int dn, int dv, int R, int heads, int B) {
+	mla_qlat_block(qlat, q, qp, qhs, w, dn, dv, R, heads, B, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+// mla_qlat_rope is rms_norm_rope (norm_rope.cuh) and mla_qlat in one
+// launch: the op mla_decode_rope's first step, where the two were two
+// dependent launches. mla_qlat reads q's nope dims only, which the norm and
+// ropes leave, and writes qlat, which they do not read, so the blocks of
+// both run side by side; each calls its kernel's device function with that
+// kernel's arguments and block coordinates, so its results are bit for bit
+// that kernel's (the rope loops stride over 256 threads, which changes no
+// element's arithmetic; rms_norm sums over normT threads, the other warps
+// adding zeros, as rms_norm_rope's wider blocks do).
+//   qlat, wkvb (mla_qlat's w), dn, dv, B: mla_qlat's; q .. dim:
+//   rms_norm_rope's, q also mla_qlat's (qp its pitch, hstride its qhs) and
+//   rank its R.
+// Launch: grid 2·B + (R / QL_COLS)·heads·ceil(B / QL_ROWS), 1-D (B rows of
+// one token each): block i < 2·B is rms_norm_rope's block (i / 2, i % 2),
+// the others mla_qlat's in its grid's x, y, z order; 256 threads, which
+// must be at least rms_norm_rope's block for the call (normT and the rope
+// loop's threads).
+template <bool INTERLEAVED, typename TW, int VEC, int NV, int RVEC>
+__device__ __forceinline__ void mla_qlat_rope(bf16* qlat, const bf16* wkvb, int dn, int dv, int B, bf16* q, int qp,
+                                              int heads, int hstride, int offset, bf16* kv, int kvp, const TW* w,
+                                              int rank, float eps, int normT, const int* pos, const float* cosT,
+                                              const float* sinT, int cspitch, int maxPos, int dim) {
+	const int nr = 2 * B, i = blockIdx.x;
+	if (i < nr) {
+		grid_wait();
+		grid_release();
+		rms_norm_rope<INTERLEAVED, TW, VEC, NV, RVEC>(q, qp, heads, hstride, offset, kv, kvp, w, rank, eps, normT,
+		                                              pos, cosT, sinT, cspitch, maxPos, dim, i / 2, i % 2);
+		return;
+	}
+	const int j = i - nr, xs = rank / QL_COLS;
+	mla_qlat_block(qlat, q, qp, hstride, wkvb, dn, dv, rank, heads, B, j % xs, j / xs % heads, j / (xs * heads));
+}
+
+#define MLA_QLAT_ROPE(NAME, INTERLEAVED, TW, V, NV, RV)                                                              \
+	extern "C" __global__ void __launch_bounds__(256)                                                               \
+	    NAME(bf16* qlat, const bf16* wkvb, int dn, int dv, int B, bf16* q, int qp, int heads, int hstride, int offset, \
+	         bf16* kv, int kvp, const TW* w, int rank, float eps, int normT, const int* pos, const float* cosT,      \
+	         const float* sinT, int cspitch, int maxPos, int dim) {                                                  \
+		mla_qlat_rope<INTERLEAVED, TW, V, NV, RV>(qlat, wkvb, dn, dv, B, q, qp, heads, hstride, offset, kv, kvp, w, \
+		                                          rank, eps, normT, pos, cosT, sinT, cspitch, maxPos, dim);        \
+	}
+MLA_QLAT_ROPE_INSTANCES(MLA_QLAT_ROPE)
 
 // mla_flat splits row b = blockIdx.z's keys into gridDim.x splits of equal
 // length (the last shorter), in clusters of MLF_CLUSTER, and writes each cluster's o_lat

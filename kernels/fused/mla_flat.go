@@ -24,7 +24,9 @@ const (
 	mlfStats = 16 * 8
 	// Limits of mla_qlat and mla_out: QL_COLS, QL_ROWS, QL_MAX_DN,
 	// MO_ROWS and MO_MAX_R.
-	qlCols, qlRows, qlMaxNope      = 32, 8, 256
+	qlCols, qlRows, qlMaxNope = 32, 8, 256
+	// qlThreads are mla_qlat's (and mla_qlat_rope's) threads a block.
+	qlThreads                      = 256
 	moRows, moMaxRank, moMaxPerRow = 16, 512, 128
 )
 
@@ -66,7 +68,7 @@ var mlaFlatOpts []string
 
 // mlaFlatModule is the variant's NVRTC module.
 func mlaFlatModule() cudaset.Module {
-	m := module("mla_flat.cu", append([]string{"mla_qlat", "mla_out"}, cudaset.Names(mlaFlatInstances())...))
+	m := module("mla_flat.cu", append([]string{"mla_qlat", "mla_out"}, cudaset.Names(mlaFlatInstances(), mlaQLatRopeInstances())...))
 	m.Opts = slices.Clone(mlaFlatOpts)
 	return m
 }
@@ -135,10 +137,11 @@ func mlaFlatWhy(d mlaLatent, heads, dn int) string {
 }
 
 // mlaFlatDecode is MLADecode's flat variant: mla_qlat, mla_flat over every
-// cluster the device runs at once shared among the rows, and mla_out.
-// Buffer sizes depend on the batch's rows only, so a graph replays it.
-func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
-	op := kernels.OpMLADecode
+// cluster the device runs at once shared among the rows, and mla_out; with
+// nr, mla_qlat_rope, which runs rms_norm_rope's blocks beside mla_qlat's,
+// in mla_qlat's place. Buffer sizes depend on the batch's rows only, so a
+// graph replays it.
+func (o *ops) mlaFlatDecode(op kernels.Op, a *kernels.MLAArgs, nr *normRopeCall) {
 	d := mlaLatent{a.Rank, a.RopeDim}
 	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
 	o.Need(o.mlaFlat.ready() == nil, op, "%v", o.mlaFlat.ready())
@@ -153,11 +156,52 @@ func (o *ops) mlaFlatDecode(a *kernels.MLAArgs) {
 	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2)
 	q, w, out := o.Mat(a.Q), o.Mat(a.WKVB), o.Mat(a.Out)
 
-	o.LaunchGrid("mla_qlat", cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((b.Rows + qlRows - 1) / qlRows)},
-		cuda.Dim3{X: 256}, 0, qlat.P, q.P, int32(q.Pitch), int32(dn+dr), w.P, int32(dn), int32(dv), int32(r), int32(h), int32(b.Rows))
+	qlGrid := cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((b.Rows + qlRows - 1) / qlRows)}
+	if nr == nil {
+		o.LaunchGrid("mla_qlat", qlGrid, cuda.Dim3{X: qlThreads}, 0,
+			qlat.P, q.P, int32(q.Pitch), int32(dn+dr), w.P, int32(dn), int32(dv), int32(r), int32(h), int32(b.Rows))
+	} else {
+		blocks := 2*b.Rows + int(qlGrid.X*qlGrid.Y*qlGrid.Z)
+		o.LaunchGrid(mlaQLatRopeKernel(nr.r.Interleaved, nr.w.DType), cuda.Dim3{X: uint32(blocks), Y: 1, Z: 1}, cuda.Dim3{X: qlThreads}, 0,
+			append([]any{qlat.P, w.P, int32(dn), int32(dv), int32(b.Rows)},
+				o.normRopeArgs(a.Q, a.KV, nr.w, nr.eps, h, dn+dr, dn, nr.pos, nr.r, nr.ns)...)...)
+	}
 	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(mlfCluster * perRow), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
 		part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr), o.D.Ptr(a.KV), int32(a.KV.Pitch),
 		o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq), scaleLog2(a.Scale))
 	o.LaunchGrid("mla_out", cuda.Dim3{X: uint32(h), Y: uint32((dv + moRows - 1) / moRows), Z: uint32(b.Rows)}, cuda.Dim3{X: 128}, 0,
 		out.P, int32(out.Pitch), part.P, stats.P, w.P, int32(dn), int32(dv), int32(r), int32(h), int32(perRow))
+}
+
+// normRopeCall is rms_norm_rope's part of an mla_decode_rope call: the norm
+// weights, eps, positions and tables, and the norm's shape (normRopeTakes).
+type normRopeCall struct {
+	w, pos *kernels.Tensor
+	eps    float32
+	r      *kernels.Rope
+	ns     normShape
+}
+
+// MLADecodeRoPE is rms_norm_rope then mla_decode with one launch fewer:
+// where mla_decode would run its flat variant and rms_norm_rope's kernel
+// would take the norm and ropes, mla_qlat_rope runs rms_norm_rope's blocks
+// and mla_qlat's in one grid (mla_qlat reads only q's nope dims, which the
+// norm and ropes leave), then mla_flat and mla_out as MLADecode launches
+// them; the results are the two ops' bit for bit. It declines every other
+// call, and the Dispatch runs RMSNormRoPE and MLADecode.
+func (o *ops) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
+	const op = kernels.OpMLADecodeRoPE
+	kernels.CheckMLADecodeRoPE(o.D.ActDType(), a, w, pos, r)
+	variant := o.mlaDecodeVariant(op, a)
+	o.Need(variant == mlaFlatVariant, op, "mla_decode runs its %s variant here, not %s: rms_norm_rope and mla_decode run it",
+		variant, mlaFlatVariant)
+	o.Need(o.mlaFlat.ready() == nil, op, "%v", o.mlaFlat.ready())
+	d := mlaLatent{a.Rank, a.RopeDim}
+	o.Need(mlaFlatWhy(d, a.Heads, a.NopeDim) == "", op, "%s: rms_norm_rope and mla_decode run it", mlaFlatWhy(d, a.Heads, a.NopeDim))
+	ns, threads := o.normRopeTakes(op, a.Q, a.KV, w, a.NopeDim+a.RopeDim, a.NopeDim, a.Heads, r)
+	o.Need(threads <= qlThreads, op, "rms_norm_rope's blocks of %d threads: mla_qlat_rope's are %d", threads, qlThreads)
+	if a.Batch.Rows == 0 {
+		return
+	}
+	o.mlaFlatDecode(op, a, &normRopeCall{w: w, pos: pos, eps: eps, r: r, ns: ns})
 }

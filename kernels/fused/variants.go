@@ -139,6 +139,14 @@ var table = func() []variant {
 		single(kernels.OpRoPE, "token_per_block", fmt.Sprintf("pairs_per_thread=%d", ropeVec)),
 		single(kernels.OpRMSNormRoPE, "one_launch", fmt.Sprintf("blocks=kv_row,q_row a token; latent<=%d in registers; pairs_per_thread=%d",
 			maxNormThreads*rmsNormRopeShape.vec, ropeVec)),
+		variant{op: kernels.OpMLADecodeRoPE, name: "one_launch", valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+			why := archWhy(t)
+			if t.Arch != hopperArch {
+				why = join(why, fmt.Sprintf("mla_qlat_rope is in mla_decode's %s module, built for %s only", mlaFlatVariant, hopperArch))
+			}
+			return fmt.Sprintf("mla_qlat_rope (rms_norm_rope's blocks beside mla_qlat's, %d threads), then mla_flat and mla_out; "+
+				"where mla_decode runs %s, else rms_norm_rope and mla_decode", qlThreads, mlaFlatVariant), why, true
+		}},
 		single(kernels.OpSwiGLU, "one_pass", "vector=16B grid_stride"),
 		single(kernels.OpMoERoute, "warp_per_token", fmt.Sprintf("experts<=%d groups<=32 topk<=32", 32*routePerLane)))
 	for _, op := range []kernels.Op{kernels.OpGroupGemm, kernels.OpMoEExperts} {

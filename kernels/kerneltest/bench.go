@@ -502,6 +502,54 @@ var mlaDecodeBench = &Bench{
 	Build: func(b *Builder, c *Bench, s kernels.Shape) *Problem { return buildMLA(b, c, s, true) },
 }
 
+var mlaDecodeRoPEBench = &Bench{
+	Bound: "memory", Dims: []string{"B", "H", "ctx", "Dn", "Dr", "Dv", "R"},
+	Doc: "mla_decode's problem from the projection on: q and the new latent as column slices of one q_kv_a row, " +
+		"the latent normalised and q's and k's rope dims rotated (interleaved) first; naive runs rms_norm, rope twice, then mla_decode",
+	Shapes: []kernels.Shape{
+		// DeepSeek-V2-Lite at decode batch 1: an empty cache, 4K, W3's length
+		sh("B", 1, "H", 16, "ctx", 1, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512),
+		sh("B", 1, "H", 16, "ctx", 4096, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512),
+		sh("B", 1, "H", 16, "ctx", 11042, "Dn", 128, "Dr", 64, "Dv", 128, "R", 512),
+	},
+	// mla_decode's, and rms_norm_rope's on the B new tokens.
+	FLOPs: func(s kernels.Shape) float64 {
+		return mlaDecodeBench.FLOPs(s) + 4*f(s, "B", "R") + 3*f(s, "B", "Dr")*(f(s, "H")+1)
+	},
+	Bytes: func(s kernels.Shape) float64 {
+		return mlaDecodeBench.Bytes(s) + bf16*(2*f(s, "B", "R")+f(s, "R")+2*f(s, "B", "Dr")*(f(s, "H")+1))
+	},
+	Build: buildMLADecodeRoPE,
+}
+
+func buildMLADecodeRoPE(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	rows, h, dn, dr, dv, r := s["B"], s["H"], s["Dn"], s["Dr"], s["Dv"], s["R"]
+	past := s["ctx"] - 1
+	qw, kvw := h*(dn+dr), r+dr
+	c := b.copiesFor(bc.Bytes(s))
+	wkvb := b.Random(b.Alloc(kernels.BF16, h*(dn+dv), r), 1/math.Sqrt(float64(r)))
+	norm := b.Random(b.Alloc(kernels.BF16, r), 0.2)
+	cos, sin := b.ropeTables(past+1, dr)
+	rope := &kernels.Rope{Dim: dr, Interleaved: true, Cos: cos, Sin: sin}
+	pos := make([]int32, rows)
+	for i := range pos {
+		pos[i] = int32(past)
+	}
+	p := b.ints(pos, rows)
+	as := each(b, c, func() *kernels.MLAArgs {
+		qkva := b.Random(b.Act(rows, qw+kvw), 1)
+		a := &kernels.MLAArgs{Out: b.Act(rows, h*dv), Q: qkva.ColSlice(0, qw), KV: qkva.ColSlice(qw, qw+kvw),
+			Cache: b.Act(rows, past+1, kvw), WKVB: wkvb, Batch: b.batch(rows, 1, past, past+1),
+			Heads: h, NopeDim: dn, RopeDim: dr, VDim: dv, Rank: r, Scale: float32(1 / math.Sqrt(float64(dn+dr)))}
+		if past > 0 {
+			b.Random(a.Cache, 1)
+		}
+		return a
+	})
+	return &Problem{Copies: c, Outs: []*kernels.Tensor{as[0].Out},
+		Run: func(o kernels.Ops, i int) { o.MLADecodeRoPE(as[i], norm, 1e-6, p, rope) }}
+}
+
 func buildMLA(b *Builder, bc *Bench, s kernels.Shape, decode bool) *Problem {
 	rows, h, dn, dr, dv, r := s["B"], s["H"], s["Dn"], s["Dr"], s["Dv"], s["R"]
 	n, past := s["N"], 0

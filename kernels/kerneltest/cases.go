@@ -354,6 +354,42 @@ func mlaDecodeChecks(l *caseList) {
 	}
 }
 
+// mlaDecodeRoPEChecks are decode's few rows (1, 3, 7: where a set may run
+// the norm, the ropes and the attention's first step in one launch) at
+// DeepSeek-V2-Lite's dims, over caches of 1 to a few thousand positions,
+// q and kv as the column slices of one q_kv_a row or packed apart; then
+// 16 rows and smaller dims. A set that fuses the op for some calls only
+// declines the others (the Dispatch then runs rms_norm_rope and
+// mla_decode, whose own cases hold them).
+func mlaDecodeRoPEChecks(l *caseList) {
+	v2 := func(name string, past []int, maxSeq int, stacked bool) mlaCase {
+		return mlaCase{name: name, past: past, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: maxSeq,
+			stacked: stacked, normRope: true}
+	}
+	for _, s := range []mlaCase{
+		v2("v2-lite batch 1, cache 1", []int{0}, 8, true),
+		v2("v2-lite batch 1", []int{250}, 300, true),
+		v2("v2-lite batch 3", []int{0, 1, 299}, 300, true),
+		v2("v2-lite batch 3", []int{7, 140, 33}, 300, false),
+		v2("v2-lite batch 7", spread(7, 300), 300, true),
+		v2("v2-lite batch 16", spread(16, 300), 300, true),
+		{name: "odd", past: []int{0, 1, 159}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, stacked: true, normRope: true},
+	} {
+		s.lens = ones(len(s.past))
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { mla(e, s, true) }})
+		}
+	}
+	for _, s := range []mlaCase{
+		v2("v2-lite batch 1 4K", []int{4095}, 4096, true),
+		v2("v2-lite batch 3 3K", []int{2999, 1, 1500}, 3000, true),
+		v2("v2-lite batch 7 11K", []int{11041, 4096, 0, 9000, 77, 11000, 2048}, 11042, true),
+	} {
+		s.lens = ones(len(s.past))
+		l.addCase(opCase{name: s.String(), wdt: kernels.BF16, long: true, declinable: true, run: func(e *env) { mla(e, s, true) }})
+	}
+}
+
 // moeRouteChecks are greedy and group-limited routes, then routes with
 // exact ties.
 func moeRouteChecks(l *caseList) {
@@ -906,6 +942,9 @@ type mlaCase struct {
 	// stacked: Q and KV are the column slices of one [T, Q+KV] matrix, as
 	// the model's q_proj and kv_a_proj_with_mqa stacked write them.
 	stacked bool
+	// normRope: a decode through MLADecodeRoPE, q and kv as the projection
+	// wrote them (the latent not yet normalised, nothing rotated).
+	normRope bool
 }
 
 func (c mlaCase) String() string {
@@ -918,6 +957,9 @@ func (c mlaCase) String() string {
 	}
 	if c.stacked {
 		s += ",q and kv of q_kv_a"
+	}
+	if c.normRope {
+		s += ",with rms_norm_rope"
 	}
 	return s
 }
@@ -946,23 +988,43 @@ func mla(e *env, c mlaCase, decode bool) {
 	cache := e.tensor(actK, vals, nb, c.maxSeq, width)
 	out := e.poisoned(actK, t, c.heads*c.v)
 	bt := e.batch(c.lens, c.past, c.maxSeq, decode)
+	var norm, pos pair
+	var rope [2]*kernels.Rope
+	if c.normRope {
+		g := e.normal(c.rank, 0.2)
+		for i := range g {
+			g[i]++
+		}
+		norm = e.tensor(weightK, g, c.rank)
+		rope, pos = e.ropeOperands(t, c.rope, true)
+	}
 	e.run(func(o kernels.Ops, s int) {
 		a := &kernels.MLAArgs{Out: out[s], Q: q[s], KV: kv[s], Cache: cache[s], WKVB: wkvb[s], Batch: bt[s],
 			Heads: c.heads, NopeDim: c.nope, RopeDim: c.rope, VDim: c.v, Rank: c.rank,
 			Scale: float32(1 / math.Sqrt(float64(c.nope+c.rope)))}
-		if decode {
+		switch {
+		case c.normRope:
+			o.MLADecodeRoPE(a, norm[s], 1e-6, pos[s], rope[s])
+		case decode:
 			o.MLADecode(a)
-		} else {
+		default:
 			o.MLAPrefill(a)
 		}
 	})
+	if c.normRope {
+		// Normalised and rotated in place, each piece on its own, so that
+		// an error in the few rotated columns is not lost in the whole's.
+		e.check("q", q, all)
+		e.check("latent", kv.cols(0, c.rank), all)
+		e.check("k_pe", kv.cols(c.rank, width), all)
+	}
 	e.check("out", out, all)
 	e.check("cache", cache, func(r, _ int) bool {
 		b, p := r/c.maxSeq, r%c.maxSeq
 		return p < c.past[b]+c.lens[b]
 	})
 	if c.stacked {
-		e.check("q_kv_a", qkva, all) // read only: as it was
+		e.check("q_kv_a", qkva, all) // read only but for the norm and ropes
 	}
 }
 

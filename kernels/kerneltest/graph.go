@@ -119,6 +119,9 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	mnorm := g.random(kernels.BF16, rank)
 	addWhole(kernels.OpRMSNormRoPE, func() { ops.RMSNormRoPE(mla.Q, mla.KV, mnorm, 1e-6, mh, nope+ropeDim, nope, pos, mrope) }, qkva)
 	add(kernels.OpMLADecode, func() { ops.MLADecode(mla) }, mla.Out)
+	// The layer's decode as the one op it calls: the norm, the ropes and
+	// the attention.
+	addWhole(kernels.OpMLADecodeRoPE, func() { ops.MLADecodeRoPE(mla, mnorm, 1e-6, pos, mrope) }, qkva, mla.Out)
 
 	const experts, topK = 16, 4
 	logits := g.random(kernels.F32, rows, experts)

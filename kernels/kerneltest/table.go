@@ -23,6 +23,7 @@ var table = []opCases{
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
 	{kernels.OpMLAPrefill, mlaPrefillChecks, mlaPrefillBench},
 	{kernels.OpMLADecode, mlaDecodeChecks, mlaDecodeBench},
+	{kernels.OpMLADecodeRoPE, mlaDecodeRoPEChecks, mlaDecodeRoPEBench},
 	{kernels.OpMoERoute, moeRouteChecks, nil},
 	{kernels.OpMoEExperts, moeExpertsChecks, moeExpertsBench},
 	{kernels.OpMoERouted, moeRoutedChecks, moeRoutedBench},

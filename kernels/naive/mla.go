@@ -43,6 +43,13 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	}
 }
 
+// MLADecodeRoPE is the set's RMSNormRoPE (its rms_norm and ropes), then
+// its MLADecode, launch by launch as HF's eager code runs them.
+func (o *ops) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckMLADecodeRoPE(o.D.ActDType(), a, w, pos, r)
+	kernels.MLADecodeRoPEParts(o, a, w, eps, pos, r)
+}
+
 // MLADecode is MLAPrefill against the whole cache capacity of every row,
 // masked at the device lengths, so that a CUDA graph can replay it: the
 // latents are read from a copy whose unused tail is zeroed (see
