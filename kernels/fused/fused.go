@@ -35,14 +35,14 @@ func module(file string, funcs []string) cudaset.Module {
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpLinearAdd,
-	kernels.OpAttnPrefill, kernels.OpAttnDecode,
+	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpArgmax, kernels.OpAdd,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd}, New: New, Variants: variants})
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpRoPEAttnDecode}, New: New, Variants: variants})
 }
 
 // Tile shapes of the kernels, named as in the .cu sources.
@@ -109,6 +109,10 @@ const decodeVariant = "keys"
 
 func decodeKernel(d int) string { return fmt.Sprintf("flash_decode_keys_d%d", d) }
 
+// decodeRopeKernel is flash_decode_keys with the rotary embedding folded in
+// (rope_attn_decode): the same kernel, shared memory and launch.
+func decodeRopeKernel(d int) string { return fmt.Sprintf("flash_decode_rope_d%d", d) }
+
 // rowBytes is a shared-memory tile row of head dim d: Tile<D>::ROW_BYTES.
 func rowBytes(d int) int { return (d/8 + 7) / 8 * 8 * 16 }
 
@@ -120,7 +124,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
 			addInstances(), argmaxInstances())),
-		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances()), "attn_merge")),
+		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		module("moe.cu", moeFuncs()),
@@ -144,7 +148,7 @@ func overlapKernels() []string {
 		}
 	}
 	for _, d := range headDims {
-		ks = append(ks, decodeKernel(d))
+		ks = append(ks, decodeKernel(d), decodeRopeKernel(d))
 	}
 	for _, d := range mlaDecodeDims {
 		ks = append(ks, mlaDecodeKernel(d))
@@ -165,6 +169,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
 		sizes[decodeKernel(d)] = decodeShared(d)
+		sizes[decodeRopeKernel(d)] = decodeShared(d)
 		for _, c := range flashConfigs {
 			sizes[prefillKernel(d, c)] = prefillShared(d, c)
 		}
