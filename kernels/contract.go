@@ -276,6 +276,25 @@ func (a *AttnArgs) Check(op Op, act DType, prefill bool, also ...DType) {
 func (k costOf) AttentionPrefill(a *AttnArgs) { *k.c = attnCost(a, false) }
 func (k costOf) AttentionDecode(a *AttnArgs)  { *k.c = attnCost(a, true) }
 
+// CheckRoPEAttnDecode: a as AttentionDecode's, with a.Q and a.K (sharing
+// no element) rotated over dims [0, r.Dim) of each head as RoPE would
+// rotate them; pos [T] i32; the tables as RoPE's.
+func CheckRoPEAttnDecode(act DType, a *AttnArgs, pos *Tensor, r *Rope) {
+	op := OpRoPEAttnDecode
+	a.Check(op, act, false)
+	checkRoPE(op, act, a.Q, a.Heads, a.HeadDim, 0, pos, r)
+	checkRoPE(op, act, a.K, a.KVHeads, a.HeadDim, 0, pos, r)
+	need(apart(a.Q, a.K), op, "q %v and k %v share elements", a.Q, a.K)
+}
+
+// The cost of RoPEAttentionDecode is its parts': the attention's, and the
+// rotations' arithmetic and bytes (a set that rotates as it loads moves
+// fewer).
+func (k costOf) RoPEAttentionDecode(a *AttnArgs, pos *Tensor, r *Rope) {
+	at, qr, kr := attnCost(a, true), ropeCost(a.Q, a.Heads, r), ropeCost(a.K, a.KVHeads, r)
+	*k.c = Cost{FLOPs: at.FLOPs + qr.FLOPs + kr.FLOPs, Bytes: at.Bytes + qr.Bytes + kr.Bytes}
+}
+
 // Check checks the operands of an MLA op (see MLAArgs).
 func (a *MLAArgs) Check(op Op, act DType, prefill bool) {
 	b := a.Batch

@@ -238,6 +238,40 @@ func MLADecodeRoPEParts(o Ops, a *MLAArgs, w *Tensor, eps float32, pos *Tensor, 
 	o.MLADecode(a)
 }
 
+// roPEAttentionDecodeParts is RoPEAttentionDecode as its parts, RoPE then
+// AttentionDecode, each on the set the spec runs it on.
+func (d *Dispatch) roPEAttentionDecodeParts(a *AttnArgs, pos *Tensor, r *Rope) {
+	RoPEAttentionDecodeParts(d, a, pos, r)
+}
+
+// RoPEAttentionDecodeParts runs RoPEAttentionDecode's work on o as the
+// calls it replaces: RoPE of the q and k heads, one call where a.K's
+// columns follow a.Q's in the rows of one matrix (the layer's qkv buffer,
+// which it rotated so), else one each; then AttentionDecode. The sets that
+// do not fuse it run it so, and so does a Dispatch where the spec splits
+// its parts.
+func RoPEAttentionDecodeParts(o Ops, a *AttnArgs, pos *Tensor, r *Rope) {
+	if qk := joined(a.Q, a.K); qk != nil {
+		o.RoPE(qk, a.Heads+a.KVHeads, a.HeadDim, 0, pos, r)
+	} else {
+		o.RoPE(a.Q, a.Heads, a.HeadDim, 0, pos, r)
+		o.RoPE(a.K, a.KVHeads, a.HeadDim, 0, pos, r)
+	}
+	o.AttentionDecode(a)
+}
+
+// joined is the view of a's columns then b's where b's follow a's in the
+// rows of one matrix (one buffer, type and pitch), else nil.
+func joined(a, b *Tensor) *Tensor {
+	if a.Buf != b.Buf || a.DType != b.DType || len(a.Shape) != 2 || len(b.Shape) != 2 || a.Rows() != b.Rows() ||
+		a.Pitch != b.Pitch || b.Offset != a.Offset+a.Cols() || a.Cols()+b.Cols() > a.Pitch && a.Rows() > 1 {
+		return nil
+	}
+	v := *a
+	v.Shape = []int{a.Rows(), a.Cols() + b.Cols()}
+	return &v
+}
+
 // linearAddParts is LinearAdd as its parts, each on the set the spec runs
 // it on: Linear into a [N, M] intermediate, then Add of addend and it into
 // out (addend first, as the MoE added its shared experts before the op),

@@ -8,26 +8,27 @@ type Op string
 
 // Every op, in the order of opTable.
 const (
-	OpEmbedding     Op = "embedding"
-	OpLinear        Op = "linear"
-	OpRMSNorm       Op = "rms_norm"
-	OpAddRMSNorm    Op = "add_rms_norm"
-	OpAdd           Op = "add"
-	OpRoPE          Op = "rope"
-	OpSwiGLU        Op = "swiglu"
-	OpLinearSwiGLU  Op = "linear_swiglu"
-	OpRMSNormRoPE   Op = "rms_norm_rope"
-	OpLinearAdd     Op = "linear_add"
-	OpAttnPrefill   Op = "attn_prefill"
-	OpAttnDecode    Op = "attn_decode"
-	OpMLAPrefill    Op = "mla_prefill"
-	OpMLADecode     Op = "mla_decode"
-	OpMLADecodeRoPE Op = "mla_decode_rope"
-	OpMoERoute      Op = "moe_route"
-	OpMoEExperts    Op = "moe_experts"
-	OpMoERouted     Op = "moe_routed"
-	OpGroupGemm     Op = "group_gemm"
-	OpArgmax        Op = "argmax"
+	OpEmbedding      Op = "embedding"
+	OpLinear         Op = "linear"
+	OpRMSNorm        Op = "rms_norm"
+	OpAddRMSNorm     Op = "add_rms_norm"
+	OpAdd            Op = "add"
+	OpRoPE           Op = "rope"
+	OpSwiGLU         Op = "swiglu"
+	OpLinearSwiGLU   Op = "linear_swiglu"
+	OpRMSNormRoPE    Op = "rms_norm_rope"
+	OpLinearAdd      Op = "linear_add"
+	OpAttnPrefill    Op = "attn_prefill"
+	OpAttnDecode     Op = "attn_decode"
+	OpRoPEAttnDecode Op = "rope_attn_decode"
+	OpMLAPrefill     Op = "mla_prefill"
+	OpMLADecode      Op = "mla_decode"
+	OpMLADecodeRoPE  Op = "mla_decode_rope"
+	OpMoERoute       Op = "moe_route"
+	OpMoEExperts     Op = "moe_experts"
+	OpMoERouted      Op = "moe_routed"
+	OpGroupGemm      Op = "group_gemm"
+	OpArgmax         Op = "argmax"
 )
 
 // OpInfo describes an op: its name, the group a kernel spec may name it by
@@ -66,6 +67,10 @@ var opTable = []OpInfo{
 		Doc: "a projection and a residual add: x·wᵀ + bias + addend, one GEMM with the add in its epilogue where a set has it"},
 	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
+	// No group: "attn=naive" names attn_decode, and so splits this op,
+	// leaving its rope where the spec's base puts it.
+	{Op: OpRoPEAttnDecode, Method: "RoPEAttentionDecode", Parts: []Op{OpRoPE, OpAttnDecode},
+		Doc: "the rotary embedding of the new token's q and k heads, then attn_decode over them: one kernel rotating them as it loads them where a set has it"},
 	{Op: OpMLAPrefill, Method: "MLAPrefill", Group: "mla", Doc: "DeepSeek-V2 latent attention of new tokens"},
 	{Op: OpMLADecode, Method: "MLADecode", Group: "mla", Doc: "DeepSeek-V2 latent attention of one new token per row"},
 	// No group: "mla=naive" names mla_decode, and would otherwise name this
@@ -207,6 +212,18 @@ type Ops interface {
 	// It reads the row lengths from Batch.PastDev only, so that a CUDA graph
 	// can replay it while they change.
 	AttentionDecode(a *AttnArgs)
+
+	// RoPEAttentionDecode is RoPE then AttentionDecode, as Qwen2's layer
+	// calls them at decode: RoPE(x, Heads, HeadDim, 0, pos, r) of a.Q's
+	// and of a.K's heads (dims [0, r.Dim) of each), then AttentionDecode(a)
+	// over them, each rounded as that op rounds. a.Q and a.K are the
+	// unrotated projections, and a set may leave them so: only a.Out and
+	// the caches are results (the cached keys rotated, as AttentionDecode
+	// after RoPE caches them). pos [T] i32; a.Q and a.K share no element.
+	// It is a composite op (OpInfo.Parts): a Dispatch runs RoPE and
+	// AttentionDecode (see RoPEAttentionDecodeParts) where the spec puts
+	// them on other sets.
+	RoPEAttentionDecode(a *AttnArgs, pos *Tensor, r *Rope)
 
 	// MLAPrefill is DeepSeek-V2 multi-head latent attention of a packed batch
 	// against each row's latent cache, after appending the new latents to it

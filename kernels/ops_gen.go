@@ -70,6 +70,12 @@ func (d *Dispatch) AttentionDecode(a *AttnArgs) {
 	d.call(OpAttnDecode, func(o Ops) { o.AttentionDecode(a) })
 }
 
+// RoPEAttentionDecode runs OpRoPEAttnDecode on the set the spec chose for it, or as its parts
+// (roPEAttentionDecodeParts) where the spec runs them on other sets.
+func (d *Dispatch) RoPEAttentionDecode(a *AttnArgs, pos *Tensor, r *Rope) {
+	d.callWhole(OpRoPEAttnDecode, func(o Ops) { o.RoPEAttentionDecode(a, pos, r) }, func() { d.roPEAttentionDecodeParts(a, pos, r) })
+}
+
 // MLAPrefill runs OpMLAPrefill on the set the spec chose for it.
 func (d *Dispatch) MLAPrefill(a *MLAArgs) {
 	d.call(OpMLAPrefill, func(o Ops) { o.MLAPrefill(a) })
@@ -151,6 +157,9 @@ func (n NotOwned) AttentionPrefill(a *AttnArgs) { n.panic(OpAttnPrefill) }
 
 // AttentionDecode panics: the set runs OpAttnDecode on its fallback.
 func (n NotOwned) AttentionDecode(a *AttnArgs) { n.panic(OpAttnDecode) }
+
+// RoPEAttentionDecode panics: the set runs OpRoPEAttnDecode on its fallback.
+func (n NotOwned) RoPEAttentionDecode(a *AttnArgs, pos *Tensor, r *Rope) { n.panic(OpRoPEAttnDecode) }
 
 // MLAPrefill panics: the set runs OpMLAPrefill on its fallback.
 func (n NotOwned) MLAPrefill(a *MLAArgs) { n.panic(OpMLAPrefill) }

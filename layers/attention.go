@@ -14,6 +14,10 @@ const (
 //	q, k, v = q_proj(x), k_proj(x), v_proj(x)      (one Linear: QKVProj)
 //	q, k = rope(q), rope(k)                         (one RoPE call over the q and k heads)
 //	out = o_proj(softmax(q·kᵀ·Scale) · v)           (keys and values from the cache)
+//
+// At decode the rope and the attention are one op, RoPEAttentionDecode,
+// which a set may run as one kernel; q and k may then stay unrotated in
+// the qkv buffer, which nothing reads after the attention.
 type Attention struct {
 	// QKVProj is q_proj, k_proj and v_proj stacked: weight
 	// [(Heads+2·KVHeads)·HeadDim, hidden], rows q then k then v (and the
@@ -45,9 +49,6 @@ func (a *Attention) Forward(s *Step, out, x *kernels.Tensor) {
 	qDim, kvDim := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
 	qkv := s.WS.Get(bufQKV, T, qDim+2*kvDim)
 	a.QKVProj.Forward(s, qkv, x)
-	// q and k heads are contiguous at the start of each row: rotate them all
-	// at once.
-	s.Ops.RoPE(qkv, a.Heads+a.KVHeads, a.HeadDim, 0, s.Pos, a.Rope)
 
 	attn := s.WS.Get(bufAttn, T, qDim)
 	args := &kernels.AttnArgs{
@@ -64,8 +65,11 @@ func (a *Attention) Forward(s *Step, out, x *kernels.Tensor) {
 		Scale:   a.Scale,
 	}
 	if s.Decode {
-		s.Ops.AttentionDecode(args)
+		s.Ops.RoPEAttentionDecode(args, s.Pos, a.Rope)
 	} else {
+		// q and k heads are contiguous at the start of each row: rotate
+		// them all at once.
+		s.Ops.RoPE(qkv, a.Heads+a.KVHeads, a.HeadDim, 0, s.Pos, a.Rope)
 		s.Ops.AttentionPrefill(args)
 	}
 	a.OProj.Forward(s, out, attn)

@@ -309,6 +309,9 @@ func (o *recordingOps) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads,
 func (o *recordingOps) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	o.do(func() { o.Ops.LinearAdd(out, x, w, bias, addend) })
 }
+func (o *recordingOps) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
+	o.do(func() { o.Ops.RoPEAttentionDecode(a, pos, r) })
+}
 func (o *recordingOps) AttentionPrefill(a *kernels.AttnArgs) {
 	o.do(func() { o.Ops.AttentionPrefill(a) })
 }

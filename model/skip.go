@@ -18,8 +18,9 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope and moe_routed run as their parts through this when one of
-// those is named (below), so that part alone is left out.
+// rms_norm_rope, rope_attn_decode and moe_routed run as their parts
+// through this when one of those is named (below), so that part alone is
+// left out.
 const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
@@ -116,6 +117,19 @@ func (s *skipping) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, hea
 func (s *skipping) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	if !s.skip[kernels.OpLinearAdd] {
 		s.Ops.LinearAdd(out, x, w, bias, addend)
+	}
+}
+
+// RoPEAttentionDecode is left out when named; where rope or attn_decode is
+// named, it runs as its parts through s, so that the one named alone is
+// left out as it was before Qwen2's layer called the two as one op.
+func (s *skipping) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
+	switch {
+	case s.skip[kernels.OpRoPEAttnDecode]:
+	case s.skip[kernels.OpRoPE] || s.skip[kernels.OpAttnDecode]:
+		kernels.RoPEAttentionDecodeParts(s, a, pos, r)
+	default:
+		s.Ops.RoPEAttentionDecode(a, pos, r)
 	}
 }
 

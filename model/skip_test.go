@@ -78,6 +78,7 @@ type counting struct {
 	kernels.Ops
 	rope, add, norm, whole int
 	mla, mlaWhole          int
+	attn, ropeAttn         int
 }
 
 func (c *counting) MLADecode(*kernels.MLAArgs) { c.mla++ }
@@ -90,6 +91,10 @@ func (c *counting) Add(_, _, _ *kernels.Tensor)                                 
 func (c *counting) RMSNorm(_, _, _ *kernels.Tensor, _ float32)                          { c.norm++ }
 func (c *counting) RMSNormRoPE(_, _, _ *kernels.Tensor, _ float32, _, _, _ int, _ *kernels.Tensor, _ *kernels.Rope) {
 	c.whole++
+}
+func (c *counting) AttentionDecode(*kernels.AttnArgs) { c.attn++ }
+func (c *counting) RoPEAttentionDecode(*kernels.AttnArgs, *kernels.Tensor, *kernels.Rope) {
+	c.ropeAttn++
 }
 
 // TestSkipMoERouted: leaving out moe_route or moe_experts leaves out that
@@ -123,3 +128,31 @@ type moeCounting struct {
 func (c *moeCounting) MoERouted(_, _, _, _, _, _, _ *kernels.Tensor, _ *kernels.Routing) { c.whole++ }
 func (c *moeCounting) MoERoute(_, _, _ *kernels.Tensor, _ *kernels.Routing)              { c.route++ }
 func (c *moeCounting) MoEExperts(_, _, _, _, _, _ *kernels.Tensor)                       { c.experts++ }
+
+// TestSkipRoPEAttnDecode: leaving out rope or attn_decode leaves out that
+// part of Qwen2's rope_attn_decode and runs the other (rope as the layer
+// called it before, one call over the q and k heads); rope_attn_decode
+// leaves out both, and another op named leaves it whole.
+func TestSkipRoPEAttnDecode(t *testing.T) {
+	const heads, kvHeads, dim = 4, 2, 8
+	qkv := &kernels.Tensor{Shape: []int{1, (heads + 2*kvHeads) * dim}, Pitch: (heads + 2*kvHeads) * dim}
+	a := &kernels.AttnArgs{Q: qkv.ColSlice(0, heads*dim), K: qkv.ColSlice(heads*dim, (heads+kvHeads)*dim),
+		Heads: heads, KVHeads: kvHeads, HeadDim: dim}
+	for _, c := range []struct {
+		skip              []kernels.Op
+		whole, rope, attn int
+	}{
+		{nil, 1, 0, 0},
+		{[]kernels.Op{kernels.OpAdd}, 1, 0, 0},
+		{[]kernels.Op{kernels.OpRoPE}, 0, 0, 1},
+		{[]kernels.Op{kernels.OpAttnDecode}, 0, 1, 0},
+		{[]kernels.Op{kernels.OpRoPEAttnDecode}, 0, 0, 0},
+	} {
+		var n counting
+		newSkipping(&n, c.skip).RoPEAttentionDecode(a, nil, &kernels.Rope{Dim: dim})
+		if n.ropeAttn != c.whole || n.rope != c.rope || n.attn != c.attn {
+			t.Errorf("skipping %v: rope_attn_decode ran whole %d times, rope %d, attn_decode %d; want %d, %d, %d",
+				c.skip, n.ropeAttn, n.rope, n.attn, c.whole, c.rope, c.attn)
+		}
+	}
+}

@@ -44,6 +44,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //   - SwiGLU: silu(gate), then the product with up.
 //   - LinearSwiGLU: gate and up (Linear's output), then as SwiGLU.
 //   - RMSNormRoPE: as RMSNorm and RoPE, its parts.
+//   - RoPEAttentionDecode: as RoPE and AttentionDecode, its parts.
 //   - LinearAdd: the projection (Linear's output), then the sum (Add's).
 //   - Attention: as torch's scaled_dot_product_attention on CUDA (HF's
 //     default "sdpa"): scores, softmax and the weighted sum of values in
@@ -240,6 +241,13 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 func (o *ops) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStride, offset int, pos *kernels.Tensor, r *kernels.Rope) {
 	kernels.CheckRMSNormRoPE(o.dev.ActDType(), q, kv, w, heads, headStride, offset, pos, r)
 	kernels.RMSNormRoPEParts(o, q, kv, w, eps, heads, headStride, offset, pos, r)
+}
+
+// RoPEAttentionDecode is RoPE of a.Q's and a.K's heads in place, then
+// AttentionDecode (kernels.RoPEAttentionDecodeParts).
+func (o *ops) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckRoPEAttnDecode(o.dev.ActDType(), a, pos, r)
+	kernels.RoPEAttentionDecodeParts(o, a, pos, r)
 }
 
 // SwiGLU is out = silu(gate)·up with gate = gateUp[:, :I], up = gateUp[:, I:];

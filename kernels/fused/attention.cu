@@ -69,23 +69,31 @@ FLASH_PREFILL_INSTANCES(FLASH_PREFILL)
 //   kn, vn bf16 [B, kvh·D], pitches kp, vp; kc, vc bf16 [B, kvh, maxSeq, D];
 //   past i32 [B]: tokens cached before the new one. A length past maxSeq
 //   traps.
+// With ROPE (flash_decode_rope) q and kn are unrotated and rope rotates
+// them as they are loaded (DecodeSplit), to the bits the rope kernel would
+// have written; the split, the order of every sum and the rounding are the
+// same, so out, part, stats and the cache are the ones rope then
+// flash_decode_keys write.
 // Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
 // (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
-template <int D>
+template <int D, bool ROPE = false>
 __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn,
                                   int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads,
-                                  int kvh, int maxSeq, int chunk, float scale_log2) {
+                                  int kvh, int maxSeq, int chunk, float scale_log2, HalfRope<D> rope = {}) {
 	constexpr int KS = D / 16, NO = D / 8, THREADS = DEC_WARPS * 32;
 	typedef Tile<D> T;
 	extern __shared__ __align__(128) unsigned char smem[];
 	__shared__ float tileMax[DEC_WARPS][16];
-	const DecodeSplit<D> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk);
+	const DecodeSplit<D, DEC_STAGES, false, ROPE> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk, rope);
 	const int b = sp.b, g = sp.g, split = blockIdx.x, splits = gridDim.x, group = sp.group;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const long long rowHead = sp.rowHead;
 	const int nkeys = sp.nkeys, ntiles = sp.ntiles;
 	const unsigned sQ = sp.sQ;
-	sp.start(q, qp);
+	if (ROPE)
+		sp.startRoPE(q, qp);
+	else
+		sp.start(q, qp);
 
 	unsigned qa[KS][4];
 	float o[NO][4];
@@ -210,6 +218,26 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 		                     scale_log2);                                                                       \
 	}
 FLASH_DECODE_KEYS_INSTANCES(FLASH_DECODE_KEYS)
+
+// flash_decode_rope_d<D> is flash_decode_keys with the layer's rotary
+// embedding folded in (the op rope_attn_decode): q and kn are the qkv
+// projection's unrotated heads, rotated as rope_half rotates all D dims of
+// each at position pos[b] (row b's one new token) before they are used or
+// cached; q and kn stay unrotated.
+//   pos i32 [B]; cosT, sinT f32 [maxPos, cspitch], cspitch ≥ D/2; the rest
+//   as flash_decode_keys's. A position outside [0, maxPos) traps.
+// Launch: as flash_decode_keys.
+#define FLASH_DECODE_ROPE(NAME, D)                                                                               \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) NAME(                                          \
+	    bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn, int kp,            \
+	    const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, int chunk, \
+	    float scale_log2, const int* pos, const float* cosT, const float* sinT, int cspitch, int maxPos) {       \
+		grid_wait();                                                                                               \
+		grid_release();                                                                                            \
+		flash_decode_keys<D, true>(out, op, part, stats, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq,  \
+		                           chunk, scale_log2, HalfRope<D>::at(pos, blockIdx.z, cosT, sinT, cspitch, maxPos)); \
+	}
+FLASH_DECODE_ROPE_INSTANCES(FLASH_DECODE_ROPE)
 
 // attn_merge combines the splits of a flash-decoding kernel (flash_decode_keys,
 // mla_decode) by their log-sum-exp: out[b, h·D + d] = Σ_s part[s, d]·2^(M_s - M)

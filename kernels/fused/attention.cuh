@@ -6,6 +6,7 @@
 
 #pragma once
 #include "flash.cuh"
+#include "rope.cuh"
 
 #define BN 64 // keys per tile
 
@@ -181,10 +182,14 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const KV
 // memory stages, and the pipelined loads of key tiles and of the group's
 // queries. STAGES tiles are in flight. With SHARED the values are the
 // keys' leading columns (MLA's latent cache, mla.cu): a stage holds one
-// tile, sV is sK, and there is no vn or vc. A length past maxSeq traps.
+// tile, sV is sK, and there is no vn or vc. With ROPE the queries and the
+// new key are read unrotated and rotated by rope (rotate_half over all D
+// dims, as the rope kernel rotates them) on their way into shared memory
+// and the cache: the queries by startRoPE, the key wherever it is stored.
+// A length past maxSeq traps.
 // Shared memory: 16 query rows, then STAGES·(SHARED ? 1 : 2)·BN rows, of
 // Tile<D>::ROW_BYTES.
-template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSplit {
+template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false> struct DecodeSplit {
 	typedef Tile<D> T;
 	static constexpr int THREADS = DEC_WARPS * 32;
 	static constexpr int TILES = SHARED ? 1 : 2; // tiles of a stage
@@ -193,10 +198,11 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 	const bf16 *kNew, *vNew;
 	bf16 *kc, *vc;
 	unsigned sQ, sKV;
+	HalfRope<D> rope; // ROPE: the new token's angles
 
 	__device__ DecodeSplit(unsigned char* smem, const bf16* kn, int kp, const bf16* vn, int vp, bf16* kc_, bf16* vc_,
-	                       const int* past, int heads, int kvh, int maxSeq, int chunk)
-	    : b(blockIdx.z), g(blockIdx.y), group(heads / kvh), tid(threadIdx.x), kc(kc_), vc(vc_) {
+	                       const int* past, int heads, int kvh, int maxSeq, int chunk, HalfRope<D> rope_ = {})
+	    : b(blockIdx.z), g(blockIdx.y), group(heads / kvh), tid(threadIdx.x), kc(kc_), vc(vc_), rope(rope_) {
 		len = past[b] + 1;
 		if (len < 1 || len > maxSeq) __trap();
 		k0 = blockIdx.x * chunk;
@@ -211,11 +217,14 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 		sKV = sQ + 16 * T::ROW_BYTES;
 		if (newAt >= 0 && newAt < nkeys) {
 			for (int i = tid; i < D / 8; i += THREADS) {
-				store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(kNew + i * 8));
+				store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, newKey(i));
 				if (!SHARED) store<bf16, 8>(vc + kvBase + (long long)(len - 1) * D + i * 8, load<bf16, 8>(vNew + i * 8));
 			}
 		}
 	}
+	// newKey is chunk c of the new token's key as the cache holds it.
+	__device__ Vec<bf16, 8> newKey(int c) const { return ROPE ? rope.chunk(kNew, c) : load<bf16, 8>(kNew + c * 8); }
+
 	__device__ unsigned sK(int s) const { return sKV + (TILES * s) * BN * T::ROW_BYTES; }
 	__device__ unsigned sV(int s) const { return sKV + (TILES * s + TILES - 1) * BN * T::ROW_BYTES; }
 
@@ -226,7 +235,10 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
 			const bool ok = key < nkeys;
 			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
-			cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
+			if (ROPE && ok && key == newAt)
+				st_shared16(T::at(sK(s), r, c), bits16(newKey(c))); // visible after next's barrier
+			else
+				cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
 			if (!SHARED) cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
 		}
 	}
@@ -235,6 +247,22 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false> struct DecodeSpli
 	__device__ void start(const bf16* q, int qp) const {
 		T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
 		prime();
+	}
+
+	// startRoPE is start with the queries rotated: the first tiles queued,
+	// then the group's queries read, rotated and stored by this block's
+	// threads (rows past the group zeroed, as start's load zeroes them),
+	// in shared memory once next(0) has passed its barrier. Every split's
+	// block of the (row, kv head) rotates its own copy alike.
+	__device__ void startRoPE(const bf16* q, int qp) const {
+		prime();
+		const bf16* q0 = q + (long long)b * qp + g * group * D;
+		for (int i = tid; i < 16 * T::CHUNKS; i += THREADS) {
+			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS;
+			uint4 v = make_uint4(0, 0, 0, 0);
+			if (r < group) v = bits16(rope.chunk(q0 + r * D, c));
+			st_shared16(T::at(sQ, r, c), v);
+		}
 	}
 
 	// prime queues the first STAGES-1 tiles, the queries' loads (issued

@@ -98,7 +98,33 @@ func (o *ops) flashPrefill(c flashConfig, a *kernels.AttnArgs, longest int, caus
 // the row lengths are read on the device, so a graph replays it as the rows
 // grow.
 func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
-	op := kernels.OpAttnDecode
+	o.decode(kernels.OpAttnDecode, a, decodeKernel(a.HeadDim))
+}
+
+// RoPEAttentionDecode is AttentionDecode with the rotary embedding folded
+// into its kernel (flash_decode_rope): every block rotates the group's
+// queries as it loads them, and the block whose split holds the new key
+// rotates it as it caches it, so the step's chain loses rope's launch. It
+// is flash_decode_keys on the bits rope would have written (rope.cuh's
+// arithmetic, the same splits), so out and the caches are rope then
+// AttentionDecode bit for bit; q and k are left unrotated. It takes
+// rotate_half pairs over every dim of a head (Qwen2's rope) and declines
+// other rotations, and the shapes flash_decode_keys declines: the Dispatch
+// then runs rope and attn_decode.
+func (o *ops) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
+	op := kernels.OpRoPEAttnDecode
+	kernels.CheckRoPEAttnDecode(o.D.ActDType(), a, pos, r)
+	o.Need(!r.Interleaved && r.Dim == a.HeadDim, op,
+		"rope of %d of %d dims, interleaved %v: flash_decode_rope rotates all of a head's dims in rotate_half pairs (rope and attn_decode run it)",
+		r.Dim, a.HeadDim, r.Interleaved)
+	o.decode(op, a, decodeRopeKernel(a.HeadDim), o.D.Ptr(pos), o.D.Ptr(r.Cos), o.D.Ptr(r.Sin), int32(r.Cos.Pitch),
+		int32(r.Cos.Rows()))
+}
+
+// decode launches kernel, flash_decode_keys or flash_decode_rope (whose
+// arguments after flash_decode_keys's are extra), over op's operands a,
+// then attn_merge when there are several splits.
+func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ...any) {
 	o.checkAttn(op, a, false)
 	group := a.Heads / a.KVHeads
 	o.Need(group <= maxGroup, op, "%d query heads per kv head: flash_decode_keys takes at most %d", group, maxGroup)
@@ -113,10 +139,10 @@ func (o *ops) AttentionDecode(a *kernels.AttnArgs) {
 	stats := o.Scratch(scrStats, kernels.F32, rows, 2)
 	grid := cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}
 	block := cuda.Dim3{X: decodeWarps * 32}
-	o.LaunchGrid(decodeKernel(a.HeadDim), grid, block, decodeShared(a.HeadDim),
-		o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K),
+	args := append([]any{o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K),
 		int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
-		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale))
+		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale)}, extra...)
+	o.LaunchGrid(kernel, grid, block, decodeShared(a.HeadDim), args...)
 	if splits > 1 {
 		o.mergeSplits(o.Mat(a.Out), part, stats, b.Rows, a.Heads, splits, a.HeadDim)
 	}

@@ -37,14 +37,14 @@ func module(file string, funcs []string) cudaset.Module {
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpLinearAdd,
-	kernels.OpAttnPrefill, kernels.OpAttnDecode,
+	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpMLADecodeRoPE, kernels.OpArgmax, kernels.OpAdd,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE},
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode},
 		New:   New, Variants: variants})
 }
 
@@ -112,6 +112,10 @@ const decodeVariant = "keys"
 
 func decodeKernel(d int) string { return fmt.Sprintf("flash_decode_keys_d%d", d) }
 
+// decodeRopeKernel is flash_decode_keys with the rotary embedding folded in
+// (rope_attn_decode): the same kernel, shared memory and launch.
+func decodeRopeKernel(d int) string { return fmt.Sprintf("flash_decode_rope_d%d", d) }
+
 // rowBytes is a shared-memory tile row of head dim d: Tile<D>::ROW_BYTES.
 func rowBytes(d int) int { return (d/8 + 7) / 8 * 8 * 16 }
 
@@ -123,7 +127,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
 			addInstances(), argmaxInstances())),
-		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances()), "attn_merge")),
+		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		module("moe.cu", moeFuncs()),
@@ -147,7 +151,7 @@ func overlapKernels() []string {
 		}
 	}
 	for _, d := range headDims {
-		ks = append(ks, decodeKernel(d))
+		ks = append(ks, decodeKernel(d), decodeRopeKernel(d))
 	}
 	for _, d := range mlaDecodeDims {
 		ks = append(ks, mlaDecodeKernel(d))
@@ -171,6 +175,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	sizes := gemmShared() // the dynamic shared memory of every kernel that takes more than 48 KiB
 	for _, d := range headDims {
 		sizes[decodeKernel(d)] = decodeShared(d)
+		sizes[decodeRopeKernel(d)] = decodeShared(d)
 		for _, c := range flashConfigs {
 			sizes[prefillKernel(d, c)] = prefillShared(d, c)
 		}

@@ -24,7 +24,7 @@ const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update
 func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
-		flashPrefillInstances(), flashDecodeInstances(),
+		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
@@ -143,6 +143,14 @@ func flashDecodeInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "FLASH_DECODE_KEYS"}
 	for _, d := range headDims {
 		f.Kernels = append(f.Kernels, cudaset.Of(decodeKernel(d), d))
+	}
+	return f
+}
+
+func flashDecodeRopeInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "FLASH_DECODE_ROPE"}
+	for _, d := range headDims {
+		f.Kernels = append(f.Kernels, cudaset.Of(decodeRopeKernel(d), d))
 	}
 	return f
 }

@@ -5,6 +5,7 @@
 
 #pragma once
 #include "common.cuh"
+#include "rope.cuh"
 
 // rms_norm is RMSNorm of each row, with the residual add before it when ADD:
 //   ADD:  r = bf16(resid + x); resid = r; out = bf16(w · bf16(r · rstd))
@@ -101,12 +102,7 @@ __device__ void rope(bf16* x, int pitch, int heads, int hstride, int offset, con
 		} else {
 			Vec<bf16, VEC> a = load<bf16, VEC>(head + i0), b = load<bf16, VEC>(head + half + i0);
 #pragma unroll
-			for (int j = 0; j < VEC; j++) {
-				const float x1 = to_f32(a.v[j]), x2 = to_f32(b.v[j]);
-				const float cb = round_bf16(c.v[j]), sb = round_bf16(s.v[j]);
-				a.v[j] = __float2bfloat16_rn(round_bf16(x1 * cb) + round_bf16(-x2 * sb));
-				b.v[j] = __float2bfloat16_rn(round_bf16(x2 * cb) + round_bf16(x1 * sb));
-			}
+			for (int j = 0; j < VEC; j++) rope_half_pair(to_f32(a.v[j]), to_f32(b.v[j]), c.v[j], s.v[j], a.v[j], b.v[j]);
 			store<bf16, VEC>(head + i0, a);
 			store<bf16, VEC>(head + half + i0, b);
 		}

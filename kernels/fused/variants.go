@@ -81,7 +81,7 @@ var table = func() []variant {
 		_, err := o.hopper.config(dt, d) // why flash_hopper cannot run here, NVRTC's log included
 		return err
 	}})
-	vs = append(vs, variant{op: kernels.OpAttnDecode, name: decodeVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+	decodeValid := func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		d := s["D"]
 		var group string
 		if kvh := s["KVH"]; kvh > 0 && s["H"]/kvh > maxGroup {
@@ -90,6 +90,13 @@ var table = func() []variant {
 		shared := decodeShared(d)
 		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d splits=one wave; warps split the keys, attn_merge merges",
 			decodeWarps, keyTile, decodeStages, shared), join(archWhy(t), headDimWhy(d), group, fits(shared, t)), true
+	}
+	vs = append(vs, variant{op: kernels.OpAttnDecode, name: decodeVariant, valid: decodeValid})
+	// rope_attn_decode is flash_decode_keys rotating q and the new k as it
+	// loads them (flash_decode_rope).
+	vs = append(vs, variant{op: kernels.OpRoPEAttnDecode, name: "rope_on_load", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		params, why, ok := decodeValid(s, t)
+		return "rotate_half over all D as q and the new key load; " + params, why, ok
 	}})
 	for _, c := range flashConfigs {
 		vs = append(vs, variant{op: kernels.OpMLAPrefill, name: c.String(), valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {

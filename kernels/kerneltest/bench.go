@@ -464,6 +464,46 @@ func decodeShapes() []kernels.Shape {
 	return s
 }
 
+var ropeAttnDecodeBench = &Bench{
+	Bound: "memory", Dims: []string{"B", "H", "KVH", "D", "ctx"},
+	Doc: "attn_decode's problem with q and the new k unrotated, rotated over all D dims in rotate_half pairs (Qwen2's rope) " +
+		"and attended; naive runs its rope then its attn_decode",
+	Shapes: func() []kernels.Shape {
+		var s []kernels.Shape
+		for _, b := range []int{1, 16} {
+			for _, ctx := range []int{128, 4096} {
+				s = append(s, sh("B", b, "H", 28, "KVH", 4, "D", 128, "ctx", ctx)) // Qwen2-7B's heads
+			}
+		}
+		return s
+	}(),
+	// attn_decode's count: the rotation's arithmetic is a few FLOPs a q or
+	// k element, and its bytes are ones the attention reads anyway.
+	FLOPs: attnDecodeBench.FLOPs,
+	Bytes: attnDecodeBench.Bytes,
+	Build: buildRoPEDecode,
+}
+
+func buildRoPEDecode(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	ctx, d := s["ctx"], s["D"]
+	c := b.copiesFor(bc.Bytes(s))
+	cos, sin := b.ropeTables(ctx, d)
+	rope := &kernels.Rope{Dim: d, Cos: cos, Sin: sin}
+	pos := make([]int32, s["B"])
+	for i := range pos {
+		pos[i] = int32(ctx - 1)
+	}
+	p := b.ints(pos, len(pos))
+	as := each(b, c, func() *kernels.AttnArgs { return b.attnArgs(s, 1, ctx-1, ctx) })
+	// The parts rotate q and k in place: the runner puts them back before
+	// a check.
+	qkv := func(a *kernels.AttnArgs) *kernels.Tensor {
+		return kernels.NewTensor(a.Q.Buf, a.Q.DType, a.Q.Offset, a.Q.Rows(), a.Q.Pitch)
+	}
+	return &Problem{Copies: c, Outs: []*kernels.Tensor{as[0].Out}, State: []*kernels.Tensor{qkv(as[0])},
+		Run: func(o kernels.Ops, i int) { o.RoPEAttentionDecode(as[i], p, rope) }}
+}
+
 var mlaPrefillBench = &Bench{
 	Bound: "compute", Dims: []string{"B", "H", "N", "Dn", "Dr", "Dv", "R"},
 	Doc:    "B rows of N new tokens, H heads: q·k over Dn+Dr dims, v of Dv, latents of rank R",

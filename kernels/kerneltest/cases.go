@@ -304,6 +304,39 @@ func attnDecodeChecks(l *caseList) {
 	}
 }
 
+// ropeAttnDecodeChecks are Qwen2's decode step as its layer calls it: the
+// q and k heads of the stacked qkv row unrotated, rotated over all their
+// dims in rotate_half pairs and attended in one op, at 1, 3 and 16 rows
+// over caches of 1 key to a few thousand, Qwen2-7B's heads and a small
+// GQA; q, k and v packed apart (the parts then rotate q and k in two
+// calls); then rotations fused declines (interleaved pairs, part of each
+// head), which the Dispatch runs as rope and attn_decode.
+func ropeAttnDecodeChecks(l *caseList) {
+	q7 := func(name string, past ...int) attnCase {
+		return attnCase{name: name, past: past, heads: 28, kv: 4, d: 128, maxSeq: slices.Max(past) + 1, fused: true, rope: 128}
+	}
+	for _, s := range []attnCase{
+		q7("qwen2-7b cache 1", 0),
+		q7("qwen2-7b batch 3", 299, 0, 150),
+		q7("qwen2-7b batch 16", spread(16, 300)...),
+		q7("qwen2-7b 3K", 3071),
+		q7("qwen2-7b batch 3 3K", 3071, 1, 2500),
+		{name: "gqa 2", past: []int{0, 7, 299}, heads: 4, kv: 2, d: 64, maxSeq: 300, fused: true, rope: 64},
+		{name: "gqa 4 apart", past: []int{5, 40, 0}, heads: 8, kv: 2, d: 64, maxSeq: 41, rope: 64},
+		{name: "D=80 group 5", past: []int{77, 130}, heads: 10, kv: 2, d: 80, maxSeq: 131, fused: true, rope: 80},
+	} {
+		s.lens = ones(len(s.past))
+		l.add(s.String(), func(e *env) { attention(e, s, true) })
+	}
+	for _, s := range []attnCase{
+		{name: "interleaved", past: []int{3, 60}, heads: 4, kv: 2, d: 64, maxSeq: 64, fused: true, rope: 64, interleaved: true},
+		{name: "half the dims", past: []int{3, 60}, heads: 4, kv: 2, d: 64, maxSeq: 64, fused: true, rope: 32},
+	} {
+		s.lens = ones(len(s.past))
+		l.addCase(opCase{name: s.String(), declinable: true, run: func(e *env) { attention(e, s, true) }})
+	}
+}
+
 // mlaPrefillChecks are ragged batches at head dims fused has kernels for.
 func mlaPrefillChecks(l *caseList) {
 	// MLA head dims are ones fused has kernels for (multiples of 16, the
@@ -839,6 +872,10 @@ type attnCase struct {
 	nonCausal    bool // every new token attends to all of its row's keys
 	f16          bool // f16 operands on the set under test (a prefill's)
 	long         bool // an f16 case over 16K keys and more: GPUs only
+	// rope_attn_decode: the dims of each q and k head rotated from 0 (0:
+	// attn_decode), interleaved or rotate_half pairs.
+	rope        int
+	interleaved bool
 }
 
 func (c attnCase) String() string {
@@ -854,6 +891,12 @@ func (c attnCase) String() string {
 	}
 	if c.f16 {
 		s += ",f16"
+	}
+	if c.rope > 0 {
+		s += fmt.Sprintf(",rope=%d", c.rope)
+		if c.interleaved {
+			s += " interleaved"
+		}
 	}
 	return s
 }
@@ -892,10 +935,17 @@ func attention(e *env, c attnCase, decode bool) {
 	vc := e.tensor(act, cacheVals(), nb, hkv, c.maxSeq, d)
 	out := e.poisoned(act, t, hq*d)
 	bt := e.batch(c.lens, c.past, c.maxSeq, decode)
+	var rope [2]*kernels.Rope
+	var pos pair
+	if c.rope > 0 {
+		rope, pos = e.ropeOperands(t, c.rope, c.interleaved)
+	}
 	e.run(func(o kernels.Ops, s int) {
 		a := &kernels.AttnArgs{Out: out[s], Q: q[s], K: k[s], V: v[s], KCache: kc[s], VCache: vc[s],
 			Batch: bt[s], Heads: hq, KVHeads: hkv, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d))), NonCausal: c.nonCausal}
-		if decode {
+		if c.rope > 0 {
+			o.RoPEAttentionDecode(a, pos[s], rope[s])
+		} else if decode {
 			o.AttentionDecode(a)
 		} else {
 			o.AttentionPrefill(a)

@@ -101,6 +101,8 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 		K: qkv.ColSlice(heads*dim, (heads+kvHeads)*dim), V: qkv.ColSlice((heads+kvHeads)*dim, (heads+2*kvHeads)*dim),
 		KCache: kc, VCache: vc, Batch: b, Heads: heads, KVHeads: kvHeads, HeadDim: dim, Scale: 0.088}
 	add(kernels.OpAttnDecode, func() { ops.AttentionDecode(attn) }, attn.Out)
+	// Qwen2's rope and attention as the one op its layer calls at decode.
+	addWhole(kernels.OpRoPEAttnDecode, func() { ops.RoPEAttentionDecode(attn, pos, rope) }, attn.Out, kc)
 
 	// MLA as DeepSeek-V2-Lite's layer runs it: q and the new latent are
 	// column slices of one q_kv_a row, rotated in place, then attended.

@@ -21,6 +21,7 @@ var table = []opCases{
 	{kernels.OpLinearAdd, linearAddChecks, linearAddBench},
 	{kernels.OpAttnPrefill, attnPrefillChecks, attnPrefillBench},
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
+	{kernels.OpRoPEAttnDecode, ropeAttnDecodeChecks, ropeAttnDecodeBench},
 	{kernels.OpMLAPrefill, mlaPrefillChecks, mlaPrefillBench},
 	{kernels.OpMLADecode, mlaDecodeChecks, mlaDecodeBench},
 	{kernels.OpMLADecodeRoPE, mlaDecodeRoPEChecks, mlaDecodeRoPEBench},

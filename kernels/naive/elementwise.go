@@ -79,6 +79,14 @@ func (o *ops) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, headStri
 	kernels.RMSNormRoPEParts(o, q, kv, w, eps, heads, headStride, offset, pos, r)
 }
 
+// RoPEAttentionDecode is the set's RoPE of the q and k heads, then its
+// AttentionDecode: the launches HF's eager apply_rotary_pos_emb and
+// attention make one by one.
+func (o *ops) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
+	kernels.CheckRoPEAttnDecode(o.D.ActDType(), a, pos, r)
+	kernels.RoPEAttentionDecodeParts(o, a, pos, r)
+}
+
 // SwiGLU is silu(gate) then the mul kernel, as torch eager: both round to
 // bf16.
 func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {

@@ -1,0 +1,254 @@
+package fused
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"slices"
+	"testing"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
+)
+
+// TestRoPEAttnDecodeHost checks rope_attn_decode's host side without a
+// GPU: fused owns and fuses it, flash_decode_rope overlaps the kernel
+// before it as flash_decode_keys does, the variant table lists it, and the
+// spec runs it whole only where fused runs both rope and attn_decode or the
+// spec names it ("attn=naive" names attn_decode alone, so the rope stays
+// on fused).
+func TestRoPEAttnDecodeHost(t *testing.T) {
+	info, _ := kernels.Set("fused")
+	if !info.Owns(kernels.OpRoPEAttnDecode) || !slices.Contains(info.Fuses, kernels.OpRoPEAttnDecode) {
+		t.Errorf("fused owns rope_attn_decode: %v, fuses it: %v", info.Owns(kernels.OpRoPEAttnDecode), info.Fuses)
+	}
+	for _, d := range headDims {
+		if !slices.Contains(overlapKernels(), decodeRopeKernel(d)) {
+			t.Errorf("%s is not launched to overlap the kernel before it", decodeRopeKernel(d))
+		}
+	}
+	if vs := variants(kernels.OpRoPEAttnDecode, kernels.Shape{"B": 1, "H": 28, "KVH": 4, "D": 128, "ctx": 4096},
+		kernels.Targets["sm_90a"]); len(vs) != 1 || !vs[0].Valid() {
+		t.Errorf("variants on sm_90a: %+v, want one, valid", vs)
+	}
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"fused", true},
+		{"fused,rope=naive", false},
+		{"fused,attn=naive", false},
+		{"fused,attn_decode=naive", false},
+		{"naive", false},
+		{"naive,rope_attn_decode=fused", true},
+		{"fused,rope_attn_decode=naive", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpRoPEAttnDecode); got != c.whole {
+			t.Errorf("%s: rope_attn_decode whole %v, want %v", c.spec, got, c.whole)
+		}
+	}
+	if s, _ := kernels.ParseSpec("fused,attn=naive"); s.Runner(kernels.OpRoPE) != "fused" {
+		t.Errorf("fused,attn=naive runs rope on %s, want fused", s.Runner(kernels.OpRoPE))
+	}
+}
+
+// ropeAttnCase is one problem of TestRoPEAttnDecodeExact: one new token a
+// row after past[b] cached, q, k and v column slices of one qkv row as
+// Qwen2's layer holds them.
+type ropeAttnCase struct {
+	past         []int
+	heads, kv, d int
+	interleaved  bool
+}
+
+func (c ropeAttnCase) String() string {
+	return fmt.Sprintf("H=%d,KV=%d,D=%d,past=%v,interleaved=%v", c.heads, c.kv, c.d, c.past, c.interleaved)
+}
+
+// ropeAttnProblem is a case's operands on the device, twice (side 0 and
+// 1 hold the same values), and the rotation both use.
+type ropeAttnProblem struct {
+	qkv   [2]*kernels.Tensor
+	a     [2]*kernels.AttnArgs
+	pos   *kernels.Tensor
+	r     *kernels.Rope
+	owned []*kernels.Tensor
+}
+
+func (p *ropeAttnProblem) free(dev kernels.Device) {
+	for _, x := range p.owned {
+		dev.Free(x)
+	}
+}
+
+func newRoPEAttnProblem(t *testing.T, dev kernels.Device, c ropeAttnCase, rng *rand.Rand) *ropeAttnProblem {
+	t.Helper()
+	p := &ropeAttnProblem{}
+	rows, maxSeq := len(c.past), slices.Max(c.past)+1
+	normals := func(n int, scale float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		return v
+	}
+	upload := func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
+		x := tensorOn(t, dev, dt, vals, shape...)
+		p.owned = append(p.owned, x)
+		return x
+	}
+	ints := func(v []int) *kernels.Tensor {
+		x := intsOn(t, dev, v)
+		p.owned = append(p.owned, x)
+		return x
+	}
+	// Qwen2's angles, with a factor on the tables as YaRN folds one in:
+	// the kernel must read the tables, not recompute them.
+	half := c.d / 2
+	cos, sin := make([]float32, maxSeq*half), make([]float32, maxSeq*half)
+	for q := range maxSeq {
+		for i := range half {
+			a := float64(q) * math.Pow(1e6, -2*float64(i)/float64(c.d))
+			cos[q*half+i], sin[q*half+i] = float32(math.Cos(a)*1.07), float32(math.Sin(a)*1.07)
+		}
+	}
+	p.r = &kernels.Rope{Dim: c.d, Interleaved: c.interleaved, Cos: upload(kernels.F32, cos, maxSeq, half),
+		Sin: upload(kernels.F32, sin, maxSeq, half)}
+	p.pos = ints(c.past) // the new token's position is its row's length before it
+	start := make([]int, rows+1)
+	for b := range rows {
+		start[b+1] = b + 1
+	}
+	batch := &kernels.Batch{Rows: rows, Tokens: rows, Start: start, Past: c.past, MaxSeq: maxSeq,
+		StartDev: ints(start), PastDev: ints(c.past)}
+	qw, kw := c.heads*c.d, c.kv*c.d
+	qkv := normals(rows*(qw+2*kw), 2)
+	kc, vc := normals(rows*c.kv*maxSeq*c.d, 1), normals(rows*c.kv*maxSeq*c.d, 1)
+	for s := range 2 {
+		x := upload(kernels.BF16, qkv, rows, qw+2*kw)
+		p.qkv[s] = x
+		p.a[s] = &kernels.AttnArgs{Out: upload(kernels.BF16, make([]float32, rows*qw), rows, qw),
+			Q: x.ColSlice(0, qw), K: x.ColSlice(qw, qw+kw), V: x.ColSlice(qw+kw, qw+2*kw),
+			KCache: upload(kernels.BF16, kc, rows, c.kv, maxSeq, c.d), VCache: upload(kernels.BF16, vc, rows, c.kv, maxSeq, c.d),
+			Batch: batch, Heads: c.heads, KVHeads: c.kv, HeadDim: c.d, Scale: float32(1 / math.Sqrt(float64(c.d)))}
+	}
+	return p
+}
+
+// TestRoPEAttnDecodeExact holds rope_attn_decode, flash_decode_rope and
+// attn_merge, to the fused set's rope then attn_decode (rope_half and
+// flash_decode_keys) bit for bit: the output, the k cache (the new key
+// rotated) and the v cache, at 1, 3 and 16 rows over caches of 1 key to a
+// few thousand, Qwen2-7B's heads, a small GQA and a head dim of 80; and
+// q, k and v must be left as they were. Interleaved pairs are declined. It
+// also times both, for a first look (infer bench rope_attn_decode is the
+// measurement). Skipped where no GPU is found.
+func TestRoPEAttnDecodeExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	set, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := set.(*ops)
+	rng := rand.New(rand.NewSource(31))
+	spread := func(n, last int) []int {
+		v := make([]int, n)
+		for i := range v {
+			v[i] = i * last / (n - 1)
+		}
+		return v
+	}
+	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
+	for _, c := range []ropeAttnCase{
+		q7(0), q7(127), q7(300), q7(4095),
+		q7(0, 150, 299), q7(4095, 1, 2500),
+		q7(spread(16, 300)...), q7(spread(16, 4095)...),
+		{past: []int{0, 7, 299}, heads: 8, kv: 2, d: 64},
+		{past: []int{77, 130}, heads: 10, kv: 2, d: 80},
+		{past: []int{5, 63, 64}, heads: 4, kv: 4, d: 16},
+	} {
+		p := newRoPEAttnProblem(t, dev, c, rng)
+		before := read(t, dev, p.qkv[0])
+		if u, declined := kernels.Declined(func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) }); declined {
+			t.Errorf("%s: declined: %v", c, u)
+			p.free(dev)
+			continue
+		}
+		kernels.RoPEAttentionDecodeParts(o, p.a[1], p.pos, p.r)
+		for _, piece := range []struct {
+			name string
+			x    [2]*kernels.Tensor
+		}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
+			{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
+			if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
+				t.Errorf("%s: %s differs from rope then attn_decode in %d elements, the first at %d", c, piece.name, n, first)
+			}
+		}
+		if n, first := bitsDiffer(before, read(t, dev, p.qkv[0])); n > 0 {
+			t.Errorf("%s: qkv changed in %d elements, the first at %d: the op reads q and k unrotated and leaves them", c, n, first)
+		}
+		one := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) })
+		two := msPerCall(t, dev, func() { o.RoPE(p.qkv[1], c.heads+c.kv, c.d, 0, p.pos, p.r); o.AttentionDecode(p.a[1]) })
+		t.Logf("%s: flash_decode_rope %.2f µs, rope then flash_decode_keys %.2f µs (launches back to back, not a step's chain)", c, one*1e3, two*1e3)
+		p.free(dev)
+	}
+	il := ropeAttnCase{past: []int{3, 60}, heads: 8, kv: 2, d: 64, interleaved: true}
+	p := newRoPEAttnProblem(t, dev, il, rng)
+	defer p.free(dev)
+	if _, declined := kernels.Declined(func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) }); !declined {
+		t.Errorf("%s: taken; flash_decode_rope rotates rotate_half pairs only", il)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRoPEAttnDecodeDispatch: under "fused" Qwen2's rope and decode
+// attention are one call of fused's (flash_decode_rope); where the spec
+// puts rope or attn_decode (or the attn group) on naive they are the two
+// calls, each on its set, rope over the q and k heads at once as the layer
+// called it; naming the op runs it whole on that set; a rotation fused
+// declines runs as the parts on fused. Skipped where no GPU is found.
+func TestRoPEAttnDecodeDispatch(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	rng := rand.New(rand.NewSource(37))
+	c := ropeAttnCase{past: []int{5, 300, 0}, heads: 28, kv: 4, d: 128}
+	p := newRoPEAttnProblem(t, dev, c, rng)
+	defer p.free(dev)
+	il := ropeAttnCase{past: []int{3, 60}, heads: 8, kv: 2, d: 64, interleaved: true}
+	pi := newRoPEAttnProblem(t, dev, il, rng)
+	defer pi.free(dev)
+	for _, s := range []struct {
+		spec  string
+		p     *ropeAttnProblem
+		calls []string
+	}{
+		{"fused", p, []string{"rope_attn_decode@fused"}},
+		{"fused,rope=naive", p, []string{"rope@naive", "attn_decode@fused"}},
+		{"fused,attn=naive", p, []string{"rope@fused", "attn_decode@naive"}},
+		{"naive", p, []string{"rope@naive", "attn_decode@naive"}},
+		{"naive,rope_attn_decode=fused", p, []string{"rope_attn_decode@fused"}},
+		{"fused", pi, []string{"rope@fused", "attn_decode@fused"}},
+	} {
+		spec, err := kernels.ParseSpec(s.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs := &opCalls{}
+		d, err := spec.Build(dev, obs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.RoPEAttentionDecode(s.p.a[0], s.p.pos, s.p.r)
+		if !slices.Equal(obs.calls, s.calls) {
+			t.Errorf("%s (interleaved %v): calls %v, want %v", s.spec, s.p.r.Interleaved, obs.calls, s.calls)
+		}
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
