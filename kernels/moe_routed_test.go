@@ -37,10 +37,7 @@ func TestMoERoutedParts(t *testing.T) {
 	x, logits := dev.Alloc(kernels.F32, n, hidden), dev.Alloc(kernels.F32, n, experts)
 	gateUp, down := dev.Alloc(kernels.F32, experts, 2*inter, hidden), dev.Alloc(kernels.F32, experts, hidden, inter)
 	for i, t := range []*kernels.Tensor{x, logits, gateUp, down} {
-		v := cpu.F32(t)
-		for j := range v {
-			v[j] = float32((j*7+i*3)%11-5) / 8
-		}
+		patterned(t, i)
 	}
 	r := &kernels.Routing{Method: kernels.RouteGreedy, TopK: topK, NormTopK: true, Scale: 1}
 	var outs [][]float32

@@ -399,11 +399,7 @@ func TestCompositeParts(t *testing.T) {
 	const n, k, inter = 3, 16, 8
 	x, w := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, 2*inter, k)
 	for i, t := range []*kernels.Tensor{x, w} {
-		v := make([]float32, t.Numel())
-		for j := range v {
-			v[j] = float32((j*7+i*3)%11-5) / 8
-		}
-		copy(cpu.F32(t), v)
+		patterned(t, i)
 	}
 	var outs [][]float32
 	for _, c := range []struct {
@@ -489,13 +485,7 @@ func TestRMSNormRoPEParts(t *testing.T) {
 
 	dev := cpu.NewDevice()
 	const tokens, heads, nope, dim, rank, positions = 3, 2, 4, 4, 8, 8
-	fill := func(t *kernels.Tensor, seed int) *kernels.Tensor {
-		v := cpu.F32(t)
-		for j := range v {
-			v[j] = float32((j*7+seed*3)%11-5) / 8
-		}
-		return t
-	}
+	fill := patterned
 	w := fill(dev.Alloc(kernels.F32, rank), 1)
 	rope := &kernels.Rope{Dim: dim, Interleaved: true, Cos: fill(dev.Alloc(kernels.F32, positions, dim/2), 2),
 		Sin: fill(dev.Alloc(kernels.F32, positions, dim/2), 3)}
@@ -565,12 +555,7 @@ func TestLinearAddParts(t *testing.T) {
 	dev := cpu.NewDevice()
 	const n, k, m = 3, 16, 8
 	x, w, bias, out := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, m, k), dev.Alloc(kernels.F32, m), dev.Alloc(kernels.F32, n, m)
-	fill := func(a *kernels.Tensor, i int) {
-		v := cpu.F32(a)
-		for j := range v {
-			v[j] = float32((j*7+i*3)%11-5) / 8
-		}
-	}
+	fill := patterned
 	for i, a := range []*kernels.Tensor{x, w, bias} {
 		fill(a, i)
 	}
@@ -664,4 +649,14 @@ func TestMLADecodeRoPEWhole(t *testing.T) {
 			t.Errorf("%s: Whole(rms_norm_rope) = %v, want %v", c.spec, got, c.nrWhole)
 		}
 	}
+}
+
+// patterned fills the cpu device's f32 tensor t with a pattern of small
+// exact values that seed shifts, and returns it.
+func patterned(t *kernels.Tensor, seed int) *kernels.Tensor {
+	v := cpu.F32(t)
+	for j := range v {
+		v[j] = float32((j*7+seed*3)%11-5) / 8
+	}
+	return t
 }

@@ -589,16 +589,22 @@ const (
 	outCol = 16
 )
 
+// linearInputs are a linear case's x [n, k] (columns of a wider matrix
+// where pitchedX), w [m, k] and, where bias, bias [m].
+func linearInputs(e *env, n, k, m int, bias, pitchedX bool) (x, w, b pair) {
+	x = e.random(actK, 1, n, k)
+	if pitchedX {
+		x = e.random(actK, 1, n, k+24).cols(xCol, xCol+k)
+	}
+	w = e.random(weightK, 1/math.Sqrt(float64(k)), m, k)
+	if bias {
+		b = e.random(weightK, 0.5, m)
+	}
+	return x, w, b
+}
+
 func linear(e *env, c linearCase) {
-	x := e.random(actK, 1, c.n, c.k)
-	if c.pitchedX {
-		x = e.random(actK, 1, c.n, c.k+24).cols(xCol, xCol+c.k)
-	}
-	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), c.m, c.k)
-	var b pair
-	if c.bias {
-		b = e.random(weightK, 0.5, c.m)
-	}
+	x, w, b := linearInputs(e, c.n, c.k, c.m, c.bias, c.pitchedX)
 	ok := actK
 	if c.f32Out {
 		ok = f32K
@@ -827,15 +833,7 @@ func (c linearAddCase) String() string {
 // of its own (poisoned); pitched out takes columns of a wider matrix, and
 // a separate addend columns of another.
 func linearAdd(e *env, c linearAddCase) {
-	x := e.random(actK, 1, c.n, c.k)
-	if c.pitchedX {
-		x = e.random(actK, 1, c.n, c.k+24).cols(xCol, xCol+c.k)
-	}
-	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), c.m, c.k)
-	var b pair
-	if c.bias {
-		b = e.random(weightK, 0.5, c.m)
-	}
+	x, w, b := linearInputs(e, c.n, c.k, c.m, c.bias, c.pitchedX)
 	if c.inPlace {
 		whole := e.random(actK, 1, c.n, c.m)
 		out := whole
