@@ -445,14 +445,14 @@ func TestMLAPrefillConfigs(t *testing.T) {
 func TestMLAVariants(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
-	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 3 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
+	if vs := variants(kernels.OpMLADecode, lite, h200); len(vs) != 4 || !vs[0].Valid() || vs[0].Name != mlaDecodeVariant {
 		t.Errorf("mla_decode of V2-Lite on sm_90a: %+v", vs)
 	}
 	if shared := mlaDecodeShared(mlaLatent{512, 64}); shared > h200.SharedPerBlock {
 		t.Errorf("mla_decode needs %d bytes of shared memory, an H200 block gets %d", shared, h200.SharedPerBlock)
 	}
 	wide := kernels.Shape{"B": 1, "H": 128, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512} // DeepSeek-V2's 128 heads
-	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 3 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
+	if vs := variants(kernels.OpMLADecode, wide, h200); len(vs) != 4 || vs[0].Valid() || !strings.Contains(vs[0].Why, "128 heads") {
 		t.Errorf("mla_decode of 128 heads: %+v, want refused for its heads", vs)
 	}
 	prefill := kernels.Shape{"B": 1, "H": 16, "N": 11041, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
@@ -498,12 +498,12 @@ func TestMLAKeysVariant(t *testing.T) {
 	h200, a100 := kernels.Targets["sm_90a"], kernels.Targets["sm_80"]
 	lite := kernels.Shape{"B": 16, "H": 16, "ctx": 4096, "Dn": 128, "Dr": 64, "Dv": 128, "R": 512}
 	vs := variants(kernels.OpMLADecode, lite, h200)
-	if len(vs) != 3 || vs[0].Name != mlaDecodeVariant || vs[1].Name != mlaKeysVariant || vs[2].Name != mlaFlatVariant ||
-		!vs[0].Valid() || !vs[1].Valid() || !vs[2].Valid() {
+	if len(vs) != 4 || vs[0].Name != mlaDecodeVariant || vs[1].Name != mlaKeysVariant || vs[2].Name != mlaFlatVariant ||
+		vs[3].Name != mlaKeysOwnVariant || !vs[0].Valid() || !vs[1].Valid() || !vs[2].Valid() || !vs[3].Valid() {
 		t.Fatalf("mla_decode of V2-Lite on sm_90a: %+v", vs)
 	}
 	if vs := variants(kernels.OpMLADecode, lite, a100); len(vs) != 2 {
-		t.Errorf("mla_decode of V2-Lite on sm_80: %+v, want no flat variant (its clusters are sm_90's)", vs)
+		t.Errorf("mla_decode of V2-Lite on sm_80: %+v, want no flat or keys_own variant (flat's module is sm_90's)", vs)
 	}
 	// flat: one block an SM with as many stages as fit, so that a split's
 	// tiles are all queued before the grid's wait.
@@ -577,7 +577,7 @@ func TestMLAKeysVariant(t *testing.T) {
 		t.Errorf("an unknown variant: %v, now %q", err, o.VariantFor(kernels.OpMLADecode, key))
 	}
 	info, _ := kernels.Set("fused")
-	if vs := info.VariantsOf(kernels.OpMLADecode, lite, h200); len(vs) != 3 {
+	if vs := info.VariantsOf(kernels.OpMLADecode, lite, h200); len(vs) != 4 {
 		t.Errorf("the registry lists %d mla_decode variants: %+v", len(vs), vs)
 	}
 }

@@ -225,12 +225,14 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 	}
 }
 
-// MLADecode is absorbed MLA, in one of three variants: "flat"
+// MLADecode is absorbed MLA, in one of four variants: "flat"
 // (mla_flat.cu, mla_flat.go), the default below mlaKeysMinRows rows where
-// the device runs it; "keys" (mla_keys.cu), the default from there; and
-// "latent_split", the default below mlaKeysMinRows where flat cannot run.
-// The last two: q_lat = W_UK[h]ᵀ·q_nope for every head (one
-// strided-batched GEMM over the heads), then mla_decode, flash-decoding of
+// the device runs it; "keys" (mla_keys.cu), the default from there;
+// "latent_split", the default below mlaKeysMinRows where flat cannot run;
+// and "keys_own" (mla_keys.go), keys's kernel between flat's mla_qlat and
+// mla_out, the default nowhere. Keys and latent_split: q_lat =
+// W_UK[h]ᵀ·q_nope for every head (one strided-batched GEMM over the
+// heads), then mla_decode, flash-decoding of
 // all heads of a row at once over its latent cache in splits that fill one
 // wave of the GPU (it appends the new latents itself), attn_merge of the
 // splits when there are several, and out = W_UV[h]·o_lat (a second batched
@@ -252,7 +254,7 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	perSM := o.D.Props().MaxSharedPerSM
 	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
 	wave := max(1, perSM/shared) * o.SMs
-	if variant == mlaKeysVariant {
+	if variant == mlaKeysVariant || variant == mlaKeysOwnVariant {
 		stages := mlaKeysStages(d, perSM)
 		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
 		wave = blocksPerSM(shared, perSM) * o.SMs
@@ -260,6 +262,10 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	o.needRoom(op, kernel)
 	b := a.Batch
 	if b.Rows == 0 {
+		return
+	}
+	if variant == mlaKeysOwnVariant {
+		o.mlaKeysOwnDecode(a, kernel, shared, wave)
 		return
 	}
 	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank

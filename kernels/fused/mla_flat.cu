@@ -364,8 +364,10 @@ MLA_FLAT_INSTANCES(MLA_FLAT)
 // (Σ_p part_p·2^(M_p − M) / Σ_p L_p·2^(M_p − M) over the p with L_p > 0),
 // rounded to bf16. Each warp takes 4 of the block's MO_ROWS output dims, a
 // lane two 16-byte chunks of each of their W_UV rows.
-//   out bf16 [B, heads·DV], pitch op; part, stats: mla_flat's; w: kv_b_proj.
-//   R ≤ MO_MAX_R, a multiple of 8; P ≤ MO_MAX_P.
+//   out bf16 [B, heads·DV], pitch op; part, stats: mla_flat's, or
+//   mla_decode_keys's with P its splits (mla_decode's "keys_own" variant:
+//   the same layout, f32 [B·heads, P, R] and [B·heads, P, 2], and the same
+//   scale); w: kv_b_proj. R ≤ MO_MAX_R, a multiple of 8; P ≤ MO_MAX_P.
 // Launch: grid (heads, ceil(DV / MO_ROWS), B), 128 threads.
 extern "C" __global__ void __launch_bounds__(128) mla_out(bf16* out, int op, const float* part, const float* stats,
                                                           const bf16* w, int dn, int dv, int R, int heads, int P) {

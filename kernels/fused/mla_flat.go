@@ -143,7 +143,7 @@ func mlaFlatWhy(d mlaLatent, heads, dn int) string {
 // graph replays it.
 func (o *ops) mlaFlatDecode(op kernels.Op, a *kernels.MLAArgs, nr *normRopeCall) {
 	d := mlaLatent{a.Rank, a.RopeDim}
-	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
+	h, dn, dr, r := a.Heads, a.NopeDim, a.RopeDim, a.Rank
 	o.Need(o.mlaFlat.ready() == nil, op, "%v", o.mlaFlat.ready())
 	o.Need(mlaFlatWhy(d, h, dn) == "", op, "%s (mla=naive runs it)", mlaFlatWhy(d, h, dn))
 	b := a.Batch
@@ -154,22 +154,40 @@ func (o *ops) mlaFlatDecode(op kernels.Op, a *kernels.MLAArgs, nr *normRopeCall)
 	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
 	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*perRow, r)
 	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*perRow, 2)
-	q, w, out := o.Mat(a.Q), o.Mat(a.WKVB), o.Mat(a.Out)
+	q := o.Mat(a.Q)
 
-	qlGrid := cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((b.Rows + qlRows - 1) / qlRows)}
 	if nr == nil {
-		o.LaunchGrid("mla_qlat", qlGrid, cuda.Dim3{X: qlThreads}, 0,
-			qlat.P, q.P, int32(q.Pitch), int32(dn+dr), w.P, int32(dn), int32(dv), int32(r), int32(h), int32(b.Rows))
+		o.mlaQLat(a, qlat)
 	} else {
+		qlGrid := cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((b.Rows + qlRows - 1) / qlRows)}
 		blocks := 2*b.Rows + int(qlGrid.X*qlGrid.Y*qlGrid.Z)
+		w := o.Mat(a.WKVB)
 		o.LaunchGrid(mlaQLatRopeKernel(nr.r.Interleaved, nr.w.DType), cuda.Dim3{X: uint32(blocks), Y: 1, Z: 1}, cuda.Dim3{X: qlThreads}, 0,
-			append([]any{qlat.P, w.P, int32(dn), int32(dv), int32(b.Rows)},
+			append([]any{qlat.P, w.P, int32(dn), int32(a.VDim), int32(b.Rows)},
 				o.normRopeArgs(a.Q, a.KV, nr.w, nr.eps, h, dn+dr, dn, nr.pos, nr.r, nr.ns)...)...)
 	}
 	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(mlfCluster * perRow), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
 		part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr), o.D.Ptr(a.KV), int32(a.KV.Pitch),
 		o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq), scaleLog2(a.Scale))
-	o.LaunchGrid("mla_out", cuda.Dim3{X: uint32(h), Y: uint32((dv + moRows - 1) / moRows), Z: uint32(b.Rows)}, cuda.Dim3{X: 128}, 0,
+	o.mlaOut(a, part, stats, perRow)
+}
+
+// mlaQLat launches mla_qlat: q_lat = W_UK[h]ᵀ·q_nope of every row and head
+// into qlat, bf16 [rows, heads·R].
+func (o *ops) mlaQLat(a *kernels.MLAArgs, qlat cudaset.Mat) {
+	h, dn, dr, dv, r, rows := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank, a.Batch.Rows
+	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
+	o.LaunchGrid("mla_qlat", cuda.Dim3{X: uint32(r / qlCols), Y: uint32(h), Z: uint32((rows + qlRows - 1) / qlRows)},
+		cuda.Dim3{X: qlThreads}, 0, qlat.P, q.P, int32(q.Pitch), int32(dn+dr), w.P, int32(dn), int32(dv), int32(r), int32(h), int32(rows))
+}
+
+// mlaOut launches mla_out: per (row, head), the perRow partial o_lat of
+// part, f32 [rows·heads·perRow, R], merged by their (max, sum) in stats,
+// f32 [rows·heads·perRow, 2], then out = W_UV[h]·o_lat.
+func (o *ops) mlaOut(a *kernels.MLAArgs, part, stats cudaset.Mat, perRow int) {
+	h, dn, dv, r, rows := a.Heads, a.NopeDim, a.VDim, a.Rank, a.Batch.Rows
+	w, out := o.Mat(a.WKVB), o.Mat(a.Out)
+	o.LaunchGrid("mla_out", cuda.Dim3{X: uint32(h), Y: uint32((dv + moRows - 1) / moRows), Z: uint32(rows)}, cuda.Dim3{X: 128}, 0,
 		out.P, int32(out.Pitch), part.P, stats.P, w.P, int32(dn), int32(dv), int32(r), int32(h), int32(perRow))
 }
 

@@ -1,7 +1,9 @@
 // mla_decode_keys: the "keys" variant of absorbed MLA decode (mla.cu's
 // mla_decode is the other one, "latent_split"). It uses DecodeSplit's row,
 // split and new-latent bookkeeping (attention.cuh) and mla.cuh's P·C and
-// split output, and attn_merge (attention.cu) merges its splits.
+// split output, and attn_merge (attention.cu) merges its splits; in the
+// "keys_own" variant mla_out (mla_flat.cu) merges them instead, which reads
+// the same partials (part and stats as attn_merge reads them).
 //
 // What changes against mla_decode, and why (kernels/fused/DESIGN.md,
 // mla_decode): mla_decode splits Q·Kᵀ of each 64-key tile

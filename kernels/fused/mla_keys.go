@@ -3,6 +3,9 @@ package fused
 import (
 	"fmt"
 	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
 )
 
 // The "keys" variant of mla_decode (mla_keys.cu): warps score their own keys
@@ -75,3 +78,55 @@ func mlaKeysStages(d mlaLatent, perSM int) int {
 // blocksPerSM is how many blocks of shared bytes an SM of perSM bytes
 // holds, at least one.
 func blocksPerSM(shared, perSM int) int { return max(1, perSM/(shared+blockReserve)) }
+
+// The "keys_own" variant of mla_decode: mla_keys.cu's splits between
+// mla_flat.cu's mla_qlat and mla_out, three launches of the set's own,
+// overlapped, where keys has two batched GEMMs (which take no part in the
+// overlap) and attn_merge. mla_decode_keys's partials are what mla_out
+// reads: part f32 [rows·heads·splits, R] unnormalised, stats (max·
+// scale_log2, sum) f32 [rows·heads·splits, 2], split p of (row, head) at
+// (row·heads + head)·splits + p (mla_split_out), the layout and scale of
+// mla_flat's clusters.
+const mlaKeysOwnVariant = "keys_own"
+
+// mlaKeysOwnSplits is how keys_own cuts a capacity of maxSeq keys for rows
+// rows: decodeSplits' one wave of wave blocks, at most moMaxPerRow splits a
+// row (mla_out merges one a thread), and at least two. A single split
+// would write its o_lat normalised in bf16 (mla_split_out), not the
+// partial mla_out reads; where one split covers the capacity a second one
+// starts past it, sees no keys, and writes a sum of 0, which mla_out
+// skips.
+func mlaKeysOwnSplits(rows, maxSeq, wave int) (splits, chunk int) {
+	splits, chunk = decodeSplits(rows, maxSeq, min(wave, moMaxPerRow*rows))
+	return max(splits, 2), chunk
+}
+
+// mlaKeysOwnDecode is MLADecode's keys_own variant: mla_qlat, the keys
+// variant's kernel (with its shared memory, and splits from its wave of
+// blocks) writing every split's partial, and mla_out merging them and
+// multiplying by W_UV. mla_qlat and mla_out are built with the flat
+// variant's module, so keys_own runs where flat's module is built. Split
+// sizes come from the cache's capacity, so a graph replays it.
+func (o *ops) mlaKeysOwnDecode(a *kernels.MLAArgs, kernel string, shared, wave int) {
+	op := kernels.OpMLADecode
+	d := mlaLatent{a.Rank, a.RopeDim}
+	h, dn, dr, r := a.Heads, a.NopeDim, a.RopeDim, a.Rank
+	o.Need(o.mlaFlat.ready() == nil, op, "%s takes mla_qlat and mla_out from the %s variant's module: %v",
+		mlaKeysOwnVariant, mlaFlatVariant, o.mlaFlat.ready())
+	// mla_qlat's and mla_out's limits (nope dims, rank), as flat checks them.
+	o.Need(mlaFlatWhy(d, h, dn) == "", op, "%s (mla=naive runs it)", mlaFlatWhy(d, h, dn))
+	b := a.Batch
+	q := o.Mat(a.Q)
+	splits, chunk := mlaKeysOwnSplits(b.Rows, b.MaxSeq, wave)
+	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
+	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*splits, r)
+	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*splits, 2)
+
+	o.mlaQLat(a, qlat)
+	var noOLat uintptr // mla_decode_keys writes o_lat only when it is the one split, never here
+	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(splits), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
+		noOLat, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr),
+		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
+		int32(chunk), scaleLog2(a.Scale))
+	o.mlaOut(a, part, stats, splits)
+}

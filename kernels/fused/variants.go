@@ -45,7 +45,7 @@ type choiceKey struct {
 
 // table is fused's variants, op by op, in the order kbench lists them:
 // flash_prefill's tilings and flash_hopper for attn_prefill, flash_decode,
-// mla_prefill's tilings and mla_hopper, mla_decode's three, the single
+// mla_prefill's tilings and mla_hopper, mla_decode's four, the single
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets),
 // moe_routed's unfused pair and its gate/up that routes, linear_skinny,
@@ -134,7 +134,21 @@ var table = func() []variant {
 		shared := mlaFlatShared(d, stages)
 		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d cluster=%d splits=every cluster at once; mla_qlat and mla_out (merge and W_UV) overlapped, clusters merge in shared memory",
 			decodeWarps, mlkTile, stages, shared, blocksPerSM(shared, t.SharedPerSM), mlfCluster), join(mlaFlatWhy(d, s["H"], s["Dn"]), fits(shared, t)), true
-	}, use: func(o *ops, _ string) error { return o.mlaFlat.ready() }})
+	}, use: func(o *ops, _ string) error { return o.mlaFlat.ready() }}, variant{op: kernels.OpMLADecode, name: mlaKeysOwnVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+		if t.Arch != hopperArch { // mla_qlat and mla_out come with flat's module
+			return "", "", false
+		}
+		d := mlaLatent{s["R"], s["Dr"]}
+		stages := mlaKeysStages(d, t.SharedPerSM)
+		shared := mlaKeysShared(d, stages)
+		return fmt.Sprintf("warps=%d key_tile=%d stages=%d shared=%d blocks_per_sm=%d splits=one wave, 2 to %d a row; mla_qlat, keys's splits and mla_out (merge and W_UV) overlapped, no cuBLAS",
+			decodeWarps, mlkTile, stages, shared, blocksPerSM(shared, t.SharedPerSM), moMaxPerRow), join(mlaFlatWhy(d, s["H"], s["Dn"]), fits(shared, t)), true
+	}, use: func(o *ops, _ string) error {
+		if err := o.mlaFlat.ready(); err != nil {
+			return fmt.Errorf("fused: mla_decode %s takes mla_qlat and mla_out from the %s variant's module: %w", mlaKeysOwnVariant, mlaFlatVariant, err)
+		}
+		return nil
+	}})
 	single := func(op kernels.Op, name, params string) variant {
 		return variant{op: op, name: name, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 			return params, archWhy(t), true
