@@ -247,14 +247,7 @@ var table = func() []variant {
 			return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
 		}
 		return nil
-	}}, variant{op: kernels.OpLinear, name: linStream, valid: streamValid, use: func(o *ops, key string) error {
-		k, _ := parseLinearKey(key)
-		sms, shared := streamTarget(o)
-		if _, err := planStream(k.m, k.n, k.k, sms, shared); err != nil {
-			return fmt.Errorf("linear_stream: %w", err)
-		}
-		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
-	}}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
+	}}, variant{op: kernels.OpLinear, name: linStream, valid: streamValid, use: streamUse("linear_stream")}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
 		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
 	}})
 	lwUse := func(c lwConfig) func(o *ops, key string) error {
@@ -284,16 +277,23 @@ var table = func() []variant {
 	}
 	vs = append(vs, variant{op: kernels.OpLinearAdd, name: linAddUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then add, two ops", archWhy(t), true
-	}}, variant{op: kernels.OpLinearAdd, name: linStream, valid: streamValid, use: func(o *ops, key string) error {
+	}}, variant{op: kernels.OpLinearAdd, name: linStream, valid: streamValid, use: streamUse("linear_stream with the add")})
+	return vs
+}()
+
+// streamUse is the use of a variant that runs linear_stream (what, in its
+// errors): nil where planStream takes the key's problem on o's device and
+// linear_stream is built, else why not.
+func streamUse(what string) func(o *ops, key string) error {
+	return func(o *ops, key string) error {
 		k, _ := parseLinearKey(key)
 		sms, shared := streamTarget(o)
 		if _, err := planStream(k.m, k.n, k.k, sms, shared); err != nil {
-			return fmt.Errorf("linear_stream with the add: %w", err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
-	}})
-	return vs
-}()
+	}
+}
 
 // tunings are the ops whose variant is chosen per tuning key: attention
 // prefill's per head dim and element type (prefillKey), linear's per shape
