@@ -620,6 +620,8 @@ var m16Alternatives = []gemmConfig{
 	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 64, Stages: 4},
 	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 64, Stages: 2},
 	{Name: "m16", BM: 16, BN: 64, WarpsM: 1, WarpsN: 4, BK: 256, Stages: 2},
+	{Name: "m16", BM: 16, BN: 32, WarpsM: 1, WarpsN: 2, BK: 128, Stages: 4},
+	{Name: "m16", BM: 16, BN: 32, WarpsM: 1, WarpsN: 2, BK: 256, Stages: 3},
 }
 
 // m16Refused are tilings check refuses, each with what its error must say;
