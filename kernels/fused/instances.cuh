@@ -186,7 +186,7 @@
 	X(group_gemm_m128, moe_gate_up_m128, 128, 256, 2, 4, 64, 3)
 
 #define GROUP_GEMM_DYN_INSTANCES(X) \
-	X(group_gemm_m16_dyn, moe_gate_up_m16_dyn, 16, 64, 1, 4, 128, 4)
+	X(group_gemm_m16_dyn, moe_gate_up_m16_dyn, 16, 64, 1, 4, 128, 3)
 
 #define MOE_FOLD_INSTANCES(X) \
 	X(moe_gate_up_m16_fold, group_gemm_m16_fold, moe_gate_up_m16_route, 16, 64, 1, 4, 128, 4)

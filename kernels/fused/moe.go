@@ -43,6 +43,13 @@ const (
 	// too) and of group_gemm; grouped_mma there is the grid a block a tile.
 	dynTiling  = "m16"
 	dynVariant = "grouped_mma_dyn"
+	// dynStages is the ring depth of the persistent grid's kernels, which
+	// otherwise run dynTiling's tiling: a grid of the blocks the SMs hold
+	// streams more bytes at once with more, shallower blocks (three of
+	// three stages an SM against two of four at m16's tiling; measured
+	// faster at 16 tokens, bench/RESULTS.md). The folded path, a block a
+	// tile, keeps the tiling's depth.
+	dynStages = 3
 	// dynGateUpPair and dynDownPair are where in dynCounters (i32) the
 	// gate/up and down kernels' counter pairs start (the group_gemm op
 	// takes down's): a 128-byte line each, so that the two kernels'
@@ -95,7 +102,11 @@ func (c gemmConfig) dynGateUpKernel() string { return "moe_gate_up_" + c.Name + 
 
 // foldConfig and dynConfig are the tilings of foldTiling and dynTiling.
 func foldConfig() gemmConfig { return configNamed(foldTiling) }
-func dynConfig() gemmConfig  { return configNamed(dynTiling) }
+func dynConfig() gemmConfig {
+	c := configNamed(dynTiling)
+	c.Stages = dynStages
+	return c
+}
 
 func configNamed(name string) gemmConfig {
 	for _, c := range gemmConfigs {
@@ -160,7 +171,7 @@ func checkGemmConfigs() error {
 			return fmt.Errorf("grouped GEMM tilings: no tiling %s", name)
 		}
 	}
-	return nil
+	return dynConfig().check()
 }
 
 func (c gemmConfig) params() string {
@@ -306,6 +317,7 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, dyn bool, tiles int, out, x
 		}
 		grid = cuda.Dim3{X: uint32(min(int(grid.X)*tiles, o.dynPerSM[name]*o.SMs))}
 		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*pair))
+		c = dynConfig()
 	}
 	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
 }

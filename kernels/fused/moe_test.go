@@ -696,10 +696,19 @@ func TestGemmConfigCheck(t *testing.T) {
 			if i < 0 {
 				t.Fatal("moe.cu compiles no instances.cuh")
 			}
-			args := fmt.Sprintf(", %d, %d, %d, %d, %d, %d)", c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages)
-			for _, names := range [][]string{{c.gemmKernel(), c.gateUpKernel()}, {c.dynGemmKernel(), c.dynGateUpKernel()},
-				{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}} {
-				if line := "X(" + strings.Join(names, ", ") + args; !strings.Contains(p.Headers[i].Src, line) {
+			args := func(c gemmConfig) string {
+				return fmt.Sprintf(", %d, %d, %d, %d, %d, %d)", c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages)
+			}
+			d := dynConfig() // c's tiling at dynStages
+			if d.BM != c.BM || d.BN != c.BN || d.BK != c.BK || d.Stages != dynStages {
+				t.Errorf("the persistent grid's tiling %+v, want %+v at %d stages", d, c, dynStages)
+			}
+			for _, k := range []struct {
+				names []string
+				c     gemmConfig
+			}{{[]string{c.gemmKernel(), c.gateUpKernel()}, c}, {[]string{c.dynGemmKernel(), c.dynGateUpKernel()}, d},
+				{[]string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}, c}} {
+				if line := "X(" + strings.Join(k.names, ", ") + args(k.c); !strings.Contains(p.Headers[i].Src, line) {
 					t.Errorf("moe.cu compiles an instances.cuh without %s", line)
 				}
 			}

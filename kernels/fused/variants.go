@@ -199,6 +199,9 @@ var table = func() []variant {
 		}})
 		vs = append(vs, variant{op: op, name: dynVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 			c := gemmTiling(op, s)
+			if c.Name == dynTiling {
+				c.Stages = dynConfig().Stages
+			}
 			return c.params() + fmt.Sprintf(" (%s); a persistent grid of the blocks the SMs hold, tiles from an atomic counter", c.regime),
 				join(archWhy(t), fits(c.shared(), t)), c.Name == dynTiling
 		}, use: func(_ *ops, key string) error {
