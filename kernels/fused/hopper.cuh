@@ -110,6 +110,33 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, uns
 	    : "memory");
 }
 
+// l2_evict_first is an L2 cache policy for data read once (a weight
+// stream): its lines go first when L2 needs room, so that what is read
+// again (activations, split-K partials) stays.
+__device__ __forceinline__ unsigned long long l2_evict_first() {
+	unsigned long long p;
+	asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+	return p;
+}
+
+// tma_load_2d_hint and tma_load_3d_hint are tma_load_2d and tma_load_3d
+// under L2 cache policy (l2_evict_first).
+__device__ __forceinline__ void tma_load_2d_hint(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1,
+                                                 unsigned long long policy) {
+	asm volatile(
+	    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+	    "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+	    : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_hint(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2,
+                                                 unsigned long long policy) {
+	asm volatile(
+	    "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], "
+	    "%6;\n" ::"r"(dst),
+	    "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+	    : "memory");
+}
+
 // bulk_load copies bytes (a multiple of 16, both addresses 16-byte
 // aligned) of contiguous global memory at src into shared memory at dst by
 // the copy engine, no tensor map needed; the copy completes on bar.
@@ -257,6 +284,8 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 }
 
 #define HOP_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define HOP_ACC8(d) HOP_ACC4(d, 0), HOP_ACC4(d, 1)
+#define HOP_ACC16(d) HOP_ACC8(d), HOP_ACC4(d, 2), HOP_ACC4(d, 3)
 #define HOP_ACC32(d)                                                                                         \
 	HOP_ACC4(d, 0), HOP_ACC4(d, 1), HOP_ACC4(d, 2), HOP_ACC4(d, 3), HOP_ACC4(d, 4), HOP_ACC4(d, 5), HOP_ACC4(d, 6), \
 	    HOP_ACC4(d, 7)
@@ -267,6 +296,8 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 	HOP_ACC4(d, o + 0), HOP_ACC4(d, o + 1), HOP_ACC4(d, o + 2), HOP_ACC4(d, o + 3), HOP_ACC4(d, o + 4), HOP_ACC4(d, o + 5), \
 	    HOP_ACC4(d, o + 6), HOP_ACC4(d, o + 7)
 #define HOP_ACC64_AT(d, o) HOP_ACC32_AT(d, o), HOP_ACC32_AT(d, o + 8)
+#define HOP_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define HOP_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define HOP_REGS32                                                                                                  \
 	"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
 	"%24, %25, %26, %27, %28, %29, %30, %31}"
@@ -326,6 +357,24 @@ template <int N, typename T = bf16> struct Wgmma;
 	};
 HOP_WGMMA(bf16, "bf16")
 HOP_WGMMA(half_bits, "f16")
+// N = 16 and 32, linear_swap's (its N is decode's token rows), are bf16
+// and ss only.
+template <> struct Wgmma<16, bf16> {
+	__device__ static void ss(float (&d)[2][4], unsigned long long a, unsigned long long b, int scale_d) {
+		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+		             "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " HOP_REGS8 ", %8, %9, p, 1, 1, 0, 0;\n}\n"
+		             : HOP_ACC8(d)
+		             : "l"(a), "l"(b), "r"(scale_d));
+	}
+};
+template <> struct Wgmma<32, bf16> {
+	__device__ static void ss(float (&d)[4][4], unsigned long long a, unsigned long long b, int scale_d) {
+		asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+		             "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " HOP_REGS16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+		             : HOP_ACC16(d)
+		             : "l"(a), "l"(b), "r"(scale_d));
+	}
+};
 // N = 256, group_wgmma's, is bf16 only.
 template <> struct Wgmma<256, bf16> {
 	__device__ static void ss(float (&d)[32][4], unsigned long long a, unsigned long long b, int scale_d) {

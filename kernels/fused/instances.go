@@ -28,7 +28,7 @@ func instances() []cudaset.Instances {
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
-		lsSwiGLUInstances(), lsAddInstances(),
+		lsSwiGLUInstances(), lsAddInstances(), swInstances(),
 	}
 }
 
@@ -283,6 +283,16 @@ func lwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
 	for _, c := range lwConfigs {
 		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.kernel(), c.swigluKernel()}, Args: []any{c.BN, c.Stages, c.Cluster}})
+	}
+	return f
+}
+
+// swInstances are linear_swap's: per instance of swConfigs, the plain
+// kernel with bf16 and with f32 out and the one with SwiGLU in the epilogue.
+func swInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_SWAP"}
+	for _, c := range swConfigs {
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: c.kernels(), Args: []any{c.Rows, c.Stages}})
 	}
 	return f
 }

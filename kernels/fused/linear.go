@@ -39,7 +39,8 @@ const (
 // Linear variants: "skinny", linear_skinny (weights streamed once, rows ≤
 // linMaxRows); "cublas", the shared cuBLAS addmm naive runs too; on sm_90a
 // linear_stream (linear_stream.go), the default for linStreamRows rows
-// under linStreamBytes, and linear_wgmma's instances for prefill's many
+// under linStreamBytes, linear_swap (linear_swap.go) for up to swMaxRows
+// rows, a default only where linSwapDefault says so (nowhere yet), and linear_wgmma's instances for prefill's many
 // rows (lwConfigs, linear_wgmma.go), which run without a tuning choice
 // only where linWgmmaDefault says so (nowhere yet). Without a
 // tuning choice a shape runs skinny when it has at most linMaxRows rows and
@@ -80,8 +81,9 @@ func parseLinearKey(s string) (linearKey, error) {
 // linearDefault is the variant a problem runs without a tuning choice:
 // linWgmmaDefault from linWgmmaRows rows where it can run here, stream for
 // up to linStreamRows rows (linMaxRows where the output has at most
-// linStreamNarrow features) under linStreamBytes where it can run, skinny for
-// a big weight stream of few rows, else cuBLAS.
+// linStreamNarrow features) under linStreamBytes where it can run, swap
+// for linSwapMinRows to swMaxRows rows where linSwapDefault is on and it
+// can run, skinny for a big weight stream of few rows, else cuBLAS.
 func (o *ops) linearDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
 		if _, ok := o.lw.runs(linWgmmaDefault); ok {
@@ -93,6 +95,11 @@ func (o *ops) linearDefault(k linearKey) string {
 	if rows && bytes < linStreamBytes && o.ls.ready() == nil {
 		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
 			return linStream
+		}
+	}
+	if linSwapDefault && k.m >= linSwapMinRows && k.m <= swMaxRows && o.sw.ready() == nil {
+		if _, err := o.swapPlan(k.m, k.n, k.k, false); err == nil {
+			return linSwap
 		}
 	}
 	if k.m <= linMaxRows && bytes >= linSkinnyBytes {
@@ -204,6 +211,9 @@ func (o *ops) Linear(out, x, w, bias *kernels.Tensor) {
 	if v == linStream && m <= linMaxRows && o.streamTakes(out, x, w) && o.stream(out, x, w, bias) {
 		return
 	}
+	if v == linSwap && o.swap(out, x, w, bias) {
+		return
+	}
 	if v == linSkinny && m <= linMaxRows && o.skinnyTakes(out, x, w) {
 		o.skinny(out, x, w, bias)
 		return
@@ -307,7 +317,9 @@ const linSwiGLUUnfused = "unfused"
 // has one and it can run here; else the unfused pair. So linear_wgmma's
 // default instance from linWgmmaRows rows (where linWgmmaDefault names
 // one: nowhere yet), and linear_stream where linearDefault runs it (at one
-// row under linStreamBytes: DeepSeek-V2-Lite's shared experts at batch 1).
+// row under linStreamBytes: DeepSeek-V2-Lite's shared experts at batch 1),
+// and linear_swap where linearDefault runs it (nowhere while
+// linSwapDefault is off).
 func (o *ops) linearSwiGLUDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
 		if _, ok := o.lw.runs(linWgmmaDefault); ok {
@@ -317,6 +329,11 @@ func (o *ops) linearSwiGLUDefault(k linearKey) string {
 	if k.n%2 == 0 && o.linearDefault(k) == linStream {
 		if sms, shared := streamTarget(o); planStreamSwiGLUOK(k, sms, shared) {
 			return linStream
+		}
+	}
+	if k.n%2 == 0 && o.linearDefault(k) == linSwap {
+		if _, err := o.swapPlan(k.m, k.n/2, k.k, true); err == nil {
+			return linSwap
 		}
 	}
 	return linSwiGLUUnfused
@@ -345,6 +362,11 @@ func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	kernels.CheckLinearSwiGLU(o.D.ActDType(), out, x, w)
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	v := o.linearSwiGLUFor(linearKey{m, n, k})
+	if v == linSwap {
+		o.Need(o.swapSwiGLU(out, x, w), kernels.OpLinearSwiGLU,
+			"variant %s at M=%d,N=%d,K=%d: linear_swap does not take it: linear then swiglu run it", v, m, n, k)
+		return
+	}
 	if v == linStream {
 		o.Need(o.streamSwiGLU(out, x, w), kernels.OpLinearSwiGLU,
 			"variant %s at M=%d,N=%d,K=%d: linear_stream does not take it: linear then swiglu run it", v, m, n, k)

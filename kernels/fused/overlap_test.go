@@ -3,6 +3,7 @@ package fused
 import (
 	"io/fs"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -61,7 +62,7 @@ func TestOverlapKernelsWait(t *testing.T) {
 		return rest
 	}
 	calls := regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*(?:<[^;]*>)?\s*\(`) // a call, of a template or not
-	for _, k := range append(overlapKernels(), mlaFlatModule().Funcs...) {
+	for _, k := range slices.Concat(overlapKernels(), mlaFlatModule().Funcs, swModule().Funcs) {
 		var def string
 		if m, ok := macroOf[k]; ok {
 			def = body(regexp.MustCompile(`#define ` + m + `\(`))

@@ -49,9 +49,9 @@ type choiceKey struct {
 // elementwise and router kernels, the grouped GEMM's (its tiling follows
 // the rows per group; the params say which the shape gets),
 // moe_routed's unfused pair and its gate/up that routes, linear_skinny,
-// cuBLAS and linear_wgmma's instances for linear, the unfused pair,
-// linear_stream and linear_wgmma's instances with SwiGLU in the epilogue
-// for linear_swiglu, and the unfused pair and linear_stream with the add
+// linear_stream, linear_swap, cuBLAS and linear_wgmma's instances for
+// linear, the unfused pair, linear_stream, linear_swap and linear_wgmma's
+// instances with SwiGLU in the epilogue for linear_swiglu, and the unfused pair and linear_stream with the add
 // in its epilogue for linear_add.
 var table = func() []variant {
 	var vs []variant
@@ -250,9 +250,10 @@ var table = func() []variant {
 			return fmt.Errorf("linear_skinny takes at most %d rows, the key has %d", linMaxRows, k.m)
 		}
 		return nil
-	}}, variant{op: kernels.OpLinear, name: linStream, valid: streamValid, use: streamUse("linear_stream")}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
-		return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
-	}})
+	}}, variant{op: kernels.OpLinear, name: linStream, valid: streamValid, use: streamUse("linear_stream")},
+		variant{op: kernels.OpLinear, name: linSwap, valid: swapValid, use: swapUse(false)}, variant{op: kernels.OpLinear, name: linCuBLAS, valid: func(kernels.Shape, kernels.Target) (string, string, bool) {
+			return "cuBLAS GEMM over bias rows (beta=1), as naive", "", true
+		}})
 	lwUse := func(c lwConfig) func(o *ops, key string) error {
 		return func(o *ops, key string) error {
 			if k, _ := parseLinearKey(key); k.k%cudaset.VecWidth != 0 {
@@ -274,7 +275,7 @@ var table = func() []variant {
 			return fmt.Errorf("linear_stream with SwiGLU: %w", err)
 		}
 		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
-	}})
+	}}, variant{op: kernels.OpLinearSwiGLU, name: linSwap, valid: swapSwiGLUValid, use: swapUse(true)})
 	for _, c := range lwConfigs {
 		vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: c.Variant, valid: lwValid(c, true), use: lwUse(c)})
 	}

@@ -1,0 +1,251 @@
+// linear_swap (sm_90a): out = x·wᵀ + bias for a decode step of up to 64
+// rows, the weights streamed by tensor copies at the memory's rate and
+// multiplied by wgmma with the operands swapped: w's rows are wgmma's M
+// (64 a consumer warpgroup) and x's token rows its N (ROWS: 16, 32 or 64,
+// the rows rounded up), so a tile of weights is read once whatever the
+// rows, and x, a few KiB a stage, comes from L2.
+//
+// Operands (pitches in elements, each a multiple of 8, every matrix on a
+// 16-byte boundary: what the tensor maps need):
+//   xmap  x bf16 [M, K], box {64, ROWS}: rows past M read as zeros
+//   wmap  w bf16 [N, K], box {64, SW_BM}; with SwiGLU w [2N, K] (the gate
+//         rows, then the up rows) as a 3-D map {K, N, 2}, box {64, 8, 2}
+//   both with the 128-byte swizzle; K's tail and rows past N read as zeros.
+//   out   TO [M, N], pitch op (bf16 activations, or f32 logits); with
+//         SwiGLU bf16 [M, N], N the output columns (I)
+//   bias  [N] of dtype biasType (0 none, 1 bf16, 2 f16, 3 f32)
+//   part  f32 [tiles][splits][M][SW_BM] where splits > 1: the partial sums
+//   counters i32 [tiles], zero between launches (a tile's last block puts
+//         its counter back, so a captured graph replays with no memset)
+//   status i32 [8]: a timed-out wait's record (hopper.cuh), zero while none
+//
+// Work: a tile is SW_BM weight rows (outputs; with SwiGLU SW_BM/2 output
+// columns, their gate and up rows); its k-steps (HG_BK) are cut into
+// `splits` ranges of `per` steps (the last shorter), a unit of work each:
+// unit u is tile u / splits, split u % splits. A persistent grid (at most a
+// block an SM) takes units blockIdx.x, + gridDim.x, ...; the host chooses
+// splits so that the units fill whole waves of SMs (swPlan).
+//   - warp 8, the producer: one thread fills a ring of STAGES stages
+//     (hop_gemm.cuh's HopRing), each SW_BM rows of w and ROWS rows of x over
+//     HG_BK k, by tensor copies, w's under an evict-first L2 policy. The
+//     first STAGES stages' w is requested before grid_wait (the weights are
+//     no kernel's output, so their stream starts under the kernel before);
+//     their x follows the wait, completing on the same full barriers.
+//   - warps 0-7, two consumer warpgroups, own 64 weight rows of a tile each:
+//     hop_gemm_steps, four wgmma m64nROWSk16 a stage (w as A, x as B, both
+//     K-major), so the accumulators hold outᵀ: thread (warp wi, lane) has
+//     weight rows 16wi + lane/4 and + 8 of its warpgroup's 64, tokens
+//     8j + 2(lane%4) and + 1 of n-block j.
+// A unit of a split tile writes its sums to part, then counts itself on
+// the tile's counter (a fence before, as linear_skinny's split columns do);
+// the last of the tile's blocks adds the splits' sums in split order (its
+// own from registers: the same f32 values), so the result does not depend
+// on which block finishes last, and puts the counter back to 0.
+//
+// SwiGLU (SWIGLU, linear_swiglu's): a stage's w is eight copies of 8 gate
+// rows and their 8 up rows (the 3-D map's box), so slab q of 16 rows holds
+// the gate rows of output columns 8q..8q+7 of the tile in rows 0-7 and their
+// up rows in rows 8-15: a consumer thread's rows r and r + 8 are a column's
+// gate and up, as in linear_stream's LS_SWIGLU. The 128-byte swizzle is a
+// function of the shared address, so eight 2 KiB boxes on 1 KiB boundaries
+// lay out as one 128-row box would.
+//
+// Rounding: as linear_stream (linear.cuh's lin_bias): sums in f32, the bias
+// rounded to bf16 first when out is bf16, out rounded once; with SwiGLU gate
+// and up rounded to bf16, then lin_swiglu, so that the output is the plain
+// kernel's then swiglu's arithmetic.
+//
+// A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
+// (HG_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
+// down instead of hanging (its output, and a split tile's counter, are then
+// garbage).
+
+#include "hop_gemm.cuh"
+#include "linear.cuh"
+#include "instances.cuh"
+
+#define SW_BM (64 * HG_CONSUMERS)                 // weight rows of a tile
+#define SW_CONSUMER_THREADS (128 * HG_CONSUMERS)  // the consumer warpgroups
+#define SW_THREADS (SW_CONSUMER_THREADS + 32)     // and the producer warp
+#define SW_BAR 1                                  // named barrier of the consumers
+
+// SwLayout is the shared memory of linear_swap<ROWS, STAGES>: per stage the
+// w tile (SW_BM rows) then the x tile (ROWS rows), rows of 128 bytes, each
+// on a 1 KiB boundary (the swizzle's period).
+template <int ROWS, int STAGES> struct SwLayout {
+	static constexpr int W_BYTES = SW_BM * HG_ROW_BYTES;
+	static constexpr int X_BYTES = ROWS * HG_ROW_BYTES;
+	static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
+	static constexpr int ALIGN = 1024; // the dynamic base is rounded up to it
+	static constexpr int SMEM = STAGES * STAGE_BYTES + ALIGN;
+	static_assert(X_BYTES % ALIGN == 0, "x's tile ends on the swizzle's period");
+};
+
+// SwUnits are the units of work: tiles × splits, unit u tile u / splits,
+// its k-steps [kb, kb + steps) of ktiles.
+struct SwUnits {
+	int tiles, splits, per, ktiles;
+
+	__device__ int total() const { return tiles * splits; }
+	__device__ int steps(int u, int& kb) const {
+		kb = u % splits * per;
+		return min(per, ktiles - kb);
+	}
+};
+
+// linear_swap: see the top of this file. Launch: min(units, SMs) blocks of
+// SW_THREADS threads, SwLayout<ROWS, STAGES>::SMEM bytes of dynamic shared
+// memory; 1 ≤ M ≤ ROWS; splits ≥ 1 and every split at least one k-step.
+template <int ROWS, int STAGES, typename TO, bool SWIGLU>
+__device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wmap, TO* out, int op, const void* bias, int biasType,
+                                            float* part, int* counters, int M, int N, int K, int splits, int per, int* status) {
+	typedef SwLayout<ROWS, STAGES> L;
+	constexpr int COLS = SWIGLU ? SW_BM / 2 : SW_BM; // output columns of a tile
+	extern __shared__ unsigned char smem_raw[];
+	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
+	__shared__ int last; // whether this block sums the splits of its tile
+
+	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
+	auto sW = [&](int s) { return base + s * L::STAGE_BYTES; };
+	auto sX = [&](int s) { return base + s * L::STAGE_BYTES + L::W_BYTES; };
+	const HopRing<STAGES> ring{bars};
+	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4);
+	__syncthreads();
+
+	const SwUnits units{(N + COLS - 1) / COLS, splits, per, (K + HG_BK - 1) / HG_BK};
+	const int total = units.total();
+
+	if (threadIdx.x >= SW_CONSUMER_THREADS) {
+		// The producer: one thread issues every copy, in the consumers'
+		// order of k-steps (it counts them over all of the block's units).
+		if (threadIdx.x != SW_CONSUMER_THREADS) return;
+		const unsigned long long policy = l2_evict_first();
+		auto load_w = [&](int s, int tile, int kt) {
+			const unsigned full = ring.full(s);
+			mbar_expect_tx(full, L::STAGE_BYTES);
+			if constexpr (SWIGLU) {
+#pragma unroll
+				for (int q = 0; q < SW_BM / 16; q++)
+					tma_load_3d_hint(sW(s) + 16 * q * HG_ROW_BYTES, wmap, full, kt * HG_BK, tile * COLS + 8 * q, 0, policy);
+			} else {
+				tma_load_2d_hint(sW(s), wmap, full, kt * HG_BK, tile * SW_BM, policy);
+			}
+		};
+		// Before the wait: w of the ring's first stages.
+		int pre = 0;
+		for (int u = blockIdx.x; u < total && pre < STAGES; u += gridDim.x) {
+			int kb;
+			const int n = units.steps(u, kb);
+			for (int k = 0; k < n && pre < STAGES; k++, pre++) load_w(pre, u / splits, kb + k);
+		}
+		grid_wait();
+		grid_release();
+		int it = 0; // k-steps issued so far
+		for (int u = blockIdx.x; u < total; u += gridDim.x) {
+			int kb;
+			const int n = units.steps(u, kb);
+			for (int k = 0; k < n; k++, it++) {
+				const int s = ring.stage(it);
+				if (it >= pre) {
+					if (!ring.acquire(it, status, HG_WAIT_EMPTY)) return;
+					load_w(s, u / splits, kb + k);
+				}
+				tma_load_2d(sX(s), xmap, ring.full(s), (kb + k) * HG_BK, 0);
+			}
+		}
+		return;
+	}
+
+	// A consumer: warpgroup w owns weight rows [64w, 64w + 64) of a tile,
+	// this thread rows r and r + 8 (r below) and tokens 8j + 2t, + 1.
+	grid_wait();
+	grid_release();
+	const int w = threadIdx.x / 128, wi = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, t = lane % 4;
+	const int r = 64 * w + 16 * wi + lane / 4;
+	auto a = [&](int s) { return sW(s) + 64 * w * HG_ROW_BYTES; };
+	float acc[ROWS / 8][4];
+	int it = 0;
+	for (int u = blockIdx.x; u < total; u += gridDim.x) {
+		int kb;
+		const int n = units.steps(u, kb);
+		const int tile = u / splits, split = u - tile * splits;
+		const bool ok = hop_gemm_steps<ROWS, STAGES, false>(acc, ring, it, n, a, sX, status, HG_WAIT_FULL);
+		if (!bar_all(SW_BAR, SW_CONSUMER_THREADS, ok)) break; // a wait gave up: the consumers stop together
+
+		if (splits > 1) {
+			float* mine = part + ((long long)tile * splits + split) * M * SW_BM;
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int tok = 8 * j + 2 * t + (e & 1);
+					if (tok < M) mine[tok * SW_BM + r + (e < 2 ? 0 : 8)] = acc[j][e];
+				}
+			}
+			__threadfence();
+			bar_sync(SW_BAR, SW_CONSUMER_THREADS);
+			if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1) == splits - 1;
+			bar_sync(SW_BAR, SW_CONSUMER_THREADS);
+			if (!last) continue;
+			__threadfence();
+			const float* sums = part + (long long)tile * splits * M * SW_BM;
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int tok = 8 * j + 2 * t + (e & 1);
+					if (tok >= M) continue;
+					const int at = tok * SW_BM + r + (e < 2 ? 0 : 8);
+					float v = 0.0f;
+					for (int s = 0; s < splits; s++) v += s == split ? acc[j][e] : __ldcg(sums + (long long)s * M * SW_BM + at);
+					acc[j][e] = v;
+				}
+			}
+			if (threadIdx.x == 0) counters[tile] = 0; // ready for the next launch
+		}
+
+		// The tile's outputs: rows r and r + 8, or with SwiGLU the column
+		// whose gate and up they are.
+#pragma unroll
+		for (int j = 0; j < ROWS / 8; j++) {
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int tok = 8 * j + 2 * t + e;
+				if (tok >= M) continue;
+				if constexpr (SWIGLU) {
+					const int c = tile * COLS + 8 * (r / 16) + r % 16;
+					if (c < N) out[(long long)tok * op + c] = from_f32<TO>(lin_swiglu(round_bf16(acc[j][e]), round_bf16(acc[j][e + 2])));
+				} else {
+					const int f = tile * SW_BM + r;
+					if (f < N) out[(long long)tok * op + f] = from_f32<TO>(acc[j][e] + lin_bias<TO>(bias, biasType, f));
+					if (f + 8 < N) out[(long long)tok * op + f + 8] = from_f32<TO>(acc[j][e + 2] + lin_bias<TO>(bias, biasType, f + 8));
+				}
+			}
+		}
+	}
+}
+
+// The instances (named as in linear_swap.go's swConfigs): token rows ROWS
+// through STAGES stages, the plain epilogue with bf16 and f32 out
+// (linear), and SwiGLU's (linear_swiglu: N is out's columns, I).
+#define LINEAR_SWAP(NAME, F32_NAME, SWIGLU_NAME, ROWS, ST)                                                                  \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                            \
+	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const void* bias,  \
+	         int biasType, float* part, int* counters, int M, int N, int K, int splits, int per, int* status) {             \
+		linear_swap<ROWS, ST, bf16, false>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, splits, per,   \
+		                                   status);                                                                       \
+	}                                                                                                                      \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                            \
+	    F32_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, float* out, int op,              \
+	             const void* bias, int biasType, float* part, int* counters, int M, int N, int K, int splits, int per,     \
+	             int* status) {                                                                                            \
+		linear_swap<ROWS, ST, float, false>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, splits, per,  \
+		                                    status);                                                                      \
+	}                                                                                                                      \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                            \
+	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op,            \
+	                float* part, int* counters, int M, int N, int K, int splits, int per, int* status) {                   \
+		linear_swap<ROWS, ST, bf16, true>(&xmap, &wmap, out, op, nullptr, 0, part, counters, M, N, K, splits, per,        \
+		                                  status);                                                                        \
+	}
+LINEAR_SWAP_INSTANCES(LINEAR_SWAP)

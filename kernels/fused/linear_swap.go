@@ -1,0 +1,341 @@
+package fused
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
+)
+
+// linear_swap (linear_swap.cu), linear's and linear_swiglu's variant "swap"
+// for a decode step of up to swMaxRows rows on sm_90a: wgmma with w's rows
+// as its M and x's token rows as its N, the weights by tensor copies through
+// a ring a producer warp fills (its first stages requested before the grid
+// wait), the k-steps of a tile split over blocks where its tiles would fill
+// the SMs' last wave poorly, the splits' partial sums added in split order
+// by the tile's last block. A module of its own, compiled only where the
+// device's target is hopperArch; where it cannot be built New still
+// succeeds and the variants say why.
+
+// The layout of linear_swap, named as in linear_swap.cu.
+const (
+	linSwap   = "swap"
+	swBM      = 128 // SW_BM: weight rows of a tile, 64 a consumer warpgroup
+	swK       = 64  // HG_BK: k of a stage
+	swThreads = 288 // SW_THREADS: two consumer warpgroups and the producer warp
+	// swMaxRows is the most rows (tokens) linear_swap takes: wgmma's N of
+	// its widest instance.
+	swMaxRows = 64
+	// swMaxSplits is the most blocks a tile's k-steps are split over.
+	swMaxSplits = 32
+	// swCounters is the split tiles' counters kept (one a tile): a problem
+	// of more tiles runs unsplit.
+	swCounters = 4096
+)
+
+// swConfig is an instance of linear_swap: x's rows rounded up to Rows
+// (wgmma's N), through Stages stages.
+type swConfig struct {
+	Rows, Stages int
+}
+
+func (c swConfig) name(kernel string) string {
+	return fmt.Sprintf("%s_r%d_s%d", kernel, c.Rows, c.Stages)
+}
+
+// kernel is the plain instance writing out of dtype out (bf16 or f32).
+func (c swConfig) kernel(out kernels.DType) string {
+	return c.name("linear_swap") + "_" + out.String()
+}
+
+// swigluKernel is the instance with SwiGLU in its epilogue (bf16 out).
+func (c swConfig) swigluKernel() string { return c.name("linear_swap_swiglu") }
+
+func (c swConfig) kernels() []string {
+	return []string{c.kernel(kernels.BF16), c.kernel(kernels.F32), c.swigluKernel()}
+}
+
+// shared is SwLayout<ROWS, STAGES>::SMEM: a stage's w tile and x tile.
+func (c swConfig) shared() int { return c.Stages*(swBM+c.Rows)*swK*2 + hopperAlign }
+
+// swConfigs are the instances compiled (LINEAR_SWAP in linear_swap.cu): 16,
+// 32 and 64 token rows, each with as many stages as an H200 block's 227 KiB
+// hold (16 KiB of w a stage, and 2, 4 or 8 KiB of x): 192, 176 and 144 KiB
+// of weights in flight an SM, several times what the copy rate needs over
+// the memory's latency, so that the stages requested before the grid wait
+// cover the small matrices whole.
+var swConfigs = []swConfig{{16, 12}, {32, 11}, {64, 9}}
+
+// swConfigFor is the instance for m rows: the fewest token rows that hold
+// them.
+func swConfigFor(m int) (swConfig, bool) {
+	i := slices.IndexFunc(swConfigs, func(c swConfig) bool { return m <= c.Rows })
+	if m < 1 || i < 0 {
+		return swConfig{}, false
+	}
+	return swConfigs[i], true
+}
+
+// swPlan is how linear_swap covers a problem: tiles of swBM weight rows
+// (swBM/2 output columns with SwiGLU), each tile's ktiles k-steps split into
+// splits ranges of per steps, on blocks blocks.
+type swPlan struct {
+	cfg                        swConfig
+	tiles, ktiles, splits, per int
+	blocks                     int
+}
+
+func (p swPlan) String() string {
+	return fmt.Sprintf("rows=%d stages=%d shared=%d tiles=%d k-steps=%d splits=%d of %d blocks=%d",
+		p.cfg.Rows, p.cfg.Stages, p.cfg.shared(), p.tiles, p.ktiles, p.splits, p.per, p.blocks)
+}
+
+// planSwap plans m rows of x over cols outputs (w's rows, or with SwiGLU
+// out's columns, half of w's rows) of k inputs on sms SMs whose blocks may
+// hold maxShared bytes, or says why linear_swap cannot run it.
+func planSwap(m, cols, k, sms, maxShared int, swiglu bool) (swPlan, error) {
+	c, ok := swConfigFor(m)
+	switch {
+	case !ok:
+		return swPlan{}, fmt.Errorf("M=%d rows: linear_swap takes 1 to %d", m, swMaxRows)
+	case k < 1 || k%cudaset.VecWidth != 0:
+		return swPlan{}, fmt.Errorf("K=%d: w's rows are not on the 16-byte boundaries tensor copies need", k)
+	case cols < 1:
+		return swPlan{}, fmt.Errorf("%d outputs", cols)
+	case c.shared() > maxShared:
+		return swPlan{}, fmt.Errorf("needs %d bytes of shared memory, a block gets %d", c.shared(), maxShared)
+	}
+	per := swBM
+	if swiglu {
+		per = swBM / 2
+	}
+	p := swPlan{cfg: c, tiles: (cols + per - 1) / per, ktiles: (k + swK - 1) / swK}
+	p.splits, p.per = swSplits(p.tiles, p.ktiles, m, max(1, sms))
+	p.blocks = min(p.tiles*p.splits, max(1, sms))
+	return p, nil
+}
+
+// swSplits is how a problem of tiles tiles of ktiles k-steps each and m rows
+// cuts its tiles' k-steps over sms SMs: splits ranges of per steps, the
+// splits (at most swMaxSplits, and none beyond swCounters tiles) whose units
+// of work make the least of waves × a unit's cost. A unit costs its k-steps,
+// and when split its partial sums (m × swBM f32, written and read back:
+// m/16 k-steps of weights); the units of a wave run together, at the copy
+// rate each SM's share of it gets. Ties go to fewer splits.
+func swSplits(tiles, ktiles, m, sms int) (splits, per int) {
+	splits, per = 1, ktiles
+	if tiles > swCounters {
+		return splits, per
+	}
+	best := -1.0
+	for s := 1; s <= min(ktiles, swMaxSplits); s++ {
+		p := (ktiles + s - 1) / s
+		if (ktiles+p-1)/p != s {
+			continue // the same cut as fewer splits
+		}
+		unit := float64(p)
+		if s > 1 {
+			unit += float64(m) / 16
+		}
+		cost := float64((tiles*s+sms-1)/sms) * unit
+		if best < 0 || cost < best {
+			best, splits, per = cost, s, p
+		}
+	}
+	return splits, per
+}
+
+// Without a tuning choice linear_swap runs nothing while linSwapDefault is
+// false (as now: it has not been measured against cuBLAS, which runs the
+// wide matrices of 2 to 64 rows); where it is true, problems of
+// linSwapMinRows to swMaxRows rows that linear_stream is not the default
+// for run it. Variables, so that tests and measurements can turn it on.
+var (
+	linSwapDefault = false
+	linSwapMinRows = 2
+)
+
+// swModule is linear_swap's NVRTC module.
+func swModule() cudaset.Module { return module("linear_swap.cu", cudaset.Names(swInstances())) }
+
+// swKit is linear_swap on one device.
+type swKit struct {
+	err      error           // why it cannot run here; nil when it can
+	status   *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+	counters *kernels.Tensor // i32 [swCounters]: finished splits of each tile, zero between launches
+}
+
+// newLinearSwap compiles linear_swap into k where the device allows it,
+// readies each instance's shared memory, launches them overlapped and
+// allocates the split counters, zeroed once here (no launch clears them: a
+// captured graph replays). It never fails: what went wrong is kept in the
+// kit.
+func newLinearSwap(k *cudaset.Kit) *swKit {
+	l := &swKit{}
+	if l.err = addHopperModule(k, "linear "+linSwap, "linear_swap", swModule()); l.err != nil {
+		return l
+	}
+	for _, c := range swConfigs {
+		for _, name := range c.kernels() {
+			if err := k.FitShared(name, c.shared()); err != nil {
+				l.err = fmt.Errorf("fused: linear %s: %s: %w", linSwap, name, err)
+				return l
+			}
+		}
+	}
+	k.Overlap(swModule().Funcs...)
+	l.status = newWaitStatus(k)
+	l.counters = k.D.Alloc(kernels.I32, swCounters)
+	k.D.Zero(l.counters)
+	return l
+}
+
+// ready is nil where linear_swap runs, else why not.
+func (l *swKit) ready() error {
+	if l == nil {
+		return fmt.Errorf("fused: linear %s: not built", linSwap)
+	}
+	return l.err
+}
+
+// swapTakes reports whether linear_swap's tensor maps fit x and w (bf16,
+// rows on 16-byte boundaries) and it has an instance for out's dtype.
+func (o *ops) swapTakes(out, x, w *kernels.Tensor) bool {
+	return o.sw.ready() == nil && decodeLinearOut(out) && cudaset.IsBF16(x) && cudaset.IsBF16(w) &&
+		x.Pitch%cudaset.VecWidth == 0 && w.Pitch%cudaset.VecWidth == 0 && o.D.Ptr(x)%16 == 0 && o.D.Ptr(w)%16 == 0
+}
+
+// swapPlan is the plan of m rows over cols outputs of k inputs on o's
+// device (streamTarget's SMs and shared memory, as linear_stream plans).
+func (o *ops) swapPlan(m, cols, k int, swiglu bool) (swPlan, error) {
+	sms, shared := streamTarget(o)
+	return planSwap(m, cols, k, sms, shared, swiglu)
+}
+
+// swapMaps are x's tensor map (box: the instance's token rows) and the
+// partial sums' scratch of plan p for m rows (nothing when unsplit).
+func (o *ops) swapMaps(op kernels.Op, p swPlan, x *kernels.Tensor) (*cuda.TensorMap, uintptr) {
+	m, k := x.Rows(), x.Cols()
+	xm := o.Mat(x)
+	xmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: xm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(m)},
+		Strides: []uint64{uint64(xm.Pitch * 2)}, Box: []uint32{swK, uint32(p.cfg.Rows)}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "x's tensor map: %v", err)
+	var part uintptr
+	if p.splits > 1 {
+		part = o.Scratch("linear.swap.part", kernels.F32, p.tiles*p.splits*m, swBM).P
+	}
+	return xmap, part
+}
+
+// swap launches linear_swap as planSwap cuts the problem, or reports false,
+// launching nothing, where it cannot (the caller runs another variant).
+func (o *ops) swap(out, x, w, bias *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	p, err := o.swapPlan(m, n, k, false)
+	if err != nil || !o.swapTakes(out, x, w) {
+		return false
+	}
+	op := kernels.OpLinear
+	xmap, part := o.swapMaps(op, p, x)
+	wm := o.Mat(w)
+	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(n)},
+		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "w's tensor map: %v", err)
+	bp, biasType := o.linBias(bias)
+	om := o.Mat(out)
+	o.LaunchShared(p.cfg.kernel(out.DType), p.blocks, swThreads, p.cfg.shared(),
+		xmap, wmap, om.P, int32(om.Pitch), bp, biasType, part, o.D.Ptr(o.sw.counters),
+		int32(m), int32(n), int32(k), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
+	return true
+}
+
+// swapSwiGLU launches linear_swap with SwiGLU in its epilogue, out [m, I] =
+// swiglu(x·wᵀ) with w's I gate rows then its I up rows, as planSwap cuts
+// the problem, or reports false, launching nothing, where it cannot (bf16
+// out only).
+func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	inter := n / 2
+	p, err := o.swapPlan(m, inter, k, true)
+	if err != nil || n%2 != 0 || out.DType != kernels.BF16 || !o.swapTakes(out, x, w) {
+		return false
+	}
+	op := kernels.OpLinearSwiGLU
+	xmap, part := o.swapMaps(op, p, x)
+	// w as [2][I][K]: a box is 8 gate rows and their 8 up rows.
+	wm := o.Mat(w)
+	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(inter), 2},
+		Strides: []uint64{uint64(wm.Pitch * 2), uint64(inter * wm.Pitch * 2)}, Box: []uint32{swK, 8, 2}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "w's tensor map: %v", err)
+	om := o.Mat(out)
+	o.LaunchShared(p.cfg.swigluKernel(), p.blocks, swThreads, p.cfg.shared(),
+		xmap, wmap, om.P, int32(om.Pitch), part, o.D.Ptr(o.sw.counters),
+		int32(m), int32(inter), int32(k), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
+	return true
+}
+
+// linearSwapWaits reports a wait of linear_swap that timed out since the
+// last call (synchronizing with the device), and clears the record.
+func (o *ops) linearSwapWaits() error {
+	if o.sw == nil || o.sw.status == nil {
+		return nil
+	}
+	st, err := o.D.ReadI32(o.sw.status)
+	if err != nil || st[0] == 0 {
+		return err
+	}
+	o.D.Zero(o.sw.status)
+	what := map[int32]string{1: "a full stage (full)", 2: "a free stage (empty)"}[st[0]]
+	return fmt.Errorf("fused: linear_swap: a wait for %s timed out: block %d, thread %d, k-step %d, parity %d (the kernel gave up; its output and split counters are garbage)",
+		what, st[1], st[4], st[5], st[6])
+}
+
+// swapValid is linear's variant swap for shape s on t, or why it cannot run
+// it: offered on hopperArch only.
+func swapValid(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
+	if t.Arch != hopperArch {
+		return "", "", false
+	}
+	p, err := planSwap(s["M"], s["N"], s["K"], t.SMs, t.SharedPerBlock, false)
+	if err != nil {
+		return "", err.Error(), true
+	}
+	return fmt.Sprintf("warps=8+1 wgmma=m64n%dk16 (w as A, x as B) tma=128B-swizzle, w before the grid wait, %v", p.cfg.Rows, p), "", true
+}
+
+// swapSwiGLUValid is linear_swiglu's variant swap (linear_swap with SwiGLU
+// in its epilogue) for shape s (N = 2I) on t, or why it cannot run it:
+// offered on hopperArch only.
+func swapSwiGLUValid(s kernels.Shape, t kernels.Target) (params, why string, offered bool) {
+	if t.Arch != hopperArch {
+		return "", "", false
+	}
+	if s["N"]%2 != 0 {
+		return "", fmt.Sprintf("N=%d: not gate and up rows of equal count", s["N"]), true
+	}
+	p, err := planSwap(s["M"], s["N"]/2, s["K"], t.SMs, t.SharedPerBlock, true)
+	if err != nil {
+		return "", err.Error(), true
+	}
+	return fmt.Sprintf("warps=8+1 wgmma=m64n%dk16 (w as A, x as B) tma=128B-swizzle, w before the grid wait, %v, a tile the gate and up rows of %d columns; SwiGLU in the epilogue",
+		p.cfg.Rows, p, swBM/2), "", true
+}
+
+// swapUse is the use of linear_swap's variant of linear (swiglu false) or
+// linear_swiglu: nil where planSwap takes the key's problem on o's device
+// and linear_swap is built, else why not.
+func swapUse(swiglu bool) func(o *ops, key string) error {
+	return func(o *ops, key string) error {
+		k, _ := parseLinearKey(key)
+		cols := k.n
+		if swiglu {
+			cols = k.n / 2
+		}
+		if _, err := o.swapPlan(k.m, cols, k.k, swiglu); err != nil {
+			return fmt.Errorf("linear_swap: %w", err)
+		}
+		return o.sw.ready() // why linear_swap cannot run here, NVRTC's log included
+	}
+}
