@@ -1,6 +1,9 @@
 package fused
 
 import (
+	"fmt"
+	"math"
+	"math/rand"
 	"os"
 	"regexp"
 	"slices"
@@ -10,6 +13,7 @@ import (
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
+	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
 // TestLinearSwapPlan checks linear_swap's plans without a GPU, on an H200's
@@ -209,4 +213,282 @@ func TestLinearSwapCompiles(t *testing.T) {
 			t.Log(strings.TrimSpace(line))
 		}
 	}
+}
+
+// TestLinearSwapKernels runs the shared kerneltest's linear and
+// linear_swiglu cases with linear_swap the default for every problem it
+// takes (1 to 64 rows with K a multiple of 8: bias, f32 out, pitched x and
+// out, N, I and K of no tile, 13 to 64 rows among them; linear_stream's
+// defaults turned off, so that swap runs its narrow ones too), then the
+// decode graph with it the default, so that its prefetch before the grid
+// wait and its split counters are replayed overlapped.
+func TestLinearSwapKernels(t *testing.T) {
+	dev, _ := openHopperSet(t, "linear_swap", func(o *ops) error { return o.sw.err })
+	defer func(on bool, from, rows, narrow int) {
+		linSwapDefault, linSwapMinRows, linStreamRows, linStreamNarrow = on, from, rows, narrow
+	}(linSwapDefault, linSwapMinRows, linStreamRows, linStreamNarrow)
+	linSwapDefault, linSwapMinRows, linStreamRows, linStreamNarrow = true, 1, 0, 0
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear, kernels.OpLinearSwiGLU)
+	kerneltest.RunDecodeGraph(t, dev, "fused")
+}
+
+// swapShape is a decode projection linear_swap is held to: features n
+// (w's rows) of k inputs, with a bias or not, out bf16 or f32 (logits).
+type swapShape struct {
+	name string
+	n, k int
+	bias bool
+	out  kernels.DType
+}
+
+// swapShapes are both models' decode projections (Qwen2-7B's qkv with its
+// bias, DeepSeek-V2-Lite's q and kv_a apart and stacked, the lm_heads with
+// f32 logits), then shapes of no tile (N of no 128 rows, K of no 64-k
+// step) and a tiny one.
+var swapShapes = []swapShape{
+	{"qwen qkv", 4608, 3584, true, kernels.BF16}, {"qwen o", 3584, 3584, false, kernels.BF16},
+	{"qwen gate_up", 37888, 3584, false, kernels.BF16}, {"qwen down", 3584, 18944, false, kernels.BF16},
+	{"qwen lm_head", 152064, 3584, false, kernels.F32},
+	{"v2-lite q+kv_a", 3648, 2048, false, kernels.BF16}, {"v2-lite q", 3072, 2048, false, kernels.BF16},
+	{"v2-lite kv_a", 576, 2048, false, kernels.BF16}, {"v2-lite o", 2048, 2048, false, kernels.BF16},
+	{"v2-lite shared gate_up", 5632, 2048, false, kernels.BF16}, {"v2-lite shared down", 2048, 2816, false, kernels.BF16},
+	{"v2-lite lm_head", 102400, 2048, false, kernels.F32},
+	{"odd", 4600, 3576, true, kernels.BF16}, {"odd f32", 129, 520, true, kernels.F32}, {"tiny", 5, 64, true, kernels.BF16},
+}
+
+// swapRows are the batches TestLinearSwapExact runs each shape at: each
+// instance's (16, 32, 64 token rows), short of it (9, 13) and one row.
+var swapRows = []int{1, 9, 13, 16, 32, 64}
+
+// TestLinearSwapExact holds linear_swap against the f32 product (cuBLAS's
+// GEMM into f32) plus the bias, rounded once, to 1e-3 as
+// TestLinearStreamExact holds linear_stream (the kerneltest's tolerance is
+// 2%), at swapRows over swapShapes; checks that three launches back to back
+// and two replays of a captured graph give the first launch's outputs bit
+// for bit and leave every split counter at zero; and logs its rate against
+// cuBLAS (cudaset.Addmm, naive's) and linear_stream where it runs the
+// problem: median µs of CUDA events around each of 21 calls after 3 to
+// warm up (infer bench linear is the measurement).
+func TestLinearSwapExact(t *testing.T) {
+	dev, o := openHopperSet(t, "linear_swap", func(o *ops) error { return o.sw.err })
+	random := normalOn(t, dev, rand.New(rand.NewSource(29)))
+	for _, s := range swapShapes {
+		w := random(kernels.BF16, 1/math.Sqrt(float64(s.k)), s.n, s.k)
+		var b *kernels.Tensor
+		var bv []float32
+		if s.bias {
+			b = random(kernels.BF16, 0.5, s.n)
+			bv = read(t, dev, b)
+		}
+		for _, m := range swapRows {
+			name := fmt.Sprintf("%s M=%d N=%d K=%d out=%v", s.name, m, s.n, s.k, s.out)
+			x := random(kernels.BF16, 1, m, s.k)
+			acc := dev.Alloc(kernels.F32, m, s.n)
+			o.Gemm(true, m, s.n, s.k, 1, o.Mat(x), o.Mat(w), 0, o.Mat(acc))
+			ref := read(t, dev, acc)
+			for i := range ref {
+				if bv != nil {
+					ref[i] += bv[i%s.n]
+				}
+				if s.out == kernels.BF16 {
+					ref[i] = roundBF16(ref[i])
+				}
+			}
+			cublas := dev.Alloc(s.out, m, s.n)
+			o.Addmm(cublas, x, w, b)
+			got := dev.Alloc(s.out, m, s.n)
+			poison := func() { dev.MemsetD8(dev.Ptr(got), 0xff, m*s.n*s.out.Size()) } // NaN: an element left unwritten shows
+			call := func() {
+				if !o.swap(got, x, w, b) {
+					t.Fatalf("%s: linear_swap refuses it", name)
+				}
+			}
+			p, err := o.swapPlan(m, s.n, s.k, false)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			poison()
+			call()
+			first := read(t, dev, got)
+			if err := o.linearSwapWaits(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			d := kernels.Compare(first, ref)
+			if d.Unwritten > 0 || d.Rel > 1e-3 {
+				t.Errorf("%s %v: against the f32 product rounded once %+v", name, p, d)
+			}
+			same := func(what string) {
+				if bad, at := bitsDiffer(first, read(t, dev, got)); bad > 0 {
+					t.Errorf("%s %v, %s: %d of %d outputs differ from the first launch's, first at %d", name, p, what, bad, len(first), at)
+				}
+				checkSwapCounters(t, o, name+", "+what)
+			}
+			for rep := range 3 {
+				poison()
+				call()
+				same(fmt.Sprintf("launch %d back to back", rep+2))
+			}
+			poison()
+			if err := dev.BeginCapture(); err != nil {
+				t.Fatal(err)
+			}
+			call()
+			g, err := dev.EndCapture()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			for rep := range 2 {
+				poison()
+				if err := g.Replay(); err != nil {
+					t.Fatal(err)
+				}
+				same(fmt.Sprintf("graph replay %d", rep))
+			}
+			g.Close()
+			dc := kernels.Compare(first, read(t, dev, cublas))
+			us := medianUs(t, dev, call)
+			cuUs := medianUs(t, dev, func() { o.Addmm(cublas, x, w, b) })
+			stream := "-"
+			if sms, shared := streamTarget(o); m <= linMaxRows && o.streamTakes(cublas, x, w) && planStreamOK(linearKey{m, s.n, s.k}, sms, shared) {
+				stream = fmt.Sprintf("%.2f µs", medianUs(t, dev, func() { o.stream(cublas, x, w, b) }))
+			}
+			floor := float64(s.n) * float64(s.k) * 2 / 4.23e12 * 1e6
+			t.Logf("%s %v: rel %.2e (cuBLAS's outputs: rel %.2e); %.2f µs (%.0f%% of the %.1f µs floor), cuBLAS %.2f µs (%.0f%%), linear_stream %s",
+				name, p, d.Rel, dc.Rel, us, floor/us*100, floor, cuUs, floor/cuUs*100, stream)
+			for _, a := range []*kernels.Tensor{x, acc, cublas, got} {
+				dev.Free(a)
+			}
+		}
+		dev.Free(w)
+		if b != nil {
+			dev.Free(b)
+		}
+	}
+}
+
+// TestLinearSwapSwiGLUExact holds linear_swap with SwiGLU in its epilogue
+// against the plain kernel then fused's swiglu: bit for bit where both
+// cut the k-steps alike (the same tiles and splits: I a multiple of 64),
+// within 1% elsewhere (sums in another order may round gate or up to the
+// next bf16); over Qwen2-7B's gate_up, DeepSeek-V2-Lite's shared experts'
+// and dense MLP's, and an I and K of no tile, at swapRows; checks replays as
+// TestLinearSwapExact does, and logs its time against cuBLAS's GEMM then
+// swiglu.
+func TestLinearSwapSwiGLUExact(t *testing.T) {
+	dev, o := openHopperSet(t, "linear_swap", func(o *ops) error { return o.sw.err })
+	random := normalOn(t, dev, rand.New(rand.NewSource(31)))
+	for _, s := range []struct {
+		name     string
+		inter, k int
+	}{{"qwen gate_up", 18944, 3584}, {"v2-lite shared gate_up", 2816, 2048}, {"v2-lite dense gate_up", 10944, 2048}, {"odd", 300, 520}} {
+		w := random(kernels.BF16, 1/math.Sqrt(float64(s.k)), 2*s.inter, s.k)
+		for _, m := range swapRows {
+			name := fmt.Sprintf("%s M=%d I=%d K=%d", s.name, m, s.inter, s.k)
+			x := random(kernels.BF16, 1, m, s.k)
+			gu := dev.Alloc(kernels.BF16, m, 2*s.inter)
+			want := dev.Alloc(kernels.BF16, m, s.inter)
+			if !o.swap(gu, x, w, nil) {
+				t.Fatalf("%s: linear_swap refuses the stacked product", name)
+			}
+			o.SwiGLU(want, gu)
+			ref := read(t, dev, want)
+			got := dev.Alloc(kernels.BF16, m, s.inter)
+			poison := func() { dev.MemsetD8(dev.Ptr(got), 0xff, m*s.inter*2) }
+			call := func() {
+				if !o.swapSwiGLU(got, x, w) {
+					t.Fatalf("%s: linear_swap with SwiGLU refuses it", name)
+				}
+			}
+			plain, _ := o.swapPlan(m, 2*s.inter, s.k, false)
+			p, _ := o.swapPlan(m, s.inter, s.k, true)
+			poison()
+			call()
+			first := read(t, dev, got)
+			if err := o.linearSwapWaits(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			d := kernels.Compare(first, ref)
+			bad, at := bitsDiffer(ref, first)
+			alike := plain.tiles == p.tiles && plain.splits == p.splits && plain.per == p.per
+			if d.Unwritten > 0 || d.Rel > 1e-2 || alike && bad > 0 {
+				t.Errorf("%s %v (plain %v): against swap then swiglu %+v, %d differ in bits, first at %d", name, p, plain, d, bad, at)
+			}
+			for rep := range 2 {
+				poison()
+				call()
+				if n, at := bitsDiffer(first, read(t, dev, got)); n > 0 {
+					t.Errorf("%s, launch %d: %d outputs differ from the first launch's, first at %d", name, rep+2, n, at)
+				}
+				checkSwapCounters(t, o, name)
+			}
+			poison()
+			if err := dev.BeginCapture(); err != nil {
+				t.Fatal(err)
+			}
+			call()
+			g, err := dev.EndCapture()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			for rep := range 2 {
+				poison()
+				if err := g.Replay(); err != nil {
+					t.Fatal(err)
+				}
+				if n, at := bitsDiffer(first, read(t, dev, got)); n > 0 {
+					t.Errorf("%s, graph replay %d: %d outputs differ from the first launch's, first at %d", name, rep, n, at)
+				}
+				checkSwapCounters(t, o, name)
+			}
+			g.Close()
+			us := medianUs(t, dev, call)
+			pairUs := medianUs(t, dev, func() { o.Addmm(gu, x, w, nil); o.SwiGLU(want, gu) })
+			floor := float64(2*s.inter) * float64(s.k) * 2 / 4.23e12 * 1e6
+			t.Logf("%s %v: rel %.2e, %d differ in bits; %.2f µs (%.0f%% of the %.1f µs floor), cuBLAS then swiglu %.2f µs",
+				name, p, d.Rel, bad, us, floor/us*100, floor, pairUs)
+			for _, a := range []*kernels.Tensor{x, gu, want, got} {
+				dev.Free(a)
+			}
+		}
+		dev.Free(w)
+	}
+}
+
+// checkSwapCounters fails the test where a split counter of linear_swap is
+// not back at zero.
+func checkSwapCounters(t *testing.T, o *ops, what string) {
+	t.Helper()
+	c, err := o.D.ReadI32(o.sw.counters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(c, func(v int32) bool { return v != 0 }); i >= 0 {
+		t.Fatalf("%s: split counter %d is %d after the launch, want 0", what, i, c[i])
+	}
+}
+
+// medianUs is call's median device time in µs: CUDA events around each of
+// 21 calls queued back to back (read after the last), after 3 calls to
+// warm up.
+func medianUs(t *testing.T, dev *cuda.Device, call func()) float64 {
+	t.Helper()
+	const warm, reps = 3, 21
+	for range warm {
+		call()
+	}
+	marks := []kernels.Mark{dev.Mark()}
+	for range reps {
+		call()
+		marks = append(marks, dev.Mark())
+	}
+	us := make([]float64, reps)
+	for i := range reps {
+		ms, err := dev.Elapsed(marks[i], marks[i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		us[i] = ms * 1e3
+	}
+	slices.Sort(us)
+	return us[reps/2]
 }

@@ -154,7 +154,7 @@ func swiGLUChecks(l *caseList) {
 	}
 }
 
-// linearSwiGLUChecks are decode's few rows and prefill's hundreds at
+// linearSwiGLUChecks are decode's rows (1 to 64) and prefill's hundreds at
 // sizes of no tile (K and I multiples of no GEMM tile, I of no 64-column
 // output box), pitched x and out, an I and a K that are no multiple of 8
 // (no 16-byte rows: fused leaves them to the unfused pair), Qwen2-7B's
@@ -172,6 +172,9 @@ func linearSwiGLUChecks(l *caseList) {
 		{n: 129, k: 200, i: 264, pitchedX: true, pitchedOut: true},
 		{n: 5, k: 100, i: 52},
 		{n: 129, k: 2048 / 8, i: 2 * 1408 / 8},
+		{n: 13, k: 520, i: 300},                 // a decode batch, I of no 64-column tile
+		{n: 33, k: 264, i: 200, pitchedX: true}, // 17 to 64 rows (fused's linear_swap: 64 token rows)
+		{n: 64, k: 2048 / 8, i: 2 * 1408 / 8, pitchedOut: true},
 		{n: 300, k: 520, i: 1000},
 		{n: 677, k: 3584 / 8, i: 18944 / 16},
 	} {
@@ -547,8 +550,9 @@ func linearName(n, k, m int, bias, pitchedX, pitchedOut, last bool, lastName str
 // a multiple of 8 but not of 32, N of no tile, with and without bias, f32
 // out, pitched x and out, and the shapes that make a weight-streaming
 // kernel (fused's linear_skinny, on a GPU of 132 SMs) run whole columns,
-// split every column over K, and do both in one launch. The two of more
-// than 2²⁴ multiply-adds are long cases (GPUs only).
+// split every column over K, and do both in one launch; then batches of 13
+// to 64 rows. Those of more than 2²⁴ multiply-adds are long cases (GPUs
+// only).
 func decodeLinearCases() []linearCase {
 	var cs []linearCase
 	for n := 1; n <= 16; n++ {
@@ -561,6 +565,14 @@ func decodeLinearCases() []linearCase {
 		linearCase{n: 9, k: 264, m: 17000, bias: true, pitchedOut: true}, // more columns than SMs, whole K
 		linearCase{n: 13, k: 520, m: 34000, f32Out: true},                // waves of whole columns, the rest split
 		linearCase{n: 1, k: 3584, m: 640, bias: true, f32Out: true},      // a 1-row lm_head-like f32 out
+		// Batches of 17 to 64 rows (a swapped-operand kernel's, the token
+		// rows wgmma's N: fused's linear_swap), and 13 rows over Qwen2-7B's
+		// qkv-like dims off every tile (128 features, 64 k).
+		linearCase{n: 24, k: 520, m: 1000, bias: true, pitchedX: true},
+		linearCase{n: 33, k: 264, m: 300, pitchedOut: true, f32Out: true},
+		linearCase{n: 64, k: 1032, m: 131, bias: true},
+		linearCase{n: 13, k: 3576, m: 4600, bias: true},
+		linearCase{n: 40, k: 2056, m: 3000, f32Out: true},
 	)
 }
 
