@@ -1,8 +1,10 @@
 // What the Hopper GEMMs share (sm_90a only): group_wgmma (group_wgmma.cu,
-// the MoE's grouped GEMM) and linear_wgmma (linear_wgmma.cu, prefill's
-// dense linear). Both are a producer warpgroup filling a ring of stages, each
-// a 128-row tile of A and a BN-row tile of B of HG_BK k, 128-byte swizzled,
-// and two consumer warpgroups of 64 rows each that multiply them by wgmma:
+// the MoE's grouped GEMM), linear_wgmma (linear_wgmma.cu, prefill's dense
+// linear) and linear_swap (linear_swap.cu, decode's, its B tile x's token
+// rows). Each is a producer (a warpgroup, or linear_swap's warp) filling a
+// ring of stages, each a 128-row tile of A and a BN-row tile of B of HG_BK
+// k, 128-byte swizzled, and two consumer warpgroups of 64 rows each that
+// multiply them by wgmma:
 // HopRing is the ring's barriers and phases, hop_gemm_steps one tile's
 // k-steps on a consumer.
 

@@ -1,7 +1,7 @@
 // The Hopper building blocks (sm_90a only) of the fused set's warp-
 // specialized kernels, flash_hopper (hopper.cu), mla_hopper (mla_hopper.cu),
-// group_wgmma (group_wgmma.cu), linear_wgmma (linear_wgmma.cu) and mla_flat
-// (mla_flat.cu): tensor maps and the copy engine's tensor copies (multicast
+// group_wgmma (group_wgmma.cu), linear_wgmma (linear_wgmma.cu), linear_swap
+// (linear_swap.cu) and mla_flat (mla_flat.cu): tensor maps and the copy engine's tensor copies (multicast
 // to a cluster too), mbarriers with a wait that gives up instead of hanging,
 // clusters, named barriers, stmatrix, and wgmma with its shared-memory
 // descriptors. Built on mma.cuh (smem_addr). mla.cuh includes it too, for
