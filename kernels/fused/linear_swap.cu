@@ -59,6 +59,9 @@
 // (HG_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
 // down instead of hanging (its output, and a split tile's counter, are then
 // garbage).
+//
+// Rate: not measured yet (TestLinearSwapExact logs it against cuBLAS and
+// linear_stream; infer bench linear --variants swap,cublas measures it).
 
 #include "hop_gemm.cuh"
 #include "linear.cuh"
