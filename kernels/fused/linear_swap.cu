@@ -36,11 +36,12 @@
 //     K-major), so the accumulators hold outᵀ: thread (warp wi, lane) has
 //     weight rows 16wi + lane/4 and + 8 of its warpgroup's 64, tokens
 //     8j + 2(lane%4) and + 1 of n-block j.
-// A unit of a split tile writes its sums to part, then counts itself on
-// the tile's counter (a fence before, as linear_skinny's split columns do);
-// the last of the tile's blocks adds the splits' sums in split order (its
-// own from registers: the same f32 values), so the result does not depend
-// on which block finishes last, and puts the counter back to 0.
+// A unit of a split tile writes its sums to part, then one thread counts
+// the block on the tile's counter (after a barrier and a fence: CUTLASS's
+// split-K semaphore); the last of the tile's blocks adds the splits' sums
+// in split order (its own from registers: the same f32 values; each
+// split's loads in flight together), so the result does not depend on
+// which block finishes last, and puts the counter back to 0.
 //
 // SwiGLU (SWIGLU, linear_swiglu's): a stage's w is eight copies of 8 gate
 // rows and their 8 up rows (the 3-D map's box), so slab q of 16 rows holds
@@ -185,30 +186,55 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 					if (tok < M) mine[tok * SW_BM + r + (e < 2 ? 0 : 8)] = acc[j][e];
 				}
 			}
-			__threadfence();
+			// One thread publishes the block's sums: the barrier orders every
+			// consumer's stores before its release fence (as CUTLASS's
+			// split-K semaphore), and its fence after the count orders the
+			// other splits' sums before the reads below, so 255 fences do not
+			// each wait for their stores.
 			bar_sync(SW_BAR, SW_CONSUMER_THREADS);
-			if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1) == splits - 1;
+			if (threadIdx.x == 0) {
+				__threadfence();
+				last = atomicAdd(&counters[tile], 1) == splits - 1;
+				if (last) __threadfence();
+			}
 			bar_sync(SW_BAR, SW_CONSUMER_THREADS);
 			if (!last) continue;
-			__threadfence();
+			// The splits in split order, each split's loads all in flight
+			// together: a chain of splits L2 round trips, not ROWS/2·splits.
 			const float* sums = part + (long long)tile * splits * M * SW_BM;
+			float v[ROWS / 8][4];
 #pragma unroll
-			for (int j = 0; j < ROWS / 8; j++) {
+			for (int j = 0; j < ROWS / 8; j++)
 #pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int tok = 8 * j + 2 * t + (e & 1);
-					if (tok >= M) continue;
-					const int at = tok * SW_BM + r + (e < 2 ? 0 : 8);
-					float v = 0.0f;
-					for (int s = 0; s < splits; s++) v += s == split ? acc[j][e] : __ldcg(sums + (long long)s * M * SW_BM + at);
-					acc[j][e] = v;
+				for (int e = 0; e < 4; e++) v[j][e] = 0.0f;
+			for (int s = 0; s < splits; s++) {
+				const float* theirs = sums + (long long)s * M * SW_BM;
+#pragma unroll
+				for (int j = 0; j < ROWS / 8; j++) {
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const int tok = 8 * j + 2 * t + (e & 1);
+						const float p = s == split ? acc[j][e] : tok < M ? __ldcg(theirs + tok * SW_BM + r + (e < 2 ? 0 : 8)) : 0.0f;
+						v[j][e] += p;
+					}
 				}
 			}
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) acc[j][e] = v[j][e];
 			if (threadIdx.x == 0) counters[tile] = 0; // ready for the next launch
 		}
 
 		// The tile's outputs: rows r and r + 8, or with SwiGLU the column
-		// whose gate and up they are.
+		// whose gate and up they are. Their bias is read once, before the
+		// stores (which may alias it for all the compiler knows).
+		const int f = tile * SW_BM + r;
+		float b0 = 0.0f, b8 = 0.0f;
+		if constexpr (!SWIGLU) {
+			if (f < N) b0 = lin_bias<TO>(bias, biasType, f);
+			if (f + 8 < N) b8 = lin_bias<TO>(bias, biasType, f + 8);
+		}
 #pragma unroll
 		for (int j = 0; j < ROWS / 8; j++) {
 #pragma unroll
@@ -219,9 +245,8 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 					const int c = tile * COLS + 8 * (r / 16) + r % 16;
 					if (c < N) out[(long long)tok * op + c] = from_f32<TO>(lin_swiglu(round_bf16(acc[j][e]), round_bf16(acc[j][e + 2])));
 				} else {
-					const int f = tile * SW_BM + r;
-					if (f < N) out[(long long)tok * op + f] = from_f32<TO>(acc[j][e] + lin_bias<TO>(bias, biasType, f));
-					if (f + 8 < N) out[(long long)tok * op + f + 8] = from_f32<TO>(acc[j][e + 2] + lin_bias<TO>(bias, biasType, f + 8));
+					if (f < N) out[(long long)tok * op + f] = from_f32<TO>(acc[j][e] + b0);
+					if (f + 8 < N) out[(long long)tok * op + f + 8] = from_f32<TO>(acc[j][e + 2] + b8);
 				}
 			}
 		}
