@@ -14,23 +14,30 @@
 //   out   TO [M, N], pitch op (bf16 activations, or f32 logits); with
 //         SwiGLU bf16 [M, N], N the output columns (I)
 //   bias  [N] of dtype biasType (0 none, 1 bf16, 2 f16, 3 f32)
-//   part  f32 [tiles][splits][M][SW_BM] where splits > 1: the partial sums
-//   counters i32 [tiles], zero between launches (a tile's last block puts
-//         its counter back, so a captured graph replays with no memset)
+//   part  f32 [tiles - whole][splits][M][SW_BM] where splits > 1: the
+//         split tiles' partial sums
+//   counters i32 [tiles - whole], zero between launches (a split tile's
+//         last block puts its counter back, so a captured graph replays
+//         with no memset)
 //   status i32 [8]: a timed-out wait's record (hopper.cuh), zero while none
 //
 // Work: a tile is SW_BM weight rows (outputs; with SwiGLU SW_BM/2 output
-// columns, their gate and up rows); its k-steps (HG_BK) are cut into
-// `splits` ranges of `per` steps (the last shorter), a unit of work each:
-// unit u is tile u / splits, split u % splits. A persistent grid (at most a
-// block an SM) takes units blockIdx.x, + gridDim.x, ...; the host chooses
-// splits so that the units fill whole waves of SMs (swPlan).
+// columns, their gate and up rows). `whole` tiles are a unit of work each,
+// all their k-steps (HG_BK); the other tiles - whole (all, with whole 0)
+// have theirs cut into `splits` ranges of `per` steps (the last shorter), a
+// unit each, and go first (SwUnits). A persistent grid (at most a block an
+// SM) takes units blockIdx.x, + gridDim.x, ...; the host (swPlan) keeps
+// whole waves of tiles whole and splits only the rest, in few long ranges:
+// a split unit costs its epilogue's latencies on top of its k-steps.
 //   - warp 8, the producer: one thread fills a ring of STAGES stages
 //     (hop_gemm.cuh's HopRing), each SW_BM rows of w and ROWS rows of x over
 //     HG_BK k, by tensor copies, w's under an evict-first L2 policy. The
-//     first STAGES stages' w is requested before grid_wait (the weights are
-//     no kernel's output, so their stream starts under the kernel before);
-//     their x follows the wait, completing on the same full barriers.
+//     ring is one stream of k-steps over all of the block's units: the
+//     producer runs up to STAGES steps ahead of the consumers whatever the
+//     unit, so it fills the next unit's stages while they do a unit's
+//     epilogue. The first STAGES stages' w is requested before grid_wait
+//     (the weights are no kernel's output, so their stream starts under the
+//     kernel before); their x follows the wait, on the same full barriers.
 //   - warps 0-7, two consumer warpgroups, own 64 weight rows of a tile each:
 //     hop_gemm_steps, four wgmma m64nROWSk16 a stage (w as A, x as B, both
 //     K-major), so the accumulators hold outᵀ: thread (warp wi, lane) has
@@ -61,8 +68,11 @@
 // down instead of hanging (its output, and a split tile's counter, are then
 // garbage).
 //
-// Rate: not measured yet (TestLinearSwapExact logs it against cuBLAS and
-// linear_stream; infer bench linear --variants swap,cublas measures it).
+// Rate: unsplit (Qwen2-7B's lm_head at 16 rows) 102% of the copy rate's
+// floor; the split plans of this layout (whole waves, fewer and longer
+// ranges, the reads of the splits batched) are not measured yet
+// (TestLinearSwapExact logs µs against cuBLAS and linear_stream; infer
+// bench linear --variants swap,cublas measures it).
 
 #include "hop_gemm.cuh"
 #include "linear.cuh"
@@ -85,24 +95,37 @@ template <int ROWS, int STAGES> struct SwLayout {
 	static_assert(X_BYTES % ALIGN == 0, "x's tile ends on the swizzle's period");
 };
 
-// SwUnits are the units of work: tiles × splits, unit u tile u / splits,
-// its k-steps [kb, kb + steps) of ktiles.
+// SwUnits are the units of work: the split tiles first (tiles 0 to
+// tiles - whole - 1), each cut into splits ranges of per k-steps (the last
+// shorter), a unit each, the ranges of a tile adjacent (so on adjacent
+// blocks, together); then the whole tiles, a unit each of all ktiles steps.
+// The split units go first so that their epilogues (partial sums, count,
+// the last block's reads) overlap the whole tiles' stream instead of ending
+// the kernel. Unit u is tile, split and kb: its k-steps [kb, kb + steps);
+// split is -1 for a whole tile. A split tile's partial sums and counter are
+// indexed by the tile.
 struct SwUnits {
-	int tiles, splits, per, ktiles;
+	int tiles, whole, splits, per, ktiles;
 
-	__device__ int total() const { return tiles * splits; }
-	__device__ int steps(int u, int& kb) const {
-		kb = u % splits * per;
-		return min(per, ktiles - kb);
+	__device__ int split_units() const { return splits > 1 ? (tiles - whole) * splits : 0; }
+	__device__ int total() const { return split_units() + (splits > 1 ? whole : tiles); }
+	__device__ int steps(int u, int& tile, int& split, int& kb) const {
+		if (u < split_units()) {
+			tile = u / splits, split = u % splits, kb = split * per;
+			return min(per, ktiles - kb);
+		}
+		tile = splits > 1 ? u - split_units() + tiles - whole : u, split = -1, kb = 0;
+		return ktiles;
 	}
 };
 
 // linear_swap: see the top of this file. Launch: min(units, SMs) blocks of
 // SW_THREADS threads, SwLayout<ROWS, STAGES>::SMEM bytes of dynamic shared
-// memory; 1 ≤ M ≤ ROWS; splits ≥ 1 and every split at least one k-step.
+// memory; 1 ≤ M ≤ ROWS; splits ≥ 1 and every split at least one k-step;
+// 0 ≤ whole < tiles where splits > 1.
 template <int ROWS, int STAGES, typename TO, bool SWIGLU>
 __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wmap, TO* out, int op, const void* bias, int biasType,
-                                            float* part, int* counters, int M, int N, int K, int splits, int per, int* status) {
+                                            float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status) {
 	typedef SwLayout<ROWS, STAGES> L;
 	constexpr int COLS = SWIGLU ? SW_BM / 2 : SW_BM; // output columns of a tile
 	extern __shared__ unsigned char smem_raw[];
@@ -116,7 +139,7 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4);
 	__syncthreads();
 
-	const SwUnits units{(N + COLS - 1) / COLS, splits, per, (K + HG_BK - 1) / HG_BK};
+	const SwUnits units{(N + COLS - 1) / COLS, whole, splits, per, (K + HG_BK - 1) / HG_BK};
 	const int total = units.total();
 
 	if (threadIdx.x >= SW_CONSUMER_THREADS) {
@@ -138,21 +161,21 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 		// Before the wait: w of the ring's first stages.
 		int pre = 0;
 		for (int u = blockIdx.x; u < total && pre < STAGES; u += gridDim.x) {
-			int kb;
-			const int n = units.steps(u, kb);
-			for (int k = 0; k < n && pre < STAGES; k++, pre++) load_w(pre, u / splits, kb + k);
+			int tile, split, kb;
+			const int n = units.steps(u, tile, split, kb);
+			for (int k = 0; k < n && pre < STAGES; k++, pre++) load_w(pre, tile, kb + k);
 		}
 		grid_wait();
 		grid_release();
 		int it = 0; // k-steps issued so far
 		for (int u = blockIdx.x; u < total; u += gridDim.x) {
-			int kb;
-			const int n = units.steps(u, kb);
+			int tile, split, kb;
+			const int n = units.steps(u, tile, split, kb);
 			for (int k = 0; k < n; k++, it++) {
 				const int s = ring.stage(it);
 				if (it >= pre) {
 					if (!ring.acquire(it, status, HG_WAIT_EMPTY)) return;
-					load_w(s, u / splits, kb + k);
+					load_w(s, tile, kb + k);
 				}
 				tma_load_2d(sX(s), xmap, ring.full(s), (kb + k) * HG_BK, 0);
 			}
@@ -170,13 +193,12 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 	float acc[ROWS / 8][4];
 	int it = 0;
 	for (int u = blockIdx.x; u < total; u += gridDim.x) {
-		int kb;
-		const int n = units.steps(u, kb);
-		const int tile = u / splits, split = u - tile * splits;
+		int tile, split, kb;
+		const int n = units.steps(u, tile, split, kb);
 		const bool ok = hop_gemm_steps<ROWS, STAGES, false>(acc, ring, it, n, a, sX, status, HG_WAIT_FULL);
 		if (!bar_all(SW_BAR, SW_CONSUMER_THREADS, ok)) break; // a wait gave up: the consumers stop together
 
-		if (splits > 1) {
+		if (split >= 0) {
 			float* mine = part + ((long long)tile * splits + split) * M * SW_BM;
 #pragma unroll
 			for (int j = 0; j < ROWS / 8; j++) {
@@ -256,24 +278,24 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 // The instances (named as in linear_swap.go's swConfigs): token rows ROWS
 // through STAGES stages, the plain epilogue with bf16 and f32 out
 // (linear), and SwiGLU's (linear_swiglu: N is out's columns, I).
-#define LINEAR_SWAP(NAME, F32_NAME, SWIGLU_NAME, ROWS, ST)                                                                  \
-	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                            \
-	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const void* bias,  \
-	         int biasType, float* part, int* counters, int M, int N, int K, int splits, int per, int* status) {             \
-		linear_swap<ROWS, ST, bf16, false>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, splits, per,   \
-		                                   status);                                                                       \
-	}                                                                                                                      \
-	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                            \
-	    F32_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, float* out, int op,              \
-	             const void* bias, int biasType, float* part, int* counters, int M, int N, int K, int splits, int per,     \
-	             int* status) {                                                                                            \
-		linear_swap<ROWS, ST, float, false>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, splits, per,  \
-		                                    status);                                                                      \
-	}                                                                                                                      \
-	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                            \
-	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op,            \
-	                float* part, int* counters, int M, int N, int K, int splits, int per, int* status) {                   \
-		linear_swap<ROWS, ST, bf16, true>(&xmap, &wmap, out, op, nullptr, 0, part, counters, M, N, K, splits, per,        \
-		                                  status);                                                                        \
+#define LINEAR_SWAP(NAME, F32_NAME, SWIGLU_NAME, ROWS, ST)                                                                        \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                                   \
+	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const void* bias,       \
+	         int biasType, float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status) {        \
+		linear_swap<ROWS, ST, bf16, false>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, whole, splits, per,    \
+		                                   status);                                                                               \
+	}                                                                                                                             \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                                   \
+	    F32_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, float* out, int op,                    \
+	             const void* bias, int biasType, float* part, int* counters, int M, int N, int K, int whole, int splits, int per, \
+	             int* status) {                                                                                                   \
+		linear_swap<ROWS, ST, float, false>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, whole, splits, per,   \
+		                                    status);                                                                              \
+	}                                                                                                                             \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                                   \
+	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op,                  \
+	                float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status) {               \
+		linear_swap<ROWS, ST, bf16, true>(&xmap, &wmap, out, op, nullptr, 0, part, counters, M, N, K, whole, splits, per,         \
+		                                  status);                                                                                \
 	}
 LINEAR_SWAP_INSTANCES(LINEAR_SWAP)

@@ -13,9 +13,9 @@ import (
 // for a decode step of up to swMaxRows rows on sm_90a: wgmma with w's rows
 // as its M and x's token rows as its N, the weights by tensor copies through
 // a ring a producer warp fills (its first stages requested before the grid
-// wait), the k-steps of a tile split over blocks where its tiles would fill
-// the SMs' last wave poorly, the splits' partial sums added in split order
-// by the tile's last block. A module of its own, compiled only where the
+// wait), whole waves of tiles unsplit and the k-steps of the rest split
+// over blocks in few long ranges, the splits' partial sums added in split
+// order by the tile's last block. A module of its own, compiled only where the
 // device's target is hopperArch; where it cannot be built New still
 // succeeds and the variants say why.
 
@@ -79,18 +79,23 @@ func swConfigFor(m int) (swConfig, bool) {
 }
 
 // swPlan is how linear_swap covers a problem: tiles of swBM weight rows
-// (swBM/2 output columns with SwiGLU), each tile's ktiles k-steps split into
-// splits ranges of per steps, on blocks blocks.
+// (swBM/2 output columns with SwiGLU), whole of them a unit each of all
+// ktiles k-steps (the last whole tiles), the rest each split into splits
+// ranges of per steps, on blocks blocks.
 type swPlan struct {
-	cfg                        swConfig
-	tiles, ktiles, splits, per int
-	blocks                     int
+	cfg                               swConfig
+	tiles, ktiles, whole, splits, per int
+	blocks                            int
 }
 
 func (p swPlan) String() string {
-	return fmt.Sprintf("rows=%d stages=%d shared=%d tiles=%d k-steps=%d splits=%d of %d blocks=%d",
-		p.cfg.Rows, p.cfg.Stages, p.cfg.shared(), p.tiles, p.ktiles, p.splits, p.per, p.blocks)
+	return fmt.Sprintf("rows=%d stages=%d shared=%d tiles=%d k-steps=%d whole=%d splits=%d of %d blocks=%d",
+		p.cfg.Rows, p.cfg.Stages, p.cfg.shared(), p.tiles, p.ktiles, p.whole, p.splits, p.per, p.blocks)
 }
+
+// units is the plan's units of work: the whole tiles, then the split
+// tiles' ranges.
+func (p swPlan) units() int { return p.whole + (p.tiles-p.whole)*p.splits }
 
 // planSwap plans m rows of x over cols outputs (w's rows, or with SwiGLU
 // out's columns, half of w's rows) of k inputs on sms SMs whose blocks may
@@ -112,39 +117,70 @@ func planSwap(m, cols, k, sms, maxShared int, swiglu bool) (swPlan, error) {
 		per = swBM / 2
 	}
 	p := swPlan{cfg: c, tiles: (cols + per - 1) / per, ktiles: (k + swK - 1) / swK}
-	p.splits, p.per = swSplits(p.tiles, p.ktiles, m, max(1, sms))
-	p.blocks = min(p.tiles*p.splits, max(1, sms))
+	p.whole, p.splits, p.per = swSplits(p.tiles, p.ktiles, m, max(1, sms))
+	p.blocks = min(p.units(), max(1, sms))
 	return p, nil
 }
 
+// swSplitSteps is what a split unit costs beyond its k-steps, in k-steps
+// (half a µs each at 16 rows on an H200): its partial sums' stores, the
+// fence and count, and for the tile's last block the other splits' sums
+// read back, latencies its consumers spend off the weight stream. An
+// estimate: the first measurements lost about 3s k-steps a unit of s splits
+// while the last block read the splits' sums one load after another; those
+// loads now go out a split at a time.
+const swSplitSteps = 4
+
+// swSMShare is the most an SM streams, in its share of the copy rate (the
+// rate over the SMs): a wave of fewer units than SMs/swSMShare runs no
+// faster. An estimate, kept under what an SM's path from L2 carries (64
+// bytes a cycle, about 4 shares of an H200's 4.2 TB/s over 132 SMs) and
+// what its ring of 150 to 200 KiB in flight sustains over the memory's
+// latency.
+const swSMShare = 2.5
+
 // swSplits is how a problem of tiles tiles of ktiles k-steps each and m rows
-// cuts its tiles' k-steps over sms SMs: splits ranges of per steps, the
-// splits (at most swMaxSplits, and none beyond swCounters tiles) whose units
-// of work make the least of waves × a unit's cost. A unit costs its k-steps,
-// and when split its partial sums (m × swBM f32, written and read back:
-// m/16 k-steps of weights); the units of a wave run together, at the copy
-// rate each SM's share of it gets. Ties go to fewer splits.
-func swSplits(tiles, ktiles, m, sms int) (splits, per int) {
-	splits, per = 1, ktiles
-	if tiles > swCounters {
-		return splits, per
+// cuts its tiles' k-steps over sms SMs: whole tiles unsplit (whole waves of
+// them, or none), the rest in splits ranges of per steps (at most
+// swMaxSplits, and no more split tiles than swCounters), whichever makes the
+// least of the waves' costs. A wave of a units of p k-steps costs p times
+// a/sms (the copy rate shared), at least p/swSMShare; a split unit adds
+// swSplitSteps and its partial sums (m × swBM f32, written and read back:
+// m/16 k-steps of weights). So a tile is split only where its waves would be
+// short, into few long ranges: the tiles past the last whole wave (Qwen2-7B's
+// gate_up at 16 rows: two waves of whole tiles, and 32 tiles in two ranges
+// of 28 k-steps, which the kernel runs first so that their epilogues hide
+// under the whole tiles' stream), or a problem of fewer tiles than SMs
+// (Qwen2-7B's o and qkv: two ranges of 28). Ties go to more whole tiles,
+// then fewer splits.
+func swSplits(tiles, ktiles, m, sms int) (whole, splits, per int) {
+	// wave is the cost of units of p steps, a wave of sms after another.
+	wave := func(units, p int, extra float64) float64 {
+		full, rest := units/sms, units%sms
+		c := float64(full) * (float64(p) + extra)
+		if rest > 0 {
+			c += float64(p)*max(float64(rest)/float64(sms), 1.0/swSMShare) + extra
+		}
+		return c
 	}
-	best := -1.0
-	for s := 1; s <= min(ktiles, swMaxSplits); s++ {
-		p := (ktiles + s - 1) / s
-		if (ktiles+p-1)/p != s {
-			continue // the same cut as fewer splits
+	whole, splits, per = 0, 1, ktiles
+	best := wave(tiles, ktiles, 0)
+	for _, w := range []int{tiles / sms * sms, 0} { // after the whole waves, or none
+		if tiles-w > swCounters || w == tiles {
+			continue
 		}
-		unit := float64(p)
-		if s > 1 {
-			unit += float64(m) / 16
-		}
-		cost := float64((tiles*s+sms-1)/sms) * unit
-		if best < 0 || cost < best {
-			best, splits, per = cost, s, p
+		for s := 2; s <= min(ktiles, swMaxSplits); s++ {
+			p := (ktiles + s - 1) / s
+			if (ktiles+p-1)/p != s {
+				continue // the same cut as fewer splits
+			}
+			cost := wave(w, ktiles, 0) + wave((tiles-w)*s, p, swSplitSteps+float64(m)/16)
+			if cost < best {
+				best, whole, splits, per = cost, w, s, p
+			}
 		}
 	}
-	return splits, per
+	return whole, splits, per
 }
 
 // Without a tuning choice linear_swap runs nothing while linSwapDefault is
@@ -224,7 +260,7 @@ func (o *ops) swapMaps(op kernels.Op, p swPlan, x *kernels.Tensor) (*cuda.Tensor
 	o.Need(err == nil, op, "x's tensor map: %v", err)
 	var part uintptr
 	if p.splits > 1 {
-		part = o.Scratch("linear.swap.part", kernels.F32, p.tiles*p.splits*m, swBM).P
+		part = o.Scratch("linear.swap.part", kernels.F32, (p.tiles-p.whole)*p.splits*m, swBM).P
 	}
 	return xmap, part
 }
@@ -247,7 +283,7 @@ func (o *ops) swap(out, x, w, bias *kernels.Tensor) bool {
 	om := o.Mat(out)
 	o.LaunchShared(p.cfg.kernel(out.DType), p.blocks, swThreads, p.cfg.shared(),
 		xmap, wmap, om.P, int32(om.Pitch), bp, biasType, part, o.D.Ptr(o.sw.counters),
-		int32(m), int32(n), int32(k), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
+		int32(m), int32(n), int32(k), int32(p.whole), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
 	return true
 }
 
@@ -272,7 +308,7 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 	om := o.Mat(out)
 	o.LaunchShared(p.cfg.swigluKernel(), p.blocks, swThreads, p.cfg.shared(),
 		xmap, wmap, om.P, int32(om.Pitch), part, o.D.Ptr(o.sw.counters),
-		int32(m), int32(inter), int32(k), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
+		int32(m), int32(inter), int32(k), int32(p.whole), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
 	return true
 }
 

@@ -18,33 +18,37 @@ import (
 
 // TestLinearSwapPlan checks linear_swap's plans without a GPU, on an H200's
 // 132 SMs: the instance by rows, refusals past 64 rows or with K off the
-// tensor copies' 16-byte rows, and the splits of the decode shapes of both
+// tensor copies' 16-byte rows, and the cuts of the decode shapes of both
 // models at 16 rows: whole tiles where they fill the waves (Qwen2-7B's
-// lm_head, 1,188 tiles: nine waves), split where a wave would be short.
+// lm_head, 1,188 tiles: nine waves), whole waves of them then the rest split
+// in two (gate_up), and problems of fewer tiles than SMs in few long
+// ranges (two of 28 k-steps or more for Qwen2-7B's).
 func TestLinearSwapPlan(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	for _, c := range []struct {
-		m, cols, k   int
-		swiglu       bool
-		rows, splits int
-		why          string
+		m, cols, k          int
+		swiglu              bool
+		rows, whole, splits int
+		why                 string
 	}{
-		{m: 16, cols: 37888, k: 3584, rows: 16, splits: 4},       // Qwen2-7B gate_up: 296 tiles, 4 splits of 14 k-steps, 9 waves
-		{m: 16, cols: 18944, k: 3584, swiglu: true, splits: 4},   // the same with SwiGLU: 296 tiles of 64 columns
-		{m: 16, cols: 152064, k: 3584, rows: 16, splits: 1},      // Qwen2-7B lm_head: 1,188 tiles, nine waves exactly
-		{m: 16, cols: 3584, k: 18944, rows: 16, splits: 9},       // Qwen2-7B down: 28 tiles of 296 k-steps
-		{m: 16, cols: 3584, k: 3584, rows: 16, splits: 4},        // Qwen2-7B o: 28 tiles, one wave of 112 units
-		{m: 9, cols: 4608, k: 3584, rows: 16},                    // Qwen2-7B qkv, 9 rows: the 16-row instance
-		{m: 17, cols: 3072, k: 2048, rows: 32},                   // DeepSeek-V2-Lite q
-		{m: 64, cols: 2048, k: 2816, rows: 64},                   // the shared experts' down
-		{m: 13, cols: 4600, k: 3576, rows: 16},                   // rows, outputs and K of no tile
-		{m: 65, cols: 64, k: 64, why: "takes 1 to 64"},           // past wgmma's widest N here
-		{m: 16, cols: 64, k: 100, why: "16-byte boundaries"},     // K off the tensor copies' rows
-		{m: 16, cols: 576, k: 2048, rows: 16, splits: 16},        // kv_a alone: 5 tiles of 32 k-steps, two a split
-		{m: 1, cols: 102400, k: 2048, rows: 16},                  // DeepSeek-V2-Lite lm_head at one row
-		{m: 16, cols: 102400, k: 2048, rows: 16, splits: 2},      // and at 16: 800 tiles, two splits fill 13 waves
-		{m: 64, cols: 37888, k: 3584, rows: 64},                  // partials of 64 rows cost 4 k-steps a unit
-		{m: 16, cols: 5632 / 2, k: 2048, swiglu: true, rows: 16}, // DeepSeek-V2-Lite's shared experts' gate_up
+		{m: 16, cols: 37888, k: 3584, rows: 16, whole: 264, splits: 2},     // Qwen2-7B gate_up: 296 tiles, two waves whole, 32 tiles in two of 28 k-steps
+		{m: 16, cols: 18944, k: 3584, swiglu: true, whole: 264, splits: 2}, // the same with SwiGLU: 296 tiles of 64 columns
+		{m: 16, cols: 152064, k: 3584, rows: 16, splits: 1},                // Qwen2-7B lm_head: 1,188 tiles, nine waves exactly
+		{m: 16, cols: 3584, k: 18944, rows: 16, splits: 2},                 // Qwen2-7B down: 28 tiles of 296 k-steps, two of 148 each
+		{m: 16, cols: 3584, k: 3584, rows: 16, splits: 2},                  // Qwen2-7B o: 28 tiles, 56 units of 28 k-steps
+		{m: 16, cols: 4608, k: 3584, rows: 16, splits: 2},                  // Qwen2-7B qkv: 36 tiles, 72 units of 28
+		{m: 9, cols: 4608, k: 3584, rows: 16},                              // Qwen2-7B qkv, 9 rows: the 16-row instance
+		{m: 17, cols: 3072, k: 2048, rows: 32},                             // DeepSeek-V2-Lite q
+		{m: 64, cols: 2048, k: 2816, rows: 64},                             // the shared experts' down
+		{m: 13, cols: 4600, k: 3576, rows: 16},                             // rows, outputs and K of no tile
+		{m: 65, cols: 64, k: 64, why: "takes 1 to 64"},                     // past wgmma's widest N here
+		{m: 16, cols: 64, k: 100, why: "16-byte boundaries"},               // K off the tensor copies' rows
+		{m: 16, cols: 576, k: 2048, rows: 16, splits: 16},                  // kv_a alone: 5 tiles of 32 k-steps, two a split
+		{m: 16, cols: 2048, k: 2048, rows: 16, splits: 4},                  // DeepSeek-V2-Lite o: 16 tiles, 64 units of 8
+		{m: 1, cols: 102400, k: 2048, rows: 16},                            // DeepSeek-V2-Lite lm_head at one row
+		{m: 16, cols: 102400, k: 2048, rows: 16, whole: 792, splits: 8},    // and at 16: 800 tiles, six waves whole, the last 8 tiles in 8
+		{m: 64, cols: 37888, k: 3584, rows: 64},                            // partials of 64 rows cost 4 k-steps a unit
+		{m: 16, cols: 5632 / 2, k: 2048, swiglu: true, rows: 16},           // DeepSeek-V2-Lite's shared experts' gate_up
 	} {
 		p, err := planSwap(c.m, c.cols, c.k, h200.SMs, h200.SharedPerBlock, c.swiglu)
 		switch {
@@ -58,19 +62,21 @@ func TestLinearSwapPlan(t *testing.T) {
 			continue
 		}
 		t.Logf("M=%d cols=%d K=%d swiglu=%v: %v", c.m, c.cols, c.k, c.swiglu, p)
-		units := p.tiles * p.splits
+		units := p.units()
 		switch {
 		case c.rows != 0 && p.cfg.Rows != c.rows:
 			t.Errorf("M=%d cols=%d K=%d: %v, want the %d-row instance", c.m, c.cols, c.k, p, c.rows)
-		case c.splits != 0 && p.splits != c.splits:
-			t.Errorf("M=%d cols=%d K=%d: %v, want %d splits", c.m, c.cols, c.k, p, c.splits)
+		case c.splits != 0 && (p.splits != c.splits || p.whole != c.whole):
+			t.Errorf("M=%d cols=%d K=%d: %v, want %d whole and the rest in %d splits", c.m, c.cols, c.k, p, c.whole, c.splits)
+		case p.whole%h200.SMs != 0 || (p.splits > 1 && p.whole >= p.tiles) || (p.splits == 1 && p.whole != 0):
+			t.Errorf("M=%d cols=%d K=%d: %v: whole tiles not whole waves, or none left to split", c.m, c.cols, c.k, p)
 		case p.cfg.shared() > h200.SharedPerBlock:
 			t.Errorf("M=%d cols=%d K=%d: %v exceeds a block's %d bytes", c.m, c.cols, c.k, p, h200.SharedPerBlock)
 		case (p.splits-1)*p.per >= p.ktiles || p.splits*p.per < p.ktiles:
 			t.Errorf("M=%d cols=%d K=%d: %v: a split without k-steps, or k-steps without a split", c.m, c.cols, c.k, p)
 		case p.blocks != min(units, h200.SMs):
 			t.Errorf("M=%d cols=%d K=%d: %v, want min(units, SMs) blocks", c.m, c.cols, c.k, p)
-		case p.splits > 1 && p.tiles > swCounters:
+		case p.splits > 1 && p.tiles-p.whole > swCounters:
 			t.Errorf("M=%d cols=%d K=%d: %v: more split tiles than counters", c.m, c.cols, c.k, p)
 		}
 	}
@@ -82,8 +88,8 @@ func TestLinearSwapPlan(t *testing.T) {
 		}
 	}
 	// A problem of more tiles than counters runs unsplit.
-	if s, per := swSplits(swCounters+1, 8, 16, 132); s != 1 || per != 8 {
-		t.Errorf("%d tiles: %d splits of %d, want none", swCounters+1, s, per)
+	if w, s, per := swSplits(swCounters+1, 8, 16, 132); s != 1 || per != 8 {
+		t.Errorf("%d tiles: %d whole, %d splits of %d, want none", swCounters+1, w, s, per)
 	}
 }
 
@@ -419,7 +425,7 @@ func TestLinearSwapSwiGLUExact(t *testing.T) {
 			}
 			d := kernels.Compare(first, ref)
 			bad, at := bitsDiffer(ref, first)
-			if plain.tiles != p.tiles || plain.splits != p.splits || plain.per != p.per {
+			if plain.tiles != p.tiles || plain.whole != p.whole || plain.splits != p.splits || plain.per != p.per {
 				t.Errorf("%s: %v with SwiGLU, %v plain: the k-steps cut otherwise", name, p, plain)
 			}
 			if d.Unwritten > 0 || bad > 0 {
