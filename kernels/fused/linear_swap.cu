@@ -48,7 +48,10 @@
 // split-K semaphore); the last of the tile's blocks adds the splits' sums
 // in split order (its own from registers: the same f32 values; each
 // split's loads in flight together), so the result does not depend on
-// which block finishes last, and puts the counter back to 0.
+// which block finishes last, and puts the counter back to 0. A whole tile
+// of a split plan sums its own k-steps range by range alike (0 + range 0 +
+// range 1 ...), so that every row's sum is the same arithmetic whichever
+// tile holds it: SwiGLU's tiles hold other rows than the plain kernel's.
 //
 // SwiGLU (SWIGLU, linear_swiglu's): a stage's w is eight copies of 8 gate
 // rows and their 8 up rows (the 3-D map's box), so slab q of 16 rows holds
@@ -195,8 +198,33 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 	for (int u = blockIdx.x; u < total; u += gridDim.x) {
 		int tile, split, kb;
 		const int n = units.steps(u, tile, split, kb);
-		const bool ok = hop_gemm_steps<ROWS, STAGES, false>(acc, ring, it, n, a, sX, status, HG_WAIT_FULL);
+		// A whole tile of a split plan sums its k-steps range by range as
+		// the split tiles' are summed (0 + range 0 + range 1 ...), so that a
+		// row's sum does not depend on which tile holds it: linear_swiglu's
+		// rows lie in other tiles than linear's, and match it bit for bit.
+		const bool ranges = split < 0 && splits > 1;
+		float sum[ROWS / 8][4];
+#pragma unroll
+		for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) sum[j][e] = 0.0f;
+		bool ok = true;
+		for (int k0 = 0; ok && k0 < n; k0 += per) {
+			ok = hop_gemm_steps<ROWS, STAGES, false>(acc, ring, it, min(per, n - k0), a, sX, status, HG_WAIT_FULL);
+			if (ranges) {
+#pragma unroll
+				for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) sum[j][e] += acc[j][e];
+			}
+		}
 		if (!bar_all(SW_BAR, SW_CONSUMER_THREADS, ok)) break; // a wait gave up: the consumers stop together
+		if (ranges) {
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) acc[j][e] = sum[j][e];
+		}
 
 		if (split >= 0) {
 			float* mine = part + ((long long)tile * splits + split) * M * SW_BM;

@@ -87,6 +87,17 @@ func TestLinearSwapPlan(t *testing.T) {
 			t.Errorf("%+v: %d bytes, %d with a stage more; a block holds %d", c, c.shared(), more.shared(), h200.SharedPerBlock)
 		}
 	}
+	// linear_swiglu's plan is linear's on the stacked rows (the same cut of
+	// every row's k-steps: what holds them bit for bit).
+	for _, inter := range []int{18944, 2816, 10944, 300} {
+		for _, m := range swapRows {
+			plain, _ := planSwap(m, 2*inter, 3584, h200.SMs, h200.SharedPerBlock, false)
+			sw, _ := planSwap(m, inter, 3584, h200.SMs, h200.SharedPerBlock, true)
+			if plain != sw {
+				t.Errorf("M=%d I=%d: %v with SwiGLU, %v plain", m, inter, sw, plain)
+			}
+		}
+	}
 	// A problem of more tiles than counters runs unsplit.
 	if w, s, per := swSplits(swCounters+1, 8, 16, 132); s != 1 || per != 8 {
 		t.Errorf("%d tiles: %d whole, %d splits of %d, want none", swCounters+1, w, s, per)
@@ -386,8 +397,12 @@ func TestLinearSwapExact(t *testing.T) {
 // TestLinearSwapSwiGLUExact holds linear_swap with SwiGLU in its epilogue
 // against the plain kernel then fused's swiglu, bit for bit: both cut the
 // k-steps alike (2I/128 tiles of rows or I/64 of columns, so the same
-// splits), and a row's sum does not depend on where in a tile it lies; over Qwen2-7B's gate_up, DeepSeek-V2-Lite's shared experts'
-// and dense MLP's, and an I and K of no tile, at swapRows; checks replays as
+// plan), and a row's sum does not depend on where in a tile it lies, nor on
+// whether its tile is split (a whole tile of a split plan sums its ranges
+// as the splits are summed: Qwen2-7B's gate_up has its gate column 3000 in
+// a split tile of the plain kernel's and a whole one of SwiGLU's); over
+// Qwen2-7B's gate_up, DeepSeek-V2-Lite's shared experts' and dense MLP's,
+// and an I and K of no tile, at swapRows; checks replays as
 // TestLinearSwapExact does, and logs its time against cuBLAS's GEMM then
 // swiglu.
 func TestLinearSwapSwiGLUExact(t *testing.T) {
