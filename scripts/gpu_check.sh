@@ -104,7 +104,7 @@ if $full_fused; then
 	# fused's own tests in two steps, so that the step table says which
 	# half takes the time: the mma.sync kernels' tilings and variants, then
 	# the Hopper kernels (flash_hopper, mla_hopper, group_wgmma,
-	# linear_wgmma, linear_stream, mla_decode flat).
+	# linear_wgmma, linear_stream, linear_swap, mla_decode flat).
 	step fused pkgtest fused -test.skip 'Hopper|Wgmma|Stream|Flat|Swap'
 	step fused-hopper pkgtest fused -test.run 'Hopper|Wgmma|Stream|Flat|Swap'
 fi
