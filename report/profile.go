@@ -23,6 +23,12 @@ type GPU struct {
 	SpanMs   float64 `json:"span_ms"`   // first kernel start to last kernel end
 	WallMs   float64 `json:"wall_ms"`   // the generation's wall time
 	Launches int     `json:"launches"`
+	// PrefillLaunches and DecodeLaunches are the kernels of each phase;
+	// DecodeLaunchesPerStep is the decode's over its steps, what a decode
+	// step's chain of launches is (0 without decode steps).
+	PrefillLaunches       int     `json:"prefill_launches,omitempty"`
+	DecodeLaunches        int     `json:"decode_launches,omitempty"`
+	DecodeLaunchesPerStep float64 `json:"decode_launches_per_step,omitempty"`
 	// SumOverBusy is (KernelMs − BusyMs) / BusyMs: above 5%, kernels ran
 	// concurrently, and their sum overstates the time the device was busy.
 	SumOverBusy float64               `json:"sum_over_busy"`
@@ -35,13 +41,18 @@ type GPU struct {
 const SumBusyTolerance = 0.05
 
 // NewGPU is the GPU report of a profile p whose kernels were traced, of a
-// generation of wallMs; nil where they were not.
-func NewGPU(p *profile.Report, wallMs float64) *GPU {
+// generation of wallMs and decodeSteps decode steps; nil where they were
+// not.
+func NewGPU(p *profile.Report, wallMs float64, decodeSteps int) *GPU {
 	if p.Source != "cupti" {
 		return nil
 	}
 	g := &GPU{KernelMs: p.ComputeMs, BusyMs: p.BusyMs, SpanMs: p.SpanMs, WallMs: wallMs,
-		Launches: p.Launches, Kernels: p.Kernels, Coverage: p.Coverage}
+		Launches: p.Launches, Kernels: p.Kernels, Coverage: p.Coverage,
+		PrefillLaunches: p.PhaseLaunches["prefill"], DecodeLaunches: p.PhaseLaunches["decode"]}
+	if decodeSteps > 0 {
+		g.DecodeLaunchesPerStep = float64(g.DecodeLaunches) / float64(decodeSteps)
+	}
 	if p.BusyMs > 0 {
 		g.SumOverBusy = (p.ComputeMs - p.BusyMs) / p.BusyMs
 	}
@@ -164,8 +175,8 @@ func (g *GPU) write(w io.Writer) {
 	if g.WallMs > 0 {
 		busy = 100 * g.BusyMs / g.WallMs
 	}
-	fmt.Fprintf(w, "GPU: %d kernels, %.1f ms; busy %.1f ms of %.1f ms wall (%.1f%%), first kernel to last %.1f ms; ",
-		g.Launches, g.KernelMs, g.BusyMs, g.WallMs, busy, g.SpanMs)
+	fmt.Fprintf(w, "GPU: %d kernels%s, %.1f ms; busy %.1f ms of %.1f ms wall (%.1f%%), first kernel to last %.1f ms; ",
+		g.Launches, g.byPhase(), g.KernelMs, g.BusyMs, g.WallMs, busy, g.SpanMs)
 	if math.Abs(g.SumOverBusy) <= SumBusyTolerance {
 		fmt.Fprintf(w, "the kernel sum is within %.0f%% of the busy time\n", 100*SumBusyTolerance)
 	} else {
@@ -191,6 +202,22 @@ func (g *GPU) write(w io.Writer) {
 	if n := len(g.Kernels) - kernelsShown; n > 0 {
 		fmt.Fprintf(w, "(%d more kernels in --profile and --json)\n", n)
 	}
+}
+
+// byPhase is " (P in the prefill, D a decode step)" as far as the kernels
+// were tied to a phase, else "".
+func (g *GPU) byPhase() string {
+	var parts []string
+	if g.PrefillLaunches > 0 {
+		parts = append(parts, fmt.Sprintf("%d in the prefill", g.PrefillLaunches))
+	}
+	if g.DecodeLaunchesPerStep > 0 {
+		parts = append(parts, fmt.Sprintf("%.1f a decode step", g.DecodeLaunchesPerStep))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 // coverageName is "fuselm fused", "cuBLAS" or "other".

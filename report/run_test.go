@@ -31,7 +31,7 @@ func TestProfileText(t *testing.T) {
 	rep := &Run{Model: "Qwen2-7B", Kernels: "fused", DType: "bf16", Profile: p.Ops,
 		Timings: Timings{TokensPerSec: 153.4, WallS: 0.125, ComputeMs: p.ComputeMs}}
 	rep.ProfileSource = p.Source
-	rep.GPU = NewGPU(p, 125)
+	rep.GPU = NewGPU(p, 125, 0)
 	rep.Memory = &Memory{PeakBytes: 20 << 30, Weights: 15 << 30, KVCache: 4 << 30, Work: 512 << 20, Scratch: 3 << 20,
 		Libraries: 32 << 20, Other: 477 << 20, WorkingSets: map[kernels.Op]int64{kernels.OpAttnPrefill: 3 << 20}}
 	var b bytes.Buffer
@@ -50,8 +50,19 @@ func TestProfileText(t *testing.T) {
 			t.Errorf("profile text lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "a decode step") || strings.Contains(out, "in the prefill") {
+		t.Errorf("launches by phase said where the kernels have no phase:\n%s", out)
+	}
+	p.PhaseLaunches = map[string]int{"prefill": 1, "decode": 2}
+	rep.GPU = NewGPU(p, 125, 4)
+	b.Reset()
+	rep.WriteProfile(&b)
+	if g := rep.GPU; g.PrefillLaunches != 1 || g.DecodeLaunches != 2 || g.DecodeLaunchesPerStep != 0.5 ||
+		!strings.Contains(b.String(), "GPU: 3 kernels (1 in the prefill, 0.5 a decode step), ") {
+		t.Errorf("launches by phase: %+v\n%s", g, b.String())
+	}
 	p.BusyMs = 90
-	rep.GPU = NewGPU(p, 125)
+	rep.GPU = NewGPU(p, 125, 0)
 	b.Reset()
 	rep.WriteProfile(&b)
 	if !strings.Contains(b.String(), "the kernel sum is 14.4% above the busy time") {

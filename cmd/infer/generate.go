@@ -228,7 +228,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	rep.ProfileNote = profile.NonZero(med.Report.Note)
 	rep.ProfileSource = med.Report.Source
-	rep.GPU = report.NewGPU(med.Report, gen.WallMs)
+	rep.GPU = report.NewGPU(med.Report, gen.WallMs, gen.DecodeSteps)
 	rep.Memory = report.NewMemory(dev, m.Memory(), med.Report.Ops)
 	for b := range prompts {
 		rep.Rows = append(rep.Rows, report.Row{PromptIDs: prompts[b], GeneratedIDs: gen.Tokens[b], Text: tok.Decode(gen.Tokens[b], true)})

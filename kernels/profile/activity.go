@@ -210,6 +210,9 @@ type Report struct {
 	BusyMs   float64 `json:"busy_ms,omitempty"`
 	SpanMs   float64 `json:"span_ms,omitempty"`
 	Launches int     `json:"kernel_launches,omitempty"`
+	// PhaseLaunches counts the kernels by the phase they ran in
+	// ("prefill", "decode"; cupti only).
+	PhaseLaunches map[string]int `json:"phase_launches,omitempty"`
 	// ReplayMs is the device time of the graph replays, timed whole
 	// (events only: their ops are not in Ops).
 	ReplayMs float64 `json:"replay_ms,omitempty"`
@@ -404,6 +407,10 @@ func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes [
 		st.Kernels++
 		if k.Phase != "" {
 			st.PhaseMs[k.Phase] += ms
+			if rep.PhaseLaunches == nil {
+				rep.PhaseLaunches = map[string]int{}
+			}
+			rep.PhaseLaunches[k.Phase]++
 		}
 		ks := kstats[kkey{k.Name, op}]
 		if ks == nil {

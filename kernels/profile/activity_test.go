@@ -85,6 +85,11 @@ func TestKernelReport(t *testing.T) {
 	if rep.Source != "cupti" || rep.Launches != 9 {
 		t.Errorf("source %q, %d launches", rep.Source, rep.Launches)
 	}
+	// Two kernels in the prefill, six in steps 1 to 3 (two a step, two of
+	// them replayed from graph nodes); the memset has no phase.
+	if p, d := rep.PhaseLaunches["prefill"], rep.PhaseLaunches["decode"]; p != 2 || d != 6 || len(rep.PhaseLaunches) != 2 {
+		t.Errorf("launches by phase %v, want prefill 2, decode 6", rep.PhaseLaunches)
+	}
 	// 100+200+10+10+10+11+10+12+1 µs
 	if !near(rep.ComputeMs, 0.364) {
 		t.Errorf("compute %g ms, want 0.364", rep.ComputeMs)
