@@ -357,22 +357,7 @@ func TestLinearSwapExact(t *testing.T) {
 				same(fmt.Sprintf("launch %d back to back", rep+2))
 			}
 			poison()
-			if err := dev.BeginCapture(); err != nil {
-				t.Fatal(err)
-			}
-			call()
-			g, err := dev.EndCapture()
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			for rep := range 2 {
-				poison()
-				if err := g.Replay(); err != nil {
-					t.Fatal(err)
-				}
-				same(fmt.Sprintf("graph replay %d", rep))
-			}
-			g.Close()
+			replayTwice(t, dev, name, call, poison, same)
 			dc := kernels.Compare(first, read(t, dev, cublas))
 			us := medianUs(t, dev, call)
 			cuUs := medianUs(t, dev, func() { o.Addmm(cublas, x, w, b) })
@@ -455,25 +440,12 @@ func TestLinearSwapSwiGLUExact(t *testing.T) {
 				checkSwapCounters(t, o, name)
 			}
 			poison()
-			if err := dev.BeginCapture(); err != nil {
-				t.Fatal(err)
-			}
-			call()
-			g, err := dev.EndCapture()
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			for rep := range 2 {
-				poison()
-				if err := g.Replay(); err != nil {
-					t.Fatal(err)
-				}
+			replayTwice(t, dev, name, call, poison, func(what string) {
 				if n, at := bitsDiffer(first, read(t, dev, got)); n > 0 {
-					t.Errorf("%s, graph replay %d: %d outputs differ from the first launch's, first at %d", name, rep, n, at)
+					t.Errorf("%s, %s: %d outputs differ from the first launch's, first at %d", name, what, n, at)
 				}
 				checkSwapCounters(t, o, name)
-			}
-			g.Close()
+			})
 			us := medianUs(t, dev, call)
 			pairUs := medianUs(t, dev, func() { o.Addmm(gu, x, w, nil); o.SwiGLU(want, gu) })
 			floor := float64(2*s.inter) * float64(s.k) * 2 / copyRate * 1e6
@@ -497,6 +469,29 @@ func checkSwapCounters(t *testing.T, o *ops, what string) {
 	}
 	if i := slices.IndexFunc(c, func(v int32) bool { return v != 0 }); i >= 0 {
 		t.Fatalf("%s: split counter %d is %d after the launch, want 0", what, i, c[i])
+	}
+}
+
+// replayTwice captures call in a CUDA graph on dev and replays it twice,
+// each replay after before (which poisons the outputs) and followed by
+// check, told which replay it follows.
+func replayTwice(t *testing.T, dev *cuda.Device, name string, call, before func(), check func(what string)) {
+	t.Helper()
+	if err := dev.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	call()
+	g, err := dev.EndCapture()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	defer g.Close()
+	for rep := range 2 {
+		before()
+		if err := g.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("graph replay %d", rep))
 	}
 }
 

@@ -316,22 +316,7 @@ func TestMoEDynExact(t *testing.T) {
 				check(fmt.Sprintf("run %d", rep))
 			}
 			poison()
-			if err := dev.BeginCapture(); err != nil {
-				t.Fatal(err)
-			}
-			call()
-			g, err := dev.EndCapture()
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			for rep := range 2 {
-				poison()
-				if err := g.Replay(); err != nil {
-					t.Fatal(err)
-				}
-				check(fmt.Sprintf("graph replay %d", rep))
-			}
-			g.Close()
+			replayTwice(t, dev, name, call, poison, check)
 			use(foldedVariant)
 			poison()
 			call()
@@ -413,22 +398,8 @@ func TestGroupGemmDynExact(t *testing.T) {
 			run(dynVariant)
 			check(fmt.Sprintf("run %d", rep))
 		}
-		if err := dev.BeginCapture(); err != nil {
-			t.Fatal(err)
-		}
-		o.GroupGemm(out, x, w, f)
-		g, err := dev.EndCapture()
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		for rep := range 2 {
-			dev.MemsetD8(dev.Ptr(out), 0xff, c.m*c.n*2)
-			if err := g.Replay(); err != nil {
-				t.Fatal(err)
-			}
-			check(fmt.Sprintf("graph replay %d", rep))
-		}
-		g.Close()
+		replayTwice(t, dev, name, func() { o.GroupGemm(out, x, w, f) },
+			func() { dev.MemsetD8(dev.Ptr(out), 0xff, c.m*c.n*2) }, check)
 		for _, a := range []*kernels.Tensor{x, w, f, out} {
 			dev.Free(a)
 		}
