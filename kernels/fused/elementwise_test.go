@@ -63,28 +63,14 @@ type normRopeProblem struct {
 	owned []*kernels.Tensor // every tensor it allocated
 }
 
-func (p *normRopeProblem) free(dev kernels.Device) {
-	for _, x := range p.owned {
-		dev.Free(x)
-	}
-}
+func (p *normRopeProblem) free(dev kernels.Device) { freeAll(dev, p.owned) }
 
 func newNormRopeProblem(t *testing.T, dev kernels.Device, c normRopeCase, rng *rand.Rand) *normRopeProblem {
 	t.Helper()
 	p := &normRopeProblem{}
 	qw, kvw := c.heads*(c.nope+c.rope), c.rank+c.rope
-	normals := func(n int, scale float64) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return v
-	}
-	upload := func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
-		x := tensorOn(t, dev, dt, vals, shape...)
-		p.owned = append(p.owned, x)
-		return x
-	}
+	normals := func(n int, scale float64) []float32 { return gaussians(rng, n, scale) }
+	upload, ints := keeper(t, dev, &p.owned)
 	const positions = 4096
 	half := c.rope / 2
 	cos, sin := make([]float32, positions*half), make([]float32, positions*half)
@@ -98,8 +84,7 @@ func newNormRopeProblem(t *testing.T, dev kernels.Device, c normRopeCase, rng *r
 	for i := range pos {
 		pos[i] = rng.Intn(positions)
 	}
-	p.pos = intsOn(t, dev, pos)
-	p.owned = append(p.owned, p.pos)
+	p.pos = ints(pos)
 	g := normals(c.rank, 0.2)
 	for i := range g {
 		g[i]++

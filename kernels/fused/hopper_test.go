@@ -230,11 +230,7 @@ func normalOn(t *testing.T, dev kernels.Device, rng *rand.Rand) func(dt kernels.
 		for _, d := range shape {
 			n *= d
 		}
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return tensorOn(t, dev, dt, v, shape...)
+		return tensorOn(t, dev, dt, gaussians(rng, n, scale), shape...)
 	}
 }
 
@@ -250,6 +246,39 @@ func intsOn(t *testing.T, dev kernels.Device, v []int) *kernels.Tensor {
 		t.Fatal(err)
 	}
 	return x
+}
+
+// keeper returns tensorOn and intsOn on dev that also add each tensor to
+// owned, for a problem to free them together (freeAll).
+func keeper(t *testing.T, dev kernels.Device, owned *[]*kernels.Tensor) (
+	upload func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor, ints func(v []int) *kernels.Tensor) {
+	upload = func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
+		x := tensorOn(t, dev, dt, vals, shape...)
+		*owned = append(*owned, x)
+		return x
+	}
+	ints = func(v []int) *kernels.Tensor {
+		x := intsOn(t, dev, v)
+		*owned = append(*owned, x)
+		return x
+	}
+	return upload, ints
+}
+
+// freeAll frees every tensor of owned on dev.
+func freeAll(dev kernels.Device, owned []*kernels.Tensor) {
+	for _, x := range owned {
+		dev.Free(x)
+	}
+}
+
+// gaussians are n draws of rng's normal distribution times scale.
+func gaussians(rng *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+	return v
 }
 
 // run is AttentionPrefill of the problem with flash_hopper (hopper) or

@@ -48,23 +48,8 @@ func newMLADecodeRoPEProblem(t *testing.T, dev kernels.Device, past []int, maxSe
 	const heads, nope, rope, v, rank, positions = 16, 128, 64, 128, 512, 16384
 	p := &mlaDecodeRoPEProblem{}
 	rows, qw, kvw := len(past), heads*(nope+rope), rank+rope
-	normals := func(n int, scale float64) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64() * scale)
-		}
-		return x
-	}
-	upload := func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
-		x := tensorOn(t, dev, dt, vals, shape...)
-		p.owned = append(p.owned, x)
-		return x
-	}
-	ints := func(v []int) *kernels.Tensor {
-		x := intsOn(t, dev, v)
-		p.owned = append(p.owned, x)
-		return x
-	}
+	normals := func(n int, scale float64) []float32 { return gaussians(rng, n, scale) }
+	upload, ints := keeper(t, dev, &p.owned)
 	cs := make([]float32, positions*rope/2)
 	p.r = &kernels.Rope{Dim: rope, Interleaved: true, Cos: upload(kernels.F32, normals(len(cs), 1), positions, rope/2),
 		Sin: upload(kernels.F32, normals(len(cs), 1), positions, rope/2)}
@@ -90,11 +75,7 @@ func newMLADecodeRoPEProblem(t *testing.T, dev kernels.Device, past []int, maxSe
 	return p
 }
 
-func (p *mlaDecodeRoPEProblem) free(dev kernels.Device) {
-	for _, x := range p.owned {
-		dev.Free(x)
-	}
-}
+func (p *mlaDecodeRoPEProblem) free(dev kernels.Device) { freeAll(dev, p.owned) }
 
 // TestMLADecodeRoPEExact holds mla_decode_rope's one launch of the norm,
 // the ropes and q_lat (mla_qlat_rope, then mla_flat and mla_out) to the

@@ -122,13 +122,7 @@ func newMLAHopperProblem(t *testing.T, dev *cuda.Device, c mlaHopperCase, seed i
 	upload := func(vals []float32, shape ...int) *kernels.Tensor {
 		return tensorOn(t, dev, kernels.BF16, vals, shape...)
 	}
-	normal := func(n int, sd float64) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * sd)
-		}
-		return v
-	}
+	normal := func(n int, sd float64) []float32 { return gaussians(rng, n, sd) }
 	width := d.rank + d.rope
 	p.q = upload(normal(tokens*c.heads*(d.nope+d.rope), 1), tokens, c.heads*(d.nope+d.rope))
 	p.kv = upload(normal(tokens*width, 1), tokens, width)

@@ -79,33 +79,14 @@ type ropeAttnProblem struct {
 	owned []*kernels.Tensor
 }
 
-func (p *ropeAttnProblem) free(dev kernels.Device) {
-	for _, x := range p.owned {
-		dev.Free(x)
-	}
-}
+func (p *ropeAttnProblem) free(dev kernels.Device) { freeAll(dev, p.owned) }
 
 func newRoPEAttnProblem(t *testing.T, dev kernels.Device, c ropeAttnCase, rng *rand.Rand) *ropeAttnProblem {
 	t.Helper()
 	p := &ropeAttnProblem{}
 	rows, maxSeq := len(c.past), slices.Max(c.past)+1
-	normals := func(n int, scale float64) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return v
-	}
-	upload := func(dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
-		x := tensorOn(t, dev, dt, vals, shape...)
-		p.owned = append(p.owned, x)
-		return x
-	}
-	ints := func(v []int) *kernels.Tensor {
-		x := intsOn(t, dev, v)
-		p.owned = append(p.owned, x)
-		return x
-	}
+	normals := func(n int, scale float64) []float32 { return gaussians(rng, n, scale) }
+	upload, ints := keeper(t, dev, &p.owned)
 	// Qwen2's angles, with a factor on the tables as YaRN folds one in:
 	// the kernel must read the tables, not recompute them.
 	half := c.d / 2
