@@ -197,18 +197,7 @@ func TestLinearSwapVariants(t *testing.T) {
 // spills or a kernel missing; it logs each kernel's registers and shared
 // memory. Skipped when FUSELM_NVRTC is unset.
 func TestLinearSwapCompiles(t *testing.T) {
-	lib := os.Getenv("FUSELM_NVRTC")
-	if lib == "" {
-		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile without a GPU")
-	}
-	arch := os.Getenv("FUSELM_NVRTC_ARCH")
-	if arch == "" {
-		arch = hopperArch
-	}
-	c, err := cuda.NewCompiler(lib, arch)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := nvrtcCompiler(t, "linear_swap.cu")
 	m := swModule()
 	p, err := cudaset.Source(m)
 	if err != nil {
@@ -519,4 +508,25 @@ func medianUs(t *testing.T, dev *cuda.Device, call func()) float64 {
 	}
 	slices.Sort(us)
 	return us[reps/2]
+}
+
+// nvrtcCompiler is the NVRTC library at $FUSELM_NVRTC compiling for
+// $FUSELM_NVRTC_ARCH (hopperArch when unset), for the tests that compile
+// without a GPU; it skips t, saying it would have compiled what, when
+// FUSELM_NVRTC is unset.
+func nvrtcCompiler(t *testing.T, what string) *cuda.Compiler {
+	t.Helper()
+	lib := os.Getenv("FUSELM_NVRTC")
+	if lib == "" {
+		t.Skipf("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile %s without a GPU", what)
+	}
+	arch := os.Getenv("FUSELM_NVRTC_ARCH")
+	if arch == "" {
+		arch = hopperArch
+	}
+	c, err := cuda.NewCompiler(lib, arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -122,18 +122,7 @@ func TestMLAProbeHeader(t *testing.T) {
 // $FUSELM_NVRTC_OUT set it writes the cubins there. Skipped when
 // FUSELM_NVRTC is unset.
 func TestMLAFlatProbeCompiles(t *testing.T) {
-	lib := os.Getenv("FUSELM_NVRTC")
-	if lib == "" {
-		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile without a GPU")
-	}
-	arch := os.Getenv("FUSELM_NVRTC_ARCH")
-	if arch == "" {
-		arch = hopperArch
-	}
-	c, err := cuda.NewCompiler(lib, arch)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := nvrtcCompiler(t, "mla_flat.cu")
 	for _, build := range []struct {
 		probe bool
 		opts  []string

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"math"
 	"math/rand"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -695,18 +694,7 @@ func TestGemmConfigCheck(t *testing.T) {
 // each tiling of m16Refused must fail the kernels' static_asserts, as
 // check refuses it. Skipped when FUSELM_NVRTC is unset.
 func TestGemmConfigsCompile(t *testing.T) {
-	lib := os.Getenv("FUSELM_NVRTC")
-	if lib == "" {
-		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile moe.cu's tilings without a GPU")
-	}
-	arch := os.Getenv("FUSELM_NVRTC_ARCH")
-	if arch == "" {
-		arch = "sm_90a"
-	}
-	comp, err := cuda.NewCompiler(lib, arch)
-	if err != nil {
-		t.Fatal(err)
-	}
+	comp := nvrtcCompiler(t, "moe.cu's tilings")
 	compile := func() error {
 		m := module("moe.cu", moeFuncs())
 		p, err := cudaset.Source(m)
