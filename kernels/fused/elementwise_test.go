@@ -119,12 +119,7 @@ func (p *normRopeProblem) call(c normRopeCase, s int, run func(q, kv, w *kernels
 // divides is declined. It also times both, for a first look (infer bench
 // rms_norm_rope is the measurement). Skipped where no GPU is found.
 func TestRMSNormRoPEExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(23))
 	v2 := func(tokens int, stacked bool) normRopeCase {
 		return normRopeCase{t: tokens, heads: 16, nope: 128, rope: 64, rank: 512, interleaved: true, stacked: stacked, w: kernels.BF16}

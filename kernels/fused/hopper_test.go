@@ -48,6 +48,24 @@ func openHopper(t *testing.T) (*cuda.Device, *ops) {
 	return openHopperSet(t, "flash_hopper", func(o *ops) error { return o.hopper.err })
 }
 
+// openSet opens the CUDA device (skipping t where none is found) and the
+// fused set on it.
+func openSet(t *testing.T) (*cuda.Device, *ops) {
+	t.Helper()
+	dev := kerneltest.OpenCUDA(t)
+	return dev, newSet(t, dev)
+}
+
+// newSet is the fused set on dev, failing t where New fails.
+func newSet(t *testing.T, dev kernels.Device) *ops {
+	t.Helper()
+	set, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set.(*ops)
+}
+
 // openHopperSet opens GPU 0 and builds the fused set on it, skipping off
 // hopperArch devices, where the Hopper kernel named cannot exist; absent
 // (kitErr, its kit's error) it fails.
@@ -57,11 +75,7 @@ func openHopperSet(t *testing.T, kernel string, kitErr func(*ops) error) (*cuda.
 	if p := dev.Props(); p.Arch != hopperArch {
 		t.Skipf("%s runs on %s only; %s (compute capability %d.%d) is %s", kernel, hopperArch, p.Name, p.CCMajor, p.CCMinor, p.Arch)
 	}
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	o := newSet(t, dev)
 	if err := kitErr(o); err != nil {
 		t.Fatalf("%s is absent: %v", kernel, err)
 	}

@@ -68,12 +68,7 @@ func TestMoEFoldVariants(t *testing.T) {
 // left behind by the first shows in the second; the output starts as NaN,
 // so a column no block sums shows too.
 func TestMoEFoldExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(23))
 	random := normalOn(t, dev, rng)
 	key := "tiling=" + foldTiling
@@ -230,12 +225,7 @@ func TestMoEDynVariants(t *testing.T) {
 // launch that leaves one behind shows (in a replay too, as a run with no
 // tiles).
 func TestMoEDynExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(31))
 	random := normalOn(t, dev, rng)
 	const hidden, inter, experts, k = 2048, 1408, 64, 6
@@ -340,12 +330,7 @@ func TestMoEDynExact(t *testing.T) {
 // row, then in a graph replayed twice, the output NaN before each run and
 // the counters zero after it.
 func TestGroupGemmDynExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(37))
 	random := normalOn(t, dev, rng)
 	for _, c := range []struct{ m, n, k, groups int }{{200, 2048, 1408, 64}, {96, 520, 264, 64}, {40, 2816, 2048, 8}} {
@@ -474,11 +459,7 @@ func TestMoERoutedExact(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	defer func(n int) { routeFoldTokens = n }(routeFoldTokens)
 	routeFoldTokens = foldTokens // route in the gate/up blocks every case the fold takes, not only the default's
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(29))
 	random := normalOn(t, dev, rng)
 	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
@@ -813,11 +794,7 @@ func TestMoETilingsExact(t *testing.T) {
 	// outputs runs every case on a set built in the current gemmConfigs,
 	// by name.
 	outputs := func(t *testing.T) map[string][]float32 {
-		set, err := New(dev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o := set.(*ops)
+		o := newSet(t, dev)
 		got := map[string][]float32{}
 		result := func(name string, out *kernels.Tensor) {
 			got[name] = read(t, dev, out)

@@ -129,12 +129,7 @@ func newRoPEAttnProblem(t *testing.T, dev kernels.Device, c ropeAttnCase, rng *r
 // also times both, for a first look (infer bench rope_attn_decode is the
 // measurement). Skipped where no GPU is found.
 func TestRoPEAttnDecodeExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(31))
 	spread := func(n, last int) []int {
 		v := make([]int, n)
