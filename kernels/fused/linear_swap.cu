@@ -71,11 +71,11 @@
 // down instead of hanging (its output, and a split tile's counter, are then
 // garbage).
 //
-// Rate: unsplit (Qwen2-7B's lm_head at 16 rows) 102% of the copy rate's
-// floor; the split plans of this layout (whole waves, fewer and longer
-// ranges, the reads of the splits batched) are not measured yet
-// (TestLinearSwapExact logs µs against cuBLAS and linear_stream; infer
-// bench linear --variants swap,cublas measures it).
+// Rate at 16 rows (bench/RESULTS.md, linear_swap): 92% of the copy rate's
+// floor on Qwen2-7B's gate_up (whole waves, the last split in two) and
+// 103% on its lm_head, above cuBLAS on both; the small matrices, whose
+// tiles all split, stay 10-40% under cuBLAS (infer bench linear
+// --variants swap,cublas measures it).
 
 #include "hop_gemm.cuh"
 #include "linear.cuh"
