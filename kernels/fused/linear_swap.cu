@@ -73,9 +73,9 @@
 //
 // Rate at 16 rows (bench/RESULTS.md, linear_swap): 92% of the copy rate's
 // floor on Qwen2-7B's gate_up (whole waves, the last split in two) and
-// 103% on its lm_head, above cuBLAS on both; the small matrices, whose
-// tiles all split, stay 10-40% under cuBLAS (infer bench linear
-// --variants swap,cublas measures it).
+// 103% on its lm_head, above cuBLAS on both; the shapes whose tiles all
+// split stay up to 40% under cuBLAS (infer bench linear --variants
+// swap,cublas measures it).
 
 #include "hop_gemm.cuh"
 #include "linear.cuh"
