@@ -188,6 +188,22 @@ type opEnd struct {
 
 func (e opEnd) EndOp(set string, _ kernels.Cost) { e.c.calls = append(e.c.calls, string(e.op)+"@"+set) }
 
+// observed is spec's Dispatch on dev, with the observer that records its
+// calls as "op@set".
+func observed(t *testing.T, dev kernels.Device, spec string) (*kernels.Dispatch, *opCalls) {
+	t.Helper()
+	sp, err := kernels.ParseSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := &opCalls{}
+	d, err := sp.Build(dev, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, obs
+}
+
 // TestRMSNormRoPEDispatch: under "fused" MLA's norm and ropes are one call
 // of fused's (one launch); where the spec puts rms_norm or rope on naive
 // they are the three calls, each on its set, as before the op; naming the
@@ -207,15 +223,7 @@ func TestRMSNormRoPEDispatch(t *testing.T) {
 		{"naive", []string{"rms_norm@naive", "rope@naive", "rope@naive"}},
 		{"naive,rms_norm_rope=fused", []string{"rms_norm_rope@fused"}},
 	} {
-		spec, err := kernels.ParseSpec(s.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obs := &opCalls{}
-		d, err := spec.Build(dev, obs)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, obs := observed(t, dev, s.spec)
 		p.call(c, 0, d.RMSNormRoPE)
 		if !slices.Equal(obs.calls, s.calls) {
 			t.Errorf("%s: calls %v, want %v", s.spec, obs.calls, s.calls)

@@ -139,15 +139,7 @@ func TestMLADecodeRoPEDispatch(t *testing.T) {
 		{"naive", 1, []string{"rms_norm@naive", "rope@naive", "rope@naive", "mla_decode@naive"}},
 		{"fused", 16, []string{"rms_norm_rope@fused", "mla_decode@fused"}},
 	} {
-		spec, err := kernels.ParseSpec(s.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obs := &opCalls{}
-		d, err := spec.Build(dev, obs)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, obs := observed(t, dev, s.spec)
 		p := newMLADecodeRoPEProblem(t, dev, slices.Repeat([]int{99}, s.rows), 100, rand.New(rand.NewSource(37)))
 		d.MLADecodeRoPE(p.a[0], p.w, 1e-6, p.pos, p.r)
 		want := s.calls

@@ -210,15 +210,7 @@ func TestRoPEAttnDecodeDispatch(t *testing.T) {
 		{"naive,rope_attn_decode=fused", p, []string{"rope_attn_decode@fused"}},
 		{"fused", pi, []string{"rope@fused", "attn_decode@fused"}},
 	} {
-		spec, err := kernels.ParseSpec(s.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obs := &opCalls{}
-		d, err := spec.Build(dev, obs)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, obs := observed(t, dev, s.spec)
 		d.RoPEAttentionDecode(s.p.a[0], s.p.pos, s.p.r)
 		if !slices.Equal(obs.calls, s.calls) {
 			t.Errorf("%s (interleaved %v): calls %v, want %v", s.spec, s.p.r.Interleaved, obs.calls, s.calls)
