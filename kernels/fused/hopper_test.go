@@ -552,21 +552,31 @@ func read(t *testing.T, dev kernels.Device, x *kernels.Tensor) []float32 {
 	return v
 }
 
+// hostReference is what a cpu-set reference of a device problem starts
+// from: an f32 host device, the cpu set on it, a copy to it of a device
+// tensor (widened to f32), and batch with its tables on the host.
+func hostReference(t *testing.T, dev *cuda.Device, batch *kernels.Batch) (host kernels.Device, ref kernels.Ops,
+	onHost func(*kernels.Tensor) *kernels.Tensor, hb kernels.Batch) {
+	t.Helper()
+	host = cpu.NewDevice()
+	ref, err := cpu.New(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onHost = func(x *kernels.Tensor) *kernels.Tensor {
+		return tensorOn(t, host, kernels.F32, read(t, dev, x), x.Shape...)
+	}
+	hb = *batch
+	hb.StartDev, hb.PastDev = intsOn(t, host, hb.Start), intsOn(t, host, hb.Past)
+	return host, ref, onHost, hb
+}
+
 // cpuReference is the problem's output by the cpu set on an f32 host
 // device, from the values the device holds (widened): f32 throughout, p
 // unrounded, the reference f16 results are held against.
 func (p *hopperProblem) cpuReference(t *testing.T, dev *cuda.Device) []float32 {
 	t.Helper()
-	host := cpu.NewDevice()
-	ref, err := cpu.New(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	onHost := func(x *kernels.Tensor) *kernels.Tensor {
-		return tensorOn(t, host, kernels.F32, read(t, dev, x), x.Shape...)
-	}
-	hb := *p.batch
-	hb.StartDev, hb.PastDev = intsOn(t, host, hb.Start), intsOn(t, host, hb.Past)
+	host, ref, onHost, hb := hostReference(t, dev, p.batch)
 	c := p.c
 	a := &kernels.AttnArgs{Out: host.Alloc(kernels.F32, p.tokens, c.heads*c.d), Q: onHost(p.q), K: onHost(p.k), V: onHost(p.v),
 		KCache: onHost(p.kc), VCache: onHost(p.vc), Batch: &hb, Heads: c.heads, KVHeads: c.kv, HeadDim: c.d,

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
@@ -157,16 +156,7 @@ func mlaKeysOwnWave(o *ops) int {
 // cpu set on an f32 host device, from the values dev holds (widened).
 func mlaDecodeReference(t *testing.T, dev *cuda.Device, p *mlaHopperProblem) []float32 {
 	t.Helper()
-	host := cpu.NewDevice()
-	ref, err := cpu.New(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	onHost := func(x *kernels.Tensor) *kernels.Tensor {
-		return tensorOn(t, host, kernels.F32, read(t, dev, x), x.Shape...)
-	}
-	hb := *p.batch
-	hb.StartDev, hb.PastDev = intsOn(t, host, hb.Start), intsOn(t, host, hb.Past)
+	host, ref, onHost, hb := hostReference(t, dev, p.batch)
 	a := p.args()
 	a.Out, a.Q, a.KV, a.Cache, a.WKVB, a.Batch = host.Alloc(kernels.F32, p.o.Shape...), onHost(p.q), onHost(p.kv),
 		onHost(p.cache), onHost(p.wkvb), &hb
