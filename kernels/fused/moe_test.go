@@ -155,7 +155,8 @@ func TestMoEFoldExact(t *testing.T) {
 // (dynVariant) is offered and chosen: at decode's tiling, for moe_experts
 // (the folded variant's default past the fold; chosen, in every call) and
 // group_gemm (its default), with grouped_mma, a block a tile, selectable
-// beside it for both; at no other tiling.
+// beside it for both, and moe_experts' folded path on the persistent grid
+// (foldDynVariant) too; at no other tiling.
 func TestMoEDynVariants(t *testing.T) {
 	o := &ops{}
 	h200 := kernels.Targets["sm_90a"]
@@ -166,7 +167,7 @@ func TestMoEDynVariants(t *testing.T) {
 		want []string
 	}{
 		{kernels.OpMoEExperts, kernels.Shape{"N": 16, "H": 2048, "I": 1408, "E": 64, "topk": 6}, foldedVariant,
-			[]string{"grouped_mma", dynVariant, foldedVariant}},
+			[]string{"grouped_mma", dynVariant, foldedVariant, foldDynVariant}},
 		{kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, dynVariant, []string{"grouped_mma", dynVariant}},
 		{kernels.OpMoEExperts, kernels.Shape{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}, "grouped_mma", []string{"grouped_mma"}},
 		{kernels.OpGroupGemm, kernels.Shape{"M": 3000, "N": 2816, "K": 2048, "E": 64}, "grouped_mma", []string{"grouped_mma"}},
@@ -205,6 +206,81 @@ func TestMoEDynVariants(t *testing.T) {
 	for _, c := range gemmConfigs {
 		if got := o.dynTakes(c); got != (c.Name == dynTiling) {
 			t.Errorf("tiling %s: dynTakes %v", c.Name, got)
+		}
+	}
+}
+
+// TestMoEFoldDynVariants checks, without a GPU, which path moe_experts
+// runs at decode's tiling by token count (foldPath): the default
+// (foldedVariant) folds a block a tile up to foldTokens, on the persistent
+// grid up to foldDynTokens, and runs the four launches past it;
+// foldDynVariant chosen folds on the persistent grid up to foldMax
+// choices; dynVariant and grouped_mma never fold. None folds without the
+// counters, past foldMax choices or past foldCounters n-tiles, and the
+// persistent fold needs the persistent grid's counters too. foldDynVariant
+// is offered, and can be chosen, at decode's tiling only.
+func TestMoEFoldDynVariants(t *testing.T) {
+	o := &ops{}
+	c := configNamed(dynTiling)
+	const k, hidden = 6, 2048
+	type path struct{ fold, dyn bool }
+	grid, persistent, four := path{true, false}, path{true, true}, path{false, false}
+	check := func(variant string, tokens, choices, hidden int, want path) {
+		t.Helper()
+		if fold, dyn := o.foldPath(variant, c, tokens, choices, hidden); (path{fold, dyn}) != want {
+			t.Errorf("%s, %d tokens, %d choices, hidden %d: fold %v dyn %v, want %+v", variant, tokens, choices, hidden, fold, dyn, want)
+		}
+	}
+	check(foldedVariant, 4, 4*k, hidden, four) // no counters allocated
+	o.moeCounters = &kernels.Tensor{}
+	check(foldedVariant, 4, 4*k, hidden, grid)
+	check(foldedVariant, 12, 12*k, hidden, four) // no persistent grid
+	check(foldDynVariant, 4, 4*k, hidden, four)
+	o.dynCounters = &kernels.Tensor{}
+	for tokens := 1; tokens <= foldMax/k+2; tokens++ {
+		choices := tokens * k
+		def, chosen := four, four
+		switch {
+		case tokens <= foldTokens:
+			def, chosen = grid, persistent
+		case tokens <= foldDynTokens:
+			def, chosen = persistent, persistent
+		case choices <= foldMax:
+			chosen = persistent
+		}
+		check(foldedVariant, tokens, choices, hidden, def)
+		check(foldDynVariant, tokens, choices, hidden, chosen)
+		check(dynVariant, tokens, choices, hidden, four)
+		check("grouped_mma", tokens, choices, hidden, four)
+	}
+	check(foldDynVariant, 1, 6, foldCounters*c.BN+1, four)
+	check(foldedVariant, 12, 12*k, foldCounters*c.BN+1, four)
+	check(foldDynVariant, 12, 12*k, foldCounters*c.BN, persistent)
+	if foldTokens >= foldDynTokens || foldDynTokens*k > foldMax {
+		t.Errorf("foldTokens %d, foldDynTokens %d: the persistent fold takes no count of top-%d past the grid's fold within %d choices",
+			foldTokens, foldDynTokens, k, foldMax)
+	}
+
+	h200 := kernels.Targets["sm_90a"]
+	for _, s := range []kernels.Shape{{"N": 1, "H": 2048, "I": 1408, "E": 64, "topk": 6}, {"N": 16, "H": 2048, "I": 1408, "E": 64, "topk": 6},
+		{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}} {
+		key := o.TuningKey(kernels.OpMoEExperts, s)
+		decode := key == "tiling="+dynTiling
+		offered := slices.ContainsFunc(variants(kernels.OpMoEExperts, s, h200), func(v kernels.Variant) bool {
+			return v.Name == foldDynVariant && v.Valid()
+		})
+		if offered != decode {
+			t.Errorf("%s (%s): %s offered %v", s, key, foldDynVariant, offered)
+		}
+		if err := o.UseVariant(kernels.OpMoEExperts, key, foldDynVariant); (err == nil) != decode {
+			t.Errorf("%s (%s): UseVariant %s: %v", s, key, foldDynVariant, err)
+		} else if decode && o.VariantFor(kernels.OpMoEExperts, key) != foldDynVariant {
+			t.Errorf("%s (%s): runs %q with %s chosen", s, key, o.VariantFor(kernels.OpMoEExperts, key), foldDynVariant)
+		}
+	}
+	for _, op := range []kernels.Op{kernels.OpGroupGemm, kernels.OpMoERouted} {
+		if err := o.UseVariant(op, "tiling="+dynTiling, foldDynVariant); err == nil {
+			t.Errorf("%s accepted %s", op, foldDynVariant)
 		}
 	}
 }
@@ -658,7 +734,8 @@ func TestGemmConfigCheck(t *testing.T) {
 				names []string
 				c     gemmConfig
 			}{{[]string{c.gemmKernel(), c.gateUpKernel()}, c}, {[]string{c.dynGemmKernel(), c.dynGateUpKernel()}, d},
-				{[]string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}, c}} {
+				{[]string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}, c},
+				{[]string{c.foldDynGateUpKernel(), c.foldDynGemmKernel()}, d}} {
 				if line := "X(" + strings.Join(k.names, ", ") + args(k.c); !strings.Contains(p.Headers[i].Src, line) {
 					t.Errorf("moe.cu compiles an instances.cuh without %s", line)
 				}
