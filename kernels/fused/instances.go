@@ -219,10 +219,10 @@ func moeFoldInstances() cudaset.Instances {
 
 // moeFoldDynInstances are the folded decode path's kernels on the
 // persistent grid (moe.cu's MOE_FOLD_DYN), at the persistent grid's tiling
-// (dynConfig): gate/up and down.
+// (dynConfig): gate/up, down, and moe_routed's gate/up that routes too.
 func moeFoldDynInstances() cudaset.Instances {
 	c := dynConfig()
-	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel()},
+	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()},
 		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 

@@ -619,16 +619,18 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
 // its grid_wait, that is after this grid has finished) and the tables
 // (fold_tables). Nothing of the GEMM can start before the routes: its
 // expert, hence its weights, and its rows are what they decide; only the
-// counts are zeroed before grid_wait.
+// counts are zeroed before grid_wait. With DYN, as moe_gate_up_fold's:
+// a persistent grid that routes, then takes tickets.
 //   out bf16 [M, op]; x bf16 [N, xp]; logits f32 [N, lp] (r.E columns);
 //   idx i32 [N, ip] and weight f32 [N, wp] (r.K columns) written; w, M, NN
-//   (2I), KK (H), first, sorted, slot: moe_gate_up_fold's. N·K ≤
+//   (2I), KK (H), first, sorted, slot, tickets: moe_gate_up_fold's. N·K ≤
 //   MOE_FOLD_MAX; r as route_token takes it, r.E ≤ MAX_GROUPS.
-// Launch: moe_gate_up's grid and block (tiling of the instance).
-template <int BM, int BN, int WM, int WN, int BK, int ST>
+// Launch: moe_gate_up's grid and block (tiling of the instance), or with
+// DYN group_gemm_dyn's.
+template <int BM, int BN, int WM, int WN, int BK, int ST, bool DYN>
 __device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N,
                                   const Route r, int* idx, int ip, float* weight, int wp, const bf16* w, int* first,
-                                  int* sorted, int* slot, int M, int NN, int KK) {
+                                  int* sorted, int* slot, int M, int NN, int KK, int* tickets) {
 	constexpr int WARPS = WM * WN;
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
 	__shared__ float stage[WARPS][32 * ROUTE_PER_LANE];
@@ -656,7 +658,9 @@ __device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, cons
 	fold_starts<BM>(sFirst, sCount, E);
 	const int choices = N * K;
 	if (tables) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
-	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
+	if constexpr (DYN)
+		group_gemm_dyn<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, tickets, choices);
+	else group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
 }
 
 // fold_last counts the block's tile on counter, after a fence that
@@ -754,17 +758,18 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
 	           int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip,             \
 	           float* weight, int wp, const bf16* w, int* first, int* sorted, int* slot, int M, int NN, int KK) { \
-		moe_gate_up_route<BM, BN, WM, WN, BK, ST>(out, op, x, xp, logits, lp, N,                                  \
-		                                          Route{E, K, groupLimited, groups, topkGroups, norm, scale}, idx, \
-		                                          ip, weight, wp, w, first, sorted, slot, M, NN, KK);             \
+		moe_gate_up_route<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, logits, lp, N,                           \
+		                                                 Route{E, K, groupLimited, groups, topkGroups, norm, scale},  \
+		                                                 idx, ip, weight, wp, w, first, sorted, slot, M, NN, KK,      \
+		                                                 nullptr);                                                    \
 	}
 MOE_FOLD_INSTANCES(MOE_FOLD)
 
 // The folded path on the persistent grid (moe.go's foldDynVariant, and
-// foldedVariant past foldTokens): MOE_FOLD's gate/up and down kernels in
-// the persistent grid's tiling (dynTiling at dynStages), each with its
-// ticket pair after the arguments of MOE_FOLD's.
-#define MOE_FOLD_DYN(GATE_UP, GEMM, BM, BN, WM, WN, BK, ST)                                                       \
+// foldedVariant past foldTokens): MOE_FOLD's gate/up, down and routing
+// gate/up kernels in the persistent grid's tiling (dynTiling at
+// dynStages), each with its ticket pair after the arguments of MOE_FOLD's.
+#define MOE_FOLD_DYN(GATE_UP, GEMM, ROUTED, BM, BN, WM, WN, BK, ST)                                               \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
 	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK, int* tickets) {                \
@@ -777,6 +782,16 @@ MOE_FOLD_INSTANCES(MOE_FOLD)
 	         int* counters, int* tickets) {                                                                       \
 		group_gemm_fold<BM, BN, WM, WN, BK, ST, true>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot,    \
 		                                              weight, wp, N, K, counters, tickets);                       \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
+	           int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip,             \
+	           float* weight, int wp, const bf16* w, int* first, int* sorted, int* slot, int M, int NN, int KK,   \
+	           int* tickets) {                                                                                    \
+		moe_gate_up_route<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, logits, lp, N,                            \
+		                                                Route{E, K, groupLimited, groups, topkGroups, norm, scale},   \
+		                                                idx, ip, weight, wp, w, first, sorted, slot, M, NN, KK,       \
+		                                                tickets);                                                     \
 	}
 MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 

@@ -110,6 +110,10 @@ func (c gemmConfig) dynGateUpKernel() string { return "moe_gate_up_" + c.Name + 
 func (c gemmConfig) foldDynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_fold_dyn" }
 func (c gemmConfig) foldDynGemmKernel() string   { return "group_gemm_" + c.Name + "_fold_dyn" }
 
+// routeDynGateUpKernel is moe_routed's gate/up kernel on the persistent
+// grid in tiling c (moe.cu's MOE_FOLD_DYN).
+func (c gemmConfig) routeDynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_route_dyn" }
+
 // foldConfig and dynConfig are the tilings of foldTiling and dynTiling.
 func foldConfig() gemmConfig { return configNamed(foldTiling) }
 func dynConfig() gemmConfig {
@@ -527,10 +531,13 @@ func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *ker
 //     weight after its grid_wait, once the first launch has finished.
 //
 // So one launch fewer than moe_route then moe_experts, whose outputs
-// these are bit for bit. It declines (the Dispatch then runs moe_route and
-// moe_experts) where moe_experts would not run the folded path (more than
-// foldTokens tokens, another tiling, another variant chosen for it) or
-// moe_routed's variant is routedUnfused.
+// these are bit for bit. Both run on the grid moe_experts' folded path
+// would run them on (foldPath: a block a tile, or the persistent grid's
+// MOE_FOLD_DYN past foldTokens or with foldDynVariant chosen). It declines
+// (the Dispatch then runs moe_route and moe_experts) where moe_experts
+// would not run the folded path (past foldDynTokens, another tiling,
+// another variant chosen for it), past routeFoldTokens unless
+// routedVariant is chosen, or where moe_routed's variant is routedUnfused.
 // routeFoldTokens is the most tokens moe_routed routes in its gate/up
 // blocks: every block routes every token before its first weight load,
 // which alone on an H200 paid at one token and cost more than the launch
@@ -552,14 +559,22 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	key := wgmmaKey(c)
 	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
 	chosen := o.choice[choiceKey{op, key}] == routedVariant // a tuning choice or infer bench's --variants
-	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && (n <= routeFoldTokens || chosen) && o.foldTakes(c, n, choices, hidden), op,
+	fold, dyn := o.foldPath(ev, c, n, choices, hidden)
+	o.Need(v == routedVariant && fold && n > 0 && (n <= routeFoldTokens || chosen), op,
 		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
 	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
 		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
-	o.LaunchGrid(c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
-	o.foldDown(c, false, tiles, out, weight, down, first, slot, act, y, rows)
+	name, grid := c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter)
+	if dyn {
+		c = dynConfig()
+		name = c.routeDynGateUpKernel()
+		grid = o.dynGrid(name, grid)
+		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynGateUpPair))
+	}
+	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	o.foldDown(c, dyn, tiles, out, weight, down, first, slot, act, y, rows)
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
@@ -660,6 +675,7 @@ func gemmShared() map[string]int {
 	m[d.dynGateUpKernel()] = d.shared()
 	m[d.foldDynGateUpKernel()] = d.shared()
 	m[d.foldDynGemmKernel()] = d.shared()
+	m[d.routeDynGateUpKernel()] = d.shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()

@@ -695,15 +695,18 @@ func TestMoERoutedVariants(t *testing.T) {
 // experts, one group), group-limited (8 groups, top 3, normalised and
 // scaled), and logits of exact ties (a quarter of a token's experts share
 // its best score: the tie order decides), at 1, 3, 5 and 8 tokens
-// (foldTokens; routeFoldTokens raised to it), at V2-Lite's expert dims and
-// at dims of no tile. Past foldTokens, and with the variant unfused chosen, the call must decline
-// (the Dispatch then runs the parts). Outputs start as NaN (idx as -1), so
-// that one left unwritten shows; each chain runs twice, so that a counter
-// the down kernel leaves behind shows in the second.
+// (foldTokens: the fold a block a tile) and at 9 and 16 (foldDynTokens:
+// on the persistent grid, moe_gate_up_route_dyn), routeFoldTokens raised
+// to foldDynTokens, at V2-Lite's expert dims and at dims of no tile. Past
+// foldDynTokens, and with the variant unfused chosen, the call must
+// decline (the Dispatch then runs the parts). Outputs start as NaN (idx as
+// -1), so that one left unwritten shows; each chain runs twice, so that a
+// counter the down kernel leaves behind shows in the second, and every
+// counter must be zero after each.
 func TestMoERoutedExact(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	defer func(n int) { routeFoldTokens = n }(routeFoldTokens)
-	routeFoldTokens = foldTokens // route in the gate/up blocks every case the fold takes, not only the default's
+	routeFoldTokens = foldDynTokens // route in the gate/up blocks every case the fold takes, not only the default's
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(29))
 	random := normalOn(t, dev, rng)
@@ -720,7 +723,8 @@ func TestMoERoutedExact(t *testing.T) {
 		{"v2-lite", 8, 2048, 1408, lite, false}, {"group-limited", 8, 2048, 1408, limited, false},
 		{"ties", 1, 520, 264, lite, true}, {"ties", 8, 520, 264, lite, true},
 		{"ties, group-limited", 5, 520, 264, limited, true}, {"group-limited", 3, 1000, 96, limited, false},
-		{"v2-lite, past the fold", 9, 512, 256, lite, false}, {"v2-lite, past the fold", 16, 2048, 1408, lite, false},
+		{"v2-lite, persistent fold", 9, 512, 256, lite, false}, {"v2-lite, persistent fold", 16, 2048, 1408, lite, false},
+		{"group-limited, persistent fold", 12, 520, 264, limited, false}, {"v2-lite, past the fold", 17, 512, 256, lite, false},
 	} {
 		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
 		k := c.r.TopK
@@ -763,7 +767,7 @@ func TestMoERoutedExact(t *testing.T) {
 		poison()
 		parts()
 		want := results()
-		folds := c.n <= foldTokens
+		folds := c.n <= foldDynTokens
 		for rep := range 2 {
 			poison()
 			if u, declined := whole(); declined != !folds {
@@ -784,6 +788,7 @@ func TestMoERoutedExact(t *testing.T) {
 						name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
 				}
 			}
+			checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
 		}
 		key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": c.n, "topk": k, "E": experts})
 		if folds {
@@ -904,7 +909,7 @@ func TestGemmConfigCheck(t *testing.T) {
 				c     gemmConfig
 			}{{[]string{c.gemmKernel(), c.gateUpKernel()}, c}, {[]string{c.dynGemmKernel(), c.dynGateUpKernel()}, d},
 				{[]string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}, c},
-				{[]string{c.foldDynGateUpKernel(), c.foldDynGemmKernel()}, d}} {
+				{[]string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()}, d}} {
 				if line := "X(" + strings.Join(k.names, ", ") + args(k.c); !strings.Contains(p.Headers[i].Src, line) {
 					t.Errorf("moe.cu compiles an instances.cuh without %s", line)
 				}

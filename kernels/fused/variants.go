@@ -251,7 +251,8 @@ var table = func() []variant {
 	}}, variant{op: kernels.OpMoERouted, name: routedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		c := gemmTiling(kernels.OpMoERouted, s)
 		return fmt.Sprintf("%s with moe_route in every gate/up block, a warp a token (two launches after the router; "+
-				"up to %d tokens, and where moe_experts runs %s, else the two ops)", foldedVariant, foldTokens, foldedVariant),
+				"up to %d tokens unless chosen, and where moe_experts folds, on its grid: %s's or %s's; else the two ops)",
+				foldedVariant, routeFoldTokens, foldedVariant, foldDynVariant),
 			join(archWhy(t), fits(c.shared(), t)), c.Name == foldTiling
 	}, use: func(_ *ops, key string) error {
 		if c, _ := gemmTilingOfKey(key); c.Name != foldTiling {
