@@ -400,12 +400,7 @@ func TestMoEDynExact(t *testing.T) {
 // back), and of the fold a block a tile (foldedVariant with foldTokens
 // raised) for reference.
 func TestMoEFoldDynExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	set, err := New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := set.(*ops)
+	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(43))
 	random := normalOn(t, dev, rng)
 	const k = 6
