@@ -26,7 +26,7 @@ func instances() []cudaset.Instances {
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
-		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), linearInstances(),
+		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), swInstances(),
 	}
@@ -214,6 +214,15 @@ func groupGemmDynInstances() cudaset.Instances {
 func moeFoldInstances() cudaset.Instances {
 	c := foldConfig()
 	return cudaset.Instances{Macro: "MOE_FOLD", Kernels: []cudaset.Instance{{Names: []string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()},
+		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
+}
+
+// moeFoldDynInstances are the folded decode path's kernels on the
+// persistent grid (moe.cu's MOE_FOLD_DYN), at the persistent grid's tiling
+// (dynConfig): gate/up, down, and moe_routed's gate/up that routes too.
+func moeFoldDynInstances() cudaset.Instances {
+	c := dynConfig()
+	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()},
 		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 

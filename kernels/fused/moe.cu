@@ -390,6 +390,11 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	                                                                    choices, g, row0, rowEnd, blockIdx.x, aRow, bRow);
 }
 
+// NoAfter is group_gemm_dyn's default After: nothing after a tile.
+struct NoAfter {
+	__device__ void operator()(int, int) const {}
+};
+
 // group_gemm_dyn is group_gemm on a persistent grid: instead of a block a
 // tile of the bound, most of which find no work at decode (the bound
 // counts up to a tile of padding for every expert), each block takes
@@ -407,6 +412,11 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 // itself finished, and a fence orders the two: when the last block counts
 // itself, no block takes a ticket any more, and its reset cannot be lost
 // under another block's increment.
+// With FOLD, gather and first are fold_count's (shared), as group_gemm's
+// FOLD takes them, and choices their count. After each tile every thread
+// of the block calls after(nt, mtiles), the tile's n-tile and the m-tiles
+// of the work (the folded down kernel's combine, group_gemm_fold); the
+// default does nothing.
 //   out, x, gather, w, first, E, M, N, K: group_gemm's; counters i32 [2],
 //   a pair of its own per kernel (a kernel overlapping this one touches
 //   its own pair only), zero between launches.
@@ -414,9 +424,11 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 // (ceil(N/2 / (BN/2)) with SWIGLU) times the bound of the m-tiles;
 // group_gemm_tile's block. The caller has passed grid_wait: the counters,
 // as first, are touched after it only.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD = false,
+          class After = NoAfter>
 __device__ void group_gemm_dyn(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv, const bf16* w,
-                               const int* first, int E, int M, int N, int K, int* counters) {
+                               const int* first, int E, int M, int N, int K, int* counters, int choices = 0,
+                               After after = {}) {
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1]; // start[g]: group g's first m-tile
 	__shared__ int ticket;
@@ -427,9 +439,11 @@ __device__ void group_gemm_dyn(bf16* out, int op, const bf16* x, int xp, const i
 		__syncthreads(); // the ticket (and, the first time, start) is written
 		const int t = ticket;
 		if (t >= start[E] * ntiles) break;
-		const int mt = t / ntiles, g = group_of_tile(start, E, mt), row0 = first[g] + (mt - start[g]) * BM;
-		group_gemm_tile<BM, BN, WARPS_M, WARPS_N, BK, STAGES, SWIGLU, false>(out, op, x, xp, gather, gdiv, w, first, N, K, 0,
-		                                                                     g, row0, first[g + 1], t - mt * ntiles, aRow, bRow);
+		const int mt = t / ntiles, nt = t - mt * ntiles, g = group_of_tile(start, E, mt);
+		const int row0 = first[g] + (mt - start[g]) * BM;
+		group_gemm_tile<BM, BN, WARPS_M, WARPS_N, BK, STAGES, SWIGLU, FOLD>(out, op, x, xp, gather, gdiv, w, first, N, K,
+		                                                                    choices, g, row0, first[g + 1], nt, aRow, bRow);
+		after(nt, start[E]);
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
 	if (threadIdx.x == 0) {
@@ -487,13 +501,18 @@ GROUP_GEMM_DYN_INSTANCES(GROUP_GEMM_DYN)
 // The folded decode path (moe.go's MoEExperts at tiling m16 and at most
 // MOE_FOLD_MAX choices) runs the experts in two launches instead of four:
 // every block of the gate/up kernel counts the choices itself and ranks
-// those of its own expert (moe_align's work, a few hundred operations), and the last block of each n-tile of
-// the down kernel sums that tile's columns of every token (moe_combine's
-// work). The rows, the products and the weighted sum are the unfolded
-// path's, so the two agree bit for bit. The moe_routed op folds moe_route
-// in too (moe_gate_up_route): every gate/up block routes the tokens
-// itself, and the experts run in the same two launches after the router's
-// logits.
+// those of its own expert (moe_align's work, a few hundred operations),
+// and the last tile of each n-tile of the down kernel sums that tile's
+// columns of every token (moe_combine's work). The rows, the products and
+// the weighted sum are the unfolded path's, so the two agree bit for bit.
+// Both kernels run a block a tile of the bound (MOE_FOLD) or on the
+// persistent grid (MOE_FOLD_DYN, past a few tokens, where most of the
+// bound's blocks would find no work): there every block counts and ranks
+// the choices before it takes tickets, and the last tile of each down
+// n-tile, whichever block runs it, sums that n-tile. The moe_routed op
+// folds moe_route in too (moe_gate_up_route): every gate/up block routes
+// the tokens itself, and the experts run in the same two launches after
+// the router's logits.
 #define MOE_FOLD_MAX 128
 
 // padded_starts writes start[e], group e's first row, and start[E], all
@@ -566,21 +585,29 @@ __device__ void fold_tables(int* first, int* sorted, int* slot, const int* sFirs
 
 // moe_gate_up_fold is moe_gate_up over the choices of idx, which every
 // block counts itself (fold_count; it ranks its own expert's); block
-// (0, 0) also writes the tables (fold_tables).
+// (0, 0) also writes the tables (fold_tables). With DYN the blocks are a
+// persistent grid that, once they have counted, take their tiles from the
+// ticket pair tickets as group_gemm_dyn's (bit for bit the same tiles);
+// else a block a tile, as group_gemm's.
 //   out bf16 [M, op]; x bf16 [N, xp]; idx i32 [N, ip] (K columns); w, E, M,
 //   NN (2I), KK (H): moe_gate_up's. first i32 [E+1], sorted i32 [M], slot
-//   i32 [N·K] written.
-// Launch: moe_gate_up's grid and block (tiling of the instance).
-template <int BM, int BN, int WM, int WN, int BK, int ST>
+//   i32 [N·K] written. tickets i32 [2] (DYN only): group_gemm_dyn's
+//   counters, zero between launches.
+// Launch: moe_gate_up's grid and block (tiling of the instance), or with
+// DYN group_gemm_dyn's.
+template <int BM, int BN, int WM, int WN, int BK, int ST, bool DYN>
 __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K,
-                                 const bf16* w, int* first, int* sorted, int* slot, int E, int M, int NN, int KK) {
+                                 const bf16* w, int* first, int* sorted, int* slot, int E, int M, int NN, int KK,
+                                 int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
 	grid_wait();
 	grid_release();
 	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
 	const int choices = N * K;
 	if (blockIdx.x == 0 && blockIdx.y == 0) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
-	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
+	if constexpr (DYN)
+		group_gemm_dyn<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, tickets, choices);
+	else group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
 }
 
 // moe_gate_up_route is moe_route and moe_gate_up_fold in one kernel (the
@@ -592,16 +619,18 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
 // its grid_wait, that is after this grid has finished) and the tables
 // (fold_tables). Nothing of the GEMM can start before the routes: its
 // expert, hence its weights, and its rows are what they decide; only the
-// counts are zeroed before grid_wait.
+// counts are zeroed before grid_wait. With DYN, as moe_gate_up_fold's:
+// a persistent grid that routes, then takes tickets.
 //   out bf16 [M, op]; x bf16 [N, xp]; logits f32 [N, lp] (r.E columns);
 //   idx i32 [N, ip] and weight f32 [N, wp] (r.K columns) written; w, M, NN
-//   (2I), KK (H), first, sorted, slot: moe_gate_up_fold's. N·K ≤
+//   (2I), KK (H), first, sorted, slot, tickets: moe_gate_up_fold's. N·K ≤
 //   MOE_FOLD_MAX; r as route_token takes it, r.E ≤ MAX_GROUPS.
-// Launch: moe_gate_up's grid and block (tiling of the instance).
-template <int BM, int BN, int WM, int WN, int BK, int ST>
+// Launch: moe_gate_up's grid and block (tiling of the instance), or with
+// DYN group_gemm_dyn's.
+template <int BM, int BN, int WM, int WN, int BK, int ST, bool DYN>
 __device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N,
                                   const Route r, int* idx, int ip, float* weight, int wp, const bf16* w, int* first,
-                                  int* sorted, int* slot, int M, int NN, int KK) {
+                                  int* sorted, int* slot, int M, int NN, int KK, int* tickets) {
 	constexpr int WARPS = WM * WN;
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
 	__shared__ float stage[WARPS][32 * ROUTE_PER_LANE];
@@ -629,35 +658,34 @@ __device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, cons
 	fold_starts<BM>(sFirst, sCount, E);
 	const int choices = N * K;
 	if (tables) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
-	group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
+	if constexpr (DYN)
+		group_gemm_dyn<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, tickets, choices);
+	else group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
 }
 
-// group_gemm_fold is group_gemm (the experts' down projections into y,
-// every choice's row) and then moe_combine for the block's n-tile: each
-// block, finished or past the work, counts itself on its n-tile's counter,
-// and the last to come sums the tile's columns of every token,
-//   out[t, c] = bf16(Σ_k weight[t, k] · y[slot[t·K + k], c]) in k order,
-// as moe_combine does, reading the other blocks' y through L2 after a
-// fence; it leaves the counter at zero for the next launch.
-//   y bf16 [M, yp]; act, w, first, E, M, NN (H), KK (I): group_gemm's.
-//   out bf16 [N, outp]; slot i32 [N·K]; weight f32 [N, wp]; counters i32
-//   [≥ gridDim.x], zero between launches. NN a multiple of 8.
-// Launch: group_gemm's grid and block.
-template <int BM, int BN, int WM, int WN, int BK, int ST>
-__device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E,
-                                int M, int NN, int KK, bf16* out, int outp, const int* slot, const float* weight,
-                                int wp, int N, int K, int* counters) {
-	__shared__ bool lastFlag;
-	grid_wait();
-	grid_release();
-	group_gemm<BM, BN, WM, WN, BK, ST, false>(y, yp, act, ap, nullptr, 1, w, first, E, M, NN, KK);
+// fold_last counts the block's tile on counter, after a fence that
+// publishes the tile's outputs, and tells every thread of the block
+// whether it came last of arrivals (then, after a second fence, the other
+// tiles' outputs are visible to it through L2).
+__device__ __forceinline__ bool fold_last(int* counter, int arrivals) {
+	__shared__ bool last;
 	__threadfence();
 	__syncthreads();
-	if (threadIdx.x == 0) lastFlag = atomicAdd(&counters[blockIdx.x], 1) == (int)gridDim.y - 1;
+	if (threadIdx.x == 0) last = atomicAdd(counter, 1) == arrivals - 1;
 	__syncthreads();
-	if (!lastFlag) return;
-	__threadfence();
-	const int c0 = blockIdx.x * BN, per = min(BN, NN - c0) / 8;
+	if (last) __threadfence();
+	return last;
+}
+
+// fold_combine is moe_combine for the BN columns of n-tile nt, by one
+// block: out[t, c] = bf16(Σ_k weight[t, k] · y[slot[t·K + k], c]) in k
+// order, y read through L2 (the other blocks' rows).
+//   out bf16 [N, outp]; y bf16 [*, yp] (NN columns, a multiple of 8); slot
+//   i32 [N·K]; weight f32 [N, wp].
+template <int BN>
+__device__ __forceinline__ void fold_combine(bf16* out, int outp, const bf16* y, int yp, const int* slot,
+                                             const float* weight, int wp, int N, int K, int NN, unsigned nt) {
+	const int c0 = nt * BN, per = min(BN, NN - c0) / 8;
 	for (int i = threadIdx.x; i < N * per; i += blockDim.x) {
 		const int t = i / per, c = c0 + (i - t * per) * 8;
 		float acc[8];
@@ -676,32 +704,96 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 		for (int j = 0; j < 4; j++) ow[j] = pack2(acc[2 * j], acc[2 * j + 1]);
 		*reinterpret_cast<uint4*>(out + (long long)t * outp + c) = o;
 	}
-	if (threadIdx.x == 0) counters[blockIdx.x] = 0; // ready for the next launch
+}
+
+// group_gemm_fold is group_gemm (the experts' down projections into y,
+// every choice's row) and then moe_combine for each n-tile: every tile of
+// an n-tile counts itself on its counter (fold_last), and the last to come
+// sums the tile's columns of every token (fold_combine), then leaves the
+// counter at zero for the next launch. A block a tile (every block,
+// finished or past the work, arrives: gridDim.y of them), or with DYN a
+// persistent grid taking its tiles from the ticket pair tickets as
+// group_gemm_dyn's (the m-tiles of the work arrive, start[E]), so that the
+// last of an n-tile combines it in the middle of its block's tickets.
+//   y bf16 [M, yp]; act, w, first, E, M, NN (H), KK (I): group_gemm's.
+//   out bf16 [N, outp]; slot i32 [N·K]; weight f32 [N, wp]; counters i32
+//   [≥ ceil(NN / BN)], zero between launches; tickets i32 [2] (DYN only),
+//   group_gemm_dyn's counters. NN a multiple of 8.
+// Launch: group_gemm's grid and block, or with DYN group_gemm_dyn's.
+template <int BM, int BN, int WM, int WN, int BK, int ST, bool DYN>
+__device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E,
+                                int M, int NN, int KK, bf16* out, int outp, const int* slot, const float* weight,
+                                int wp, int N, int K, int* counters, int* tickets) {
+	grid_wait();
+	grid_release();
+	auto combine = [&](unsigned nt, int arrivals) {
+		if (!fold_last(&counters[nt], arrivals)) return;
+		fold_combine<BN>(out, outp, y, yp, slot, weight, wp, N, K, NN, nt);
+		if (threadIdx.x == 0) counters[nt] = 0; // ready for the next launch
+	};
+	if constexpr (DYN) {
+		group_gemm_dyn<BM, BN, WM, WN, BK, ST, false>(y, yp, act, ap, nullptr, 1, w, first, E, M, NN, KK, tickets, 0,
+		                                              combine);
+	} else {
+		group_gemm<BM, BN, WM, WN, BK, ST, false>(y, yp, act, ap, nullptr, 1, w, first, E, M, NN, KK);
+		combine(blockIdx.x, gridDim.y);
+	}
 }
 
 #define MOE_FOLD(GATE_UP, GEMM, ROUTED, BM, BN, WM, WN, BK, ST)                                                  \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
 	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK) {                              \
-		moe_gate_up_fold<BM, BN, WM, WN, BK, ST>(out, op, x, xp, idx, ip, N, K, w, first, sorted, slot, E, M, NN, \
-		                                         KK);                                                             \
+		moe_gate_up_fold<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, idx, ip, N, K, w, first, sorted, slot, E, \
+		                                                M, NN, KK, nullptr);                                      \
 	}                                                                                                              \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    GEMM(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E, int M, int NN,     \
 	         int KK, bf16* out, int outp, const int* slot, const float* weight, int wp, int N, int K,              \
 	         int* counters) {                                                                                     \
-		group_gemm_fold<BM, BN, WM, WN, BK, ST>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot, weight, \
-		                                        wp, N, K, counters);                                              \
+		group_gemm_fold<BM, BN, WM, WN, BK, ST, false>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot,   \
+		                                               weight, wp, N, K, counters, nullptr);                      \
 	}                                                                                                              \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
 	           int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip,             \
 	           float* weight, int wp, const bf16* w, int* first, int* sorted, int* slot, int M, int NN, int KK) { \
-		moe_gate_up_route<BM, BN, WM, WN, BK, ST>(out, op, x, xp, logits, lp, N,                                  \
-		                                          Route{E, K, groupLimited, groups, topkGroups, norm, scale}, idx, \
-		                                          ip, weight, wp, w, first, sorted, slot, M, NN, KK);             \
+		moe_gate_up_route<BM, BN, WM, WN, BK, ST, false>(out, op, x, xp, logits, lp, N,                           \
+		                                                 Route{E, K, groupLimited, groups, topkGroups, norm, scale},  \
+		                                                 idx, ip, weight, wp, w, first, sorted, slot, M, NN, KK,      \
+		                                                 nullptr);                                                    \
 	}
 MOE_FOLD_INSTANCES(MOE_FOLD)
+
+// The folded path on the persistent grid (moe.go's foldDynVariant, and
+// foldedVariant past foldTokens): MOE_FOLD's gate/up, down and routing
+// gate/up kernels in the persistent grid's tiling (dynTiling at
+// dynStages), each with its ticket pair after the arguments of MOE_FOLD's.
+#define MOE_FOLD_DYN(GATE_UP, GEMM, ROUTED, BM, BN, WM, WN, BK, ST)                                               \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
+	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK, int* tickets) {                \
+		moe_gate_up_fold<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, idx, ip, N, K, w, first, sorted, slot, E,  \
+		                                               M, NN, KK, tickets);                                       \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GEMM(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E, int M, int NN,     \
+	         int KK, bf16* out, int outp, const int* slot, const float* weight, int wp, int N, int K,              \
+	         int* counters, int* tickets) {                                                                       \
+		group_gemm_fold<BM, BN, WM, WN, BK, ST, true>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot,    \
+		                                              weight, wp, N, K, counters, tickets);                       \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
+	           int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip,             \
+	           float* weight, int wp, const bf16* w, int* first, int* sorted, int* slot, int M, int NN, int KK,   \
+	           int* tickets) {                                                                                    \
+		moe_gate_up_route<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, logits, lp, N,                            \
+		                                                Route{E, K, groupLimited, groups, topkGroups, norm, scale},   \
+		                                                idx, ip, weight, wp, w, first, sorted, slot, M, NN, KK,       \
+		                                                tickets);                                                     \
+	}
+MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 
 // -------------------------------------------------- permutation and sum
 

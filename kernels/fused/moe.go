@@ -39,10 +39,15 @@ const (
 	// dynTiling is the tiling whose grouped GEMMs also run on a persistent
 	// grid (moe.cu's group_gemm_dyn): decode's, where the bound's grid is
 	// mostly blocks that find no work. dynVariant is that variant, of
-	// moe_experts (its four launches; the folded variant's past the fold
+	// moe_experts (its four launches; the folded variants' past the fold
 	// too) and of group_gemm; grouped_mma there is the grid a block a tile.
 	dynTiling  = "m16"
 	dynVariant = "grouped_mma_dyn"
+	// foldDynVariant is moe_experts' variant that runs the folded path on
+	// the persistent grid (moe.cu's MOE_FOLD_DYN) wherever it takes the
+	// problem, and dynVariant's four launches elsewhere; foldedVariant, the
+	// default, runs it past foldTokens up to foldDynTokens.
+	foldDynVariant = "grouped_mma_folded_dyn"
 	// dynStages is the ring depth of the persistent grid's kernels, which
 	// otherwise run dynTiling's tiling: a grid of the blocks the SMs hold
 	// streams more bytes at once with more, shallower blocks (three of
@@ -99,6 +104,15 @@ func (c gemmConfig) routeGateUpKernel() string { return "moe_gate_up_" + c.Name 
 // persistent grid in tiling c (moe.cu's GROUP_GEMM_DYN).
 func (c gemmConfig) dynGemmKernel() string   { return "group_gemm_" + c.Name + "_dyn" }
 func (c gemmConfig) dynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_dyn" }
+
+// foldDynGateUpKernel and foldDynGemmKernel are the folded path's kernels
+// on the persistent grid in tiling c (moe.cu's MOE_FOLD_DYN).
+func (c gemmConfig) foldDynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_fold_dyn" }
+func (c gemmConfig) foldDynGemmKernel() string   { return "group_gemm_" + c.Name + "_fold_dyn" }
+
+// routeDynGateUpKernel is moe_routed's gate/up kernel on the persistent
+// grid in tiling c (moe.cu's MOE_FOLD_DYN).
+func (c gemmConfig) routeDynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_route_dyn" }
 
 // foldConfig and dynConfig are the tilings of foldTiling and dynTiling.
 func foldConfig() gemmConfig { return configNamed(foldTiling) }
@@ -315,11 +329,18 @@ func (o *ops) groupGemm(c gemmConfig, kernel string, dyn bool, tiles int, out, x
 		if kernel == "moe_gate_up" {
 			name = c.dynGateUpKernel()
 		}
-		grid = cuda.Dim3{X: uint32(min(int(grid.X)*tiles, o.dynPerSM[name]*o.SMs))}
+		grid = o.dynGrid(name, grid)
 		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*pair))
 		c = dynConfig()
 	}
 	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+}
+
+// dynGrid is the grid of the persistent kernel name whose work is at most
+// the tiles of bound: as many blocks as the SMs hold at once, at most one a
+// tile.
+func (o *ops) dynGrid(name string, bound cuda.Dim3) cuda.Dim3 {
+	return cuda.Dim3{X: uint32(min(int(bound.X*bound.Y), o.dynPerSM[name]*o.SMs))}
 }
 
 // dynTakes reports whether tiling c runs its grouped GEMMs on the
@@ -358,7 +379,11 @@ func (o *ops) dynTakes(c gemmConfig) bool { return c.Name == dynTiling && o.dynC
 // foldedVariant) steps 1 and 4 fold into 2 and 3, whose launches were most
 // of their cost: every moe_gate_up block ranks the choices itself, and the
 // last block of each of group_gemm's n-tiles sums that tile's columns of
-// every token (moe.cu's MOE_FOLD). Same rows, same sums, same result.
+// every token (moe.cu's MOE_FOLD). Same rows, same sums, same result. Past
+// foldTokens, up to foldDynTokens (or wherever foldDynVariant is chosen),
+// the folded path runs on the persistent grids instead (MOE_FOLD_DYN): the
+// blocks rank the choices, then take their tiles from the counters, and
+// the last tile of each down n-tile sums its columns (foldPath).
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	op := kernels.OpMoEExperts
 	kernels.CheckMoEExperts(o.D.ActDType(), out, x, idx, weight, gateUp, down)
@@ -373,8 +398,8 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	c := configFor(choices, experts)
 	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
 	variant := o.variantFor(op, wgmmaKey(c))
-	if variant == foldedVariant && o.foldTakes(c, n, choices, hidden) {
-		o.expertsFolded(c, tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
+	if fold, dyn := o.foldPath(variant, c, n, choices, hidden); fold {
+		o.expertsFolded(c, dyn, tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
 		return
 	}
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
@@ -394,7 +419,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			return
 		}
 	} else {
-		dyn := (variant == dynVariant || variant == foldedVariant) && o.dynTakes(c)
+		dyn := (variant == dynVariant || variant == foldedVariant || variant == foldDynVariant) && o.dynTakes(c)
 		o.groupGemm(c, "moe_gate_up", dyn, tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
 		o.groupGemm(c, "group_gemm", dyn, tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	}
@@ -408,24 +433,63 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 // variable, so that the tests can fold every case the kernels can take.
 var foldTokens = 8
 
+// foldDynTokens is the most tokens the folded path takes on the persistent
+// grid by default (foldedVariant past foldTokens): decode's batches of 9 to
+// 16 tokens, where the grid a block a tile of the bound is thousands of
+// blocks of which a few hundred have work, and the four launches pay two
+// hops more on the step's chain. A variable, as foldTokens.
+var foldDynTokens = 16
+
 // foldTakes reports whether the folded path runs tokens (choices of them
 // with top-k) in tiling c with hidden columns out.
 func (o *ops) foldTakes(c gemmConfig, tokens, choices, hidden int) bool {
-	return c.Name == foldTiling && tokens <= foldTokens && choices <= foldMax && (hidden+c.BN-1)/c.BN <= foldCounters &&
-		o.moeCounters != nil
+	return tokens <= foldTokens && o.foldFits(c, choices, hidden)
+}
+
+// foldFits reports whether the folded path's kernels take choices in
+// tiling c with hidden columns out: every block ranks them (foldMax), and
+// each down n-tile has a counter.
+func (o *ops) foldFits(c gemmConfig, choices, hidden int) bool {
+	return c.Name == foldTiling && choices <= foldMax && (hidden+c.BN-1)/c.BN <= foldCounters && o.moeCounters != nil
+}
+
+// foldPath is which path moe_experts runs under variant for tokens
+// (choices of them) with hidden columns out in tiling c: folded (two
+// launches) or not (fold), and then on the persistent grid (dyn) or a
+// block a tile. foldedVariant folds a block a tile up to foldTokens and
+// on the persistent grid up to foldDynTokens; foldDynVariant folds on
+// the persistent grid wherever the kernels take it; neither folds past
+// them (the four launches, on the persistent grid).
+func (o *ops) foldPath(variant string, c gemmConfig, tokens, choices, hidden int) (fold, dyn bool) {
+	fits := o.foldFits(c, choices, hidden)
+	switch {
+	case variant == foldedVariant && fits && tokens <= foldTokens:
+		return true, false
+	case (variant == foldedVariant && tokens <= foldDynTokens || variant == foldDynVariant) && fits && o.dynTakes(c):
+		return true, true
+	}
+	return false, false
 }
 
 // expertsFolded is MoEExperts in two launches: moe_gate_up_fold (the
 // alignment in every block, block 0 writing first, sorted and slot), then
-// foldDown.
-func (o *ops) expertsFolded(c gemmConfig, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
+// foldDown; with dyn, both on the persistent grid (MOE_FOLD_DYN, the gate/up
+// kernel taking its tiles from dynGateUpPair's counters).
+func (o *ops) expertsFolded(c gemmConfig, dyn bool, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
 	first, sorted, slot, act, y cudaset.Mat, rows int) {
 	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	o.LaunchGrid(c.foldGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(),
-		act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
-		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2*inter), int32(hidden))
-	o.foldDown(c, tiles, out, weight, down, first, slot, act, y, rows)
+	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
+		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2 * inter), int32(hidden)}
+	name, grid := c.foldGateUpKernel(), foldGateUpGrid(c, tiles, inter)
+	if dyn {
+		c = dynConfig()
+		name = c.foldDynGateUpKernel()
+		grid = o.dynGrid(name, grid)
+		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynGateUpPair))
+	}
+	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	o.foldDown(c, dyn, tiles, out, weight, down, first, slot, act, y, rows)
 }
 
 // foldGateUpGrid is the grid of the folded path's gate/up kernels in
@@ -437,16 +501,22 @@ func foldGateUpGrid(c gemmConfig, tiles, inter int) cuda.Dim3 {
 // foldDown is the folded path's second launch, group_gemm_fold: the down
 // projections of the rows of act (first's groups) into y, and out [N, H],
 // each token's rows (slot) weighted by weight [N, K] and summed, by each
-// n-tile's last block.
-func (o *ops) foldDown(c gemmConfig, tiles int, out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
+// n-tile's last tile; with dyn on the persistent grid (c then dynConfig's,
+// its tickets dynDownPair's counters).
+func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
 	n, k, hidden := out.Rows(), weight.Cols(), out.Cols()
 	experts, inter := down.Shape[0], down.Shape[2]
 	om := o.Mat(out)
-	o.LaunchGrid(c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)},
-		cuda.Dim3{X: uint32(c.threads())}, c.shared(),
-		y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
+	args := []any{y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
 		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
-		o.D.Ptr(o.moeCounters))
+		o.D.Ptr(o.moeCounters)}
+	name, grid := c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}
+	if dyn {
+		name = c.foldDynGemmKernel()
+		grid = o.dynGrid(name, grid)
+		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynDownPair))
+	}
+	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
 }
 
 // MoERouted is moe_route and the folded decode path of MoEExperts in that
@@ -461,10 +531,13 @@ func (o *ops) foldDown(c gemmConfig, tiles int, out, weight, down *kernels.Tenso
 //     weight after its grid_wait, once the first launch has finished.
 //
 // So one launch fewer than moe_route then moe_experts, whose outputs
-// these are bit for bit. It declines (the Dispatch then runs moe_route and
-// moe_experts) where moe_experts would not run the folded path (more than
-// foldTokens tokens, another tiling, another variant chosen for it) or
-// moe_routed's variant is routedUnfused.
+// these are bit for bit. Both run on the grid moe_experts' folded path
+// would run them on (foldPath: a block a tile, or the persistent grid's
+// MOE_FOLD_DYN past foldTokens or with foldDynVariant chosen). It declines
+// (the Dispatch then runs moe_route and moe_experts) where moe_experts
+// would not run the folded path (past foldDynTokens, another tiling,
+// another variant chosen for it), past routeFoldTokens unless
+// routedVariant is chosen, or where moe_routed's variant is routedUnfused.
 // routeFoldTokens is the most tokens moe_routed routes in its gate/up
 // blocks: every block routes every token before its first weight load,
 // which alone on an H200 paid at one token and cost more than the launch
@@ -486,14 +559,22 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	key := wgmmaKey(c)
 	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
 	chosen := o.choice[choiceKey{op, key}] == routedVariant // a tuning choice or infer bench's --variants
-	o.Need(v == routedVariant && ev == foldedVariant && n > 0 && (n <= routeFoldTokens || chosen) && o.foldTakes(c, n, choices, hidden), op,
+	fold, dyn := o.foldPath(ev, c, n, choices, hidden)
+	o.Need(v == routedVariant && fold && n > 0 && (n <= routeFoldTokens || chosen), op,
 		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
 	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
 		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
-	o.LaunchGrid(c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter), cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
-	o.foldDown(c, tiles, out, weight, down, first, slot, act, y, rows)
+	name, grid := c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter)
+	if dyn {
+		c = dynConfig()
+		name = c.routeDynGateUpKernel()
+		grid = o.dynGrid(name, grid)
+		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynGateUpPair))
+	}
+	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	o.foldDown(c, dyn, tiles, out, weight, down, first, slot, act, y, rows)
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
@@ -556,7 +637,7 @@ func (o *ops) moeFirstFor(experts int) cudaset.Mat {
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
 	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
-		cudaset.Names(moeFoldInstances())...)
+		cudaset.Names(moeFoldInstances(), moeFoldDynInstances())...)
 }
 
 // initMoE allocates the counters of the folded path and of the persistent
@@ -569,7 +650,7 @@ func (o *ops) initMoE() error {
 	o.D.Zero(o.moeCounters)
 	o.dynPerSM = map[string]int{}
 	c := dynConfig()
-	for _, name := range cudaset.Names(groupGemmDynInstances()) {
+	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances()) {
 		a, err := o.Func(name).Attrs()
 		if err != nil {
 			return fmt.Errorf("fused: %s: %w", name, err)
@@ -592,6 +673,9 @@ func gemmShared() map[string]int {
 	d := dynConfig()
 	m[d.dynGemmKernel()] = d.shared()
 	m[d.dynGateUpKernel()] = d.shared()
+	m[d.foldDynGateUpKernel()] = d.shared()
+	m[d.foldDynGemmKernel()] = d.shared()
+	m[d.routeDynGateUpKernel()] = d.shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()

@@ -155,7 +155,8 @@ func TestMoEFoldExact(t *testing.T) {
 // (dynVariant) is offered and chosen: at decode's tiling, for moe_experts
 // (the folded variant's default past the fold; chosen, in every call) and
 // group_gemm (its default), with grouped_mma, a block a tile, selectable
-// beside it for both; at no other tiling.
+// beside it for both, and moe_experts' folded path on the persistent grid
+// (foldDynVariant) too; at no other tiling.
 func TestMoEDynVariants(t *testing.T) {
 	o := &ops{}
 	h200 := kernels.Targets["sm_90a"]
@@ -166,7 +167,7 @@ func TestMoEDynVariants(t *testing.T) {
 		want []string
 	}{
 		{kernels.OpMoEExperts, kernels.Shape{"N": 16, "H": 2048, "I": 1408, "E": 64, "topk": 6}, foldedVariant,
-			[]string{"grouped_mma", dynVariant, foldedVariant}},
+			[]string{"grouped_mma", dynVariant, foldedVariant, foldDynVariant}},
 		{kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, dynVariant, []string{"grouped_mma", dynVariant}},
 		{kernels.OpMoEExperts, kernels.Shape{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}, "grouped_mma", []string{"grouped_mma"}},
 		{kernels.OpGroupGemm, kernels.Shape{"M": 3000, "N": 2816, "K": 2048, "E": 64}, "grouped_mma", []string{"grouped_mma"}},
@@ -209,6 +210,81 @@ func TestMoEDynVariants(t *testing.T) {
 	}
 }
 
+// TestMoEFoldDynVariants checks, without a GPU, which path moe_experts
+// runs at decode's tiling by token count (foldPath): the default
+// (foldedVariant) folds a block a tile up to foldTokens, on the persistent
+// grid up to foldDynTokens, and runs the four launches past it;
+// foldDynVariant chosen folds on the persistent grid up to foldMax
+// choices; dynVariant and grouped_mma never fold. None folds without the
+// counters, past foldMax choices or past foldCounters n-tiles, and the
+// persistent fold needs the persistent grid's counters too. foldDynVariant
+// is offered, and can be chosen, at decode's tiling only.
+func TestMoEFoldDynVariants(t *testing.T) {
+	o := &ops{}
+	c := configNamed(dynTiling)
+	const k, hidden = 6, 2048
+	type path struct{ fold, dyn bool }
+	grid, persistent, four := path{true, false}, path{true, true}, path{false, false}
+	check := func(variant string, tokens, choices, hidden int, want path) {
+		t.Helper()
+		if fold, dyn := o.foldPath(variant, c, tokens, choices, hidden); (path{fold, dyn}) != want {
+			t.Errorf("%s, %d tokens, %d choices, hidden %d: fold %v dyn %v, want %+v", variant, tokens, choices, hidden, fold, dyn, want)
+		}
+	}
+	check(foldedVariant, 4, 4*k, hidden, four) // no counters allocated
+	o.moeCounters = &kernels.Tensor{}
+	check(foldedVariant, 4, 4*k, hidden, grid)
+	check(foldedVariant, 12, 12*k, hidden, four) // no persistent grid
+	check(foldDynVariant, 4, 4*k, hidden, four)
+	o.dynCounters = &kernels.Tensor{}
+	for tokens := 1; tokens <= foldMax/k+2; tokens++ {
+		choices := tokens * k
+		def, chosen := four, four
+		switch {
+		case tokens <= foldTokens:
+			def, chosen = grid, persistent
+		case tokens <= foldDynTokens:
+			def, chosen = persistent, persistent
+		case choices <= foldMax:
+			chosen = persistent
+		}
+		check(foldedVariant, tokens, choices, hidden, def)
+		check(foldDynVariant, tokens, choices, hidden, chosen)
+		check(dynVariant, tokens, choices, hidden, four)
+		check("grouped_mma", tokens, choices, hidden, four)
+	}
+	check(foldDynVariant, 1, 6, foldCounters*c.BN+1, four)
+	check(foldedVariant, 12, 12*k, foldCounters*c.BN+1, four)
+	check(foldDynVariant, 12, 12*k, foldCounters*c.BN, persistent)
+	if foldTokens >= foldDynTokens || foldDynTokens*k > foldMax {
+		t.Errorf("foldTokens %d, foldDynTokens %d: the persistent fold takes no count of top-%d past the grid's fold within %d choices",
+			foldTokens, foldDynTokens, k, foldMax)
+	}
+
+	h200 := kernels.Targets["sm_90a"]
+	for _, s := range []kernels.Shape{{"N": 1, "H": 2048, "I": 1408, "E": 64, "topk": 6}, {"N": 16, "H": 2048, "I": 1408, "E": 64, "topk": 6},
+		{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}} {
+		key := o.TuningKey(kernels.OpMoEExperts, s)
+		decode := key == "tiling="+dynTiling
+		offered := slices.ContainsFunc(variants(kernels.OpMoEExperts, s, h200), func(v kernels.Variant) bool {
+			return v.Name == foldDynVariant && v.Valid()
+		})
+		if offered != decode {
+			t.Errorf("%s (%s): %s offered %v", s, key, foldDynVariant, offered)
+		}
+		if err := o.UseVariant(kernels.OpMoEExperts, key, foldDynVariant); (err == nil) != decode {
+			t.Errorf("%s (%s): UseVariant %s: %v", s, key, foldDynVariant, err)
+		} else if decode && o.VariantFor(kernels.OpMoEExperts, key) != foldDynVariant {
+			t.Errorf("%s (%s): runs %q with %s chosen", s, key, o.VariantFor(kernels.OpMoEExperts, key), foldDynVariant)
+		}
+	}
+	for _, op := range []kernels.Op{kernels.OpGroupGemm, kernels.OpMoERouted} {
+		if err := o.UseVariant(op, "tiling="+dynTiling, foldDynVariant); err == nil {
+			t.Errorf("%s accepted %s", op, foldDynVariant)
+		}
+	}
+}
+
 // TestMoEDynExact holds the persistent grids of decode's tiling
 // (dynVariant: moe_gate_up and group_gemm taking their tiles from a
 // counter) against a block a tile (grouped_mma) in moe_experts' four
@@ -219,7 +295,8 @@ func TestMoEDynVariants(t *testing.T) {
 // of its own (of distinct prompts), and expert 0 in every token's choices
 // (several m-tiles of one expert at 40). The persistent grid runs twice in
 // a row, then captured in a graph replayed twice, then once as the default
-// (the folded variant past foldTokens). Before every run the output and
+// (the folded variant: at 9 and 16 tokens folded on the persistent grid,
+// at 40 past foldDynTokens its four launches). Before every run the output and
 // the GEMMs' intermediates (act, y) are NaN, so that a tile no block
 // computes shows; after it every counter must be zero again, so that a
 // launch that leaves one behind shows (in a replay too, as a run with no
@@ -242,26 +319,7 @@ func TestMoEDynExact(t *testing.T) {
 			if c.Name != dynTiling {
 				t.Fatalf("%s: tiling %s, not %s", name, c.Name, dynTiling)
 			}
-			ids := make([]int, choices)
-			ws := make([]float32, choices)
-			shared := rng.Perm(experts)
-			for tok := range n {
-				pick := shared
-				switch routing {
-				case "distinct":
-					pick = rng.Perm(experts)
-				case "hot":
-					pick = append([]int{0}, rng.Perm(experts - 1)[:k-1]...)
-					for j := 1; j < k; j++ {
-						pick[j]++
-					}
-					rng.Shuffle(k, func(a, b int) { pick[a], pick[b] = pick[b], pick[a] })
-				}
-				for j := range k {
-					ids[tok*k+j] = pick[j]
-					ws[tok*k+j] = float32(rng.Float64())
-				}
-			}
+			ids, ws := moeRouting(rng, routing, n, k, experts)
 			x := random(kernels.BF16, 1, n, hidden)
 			idx := intsOn(t, dev, ids)
 			idx.Shape, idx.Pitch = []int{n, k}, k
@@ -296,7 +354,7 @@ func TestMoEDynExact(t *testing.T) {
 					t.Errorf("%s, %s: %d of %d outputs differ from grouped_mma's, first at %d: %g against %g",
 						name, what, bad, len(want), at, got[at], want[at])
 				}
-				checkDynCounters(t, o, name+", "+what)
+				checkCounters(t, o, name+", "+what)
 			}
 			use(dynVariant)
 			for rep := range 2 {
@@ -320,6 +378,154 @@ func TestMoEDynExact(t *testing.T) {
 				dev.Free(a)
 			}
 		}
+	}
+}
+
+// TestMoEFoldDynExact holds the folded path on the persistent grid
+// (foldDynVariant: moe_gate_up_fold_dyn ranking the choices in every
+// block, then both GEMMs taking tickets, the last tile of each down n-tile
+// combining it) against moe_experts' four launches on the persistent grid
+// (dynVariant), bit for bit, at DeepSeek-V2-Lite's expert dims (hidden
+// 2048, moe_intermediate 1408, top-6 of 64) and at a small shape of no
+// whole n-tile (hidden 520, intermediate 264, top-6 of 8), at 9, 12 and 16
+// tokens (foldTokens to foldDynTokens) routed as moeRouting's shared,
+// distinct and hot. Each case runs once as the default (foldedVariant,
+// which must fold on the persistent grid there); three times back to back
+// with nothing between (the kernels overlap their neighbours), into three
+// outputs, the second on another routing, so that tables, tickets or
+// n-tile counts one launch leaves behind show in the next; then captured in
+// a graph replayed twice. Outputs and the GEMMs' intermediates are NaN
+// before each run, and every counter must be zero after it. It logs the
+// median µs of the two paths alone (CUDA events, each call queued back to
+// back), and of the fold a block a tile (foldedVariant with foldTokens
+// raised) for reference.
+func TestMoEFoldDynExact(t *testing.T) {
+	dev, o := openSet(t)
+	rng := rand.New(rand.NewSource(43))
+	random := normalOn(t, dev, rng)
+	const k = 6
+	key := "tiling=" + dynTiling
+	use := func(v string) {
+		t.Helper()
+		if err := o.UseVariant(kernels.OpMoEExperts, key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defaultFold := foldTokens
+	defer func() { foldTokens = defaultFold }()
+	for _, d := range []struct{ hidden, inter, experts int }{{2048, 1408, 64}, {520, 264, 8}} {
+		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(d.hidden)), d.experts, 2*d.inter, d.hidden)
+		down := random(kernels.BF16, 1/math.Sqrt(float64(d.inter)), d.experts, d.hidden, d.inter)
+		for _, n := range []int{defaultFold + 1, 12, foldDynTokens} {
+			for _, routing := range []string{"shared", "distinct", "hot"} {
+				name := fmt.Sprintf("H=%d I=%d E=%d n=%d %s", d.hidden, d.inter, d.experts, n, routing)
+				choices := n * k
+				c := configFor(choices, d.experts)
+				if c.Name != dynTiling {
+					t.Fatalf("%s: tiling %s, not %s", name, c.Name, dynTiling)
+				}
+				if fold, dyn := o.foldPath(foldedVariant, c, n, choices, d.hidden); !fold || !dyn {
+					t.Fatalf("%s: the default folds %v on the persistent grid %v, want both", name, fold, dyn)
+				}
+				x := random(kernels.BF16, 1, n, d.hidden)
+				routed := func(routing string) (*kernels.Tensor, *kernels.Tensor) {
+					ids, ws := moeRouting(rng, routing, n, k, d.experts)
+					idx := intsOn(t, dev, ids)
+					idx.Shape, idx.Pitch = []int{n, k}, k
+					return idx, tensorOn(t, dev, kernels.F32, ws, n, k)
+				}
+				idx, weight := routed(routing)
+				idx2, weight2 := routed("distinct")
+				outs := []*kernels.Tensor{dev.Alloc(kernels.BF16, n, d.hidden), dev.Alloc(kernels.BF16, n, d.hidden),
+					dev.Alloc(kernels.BF16, n, d.hidden)}
+				rows := mTiles(choices, d.experts, c.BM) * c.BM
+				poison := func() {
+					for _, out := range outs {
+						dev.MemsetD8(dev.Ptr(out), 0xff, n*d.hidden*2)
+					}
+					for _, s := range []struct {
+						key  string
+						cols int
+					}{{scrMoEAct, d.inter}, {scrMoEY, d.hidden}} {
+						dev.MemsetD8(o.Scratch(s.key, kernels.BF16, rows, s.cols).P, 0xff, rows*s.cols*2)
+					}
+				}
+				call := func(out, idx, weight *kernels.Tensor) func() {
+					return func() { o.MoEExperts(out, x, idx, weight, gateUp, down) }
+				}
+				first, second := call(outs[0], idx, weight), call(outs[1], idx2, weight2)
+
+				use(dynVariant)
+				poison()
+				first()
+				second()
+				want, want2 := read(t, dev, outs[0]), read(t, dev, outs[1])
+				for _, w := range [][]float32{want, want2} {
+					if i := slices.IndexFunc(w, func(v float32) bool { return math.IsNaN(float64(v)) }); i >= 0 {
+						t.Fatalf("%s: %s left output %d unwritten", name, dynVariant, i)
+					}
+				}
+				check := func(what string, out *kernels.Tensor, want []float32) {
+					t.Helper()
+					got := read(t, dev, out)
+					if bad, at := bitsDiffer(want, got); bad > 0 {
+						t.Errorf("%s, %s: %d of %d outputs differ from %s's, first at %d: %g against %g", name, what, bad,
+							len(want), dynVariant, at, got[at], want[at])
+					}
+				}
+
+				use(foldedVariant)
+				poison()
+				first()
+				check("the default variant", outs[0], want)
+				checkCounters(t, o, name+", the default variant")
+
+				use(foldDynVariant)
+				poison()
+				first()
+				second()
+				call(outs[2], idx, weight)()
+				for i, w := range [][]float32{want, want2, want} {
+					check(fmt.Sprintf("launch %d of 3 back to back", i+1), outs[i], w)
+				}
+				checkCounters(t, o, name+", three launches back to back")
+
+				poison()
+				if err := dev.BeginCapture(); err != nil {
+					t.Fatal(err)
+				}
+				first()
+				g, err := dev.EndCapture()
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				for rep := range 2 {
+					poison()
+					if err := g.Replay(); err != nil {
+						t.Fatal(err)
+					}
+					check(fmt.Sprintf("graph replay %d", rep), outs[0], want)
+					checkCounters(t, o, fmt.Sprintf("%s, graph replay %d", name, rep))
+				}
+				g.Close()
+
+				use(dynVariant)
+				usFour := medianUs(t, dev, first)
+				use(foldDynVariant)
+				usTwo := medianUs(t, dev, first)
+				use(foldedVariant)
+				foldTokens = foldMax // the fold a block a tile, at this count too
+				usGrid := medianUs(t, dev, first)
+				foldTokens = defaultFold
+				t.Logf("%s: %s %.2f µs, %s %.2f µs (four launches); folded a block a tile %.2f µs (median, alone, back to back)",
+					name, foldDynVariant, usTwo, dynVariant, usFour, usGrid)
+				for _, a := range append([]*kernels.Tensor{x, idx, weight, idx2, weight2}, outs...) {
+					dev.Free(a)
+				}
+			}
+		}
+		dev.Free(gateUp)
+		dev.Free(down)
 	}
 }
 
@@ -376,7 +582,7 @@ func TestGroupGemmDynExact(t *testing.T) {
 				t.Errorf("%s, %s: %d of %d outputs differ from grouped_mma's, first at %d: %g against %g",
 					name, what, bad, len(want), at, got[at], want[at])
 			}
-			checkDynCounters(t, o, name+", "+what)
+			checkCounters(t, o, name+", "+what)
 		}
 		for rep := range 2 {
 			run(dynVariant)
@@ -390,17 +596,51 @@ func TestGroupGemmDynExact(t *testing.T) {
 	}
 }
 
-// checkDynCounters fails t unless every counter of the persistent grids is
-// zero, as each launch must leave them.
-func checkDynCounters(t *testing.T, o *ops, what string) {
+// checkCounters fails t unless every counter of the persistent grids and
+// of the folded path's n-tiles is zero, as each launch must leave them.
+func checkCounters(t *testing.T, o *ops, what string) {
 	t.Helper()
-	v, err := o.D.ReadI32(o.dynCounters)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
+	for _, c := range []struct {
+		name string
+		buf  *kernels.Tensor
+	}{{"persistent grid", o.dynCounters}, {"folded n-tile", o.moeCounters}} {
+		v, err := o.D.ReadI32(c.buf)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if i := slices.IndexFunc(v, func(n int32) bool { return n != 0 }); i >= 0 {
+			t.Errorf("%s: %s counter %d is %d after the launch, want 0", what, c.name, i, v[i])
+		}
 	}
-	if i := slices.IndexFunc(v, func(n int32) bool { return n != 0 }); i >= 0 {
-		t.Errorf("%s: counter %d is %d after the launch, want 0", what, i, v[i])
+}
+
+// moeRouting is n tokens' choices of k of experts and their weights,
+// routed as routing says: "shared", every token to the same experts (a
+// decode of one prompt's copies, W4); "distinct", each token to its own
+// (of distinct prompts, W5); "hot", expert 0 among every token's choices,
+// at a random place, the others its own.
+func moeRouting(rng *rand.Rand, routing string, n, k, experts int) ([]int, []float32) {
+	ids := make([]int, n*k)
+	ws := make([]float32, n*k)
+	shared := rng.Perm(experts)
+	for tok := range n {
+		pick := shared
+		switch routing {
+		case "distinct":
+			pick = rng.Perm(experts)
+		case "hot":
+			pick = append([]int{0}, rng.Perm(experts - 1)[:k-1]...)
+			for j := 1; j < k; j++ {
+				pick[j]++
+			}
+			rng.Shuffle(k, func(a, b int) { pick[a], pick[b] = pick[b], pick[a] })
+		}
+		for j := range k {
+			ids[tok*k+j] = pick[j]
+			ws[tok*k+j] = float32(rng.Float64())
+		}
 	}
+	return ids, ws
 }
 
 // TestMoERoutedVariants checks, without a GPU, moe_routed's variants: the
@@ -450,15 +690,18 @@ func TestMoERoutedVariants(t *testing.T) {
 // experts, one group), group-limited (8 groups, top 3, normalised and
 // scaled), and logits of exact ties (a quarter of a token's experts share
 // its best score: the tie order decides), at 1, 3, 5 and 8 tokens
-// (foldTokens; routeFoldTokens raised to it), at V2-Lite's expert dims and
-// at dims of no tile. Past foldTokens, and with the variant unfused chosen, the call must decline
-// (the Dispatch then runs the parts). Outputs start as NaN (idx as -1), so
-// that one left unwritten shows; each chain runs twice, so that a counter
-// the down kernel leaves behind shows in the second.
+// (foldTokens: the fold a block a tile) and at 9 and 16 (foldDynTokens:
+// on the persistent grid, moe_gate_up_route_dyn), routeFoldTokens raised
+// to foldDynTokens, at V2-Lite's expert dims and at dims of no tile. Past
+// foldDynTokens, and with the variant unfused chosen, the call must
+// decline (the Dispatch then runs the parts). Outputs start as NaN (idx as
+// -1), so that one left unwritten shows; each chain runs twice, so that a
+// counter the down kernel leaves behind shows in the second, and every
+// counter must be zero after each.
 func TestMoERoutedExact(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	defer func(n int) { routeFoldTokens = n }(routeFoldTokens)
-	routeFoldTokens = foldTokens // route in the gate/up blocks every case the fold takes, not only the default's
+	routeFoldTokens = foldDynTokens // route in the gate/up blocks every case the fold takes, not only the default's
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(29))
 	random := normalOn(t, dev, rng)
@@ -475,7 +718,8 @@ func TestMoERoutedExact(t *testing.T) {
 		{"v2-lite", 8, 2048, 1408, lite, false}, {"group-limited", 8, 2048, 1408, limited, false},
 		{"ties", 1, 520, 264, lite, true}, {"ties", 8, 520, 264, lite, true},
 		{"ties, group-limited", 5, 520, 264, limited, true}, {"group-limited", 3, 1000, 96, limited, false},
-		{"v2-lite, past the fold", 9, 512, 256, lite, false}, {"v2-lite, past the fold", 16, 2048, 1408, lite, false},
+		{"v2-lite, persistent fold", 9, 512, 256, lite, false}, {"v2-lite, persistent fold", 16, 2048, 1408, lite, false},
+		{"group-limited, persistent fold", 12, 520, 264, limited, false}, {"v2-lite, past the fold", 17, 512, 256, lite, false},
 	} {
 		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
 		k := c.r.TopK
@@ -518,7 +762,7 @@ func TestMoERoutedExact(t *testing.T) {
 		poison()
 		parts()
 		want := results()
-		folds := c.n <= foldTokens
+		folds := c.n <= foldDynTokens
 		for rep := range 2 {
 			poison()
 			if u, declined := whole(); declined != !folds {
@@ -539,6 +783,7 @@ func TestMoERoutedExact(t *testing.T) {
 						name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
 				}
 			}
+			checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
 		}
 		key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": c.n, "topk": k, "E": experts})
 		if folds {
@@ -658,7 +903,8 @@ func TestGemmConfigCheck(t *testing.T) {
 				names []string
 				c     gemmConfig
 			}{{[]string{c.gemmKernel(), c.gateUpKernel()}, c}, {[]string{c.dynGemmKernel(), c.dynGateUpKernel()}, d},
-				{[]string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}, c}} {
+				{[]string{c.foldGateUpKernel(), c.foldGemmKernel(), c.routeGateUpKernel()}, c},
+				{[]string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()}, d}} {
 				if line := "X(" + strings.Join(k.names, ", ") + args(k.c); !strings.Contains(p.Headers[i].Src, line) {
 					t.Errorf("moe.cu compiles an instances.cuh without %s", line)
 				}
@@ -714,8 +960,8 @@ func TestGemmConfigsCompile(t *testing.T) {
 // of m16Alternatives against the same kernels in gemmConfigs' m16, bit for
 // bit: the products sum their k16 steps in the same order whatever the
 // k-tile and the ring. moe_experts folded (every case up to foldMax
-// choices), in four launches (grouped_mma) and on the persistent grid
-// (dynVariant), at DeepSeek-V2-Lite's expert dims (1, 5 and 16 tokens) and
+// choices), in four launches (grouped_mma), on the persistent grid
+// (dynVariant) and folded on it (foldDynVariant), at DeepSeek-V2-Lite's expert dims (1, 5 and 16 tokens) and
 // at dims of no tile (K past a whole k-tile); moe_routed at one token;
 // group_gemm a block a tile and persistent, on groups of no whole m-tile.
 // Each alternative is a set of its own, built by New with the tiling in
@@ -799,12 +1045,12 @@ func TestMoETilingsExact(t *testing.T) {
 		result := func(name string, out *kernels.Tensor) {
 			got[name] = read(t, dev, out)
 			if o.dynCounters != nil {
-				checkDynCounters(t, o, name)
+				checkCounters(t, o, name)
 			}
 		}
 		poison := func(x *kernels.Tensor) { dev.MemsetD8(dev.Ptr(x), 0xff, x.Numel()*x.DType.Size()) }
 		for _, p := range problems {
-			for _, v := range []string{foldedVariant, "grouped_mma", dynVariant} {
+			for _, v := range []string{foldedVariant, "grouped_mma", dynVariant, foldDynVariant} {
 				if err := o.UseVariant(kernels.OpMoEExperts, key, v); err != nil {
 					t.Fatal(err)
 				}

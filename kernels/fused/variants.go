@@ -214,9 +214,23 @@ var table = func() []variant {
 			vs = append(vs, variant{op: op, name: foldedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				c := gemmTiling(op, s)
 				return fmt.Sprintf("grouped_mma with moe_align in every gate/up block and moe_combine in down's last block of an n-tile "+
-						"(two launches; up to %d tokens and %d choices, else %s's four)", foldTokens, foldMax, dynVariant),
+						"(two launches; up to %d tokens a block a tile, up to %d on the persistent grid as %s, and %d choices; else %s's four)",
+						foldTokens, foldDynTokens, foldDynVariant, foldMax, dynVariant),
 					join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == foldedVariant
 			}, use: atDefault(foldedVariant)})
+			vs = append(vs, variant{op: op, name: foldDynVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+				c := gemmTiling(op, s)
+				d := dynConfig()
+				return d.params() + fmt.Sprintf(" (%s); %s on %s's persistent grid: every block ranks the choices, then takes tiles "+
+						"from an atomic counter; the last tile of a down n-tile sums its columns (two launches at any token count "+
+						"up to %d choices, else %s's four)", c.regime, foldedVariant, dynVariant, foldMax, dynVariant),
+					join(archWhy(t), fits(d.shared(), t)), foldDynOffered(op, c)
+			}, use: func(_ *ops, key string) error {
+				if c, _ := gemmTilingOfKey(key); !foldDynOffered(op, c) {
+					return fmt.Errorf("fused has no variant %q of %s at %s", foldDynVariant, op, key)
+				}
+				return nil
+			}})
 			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				return "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", archWhy(t),
 					defaultGemmVariant(op, gemmTiling(op, s)) == "cublas_per_expert"
@@ -237,7 +251,8 @@ var table = func() []variant {
 	}}, variant{op: kernels.OpMoERouted, name: routedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 		c := gemmTiling(kernels.OpMoERouted, s)
 		return fmt.Sprintf("%s with moe_route in every gate/up block, a warp a token (two launches after the router; "+
-				"up to %d tokens, and where moe_experts runs %s, else the two ops)", foldedVariant, foldTokens, foldedVariant),
+				"up to %d tokens unless chosen, and where moe_experts folds, on its grid: %s's or %s's; else the two ops)",
+				foldedVariant, routeFoldTokens, foldedVariant, foldDynVariant),
 			join(archWhy(t), fits(c.shared(), t)), c.Name == foldTiling
 	}, use: func(_ *ops, key string) error {
 		if c, _ := gemmTilingOfKey(key); c.Name != foldTiling {
@@ -533,8 +548,9 @@ func mlaDecodePick(o *ops, key, chosen string) string {
 // gemmTuning is group_gemm's or moe_experts' (op's) tuning: keyed by the
 // tiling (wgmmaKey); group_wgmma where it is chosen at the prefill tiling,
 // or nothing is chosen and prefillWgmma is set, and it can run here;
-// grouped_mma or dynVariant where chosen at dynTiling; else the tiling's
-// default (defaultGemmVariant).
+// grouped_mma or dynVariant where chosen at dynTiling, foldDynVariant
+// where chosen and offered (foldDynOffered); else the tiling's default
+// (defaultGemmVariant).
 func gemmTuning(op kernels.Op) tuning {
 	return tuning{
 		key: func(s kernels.Shape) string { return wgmmaKey(gemmTiling(op, s)) },
@@ -552,12 +568,18 @@ func gemmTuning(op kernels.Op) tuning {
 			if c.Name == prefillTiling && (chosen == wgmmaVariant || chosen == "" && prefillWgmma) && o.gw.ready() == nil {
 				return wgmmaVariant
 			}
-			if (chosen == "grouped_mma" || chosen == dynVariant) && c.Name == dynTiling {
+			if (chosen == "grouped_mma" || chosen == dynVariant) && c.Name == dynTiling || chosen == foldDynVariant && foldDynOffered(op, c) {
 				return chosen
 			}
 			return defaultGemmVariant(op, c)
 		},
 	}
+}
+
+// foldDynOffered reports whether op has foldDynVariant at tiling c: moe_experts
+// where its default is the folded path and the persistent grid runs.
+func foldDynOffered(op kernels.Op, c gemmConfig) bool {
+	return op == kernels.OpMoEExperts && defaultGemmVariant(op, c) == foldedVariant && c.Name == dynTiling
 }
 
 // gemmTiling is the grouped GEMM's tiling for op's problems of shape s: by
