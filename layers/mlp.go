@@ -83,16 +83,30 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 	}
 }
 
+// asideMinTokens is the fewest tokens of a step whose shared experts run
+// beside the routed ones. Measured on DeepSeek-V2-Lite's decode: at one
+// token (W3) the side's reads slow the routed experts' kernels more than
+// the two launches off the chain save (−2.2%), at 16 rows they gain
+// (W4 +5.4%, W5 +2.2%); 9 is where the fused set's MoE leaves its
+// block-a-tile kernels for the persistent grid, which shares the SMs
+// better. Between 1 and 16 rows it is not measured.
+const asideMinTokens = 9
+
 // Forward computes out [T, hidden] from x [T, hidden]. The shared
-// experts' gate/up projection and SwiGLU need only x, so they are queued
-// beside the router and the routed experts (Step.Aside); their down
-// projection, added to the routed experts' output, waits for both.
+// experts' gate/up projection and SwiGLU need only x, so from
+// asideMinTokens tokens they are queued beside the router and the routed
+// experts (Step.Aside); their down projection, added to the routed
+// experts' output, waits for both.
 func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	T, K := s.Tokens(), m.Routing.TopK
 	var act *kernels.Tensor
 	join := func() {}
-	if m.SharedExperts != nil {
+	switch {
+	case m.SharedExperts == nil:
+	case T >= asideMinTokens:
 		join = s.Aside(func() { act = m.SharedExperts.act(s, x) })
+	default:
+		act = m.SharedExperts.act(s, x)
 	}
 	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
 	m.Gate.Forward(s, logits, x)

@@ -50,8 +50,9 @@ func (o *orderOps) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.
 
 // DeepSeek-V2's MoE queues its shared experts' gate/up and SwiGLU beside
 // the router and the routed experts, and their down projection (added to
-// the routed output) after the join; on a device that can branch, the
-// logits are those of one that cannot, bit for bit.
+// the routed output) after the join, in steps of asideMinTokens tokens or
+// more; on a device that can branch, the logits are those of one that
+// cannot, bit for bit.
 func TestMoESharedAside(t *testing.T) {
 	cfg, w, _ := openFixture(t, "deepseek-v2-tiny")
 	opt := LoadOptions{MaxRows: 4, MaxSeq: 32}
@@ -78,5 +79,15 @@ func TestMoESharedAside(t *testing.T) {
 	}
 	if n := strings.Count(seq, "aside{"); n != moeLayers {
 		t.Errorf("%d branches for %d MoE layers: %s", n, moeLayers, seq)
+	}
+
+	// A step of fewer tokens keeps them in order: the shared experts
+	// before the router, no branch.
+	log = log[:0]
+	decodeLogits(t, m, []int{17, 5, 400}, []int{0, 0, 0})
+	seq = strings.Join(log, " ")
+	inOrder := "linear_swiglu linear moe_routed linear_add"
+	if strings.Contains(seq, "aside{") || strings.Count(seq, inOrder) != moeLayers {
+		t.Errorf("a 3-token step: want %d MoE layers as %q and no branch; the calls: %s", moeLayers, inOrder, seq)
 	}
 }
