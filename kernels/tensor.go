@@ -157,6 +157,18 @@ type Grapher interface {
 	EndCapture() (Graph, error)
 }
 
+// Brancher is implemented by devices that can run some queued work beside
+// the rest (a second CUDA stream): a layer queues there work that nothing
+// right after it needs (DeepSeek-V2's shared experts beside the router and
+// the routed experts) and joins it where its result is read.
+type Brancher interface {
+	// Aside queues the work f queues so that it starts after the work
+	// queued before Aside and may run beside the work queued after it;
+	// the work queued after join waits for f's too. f's work must not
+	// write what that work reads, nor read what it writes, before join.
+	Aside(f func()) (join func())
+}
+
 // Graph is recorded device work.
 type Graph interface {
 	// Replay queues the recorded work again.

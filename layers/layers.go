@@ -35,6 +35,20 @@ type Step struct {
 	// uses the decode attention kernels (they read row lengths from the
 	// device only).
 	Decode bool
+	// Side runs work beside the step's chain (Aside); nil queues it in
+	// order.
+	Side kernels.Brancher
+}
+
+// Aside queues the ops f calls beside those that follow, through s.Side,
+// and returns what makes later ops wait for them; without a Side, f runs
+// here and join does nothing.
+func (s *Step) Aside(f func()) (join func()) {
+	if s.Side == nil {
+		f()
+		return func() {}
+	}
+	return s.Side.Aside(f)
 }
 
 // Tokens is the number of new tokens of the step, T.

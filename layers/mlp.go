@@ -36,15 +36,6 @@ func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
 	m.DownProj.Forward(s, out, m.act(s, x))
 }
 
-// ForwardAdd computes out = addend + MLP(x) [T, hidden], rounded as Forward
-// then an Add (the down projection to act, then the sum); out may be
-// addend. The down projection and the add are one op, LinearAdd, which a
-// kernel set may run as one kernel with the add in its epilogue (the MoE's
-// shared experts added to the routed ones' output).
-func (m *MLP) ForwardAdd(s *Step, out, x, addend *kernels.Tensor) {
-	s.Ops.LinearAdd(out, m.act(s, x), m.DownProj.Weight, m.DownProj.Bias, addend)
-}
-
 // act is silu(gate_proj(x)) · up_proj(x) [T, intermediate], in the
 // workspace.
 func (m *MLP) act(s *Step, x *kernels.Tensor) *kernels.Tensor {
@@ -66,7 +57,7 @@ func (m *MLP) act(s *Step, x *kernels.Tensor) *kernels.Tensor {
 // set may run as one kernel chain (the routing in the experts' first
 // kernel) or as MoERoute then MoEExperts, as before.
 // The shared experts' down projection is added to the routed experts'
-// output in one op (MLP.ForwardAdd: LinearAdd).
+// output in one op, LinearAdd.
 type MoE struct {
 	// Gate is the router, mlp.gate.weight [n_routed_experts, hidden]; its
 	// output is f32, as HF computes router logits in float32.
@@ -92,15 +83,39 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 	}
 }
 
-// Forward computes out [T, hidden] from x [T, hidden].
+// asideMinTokens is the fewest tokens of a step whose shared experts run
+// beside the routed ones. Measured on DeepSeek-V2-Lite's decode: at one
+// token (W3) the side's reads slow the routed experts' kernels more than
+// the two launches off the chain save (−2.2%), at 16 rows they gain
+// (W4 +5.4%, W5 +2.2%); 9 is where the fused set's MoE leaves its
+// block-a-tile kernels for the persistent grid, which shares the SMs
+// better. Between 1 and 16 rows it is not measured.
+const asideMinTokens = 9
+
+// Forward computes out [T, hidden] from x [T, hidden]. The shared
+// experts' gate/up projection and SwiGLU need only x, so from
+// asideMinTokens tokens they are queued beside the router and the routed
+// experts (Step.Aside); their down projection, added to the routed
+// experts' output, waits for both.
 func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	T, K := s.Tokens(), m.Routing.TopK
+	var act *kernels.Tensor
+	join := func() {}
+	switch {
+	case m.SharedExperts == nil:
+	case T >= asideMinTokens:
+		join = s.Aside(func() { act = m.SharedExperts.act(s, x) })
+	default:
+		act = m.SharedExperts.act(s, x)
+	}
 	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
 	m.Gate.Forward(s, logits, x)
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
+	join()
 	if m.SharedExperts != nil {
-		m.SharedExperts.ForwardAdd(s, out, x, out)
+		down := m.SharedExperts.DownProj
+		s.Ops.LinearAdd(out, act, down.Weight, down.Bias, out)
 	}
 }

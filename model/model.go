@@ -383,7 +383,8 @@ func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLog
 	if decode {
 		ops = e.decodeOps
 	}
-	s := &step{Step: &layers.Step{Ops: ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode},
+	side, _ := e.dev.(kernels.Brancher)
+	s := &step{Step: &layers.Step{Ops: ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode, Side: side},
 		ids: v.ids, last: v.last}
 	in := slices.Concat(ids, pos, start32, past32, last)
 	if err := e.dev.WriteI32(vec(e.in, len(in)), in); err != nil {

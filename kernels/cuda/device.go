@@ -72,6 +72,9 @@ type Device struct {
 	watchdog  time.Duration // Sync's bound, 0 for none (SetWatchdog)
 	hung      bool          // Sync gave up on work that did not finish
 	capturing bool
+	side      *side // Aside's second stream, nil until its first use
+	onSide    bool  // inside Aside: stream and blasH are the side's
+	aside     bool  // Aside may use the second stream (FUSELM_ASIDE not off)
 
 	// Kernel parameters: cuLaunchKernel gets argPtrs, whose entries point at
 	// the argVals slots, and copies the values at launch.
@@ -252,6 +255,9 @@ func Open(ordinal int) (dev *Device, err error) {
 	d.ccOpts = compileOptions(d.props.Arch, d.nvrtc.lib.path)
 	d.cacheDir = cacheDirFrom(os.Getenv, os.UserCacheDir)
 	d.pdl = overlapAllowed(d.props.CCMajor, drv.cuLaunchKernelEx != 0, os.Getenv("FUSELM_PDL"))
+	if d.aside, err = asideFrom(os.Getenv("FUSELM_ASIDE")); err != nil {
+		return nil, err
+	}
 	if d.carveout, err = carveoutFrom(os.Getenv("FUSELM_CARVEOUT")); err != nil {
 		return nil, err
 	}
@@ -477,6 +483,7 @@ func (d *Device) Scratch(key string, n int) uintptr {
 	d.enter()
 	defer d.leave()
 	n = max(n, 1)
+	key = d.scratchKey(key)
 	d.asked[key] = max(d.asked[key], n)
 	b := d.scratch[key]
 	if b != nil && b.size >= n {
@@ -508,7 +515,7 @@ func (d *Device) Scratch(key string, n int) uintptr {
 func (d *Device) ScratchTensor(key string, dt kernels.DType, rows, cols int) *kernels.Tensor {
 	d.Scratch(key, rows*cols*dt.Size())
 	d.mu.Lock()
-	b := d.scratch[key]
+	b := d.scratch[d.scratchKey(key)]
 	d.mu.Unlock()
 	if b == nil { // the device failed; the failure is recorded
 		b = &buffer{dev: d}
@@ -552,8 +559,15 @@ func (d *Device) ScratchBytes() int64 {
 }
 
 // LibraryBytes is the device memory the device holds outside its
-// allocator: cuBLAS's workspace.
-func (d *Device) LibraryBytes() int64 { return cublasWorkspaceSize }
+// allocator: cuBLAS's workspace (two, once Aside has made its stream).
+func (d *Device) LibraryBytes() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.side != nil {
+		return 2 * cublasWorkspaceSize
+	}
+	return cublasWorkspaceSize
+}
 
 // ReleaseScratch frees every scratch buffer and gives the allocator's
 // cached blocks back to the driver, then makes MemStats' Peak count from
@@ -568,6 +582,9 @@ func (d *Device) ReleaseScratch() error {
 	}
 	if d.capturing {
 		return errors.New("cuda: ReleaseScratch while a graph is captured")
+	}
+	if err := d.joinLocked(); err != nil {
+		return err
 	}
 	if err := d.drv.check(ccall(d.drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize"); err != nil {
 		return err
@@ -806,6 +823,10 @@ func (d *Device) closeLocked() error {
 	}
 	if d.stream != 0 {
 		keep(drv.check(ccall(drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize"))
+	}
+	if d.side != nil {
+		keep(d.closeSide(d.side))
+		d.side, d.onSide = nil, false
 	}
 	for g := range d.graphs {
 		keep(g.destroy())

@@ -80,6 +80,7 @@ type driverAPI struct {
 	cuMemsetD8Async, cuMemsetD32Async                                  uintptr
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize               uintptr
 	cuStreamQuery                                                      uintptr // 0 where not found: Sync waits unbounded
+	cuStreamWaitEvent                                                  uintptr // 0 where not found: Aside queues in order
 	cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventDestroy   uintptr
 	cuEventElapsedTime                                                 uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction              uintptr
@@ -141,6 +142,7 @@ func loadDriver() (*driverAPI, error) {
 			sym(&d.cuStreamDestroy, "cuStreamDestroy_v2"),
 			sym(&d.cuStreamSynchronize, "cuStreamSynchronize"),
 			optSym(&d.cuStreamQuery, "cuStreamQuery"),
+			optSym(&d.cuStreamWaitEvent, "cuStreamWaitEvent"),
 			sym(&d.cuEventCreate, "cuEventCreate"),
 			sym(&d.cuEventRecord, "cuEventRecord"),
 			sym(&d.cuEventSynchronize, "cuEventSynchronize"),

@@ -52,6 +52,9 @@ func (d *Device) EndCapture() (kernels.Graph, error) {
 		return nil, errors.New("cuda: EndCapture without BeginCapture")
 	}
 	d.capturing = false
+	if err := d.joinLocked(); err != nil {
+		d.failLocked(err)
+	}
 	var g uintptr
 	if err := d.drv.check(ccall(d.drv.cuStreamEndCapture, d.stream, uintptr(unsafe.Pointer(&g))), "cuStreamEndCapture"); err != nil {
 		if g != 0 {

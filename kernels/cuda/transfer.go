@@ -65,6 +65,9 @@ func (d *Device) transferable(what string) error {
 	case d.capturing:
 		return fmt.Errorf("cuda: %s while a graph is captured", what)
 	}
+	if err := d.joinLocked(); err != nil {
+		d.failLocked(err)
+	}
 	return d.err
 }
 

@@ -53,6 +53,9 @@ func (d *Device) syncStream() error {
 	if d.hung {
 		return &Hung{Limit: d.watchdog}
 	}
+	if err := d.joinLocked(); err != nil {
+		return err
+	}
 	if d.watchdog <= 0 || d.drv.cuStreamQuery == 0 {
 		return d.drv.check(ccall(d.drv.cuStreamSynchronize, d.stream), "cuStreamSynchronize")
 	}
