@@ -110,6 +110,11 @@ func TestLinearWgmmaCompiles(t *testing.T) {
 	hopperCompileReport(t, lwModule(), "FUSELM_LINEAR_WGMMA_CUBIN", false)
 }
 
+// TestLinearWgmmaNVRTCCompiles is TestLinearWgmmaCompiles without a GPU:
+// linear_wgmma.cu by the NVRTC library at $FUSELM_NVRTC (nvrtcReport);
+// skipped when FUSELM_NVRTC is unset.
+func TestLinearWgmmaNVRTCCompiles(t *testing.T) { nvrtcReport(t, lwModule()) }
+
 // TestLinearWgmmaKernels runs the shared kerneltest's linear cases (1 to
 // 1,000 rows, K and N of no tile, bias, pitched x and out; those linear_wgmma
 // cannot take, f32 out or K not a multiple of 8, run cuBLAS) with each
