@@ -58,7 +58,7 @@ func TestLinearWgmmaHost(t *testing.T) {
 		t.Errorf("setmaxnreg %d/%d: over the registers the block is launched with, or not multiples of 8", lwProducerRegs, lwConsumerRegs)
 	}
 	gateUp := kernels.Shape{"M": 16384, "N": 37888, "K": 3584}
-	if got := valid(variants(kernels.OpLinear, gateUp, h200)); fmt.Sprint(got) != "[cublas wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2]" {
+	if got := valid(variants(kernels.OpLinear, gateUp, h200)); fmt.Sprint(got) != "[cublas wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2 wgmma_hold wgmma_hold_mc2]" {
 		t.Errorf("linear at W1's gate_up on sm_90a: %v", got)
 	}
 	if got := valid(variants(kernels.OpLinear, gateUp, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[cublas]" {
