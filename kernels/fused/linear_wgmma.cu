@@ -8,7 +8,7 @@
 //
 // Operands (pitches in elements, each a multiple of 8, every matrix on a
 // 16-byte boundary: what the tensor maps need):
-//   xmap  x bf16 [M, K], box {64, BM} (a tile's rows: LW_BM, 64 with LW_PING)
+//   xmap  x bf16 [M, K], box {64, LW_BM}
 //   wmap  w bf16 [N, K], box {64, BN} (LwPlain); with LwSwiGLU w [2N, K],
 //         the gate rows then the up rows, box {64, BN/2}; in clusters
 //         (CLUSTER = 2, below) box {64, BN/2} for both
@@ -55,17 +55,6 @@
 //     cluster on both blocks, whose producers multicast into it). The
 //     producer has the other STAGES - 1 stages loaded for the next tile
 //     meanwhile. Not measured.
-//   With PING (the _p instances: variants wgmma_pp, wgmma_pp_mc2), ping-
-//     pong: tiles of 64 rows (BM), a stage 64 rows of x and BN of w, and
-//     each consumer takes every other tile of the block, all its rows, the
-//     other's k-steps skipped in the ring's count. The main loops take
-//     turns (an mbarrier each, turn(w)): a consumer starts its tile's
-//     k-steps once the other has issued its last, so that its epilogue
-//     runs under the other's wgmmas, and so that each wait for a full
-//     stage is at most one phase ahead of the barrier (the parity test
-//     cannot tell more). The epilogue goes box by box through one buffer a
-//     consumer. An empty barrier counts one warpgroup's warps. Not
-//     measured.
 //
 // In clusters (CLUSTER = 2, the _c2 instances: variants wgmma_mc2 and
 // wgmma_n128_mc2) the two blocks of a cluster take two m-tiles of one
@@ -109,35 +98,27 @@
 #include "hop_gemm.cuh"
 #include "instances.cuh"
 
-#define LW_BM (64 * HG_CONSUMERS) // rows of a tile (LW_COOP, LW_HOLD); LW_PING's are 64
+#define LW_BM (64 * HG_CONSUMERS) // rows of a tile
 #define LW_THREADS (128 * (1 + HG_CONSUMERS))
 #define LW_PRODUCER_REGS 40       // setmaxnreg of the producer warpgroup
 #define LW_CONSUMER_REGS 232      // and of the consumers
 #define LW_BOX 64                 // columns of an output box: 128 bytes of bf16, the swizzle's span
-#define LW_OUT_BUFS 2             // output boxes a consumer warpgroup stages at once (LW_PING: 1)
+#define LW_OUT_BUFS 2             // output boxes a consumer warpgroup stages at once
 #define LW_WG_BAR 1               // named barrier of consumer warpgroup w: LW_WG_BAR + w
-#define LW_BOTH_BAR (LW_WG_BAR + HG_CONSUMERS) // named barrier of all the consumer warpgroups (LW_HOLD)
-// The schedules of the consumers (SCHED): cooperative, both on each tile's
-// rows, box by box (LW_COOP) or holding the last stage (LW_HOLD); or
-// ping-pong, each on its own tile of 64 rows (LW_PING). See the top.
-#define LW_COOP 0
-#define LW_HOLD 1
-#define LW_PING 2
+#define LW_BOTH_BAR (LW_WG_BAR + HG_CONSUMERS) // named barrier of all the consumer warpgroups (HOLD)
 static_assert(HG_REGS_FIT(LW_PRODUCER_REGS, LW_CONSUMER_REGS, LW_THREADS), "setmaxnreg asks for more registers than the block has");
 
-// LwLayout is the shared memory of linear_wgmma<BN, STAGES, ..., SCHED>:
-// per stage the x tile (BM rows) then the w tile (BN rows), rows of 128
-// bytes; then each consumer's OUT_BUFS output boxes.
-template <int BN, int STAGES, int SCHED> struct LwLayout {
-	static constexpr int BM = SCHED == LW_PING ? 64 : LW_BM;
-	static constexpr int OUT_BUFS = SCHED == LW_PING ? 1 : LW_OUT_BUFS;
-	static constexpr int A_BYTES = BM * HG_ROW_BYTES;
+// LwLayout is the shared memory of linear_wgmma<BN, STAGES, E>: per stage
+// the x tile (LW_BM rows) then the w tile (BN rows), rows of 128 bytes;
+// then each consumer's output boxes.
+template <int BN, int STAGES> struct LwLayout {
+	static constexpr int A_BYTES = LW_BM * HG_ROW_BYTES;
 	static constexpr int B_BYTES = BN * HG_ROW_BYTES;
 	static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 	static constexpr int OUT = STAGES * STAGE_BYTES;  // the first output box
 	static constexpr int OUT_BYTES = 64 * LW_BOX * 2; // a box: a consumer's 64 rows
 	static constexpr int ALIGN = 1024;                // the 128-byte swizzle's period; the dynamic base is rounded up to it
-	static constexpr int SMEM = OUT + HG_CONSUMERS * OUT_BUFS * OUT_BYTES + ALIGN;
+	static constexpr int SMEM = OUT + HG_CONSUMERS * LW_OUT_BUFS * OUT_BYTES + ALIGN;
 };
 
 // LwTiles numbers the output tiles of mtiles × ntiles in swaths of group
@@ -249,13 +230,11 @@ template <int CLUSTER> __device__ __forceinline__ int lw_stride() { return CLUST
 // linear_wgmma: see the top of this file. Launch: a persistent grid (at most
 // one block an SM, at most the tiles; with CLUSTER > 1 whole clusters, at
 // most as many as run at once and as the tiles' units), LW_THREADS threads,
-// LwLayout<BN, STAGES, SCHED>::SMEM bytes of dynamic shared memory.
-template <int BN, int STAGES, int CLUSTER, int SCHED, typename E>
+// LwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
+template <int BN, int STAGES, int CLUSTER, bool HOLD, typename E>
 __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* wmap, const TmaMap* omap, E epi, int M, int N,
                                              int K, int group, int* status) {
-	typedef LwLayout<BN, STAGES, SCHED> L;
-	constexpr bool HOLD = SCHED == LW_HOLD, PING = SCHED == LW_PING;
-	constexpr int BM = L::BM;
+	typedef LwLayout<BN, STAGES> L;
 	constexpr int OUT_COLS = E::COLS;
 	// w's tensor copies a stage: E's, each cut into as many as the cluster
 	// has blocks; block rank issues copies rank, rank + CLUSTER, ...
@@ -264,34 +243,24 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	static_assert(OUT_COLS % LW_BOX == 0, "a tile's output is whole boxes");
 	// With HOLD, a warpgroup's boxes past its LW_OUT_BUFS go into the
 	// stage of the tile's last k-step, HELD of them a warpgroup.
-	constexpr int BOXES = OUT_COLS / LW_BOX, HELD = HOLD && BOXES > L::OUT_BUFS ? BOXES - L::OUT_BUFS : 0;
+	constexpr int BOXES = OUT_COLS / LW_BOX, HELD = HOLD && BOXES > LW_OUT_BUFS ? BOXES - LW_OUT_BUFS : 0;
 	static_assert(HELD * HG_CONSUMERS * L::OUT_BYTES <= L::STAGE_BYTES, "the held boxes fit in a stage");
 	static_assert(W_COPIES % E::W_BOXES == 0 && W_COPIES % CLUSTER == 0 && BN % W_COPIES == 0 && W_ROWS % 8 == 0,
 	              "w's copies are whole 8-row core matrices, as many for each block of a cluster");
 	extern __shared__ unsigned char smem_raw[];
-	__shared__ __align__(8) unsigned long long bars[2 * STAGES + (PING ? 2 : 0)]; // the ring's, then PING's turns
+	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
 
 	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
 	auto sA = [&](int s) { return base + s * L::STAGE_BYTES; };
 	auto sB = [&](int s) { return base + s * L::STAGE_BYTES + L::A_BYTES; };
-	auto sOut = [&](int w, int b) { return base + L::OUT + (w * L::OUT_BUFS + b) * L::OUT_BYTES; };
+	auto sOut = [&](int w, int b) { return base + L::OUT + (w * LW_OUT_BUFS + b) * L::OUT_BYTES; };
 	auto sHeld = [&](int s, int w, int b) { return base + s * L::STAGE_BYTES + (w * HELD + b) * L::OUT_BYTES; };
 	const HopRing<STAGES, CLUSTER> ring{bars};
 
 	// full: the expect_tx arrival; empty: one arrival per consumer warp of
-	// the cluster that reads the stage (with PING one warpgroup's). In a
-	// cluster, no block copies into another's stages or arrives on its
-	// barriers before that block has initialized them.
-	// PING's turn(w): warpgroup w may wait for its tile's stages (one
-	// arrival, the other warpgroup's, once it has issued its last k-step).
-	auto turn = [&](int w) { return smem_addr(&bars[2 * STAGES + w]); };
-	if (threadIdx.x == 0) {
-		ring.init(1, (PING ? 1 : HG_CONSUMERS) * 4 * CLUSTER);
-		if (PING) {
-			mbar_init(turn(0), 1);
-			mbar_init(turn(1), 1);
-		}
-	}
+	// the cluster. In a cluster, no block copies into another's stages or
+	// arrives on its barriers before that block has initialized them.
+	if (threadIdx.x == 0) ring.init(1, HG_CONSUMERS * 4 * CLUSTER);
 	if constexpr (CLUSTER == 1)
 		__syncthreads();
 	else
@@ -300,11 +269,9 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	// The tiles' units: CLUSTER m-tiles of one n-tile, which the blocks of
 	// a cluster take, rank r m-tile CLUSTER·i + r (past the last m-tile
 	// when their count is not a multiple: see the producer), walked in
-	// swaths of group m-tiles as the tiles are without clusters (group
-	// counts LW_BM rows: with PING's 64-row tiles, twice as many, so that a
-	// swath spans the same rows of x).
-	const int mtiles = (M + BM - 1) / BM, mgroup = group * (LW_BM / BM);
-	const LwTiles tiles{(mtiles + CLUSTER - 1) / CLUSTER, (N + OUT_COLS - 1) / OUT_COLS, CLUSTER == 1 ? mgroup : max(1, mgroup / CLUSTER)};
+	// swaths of group m-tiles as the tiles are without clusters.
+	const int mtiles = (M + LW_BM - 1) / LW_BM;
+	const LwTiles tiles{(mtiles + CLUSTER - 1) / CLUSTER, (N + OUT_COLS - 1) / OUT_COLS, CLUSTER == 1 ? group : max(1, group / CLUSTER)};
 	const int rank = CLUSTER == 1 ? 0 : (int)cluster_rank();
 	const int total = tiles.total();
 	const int ktiles = (K + HG_BK - 1) / HG_BK;
@@ -328,7 +295,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 				if (!ring.acquire(it, status, HG_WAIT_EMPTY)) return;
 				const unsigned full = ring.full(s);
 				mbar_expect_tx(full, L::STAGE_BYTES);
-				tma_load_2d(sA(s), xmap, full, kt * HG_BK, (CLUSTER == 1 ? mt : min(mt * CLUSTER + rank, mtiles - 1)) * BM);
+				tma_load_2d(sA(s), xmap, full, kt * HG_BK, (CLUSTER == 1 ? mt : min(mt * CLUSTER + rank, mtiles - 1)) * LW_BM);
 #pragma unroll
 				for (int c = 0; c < W_COPIES / CLUSTER; c++) {
 					const int b = c * CLUSTER + rank; // the copy: rows [b·W_ROWS, (b+1)·W_ROWS) of the stage's w
@@ -344,12 +311,11 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 		return;
 	}
 
-	// A consumer: warpgroup w owns the tile's rows [64w, 64w+64) (with
-	// PING, every other tile of the block, all its 64 rows), warp wi of it
-	// 16 of them, this thread rows lane/4 and lane/4 + 8 of those.
+	// A consumer: warpgroup w owns the tile's rows [64w, 64w+64), warp wi
+	// of it 16 of them, this thread rows lane/4 and lane/4 + 8 of those.
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(LW_CONSUMER_REGS));
 	const int w = wg - 1, wi = tid / 32, lane = tid % 32;
-	auto a = [&](int s) { return sA(s) + (PING ? 0 : 64 * w * HG_ROW_BYTES); }; // this warpgroup's rows of the stage
+	auto a = [&](int s) { return sA(s) + 64 * w * HG_ROW_BYTES; }; // this warpgroup's rows of the stage
 	// The row of a box whose address this lane gives to stmatrix (lanes
 	// 8i..8i+7 give matrix i's rows: i odd the lower 8 of the warp's 16),
 	// and the 16-byte chunk (of the pair 2p, 2p+1) it falls in.
@@ -357,16 +323,11 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	float acc[BN / 8][4];
 	int it = 0, box = 0;
 	int held = -1; // HELD: the stage that holds the last tile's boxes until their stores have read them; -1 none
-	int own = 0, turns = 0; // PING: the block's tiles so far (warpgroup w takes those of own % 2 == w), the turns waited for
 	for (int t = lw_first<CLUSTER>(); t < total; t += lw_stride<CLUSTER>()) {
-		if (PING && own++ % HG_CONSUMERS != w) {
-			it += ktiles; // the other warpgroup's tile: its k-steps, in the ring's order
-			continue;
-		}
 		int mt, nt;
 		tiles.at(t, mt, nt);
 		mt = mt * CLUSTER + rank;
-		const int row = mt * BM + (PING ? 0 : 64 * w), col0 = nt * OUT_COLS; // the warpgroup's first row, the tile's first column
+		const int row = mt * LW_BM + 64 * w, col0 = nt * OUT_COLS; // the warpgroup's first row, the tile's first column
 		epi.load(col0, lane);
 		if constexpr (HOLD) {
 			// The boxes are written at once and stored at once, no wait
@@ -407,39 +368,6 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 			if (HELD > 0) held = ring.stage(it - 1);
 			continue;
 		}
-		if constexpr (PING) {
-			// The turn: the other warpgroup has waited for every stage of
-			// its tile, so each wait of this tile's stages is at most one
-			// phase ahead of its barrier (the parity test tells no more),
-			// and the two main loops take the tensor cores in turn, each
-			// epilogue under the other's wgmmas.
-			bool ok = true;
-			if (own > 1) ok = mbar_wait(turn(w), turns++ & 1, status, HG_WAIT_FULL, it);
-			auto step = [&](int kt) {
-				if (kt == ktiles - 1 && tid == 0) mbar_arrive(turn(1 - w));
-			};
-			if (ok) ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL, false, step);
-			if (!bar_all(LW_WG_BAR + w, 128, ok)) break;
-			// One buffer a warpgroup, box by box, each after the store of
-			// the one before has read it: under the other warpgroup's
-			// wgmmas, so its speed matters less than its shared memory.
-#pragma unroll
-			for (int c = 0; c < BOXES; c++) {
-				if (c > 0) {
-					if (tid == 0) tma_store_wait();
-					bar_sync(LW_WG_BAR + w, 128);
-				} // (box 0: the last tile's stores were waited for after its last box)
-				lw_box(epi, acc, c, sOut(w, 0), row + 16 * wi + lane / 4, col0, lane, srow, schunk);
-				fence_async_shared();
-				bar_sync(LW_WG_BAR + w, 128);
-				if (tid == 0) {
-					tma_store_2d(omap, sOut(w, 0), col0 + c * LW_BOX, row);
-					tma_store_commit();
-				}
-			}
-			if (tid == 0) tma_store_wait(); // before the next tile's box 0 (its turn comes a main loop later)
-			continue;
-		}
 		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL);
 		if (!bar_all(LW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
 
@@ -476,15 +404,15 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 // no stage and only moves the wait for the stores to the next tile).
 #define LW_CLUSTER_DIMS_1
 #define LW_CLUSTER_DIMS_2 __cluster_dims__(2, 1, 1)
-#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST, CL, SCHED)                                                                       \
+#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST, CL, HOLD)                                                                       \
 	extern "C" __global__ void LW_CLUSTER_DIMS_##CL __launch_bounds__(LW_THREADS, 1)                                      \
 	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap omap, \
 	         const unsigned* bias, int M, int N, int K, int group, int* status) {                                          \
-		linear_wgmma<BN, ST, CL, SCHED>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                     \
+		linear_wgmma<BN, ST, CL, HOLD>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                     \
 	}                                                                                                                     \
 	extern "C" __global__ void LW_CLUSTER_DIMS_##CL __launch_bounds__(LW_THREADS, 1)                                      \
 	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,                              \
 	                const __grid_constant__ TmaMap omap, int M, int N, int K, int group, int* status) {                   \
-		linear_wgmma<BN, ST, CL, SCHED>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                          \
+		linear_wgmma<BN, ST, CL, HOLD>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                          \
 	}
 LINEAR_WGMMA_INSTANCES(LINEAR_WGMMA)

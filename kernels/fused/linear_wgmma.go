@@ -38,39 +38,14 @@ var lwGroup = 16
 
 // lwConfig is an instance of linear_wgmma: BN columns a tile through Stages
 // stages, in clusters of Cluster blocks (1: none) that share each stage's w
-// by multicast, its consumers scheduled by Sched, named Variant among
-// linear's variants.
+// by multicast, with the epilogue that holds the tile's last stage for its
+// output boxes and stores them all at once (Hold: HOLD in linear_wgmma.cu)
+// or the one that stores them box by box, named Variant among linear's
+// variants.
 type lwConfig struct {
 	Variant             string
 	BN, Stages, Cluster int
-	Sched               lwSched
-}
-
-// lwSched is how linear_wgmma's two consumer warpgroups share the work
-// (SCHED in linear_wgmma.cu).
-type lwSched int
-
-const (
-	lwCoop lwSched = iota // both on each 128-row tile, the epilogue box by box (LW_COOP)
-	lwHold                // both on each 128-row tile, the epilogue holding the last stage (LW_HOLD)
-	lwPing                // ping-pong: each its own 64-row tile, taking the tensor cores in turn (LW_PING)
-)
-
-// rows is the rows of a tile (and of x a stage): LW_BM, or 64 with
-// ping-pong.
-func (c lwConfig) rows() int {
-	if c.Sched == lwPing {
-		return lwRows / lwConsumers
-	}
-	return lwRows
-}
-
-// outBufs is the output boxes of a consumer's own (LwLayout's OUT_BUFS).
-func (c lwConfig) outBufs() int {
-	if c.Sched == lwPing {
-		return 1
-	}
-	return lwOutBufs
+	Hold                bool
 }
 
 func (c lwConfig) kernel() string { return c.name("linear_wgmma") }
@@ -81,13 +56,24 @@ func (c lwConfig) kernel() string { return c.name("linear_wgmma") }
 func (c lwConfig) swigluKernel() string { return c.name("linear_wgmma_swiglu") }
 
 // name is kernel's instance for c: tile, stages, cluster when there is
-// one, and _h for the holding epilogue, _p for ping-pong.
+// one, and _h for the holding epilogue.
 func (c lwConfig) name(kernel string) string {
 	s := fmt.Sprintf("%s_n%d_s%d", kernel, c.BN, c.Stages)
 	if c.Cluster > 1 {
 		s += fmt.Sprintf("_c%d", c.Cluster)
 	}
-	return s + [...]string{lwCoop: "", lwHold: "_h", lwPing: "_p"}[c.Sched]
+	if c.Hold {
+		s += "_h"
+	}
+	return s
+}
+
+// hold is c.Hold as linear_wgmma.cu's HOLD.
+func (c lwConfig) hold() int {
+	if c.Hold {
+		return 1
+	}
+	return 0
 }
 
 // wRows is the rows of w a tensor copy brings (wmap's box), with SwiGLU in
@@ -111,13 +97,13 @@ func (c lwConfig) units(m, cols int, swiglu bool) int {
 		tn = c.BN / 2
 	}
 	cl := max(1, c.Cluster)
-	mtiles := (m + c.rows() - 1) / c.rows()
+	mtiles := (m + lwRows - 1) / lwRows
 	return (mtiles + cl - 1) / cl * ((cols + tn - 1) / tn)
 }
 
-// shared is LwLayout<BN, STAGES, SCHED>::SMEM.
+// shared is LwLayout<BN, STAGES>::SMEM.
 func (c lwConfig) shared() int {
-	return c.Stages*(c.rows()+c.BN)*lwK*2 + lwConsumers*c.outBufs()*lwOutBox + hopperAlign
+	return c.Stages*(lwRows+c.BN)*lwK*2 + lwConsumers*lwOutBufs*lwOutBox + hopperAlign
 }
 
 // lwConfigs are the instances compiled (LINEAR_WGMMA in linear_wgmma.cu),
@@ -134,19 +120,9 @@ func (c lwConfig) shared() int {
 // two into its own buffers and two into the stage of the tile's last
 // k-step, which it releases a k-step into the next tile, once the stores
 // have read it; the tensor cores idle through the epilogue of every tile
-// in the cooperative kernel, and this shortens it (not measured). The _pp
-// variants are ping-pong (the field's way to hide the epilogue, CUTLASS's
-// and FlashAttention-3's): each consumer takes every other tile, of 64 × 256,
-// and their main loops alternate, each epilogue under the other's wgmmas;
-// 5 stages of 40 KiB and one output box a consumer (217 KiB). Each k-step
-// brings 40 KiB for half the FLOPs of the cooperative one's 48 KiB, so
-// they read 1.7 times the bytes of L2 a FLOP (the same as the cooperative
-// kernel's with the _mc2 pair), and the copy engine writes shared memory
-// that much faster beside the wgmmas' reads: if that bandwidth is what
-// binds, ping-pong loses (not measured).
-var lwConfigs = []lwConfig{{"wgmma", 256, 4, 1, lwCoop}, {"wgmma_n128", 128, 6, 1, lwCoop}, {"wgmma_mc2", 256, 4, 2, lwCoop},
-	{"wgmma_n128_mc2", 128, 6, 2, lwCoop}, {"wgmma_hold", 256, 4, 1, lwHold}, {"wgmma_hold_mc2", 256, 4, 2, lwHold},
-	{"wgmma_pp", 256, 5, 1, lwPing}, {"wgmma_pp_mc2", 256, 5, 2, lwPing}}
+// in the cooperative kernel, and this shortens it (not measured).
+var lwConfigs = []lwConfig{{"wgmma", 256, 4, 1, false}, {"wgmma_n128", 128, 6, 1, false}, {"wgmma_mc2", 256, 4, 2, false},
+	{"wgmma_n128_mc2", 128, 6, 2, false}, {"wgmma_hold", 256, 4, 1, true}, {"wgmma_hold_mc2", 256, 4, 2, true}}
 
 // lwConfigNamed is the instance of variant name.
 func lwConfigNamed(name string) (lwConfig, bool) {
@@ -275,15 +251,12 @@ func lwValid(c lwConfig, swiglu bool) func(s kernels.Shape, t kernels.Target) (p
 		if swiglu {
 			epi = fmt.Sprintf("swiglu (w as %d gate and %d up rows a stage, %d columns out)", c.BN/2, c.BN/2, c.BN/2)
 		}
-		sched, store := "cooperative", fmt.Sprintf("stmatrix into %d boxes a consumer, tensor stores box by box", lwOutBufs)
-		switch c.Sched {
-		case lwHold:
+		store := fmt.Sprintf("stmatrix into %d boxes a consumer, tensor stores box by box", lwOutBufs)
+		if c.Hold {
 			store = fmt.Sprintf("stmatrix into %d boxes a consumer and the rest into the held last stage, tensor stores all at once", lwOutBufs)
-		case lwPing:
-			sched, store = "ping-pong", "stmatrix into 1 box a consumer, tensor stores box by box, under the other consumer's wgmmas"
 		}
-		params := fmt.Sprintf("persistent warpgroups=1+2 %s tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d×128 rows epilogue=%s, %s",
-			sched, c.rows(), c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, epi, store)
+		params := fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d m-tiles epilogue=%s, %s",
+			lwRows, c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, epi, store)
 		if c.Cluster > 1 {
 			params += fmt.Sprintf(" cluster=%dx1 (m-tiles %d·i+rank of one n-tile; each block multicasts %d of a stage's %d w rows to the cluster)",
 				c.Cluster, c.Cluster, c.wRows(swiglu), c.BN)
@@ -310,7 +283,7 @@ func (o *ops) linearWgmma(c lwConfig, out, x, w, bias *kernels.Tensor) {
 	op := kernels.OpLinear
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	xm, wm := o.Mat(x), o.Mat(w)
-	xmap := o.lwXMap(op, c, xm, m, k)
+	xmap := o.xMap(op, xm, m, k)
 	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(n)},
 		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.wRows(false))}, Swizzle: hopperSwizzle})
 	o.Need(err == nil, op, "w's tensor map: %v", err)
@@ -328,7 +301,7 @@ func (o *ops) linearSwiGLUWgmma(c lwConfig, out, x, w *kernels.Tensor) {
 	op := kernels.OpLinearSwiGLU
 	m, k, inter := x.Rows(), x.Cols(), out.Cols()
 	xm, wm := o.Mat(x), o.Mat(w)
-	xmap := o.lwXMap(op, c, xm, m, k)
+	xmap := o.xMap(op, xm, m, k)
 	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(2 * inter)},
 		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{lwK, uint32(c.wRows(true))}, Swizzle: hopperSwizzle})
 	o.Need(err == nil, op, "w's tensor map: %v", err)
@@ -337,18 +310,6 @@ func (o *ops) linearSwiGLUWgmma(c lwConfig, out, x, w *kernels.Tensor) {
 	grid := o.lw.grid(c, o.SMs, c.units(m, inter, true))
 	o.LaunchGrid(c.swigluKernel(), cuda.Dim3{X: grid}, cuda.Dim3{X: lwThreads}, c.shared(),
 		xmap, wmap, omap, int32(m), int32(inter), int32(k), int32(max(1, lwGroup)), o.D.Ptr(o.lw.status))
-}
-
-// lwXMap is the tensor map of x [rows, k] for instance c: boxes of lwK
-// columns by a tile's rows (group_wgmma's xMap where those are 128).
-func (o *ops) lwXMap(op kernels.Op, c lwConfig, x cudaset.Mat, rows, k int) *cuda.TensorMap {
-	if c.rows() == gwRows {
-		return o.xMap(op, x, rows, k)
-	}
-	m, err := o.D.EncodeTiled(cuda.Tiled{Addr: x.P, Elem: 2, Dims: []uint64{uint64(k), uint64(rows)},
-		Strides: []uint64{uint64(x.Pitch * 2)}, Box: []uint32{lwK, uint32(c.rows())}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "x's tensor map: %v", err)
-	return m
 }
 
 // lwBias is bias as linear_wgmma reads it (0 for none): bf16 pairs from a
