@@ -414,7 +414,7 @@ func TestLinearVariants(t *testing.T) {
 			t.Errorf("K=60: %s valid=%v (%s); want cublas alone valid, every other variant refused for K", v.Name, v.Valid(), v.Why)
 		}
 	}
-	if want := "[skinny stream swap cublas wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2]"; fmt.Sprint(names) != want {
+	if want := "[skinny stream swap cublas wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2 wgmma_hold wgmma_hold_mc2]"; fmt.Sprint(names) != want {
 		t.Errorf("linear's variants on sm_90a: %v, want %s", names, want)
 	}
 }

@@ -69,6 +69,23 @@ template <int STAGES, int CLUSTER = 1> struct HopRing {
 			if (lane < CLUSTER) mbar_arrive_cluster(cluster_at(empty(s), lane));
 		}
 	}
+
+	// release_for is release by one thread for warps consumer warps (of
+	// each block of the cluster): where what frees the stage is known to
+	// that thread alone, as the reads of its own tensor stores.
+	__device__ void release_for(int s, unsigned warps) const {
+		if constexpr (CLUSTER == 1) {
+			mbar_arrive_n(empty(s), warps);
+		} else {
+#pragma unroll
+			for (int r = 0; r < CLUSTER; r++) mbar_arrive_cluster_n(cluster_at(empty(s), r), warps);
+		}
+	}
+};
+
+// HopNoStep is hop_gemm_steps' default per-step hook: nothing.
+struct HopNoStep {
+	__device__ __forceinline__ void operator()(int) const {}
 };
 
 // hop_gemm_steps is a consumer warpgroup's k-steps of one tile: ktiles
@@ -77,12 +94,15 @@ template <int STAGES, int CLUSTER = 1> struct HopRing {
 // at b(s) (shared addresses of stage s, both operands K-major, 128-byte
 // swizzled). One step's wgmmas stay in flight while the next step's are
 // issued; a stage is released once the wgmmas after it have been waited
-// for, the last when all are done. FENCE orders operands the producer's
-// threads copied (cp.async) before wgmma reads them. It returns false when
-// a wait gave up (recorded in status with code).
-template <int BN, int STAGES, bool FENCE, int CLUSTER, typename A, typename B>
+// for, the last when all are done (unless keep_last: then the caller owns
+// the last step's stage, free of wgmma reads, and releases it). FENCE
+// orders operands the producer's threads copied (cp.async) before wgmma
+// reads them. step(kt) runs after each step's wgmmas are issued (and the
+// stage before it released), while they run. It returns false when a wait
+// gave up (recorded in status with code).
+template <int BN, int STAGES, bool FENCE, int CLUSTER, typename A, typename B, typename S = HopNoStep>
 __device__ __forceinline__ bool hop_gemm_steps(float (&acc)[BN / 8][4], const HopRing<STAGES, CLUSTER>& ring, int& it, int ktiles,
-                                               A a, B b, int* status, int code) {
+                                               A a, B b, int* status, int code, bool keep_last = false, S step = S()) {
 #pragma unroll
 	for (int n = 0; n < BN / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 	for (int kt = 0; kt < ktiles; kt++, it++) {
@@ -105,9 +125,10 @@ __device__ __forceinline__ bool hop_gemm_steps(float (&acc)[BN / 8][4], const Ho
 			wg_wait<1>(); // the previous step's wgmmas are done
 			ring.release(ring.stage(it - 1));
 		}
+		step(kt);
 	}
 	wg_wait<0>();
 	keep(acc);
-	if (ktiles > 0) ring.release(ring.stage(it - 1));
+	if (ktiles > 0 && !keep_last) ring.release(ring.stage(it - 1));
 	return true;
 }

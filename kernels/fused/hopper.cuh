@@ -35,6 +35,12 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// mbar_arrive_n is count arrivals on bar at once (one thread arriving for
+// count warps).
+__device__ __forceinline__ void mbar_arrive_n(unsigned bar, unsigned count) {
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
 	unsigned ok;
 	asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
@@ -207,6 +213,12 @@ __device__ __forceinline__ unsigned cluster_at(unsigned addr, unsigned rank) {
 // the whole GPU (MEMBAR.ALL.GPU) before every arrival.
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned addr) {
 	asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+
+// mbar_arrive_cluster_n is count arrivals at once on the mbarrier at addr
+// (mbar_arrive_cluster's).
+__device__ __forceinline__ void mbar_arrive_cluster_n(unsigned addr, unsigned count) {
+	asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
 }
 
 // tma_load_2d_multicast is tma_load_2d into the shared memory of every

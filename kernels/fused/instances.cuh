@@ -220,10 +220,12 @@
 	X(group_wgmma_n128_s6, gate_up_wgmma_n128_s6, gate_up_wgmma_gather_n128_s6, 128, 6)
 
 #define LINEAR_WGMMA_INSTANCES(X) \
-	X(linear_wgmma_n256_s4, linear_wgmma_swiglu_n256_s4, 256, 4, 1) \
-	X(linear_wgmma_n128_s6, linear_wgmma_swiglu_n128_s6, 128, 6, 1) \
-	X(linear_wgmma_n256_s4_c2, linear_wgmma_swiglu_n256_s4_c2, 256, 4, 2) \
-	X(linear_wgmma_n128_s6_c2, linear_wgmma_swiglu_n128_s6_c2, 128, 6, 2)
+	X(linear_wgmma_n256_s4, linear_wgmma_swiglu_n256_s4, 256, 4, 1, 0) \
+	X(linear_wgmma_n128_s6, linear_wgmma_swiglu_n128_s6, 128, 6, 1, 0) \
+	X(linear_wgmma_n256_s4_c2, linear_wgmma_swiglu_n256_s4_c2, 256, 4, 2, 0) \
+	X(linear_wgmma_n128_s6_c2, linear_wgmma_swiglu_n128_s6_c2, 128, 6, 2, 0) \
+	X(linear_wgmma_n256_s4_h, linear_wgmma_swiglu_n256_s4_h, 256, 4, 1, 1) \
+	X(linear_wgmma_n256_s4_c2_h, linear_wgmma_swiglu_n256_s4_c2_h, 256, 4, 2, 1)
 
 #define LINEAR_STREAM_INSTANCES(X) \
 	X(linear_stream_n1_bf16, 1, bf16) \

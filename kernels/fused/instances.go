@@ -291,7 +291,7 @@ func lsEpilogueInstances(macro string, kernel func(nt int) string) cudaset.Insta
 func lwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
 	for _, c := range lwConfigs {
-		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.kernel(), c.swigluKernel()}, Args: []any{c.BN, c.Stages, c.Cluster}})
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.kernel(), c.swigluKernel()}, Args: []any{c.BN, c.Stages, c.Cluster, c.hold()}})
 	}
 	return f
 }

@@ -196,17 +196,29 @@ func TestLinearSwapVariants(t *testing.T) {
 // with ptxas's report, and fails on a serialized wgmma pipeline (C75xx),
 // spills or a kernel missing; it logs each kernel's registers and shared
 // memory. Skipped when FUSELM_NVRTC is unset.
-func TestLinearSwapCompiles(t *testing.T) {
-	c := nvrtcCompiler(t, "linear_swap.cu")
-	m := swModule()
+func TestLinearSwapCompiles(t *testing.T) { nvrtcReport(t, swModule()) }
+
+// nvrtcReport compiles module m by NVRTC without a GPU (nvrtcCompiler's
+// library and target), with ptxas's report, and fails on a compile error, a
+// serialized wgmma pipeline (C75xx), spills or a kernel missing; it logs
+// each kernel's registers and shared memory, and with $FUSELM_NVRTC_OUT
+// set writes the cubin there (for `cuobjdump -sass`).
+func nvrtcReport(t *testing.T, m cudaset.Module) {
+	t.Helper()
+	c := nvrtcCompiler(t, m.File)
 	p, err := cudaset.Source(m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Name = "fused_" + m.File
-	_, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
+	img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log)
+	}
+	if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
+		if err := os.WriteFile(fmt.Sprintf("%s/%s.cubin", dir, p.Name), img, 0o644); err != nil {
+			t.Error(err)
+		}
 	}
 	for _, f := range m.Funcs {
 		if !strings.Contains(log, "Compiling entry function '"+f+"'") {

@@ -18,7 +18,7 @@ import (
 // tuning choices that follow whether linear_wgmma was built.
 func TestLinearSwiGLUHost(t *testing.T) {
 	gateUp := kernels.Shape{"M": 16384, "N": 37888, "K": 3584}
-	if got := valid(variants(kernels.OpLinearSwiGLU, gateUp, kernels.Targets["sm_90a"])); fmt.Sprint(got) != "[unfused wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2]" {
+	if got := valid(variants(kernels.OpLinearSwiGLU, gateUp, kernels.Targets["sm_90a"])); fmt.Sprint(got) != "[unfused wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2 wgmma_hold wgmma_hold_mc2]" {
 		t.Errorf("linear_swiglu at W1's gate_up on sm_90a: %v", got)
 	}
 	if got := valid(variants(kernels.OpLinearSwiGLU, gateUp, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[unfused]" {

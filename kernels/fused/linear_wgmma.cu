@@ -39,6 +39,22 @@
 //     meanwhile). Before a box is written, its buffer's last store must
 //     have read it: thread 0 waits for the stores before the barrier that
 //     precedes each store, so the store of box b overlaps the filling of b+1.
+//   With HOLD (the _h instances: variants wgmma_hold, wgmma_hold_mc2) the
+//     epilogue never waits for a store: the tensor cores idle from a
+//     tile's last wgmma to the next tile's first in this cooperative
+//     kernel, and each box's wait for the previous box's store (four a
+//     tile at BN = 256) is a store's latency of it. The consumers keep the stage of
+//     the tile's last k-step instead of releasing it (hop_gemm_steps'
+//     keep_last; a barrier of both consumers then says that no wgmma reads
+//     it), and a warpgroup writes all its boxes at once: the first
+//     LW_OUT_BUFS into its own buffers, the rest (HELD) into its part of
+//     that stage; then one barrier, and thread 0 stores them all. In the
+//     next tile, once its second k-step is issued, thread 0 waits for the
+//     stores to have read their boxes (long done) and releases the held
+//     stage for its warpgroup's four warps (HopRing::release_for; in a
+//     cluster on both blocks, whose producers multicast into it). The
+//     producer has the other STAGES - 1 stages loaded for the next tile
+//     meanwhile. Not measured.
 //
 // In clusters (CLUSTER = 2, the _c2 instances: variants wgmma_mc2 and
 // wgmma_n128_mc2) the two blocks of a cluster take two m-tiles of one
@@ -89,6 +105,7 @@
 #define LW_BOX 64                 // columns of an output box: 128 bytes of bf16, the swizzle's span
 #define LW_OUT_BUFS 2             // output boxes a consumer warpgroup stages at once
 #define LW_WG_BAR 1               // named barrier of consumer warpgroup w: LW_WG_BAR + w
+#define LW_BOTH_BAR (LW_WG_BAR + HG_CONSUMERS) // named barrier of all the consumer warpgroups (HOLD)
 static_assert(HG_REGS_FIT(LW_PRODUCER_REGS, LW_CONSUMER_REGS, LW_THREADS), "setmaxnreg asks for more registers than the block has");
 
 // LwLayout is the shared memory of linear_wgmma<BN, STAGES, E>: per stage
@@ -186,6 +203,25 @@ template <int BN> struct LwSwiGLU {
 	}
 };
 
+// lw_box writes output box c of a consumer warpgroup's tile (columns
+// [col0 + c·LW_BOX, + LW_BOX) of its 64 rows) from acc into the box at
+// shared address buf, in the layout of omap's 128-byte swizzle: this
+// thread's rows are frow and frow + 8, and it gives stmatrix the address
+// of the box's row srow, 16-byte chunk pair schunk.
+template <typename E, int NB>
+__device__ __forceinline__ void lw_box(const E& epi, const float (&acc)[NB][4], int c, unsigned buf, int frow, int col0, int lane,
+                                       int srow, int schunk) {
+#pragma unroll
+	for (int p = 0; p < LW_BOX / 16; p++) {
+		const int j = c * (LW_BOX / 8) + 2 * p; // output blocks j and j + 1
+		const int col = col0 + 8 * j + 2 * (lane & 3);
+		unsigned r[4];
+		epi.frag(acc, j, frow, col, r[0], r[1]);
+		epi.frag(acc, j + 1, frow, col + 8, r[2], r[3]);
+		stsm_x4(buf + srow * HG_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
+	}
+}
+
 // lw_first is the first unit of work of this block (of its cluster, with
 // CLUSTER > 1), lw_stride the grid's blocks (clusters) between its units.
 template <int CLUSTER> __device__ __forceinline__ int lw_first() { return CLUSTER == 1 ? (int)blockIdx.x : cluster_id(); }
@@ -195,7 +231,7 @@ template <int CLUSTER> __device__ __forceinline__ int lw_stride() { return CLUST
 // one block an SM, at most the tiles; with CLUSTER > 1 whole clusters, at
 // most as many as run at once and as the tiles' units), LW_THREADS threads,
 // LwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
-template <int BN, int STAGES, int CLUSTER, typename E>
+template <int BN, int STAGES, int CLUSTER, bool HOLD, typename E>
 __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* wmap, const TmaMap* omap, E epi, int M, int N,
                                              int K, int group, int* status) {
 	typedef LwLayout<BN, STAGES> L;
@@ -205,6 +241,10 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	constexpr int W_COPIES = E::W_BOXES > CLUSTER ? E::W_BOXES : CLUSTER;
 	constexpr int W_CUT = W_COPIES / E::W_BOXES, W_ROWS = BN / W_COPIES; // copies of an E box; rows of a copy (wmap's box)
 	static_assert(OUT_COLS % LW_BOX == 0, "a tile's output is whole boxes");
+	// With HOLD, a warpgroup's boxes past its LW_OUT_BUFS go into the
+	// stage of the tile's last k-step, HELD of them a warpgroup.
+	constexpr int BOXES = OUT_COLS / LW_BOX, HELD = HOLD && BOXES > LW_OUT_BUFS ? BOXES - LW_OUT_BUFS : 0;
+	static_assert(HELD * HG_CONSUMERS * L::OUT_BYTES <= L::STAGE_BYTES, "the held boxes fit in a stage");
 	static_assert(W_COPIES % E::W_BOXES == 0 && W_COPIES % CLUSTER == 0 && BN % W_COPIES == 0 && W_ROWS % 8 == 0,
 	              "w's copies are whole 8-row core matrices, as many for each block of a cluster");
 	extern __shared__ unsigned char smem_raw[];
@@ -214,6 +254,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	auto sA = [&](int s) { return base + s * L::STAGE_BYTES; };
 	auto sB = [&](int s) { return base + s * L::STAGE_BYTES + L::A_BYTES; };
 	auto sOut = [&](int w, int b) { return base + L::OUT + (w * LW_OUT_BUFS + b) * L::OUT_BYTES; };
+	auto sHeld = [&](int s, int w, int b) { return base + s * L::STAGE_BYTES + (w * HELD + b) * L::OUT_BYTES; };
 	const HopRing<STAGES, CLUSTER> ring{bars};
 
 	// full: the expect_tx arrival; empty: one arrival per consumer warp of
@@ -281,12 +322,52 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	const int srow = 16 * wi + 8 * ((lane >> 3) & 1) + (lane & 7), schunk = lane >> 4;
 	float acc[BN / 8][4];
 	int it = 0, box = 0;
+	int held = -1; // HELD: the stage that holds the last tile's boxes until their stores have read them; -1 none
 	for (int t = lw_first<CLUSTER>(); t < total; t += lw_stride<CLUSTER>()) {
 		int mt, nt;
 		tiles.at(t, mt, nt);
 		mt = mt * CLUSTER + rank;
 		const int row = mt * LW_BM + 64 * w, col0 = nt * OUT_COLS; // the warpgroup's first row, the tile's first column
 		epi.load(col0, lane);
+		if constexpr (HOLD) {
+			// The boxes are written at once and stored at once, no wait
+			// between them: the stores of the last tile, issued a main loop
+			// ago, have read them by the time this tile's second k-step is
+			// issued, where thread 0 waits for them (a formality) and frees
+			// the held stage for the warpgroup's four warps.
+			const int last = ktiles - 1 < 1 ? ktiles - 1 : 1;
+			auto step = [&](int kt) {
+				if (HELD > 0 && kt == last && held >= 0) {
+					if (tid == 0) {
+						tma_store_wait();
+						ring.release_for(held, 4);
+					}
+					held = -1;
+				}
+			};
+			const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL, HELD > 0, step);
+			if (tid == 0) tma_store_wait(); // the last tile's boxes are read (without HELD, the first wait for them)
+			// With HELD, both consumers: the stage's wgmmas are done in
+			// both before either writes boxes into it; a wait that gave up
+			// stops both.
+			if (!(HELD > 0 ? bar_all(LW_BOTH_BAR, 128 * HG_CONSUMERS, ok) : bar_all(LW_WG_BAR + w, 128, ok))) break;
+#pragma unroll
+			for (int c = 0; c < BOXES; c++) {
+				const unsigned buf = c < LW_OUT_BUFS ? sOut(w, c) : sHeld(ring.stage(it - 1), w, c - LW_OUT_BUFS);
+				lw_box(epi, acc, c, buf, row + 16 * wi + lane / 4, col0, lane, srow, schunk);
+			}
+			fence_async_shared();
+			bar_sync(LW_WG_BAR + w, 128);
+			if (tid == 0) {
+#pragma unroll
+				for (int c = 0; c < BOXES; c++)
+					tma_store_2d(omap, c < LW_OUT_BUFS ? sOut(w, c) : sHeld(ring.stage(it - 1), w, c - LW_OUT_BUFS), col0 + c * LW_BOX,
+					             row);
+				tma_store_commit();
+			}
+			if (HELD > 0) held = ring.stage(it - 1);
+			continue;
+		}
 		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL);
 		if (!bar_all(LW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
 
@@ -295,15 +376,7 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 #pragma unroll
 		for (int c = 0; c < OUT_COLS / LW_BOX; c++) {
 			const unsigned buf = sOut(w, box % LW_OUT_BUFS);
-#pragma unroll
-			for (int p = 0; p < LW_BOX / 16; p++) {
-				const int j = c * (LW_BOX / 8) + 2 * p; // output blocks j and j + 1
-				const int col = col0 + 8 * j + 2 * (lane & 3);
-				unsigned r[4];
-				epi.frag(acc, j, row + 16 * wi + lane / 4, col, r[0], r[1]);
-				epi.frag(acc, j + 1, row + 16 * wi + lane / 4, col + 8, r[2], r[3]);
-				stsm_x4(buf + srow * HG_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
-			}
+			lw_box(epi, acc, c, buf, row + 16 * wi + lane / 4, col0, lane, srow, schunk);
 			fence_async_shared();
 			if (tid == 0) tma_store_wait(); // the earlier boxes are read: the next box's buffer is free
 			bar_sync(LW_WG_BAR + w, 128);
@@ -325,19 +398,21 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 
 // The instances (named as in linear_wgmma.go's lwConfigs): tiles of BN
 // w rows through STAGES stages, in clusters of CL blocks along x (1: none),
-// with the plain epilogue (linear) and with SwiGLU's (linear_swiglu: N is
-// out's columns, I).
+// the epilogue holding the last stage or not (HOLD 1 or 0), with the plain
+// epilogue (linear) and with SwiGLU's (linear_swiglu: N is out's columns,
+// I; its two boxes a warpgroup fit its own buffers, so with HOLD it holds
+// no stage and only moves the wait for the stores to the next tile).
 #define LW_CLUSTER_DIMS_1
 #define LW_CLUSTER_DIMS_2 __cluster_dims__(2, 1, 1)
-#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST, CL)                                                                       \
+#define LINEAR_WGMMA(NAME, SWIGLU_NAME, BN, ST, CL, HOLD)                                                                       \
 	extern "C" __global__ void LW_CLUSTER_DIMS_##CL __launch_bounds__(LW_THREADS, 1)                                      \
 	    NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap omap, \
 	         const unsigned* bias, int M, int N, int K, int group, int* status) {                                          \
-		linear_wgmma<BN, ST, CL>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                     \
+		linear_wgmma<BN, ST, CL, HOLD>(&xmap, &wmap, &omap, LwPlain<BN>{bias, N}, M, N, K, group, status);                     \
 	}                                                                                                                     \
 	extern "C" __global__ void LW_CLUSTER_DIMS_##CL __launch_bounds__(LW_THREADS, 1)                                      \
 	    SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,                              \
 	                const __grid_constant__ TmaMap omap, int M, int N, int K, int group, int* status) {                   \
-		linear_wgmma<BN, ST, CL>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                          \
+		linear_wgmma<BN, ST, CL, HOLD>(&xmap, &wmap, &omap, LwSwiGLU<BN>{N}, M, N, K, group, status);                          \
 	}
 LINEAR_WGMMA_INSTANCES(LINEAR_WGMMA)

@@ -38,10 +38,14 @@ var lwGroup = 16
 
 // lwConfig is an instance of linear_wgmma: BN columns a tile through Stages
 // stages, in clusters of Cluster blocks (1: none) that share each stage's w
-// by multicast, named Variant among linear's variants.
+// by multicast, with the epilogue that holds the tile's last stage for its
+// output boxes and stores them all at once (Hold: HOLD in linear_wgmma.cu)
+// or the one that stores them box by box, named Variant among linear's
+// variants.
 type lwConfig struct {
 	Variant             string
 	BN, Stages, Cluster int
+	Hold                bool
 }
 
 func (c lwConfig) kernel() string { return c.name("linear_wgmma") }
@@ -51,13 +55,25 @@ func (c lwConfig) kernel() string { return c.name("linear_wgmma") }
 // gate and BN/2 of up, BN/2 output columns.
 func (c lwConfig) swigluKernel() string { return c.name("linear_wgmma_swiglu") }
 
-// name is kernel's instance for c: tile, stages, and cluster when there is one.
+// name is kernel's instance for c: tile, stages, cluster when there is
+// one, and _h for the holding epilogue.
 func (c lwConfig) name(kernel string) string {
 	s := fmt.Sprintf("%s_n%d_s%d", kernel, c.BN, c.Stages)
 	if c.Cluster > 1 {
 		s += fmt.Sprintf("_c%d", c.Cluster)
 	}
+	if c.Hold {
+		s += "_h"
+	}
 	return s
+}
+
+// hold is c.Hold as linear_wgmma.cu's HOLD.
+func (c lwConfig) hold() int {
+	if c.Hold {
+		return 1
+	}
+	return 0
 }
 
 // wRows is the rows of w a tensor copy brings (wmap's box), with SwiGLU in
@@ -98,8 +114,15 @@ func (c lwConfig) shared() int {
 // would leave most SMs idle (M = 10,816, N = 3,584: 1,190 tiles on 132
 // SMs); and both again in clusters of two blocks (the _mc2 variants) that
 // take two m-tiles of one n-tile, each block copying half of a stage's w to
-// both by multicast, so that w crosses from L2 once a cluster.
-var lwConfigs = []lwConfig{{"wgmma", 256, 4, 1}, {"wgmma_n128", 128, 6, 1}, {"wgmma_mc2", 256, 4, 2}, {"wgmma_n128_mc2", 128, 6, 2}}
+// both by multicast, so that w crosses from L2 once a cluster. The _hold
+// variants are the 128×256 ones with the epilogue that never waits for a
+// store within a tile (HOLD in linear_wgmma.cu): a consumer's four boxes go
+// two into its own buffers and two into the stage of the tile's last
+// k-step, which it releases a k-step into the next tile, once the stores
+// have read it; the tensor cores idle through the epilogue of every tile
+// in the cooperative kernel, and this shortens it (not measured).
+var lwConfigs = []lwConfig{{"wgmma", 256, 4, 1, false}, {"wgmma_n128", 128, 6, 1, false}, {"wgmma_mc2", 256, 4, 2, false},
+	{"wgmma_n128_mc2", 128, 6, 2, false}, {"wgmma_hold", 256, 4, 1, true}, {"wgmma_hold_mc2", 256, 4, 2, true}}
 
 // lwConfigNamed is the instance of variant name.
 func lwConfigNamed(name string) (lwConfig, bool) {
@@ -228,8 +251,12 @@ func lwValid(c lwConfig, swiglu bool) func(s kernels.Shape, t kernels.Target) (p
 		if swiglu {
 			epi = fmt.Sprintf("swiglu (w as %d gate and %d up rows a stage, %d columns out)", c.BN/2, c.BN/2, c.BN/2)
 		}
-		params := fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d m-tiles epilogue=%s, stmatrix into %d boxes a consumer, tensor stores",
-			lwRows, c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, epi, lwOutBufs)
+		store := fmt.Sprintf("stmatrix into %d boxes a consumer, tensor stores box by box", lwOutBufs)
+		if c.Hold {
+			store = fmt.Sprintf("stmatrix into %d boxes a consumer and the rest into the held last stage, tensor stores all at once", lwOutBufs)
+		}
+		params := fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle order=swaths of %d m-tiles epilogue=%s, %s",
+			lwRows, c.BN, lwK, c.Stages, c.shared(), lwProducerRegs, lwConsumerRegs, c.BN, lwGroup, epi, store)
 		if c.Cluster > 1 {
 			params += fmt.Sprintf(" cluster=%dx1 (m-tiles %d·i+rank of one n-tile; each block multicasts %d of a stage's %d w rows to the cluster)",
 				c.Cluster, c.Cluster, c.wRows(swiglu), c.BN)

@@ -58,7 +58,7 @@ func TestLinearWgmmaHost(t *testing.T) {
 		t.Errorf("setmaxnreg %d/%d: over the registers the block is launched with, or not multiples of 8", lwProducerRegs, lwConsumerRegs)
 	}
 	gateUp := kernels.Shape{"M": 16384, "N": 37888, "K": 3584}
-	if got := valid(variants(kernels.OpLinear, gateUp, h200)); fmt.Sprint(got) != "[cublas wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2]" {
+	if got := valid(variants(kernels.OpLinear, gateUp, h200)); fmt.Sprint(got) != "[cublas wgmma wgmma_n128 wgmma_mc2 wgmma_n128_mc2 wgmma_hold wgmma_hold_mc2]" {
 		t.Errorf("linear at W1's gate_up on sm_90a: %v", got)
 	}
 	if got := valid(variants(kernels.OpLinear, gateUp, kernels.Targets["sm_80"])); fmt.Sprint(got) != "[cublas]" {
@@ -109,6 +109,11 @@ func TestLinearWgmmaHost(t *testing.T) {
 func TestLinearWgmmaCompiles(t *testing.T) {
 	hopperCompileReport(t, lwModule(), "FUSELM_LINEAR_WGMMA_CUBIN", false)
 }
+
+// TestLinearWgmmaNVRTCCompiles is TestLinearWgmmaCompiles without a GPU:
+// linear_wgmma.cu by the NVRTC library at $FUSELM_NVRTC (nvrtcReport);
+// skipped when FUSELM_NVRTC is unset.
+func TestLinearWgmmaNVRTCCompiles(t *testing.T) { nvrtcReport(t, lwModule()) }
 
 // TestLinearWgmmaKernels runs the shared kerneltest's linear cases (1 to
 // 1,000 rows, K and N of no tile, bias, pitched x and out; those linear_wgmma

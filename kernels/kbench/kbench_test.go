@@ -283,7 +283,7 @@ func TestDryRun(t *testing.T) {
 		t.Errorf("%d offers for %s among the defaults, want naive's and fused's", seen, f16)
 	}
 	// linear's first shape is 4096 rows: not skinny's, stream's nor swap's; cuBLAS
-	// and linear_wgmma's four instances on sm_90a.
+	// and linear_wgmma's six instances on sm_90a.
 	if fusedLinear == nil || fusedLinear.Fallback != "" {
 		t.Errorf("fused linear offer: %+v", fusedLinear)
 	} else {
@@ -293,8 +293,8 @@ func TestDryRun(t *testing.T) {
 				valid = append(valid, v.Name)
 			}
 		}
-		if want := "cublas,wgmma,wgmma_n128,wgmma_mc2,wgmma_n128_mc2"; len(fusedLinear.Variants) != 8 || strings.Join(valid, ",") != want {
-			t.Errorf("fused linear offer at 4096 rows: valid %v of %+v, want %s of 8", valid, fusedLinear.Variants, want)
+		if want := "cublas,wgmma,wgmma_n128,wgmma_mc2,wgmma_n128_mc2,wgmma_hold,wgmma_hold_mc2"; len(fusedLinear.Variants) != 10 || strings.Join(valid, ",") != want {
+			t.Errorf("fused linear offer at 4096 rows: valid %v of %+v, want %s of 10", valid, fusedLinear.Variants, want)
 		}
 	}
 	a100 := kernels.Targets["sm_80"]
