@@ -72,30 +72,53 @@ type KernelRecord struct {
 func (k *KernelRecord) Ns() int64 { return k.End - k.Start }
 
 // OwnNs is each record's device time in nanoseconds counted from the later
-// of its start and the end of the kernels before it on its stream, and how
+// of its start and the end of the kernels before it on its lane, and how
 // many records that moved. A kernel launched to overlap the one before it
 // (programmatic dependent launch, cuda.Device.LaunchOverlapped) starts
 // while that one runs and waits for it: the wait is the earlier kernel's
 // time, and counting it twice would make the kernels' sum exceed the time
-// the device was busy. Kernels of other streams are not touched.
+// the device was busy. A kernel's lane is its stream, but for a kernel of
+// a graph replay it is the replay: a graph with branches (the work a
+// layer queues aside) runs on streams the driver picks, and its chain of
+// kernels moves between them at a join, so the kernel before it on its
+// CUPTI stream may be a layer earlier. Of two kernels of one replay that
+// run at once, the time goes to the one that started first. Kernels of
+// other lanes are not touched.
 func OwnNs(recs []KernelRecord) (ns []int64, overlapped int) {
+	type lane struct {
+		replay bool
+		id     uint64
+	}
+	laneOf := func(k *KernelRecord) lane {
+		if k.GraphNode != 0 && k.ID != 0 {
+			return lane{true, k.ID}
+		}
+		return lane{false, uint64(k.Stream)}
+	}
 	idx := make([]int, len(recs))
 	for i := range idx {
 		idx[i] = i
 	}
 	slices.SortStableFunc(idx, func(a, b int) int {
-		if c := cmp.Compare(recs[a].Stream, recs[b].Stream); c != 0 {
-			return c
+		la, lb := laneOf(&recs[a]), laneOf(&recs[b])
+		if la != lb {
+			if la.replay != lb.replay {
+				if la.replay {
+					return 1
+				}
+				return -1
+			}
+			return cmp.Compare(la.id, lb.id)
 		}
 		return cmp.Compare(recs[a].Start, recs[b].Start)
 	})
 	ns = make([]int64, len(recs))
-	var stream uint32
-	var end int64 // the latest end of the stream's kernels so far
+	var cur lane
+	var end int64 // the latest end of the lane's kernels so far
 	for n, i := range idx {
 		k := &recs[i]
-		if n == 0 || k.Stream != stream {
-			stream, end = k.Stream, k.Start
+		if l := laneOf(k); n == 0 || l != cur {
+			cur, end = l, k.Start
 		}
 		from := k.Start
 		if end > from {
@@ -465,7 +488,7 @@ func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes [
 		note = joinNote(note, fmt.Sprintf("%d of %d kernels could not be tied to an op", unattributed, len(recs)))
 	}
 	if overlapped > 0 {
-		note = joinNote(note, fmt.Sprintf("%d of %d kernels started before the kernel ahead of them on their stream ended "+
+		note = joinNote(note, fmt.Sprintf("%d of %d kernels started before the kernel ahead of them (on their stream, or in their graph replay) ended "+
 			"(overlapped launches): each counts from that kernel's end", overlapped, len(recs)))
 	}
 	if len(recs) == 0 && len(calls) > 0 {

@@ -239,6 +239,22 @@ func TestOwnNs(t *testing.T) {
 	if busy, _ := BusyTime(recs[:3]); float64(sum)/1e6 != busy {
 		t.Errorf("stream 1's own times sum to %d ns, its busy time is %v ms", sum, busy)
 	}
+
+	// The kernels of a graph replay share one lane whatever streams CUPTI
+	// names: a branched graph's chain moves between streams at a join.
+	// Replay 7's p waits on o across streams; q, of the same stream as o
+	// but replay 8, and r, launched directly on that stream, are apart.
+	recs = []KernelRecord{
+		{Name: "o", Start: 100, End: 200, Stream: 5, ID: 7, GraphNode: 1},
+		{Name: "p", Start: 150, End: 230, Stream: 6, ID: 7, GraphNode: 2}, // waited 50 ns on o
+		{Name: "s", Start: 160, End: 190, Stream: 5, ID: 7, GraphNode: 3}, // beside p, wholly under o
+		{Name: "q", Start: 120, End: 170, Stream: 5, ID: 8, GraphNode: 1}, // another replay
+		{Name: "r", Start: 130, End: 180, Stream: 5},                      // launched directly
+	}
+	ns, overlapped = OwnNs(recs)
+	if want := []int64{100, 30, 0, 50, 50}; !slices.Equal(ns, want) || overlapped != 2 {
+		t.Errorf("replays: OwnNs = %v, %d overlapped; want %v, 2", ns, overlapped, want)
+	}
 }
 
 // TestNullForAbsent holds the profile's JSON to the project's rule: what
