@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes, kernel by kernel, read from `infer --trace` files: for each
-kernel of the decode steps (in stream order), its share of the step's critical path, counted from
-the end of the kernel before it on its stream (a kernel launched to overlap its predecessor counts
-from that one's end, as the CUPTI profile does), and its gap: start minus the predecessor's end
+kernel of the decode steps (in start order), its share of the step's critical path, counted from
+the end of the kernels before it in its step, whatever stream ran them (a kernel launched to overlap
+its predecessor counts from that one's end, as the CUPTI profile does; of two kernels of a step's
+branches running at once, the first started gets the time), and its gap: start minus the
+predecessor's end
 (negative where it was launched under it, positive where the stream sat idle). Summed by kernel
 name (and op) over every step, divided by the steps. With two files the rows sit side by side, so
 that two builds or settings of one workload can be read against each other: which kernel's path
@@ -35,7 +37,12 @@ def load(path, layer):
     for e in events:
         if e.get("ph") != "X" or e.get("pid") != GPU_PID or e.get("tid", 0) < STREAM0 or e.get("cat") != "kernel":
             continue
-        by_stream[e["tid"]].append(e)
+        # A decode step's kernels are one lane whatever stream the trace
+        # names: a graph with branches (work queued aside) runs on streams
+        # the driver picks, and its chain moves between them at a join.
+        a = e.get("args", {})
+        lane = ("step", a.get("step")) if a.get("phase") == "decode" else ("stream", e["tid"])
+        by_stream[lane].append(e)
     rows = collections.defaultdict(lambda: [0, 0.0, 0.0])  # calls, critical µs, gap µs
     steps = set()
     total = 0.0
