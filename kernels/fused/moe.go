@@ -481,14 +481,23 @@ func (o *ops) expertsFolded(c gemmConfig, dyn bool, tiles int, out, x, idx, weig
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2 * inter), int32(hidden)}
-	name, grid := c.foldGateUpKernel(), foldGateUpGrid(c, tiles, inter)
+	o.launchFolded(c, dyn, gemmConfig.foldGateUpKernel, gemmConfig.foldDynGateUpKernel, tiles, inter, args,
+		out, weight, down, first, slot, act, y, rows)
+}
+
+// launchFolded launches the folded path's gate/up kernel (name's, a block
+// a tile of the bound; dynName's on the persistent grid where dyn, with its
+// ticket pair after args), then the down kernel that combines.
+func (o *ops) launchFolded(c gemmConfig, dyn bool, name, dynName func(gemmConfig) string, tiles, inter int, args []any,
+	out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
+	kernel, grid := name(c), foldGateUpGrid(c, tiles, inter)
 	if dyn {
 		c = dynConfig()
-		name = c.foldDynGateUpKernel()
-		grid = o.dynGrid(name, grid)
+		kernel = dynName(c)
+		grid = o.dynGrid(kernel, grid)
 		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynGateUpPair))
 	}
-	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
+	o.LaunchGrid(kernel, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
 	o.foldDown(c, dyn, tiles, out, weight, down, first, slot, act, y, rows)
 }
 
@@ -566,15 +575,8 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
 		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
-	name, grid := c.routeGateUpKernel(), foldGateUpGrid(c, tiles, inter)
-	if dyn {
-		c = dynConfig()
-		name = c.routeDynGateUpKernel()
-		grid = o.dynGrid(name, grid)
-		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynGateUpPair))
-	}
-	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
-	o.foldDown(c, dyn, tiles, out, weight, down, first, slot, act, y, rows)
+	o.launchFolded(c, dyn, gemmConfig.routeGateUpKernel, gemmConfig.routeDynGateUpKernel, tiles, inter, args,
+		out, weight, down, first, slot, act, y, rows)
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
