@@ -30,15 +30,17 @@ const asideKey = "aside/"
 // Inside f, kernels, cuBLAS calls, copies and marks go to the second
 // stream, and Scratch hands out buffers of their own (under "aside/" and
 // the key). Within a graph capture the branch is captured with the rest.
-// With FUSELM_ASIDE=off, inside another Aside, or on a failed device,
-// f's work is queued in order on the first stream and join does nothing;
+// With FUSELM_ASIDE=off, inside another Aside, on a failed device, or in
+// a graph capture before any Aside made the second stream (its cuBLAS
+// handle is not made while capturing), f's work is queued in order on the
+// first stream and join does nothing;
 // where the second stream cannot be made, that error fails the device as
 // a failed launch would.
 // Sync, reads, transfers and EndCapture join first, so that no work is
 // left behind on the side.
 func (d *Device) Aside(f func()) (join func()) {
 	d.enter()
-	if !d.aside || !d.usable() || d.onSide {
+	if !d.aside || !d.usable() || d.onSide || d.side == nil && d.capturing {
 		d.leave()
 		f()
 		return func() {}

@@ -118,6 +118,44 @@ func TestAside(t *testing.T) {
 	want("Sync joins", c, 5)
 }
 
+// TestAsideFirstInCapture: an Aside whose second stream would be made in a
+// graph capture queues its work in order (the capture stays whole), and
+// the replays compute what the eager run does.
+func TestAsideFirstInCapture(t *testing.T) {
+	d := openDevice(t)
+	inc := incKernel(t, d)
+	const n = 4096
+	a, b, c, out := d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n)
+	ga, gc := d.Alloc(kernels.BF16, 4096, 4096), d.Alloc(kernels.F32, 4096, 4096)
+	d.Zero(ga)
+	for _, x := range []*kernels.Tensor{a, b, c, out} {
+		d.Zero(x)
+	}
+	mustSync(t, d)
+	if err := d.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	asideRound(d, inc, a, b, c, out, ga, gc, n)
+	g, err := d.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if d.side != nil {
+		t.Error("the second stream was made during a capture")
+	}
+	if err := g.Replay(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.ReadI32(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != 2 || got[n-1] != 2 {
+		t.Errorf("out = %d … %d after one replay, want 2", got[0], got[n-1])
+	}
+}
+
 // TestAsideOff: with FUSELM_ASIDE=off, Aside queues its work in order on
 // the first stream and makes no second one.
 func TestAsideOff(t *testing.T) {
