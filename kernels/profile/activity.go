@@ -77,43 +77,33 @@ func (k *KernelRecord) Ns() int64 { return k.End - k.Start }
 // (programmatic dependent launch, cuda.Device.LaunchOverlapped) starts
 // while that one runs and waits for it: the wait is the earlier kernel's
 // time, and counting it twice would make the kernels' sum exceed the time
-// the device was busy. A kernel's lane is its stream, but for a kernel of
-// a graph replay it is the replay: a graph with branches (the work a
-// layer queues aside) runs on streams the driver picks, and its chain of
-// kernels moves between them at a join, so the kernel before it on its
-// CUPTI stream may be a layer earlier. Of two kernels of one replay that
-// run at once, the time goes to the one that started first. Kernels of
-// other lanes are not touched.
+// the device was busy. The kernels of a graph replay are one lane, those
+// launched directly another, whatever streams ran them: a layer's work
+// queued aside (cuda.Device.Aside) runs on a second stream, a graph with
+// such branches on streams the driver picks, and its chain of kernels
+// moves between them at a join, so the kernel before a kernel on its
+// CUPTI stream may be a layer earlier. Of two kernels of a lane that run
+// at once, the time goes to the one that started first, so the lane's
+// times sum to the time it kept the device busy.
 func OwnNs(recs []KernelRecord) (ns []int64, overlapped int) {
-	type lane struct {
-		replay bool
-		id     uint64
-	}
-	laneOf := func(k *KernelRecord) lane {
-		if k.GraphNode != 0 && k.ID != 0 {
-			return lane{true, k.ID}
+	laneOf := func(k *KernelRecord) uint64 { // 0: launched directly
+		if k.GraphNode != 0 {
+			return k.ID
 		}
-		return lane{false, uint64(k.Stream)}
+		return 0
 	}
 	idx := make([]int, len(recs))
 	for i := range idx {
 		idx[i] = i
 	}
 	slices.SortStableFunc(idx, func(a, b int) int {
-		la, lb := laneOf(&recs[a]), laneOf(&recs[b])
-		if la != lb {
-			if la.replay != lb.replay {
-				if la.replay {
-					return 1
-				}
-				return -1
-			}
-			return cmp.Compare(la.id, lb.id)
+		if c := cmp.Compare(laneOf(&recs[a]), laneOf(&recs[b])); c != 0 {
+			return c
 		}
 		return cmp.Compare(recs[a].Start, recs[b].Start)
 	})
 	ns = make([]int64, len(recs))
-	var cur lane
+	var cur uint64
 	var end int64 // the latest end of the lane's kernels so far
 	for n, i := range idx {
 		k := &recs[i]
@@ -488,7 +478,7 @@ func kernelReport(recs []KernelRecord, calls []OpCall, replays []Replay, notes [
 		note = joinNote(note, fmt.Sprintf("%d of %d kernels could not be tied to an op", unattributed, len(recs)))
 	}
 	if overlapped > 0 {
-		note = joinNote(note, fmt.Sprintf("%d of %d kernels started before the kernel ahead of them (on their stream, or in their graph replay) ended "+
+		note = joinNote(note, fmt.Sprintf("%d of %d kernels started before the kernel ahead of them (in their graph replay, or among those launched directly) ended "+
 			"(overlapped launches): each counts from that kernel's end", overlapped, len(recs)))
 	}
 	if len(recs) == 0 && len(calls) > 0 {
