@@ -165,7 +165,10 @@ type Brancher interface {
 	// Aside queues the work f queues so that it starts after the work
 	// queued before Aside and may run beside the work queued after it;
 	// the work queued after join waits for f's too. f's work must not
-	// write what that work reads, nor read what it writes, before join.
+	// write what that work reads, nor read what it writes, before join;
+	// nor may a buffer it uses be freed before join (the allocators hand
+	// freed memory to the next request in the order work is queued, which
+	// the side's work is not).
 	Aside(f func()) (join func())
 }
 
