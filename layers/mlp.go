@@ -84,11 +84,11 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 }
 
 // asideMinTokens is the fewest tokens of a step whose shared experts run
-// beside the routed ones. Measured on DeepSeek-V2-Lite's decode: at one
-// token (W3) the side's reads slow the routed experts' kernels more than
-// the two launches off the chain save (−2.2%), at 16 rows they gain
-// (W4 +5.4%, W5 +2.2%); 9 is where the fused set's MoE leaves its
-// block-a-tile kernels for the persistent grid, which shares the SMs
+// beside the routed ones. Measured on DeepSeek-V2-Lite's decode
+// (bench/RESULTS.md): at one token (W3) the side's reads slow the routed
+// experts' kernels more than the two launches off the chain save, at 16
+// rows (W4, W5) the branch gains; 9 is where the fused set's MoE leaves
+// its block-a-tile kernels for the persistent grid, which shares the SMs
 // better. Between 1 and 16 rows it is not measured.
 const asideMinTokens = 9
 
