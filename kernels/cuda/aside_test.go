@@ -19,25 +19,62 @@ func TestAsideFrom(t *testing.T) {
 	}
 }
 
-// asideRound queues on d, through Aside, what TestAside checks: a is
-// counted up on the first stream; beside it, b gets a's value (the side
-// starts after the work before Aside), a slow cuBLAS product on the side's
-// own handle, then b counted up; c is counted up on the first stream
-// meanwhile; after join, out gets b (the first stream waits for the side).
-func asideRound(d *Device, inc *Func, a, b, c, out, ga, gc *kernels.Tensor, n int) {
-	const s = 4096
+// asideBufs are TestAside's buffers, zeroed: four counters of n int32 and
+// a cuBLAS product's operands, on d with the inc kernel.
+type asideBufs struct {
+	d                    *Device
+	inc                  *Func
+	a, b, c, out, ga, gc *kernels.Tensor
+}
+
+const asideN, asideGemm = 4096, 4096
+
+func newAsideBufs(t *testing.T, d *Device) *asideBufs {
+	t.Helper()
+	x := &asideBufs{d: d, inc: incKernel(t, d)}
+	for _, p := range []**kernels.Tensor{&x.a, &x.b, &x.c, &x.out} {
+		*p = d.Alloc(kernels.I32, asideN)
+		d.Zero(*p)
+	}
+	x.ga, x.gc = d.Alloc(kernels.BF16, asideGemm, asideGemm), d.Alloc(kernels.F32, asideGemm, asideGemm)
+	d.Zero(x.ga)
+	mustSync(t, d)
+	return x
+}
+
+// round queues on d, through Aside, what the tests check: a is counted up
+// on the first stream; beside it, b gets a's value (the side starts after
+// the work before Aside), a slow cuBLAS product on the side's own handle,
+// then b counted up; c is counted up on the first stream meanwhile; after
+// join, out gets b (the first stream waits for the side).
+func (x *asideBufs) round() {
+	d, n, s := x.d, asideN, asideGemm
 	grid, block := Dim3{X: uint32(n / 256)}, Dim3{X: 256}
-	d.Launch(inc, grid, block, 0, a, int32(n))
+	d.Launch(x.inc, grid, block, 0, x.a, int32(n))
 	join := d.Aside(func() {
-		d.Memcpy(d.Ptr(b), d.Ptr(a), n*4)
+		d.Memcpy(d.Ptr(x.b), d.Ptr(x.a), n*4)
 		for range 4 {
-			d.Gemm(true, s, s, s, 1, d.Ptr(ga), kernels.BF16, s, d.Ptr(ga), kernels.BF16, s, 0, d.Ptr(gc), kernels.F32, s)
+			d.Gemm(true, s, s, s, 1, d.Ptr(x.ga), kernels.BF16, s, d.Ptr(x.ga), kernels.BF16, s, 0, d.Ptr(x.gc), kernels.F32, s)
 		}
-		d.Launch(inc, grid, block, 0, b, int32(n))
+		d.Launch(x.inc, grid, block, 0, x.b, int32(n))
 	})
-	d.Launch(inc, grid, block, 0, c, int32(n))
+	d.Launch(x.inc, grid, block, 0, x.c, int32(n))
 	join()
-	d.Memcpy(d.Ptr(out), d.Ptr(b), n*4)
+	d.Memcpy(d.Ptr(x.out), d.Ptr(x.b), n*4)
+}
+
+// want checks that every element of buf is v.
+func (x *asideBufs) want(t *testing.T, what string, buf *kernels.Tensor, v int32) {
+	t.Helper()
+	got, err := x.d.ReadI32(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range got {
+		if g != v {
+			t.Fatalf("%s: element %d is %d, want %d", what, i, g, v)
+		}
+	}
 }
 
 // TestAside runs work beside the stream, eagerly and in a replayed graph:
@@ -45,28 +82,7 @@ func asideRound(d *Device, inc *Func, a, b, c, out, ga, gc *kernels.Tensor, n in
 // waits for it, and the side's scratch and stream are its own.
 func TestAside(t *testing.T) {
 	d := openDevice(t)
-	inc := incKernel(t, d)
-	const n = 4096
-	const s = 4096
-	a, b, c, out := d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n)
-	ga, gc := d.Alloc(kernels.BF16, s, s), d.Alloc(kernels.F32, s, s)
-	d.Zero(ga)
-	for _, x := range []*kernels.Tensor{a, b, c, out} {
-		d.Zero(x)
-	}
-	want := func(what string, x *kernels.Tensor, v int32) {
-		t.Helper()
-		got, err := d.ReadI32(x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, g := range got {
-			if g != v {
-				t.Fatalf("%s: element %d is %d, want %d", what, i, g, v)
-			}
-		}
-	}
-
+	x := newAsideBufs(t, d)
 	first := d.Stream()
 	var inside uintptr
 	var keyIn, keyOut uintptr
@@ -89,14 +105,14 @@ func TestAside(t *testing.T) {
 		t.Errorf("LibraryBytes with the side stream made = %d, want two cuBLAS workspaces (%d)", got, 2*cublasWorkspaceSize)
 	}
 
-	asideRound(d, inc, a, b, c, out, ga, gc, n)
-	want("eager: out (b after join)", out, 2)
-	want("eager: c", c, 1)
+	x.round()
+	x.want(t, "eager: out (b after join)", x.out, 2)
+	x.want(t, "eager: c", x.c, 1)
 
 	if err := d.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
-	asideRound(d, inc, a, b, c, out, ga, gc, n)
+	x.round()
 	g, err := d.EndCapture()
 	if err != nil {
 		t.Fatal(err)
@@ -108,14 +124,14 @@ func TestAside(t *testing.T) {
 		}
 		// Each round: a+1, b = a+1, then +1, out = b.
 		mustSync(t, d)
-		want("replay: out", out, int32(3+i))
-		want("replay: c", c, int32(2+i))
+		x.want(t, "replay: out", x.out, int32(3+i))
+		x.want(t, "replay: c", x.c, int32(2+i))
 	}
 
 	// A join left out is made by Sync, so that no work stays behind.
-	d.Aside(func() { d.Launch(inc, Dim3{X: n / 256}, Dim3{X: 256}, 0, c, int32(n)) })
+	d.Aside(func() { d.Launch(x.inc, Dim3{X: asideN / 256}, Dim3{X: 256}, 0, x.c, int32(asideN)) })
 	mustSync(t, d)
-	want("Sync joins", c, 5)
+	x.want(t, "Sync joins", x.c, 5)
 }
 
 // TestAsideFirstInCapture: an Aside whose second stream would be made in a
@@ -123,19 +139,11 @@ func TestAside(t *testing.T) {
 // the replays compute what the eager run does.
 func TestAsideFirstInCapture(t *testing.T) {
 	d := openDevice(t)
-	inc := incKernel(t, d)
-	const n = 4096
-	a, b, c, out := d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n)
-	ga, gc := d.Alloc(kernels.BF16, 4096, 4096), d.Alloc(kernels.F32, 4096, 4096)
-	d.Zero(ga)
-	for _, x := range []*kernels.Tensor{a, b, c, out} {
-		d.Zero(x)
-	}
-	mustSync(t, d)
+	x := newAsideBufs(t, d)
 	if err := d.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
-	asideRound(d, inc, a, b, c, out, ga, gc, n)
+	x.round()
 	g, err := d.EndCapture()
 	if err != nil {
 		t.Fatal(err)
@@ -147,13 +155,7 @@ func TestAsideFirstInCapture(t *testing.T) {
 	if err := g.Replay(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := d.ReadI32(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[0] != 2 || got[n-1] != 2 {
-		t.Errorf("out = %d … %d after one replay, want 2", got[0], got[n-1])
-	}
+	x.want(t, "out after one replay", x.out, 2)
 }
 
 // TestAsideOff: with FUSELM_ASIDE=off, Aside queues its work in order on
@@ -161,28 +163,15 @@ func TestAsideFirstInCapture(t *testing.T) {
 func TestAsideOff(t *testing.T) {
 	t.Setenv("FUSELM_ASIDE", "off")
 	d := openDevice(t)
-	inc := incKernel(t, d)
-	const n = 4096
-	a, b, c, out := d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n), d.Alloc(kernels.I32, n)
-	ga, gc := d.Alloc(kernels.BF16, 4096, 4096), d.Alloc(kernels.F32, 4096, 4096)
-	d.Zero(ga)
-	for _, x := range []*kernels.Tensor{a, b, c, out} {
-		d.Zero(x)
-	}
+	x := newAsideBufs(t, d)
 	first := d.Stream()
 	var inside uintptr
 	d.Aside(func() { inside = d.Stream() })()
 	if inside != first {
 		t.Errorf("with FUSELM_ASIDE=off the stream inside Aside is %#x, want the first, %#x", inside, first)
 	}
-	asideRound(d, inc, a, b, c, out, ga, gc, n)
-	got, err := d.ReadI32(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[0] != 2 || got[n-1] != 2 {
-		t.Errorf("out = %d … %d, want 2", got[0], got[n-1])
-	}
+	x.round()
+	x.want(t, "out", x.out, 2)
 	if d.LibraryBytes() != cublasWorkspaceSize || d.side != nil {
 		t.Error("FUSELM_ASIDE=off made a second stream")
 	}
