@@ -7,9 +7,8 @@ import (
 )
 
 // side is the device's second stream, which Aside queues work on: made at
-// the first Aside, with a cuBLAS handle and workspace of its own (a
-// handle's workspace must not be shared by two streams at once) and the
-// two events that order it against the first stream.
+// the first Aside, with a cuBLAS handle and workspace of its own
+// (openBlas) and the two events that order it against the first stream.
 type side struct {
 	stream    uintptr
 	blasH     uintptr
@@ -33,9 +32,8 @@ const asideKey = "aside/"
 // With FUSELM_ASIDE=off, inside another Aside, on a failed device, or in
 // a graph capture before any Aside made the second stream (its cuBLAS
 // handle is not made while capturing), f's work is queued in order on the
-// first stream and join does nothing;
-// where the second stream cannot be made, that error fails the device as
-// a failed launch would.
+// first stream and join does nothing. Where the second stream cannot be
+// made, that error fails the device as a failed launch would.
 // Sync, reads, transfers and EndCapture join first, so that no work is
 // left behind on the side.
 func (d *Device) Aside(f func()) (join func()) {
@@ -137,19 +135,7 @@ func (d *Device) openSide() (s *side, err error) {
 			return s, err
 		}
 	}
-	if err = d.blas.check(ccall(d.blas.cublasCreate, uintptr(unsafe.Pointer(&s.blasH))), "cublasCreate_v2(aside)"); err != nil {
-		return s, err
-	}
-	if err = d.blas.check(ccall(d.blas.cublasSetStream, s.blasH, s.stream), "cublasSetStream_v2(aside)"); err != nil {
-		return s, err
-	}
-	if err = d.drv.check(ccall(d.drv.cuMemAlloc, uintptr(unsafe.Pointer(&s.workspace)), cublasWorkspaceSize), fmt.Sprintf("cuMemAlloc_v2(%d bytes) for the aside cuBLAS workspace", cublasWorkspaceSize)); err != nil {
-		return s, err
-	}
-	if err = d.blas.check(ccall(d.blas.cublasSetWorkspace, s.blasH, s.workspace, cublasWorkspaceSize), "cublasSetWorkspace_v2(aside)"); err != nil {
-		return s, err
-	}
-	err = d.blas.check(ccall(d.blas.cublasSetMathMode, s.blasH, cublasDefaultMath), "cublasSetMathMode(aside)")
+	s.blasH, s.workspace, err = d.openBlas(s.stream, "(aside)")
 	return s, err
 }
 
@@ -165,12 +151,7 @@ func (d *Device) closeSide(s *side) error {
 	if s.stream != 0 {
 		keep(drv.check(ccall(drv.cuStreamSynchronize, s.stream), "cuStreamSynchronize(aside)"))
 	}
-	if s.blasH != 0 {
-		keep(d.blas.check(ccall(d.blas.cublasDestroy, s.blasH), "cublasDestroy_v2(aside)"))
-	}
-	if s.workspace != 0 {
-		keep(drv.check(ccall(drv.cuMemFree, s.workspace), "cuMemFree_v2(aside cuBLAS workspace)"))
-	}
+	d.closeBlas(s.blasH, s.workspace, "(aside)", keep)
 	for _, ev := range []uintptr{s.fork, s.join} {
 		if ev != 0 {
 			keep(drv.check(ccall(drv.cuEventDestroy, ev), "cuEventDestroy_v2(aside)"))

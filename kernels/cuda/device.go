@@ -283,22 +283,41 @@ func Open(ordinal int) (dev *Device, err error) {
 		return nil, err
 	}
 	d.alloc = newAllocator(driverMem{drv})
-	if err = d.blas.check(ccall(d.blas.cublasCreate, uintptr(unsafe.Pointer(&d.blasH))), "cublasCreate_v2"); err != nil {
-		return nil, err
-	}
-	if err = d.blas.check(ccall(d.blas.cublasSetStream, d.blasH, d.stream), "cublasSetStream_v2"); err != nil {
-		return nil, err
-	}
-	if err = drv.check(ccall(drv.cuMemAlloc, uintptr(unsafe.Pointer(&d.workspace)), cublasWorkspaceSize), fmt.Sprintf("cuMemAlloc_v2(%d bytes) for cuBLAS's workspace", cublasWorkspaceSize)); err != nil {
-		return nil, err
-	}
-	if err = d.blas.check(ccall(d.blas.cublasSetWorkspace, d.blasH, d.workspace, cublasWorkspaceSize), "cublasSetWorkspace_v2"); err != nil {
-		return nil, err
-	}
-	if err = d.blas.check(ccall(d.blas.cublasSetMathMode, d.blasH, cublasDefaultMath), "cublasSetMathMode"); err != nil {
+	if d.blasH, d.workspace, err = d.openBlas(d.stream, ""); err != nil {
 		return nil, err
 	}
 	return d, nil
+}
+
+// openBlas makes a cuBLAS handle that queues on stream, with a workspace
+// of its own (a handle's workspace must not be shared by two streams at
+// once) and the default math mode; tag follows the failing call's name in
+// an error. What it made comes back with an error too, for closeBlas.
+func (d *Device) openBlas(stream uintptr, tag string) (h, workspace uintptr, err error) {
+	if err = d.blas.check(ccall(d.blas.cublasCreate, uintptr(unsafe.Pointer(&h))), "cublasCreate_v2"+tag); err != nil {
+		return h, 0, err
+	}
+	if err = d.blas.check(ccall(d.blas.cublasSetStream, h, stream), "cublasSetStream_v2"+tag); err != nil {
+		return h, 0, err
+	}
+	if err = d.drv.check(ccall(d.drv.cuMemAlloc, uintptr(unsafe.Pointer(&workspace)), cublasWorkspaceSize), fmt.Sprintf("cuMemAlloc_v2(%d bytes) for cuBLAS's workspace%s", cublasWorkspaceSize, tag)); err != nil {
+		return h, 0, err
+	}
+	if err = d.blas.check(ccall(d.blas.cublasSetWorkspace, h, workspace, cublasWorkspaceSize), "cublasSetWorkspace_v2"+tag); err != nil {
+		return h, workspace, err
+	}
+	err = d.blas.check(ccall(d.blas.cublasSetMathMode, h, cublasDefaultMath), "cublasSetMathMode"+tag)
+	return h, workspace, err
+}
+
+// closeBlas releases what openBlas made, each failure kept.
+func (d *Device) closeBlas(h, workspace uintptr, tag string, keep func(error)) {
+	if h != 0 {
+		keep(d.blas.check(ccall(d.blas.cublasDestroy, h), "cublasDestroy_v2"+tag))
+	}
+	if workspace != 0 {
+		keep(d.drv.check(ccall(d.drv.cuMemFree, workspace), "cuMemFree_v2(cuBLAS workspace)"+tag))
+	}
 }
 
 // driverMem is the allocator's backend on a device.
@@ -844,14 +863,8 @@ func (d *Device) closeLocked() error {
 	for i := range d.stage {
 		keep(d.stage[i].free(drv))
 	}
-	if d.blasH != 0 {
-		keep(d.blas.check(ccall(d.blas.cublasDestroy, d.blasH), "cublasDestroy_v2"))
-		d.blasH = 0
-	}
-	if d.workspace != 0 {
-		keep(drv.check(ccall(drv.cuMemFree, d.workspace), "cuMemFree_v2(cuBLAS workspace)"))
-		d.workspace = 0
-	}
+	d.closeBlas(d.blasH, d.workspace, "", keep)
+	d.blasH, d.workspace = 0, 0
 	if d.alloc != nil {
 		keep(d.alloc.releaseAll())
 	}
