@@ -317,7 +317,7 @@ const linSwiGLUUnfused = "unfused"
 // has one and it can run here; else the unfused pair. So linear_wgmma's
 // default instance from linWgmmaRows rows (where linWgmmaDefault names
 // one: nowhere yet), and linear_stream where linearDefault runs it (at one
-// row under linStreamBytes: DeepSeek-V2-Lite's shared experts at batch 1),
+// row under linStreamBytes: both models' MLPs at batch 1),
 // and linear_swap where linearDefault runs it (nowhere while
 // linSwapDefault is off).
 func (o *ops) linearSwiGLUDefault(k linearKey) string {

@@ -38,7 +38,7 @@ func TestLinearAddHost(t *testing.T) {
 	}{
 		{linearKey{1, 2048, 2816}, linStream}, {linearKey{16, 2048, 2816}, linStream}, {linearKey{5, 2048, 2048}, linStream},
 		{linearKey{17, 2048, 2816}, linAddUnfused}, {linearKey{16, 4096, 2048}, linAddUnfused}, {linearKey{1, 2048, 200}, linAddUnfused},
-		{linearKey{1, 3584, 18944}, linAddUnfused}, // over linStreamBytes
+		{linearKey{1, 3584, 18944}, linStream}, {linearKey{1, 102400, 2048}, linAddUnfused}, // under and over linStreamBytes
 	} {
 		if got := o.linearAddDefault(c.k); got != c.want {
 			t.Errorf("linear_add %s runs %q by default, want %q (linear's %q)", c.k, got, c.want, o.linearFor(c.k))

@@ -33,22 +33,26 @@ const (
 
 // Without a tuning choice linear_stream runs problems of at most
 // linStreamRows rows and under linStreamBytes of weights, where it can run:
-// batch 1's decode, whose small matrices (DeepSeek-V2-Lite's, 1 to 22 MiB a
-// layer) it took from cuBLAS for W3's gain (bench/RESULTS.md,
-// linear_stream). Qwen2-7B's (25 to 130 MiB), though each is as fast or
-// faster alone but qkv, made W2 at batch 1 slower in the model, and at 16
-// rows each block's copy of x (16 × K) costs more than cuBLAS's tiles lose
-// on several shapes; between 2 and 15 rows it has not been measured. The
-// exception is a narrow output, at most linStreamNarrow features, which it
-// runs up to linMaxRows rows: there a block owns a row tile or two, and at
-// 16 rows it beat cuBLAS on every such decode shape of DeepSeek-V2-Lite
-// (o_proj, the shared experts' down, the router) while losing the wider
-// ones (bench/RESULTS.md, linear_stream).
+// batch 1's decode, every matrix of a layer of both models (DeepSeek-V2-Lite's
+// 1 to 85 MiB, Qwen2-7B's 25 to 259 MiB) but the lm_heads (400 MiB and
+// more), which stay on linear_skinny. Qwen2-7B's matrices went to it only
+// all together: with qkv, o and down on it and gate/up on linear_skinny, W2
+// at batch 1 was slower (skinny, which keeps its weight loads in flight
+// through L1, runs a sixth slower on SMs the stream kernels left with
+// their large shared-memory split), with gate/up on it too (SwiGLU in its
+// epilogue) faster (bench/RESULTS.md, linear_stream). At 16 rows each
+// block's copy of x (16 × K) costs more than cuBLAS's tiles lose on several
+// shapes; between 2 and 15 rows it has not been measured. The exception is
+// a narrow output, at most linStreamNarrow features, which it runs up to
+// linMaxRows rows: there a block owns a row tile or two, and at 16 rows it
+// beat cuBLAS on every such decode shape of DeepSeek-V2-Lite (o_proj, the
+// shared experts' down, the router) while losing the wider ones
+// (bench/RESULTS.md, linear_stream).
 // Variables, so that tests can put every problem it takes on it.
 var (
 	linStreamRows         = 1
 	linStreamNarrow       = 2048
-	linStreamBytes  int64 = 24 << 20
+	linStreamBytes  int64 = 300 << 20
 )
 
 // streamTarget is the SMs and the shared memory a block may take that

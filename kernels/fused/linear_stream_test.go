@@ -46,7 +46,8 @@ func TestLinearStreamPlan(t *testing.T) {
 	}
 	o := &ops{ls: &lsKit{}}
 	for k, want := range map[linearKey]string{ // the defaults as they stand
-		{1, 3072, 2048}: linStream, {1, 5632, 2048}: linStream, {1, 3584, 3584}: linCuBLAS, {2, 3072, 2048}: linCuBLAS,
+		{1, 3072, 2048}: linStream, {1, 5632, 2048}: linStream, {1, 3584, 3584}: linStream, {2, 3072, 2048}: linCuBLAS,
+		{1, 3584, 18944}: linStream, {1, 37888, 3584}: linStream, {1, 102400, 2048}: linSkinny, {1, 152064, 3584}: linSkinny,
 		{16, 2048, 2816}: linStream, {16, 64, 2048}: linStream, {16, 2048, 10944}: linCuBLAS, {17, 2048, 2048}: linCuBLAS,
 	} {
 		if got := linearDefaultOn(o, k, h200); got != want {

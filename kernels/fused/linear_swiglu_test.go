@@ -121,8 +121,8 @@ func TestLinearSwiGLUWgmmaUnfused(t *testing.T) {
 // (the blocks dividing the output columns, a stage the gate and up rows of
 // 8 of them), its listing on sm_90a only, and the default: stream exactly
 // where linear's rule runs linear_stream on the stacked problem (one row
-// under linStreamBytes: DeepSeek-V2-Lite's shared experts, not its dense
-// layer's 85 MiB nor 16 rows), and tuning choices that follow whether
+// under linStreamBytes: DeepSeek-V2-Lite's shared experts and dense layer,
+// Qwen2-7B's MLP, not 16 rows), and tuning choices that follow whether
 // linear_stream was built.
 func TestLinearSwiGLUStreamHost(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
@@ -170,7 +170,8 @@ func TestLinearSwiGLUStreamHost(t *testing.T) {
 		want string
 	}{
 		{linearKey{1, 5632, 2048}, linStream}, {linearKey{16, 5632, 2048}, linSwiGLUUnfused},
-		{linearKey{1, 21888, 2048}, linSwiGLUUnfused}, {linearKey{1, 2 * 18944, 3584}, linSwiGLUUnfused},
+		{linearKey{1, 21888, 2048}, linStream}, {linearKey{1, 2 * 18944, 3584}, linStream}, // both models' dense MLPs
+		{linearKey{16, 2 * 18944, 3584}, linSwiGLUUnfused}, {linearKey{1, 2 * 81920, 2048}, linSwiGLUUnfused}, // over linStreamBytes
 		{linearKey{1, 5632, 200}, linSwiGLUUnfused},
 	} {
 		if got := o.linearSwiGLUDefault(c.k); got != c.want {
