@@ -223,6 +223,56 @@ func (k costOf) LinearAdd(out, x, w, bias, addend *Tensor) {
 	*k.c = Cost{FLOPs: lin.FLOPs + float64(out.Numel()), Bytes: lin.Bytes + size(addend)}
 }
 
+// CheckAddRMSNormLinear: AddRMSNorm's operands (h its out) and Linear's
+// (h its x), out act; out aliasing none of h, resid and x.
+func CheckAddRMSNormLinear(act DType, out, h, resid, x, norm, w, bias *Tensor) {
+	op := OpNormLinear
+	checkNormIn(op, act, h, resid, x, norm)
+	need(IsFloat(w) && w.Cols() == h.Cols(), op, "w %v for rows of %d", w, h.Cols())
+	needActs(op, act, "out", out)
+	need(rowsCols(out, h.Rows(), w.Rows()), op, "out %v for h %v, w %v", out, h, w)
+	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
+	need(!same(out, h) && !same(out, resid) && !same(out, x), op, "out aliases h, resid or x")
+}
+
+// The cost of AddRMSNormLinear is its parts' FLOPs and the bytes of one
+// pass: resid read and written, x, norm, w and bias read, out written; h,
+// the parts' intermediate, is no part of its floor.
+func (k costOf) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor) {
+	lin := linearCost(out, h, w, bias)
+	nc := normCost(x, norm, true)
+	*k.c = Cost{FLOPs: lin.FLOPs + nc.FLOPs, Bytes: 3*size(x) + size(norm) + size(w) + size(bias) + size(out)}
+}
+
+// CheckAddRMSNormLinearSwiGLU: AddRMSNorm's operands (h its out) and
+// LinearSwiGLU's (h its x); out aliasing none of h, resid and x.
+func CheckAddRMSNormLinearSwiGLU(act DType, out, h, resid, x, norm, w *Tensor) {
+	op := OpNormSwiGLU
+	checkNormIn(op, act, h, resid, x, norm)
+	need(IsFloat(w) && w.Cols() == h.Cols() && w.Rows()%2 == 0, op, "w %v for rows of %d (gate and up rows)", w, h.Cols())
+	needActs(op, act, "out", out)
+	need(rowsCols(out, h.Rows(), w.Rows()/2), op, "out %v for h %v, w %v (gate and up rows)", out, h, w)
+	need(!same(out, h) && !same(out, resid) && !same(out, x), op, "out aliases h, resid or x")
+}
+
+// The cost of AddRMSNormLinearSwiGLU is its parts' FLOPs and the bytes of
+// one pass, as AddRMSNormLinear's.
+func (k costOf) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
+	lin := linearCost(out, h, w, nil)
+	nc := normCost(x, norm, true)
+	*k.c = Cost{FLOPs: lin.FLOPs + nc.FLOPs + swigluCost(out).FLOPs, Bytes: 3*size(x) + size(norm) + size(w) + size(out)}
+}
+
+// checkNormIn is AddRMSNorm's contract for op, which does its work first:
+// h, resid, x [N,K] act, h aliasing neither; norm [K] float.
+func checkNormIn(op Op, act DType, h, resid, x, norm *Tensor) {
+	n, d := resid.Rows(), resid.Cols()
+	needActs(op, act, "h", h, "resid", resid, "x", x)
+	need(rowsCols(h, n, d) && rowsCols(x, n, d), op, "h %v, resid %v, x %v", h, resid, x)
+	need(!same(h, resid) && !same(h, x), op, "h aliases resid or x")
+	need(IsFloat(norm) && norm.Numel() == d, op, "norm %v for rows of %d", norm, d)
+}
+
 // Check checks the batch's host tables and device mirrors for a step of
 // tokens new tokens; a prefill also checks that every row's new tokens fit
 // its cache (decode lengths live on the device: kernels check them there).

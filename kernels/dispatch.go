@@ -282,6 +282,34 @@ func (d *Dispatch) linearAddParts(out, x, w, bias, addend *Tensor) {
 	d.Add(out, addend, lin)
 }
 
+// addRMSNormLinearParts is AddRMSNormLinear as its parts, each on the set
+// the spec runs it on.
+func (d *Dispatch) addRMSNormLinearParts(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor) {
+	AddRMSNormLinearParts(d, out, h, resid, x, norm, eps, w, bias)
+}
+
+// AddRMSNormLinearParts runs AddRMSNormLinear's work on o as the calls it
+// replaces: AddRMSNorm into h, then Linear of h. The sets that do not fuse
+// it run it so, and so does a Dispatch where the spec splits its parts.
+func AddRMSNormLinearParts(o Ops, out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor) {
+	o.AddRMSNorm(h, resid, x, norm, eps)
+	o.Linear(out, h, w, bias)
+}
+
+// addRMSNormLinearSwiGLUParts is AddRMSNormLinearSwiGLU as its parts, each
+// on the set the spec runs it on.
+func (d *Dispatch) addRMSNormLinearSwiGLUParts(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
+	AddRMSNormLinearSwiGLUParts(d, out, h, resid, x, norm, eps, w)
+}
+
+// AddRMSNormLinearSwiGLUParts runs AddRMSNormLinearSwiGLU's work on o:
+// AddRMSNorm into h, then LinearSwiGLU of h (on a Dispatch itself one op
+// or Linear and SwiGLU, as the spec puts those).
+func AddRMSNormLinearSwiGLUParts(o Ops, out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
+	o.AddRMSNorm(h, resid, x, norm, eps)
+	o.LinearSwiGLU(out, h, w)
+}
+
 // scratchOf is a packed [rows, cols] tensor of dt over the buffer d keeps
 // under name, which grows (the old one freed: work queued on it is
 // unaffected) when it is too small. Like the sets' scratch, a decode step

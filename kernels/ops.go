@@ -18,6 +18,8 @@ const (
 	OpLinearSwiGLU   Op = "linear_swiglu"
 	OpRMSNormRoPE    Op = "rms_norm_rope"
 	OpLinearAdd      Op = "linear_add"
+	OpNormLinear     Op = "add_rms_norm_linear"
+	OpNormSwiGLU     Op = "add_rms_norm_linear_swiglu"
 	OpAttnPrefill    Op = "attn_prefill"
 	OpAttnDecode     Op = "attn_decode"
 	OpRoPEAttnDecode Op = "rope_attn_decode"
@@ -65,6 +67,10 @@ var opTable = []OpInfo{
 		Doc: "DeepSeek's kv_a_layernorm of the latent and the rotary embedding of q's and k's rope dims, in place, in one launch where a set has it"},
 	{Op: OpLinearAdd, Method: "LinearAdd", Parts: []Op{OpLinear, OpAdd},
 		Doc: "a projection and a residual add: x·wᵀ + bias + addend, one GEMM with the add in its epilogue where a set has it"},
+	{Op: OpNormLinear, Method: "AddRMSNormLinear", Parts: []Op{OpAddRMSNorm, OpLinear},
+		Doc: "the residual add and the norm before a block, and the block's first projection (Qwen2's qkv): one GEMM normalising x as it loads it where a set has it"},
+	{Op: OpNormSwiGLU, Method: "AddRMSNormLinearSwiGLU", Parts: []Op{OpAddRMSNorm, OpLinear, OpSwiGLU},
+		Doc: "the residual add and the norm before an MLP, its gate/up projection and SwiGLU: one GEMM normalising x as it loads it, SwiGLU in its epilogue, where a set has it"},
 	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
 	// No group: "attn=naive" names attn_decode, and so splits this op,
@@ -202,6 +208,26 @@ type Ops interface {
 	// (OpInfo.Parts): a Dispatch runs Linear and Add instead where the spec
 	// puts them on other sets.
 	LinearAdd(out, x, w, bias, addend *Tensor)
+	// AddRMSNormLinear is AddRMSNorm(h, resid, x, norm, eps) then
+	// Linear(out, h, w, bias), each rounded as that op rounds: a decoder
+	// layer's residual connection, the norm before the next block and that
+	// block's first projection. out [N,M] act, pitched; h, resid, x [N,K]
+	// act, h aliasing neither; norm [K] weight; w [M,K] weight; bias [M]
+	// weight or nil. h is where the parts leave the norm's output; a set
+	// that runs the op as one kernel may leave it unwritten, so that only
+	// out and resid are results. It is a composite op (OpInfo.Parts): a
+	// Dispatch runs AddRMSNorm and Linear where the spec puts them on other
+	// sets.
+	AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor)
+	// AddRMSNormLinearSwiGLU is AddRMSNorm(h, resid, x, norm, eps) then
+	// LinearSwiGLU(out, h, w), as AddRMSNormLinear is with Linear: the
+	// residual connection and the norm before an MLP, and its gate/up
+	// projection with SwiGLU. out [N,I] act, pitched; w [2I,K] weight, the
+	// gate rows first; the rest as AddRMSNormLinear's. It is a composite op
+	// (OpInfo.Parts): a Dispatch runs AddRMSNorm and LinearSwiGLU (itself
+	// Linear and SwiGLU where the spec splits them) where the spec puts the
+	// parts on other sets.
+	AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor)
 
 	// AttentionPrefill is causal attention of a packed batch of new tokens
 	// against each row's KV cache, after appending the new keys and values to

@@ -60,6 +60,18 @@ func (d *Dispatch) LinearAdd(out, x, w, bias, addend *Tensor) {
 	d.callWhole(OpLinearAdd, func(o Ops) { o.LinearAdd(out, x, w, bias, addend) }, func() { d.linearAddParts(out, x, w, bias, addend) })
 }
 
+// AddRMSNormLinear runs OpNormLinear on the set the spec chose for it, or as its parts
+// (addRMSNormLinearParts) where the spec runs them on other sets.
+func (d *Dispatch) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor) {
+	d.callWhole(OpNormLinear, func(o Ops) { o.AddRMSNormLinear(out, h, resid, x, norm, eps, w, bias) }, func() { d.addRMSNormLinearParts(out, h, resid, x, norm, eps, w, bias) })
+}
+
+// AddRMSNormLinearSwiGLU runs OpNormSwiGLU on the set the spec chose for it, or as its parts
+// (addRMSNormLinearSwiGLUParts) where the spec runs them on other sets.
+func (d *Dispatch) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
+	d.callWhole(OpNormSwiGLU, func(o Ops) { o.AddRMSNormLinearSwiGLU(out, h, resid, x, norm, eps, w) }, func() { d.addRMSNormLinearSwiGLUParts(out, h, resid, x, norm, eps, w) })
+}
+
 // AttentionPrefill runs OpAttnPrefill on the set the spec chose for it.
 func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
 	d.call(OpAttnPrefill, func(o Ops) { o.AttentionPrefill(a) })
@@ -151,6 +163,16 @@ func (n NotOwned) RMSNormRoPE(q, kv, w *Tensor, eps float32, heads, headStride, 
 
 // LinearAdd panics: the set runs OpLinearAdd on its fallback.
 func (n NotOwned) LinearAdd(out, x, w, bias, addend *Tensor) { n.panic(OpLinearAdd) }
+
+// AddRMSNormLinear panics: the set runs OpNormLinear on its fallback.
+func (n NotOwned) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor) {
+	n.panic(OpNormLinear)
+}
+
+// AddRMSNormLinearSwiGLU panics: the set runs OpNormSwiGLU on its fallback.
+func (n NotOwned) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
+	n.panic(OpNormSwiGLU)
+}
 
 // AttentionPrefill panics: the set runs OpAttnPrefill on its fallback.
 func (n NotOwned) AttentionPrefill(a *AttnArgs) { n.panic(OpAttnPrefill) }

@@ -45,10 +45,27 @@ func (a *Attention) Reserve(ws *Workspace, act kernels.DType) {
 // Forward computes out [T, hidden] from x [T, hidden], appending the new
 // keys and values to the cache.
 func (a *Attention) Forward(s *Step, out, x *kernels.Tensor) {
+	a.forward(s, out, func(qkv *kernels.Tensor) { a.QKVProj.Forward(s, qkv, x) })
+}
+
+// ForwardNorm is Forward on in.Ready(s), the residual add and the norm
+// taken with the qkv projection (AddRMSNormLinear) where in has an add.
+func (a *Attention) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
+	if in.Add == nil {
+		a.Forward(s, out, in.Ready(s))
+		return
+	}
+	a.forward(s, out, func(qkv *kernels.Tensor) {
+		s.Ops.AddRMSNormLinear(qkv, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, a.QKVProj.Weight, a.QKVProj.Bias)
+	})
+}
+
+// forward is Forward with the qkv projection done by project.
+func (a *Attention) forward(s *Step, out *kernels.Tensor, project func(qkv *kernels.Tensor)) {
 	T := s.Tokens()
 	qDim, kvDim := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
 	qkv := s.WS.Get(bufQKV, T, qDim+2*kvDim)
-	a.QKVProj.Forward(s, qkv, x)
+	project(qkv)
 
 	attn := s.WS.Get(bufAttn, T, qDim)
 	args := &kernels.AttnArgs{

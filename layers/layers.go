@@ -171,6 +171,48 @@ func (n *RMSNorm) AddForward(s *Step, out, resid, x *kernels.Tensor) {
 	s.Ops.AddRMSNorm(out, resid, x, n.Weight, n.Eps)
 }
 
+// NormIn is a block's input as the layer makes it: the residual stream
+// Resid, after adding the previous block's output Add (nil where there is
+// none: the first layer's), normalised by Norm into H. A block that takes
+// it whole (NormFirst) hands it to its first projection, an op a set may
+// run as one kernel that normalises its input as it loads it; the others
+// take Ready's H.
+type NormIn struct {
+	H, Resid, Add *kernels.Tensor
+	Norm          *RMSNorm
+}
+
+// Ready computes the input into H (Resid += Add first, where Add is set)
+// and returns H.
+func (in NormIn) Ready(s *Step) *kernels.Tensor {
+	if in.Add == nil {
+		in.Norm.Forward(s, in.H, in.Resid)
+	} else {
+		in.Norm.AddForward(s, in.H, in.Resid, in.Add)
+	}
+	return in.H
+}
+
+// NormFirst is a Mixer or FFN that takes its input's residual add and norm
+// with its first projection: ForwardNorm is Forward(s, out, in.Ready(s)),
+// but for the ops it calls. out may be in.Add (read before out is
+// written).
+type NormFirst interface {
+	ForwardNorm(s *Step, out *kernels.Tensor, in NormIn)
+}
+
+// Forward runs block b (a Mixer or an FFN) on in into out: through
+// ForwardNorm where b takes its norm with it, else on in.Ready(s).
+func Forward(s *Step, b interface {
+	Forward(s *Step, out, x *kernels.Tensor)
+}, out *kernels.Tensor, in NormIn) {
+	if n, ok := b.(NormFirst); ok {
+		n.ForwardNorm(s, out, in)
+		return
+	}
+	b.Forward(s, out, in.Ready(s))
+}
+
 // Mixer is a token-mixing block: Attention or MLA. Forward maps x [T, H] to
 // out [T, H], reading and extending the layer's cache; Reserve asks the
 // workspace for its temporaries, given the activation type.

@@ -36,15 +36,33 @@ func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
 	m.DownProj.Forward(s, out, m.act(s, x))
 }
 
+// ForwardNorm is Forward on in.Ready(s), the residual add and the norm
+// taken with the gate/up projection (AddRMSNormLinearSwiGLU) where in has
+// an add.
+func (m *MLP) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
+	if in.Add == nil {
+		m.Forward(s, out, in.Ready(s))
+		return
+	}
+	act := m.actBuf(s)
+	s.Ops.AddRMSNormLinearSwiGLU(act, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.GateUpProj.Weight)
+	m.DownProj.Forward(s, out, act)
+}
+
 // act is silu(gate_proj(x)) · up_proj(x) [T, intermediate], in the
 // workspace.
 func (m *MLP) act(s *Step, x *kernels.Tensor) *kernels.Tensor {
+	act := m.actBuf(s)
+	s.Ops.LinearSwiGLU(act, x, m.GateUpProj.Weight)
+	return act
+}
+
+// actBuf is the workspace's buffer of act.
+func (m *MLP) actBuf(s *Step) *kernels.Tensor {
 	if m.GateUpProj.Bias != nil {
 		panic("layers: MLP.GateUpProj has a bias; LinearSwiGLU takes none (HF's gate_proj and up_proj have none)")
 	}
-	act := s.WS.Get(bufAct, s.Tokens(), m.IntermediateSize())
-	s.Ops.LinearSwiGLU(act, x, m.GateUpProj.Weight)
-	return act
+	return s.WS.Get(bufAct, s.Tokens(), m.IntermediateSize())
 }
 
 // MoE is DeepSeek-V2's mixture of experts, as HF's DeepseekV2Moe:

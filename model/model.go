@@ -431,7 +431,9 @@ func (e *engine) setLayer(layer int) {
 // nLogits rows to rows [Row0, Row0+nLogits) of e.logits.
 //
 // The residual additions are fused with the norm that follows them:
-// AddRMSNorm(h, x, y) is x += y; h = norm(x).
+// AddRMSNorm(h, x, y) is x += y; h = norm(x). A block takes its input as
+// that pair (layers.NormIn), so that its first projection may take them
+// with it.
 func (e *engine) forward(st *step, nLogits int) {
 	s := st.Step
 	T, H := s.Tokens(), e.cfg.HiddenSize
@@ -441,18 +443,21 @@ func (e *engine) forward(st *step, nLogits int) {
 	e.setLayer(-1)
 	e.embedTokens.Forward(s, x, st.ids)
 	e.setLayer(0)
-	e.layers[0].InputLayernorm.Forward(s, h, x)
+	in := layers.NormIn{H: h, Resid: x, Norm: &e.layers[0].InputLayernorm}
 	for i, l := range e.layers {
 		e.setLayer(i) // the profile counts the calls under layer i
-		l.SelfAttn.Forward(s, y, h)
-		l.PostAttentionLayernorm.AddForward(s, h, x, y)
-		l.MLP.Forward(s, y, h)
+		layers.Forward(s, l.SelfAttn, y, in)
+		layers.Forward(s, l.MLP, y, layers.NormIn{H: h, Resid: x, Add: y, Norm: &l.PostAttentionLayernorm})
 		next := &e.norm
 		if i+1 < len(e.layers) {
 			next = &e.layers[i+1].InputLayernorm
 		}
-		next.AddForward(s, h, x, y)
+		in = layers.NormIn{H: h, Resid: x, Add: y, Norm: next}
 	}
+	if i := len(e.layers) - 1; i >= 0 {
+		e.setLayer(i) // the last norm's calls, counted as before
+	}
+	in.Ready(s)
 	e.setLayer(-1)
 	if nLogits == 0 {
 		return

@@ -309,6 +309,12 @@ func (o *recordingOps) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads,
 func (o *recordingOps) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	o.do(func() { o.Ops.LinearAdd(out, x, w, bias, addend) })
 }
+func (o *recordingOps) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	o.do(func() { o.Ops.AddRMSNormLinear(out, h, resid, x, norm, eps, w, bias) })
+}
+func (o *recordingOps) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	o.do(func() { o.Ops.AddRMSNormLinearSwiGLU(out, h, resid, x, norm, eps, w) })
+}
 func (o *recordingOps) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
 	o.do(func() { o.Ops.RoPEAttentionDecode(a, pos, r) })
 }

@@ -18,9 +18,9 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope, rope_attn_decode and moe_routed run as their parts
-// through this when one of those is named (below), so that part alone is
-// left out.
+// rms_norm_rope, rope_attn_decode, moe_routed, add_rms_norm_linear and
+// add_rms_norm_linear_swiglu run as their parts through this when one of
+// those is named (below), so that part alone is left out.
 const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
@@ -117,6 +117,32 @@ func (s *skipping) RMSNormRoPE(q, kv, w *kernels.Tensor, eps float32, heads, hea
 func (s *skipping) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	if !s.skip[kernels.OpLinearAdd] {
 		s.Ops.LinearAdd(out, x, w, bias, addend)
+	}
+}
+
+// AddRMSNormLinear is left out when named; where add_rms_norm or linear is
+// named, it runs as its parts through s, so that the one named alone is
+// left out as it was before the layers called them as one op.
+func (s *skipping) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	switch {
+	case s.skip[kernels.OpNormLinear]:
+	case s.skip[kernels.OpAddRMSNorm] || s.skip[kernels.OpLinear]:
+		kernels.AddRMSNormLinearParts(s, out, h, resid, x, norm, eps, w, bias)
+	default:
+		s.Ops.AddRMSNormLinear(out, h, resid, x, norm, eps, w, bias)
+	}
+}
+
+// AddRMSNormLinearSwiGLU is left out when named; where add_rms_norm or
+// linear_swiglu is named, it runs as its parts through s, as
+// AddRMSNormLinear does.
+func (s *skipping) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	switch {
+	case s.skip[kernels.OpNormSwiGLU]:
+	case s.skip[kernels.OpAddRMSNorm] || s.skip[kernels.OpLinearSwiGLU]:
+		kernels.AddRMSNormLinearSwiGLUParts(s, out, h, resid, x, norm, eps, w)
+	default:
+		s.Ops.AddRMSNormLinearSwiGLU(out, h, resid, x, norm, eps, w)
 	}
 }
 

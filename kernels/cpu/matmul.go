@@ -247,3 +247,16 @@ func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	addRows(om, am, lin)
 	commit()
 }
+
+// AddRMSNormLinear is the set's AddRMSNorm into h, then its Linear of h.
+func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	kernels.CheckAddRMSNormLinear(o.dev.ActDType(), out, h, resid, x, norm, w, bias)
+	kernels.AddRMSNormLinearParts(o, out, h, resid, x, norm, eps, w, bias)
+}
+
+// AddRMSNormLinearSwiGLU is the set's AddRMSNorm into h, then its
+// LinearSwiGLU of h.
+func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	kernels.CheckAddRMSNormLinearSwiGLU(o.dev.ActDType(), out, h, resid, x, norm, w)
+	kernels.AddRMSNormLinearSwiGLUParts(o, out, h, resid, x, norm, eps, w)
+}

@@ -377,6 +377,64 @@ func buildLinearAdd(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 		Run: func(o kernels.Ops, i int) { o.LinearAdd(outs[i], xs[i], ws[i], nil, outs[i]) }}
 }
 
+var normLinearBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N", "K"},
+	Doc: "resid [M,K] += x; out [M,N] = RMSNorm(resid) · w [N,K]ᵀ + bias, bf16 (a layer's residual add and norm " +
+		"and the next block's first projection: Qwen2-7B's qkv); in fused one linear_stream normalising x as it loads " +
+		"it where linear runs linear_stream (decode's one row), else add_rms_norm then linear",
+	Shapes: []kernels.Shape{
+		// Qwen2-7B's qkv at decode batch 1 and 16
+		sh("M", 1, "N", 4608, "K", 3584), sh("M", 16, "N", 4608, "K", 3584),
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 2*f(s, "M", "N", "K") + 5*f(s, "M", "K") },
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (3*f(s, "M", "K") + f(s, "K") + f(s, "N", "K") + f(s, "N") + f(s, "M", "N"))
+	},
+	Build: func(b *Builder, bc *Bench, s kernels.Shape) *Problem { return buildNormLinear(b, bc, s, false) },
+}
+
+var normSwiGLUBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N", "K"},
+	Doc: "resid [M,K] += x; out [M,N/2] = swiglu(RMSNorm(resid) · w [N,K]ᵀ), w the gate rows then the up rows, " +
+		"bf16 (the residual add and norm before an MLP and its gate/up projection); in fused one linear_stream " +
+		"normalising x as it loads it, SwiGLU in its epilogue, where linear_swiglu runs linear_stream, else the parts",
+	Shapes: []kernels.Shape{
+		// Qwen2-7B's gate/up at decode batch 1 and 16; DeepSeek-V2-Lite's
+		// dense layer at batch 1
+		sh("M", 1, "N", 2*18944, "K", 3584), sh("M", 16, "N", 2*18944, "K", 3584), sh("M", 1, "N", 2*10944, "K", 2048),
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 2*f(s, "M", "N", "K") + 3*f(s, "M", "N") + 5*f(s, "M", "K") },
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (3*f(s, "M", "K") + f(s, "K") + f(s, "N", "K") + f(s, "M", "N")/2)
+	},
+	Build: func(b *Builder, bc *Bench, s kernels.Shape) *Problem { return buildNormLinear(b, bc, s, true) },
+}
+
+// buildNormLinear adds into resid, as the layers do: resid is state the
+// runner puts back before each check.
+func buildNormLinear(b *Builder, bc *Bench, s kernels.Shape, swiglu bool) *Problem {
+	m, n, k := s["M"], s["N"], s["K"]
+	c := b.copiesFor(bc.Bytes(s))
+	norm := b.Random(b.Alloc(kernels.BF16, k), 1)
+	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	resids := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	hs := each(b, c, func() *kernels.Tensor { return b.Act(m, k) })
+	ws := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	if swiglu {
+		outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n/2) })
+		return &Problem{Copies: c, Outs: outs[:1], State: resids[:1],
+			Run: func(o kernels.Ops, i int) {
+				o.AddRMSNormLinearSwiGLU(outs[i], hs[i], resids[i], xs[i], norm, 1e-6, ws[i])
+			}}
+	}
+	bias := b.Random(b.Alloc(kernels.BF16, n), 0.5)
+	outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n) })
+	return &Problem{Copies: c, Outs: outs[:1], State: resids[:1],
+		Run: func(o kernels.Ops, i int) {
+			o.AddRMSNormLinear(outs[i], hs[i], resids[i], xs[i], norm, 1e-6, ws[i], bias)
+		}}
+}
+
 var attnPrefillBench = &Bench{
 	Bound: "compute", Dims: []string{"B", "H", "KVH", "D", "N", "causal"},
 	Doc: "B rows of N new tokens (an empty cache), H query heads over KVH kv heads of D dims; " +

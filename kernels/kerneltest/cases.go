@@ -240,6 +240,61 @@ func linearAddChecks(l *caseList) {
 	}
 }
 
+// normLinearChecks are decode's rows (1, 3, 16) and prefill's hundreds,
+// with and without bias, pitched out, rows whose norm a block of rms_norm
+// takes in 64 to 1,024 threads (K = 96 to 8,192: fused's one-kernel
+// version sums the squares as rms_norm's kernel does, whatever its own
+// block), K a multiple of 32 but not of 64, Qwen2-7B's qkv whole at one
+// row, and a K that is no multiple of 32 (fused leaves it to the parts).
+// A set that fuses the op for some shapes only declines the others (the
+// Dispatch then runs add_rms_norm and linear, whose own cases hold them):
+// those cases are skipped for it.
+func normLinearChecks(l *caseList) {
+	for _, s := range []normLinearCase{
+		{n: 1, k: 256, m: 200},
+		{n: 1, k: 3584, m: 4608, bias: true},
+		{n: 1, k: 2048, m: 300, pitchedOut: true},
+		{n: 3, k: 96, m: 72, bias: true},
+		{n: 16, k: 3584 / 8, m: 4608 / 8, bias: true},
+		{n: 2, k: 5120, m: 64},
+		{n: 1, k: 8192, m: 40, bias: true},
+		{n: 5, k: 100, m: 52, bias: true},
+		{n: 129, k: 200, m: 264, bias: true, pitchedOut: true},
+	} {
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { normLinear(e, s) }})
+		}
+	}
+}
+
+// normSwiGLUChecks are add_rms_norm_linear_swiglu's: normLinearChecks'
+// kinds of rows and K, m the output columns (w's gate and up rows 2m),
+// Qwen2-7B's MLP with its dims divided by 8 and DeepSeek-V2-Lite's
+// shared experts' at one and 16 rows, and Qwen2-7B's whole at one row
+// (long: GPUs only).
+func normSwiGLUChecks(l *caseList) {
+	for _, s := range []normLinearCase{
+		{n: 1, k: 256, m: 100},
+		{n: 1, k: 3584 / 8, m: 18944 / 8, pitchedOut: true},
+		{n: 3, k: 96, m: 40},
+		{n: 16, k: 2048, m: 2816 / 8},
+		{n: 1, k: 2048, m: 2816},
+		{n: 2, k: 5120, m: 64},
+		{n: 5, k: 100, m: 52},
+		{n: 129, k: 200, m: 264, pitchedOut: true},
+	} {
+		s.swiglu = true
+		for _, w := range l.wdts {
+			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { normLinear(e, s) }})
+		}
+	}
+	whole := normLinearCase{n: 1, k: 3584, m: 18944, swiglu: true}
+	for _, w := range l.wdts {
+		l.addCase(opCase{name: whole.String() + ",w=" + w.String(), wdt: w, long: true, declinable: true,
+			run: func(e *env) { normLinear(e, whole) }})
+	}
+}
+
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
 // row, causal or not, in bf16 and in f16.
 func attnPrefillChecks(l *caseList) {
@@ -871,6 +926,55 @@ func linearAdd(e *env, c linearAddCase) {
 	e.run(func(o kernels.Ops, s int) { o.LinearAdd(out[s], x[s], w[s], b[s], addend[s]) })
 	e.check("out", whole, written)
 	e.check("addend", addends, all)
+}
+
+type normLinearCase struct {
+	n, k, m          int // rows, inputs, outputs (with swiglu: output columns, w's 2m rows)
+	bias, pitchedOut bool
+	swiglu           bool // add_rms_norm_linear_swiglu (no bias)
+}
+
+func (c normLinearCase) String() string {
+	return linearName(c.n, c.k, c.m, c.bias, false, c.pitchedOut, false, "")
+}
+
+// normLinear is resid += x; out = RMSNorm(resid)·wᵀ + bias (with swiglu,
+// out = swiglu(RMSNorm(resid)·wᵀ)). h, where the parts leave the norm, is
+// poisoned and not checked (a set that runs the op whole may leave it);
+// out (poisoned, pitched: columns of a wider matrix) and resid are.
+func normLinear(e *env, c normLinearCase) {
+	const eps = 1e-6
+	g := e.normal(c.k, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	norm := e.tensor(weightK, g, c.k)
+	x, resid := e.random(actK, 3, c.n, c.k), e.random(actK, 1, c.n, c.k)
+	h := e.poisoned(actK, c.n, c.k)
+	rows := c.m
+	if c.swiglu {
+		rows = 2 * c.m
+	}
+	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), rows, c.k)
+	var b pair
+	if c.bias {
+		b = e.random(weightK, 0.5, rows)
+	}
+	whole := e.poisoned(actK, c.n, c.m)
+	out, written := whole, all
+	if c.pitchedOut {
+		whole = e.poisoned(actK, c.n, c.m+32)
+		out = whole.cols(outCol, outCol+c.m)
+		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
+	}
+	if c.swiglu {
+		e.run(func(o kernels.Ops, s int) { o.AddRMSNormLinearSwiGLU(out[s], h[s], resid[s], x[s], norm[s], eps, w[s]) })
+	} else {
+		e.run(func(o kernels.Ops, s int) { o.AddRMSNormLinear(out[s], h[s], resid[s], x[s], norm[s], eps, w[s], b[s]) })
+	}
+	e.check("out", whole, written)
+	e.check("resid", resid, all)
+	e.check("x", x, all)
 }
 
 type attnCase struct {

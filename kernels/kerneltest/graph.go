@@ -95,6 +95,16 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	state = append(state, sum)
 	addWhole(kernels.OpLinearAdd, func() { ops.LinearAdd(sum, mlpOut, downW, downB, sum) }, sum)
 
+	// The residual add and the norm taken with the next block's first
+	// projection, as Qwen2's layers call them: its qkv (bias), then its
+	// MLP's gate/up with SwiGLU, both adding x into one residual.
+	nres, nh := g.random(act, rows, hidden), g.alloc(act, rows, hidden)
+	state = append(state, nres)
+	qkvW, qkvB, qkvOut := g.random(kernels.BF16, 96, hidden), g.random(kernels.BF16, 96), g.alloc(act, rows, 96)
+	addWhole(kernels.OpNormLinear, func() { ops.AddRMSNormLinear(qkvOut, nh, nres, x, w, 1e-6, qkvW, qkvB) }, qkvOut, nres)
+	guW, guOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
+	addWhole(kernels.OpNormSwiGLU, func() { ops.AddRMSNormLinearSwiGLU(guOut, nh, nres, x, w, 1e-6, guW) }, guOut, nres)
+
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
 	state = append(state, kc, vc)
 	attn := &kernels.AttnArgs{Out: g.alloc(act, rows, heads*dim), Q: qkv.ColSlice(0, heads*dim),

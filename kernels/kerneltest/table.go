@@ -19,6 +19,8 @@ var table = []opCases{
 	{kernels.OpLinearSwiGLU, linearSwiGLUChecks, linearSwiGLUBench},
 	{kernels.OpRMSNormRoPE, rmsNormRoPEChecks, rmsNormRoPEBench},
 	{kernels.OpLinearAdd, linearAddChecks, linearAddBench},
+	{kernels.OpNormLinear, normLinearChecks, normLinearBench},
+	{kernels.OpNormSwiGLU, normSwiGLUChecks, normSwiGLUBench},
 	{kernels.OpAttnPrefill, attnPrefillChecks, attnPrefillBench},
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
 	{kernels.OpRoPEAttnDecode, ropeAttnDecodeChecks, ropeAttnDecodeBench},

@@ -131,3 +131,16 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	o.Launch(argmaxKernel(logits.DType), rows, argmaxThreads,
 		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(logits.Cols()))
 }
+
+// AddRMSNormLinear is the set's AddRMSNorm into h, then its Linear of h.
+func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	kernels.CheckAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, norm, w, bias)
+	kernels.AddRMSNormLinearParts(o, out, h, resid, x, norm, eps, w, bias)
+}
+
+// AddRMSNormLinearSwiGLU is the set's AddRMSNorm into h, then its
+// LinearSwiGLU of h.
+func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	kernels.CheckAddRMSNormLinearSwiGLU(o.D.ActDType(), out, h, resid, x, norm, w)
+	kernels.AddRMSNormLinearSwiGLUParts(o, out, h, resid, x, norm, eps, w)
+}
