@@ -40,12 +40,14 @@ var owned = []kernels.Op{
 	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpMLADecodeRoPE, kernels.OpArgmax, kernels.OpAdd,
+	kernels.OpNormLinear, kernels.OpNormSwiGLU,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode},
-		New:   New, Variants: variants})
+		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
+			kernels.OpNormLinear, kernels.OpNormSwiGLU},
+		New: New, Variants: variants})
 }
 
 // Tile shapes of the kernels, named as in the .cu sources.

@@ -241,6 +241,14 @@
 	X(linear_stream_add_n1, 1) \
 	X(linear_stream_add_n2, 2)
 
+#define LINEAR_STREAM_NORM_INSTANCES(X) \
+	X(linear_stream_norm_n1, 1) \
+	X(linear_stream_norm_n2, 2)
+
+#define LINEAR_STREAM_NORM_SWIGLU_INSTANCES(X) \
+	X(linear_stream_norm_swiglu_n1, 1) \
+	X(linear_stream_norm_swiglu_n2, 2)
+
 #define LINEAR_SWAP_INSTANCES(X) \
 	X(linear_swap_r16_s12_bf16, linear_swap_r16_s12_f32, linear_swap_swiglu_r16_s12, 16, 12) \
 	X(linear_swap_r32_s11_bf16, linear_swap_r32_s11_f32, linear_swap_swiglu_r32_s11, 32, 11) \

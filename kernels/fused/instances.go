@@ -28,7 +28,7 @@ func instances() []cudaset.Instances {
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
-		lsSwiGLUInstances(), lsAddInstances(), swInstances(),
+		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(),
 	}
 }
 
@@ -278,6 +278,17 @@ func lsSwiGLUInstances() cudaset.Instances {
 }
 func lsAddInstances() cudaset.Instances {
 	return lsEpilogueInstances("LINEAR_STREAM_ADD", linearStreamAddKernel)
+}
+
+// lsNormInstances and lsNormSwiGLUInstances are linear_stream's that
+// normalise x as they load it (add_rms_norm_linear's and
+// add_rms_norm_linear_swiglu's): bf16 out, n-tiles of 8 rows up to
+// linMaxRows.
+func lsNormInstances() cudaset.Instances {
+	return lsEpilogueInstances("LINEAR_STREAM_NORM", linearStreamNormKernel)
+}
+func lsNormSwiGLUInstances() cudaset.Instances {
+	return lsEpilogueInstances("LINEAR_STREAM_NORM_SWIGLU", linearStreamNormSwiGLUKernel)
 }
 
 func lsEpilogueInstances(macro string, kernel func(nt int) string) cudaset.Instances {

@@ -24,7 +24,7 @@ func TestInstancesHeader(t *testing.T) {
 		"mla_hopper.cu":    {mlaHopperInstances()},
 		"group_wgmma.cu":   {gwInstances()},
 		"linear_wgmma.cu":  {lwInstances()},
-		"linear_stream.cu": {lsInstances(), lsSwiGLUInstances(), lsAddInstances()},
+		"linear_stream.cu": {lsInstances(), lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances()},
 	}
 	for _, bad := range cudaset.CheckInstances(sources, "instances.cuh", instancesRegen, instances(), uses, *update) {
 		t.Error(bad)

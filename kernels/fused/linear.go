@@ -417,3 +417,64 @@ func (o *ops) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	o.Need(v == linStream && o.streamAdd(out, x, w, bias, addend), kernels.OpLinearAdd,
 		"variant %s at M=%d,N=%d,K=%d: linear then add run it", v, m, n, k)
 }
+
+// linNormUnfused is add_rms_norm_linear's and add_rms_norm_linear_swiglu's
+// variant that runs the op as its parts: the op declines it, and the
+// Dispatch runs the set's AddRMSNorm into h, then its Linear (or
+// LinearSwiGLU) of h. The other is linStream, linear_stream normalising x
+// as it loads it.
+const linNormUnfused = "unfused"
+
+// normLinearDefault is the variant an add_rms_norm_linear problem (k: its
+// projection's) runs without a tuning choice: linear_stream where linear
+// runs linear_stream for the problem (linearFor: its tuning choice, else
+// linearDefault: one row), else the parts.
+func (o *ops) normLinearDefault(k linearKey) string {
+	if o.linearFor(k) == linStream {
+		return linStream
+	}
+	return linNormUnfused
+}
+
+// normSwiGLUDefault is normLinearDefault for add_rms_norm_linear_swiglu (k:
+// its stacked GEMM's, N = 2I), following linear_swiglu's variant.
+func (o *ops) normSwiGLUDefault(k linearKey) string {
+	if o.linearSwiGLUFor(k) == linStream {
+		return linStream
+	}
+	return linNormUnfused
+}
+
+// normLinearFor and normSwiGLUFor are the variants problems of k run: the
+// tuning choice for k, else the default.
+func (o *ops) normLinearFor(k linearKey) string {
+	return o.chosenOr(kernels.OpNormLinear, k, o.normLinearDefault)
+}
+func (o *ops) normSwiGLUFor(k linearKey) string {
+	return o.chosenOr(kernels.OpNormSwiGLU, k, o.normSwiGLUDefault)
+}
+
+// AddRMSNormLinear is the residual add, the norm and a projection in one
+// kernel on sm_90a: linear_stream normalising x as it loads it where the
+// variant for the problem is linStream and it takes the operands
+// (streamNorm). Elsewhere it declines the call, and the Dispatch runs the
+// parts, the set's AddRMSNorm and Linear, as they ran before this op and in
+// their own profile rows. Its results are the parts' bit for bit; h is
+// left unwritten.
+func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	kernels.CheckAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, norm, w, bias)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	v := o.normLinearFor(linearKey{m, n, k})
+	o.Need(v == linStream && o.streamNorm(out, h, resid, x, norm, eps, w, bias, false), kernels.OpNormLinear,
+		"variant %s at M=%d,N=%d,K=%d: add_rms_norm then linear run it", v, m, n, k)
+}
+
+// AddRMSNormLinearSwiGLU is AddRMSNormLinear with SwiGLU in the epilogue,
+// where linear_swiglu's variant for the problem is linStream.
+func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	kernels.CheckAddRMSNormLinearSwiGLU(o.D.ActDType(), out, h, resid, x, norm, w)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	v := o.normSwiGLUFor(linearKey{m, n, k})
+	o.Need(v == linStream && o.streamNorm(out, h, resid, x, norm, eps, w, nil, true), kernels.OpNormSwiGLU,
+		"variant %s at M=%d,N=%d,K=%d: add_rms_norm then linear_swiglu run it", v, m, n, k)
+}

@@ -53,6 +53,22 @@
 //              grid_wait by the thread that writes the same element of out,
 //              so out may be addend (not a part of it).
 //
+// Norm first (NORM, instances of their own with the plain and the SwiGLU
+// epilogue: add_rms_norm_linear's and add_rms_norm_linear_swiglu's): x is
+// not the GEMM's input but what the residual stream adds before the norm:
+// after grid_wait each block writes xs = bf16(resid + x) row by row, sums
+// the squares of each row as add_rms_norm's kernel of normT threads and
+// normNV 8-element accesses a thread sums them (norm_rope.cuh's rms_norm:
+// each thread's accesses in order, then its warp's shuffles, then the
+// warps' partials in one more warp's), the block's warps standing in for
+// normT threads a round at a time, so rstd is that kernel's bit for bit;
+// then xs = bf16(gamma · bf16(xs · rstd)) in place, the GEMM's input as
+// that kernel writes it. Every block reads all of resid, so none may write
+// it before all have read: each counts itself in *counter once it has,
+// and the last to count writes resid = bf16(resid + x) for every row and
+// puts the counter back to 0 for the next launch. (Blocks are one an SM
+// and at most one a wave: the last always comes.)
+//
 // Shared memory (dynamic; the host's lsShared): LS_BARS bytes of
 // mbarriers (a slot's each, then x's), the warps' sums (LS_RED), x's rows
 // of ls_xrow(K) elements (rounded up to 128 bytes), then the ring.
@@ -78,12 +94,108 @@ enum LsEpilogue { LS_PLAIN, LS_SWIGLU, LS_ADD };
 // (mod 128) after the one before and the B loads meet no bank conflict.
 __device__ __forceinline__ int ls_xrow(int K) { return K % 64 == 0 ? K + 32 : K; }
 
+// LsNorm is a NORM kernel's norm: the residual (pitch rp), the norm's
+// weights, its eps, add_rms_norm's block (normT threads, normNV accesses
+// of 8 elements each) and the count of blocks that have read resid.
+struct LsNorm {
+	bf16* resid;
+	int rp;
+	const bf16* gamma;
+	float eps;
+	int normT, normNV;
+	int* counter;
+};
+
+// ls_norm_x writes the GEMM's input into xs (M rows of xrow): RMSNorm of
+// resid + x, rounded as add_rms_norm rounds it (see NORM above); scratch
+// is 64 floats of shared memory no other warp uses meanwhile. Every thread
+// of the block calls it.
+__device__ __forceinline__ void ls_norm_x(bf16* xs, int xrow, const bf16* x, int xp, const LsNorm& nm, int M, int K, float* scratch) {
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	float* part = scratch;       // [32]: the virtual warps' sums of a row
+	float* rstd = scratch + 32;  // [16]: each row's
+	for (int r = 0; r < M; r++) {
+		for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
+			const Vec<bf16, 8> a = load<bf16, 8>(x + (long long)r * xp + c);
+			Vec<bf16, 8> v = load<bf16, 8>(nm.resid + (long long)r * nm.rp + c);
+#pragma unroll
+			for (int j = 0; j < 8; j++) v.v[j] = __float2bfloat16_rn(to_f32(a.v[j]) + to_f32(v.v[j]));
+			store<bf16, 8>(xs + r * xrow + c, v);
+		}
+	}
+	__syncthreads();
+	const int vwarps = nm.normT / 32;
+	for (int r = 0; r < M; r++) {
+		const bf16* row = xs + r * xrow;
+		for (int vw0 = 0; vw0 < vwarps; vw0 += LS_WARPS) {
+			const int vw = vw0 + warp;
+			float ss = 0.0f;
+			if (vw < vwarps) {
+				const int vt = vw * 32 + lane;
+				for (int i = 0; i < nm.normNV; i++) {
+					const int c = (vt + i * nm.normT) * 8;
+					if (c < K) {
+#pragma unroll
+						for (int j = 0; j < 8; j++) {
+							const float e = to_f32(row[c + j]);
+							ss += e * e;
+						}
+					}
+				}
+			}
+			ss = warp_reduce<SumOp>(ss);
+			if (vw < vwarps && lane == 0) part[vw] = ss;
+		}
+		__syncthreads();
+		if (warp == 0) {
+			float v = lane < vwarps ? part[lane] : SumOp::identity();
+			v = warp_reduce<SumOp>(v);
+			if (lane == 0) rstd[r] = rsqrtf(v / (float)K + nm.eps);
+		}
+		__syncthreads();
+	}
+	for (int r = 0; r < M; r++) {
+		const float rs = rstd[r];
+		for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
+			const Vec<bf16, 8> g = load<bf16, 8>(nm.gamma + c);
+			Vec<bf16, 8> v = load<bf16, 8>(xs + r * xrow + c);
+#pragma unroll
+			for (int j = 0; j < 8; j++) v.v[j] = __float2bfloat16_rn(to_f32(g.v[j]) * round_bf16(to_f32(v.v[j]) * rs));
+			store<bf16, 8>(xs + r * xrow + c, v);
+		}
+	}
+	// Every thread's reads of resid are done: count the block, and the last
+	// block writes the sums back.
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		__threadfence();
+		part[0] = atomicAdd(nm.counter, 1) == (int)gridDim.x - 1 ? 1.0f : 0.0f;
+	}
+	__syncthreads();
+	if (part[0] != 0.0f) {
+		for (int r = 0; r < M; r++) {
+			for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
+				const Vec<bf16, 8> a = load<bf16, 8>(x + (long long)r * xp + c);
+				Vec<bf16, 8> v = load<bf16, 8>(nm.resid + (long long)r * nm.rp + c);
+#pragma unroll
+				for (int j = 0; j < 8; j++) v.v[j] = __float2bfloat16_rn(to_f32(a.v[j]) + to_f32(v.v[j]));
+				store<bf16, 8>(nm.resid + (long long)r * nm.rp + c, v);
+			}
+		}
+		if (threadIdx.x == 0) *nm.counter = 0;
+	}
+	__syncthreads(); // scratch is the warps' sums' space, written at the first tile's end
+}
+
 // Launch: grid min(outputs, SMs) blocks of LS_THREADS (outputs: N, or N/2
 // with LS_SWIGLU), lsShared bytes of dynamic shared memory; ks a multiple
 // of 8·32 (each warp's k-range whole chunks), 1 ≤ stages ≤ LS_MAX_STAGES.
-template <int NT, typename TO, int EPI>
+// NORM: x and resid rows on 16-byte boundaries, K a multiple of 8, normT a
+// multiple of 32 up to 1,024 with normT·normNV·8 ≥ K.
+template <int NT, typename TO, int EPI, bool NORM>
 __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,
-                                              const bf16* addend, int ap, int M, int N, int K, int ks, int stages, int* status) {
+                                              const bf16* addend, int ap, const LsNorm& nm, int M, int N, int K, int ks, int stages,
+                                              int* status) {
 	constexpr bool SWIGLU = EPI == LS_SWIGLU;
 	constexpr int UNITS = SWIGLU ? LS_ROWS / 2 : LS_ROWS; // outputs of a tile
 	extern __shared__ __align__(128) unsigned char smem[];
@@ -128,12 +240,16 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 		for (int s = 0; s < min(stages, total); s++) issue(s);
 	grid_wait();
 	grid_release();
-	if (warp == 0) {
-		if (lane == 0) mbar_expect_tx(xbar, M * K * 2);
-		__syncwarp();
-		if (lane < M) bulk_load(smem_addr(xs + lane * xrow), x + (long long)lane * xp, K * 2, xbar);
+	if (NORM) {
+		ls_norm_x(xs, xrow, x, xp, nm, M, K, red);
+	} else {
+		if (warp == 0) {
+			if (lane == 0) mbar_expect_tx(xbar, M * K * 2);
+			__syncwarp();
+			if (lane < M) bulk_load(smem_addr(xs + lane * xrow), x + (long long)lane * xp, K * 2, xbar);
+		}
+		if (!mbar_wait(xbar, 0, status, 1, -1)) return;
 	}
-	if (!mbar_wait(xbar, 0, status, 1, -1)) return;
 
 	float acc[NT][4];
 #pragma unroll
@@ -207,8 +323,8 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType, int M,  \
 	         int N, int K, int ks, int stages, int* status) {                                               \
-		linear_stream<NT, TO, LS_PLAIN>(out, op, x, xp, w, bias, biasType, nullptr, 0, M, N, K, ks, stages, \
-		                                status);                                                            \
+		linear_stream<NT, TO, LS_PLAIN, false>(out, op, x, xp, w, bias, biasType, nullptr, 0, LsNorm{}, M, N, \
+		                                       K, ks, stages, status);                                      \
 	}
 LINEAR_STREAM_INSTANCES(LINEAR_STREAM)
 
@@ -217,8 +333,8 @@ LINEAR_STREAM_INSTANCES(LINEAR_STREAM)
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, int M, int N, int K, int ks,          \
 	         int stages, int* status) {                                                                     \
-		linear_stream<NT, bf16, LS_SWIGLU>(out, op, x, xp, w, nullptr, 0, nullptr, 0, M, N, K, ks, stages,  \
-		                                   status);                                                         \
+		linear_stream<NT, bf16, LS_SWIGLU, false>(out, op, x, xp, w, nullptr, 0, nullptr, 0, LsNorm{}, M, N, \
+		                                          K, ks, stages, status);                                   \
 	}
 LINEAR_STREAM_SWIGLU_INSTANCES(LINEAR_STREAM_SWIGLU)
 
@@ -227,7 +343,32 @@ LINEAR_STREAM_SWIGLU_INSTANCES(LINEAR_STREAM_SWIGLU)
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(bf16* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,       \
 	         const bf16* addend, int ap, int M, int N, int K, int ks, int stages, int* status) {            \
-		linear_stream<NT, bf16, LS_ADD>(out, op, x, xp, w, bias, biasType, addend, ap, M, N, K, ks, stages, \
-		                                status);                                                            \
+		linear_stream<NT, bf16, LS_ADD, false>(out, op, x, xp, w, bias, biasType, addend, ap, LsNorm{}, M, N, \
+		                                       K, ks, stages, status);                                      \
 	}
 LINEAR_STREAM_ADD_INSTANCES(LINEAR_STREAM_ADD)
+
+// linear_stream_norm: NORM with the plain epilogue (add_rms_norm_linear's),
+// bf16 out; x is what is added to resid before the norm.
+#define LINEAR_STREAM_NORM(NAME, NT)                                                                        \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(bf16* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,   \
+	         int normT, int normNV, int* counter, const bf16* w, const void* bias, int biasType, int M,      \
+	         int N, int K, int ks, int stages, int* status) {                                               \
+		const LsNorm nm{resid, rp, gamma, eps, normT, normNV, counter};                                     \
+		linear_stream<NT, bf16, LS_PLAIN, true>(out, op, x, xp, w, bias, biasType, nullptr, 0, nm, M, N, K, \
+		                                        ks, stages, status);                                        \
+	}
+LINEAR_STREAM_NORM_INSTANCES(LINEAR_STREAM_NORM)
+
+// linear_stream_norm_swiglu: NORM with LS_SWIGLU (add_rms_norm_linear_swiglu's).
+#define LINEAR_STREAM_NORM_SWIGLU(NAME, NT)                                                                 \
+	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
+	    NAME(bf16* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,   \
+	         int normT, int normNV, int* counter, const bf16* w, int M, int N, int K, int ks, int stages,   \
+	         int* status) {                                                                                 \
+		const LsNorm nm{resid, rp, gamma, eps, normT, normNV, counter};                                     \
+		linear_stream<NT, bf16, LS_SWIGLU, true>(out, op, x, xp, w, nullptr, 0, nullptr, 0, nm, M, N, K,    \
+		                                         ks, stages, status);                                       \
+	}
+LINEAR_STREAM_NORM_SWIGLU_INSTANCES(LINEAR_STREAM_NORM_SWIGLU)

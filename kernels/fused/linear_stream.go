@@ -155,15 +155,28 @@ func linearStreamKernel(nt int, out kernels.DType) string {
 func linearStreamSwiGLUKernel(nt int) string { return fmt.Sprintf("linear_stream_swiglu_n%d", nt) }
 func linearStreamAddKernel(nt int) string    { return fmt.Sprintf("linear_stream_add_n%d", nt) }
 
+// linearStreamNormKernel and linearStreamNormSwiGLUKernel are
+// linear_stream's instances that normalise x as they load it, with the
+// plain epilogue and with SwiGLU.
+func linearStreamNormKernel(nt int) string { return fmt.Sprintf("linear_stream_norm_n%d", nt) }
+func linearStreamNormSwiGLUKernel(nt int) string {
+	return fmt.Sprintf("linear_stream_norm_swiglu_n%d", nt)
+}
+
 // lsModule is linear_stream's NVRTC module.
 func lsModule() cudaset.Module {
-	return module("linear_stream.cu", cudaset.Names(lsInstances(), lsSwiGLUInstances(), lsAddInstances()))
+	return module("linear_stream.cu", cudaset.Names(lsInstances(), lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances()))
 }
 
 // lsKit is linear_stream on one device.
 type lsKit struct {
 	err    error           // why it cannot run here; nil when it can
 	status *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+	// counter is the norm-first kernels' count of blocks that have read
+	// the residual, i32 [1], zero between launches (the last block puts it
+	// back): one for all of them, as they run one at a time on the
+	// device's stream (a Brancher's side never runs them).
+	counter *kernels.Tensor
 }
 
 // newLinearStream compiles linear_stream into k where the device allows it,
@@ -182,6 +195,8 @@ func newLinearStream(k *cudaset.Kit) *lsKit {
 	}
 	k.Overlap(lsModule().Funcs...)
 	l.status = newWaitStatus(k)
+	l.counter = k.D.Alloc(kernels.I32, 1)
+	k.D.Zero(l.counter)
 	return l
 }
 
@@ -253,6 +268,49 @@ func (o *ops) streamAdd(out, x, w, bias, addend *kernels.Tensor) bool {
 	o.LaunchShared(linearStreamAddKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
 		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType, am.P, int32(am.Pitch),
 		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+	return true
+}
+
+// streamNorm launches linear_stream normalising x as it loads it (resid +=
+// x, then RMSNorm by norm, the GEMM over that; with swiglu SwiGLU in the
+// epilogue, w the gate rows then the up rows), as planStream (or
+// planStreamSwiGLU) cuts the problem, or reports false, launching nothing,
+// where it cannot: bf16 out and norm weights only, and only where fused's
+// add_rms_norm would take the rows in 16-byte accesses, whose shape (the
+// order of its sum of squares) the kernel then follows, so that its
+// results are add_rms_norm's then linear's (or linear_swiglu's) bit for
+// bit. h is left unwritten.
+func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor, swiglu bool) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	sms, shared := streamTarget(o)
+	var p lsPlan
+	var err error
+	if swiglu {
+		p, err = planStreamSwiGLU(m, n/2, k, sms, shared)
+	} else {
+		p, err = planStream(m, n, k, sms, shared)
+	}
+	if err != nil || out.DType != kernels.BF16 || norm.DType != kernels.BF16 || !o.streamTakes(out, x, w) {
+		return false
+	}
+	om, hm, rm, xm, nm := o.Mat(out), o.Mat(h), o.Mat(resid), o.Mat(x), o.Mat(norm)
+	ns := normShapeOf(k, hm, xm, nm, rm)
+	if ns.vec != cudaset.VecWidth || ns.items == 0 || ns.threads > maxNormThreads {
+		return false
+	}
+	if m == 0 {
+		return true
+	}
+	if swiglu {
+		o.LaunchShared(linearStreamNormSwiGLUKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
+			om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads), int32(ns.items),
+			o.D.Ptr(o.ls.counter), o.D.Ptr(w), int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+		return true
+	}
+	bp, biasType := o.linBias(bias)
+	o.LaunchShared(linearStreamNormKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads), int32(ns.items),
+		o.D.Ptr(o.ls.counter), o.D.Ptr(w), bp, biasType, int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
 	return true
 }
 

@@ -88,7 +88,7 @@ func linearDefaultOn(o *ops, k linearKey, t kernels.Target) string {
 }
 
 // TestLinearStreamKernels runs the shared kerneltest's linear,
-// linear_swiglu and linear_add cases with linear_stream the default
+// linear_swiglu, linear_add and the add_rms_norm_linear pair's cases with linear_stream the default
 // wherever it takes the problem (the decode cases of 1 to 16 rows whose K
 // is a multiple of 32: bias, f32 out, pitched x and out, N or I of no tile;
 // linear_swiglu's with SwiGLU in its epilogue, linear_add's with the add,
@@ -98,7 +98,8 @@ func TestLinearStreamKernels(t *testing.T) {
 	dev, _ := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
 	defer func(r int, b int64) { linStreamRows, linStreamBytes = r, b }(linStreamRows, linStreamBytes)
 	linStreamRows, linStreamBytes = linMaxRows, math.MaxInt64
-	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear, kernels.OpLinearSwiGLU, kernels.OpLinearAdd)
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpLinear, kernels.OpLinearSwiGLU, kernels.OpLinearAdd,
+		kernels.OpNormLinear, kernels.OpNormSwiGLU)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 
@@ -183,4 +184,104 @@ func bitsDiffer(want, got []float32) (n, first int) {
 		}
 	}
 	return n, first
+}
+
+// TestLinearStreamCompiles compiles linear_stream's module, every epilogue
+// with and without the norm first, by NVRTC without a GPU (nvrtcReport:
+// no spills, every kernel there).
+func TestLinearStreamCompiles(t *testing.T) { nvrtcReport(t, lsModule()) }
+
+// TestLinearStreamNormExact holds linear_stream normalising x as it loads
+// it (add_rms_norm_linear's and add_rms_norm_linear_swiglu's variant
+// stream) against the parts the fused set runs without it, add_rms_norm
+// then linear_stream (or linear_stream with SwiGLU), bit for bit in out
+// and in the residual: rows whose norm add_rms_norm takes in 32 to 1,024
+// threads (its sum of squares the kernel must follow), Qwen2-7B's qkv
+// (bias) and gate/up, DeepSeek-V2-Lite's dense gate/up, at 1, 3 and 16
+// rows, each launched twice in a row (the count of blocks that have read
+// the residual must be back at 0 for the second), then times both at one
+// row for a first look.
+func TestLinearStreamNormExact(t *testing.T) {
+	dev, o := openHopperSet(t, "linear_stream", func(o *ops) error { return o.ls.err })
+	rng := rand.New(rand.NewSource(29))
+	normal := normalOn(t, dev, rng)
+	const eps = 1e-6
+	for _, s := range []struct {
+		n, k         int // w's rows (2I with swiglu), K
+		bias, swiglu bool
+	}{
+		{4608, 3584, true, false}, {2 * 18944, 3584, false, true}, {2 * 10944, 2048, false, true},
+		{200, 96, true, false}, {64, 544, false, true}, {300, 5120, true, false}, {96, 8192, false, false},
+	} {
+		w := normal(kernels.BF16, 1/math.Sqrt(float64(s.k)), s.n, s.k)
+		norm := tensorOn(t, dev, kernels.BF16, func() []float32 {
+			g := gaussians(rng, s.k, 0.2)
+			for i := range g {
+				g[i]++
+			}
+			return g
+		}(), s.k)
+		var bias *kernels.Tensor
+		if s.bias {
+			bias = normal(kernels.BF16, 0.5, s.n)
+		}
+		outs := s.n
+		if s.swiglu {
+			outs = s.n / 2
+		}
+		for _, m := range []int{1, 3, linMaxRows} {
+			x := normal(kernels.BF16, 3, m, s.k)
+			r0 := gaussians(rng, m*s.k, 1)
+			residA, residB := tensorOn(t, dev, kernels.BF16, r0, m, s.k), tensorOn(t, dev, kernels.BF16, r0, m, s.k)
+			h := dev.Alloc(kernels.BF16, m, s.k)
+			want, got := dev.Alloc(kernels.BF16, m, outs), dev.Alloc(kernels.BF16, m, outs)
+			name := fmt.Sprintf("M=%d N=%d K=%d swiglu=%v", m, s.n, s.k, s.swiglu)
+			parts := func() {
+				o.AddRMSNorm(h, residA, x, norm, eps)
+				ok := false
+				if s.swiglu {
+					ok = o.streamSwiGLU(want, h, w)
+				} else {
+					ok = o.stream(want, h, w, bias)
+				}
+				if !ok {
+					t.Fatalf("%s: linear_stream refuses the problem", name)
+				}
+			}
+			whole := func() {
+				if !o.streamNorm(got, h, residB, x, norm, eps, w, bias, s.swiglu) {
+					t.Fatalf("%s: linear_stream normalising x refuses it", name)
+				}
+			}
+			for round := range 2 {
+				parts()
+				dev.MemsetD8(dev.Ptr(got), 0xff, m*outs*2) // NaN: an element the kernel does not write shows
+				whole()
+				if err := o.linearStreamWaits(); err != nil {
+					t.Fatal(err)
+				}
+				if n, at := bitsDiffer(read(t, dev, want), read(t, dev, got)); n > 0 {
+					t.Errorf("%s, launch %d: %d of %d outputs differ from add_rms_norm then linear_stream, the first [%d,%d]",
+						name, round+1, n, m*outs, at/outs, at%outs)
+				}
+				if n, at := bitsDiffer(read(t, dev, residA), read(t, dev, residB)); n > 0 {
+					t.Errorf("%s, launch %d: %d of %d residual elements differ from add_rms_norm's, the first [%d,%d]",
+						name, round+1, n, m*s.k, at/s.k, at%s.k)
+				}
+			}
+			if m == 1 && s.k == 3584 {
+				ms := msPerCall(t, dev, whole)
+				pairMs := msPerCall(t, dev, parts)
+				t.Logf("%s: %.2f µs, add_rms_norm + linear_stream %.2f µs", name, ms*1e3, pairMs*1e3)
+			}
+			for _, a := range []*kernels.Tensor{x, residA, residB, h, want, got} {
+				dev.Free(a)
+			}
+		}
+		for _, a := range []*kernels.Tensor{w, norm, bias} {
+			if a != nil {
+				dev.Free(a)
+			}
+		}
+	}
 }

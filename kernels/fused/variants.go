@@ -283,22 +283,35 @@ var table = func() []variant {
 	}
 	vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: linSwiGLUUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then swiglu, two ops", archWhy(t), true
-	}}, variant{op: kernels.OpLinearSwiGLU, name: linStream, valid: streamSwiGLUValid, use: func(o *ops, key string) error {
-		k, _ := parseLinearKey(key)
-		sms, shared := streamTarget(o)
-		if _, err := planStreamSwiGLU(k.m, k.n/2, k.k, sms, shared); err != nil {
-			return fmt.Errorf("linear_stream with SwiGLU: %w", err)
-		}
-		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
-	}}, variant{op: kernels.OpLinearSwiGLU, name: linSwap, valid: swapSwiGLUValid, use: swapUse(true)})
+	}}, variant{op: kernels.OpLinearSwiGLU, name: linStream, valid: streamSwiGLUValid, use: streamSwiGLUUse("linear_stream with SwiGLU")},
+		variant{op: kernels.OpLinearSwiGLU, name: linSwap, valid: swapSwiGLUValid, use: swapUse(true)})
 	for _, c := range lwConfigs {
 		vs = append(vs, variant{op: kernels.OpLinearSwiGLU, name: c.Variant, valid: lwValid(c, true), use: lwUse(c)})
 	}
 	vs = append(vs, variant{op: kernels.OpLinearAdd, name: linAddUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: linear (its variant for M,N,K) into an intermediate [M, N], then add, two ops", archWhy(t), true
 	}}, variant{op: kernels.OpLinearAdd, name: linStream, valid: streamValid, use: streamUse("linear_stream with the add")})
+	vs = append(vs, variant{op: kernels.OpNormLinear, name: linNormUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+		return "declined to the Dispatch: add_rms_norm into h, then linear (its variant for M,N,K), two ops", archWhy(t), true
+	}}, variant{op: kernels.OpNormLinear, name: linStream, valid: streamValid, use: streamUse("linear_stream normalising x")})
+	vs = append(vs, variant{op: kernels.OpNormSwiGLU, name: linNormUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+		return "declined to the Dispatch: add_rms_norm into h, then linear_swiglu (its variant for M,N,K), two ops or three", archWhy(t), true
+	}}, variant{op: kernels.OpNormSwiGLU, name: linStream, valid: streamSwiGLUValid, use: streamSwiGLUUse("linear_stream normalising x, SwiGLU")})
 	return vs
 }()
+
+// streamSwiGLUUse is streamUse for a variant that runs linear_stream with
+// SwiGLU in its epilogue (planStreamSwiGLU over the key's N = 2I).
+func streamSwiGLUUse(what string) func(o *ops, key string) error {
+	return func(o *ops, key string) error {
+		k, _ := parseLinearKey(key)
+		sms, shared := streamTarget(o)
+		if _, err := planStreamSwiGLU(k.m, k.n/2, k.k, sms, shared); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return o.ls.ready() // why linear_stream cannot run here, NVRTC's log included
+	}
+}
 
 // streamUse is the use of a variant that runs linear_stream (what, in its
 // errors): nil where planStream takes the key's problem on o's device and
@@ -317,7 +330,8 @@ func streamUse(what string) func(o *ops, key string) error {
 // tunings are the ops whose variant is chosen per tuning key: attention
 // prefill's per head dim and element type (prefillKey), linear's per shape
 // (M, N, K), linear_swiglu's per its stacked GEMM's (M, N = 2I, K),
-// linear_add's per its projection's (M, N, K),
+// linear_add's per its projection's (M, N, K), add_rms_norm_linear's and
+// add_rms_norm_linear_swiglu's as linear's and linear_swiglu's,
 // mla_prefill's per head dims, the grouped GEMM's (group_gemm,
 // moe_experts, moe_routed) per tiling, mla_decode's by batch
 // (mlaDecodeKey); the other ops have one variant.
@@ -354,6 +368,8 @@ var tunings = map[kernels.Op]tuning{
 	kernels.OpLinear:       linearTuning((*ops).linearFor),
 	kernels.OpLinearSwiGLU: linearTuning((*ops).linearSwiGLUFor),
 	kernels.OpLinearAdd:    linearTuning((*ops).linearAddFor),
+	kernels.OpNormLinear:   linearTuning((*ops).normLinearFor),
+	kernels.OpNormSwiGLU:   linearTuning((*ops).normSwiGLUFor),
 	kernels.OpGroupGemm:    gemmTuning(kernels.OpGroupGemm),
 	kernels.OpMoEExperts:   gemmTuning(kernels.OpMoEExperts),
 	kernels.OpMoERouted:    routedTuning,
