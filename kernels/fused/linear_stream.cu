@@ -55,19 +55,23 @@
 //
 // Norm first (NORM, instances of their own with the plain and the SwiGLU
 // epilogue: add_rms_norm_linear's and add_rms_norm_linear_swiglu's): x is
-// not the GEMM's input but what the residual stream adds before the norm:
-// after grid_wait each block writes xs = bf16(resid + x) row by row, sums
-// the squares of each row as add_rms_norm's kernel of normT threads and
-// normNV 8-element accesses a thread sums them (norm_rope.cuh's rms_norm:
-// each thread's accesses in order, then its warp's shuffles, then the
-// warps' partials in one more warp's), the block's warps standing in for
-// normT threads a round at a time, so rstd is that kernel's bit for bit;
-// then xs = bf16(gamma · bf16(xs · rstd)) in place, the GEMM's input as
-// that kernel writes it. Every block reads all of resid, so none may write
-// it before all have read: each counts itself in *counter once it has,
-// and the last to count writes resid = bf16(resid + x) for every row and
-// puts the counter back to 0 for the next launch. (Blocks are one an SM
-// and at most one a wave: the last always comes.)
+// not the GEMM's input but what the residual stream adds before the norm,
+// and the kernel writes the input itself, as add_rms_norm's kernel of
+// normT threads (one 8-element access each: K ≤ 8·1,024) would: the norm's
+// weights are read before grid_wait (they are no kernel's output); after
+// it, thread t of the block takes the accesses t, t + 256, ... of each row,
+// which add_rms_norm's threads of the same index take, so its sums of
+// squares are theirs, and sums them per access into the partial sum of its
+// virtual warp (t + 256q)/32: the warp's shuffles reduce it as theirs do,
+// and every warp reduces the virtual warps' partials in one more warp's
+// shuffles, as add_rms_norm's block does; then xs = bf16(gamma · bf16(r ·
+// rstd)) with r = bf16(resid + x), the GEMM's input bit for bit. Every
+// block reads all of resid, so none may write it before all have: each
+// counts itself in *counter once it has read (its thread 0, without
+// waiting for the answer), and the one that counted last writes resid =
+// bf16(resid + x) of every row after its GEMM and puts the counter back to
+// 0 for the next launch. (Blocks are one an SM and at most one a wave: the
+// last always comes.)
 //
 // Shared memory (dynamic; the host's lsShared): LS_BARS bytes of
 // mbarriers (a slot's each, then x's), the warps' sums (LS_RED), x's rows
@@ -95,103 +99,105 @@ enum LsEpilogue { LS_PLAIN, LS_SWIGLU, LS_ADD };
 __device__ __forceinline__ int ls_xrow(int K) { return K % 64 == 0 ? K + 32 : K; }
 
 // LsNorm is a NORM kernel's norm: the residual (pitch rp), the norm's
-// weights, its eps, add_rms_norm's block (normT threads, normNV accesses
-// of 8 elements each) and the count of blocks that have read resid.
+// weights, its eps, add_rms_norm's block (normT threads) and the count of
+// blocks that have read resid.
 struct LsNorm {
 	bf16* resid;
 	int rp;
 	const bf16* gamma;
 	float eps;
-	int normT, normNV;
+	int normT;
 	int* counter;
 };
 
+// LS_NORM_VECS is the 8-element accesses of a row a thread takes at most:
+// K ≤ LS_NORM_VECS · LS_THREADS · 8 = 8,192.
+#define LS_NORM_VECS 4
+
 // ls_norm_x writes the GEMM's input into xs (M rows of xrow): RMSNorm of
-// resid + x, rounded as add_rms_norm rounds it (see NORM above); scratch
-// is 64 floats of shared memory no other warp uses meanwhile. Every thread
-// of the block calls it.
-__device__ __forceinline__ void ls_norm_x(bf16* xs, int xrow, const bf16* x, int xp, const LsNorm& nm, int M, int K, float* scratch) {
-	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	float* part = scratch;       // [32]: the virtual warps' sums of a row
-	float* rstd = scratch + 32;  // [16]: each row's
+// resid + x by the weights gv (the thread's accesses of gamma), rounded as
+// add_rms_norm rounds it (see NORM above); part is 32·M floats of shared
+// memory no other warp uses meanwhile. Every thread of the block calls it;
+// thread 0 returns the old count of blocks that had read resid.
+__device__ __forceinline__ int ls_norm_x(bf16* xs, int xrow, const bf16* x, int xp, const LsNorm& nm, const uint4 (&gv)[LS_NORM_VECS],
+                                         int M, int K, float* part) {
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, vwarps = nm.normT / 32;
 	for (int r = 0; r < M; r++) {
-		for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
-			const Vec<bf16, 8> a = load<bf16, 8>(x + (long long)r * xp + c);
-			Vec<bf16, 8> v = load<bf16, 8>(nm.resid + (long long)r * nm.rp + c);
+		uint4 a[LS_NORM_VECS], v[LS_NORM_VECS];
 #pragma unroll
-			for (int j = 0; j < 8; j++) v.v[j] = __float2bfloat16_rn(to_f32(a.v[j]) + to_f32(v.v[j]));
-			store<bf16, 8>(xs + r * xrow + c, v);
+		for (int q = 0; q < LS_NORM_VECS; q++) {
+			const int c = (q * LS_THREADS + threadIdx.x) * 8;
+			if (c < K) {
+				a[q] = *reinterpret_cast<const uint4*>(x + (long long)r * xp + c);
+				v[q] = *reinterpret_cast<const uint4*>(nm.resid + (long long)r * nm.rp + c);
+			}
 		}
-	}
-	__syncthreads();
-	const int vwarps = nm.normT / 32;
-	for (int r = 0; r < M; r++) {
-		const bf16* row = xs + r * xrow;
-		for (int vw0 = 0; vw0 < vwarps; vw0 += LS_WARPS) {
-			const int vw = vw0 + warp;
+#pragma unroll
+		for (int q = 0; q < LS_NORM_VECS; q++) {
+			const int c = (q * LS_THREADS + threadIdx.x) * 8;
 			float ss = 0.0f;
-			if (vw < vwarps) {
-				const int vt = vw * 32 + lane;
-				for (int i = 0; i < nm.normNV; i++) {
-					const int c = (vt + i * nm.normT) * 8;
-					if (c < K) {
+			if (c < K) {
+				bf16* av = reinterpret_cast<bf16*>(&a[q]);
+				bf16* sv = reinterpret_cast<bf16*>(&v[q]);
 #pragma unroll
-						for (int j = 0; j < 8; j++) {
-							const float e = to_f32(row[c + j]);
-							ss += e * e;
-						}
-					}
+				for (int j = 0; j < 8; j++) {
+					sv[j] = __float2bfloat16_rn(to_f32(av[j]) + to_f32(sv[j]));
+					const float e = to_f32(sv[j]);
+					ss += e * e;
 				}
+				*reinterpret_cast<uint4*>(xs + r * xrow + c) = v[q];
 			}
-			ss = warp_reduce<SumOp>(ss);
-			if (vw < vwarps && lane == 0) part[vw] = ss;
+			if (q * LS_WARPS + warp < vwarps) { // one of add_rms_norm's warps (warp-uniform; the others' are not read)
+				ss = warp_reduce<SumOp>(ss);
+				if (lane == 0) part[r * 32 + q * LS_WARPS + warp] = ss;
+			}
 		}
-		__syncthreads();
-		if (warp == 0) {
-			float v = lane < vwarps ? part[lane] : SumOp::identity();
-			v = warp_reduce<SumOp>(v);
-			if (lane == 0) rstd[r] = rsqrtf(v / (float)K + nm.eps);
-		}
-		__syncthreads();
 	}
+	__syncthreads();
+	int old = 0;
+	if (threadIdx.x == 0) old = atomicAdd(nm.counter, 1); // every thread's reads of resid are done
 	for (int r = 0; r < M; r++) {
-		const float rs = rstd[r];
-		for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
-			const Vec<bf16, 8> g = load<bf16, 8>(nm.gamma + c);
-			Vec<bf16, 8> v = load<bf16, 8>(xs + r * xrow + c);
+		float t = lane < vwarps ? part[r * 32 + lane] : SumOp::identity();
+		t = warp_reduce<SumOp>(t);
+		const float rs = rsqrtf(t / (float)K + nm.eps);
 #pragma unroll
-			for (int j = 0; j < 8; j++) v.v[j] = __float2bfloat16_rn(to_f32(g.v[j]) * round_bf16(to_f32(v.v[j]) * rs));
-			store<bf16, 8>(xs + r * xrow + c, v);
-		}
-	}
-	// Every thread's reads of resid are done: count the block, and the last
-	// block writes the sums back.
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		__threadfence();
-		part[0] = atomicAdd(nm.counter, 1) == (int)gridDim.x - 1 ? 1.0f : 0.0f;
-	}
-	__syncthreads();
-	if (part[0] != 0.0f) {
-		for (int r = 0; r < M; r++) {
-			for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
-				const Vec<bf16, 8> a = load<bf16, 8>(x + (long long)r * xp + c);
-				Vec<bf16, 8> v = load<bf16, 8>(nm.resid + (long long)r * nm.rp + c);
+		for (int q = 0; q < LS_NORM_VECS; q++) {
+			const int c = (q * LS_THREADS + threadIdx.x) * 8;
+			if (c < K) {
+				uint4 v = *reinterpret_cast<const uint4*>(xs + r * xrow + c);
+				bf16* sv = reinterpret_cast<bf16*>(&v);
+				const bf16* g = reinterpret_cast<const bf16*>(&gv[q]);
 #pragma unroll
-				for (int j = 0; j < 8; j++) v.v[j] = __float2bfloat16_rn(to_f32(a.v[j]) + to_f32(v.v[j]));
-				store<bf16, 8>(nm.resid + (long long)r * nm.rp + c, v);
+				for (int j = 0; j < 8; j++) sv[j] = __float2bfloat16_rn(to_f32(g[j]) * round_bf16(to_f32(sv[j]) * rs));
+				*reinterpret_cast<uint4*>(xs + r * xrow + c) = v;
 			}
 		}
-		if (threadIdx.x == 0) *nm.counter = 0;
 	}
-	__syncthreads(); // scratch is the warps' sums' space, written at the first tile's end
+	__syncthreads(); // xs is whole, and part (the warps' sums' space) free
+	return old;
+}
+
+// ls_norm_resid writes resid = bf16(resid + x) of every row: the block
+// that counted last, after the GEMM.
+__device__ __forceinline__ void ls_norm_resid(const bf16* x, int xp, const LsNorm& nm, int M, int K) {
+	for (int r = 0; r < M; r++) {
+		for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
+			const uint4 a = *reinterpret_cast<const uint4*>(x + (long long)r * xp + c);
+			uint4 v = *reinterpret_cast<const uint4*>(nm.resid + (long long)r * nm.rp + c);
+			const bf16* av = reinterpret_cast<const bf16*>(&a);
+			bf16* sv = reinterpret_cast<bf16*>(&v);
+#pragma unroll
+			for (int j = 0; j < 8; j++) sv[j] = __float2bfloat16_rn(to_f32(av[j]) + to_f32(sv[j]));
+			*reinterpret_cast<uint4*>(nm.resid + (long long)r * nm.rp + c) = v;
+		}
+	}
 }
 
 // Launch: grid min(outputs, SMs) blocks of LS_THREADS (outputs: N, or N/2
 // with LS_SWIGLU), lsShared bytes of dynamic shared memory; ks a multiple
 // of 8·32 (each warp's k-range whole chunks), 1 ≤ stages ≤ LS_MAX_STAGES.
-// NORM: x and resid rows on 16-byte boundaries, K a multiple of 8, normT a
-// multiple of 32 up to 1,024 with normT·normNV·8 ≥ K.
+// NORM: x and resid rows on 16-byte boundaries, K ≤ 8,192 a multiple of
+// 8, normT = add_rms_norm's threads for K (a multiple of 32, ≥ K/8).
 template <int NT, typename TO, int EPI, bool NORM>
 __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, int xp, const bf16* w, const void* bias, int biasType,
                                               const bf16* addend, int ap, const LsNorm& nm, int M, int N, int K, int ks, int stages,
@@ -238,10 +244,19 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	__syncthreads();
 	if (warp == 0)
 		for (int s = 0; s < min(stages, total); s++) issue(s);
+	uint4 gv[LS_NORM_VECS]; // the norm's weights: this thread's accesses
+	if (NORM) {
+#pragma unroll
+		for (int q = 0; q < LS_NORM_VECS; q++) {
+			const int c = (q * LS_THREADS + threadIdx.x) * 8;
+			if (c < K) gv[q] = *reinterpret_cast<const uint4*>(nm.gamma + c);
+		}
+	}
 	grid_wait();
 	grid_release();
+	int counted = 0; // thread 0's: the blocks that had read resid before this one
 	if (NORM) {
-		ls_norm_x(xs, xrow, x, xp, nm, M, K, red);
+		counted = ls_norm_x(xs, xrow, x, xp, nm, gv, M, K, red);
 	} else {
 		if (warp == 0) {
 			if (lane == 0) mbar_expect_tx(xbar, M * K * 2);
@@ -317,6 +332,16 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 			__syncthreads(); // the sums are read before the next tile writes them
 		}
 	}
+	if (NORM) {
+		// red is free after the last tile: thread 0 tells the block whether
+		// it counted last.
+		if (threadIdx.x == 0) red[0] = counted == (int)gridDim.x - 1 ? 1.0f : 0.0f;
+		__syncthreads();
+		if (red[0] != 0.0f) {
+			ls_norm_resid(x, xp, nm, M, K);
+			if (threadIdx.x == 0) *nm.counter = 0;
+		}
+	}
 }
 
 #define LINEAR_STREAM(NAME, NT, TO)                                                                         \
@@ -353,9 +378,9 @@ LINEAR_STREAM_ADD_INSTANCES(LINEAR_STREAM_ADD)
 #define LINEAR_STREAM_NORM(NAME, NT)                                                                        \
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(bf16* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,   \
-	         int normT, int normNV, int* counter, const bf16* w, const void* bias, int biasType, int M,      \
-	         int N, int K, int ks, int stages, int* status) {                                               \
-		const LsNorm nm{resid, rp, gamma, eps, normT, normNV, counter};                                     \
+	         int normT, int* counter, const bf16* w, const void* bias, int biasType, int M, int N, int K,    \
+	         int ks, int stages, int* status) {                                                             \
+		const LsNorm nm{resid, rp, gamma, eps, normT, counter};                                             \
 		linear_stream<NT, bf16, LS_PLAIN, true>(out, op, x, xp, w, bias, biasType, nullptr, 0, nm, M, N, K, \
 		                                        ks, stages, status);                                        \
 	}
@@ -365,9 +390,8 @@ LINEAR_STREAM_NORM_INSTANCES(LINEAR_STREAM_NORM)
 #define LINEAR_STREAM_NORM_SWIGLU(NAME, NT)                                                                 \
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(bf16* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,   \
-	         int normT, int normNV, int* counter, const bf16* w, int M, int N, int K, int ks, int stages,   \
-	         int* status) {                                                                                 \
-		const LsNorm nm{resid, rp, gamma, eps, normT, normNV, counter};                                     \
+	         int normT, int* counter, const bf16* w, int M, int N, int K, int ks, int stages, int* status) { \
+		const LsNorm nm{resid, rp, gamma, eps, normT, counter};                                             \
 		linear_stream<NT, bf16, LS_SWIGLU, true>(out, op, x, xp, w, nullptr, 0, nullptr, 0, nm, M, N, K,    \
 		                                         ks, stages, status);                                       \
 	}

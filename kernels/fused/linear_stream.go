@@ -29,6 +29,9 @@ const (
 	// lsChunk is the k of one warp's loads of a row (4 lanes of 8): a
 	// stage's k is lsWarps of them at least, and K a multiple of it.
 	lsChunk = 32
+	// lsNormMaxK is the widest row the norm-first kernels normalise:
+	// LS_NORM_VECS 8-element accesses of each of a block's threads.
+	lsNormMaxK = 4 * lsWarps * 32 * 8
 )
 
 // Without a tuning choice linear_stream runs problems of at most
@@ -276,10 +279,10 @@ func (o *ops) streamAdd(out, x, w, bias, addend *kernels.Tensor) bool {
 // epilogue, w the gate rows then the up rows), as planStream (or
 // planStreamSwiGLU) cuts the problem, or reports false, launching nothing,
 // where it cannot: bf16 out and norm weights only, and only where fused's
-// add_rms_norm would take the rows in 16-byte accesses, whose shape (the
-// order of its sum of squares) the kernel then follows, so that its
-// results are add_rms_norm's then linear's (or linear_swiglu's) bit for
-// bit. h is left unwritten.
+// add_rms_norm would take the rows in one 16-byte access a thread (K up to
+// lsNormMaxK), whose shape (the order of its sum of squares) the kernel
+// then follows, so that its results are add_rms_norm's then linear's (or
+// linear_swiglu's) bit for bit. h is left unwritten.
 func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor, swiglu bool) bool {
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	sms, shared := streamTarget(o)
@@ -295,7 +298,7 @@ func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w,
 	}
 	om, hm, rm, xm, nm := o.Mat(out), o.Mat(h), o.Mat(resid), o.Mat(x), o.Mat(norm)
 	ns := normShapeOf(k, hm, xm, nm, rm)
-	if ns.vec != cudaset.VecWidth || ns.items == 0 || ns.threads > maxNormThreads {
+	if ns.vec != cudaset.VecWidth || ns.items != 1 || k > lsNormMaxK {
 		return false
 	}
 	if m == 0 {
@@ -303,13 +306,13 @@ func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w,
 	}
 	if swiglu {
 		o.LaunchShared(linearStreamNormSwiGLUKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
-			om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads), int32(ns.items),
+			om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads),
 			o.D.Ptr(o.ls.counter), o.D.Ptr(w), int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
 		return true
 	}
 	bp, biasType := o.linBias(bias)
 	o.LaunchShared(linearStreamNormKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
-		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads), int32(ns.items),
+		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads),
 		o.D.Ptr(o.ls.counter), o.D.Ptr(w), bp, biasType, int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
 	return true
 }
