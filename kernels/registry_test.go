@@ -597,6 +597,79 @@ func TestLinearAddParts(t *testing.T) {
 	}
 }
 
+// TestNormLinearParts: add_rms_norm_linear and add_rms_norm_linear_swiglu
+// run as one call of their set where the set fuses them and the spec runs
+// every part there too, or where the spec names them; else as add_rms_norm
+// into h then linear (linear_swiglu, itself whole or linear and swiglu),
+// each on its own set and in its own profile row, with the same results.
+func TestNormLinearParts(t *testing.T) {
+	for _, c := range []struct {
+		spec         string
+		whole, swish bool // Whole of add_rms_norm_linear, of add_rms_norm_linear_swiglu
+	}{
+		{"fused", true, true}, {"naive", false, false}, {"cpu", false, false},
+		{"fused,add_rms_norm=naive", false, false}, {"fused,linear=naive", false, false},
+		{"fused,swiglu=naive", true, false}, {"fused,add_rms_norm=naive,add_rms_norm_linear=fused", true, false},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpNormLinear); got != c.whole {
+			t.Errorf("%s: Whole(add_rms_norm_linear) = %v, want %v", c.spec, got, c.whole)
+		}
+		if got := s.Whole(kernels.OpNormSwiGLU); got != c.swish {
+			t.Errorf("%s: Whole(add_rms_norm_linear_swiglu) = %v, want %v", c.spec, got, c.swish)
+		}
+	}
+
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "norm_test_only", Device: "cpu", Own: []kernels.Op{kernels.OpAddRMSNorm},
+		Fallback: "cpu", New: cpuSet.New})
+	defer kernels.Unregister("norm_test_only")
+	dev := cpu.NewDevice()
+	const n, k, m = 3, 16, 8
+	x, norm, w, bias := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, k), dev.Alloc(kernels.F32, 2*m, k), dev.Alloc(kernels.F32, 2*m)
+	resid, h, out, act := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, n, 2*m), dev.Alloc(kernels.F32, n, m)
+	for i, a := range []*kernels.Tensor{x, norm, w, bias} {
+		patterned(a, i)
+	}
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]string
+	}{
+		{"cpu,add_rms_norm_linear=cpu,add_rms_norm_linear_swiglu=cpu",
+			map[kernels.Op]string{kernels.OpNormLinear: "cpu", kernels.OpNormSwiGLU: "cpu"}},
+		// cpu fuses no linear_swiglu either: its parts run
+		{"cpu", map[kernels.Op]string{kernels.OpAddRMSNorm: "cpu", kernels.OpLinear: "cpu", kernels.OpSwiGLU: "cpu"}},
+		{"cpu,add_rms_norm=norm_test_only", map[kernels.Op]string{kernels.OpAddRMSNorm: "norm_test_only", kernels.OpLinear: "cpu",
+			kernels.OpSwiGLU: "cpu"}},
+	} {
+		patterned(resid, 4)
+		got, _ := profiledRun(t, dev, c.spec, func(ops kernels.Ops) {
+			ops.AddRMSNormLinear(out, h, resid, x, norm, 1e-6, w, bias)
+			ops.AddRMSNormLinearSwiGLU(act, h, resid, x, norm, 1e-6, w)
+		})
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Concat(cpu.F32(out), cpu.F32(act), cpu.F32(resid)))
+	}
+	patterned(resid, 4)
+	ref, _ := cpuSet.New(dev)
+	ref.AddRMSNorm(h, resid, x, norm, 1e-6)
+	ref.Linear(out, h, w, bias)
+	ref.AddRMSNorm(h, resid, x, norm, 1e-6)
+	ref.LinearSwiGLU(act, h, w)
+	want := slices.Concat(cpu.F32(out), cpu.F32(act), cpu.F32(resid))
+	for i, o := range outs {
+		if !slices.Equal(want, o) {
+			t.Errorf("run %d: %v, want the parts' %v", i, o, want)
+		}
+	}
+}
+
 // profiledRun builds spec's Dispatch on dev with a profile, calls run with
 // it and returns the profile's rows: the set that ran each op and how many
 // times it ran.
