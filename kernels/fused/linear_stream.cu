@@ -69,8 +69,8 @@
 // block reads all of resid, so none may write it before all have: each
 // counts itself in *counter once it has read (its thread 0, without
 // waiting for the answer), and the one that counted last writes resid =
-// bf16(resid + x) of every row after its GEMM (row 0's kept in registers
-// from the prologue) and puts the counter back to 0 for the next launch. (Blocks are one an SM and at most one a wave: the
+// bf16(resid + x) of every row after its GEMM and puts the counter back to
+// 0 for the next launch. (Blocks are one an SM and at most one a wave: the
 // last always comes.)
 //
 // Shared memory (dynamic; the host's lsShared): LS_BARS bytes of
@@ -117,12 +117,10 @@ struct LsNorm {
 // ls_norm_x writes the GEMM's input into xs (M rows of xrow): RMSNorm of
 // resid + x by the weights gv (the thread's accesses of gamma), rounded as
 // add_rms_norm rounds it (see NORM above); part is 32·M floats of shared
-// memory no other warp uses meanwhile; sum0 keeps the thread's accesses
-// of row 0's bf16(resid + x) (the residual's new values). Every thread of
-// the block calls it; thread 0 returns the old count of blocks that had
-// read resid.
+// memory no other warp uses meanwhile. Every thread of the block calls it;
+// thread 0 returns the old count of blocks that had read resid.
 __device__ __forceinline__ int ls_norm_x(bf16* xs, int xrow, const bf16* x, int xp, const LsNorm& nm, const uint4 (&gv)[LS_NORM_VECS],
-                                         uint4 (&sum0)[LS_NORM_VECS], int M, int K, float* part) {
+                                         int M, int K, float* part) {
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, vwarps = nm.normT / 32;
 	for (int r = 0; r < M; r++) {
 		uint4 a[LS_NORM_VECS], v[LS_NORM_VECS];
@@ -148,7 +146,6 @@ __device__ __forceinline__ int ls_norm_x(bf16* xs, int xrow, const bf16* x, int 
 					ss += e * e;
 				}
 				*reinterpret_cast<uint4*>(xs + r * xrow + c) = v[q];
-				if (r == 0) sum0[q] = v[q];
 			}
 			if (q * LS_WARPS + warp < vwarps) { // one of add_rms_norm's warps (warp-uniform; the others' are not read)
 				ss = warp_reduce<SumOp>(ss);
@@ -181,15 +178,9 @@ __device__ __forceinline__ int ls_norm_x(bf16* xs, int xrow, const bf16* x, int 
 }
 
 // ls_norm_resid writes resid = bf16(resid + x) of every row: the block
-// that counted last, after the GEMM; row 0's from sum0 (no second read of
-// x and resid at one row, where the block's tail is the kernel's).
-__device__ __forceinline__ void ls_norm_resid(const bf16* x, int xp, const LsNorm& nm, const uint4 (&sum0)[LS_NORM_VECS], int M, int K) {
-#pragma unroll
-	for (int q = 0; q < LS_NORM_VECS; q++) {
-		const int c = (q * LS_THREADS + threadIdx.x) * 8;
-		if (c < K) *reinterpret_cast<uint4*>(nm.resid + c) = sum0[q];
-	}
-	for (int r = 1; r < M; r++) {
+// that counted last, after the GEMM.
+__device__ __forceinline__ void ls_norm_resid(const bf16* x, int xp, const LsNorm& nm, int M, int K) {
+	for (int r = 0; r < M; r++) {
 		for (int c = threadIdx.x * 8; c < K; c += LS_THREADS * 8) {
 			const uint4 a = *reinterpret_cast<const uint4*>(x + (long long)r * xp + c);
 			uint4 v = *reinterpret_cast<const uint4*>(nm.resid + (long long)r * nm.rp + c);
@@ -253,7 +244,7 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	__syncthreads();
 	if (warp == 0)
 		for (int s = 0; s < min(stages, total); s++) issue(s);
-	uint4 gv[LS_NORM_VECS], sum0[LS_NORM_VECS]; // the norm's weights, row 0's new residual: this thread's accesses
+	uint4 gv[LS_NORM_VECS]; // the norm's weights: this thread's accesses
 	if (NORM) {
 #pragma unroll
 		for (int q = 0; q < LS_NORM_VECS; q++) {
@@ -265,7 +256,7 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	grid_release();
 	int counted = 0; // thread 0's: the blocks that had read resid before this one
 	if (NORM) {
-		counted = ls_norm_x(xs, xrow, x, xp, nm, gv, sum0, M, K, red);
+		counted = ls_norm_x(xs, xrow, x, xp, nm, gv, M, K, red);
 	} else {
 		if (warp == 0) {
 			if (lane == 0) mbar_expect_tx(xbar, M * K * 2);
@@ -347,7 +338,7 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 		if (threadIdx.x == 0) red[0] = counted == (int)gridDim.x - 1 ? 1.0f : 0.0f;
 		__syncthreads();
 		if (red[0] != 0.0f) {
-			ls_norm_resid(x, xp, nm, sum0, M, K);
+			ls_norm_resid(x, xp, nm, M, K);
 			if (threadIdx.x == 0) *nm.counter = 0;
 		}
 	}
