@@ -1,6 +1,11 @@
 package kernels
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+)
 
 // Observer is told of the op calls of a Dispatch: the profile
 // (kernels/profile) counts and times them through it.
@@ -308,6 +313,28 @@ func (d *Dispatch) addRMSNormLinearSwiGLUParts(out, h, resid, x, norm *Tensor, e
 func AddRMSNormLinearSwiGLUParts(o Ops, out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
 	o.AddRMSNorm(h, resid, x, norm, eps)
 	o.LinearSwiGLU(out, h, w)
+}
+
+// Faulter is a kernel set whose kernels may give up on a bounded wait and
+// leave a record of it on the device instead of hanging (fused's Hopper
+// kernels and their mbarrier waits): their outputs are then garbage.
+// Faults reports what was recorded since the last call, and clears it;
+// nil when nothing was. It reads the device, so it waits for queued work.
+type Faulter interface {
+	Faults() error
+}
+
+// Faults is every set d has built that is a Faulter's Faults, joined, in
+// the order of the sets' names.
+func (d *Dispatch) Faults() error {
+	names := slices.Sorted(maps.Keys(d.built))
+	var errs []error
+	for _, name := range names {
+		if f, ok := d.built[name].(Faulter); ok {
+			errs = append(errs, f.Faults())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // scratchOf is a packed [rows, cols] tensor of dt over the buffer d keeps

@@ -239,6 +239,11 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 		return nil, err
 	}
 	tEnd := time.Now()
+	if f, ok := e.ops.(kernels.Faulter); ok {
+		if err := f.Faults(); err != nil {
+			return nil, fmt.Errorf("model: the generation's kernels gave up: %w", err)
+		}
+	}
 	if prof != nil {
 		if err := prof.Flush(); err != nil {
 			return nil, err

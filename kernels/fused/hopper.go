@@ -1,6 +1,7 @@
 package fused
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -299,6 +300,15 @@ func (o *ops) hopperOutMap(out uintptr, pitch, cols, rows, es int) (*cuda.Tensor
 		return nil, 0, err
 	}
 	return m, 1, nil
+}
+
+// Faults reports, and clears, every wait of the set's Hopper kernels
+// (flash_hopper, mla_hopper, group_wgmma, linear_wgmma, linear_swap,
+// linear_stream) that timed out since the last call: kernels.Faulter, so
+// that a generation whose kernels gave up fails instead of printing
+// garbage.
+func (o *ops) Faults() error {
+	return errors.Join(o.hopperWaits(), o.mlaHopperWaits(), o.wgmmaWaits(), o.linearWgmmaWaits(), o.linearSwapWaits(), o.linearStreamWaits())
 }
 
 // hopperWaits reports a wait of flash_hopper that timed out since the last

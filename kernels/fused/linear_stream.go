@@ -318,7 +318,8 @@ func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w,
 }
 
 // linearStreamWaits reports a wait of linear_stream that timed out since
-// the last call (synchronizing with the device), and clears the record.
+// the last call (synchronizing with the device), and clears the record
+// and the norm-first kernels' count.
 func (o *ops) linearStreamWaits() error {
 	if o.ls == nil || o.ls.status == nil {
 		return nil
@@ -328,6 +329,9 @@ func (o *ops) linearStreamWaits() error {
 		return err
 	}
 	o.D.Zero(o.ls.status)
+	// A block that gave up may not have counted itself, or the last may
+	// not have put the norm-first kernels' count back: start it again.
+	o.D.Zero(o.ls.counter)
 	what := map[int32]string{1: "x", 2: "a stage of weights"}[st[0]]
 	return fmt.Errorf("fused: linear_stream: a wait for %s timed out: block %d, thread %d, stage %d, parity %d (the kernel gave up; its output is garbage)",
 		what, st[1], st[4], st[5], st[6])
