@@ -103,6 +103,15 @@ var opPos = func() map[Op]int {
 // OpTable lists every op with its group and description.
 func OpTable() []OpInfo { return opTable }
 
+// PartsOf is op's parts where it is a composite op (OpInfo.Parts), else
+// nil.
+func PartsOf(op Op) []Op {
+	if i := opIndex(op); i >= 0 {
+		return opTable[i].Parts
+	}
+	return nil
+}
+
 // AllOps lists every op, in opTable's order.
 var AllOps = func() []Op {
 	ops := make([]Op, len(opTable))

@@ -138,6 +138,19 @@ func writeOpTable(w io.Writer, rows []profile.OpStat) {
 	}
 	fmt.Fprintf(tw, "total\t\t%d\t%.3f\t\t%.3f\t%.3f\t100.0%%\t\t\t\t\n", calls, total, pre, dec)
 	tw.Flush()
+	var groups []string
+	for _, r := range rows {
+		if len(r.Parts) > 0 {
+			parts := make([]string, len(r.Parts))
+			for i, p := range r.Parts {
+				parts[i] = string(p)
+			}
+			groups = append(groups, fmt.Sprintf("%s = %s", r.Op, strings.Join(parts, " + ")))
+		}
+	}
+	if len(groups) > 0 {
+		fmt.Fprintf(w, "composite ops, each a group's time as its kernels ran it, not split among its parts: %s\n", strings.Join(groups, "; "))
+	}
 }
 
 // rateCell prints a TFLOP/s or GB/s figure with three significant digits or

@@ -69,3 +69,27 @@ func TestProfileText(t *testing.T) {
 		t.Errorf("no disagreement said:\n%s", b.String())
 	}
 }
+
+// A composite op's row says which ops its time covers, in the JSON
+// (parts) and under the table; a run without one says nothing of them.
+func TestProfileComposites(t *testing.T) {
+	rows := []profile.OpStat{
+		{Op: kernels.OpNormSwiGLU, Set: "fused", Calls: 28, Ms: 2, Parts: kernels.PartsOf(kernels.OpNormSwiGLU)},
+		{Op: kernels.OpLinear, Set: "fused", Calls: 56, Ms: 1},
+	}
+	var b bytes.Buffer
+	writeOpTable(&b, rows)
+	want := "composite ops, each a group's time as its kernels ran it, not split among its parts: " +
+		"add_rms_norm_linear_swiglu = add_rms_norm + linear + swiglu"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("the table lacks %q:\n%s", want, b.String())
+	}
+	b.Reset()
+	writeOpTable(&b, rows[1:])
+	if strings.Contains(b.String(), "composite") {
+		t.Errorf("a table without composites names them:\n%s", b.String())
+	}
+	if p := kernels.PartsOf(kernels.OpLinear); p != nil {
+		t.Errorf("linear's parts: %v", p)
+	}
+}

@@ -255,6 +255,11 @@ type OpStat struct {
 	// Scratch is the most scratch memory one call asked for: the op's
 	// working set beyond its inputs and outputs.
 	Scratch int64 `json:"scratch_bytes,omitempty"`
+	// Parts are the ops a composite op's row computes (kernels.PartsOf):
+	// its time is theirs together, as its kernels ran them, not split
+	// among them; where a call ran as its parts, they have rows of their
+	// own instead.
+	Parts []kernels.Op `json:"parts,omitempty"`
 }
 
 // KernelStat is one kernel's line of a profile: every launch of Name for Op.
@@ -287,7 +292,7 @@ type opAccum map[kernels.Op]*OpStat
 func (a opAccum) row(op kernels.Op, set string) *OpStat {
 	st := a[op]
 	if st == nil {
-		st = &OpStat{Op: op, Set: set, PhaseMs: map[string]float64{}}
+		st = &OpStat{Op: op, Set: set, PhaseMs: map[string]float64{}, Parts: kernels.PartsOf(op)}
 		a[op] = st
 	}
 	switch {
