@@ -49,6 +49,14 @@ func (l *caseList) addW(name string, run func(e *env)) {
 	}
 }
 
+// addWDeclinable is addW for a case a set may decline (opCase.declinable),
+// long (GPUs only) where asked.
+func (l *caseList) addWDeclinable(name string, long bool, run func(e *env)) {
+	for _, w := range l.wdts {
+		l.addCase(opCase{name: name + ",w=" + w.String(), wdt: w, long: long, declinable: true, run: run})
+	}
+}
+
 // addCase is c, a case of the op.
 func (l *caseList) addCase(c opCase) {
 	c.op = l.op
@@ -178,15 +186,10 @@ func linearSwiGLUChecks(l *caseList) {
 		{n: 300, k: 520, i: 1000},
 		{n: 677, k: 3584 / 8, i: 18944 / 16},
 	} {
-		for _, w := range l.wdts {
-			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { linearSwiGLU(e, s) }})
-		}
+		l.addWDeclinable(s.String(), false, func(e *env) { linearSwiGLU(e, s) })
 	}
 	whole := linearSwiGLUCase{n: 1000, k: 3584, i: 18944}
-	for _, w := range l.wdts {
-		l.addCase(opCase{name: whole.String() + ",w=" + w.String(), wdt: w, long: true, declinable: true,
-			run: func(e *env) { linearSwiGLU(e, whole) }})
-	}
+	l.addWDeclinable(whole.String(), true, func(e *env) { linearSwiGLU(e, whole) })
 }
 
 // rmsNormRoPEChecks are MLA's norm and ropes at DeepSeek-V2-Lite's dims
@@ -209,9 +212,7 @@ func rmsNormRoPEChecks(l *caseList) {
 		l.addW(s.String(), func(e *env) { rmsNormRoPE(e, s) })
 	}
 	odd := normRopeCase{t: 5, heads: 3, nope: 16, rope: 16, rank: 36, interleaved: true, stacked: true}
-	for _, w := range l.wdts {
-		l.addCase(opCase{name: odd.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { rmsNormRoPE(e, odd) }})
-	}
+	l.addWDeclinable(odd.String(), false, func(e *env) { rmsNormRoPE(e, odd) })
 }
 
 // linearAddChecks are decode's rows (1, 3, 16) with and without bias, N
@@ -234,9 +235,7 @@ func linearAddChecks(l *caseList) {
 		{n: 5, k: 100, m: 52, bias: true},
 		{n: 129, k: 200, m: 264, bias: true, inPlace: true},
 	} {
-		for _, w := range l.wdts {
-			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { linearAdd(e, s) }})
-		}
+		l.addWDeclinable(s.String(), false, func(e *env) { linearAdd(e, s) })
 	}
 }
 
@@ -261,9 +260,7 @@ func normLinearChecks(l *caseList) {
 		{n: 5, k: 100, m: 52, bias: true},
 		{n: 129, k: 200, m: 264, bias: true, pitchedOut: true},
 	} {
-		for _, w := range l.wdts {
-			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { normLinear(e, s) }})
-		}
+		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
 	}
 }
 
@@ -284,15 +281,10 @@ func normSwiGLUChecks(l *caseList) {
 		{n: 129, k: 200, m: 264, pitchedOut: true},
 	} {
 		s.swiglu = true
-		for _, w := range l.wdts {
-			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { normLinear(e, s) }})
-		}
+		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
 	}
 	whole := normLinearCase{n: 1, k: 3584, m: 18944, swiglu: true}
-	for _, w := range l.wdts {
-		l.addCase(opCase{name: whole.String() + ",w=" + w.String(), wdt: w, long: true, declinable: true,
-			run: func(e *env) { normLinear(e, whole) }})
-	}
+	l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
 }
 
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
@@ -467,9 +459,7 @@ func mlaDecodeRoPEChecks(l *caseList) {
 		{name: "odd", past: []int{0, 1, 159}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, stacked: true, normRope: true},
 	} {
 		s.lens = ones(len(s.past))
-		for _, w := range l.wdts {
-			l.addCase(opCase{name: s.String() + ",w=" + w.String(), wdt: w, declinable: true, run: func(e *env) { mla(e, s, true) }})
-		}
+		l.addWDeclinable(s.String(), false, func(e *env) { mla(e, s, true) })
 	}
 	for _, s := range []mlaCase{
 		v2("v2-lite batch 1 4K", []int{4095}, 4096, true),
