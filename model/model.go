@@ -454,10 +454,7 @@ func (e *engine) forward(st *step, nLogits int) {
 		}
 		in = layers.NormIn{H: h, Resid: x, Add: y, Norm: next}
 	}
-	if i := len(e.layers) - 1; i >= 0 {
-		e.setLayer(i) // the last norm's calls, counted as before
-	}
-	in.Ready(s)
+	in.Ready(s) // the last norm, still under the last layer as before
 	e.setLayer(-1)
 	if nLogits == 0 {
 		return
