@@ -10,9 +10,12 @@ name (and op) over every step, divided by the steps. With two files the rows sit
 that two builds or settings of one workload can be read against each other: which kernel's path
 grew, which gaps opened.
 
-    python3 scripts/trace_steps.py A.json [B.json] [--layer N] [--top N] > table.txt
+    python3 scripts/trace_steps.py A.json [B.json] [--layer N] [--seq] [--top N] > table.txt
 
 --layer keeps one decoder layer's kernels (the others and those outside layers are left out).
+--seq keeps the kernels apart by their place in their layer's sequence (the k-th kernel a step
+ran for the layer), listed in that order: one kernel serving two ops of a layer (linear_stream for
+o_proj and down) then has a row each.
 Needs nothing beyond the standard library, so it runs here or on the GPU machine. Exit 2 on bad
 usage, 1 on a file that is not a --trace file.
 """
@@ -25,7 +28,7 @@ GPU_PID = 2  # chrometrace.PidGPU
 STREAM0 = 100  # chrometrace.TidStream0: kernel tracks are 100 + the stream
 
 
-def load(path, layer):
+def load(path, layer, seq=False):
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -44,9 +47,10 @@ def load(path, layer):
         lane = ("step", a.get("step")) if a.get("phase") == "decode" else ("stream", e["tid"])
         by_stream[lane].append(e)
     rows = collections.defaultdict(lambda: [0, 0.0, 0.0])  # calls, critical µs, gap µs
+    place = collections.Counter()  # (lane, layer): the kernels counted so far
     steps = set()
     total = 0.0
-    for evs in by_stream.values():
+    for lane, evs in by_stream.items():
         evs.sort(key=lambda e: e["ts"])
         prev_end = None
         for e in evs:
@@ -55,7 +59,12 @@ def load(path, layer):
             if a.get("phase") == "decode" and (layer is None or a.get("layer") == layer):
                 crit = end - (start if prev_end is None else max(start, prev_end))
                 gap = 0.0 if prev_end is None else start - prev_end
-                r = rows[(e["name"], a.get("op", ""))]
+                key = (e["name"], a.get("op", ""))
+                if seq:
+                    at = (lane, a.get("layer"))
+                    key = (place[at],) + key
+                    place[at] += 1
+                r = rows[key]
                 r[0] += 1
                 r[1] += max(crit, 0.0)
                 r[2] += gap
@@ -75,21 +84,26 @@ def main():
     ap.add_argument("traces", nargs="+", metavar="TRACE")
     ap.add_argument("--layer", type=int, default=None)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--seq", action="store_true")
     args = ap.parse_args()
     if len(args.traces) > 2:
         ap.error("one or two trace files")
-    loaded = [load(p, args.layer) for p in args.traces]
+    loaded = [load(p, args.layer, args.seq) for p in args.traces]
     keys = set()
     for rows, _, _ in loaded:
         keys |= set(rows)
-    order = sorted(keys, key=lambda k: -max(r[0].get(k, (0, 0, 0))[1] for r in loaded))
+    if args.seq:
+        order = sorted(keys)
+    else:
+        order = sorted(keys, key=lambda k: -max(r[0].get(k, (0, 0, 0))[1] for r in loaded))
     head = f"{'kernel':<48} {'op':<18}"
     for i, (_, tot, n) in enumerate(loaded):
         tag = "AB"[i] if len(loaded) > 1 else ""
         head += f" | {tag} a step  µs path  µs gap"
     print(head)
     for k in order[: args.top]:
-        line = f"{k[0][:48]:<48} {k[1][:18]:<18}"
+        name = k[-2] if not args.seq else f"#{k[0]} {k[-2]}"
+        line = f"{name[:48]:<48} {k[-1][:18]:<18}"
         for rows, _, _ in loaded:
             c, p, g = rows.get(k, (0, 0, 0))
             line += f" | {c:8.1f} {p:9.1f} {g:7.1f}"
