@@ -391,10 +391,18 @@ const linAddUnfused = "unfused"
 // linearDefault: DeepSeek-V2-Lite's shared experts' down projection up to
 // 16 rows), else the unfused pair.
 func (o *ops) linearAddDefault(k linearKey) string {
-	if o.linearFor(k) == linStream {
+	return streamWhere(o.linearFor(k), linAddUnfused)
+}
+
+// streamWhere is the default of an op that is linear_stream with work
+// folded in: linStream where base, the variant of the op it folds into
+// (linear's or linear_swiglu's for the problem), is linStream, else
+// unfused, its parts.
+func streamWhere(base, unfused string) string {
+	if base == linStream {
 		return linStream
 	}
-	return linAddUnfused
+	return unfused
 }
 
 // linearAddFor is the variant linear_add problems of k run: the tuning
@@ -430,19 +438,13 @@ const linNormUnfused = "unfused"
 // runs linear_stream for the problem (linearFor: its tuning choice, else
 // linearDefault: one row), else the parts.
 func (o *ops) normLinearDefault(k linearKey) string {
-	if o.linearFor(k) == linStream {
-		return linStream
-	}
-	return linNormUnfused
+	return streamWhere(o.linearFor(k), linNormUnfused)
 }
 
 // normSwiGLUDefault is normLinearDefault for add_rms_norm_linear_swiglu (k:
 // its stacked GEMM's, N = 2I), following linear_swiglu's variant.
 func (o *ops) normSwiGLUDefault(k linearKey) string {
-	if o.linearSwiGLUFor(k) == linStream {
-		return linStream
-	}
-	return linNormUnfused
+	return streamWhere(o.linearSwiGLUFor(k), linNormUnfused)
 }
 
 // normLinearFor and normSwiGLUFor are the variants problems of k run: the
