@@ -42,6 +42,20 @@ func newAsideBufs(t *testing.T, d *Device) *asideBufs {
 	return x
 }
 
+// captureRound records one round on d as a graph.
+func (x *asideBufs) captureRound(t *testing.T, d *Device) kernels.Graph {
+	t.Helper()
+	if err := d.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	x.round()
+	g, err := d.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 // round queues on d, through Aside, what the tests check: a is counted up
 // on the first stream; beside it, b gets a's value (the side starts after
 // the work before Aside), a slow cuBLAS product on the side's own handle,
@@ -109,14 +123,7 @@ func TestAside(t *testing.T) {
 	x.want(t, "eager: out (b after join)", x.out, 2)
 	x.want(t, "eager: c", x.c, 1)
 
-	if err := d.BeginCapture(); err != nil {
-		t.Fatal(err)
-	}
-	x.round()
-	g, err := d.EndCapture()
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := x.captureRound(t, d)
 	defer g.Close()
 	for i := range 3 {
 		if err := g.Replay(); err != nil {
@@ -140,14 +147,7 @@ func TestAside(t *testing.T) {
 func TestAsideFirstInCapture(t *testing.T) {
 	d := openDevice(t)
 	x := newAsideBufs(t, d)
-	if err := d.BeginCapture(); err != nil {
-		t.Fatal(err)
-	}
-	x.round()
-	g, err := d.EndCapture()
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := x.captureRound(t, d)
 	defer g.Close()
 	if d.side != nil {
 		t.Error("the second stream was made during a capture")
