@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 )
 
 // Observer is told of the op calls of a Dispatch: the profile
@@ -334,7 +335,23 @@ func (d *Dispatch) Faults() error {
 			errs = append(errs, f.Faults())
 		}
 	}
-	return errors.Join(errs...)
+	return JoinFaults(errs...)
+}
+
+// JoinFaults is the non-nil errs as one error of one line, their messages
+// joined by "; " (errors.Join's newlines would break a run's one-line
+// failure), or nil where there are none.
+func JoinFaults(errs ...error) error {
+	var msgs []string
+	for _, err := range errs {
+		if err != nil {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(msgs, "; "))
 }
 
 // scratchOf is a packed [rows, cols] tensor of dt over the buffer d keeps

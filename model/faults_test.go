@@ -50,6 +50,12 @@ func TestGenerateFaults(t *testing.T) {
 	if _, err := Generate(m, testPrompts, opt); err == nil || !strings.Contains(err.Error(), "a wait for x timed out") {
 		t.Errorf("a generation after a fault: %v, want an error naming it", err)
 	}
+	if err := kernels.JoinFaults(nil, errors.New("a"), nil, errors.New("b")); err == nil || err.Error() != "a; b" {
+		t.Errorf("two faults: %q, want one line %q", err, "a; b")
+	}
+	if err := kernels.JoinFaults(nil, nil); err != nil {
+		t.Errorf("no faults: %v", err)
+	}
 	if g, err := Generate(m, testPrompts, opt); err != nil || len(g.Tokens[0]) != 3 {
 		t.Errorf("the next generation: %v, %v", g, err)
 	}
