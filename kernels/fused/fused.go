@@ -206,6 +206,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.mlaFlat = newMLAFlat(kit)     // nor mla_decode's flat variant
 	o.ls = newLinearStream(kit)     // nor linear_stream
 	o.sw = newLinearSwap(kit)       // nor linear_swap
+	o.ms = newMoESplit(kit)         // nor moe_routed_split
 	return o, nil
 }
 
@@ -226,6 +227,7 @@ type ops struct {
 	mlaFlat   *mlaFlatKit       // mla_decode's flat variant, or why it is absent (mla_flat.go)
 	ls        *lsKit            // linear_stream, or why it is absent (linear_stream.go)
 	sw        *swKit            // linear_swap, or why it is absent (linear_swap.go)
+	ms        *msKit            // moe_routed_split, or why it is absent (moe_split.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 	moeCounters    *kernels.Tensor // i32 [foldCounters]: group_gemm_fold's finished blocks per n-tile, zero between launches
@@ -237,5 +239,5 @@ type ops struct {
 // then the Hopper ones it adds where the device allows; for compile checks
 // apart from a device.
 func Modules() []cudaset.Module {
-	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule())
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule())
 }

@@ -307,7 +307,7 @@ func (o *ops) hopperOutMap(out uintptr, pitch, cols, rows, es int) (*cuda.Tensor
 // that a generation whose kernels gave up fails instead of printing
 // garbage.
 func (o *ops) Faults() error {
-	return kernels.JoinFaults(o.hopperWaits(), o.mlaHopperWaits(), o.wgmmaWaits(), o.linearWgmmaWaits(), o.linearSwapWaits(), o.linearStreamWaits())
+	return kernels.JoinFaults(o.hopperWaits(), o.mlaHopperWaits(), o.wgmmaWaits(), o.linearWgmmaWaits(), o.linearSwapWaits(), o.linearStreamWaits(), o.moeSplitWaits())
 }
 
 // hopperWaits reports a wait of flash_hopper that timed out since the last

@@ -540,7 +540,8 @@ func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *ker
 //     weight after its grid_wait, once the first launch has finished.
 //
 // So one launch fewer than moe_route then moe_experts, whose outputs
-// these are bit for bit. Both run on the grid moe_experts' folded path
+// these are bit for bit. At one token the default, splitVariant, runs
+// moe_routed_split instead where it can (moe_split.go): one launch. Both run on the grid moe_experts' folded path
 // would run them on (foldPath: a block a tile, or the persistent grid's
 // MOE_FOLD_DYN past foldTokens or with foldDynVariant chosen). It declines
 // (the Dispatch then runs moe_route and moe_experts) where moe_experts
@@ -567,7 +568,14 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	c := configFor(choices, experts)
 	key := wgmmaKey(c)
 	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
-	chosen := o.choice[choiceKey{op, key}] == routedVariant // a tuning choice or infer bench's --variants
+	picked := o.choice[choiceKey{op, key}] // a tuning choice or infer bench's --variants
+	if v == splitVariant && (n <= routeSplitTokens || picked == splitVariant && n == 1) && o.routedSplit(out, idx, weight, x, logits, gateUp, down, r) {
+		return
+	}
+	if v == splitVariant {
+		v = routedVariant // more tokens, or none it can take: the folded path's two launches
+	}
+	chosen := picked == routedVariant
 	fold, dyn := o.foldPath(ev, c, n, choices, hidden)
 	o.Need(v == routedVariant && fold && n > 0 && (n <= routeFoldTokens || chosen), op,
 		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)

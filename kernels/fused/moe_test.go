@@ -668,7 +668,8 @@ func TestMoERoutedVariants(t *testing.T) {
 		s    kernels.Shape
 		want []string
 	}{
-		{kernels.Shape{"N": 1, "H": 2048, "I": 1408, "E": 64, "topk": 6}, []string{routedUnfused, routedVariant}},
+		{kernels.Shape{"N": 1, "H": 2048, "I": 1408, "E": 64, "topk": 6}, []string{routedUnfused, routedVariant, splitVariant}},
+		{kernels.Shape{"N": 1, "H": 2048, "I": 1400, "E": 64, "topk": 6}, []string{routedUnfused, routedVariant}}, // no whole items
 		{kernels.Shape{"N": 300, "H": 2048, "I": 1408, "E": 64, "topk": 6}, []string{routedUnfused}},
 	} {
 		var names []string
@@ -700,8 +701,9 @@ func TestMoERoutedVariants(t *testing.T) {
 // counter must be zero after each.
 func TestMoERoutedExact(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
-	defer func(n int) { routeFoldTokens = n }(routeFoldTokens)
+	defer func(n, s int) { routeFoldTokens, routeSplitTokens = n, s }(routeFoldTokens, routeSplitTokens)
 	routeFoldTokens = foldDynTokens // route in the gate/up blocks every case the fold takes, not only the default's
+	routeSplitTokens = 0            // and one token too (moe_routed_split has TestMoERoutedSplit)
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(29))
 	random := normalOn(t, dev, rng)
@@ -1096,5 +1098,182 @@ func TestMoETilingsExact(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlanSplit holds moe_routed_split's plan to what the kernel takes:
+// DeepSeek-V2-Lite's token on an H200 is 132 items of 64 columns, a block
+// each on its 132 SMs, as many 16 KiB slots as fit beside x; shapes of no
+// whole item or down stage, too many experts or choices, or no room, are
+// refused with a reason.
+func TestPlanSplit(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	p, err := planSplit(2048, 1408, 6, 64, h200.SMs, h200.SharedPerBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.items != 132 || p.blocks != 132 || p.stages < 2 || p.stages > msMaxStages || p.shared > h200.SharedPerBlock ||
+		p.shared != msHead+2*2048+msAlign+p.stages*msStage || p.shared+msStage <= h200.SharedPerBlock && p.stages < msMaxStages {
+		t.Errorf("V2-Lite on an H200: %v", p)
+	}
+	if p, err := planSplit(2048, 1536, 6, 160, 132, h200.SharedPerBlock); err != nil || p.items != 144 || p.blocks != 132 {
+		t.Errorf("DeepSeek-V2's dims: %v, %v (want 144 items on 132 blocks)", p, err)
+	}
+	for _, c := range []struct {
+		h, i, k, e, sms, shared int
+	}{
+		{2048, 1400, 6, 64, 132, h200.SharedPerBlock},  // no whole items
+		{2000, 1408, 6, 64, 132, h200.SharedPerBlock},  // no whole down stages
+		{16384, 1408, 6, 64, 132, h200.SharedPerBlock}, // x past shared memory's share
+		{2048, 1408, 33, 64, 132, h200.SharedPerBlock}, // top-k past a warp
+		{2048, 1408, 6, 300, 132, h200.SharedPerBlock}, // experts past the router
+		{8192, 64, 32, 64, 16, h200.SharedPerBlock},    // too many columns a block to combine
+		{2048, 1408, 6, 64, 132, 30 << 10},             // one slot
+	} {
+		if p, err := planSplit(c.h, c.i, c.k, c.e, c.sms, c.shared); err == nil {
+			t.Errorf("%+v: planned %v, want a refusal", c, p)
+		}
+	}
+}
+
+func TestMoESplitCompiles(t *testing.T) { nvrtcReport(t, msModule()) }
+
+// TestMoERoutedSplit holds moe_routed_split (moe_routed's one-launch
+// variant at one token) against moe_route then moe_experts on the same set:
+// the routes (idx, weight) bit for bit, the output within the rounding of
+// f32 sums in another order (each expert's output rounded to bf16 once, as
+// theirs: where a sum falls on the other side of a rounding the expert's
+// output moves by an ulp, so the bound is a few ulps of the output's scale,
+// and the mean error a small fraction of one), at DeepSeek-V2-Lite's dims
+// (132 items, a block each on an H200), group-limited routes, exact ties,
+// more items than SMs (blocks taking two) and the smallest shapes it
+// takes. Outputs start as NaN; each case runs twice, so that a grid count
+// left behind shows in the second (and it must be zero after each), and no
+// wait may have given up. Two tokens must run the folded path, bit for bit.
+func TestMoERoutedSplit(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	o := newSet(t, dev)
+	if err := o.ms.ready(); err != nil {
+		t.Skipf("moe_routed_split cannot run here: %v", err)
+	}
+	rng := rand.New(rand.NewSource(31))
+	random := normalOn(t, dev, rng)
+	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	for _, c := range []struct {
+		name                   string
+		n, hidden, inter, nexp int
+		r                      kernels.Routing
+		ties                   bool
+	}{
+		{"v2-lite", 1, 2048, 1408, 64, lite, false}, {"group-limited", 1, 1024, 512, 64, limited, false},
+		{"ties", 1, 512, 256, 64, lite, true}, {"more items than SMs", 1, 2048, 1536, 16, lite, false},
+		{"smallest", 1, 128, 64, 64, lite, false}, {"two tokens: folded", 2, 2048, 1408, 64, lite, false},
+	} {
+		name := fmt.Sprintf("%s n=%d H=%d I=%d E=%d", c.name, c.n, c.hidden, c.inter, c.nexp)
+		k := c.r.TopK
+		vals := make([]float32, c.n*c.nexp)
+		for i := range vals {
+			if c.ties {
+				vals[i] = float32(rng.Intn(4)) * 0.5
+			} else {
+				vals[i] = float32(rng.NormFloat64() * 2)
+			}
+		}
+		logits := tensorOn(t, dev, kernels.F32, vals, c.n, c.nexp)
+		x := random(kernels.BF16, 1, c.n, c.hidden)
+		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), c.nexp, 2*c.inter, c.hidden)
+		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), c.nexp, c.hidden, c.inter)
+		out, idx, weight := dev.Alloc(kernels.BF16, c.n, c.hidden), dev.Alloc(kernels.I32, c.n, k), dev.Alloc(kernels.F32, c.n, k)
+		poison := func() {
+			dev.MemsetD8(dev.Ptr(out), 0xff, c.n*c.hidden*2)
+			dev.MemsetD8(dev.Ptr(idx), 0xff, c.n*k*4)
+			dev.MemsetD8(dev.Ptr(weight), 0xff, c.n*k*4)
+		}
+		results := func() (outs, weights []float32, ids []int32) {
+			ids, err := dev.ReadI32(idx)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return read(t, dev, out), read(t, dev, weight), ids
+		}
+		poison()
+		o.MoERoute(idx, weight, logits, &c.r)
+		o.MoEExperts(out, x, idx, weight, gateUp, down)
+		wantOut, wantW, wantIdx := results()
+		whole := func() { o.MoERouted(out, idx, weight, x, logits, gateUp, down, &c.r) }
+		for rep := range 2 {
+			poison()
+			if u, declined := kernels.Declined(whole); declined {
+				t.Fatalf("%s: declined (%v)", name, u)
+			}
+			if err := o.moeSplitWaits(); err != nil {
+				t.Fatalf("%s, run %d: %v", name, rep, err)
+			}
+			gotOut, gotW, gotIdx := results()
+			if !slices.Equal(gotIdx, wantIdx) {
+				t.Errorf("%s, run %d: experts %v, moe_route's %v", name, rep, gotIdx, wantIdx)
+			}
+			if bad, at := bitsDiffer(gotW, wantW); bad > 0 {
+				t.Errorf("%s, run %d: %d weights differ from moe_route's, first at %d: %g against %g", name, rep, bad, at, gotW[at], wantW[at])
+			}
+			if c.n > 1 {
+				if bad, at := bitsDiffer(gotOut, wantOut); bad > 0 {
+					t.Errorf("%s, run %d: %d of %d values differ from the parts' (the folded path is exact), first at %d: %g against %g",
+						name, rep, bad, len(wantOut), at, gotOut[at], wantOut[at])
+				}
+				checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
+				continue
+			}
+			var scale, worst, sum float64
+			for _, v := range wantOut {
+				scale += math.Abs(float64(v))
+			}
+			scale /= float64(len(wantOut))
+			differ, at := 0, -1
+			for i := range wantOut {
+				d := math.Abs(float64(gotOut[i]) - float64(wantOut[i]))
+				if math.IsNaN(d) {
+					d = math.Inf(1)
+				}
+				if d > 0 {
+					differ++
+				}
+				if d > worst || at < 0 {
+					worst, at = d, i
+				}
+				sum += d
+			}
+			// bf16's ulp at the output's scale is 2^-7 of it (to 2^-8):
+			// a few of them at most anywhere, a small fraction on average.
+			if worst > scale/16 || sum/float64(len(wantOut)) > scale/512 {
+				t.Errorf("%s, run %d: off the parts by up to %g (at %d: %g against %g), %g on average, %d of %d differ; mean |out| %g",
+					name, rep, worst, at, gotOut[at], wantOut[at], sum/float64(len(wantOut)), differ, len(wantOut), scale)
+			} else if rep == 0 {
+				t.Logf("%s: %d of %d values differ from the parts', by up to %g (mean |out| %g)", name, differ, len(wantOut), worst, scale)
+			}
+			cs, err := dev.ReadI32(o.ms.counters)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cs[0] != 0 || cs[1] != 0 {
+				t.Errorf("%s, run %d: the grid count is %v after the launch, want zeros", name, rep, cs)
+			}
+		}
+		if c.n == 1 {
+			key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": 1, "topk": k, "E": c.nexp})
+			msSplit := msPerCall(t, dev, whole)
+			if err := o.UseVariant(kernels.OpMoERouted, key, routedVariant); err != nil {
+				t.Fatal(err)
+			}
+			msFolded := msPerCall(t, dev, whole)
+			if err := o.UseVariant(kernels.OpMoERouted, key, splitVariant); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: moe_routed_split %.2f µs, route_folded's two launches %.2f µs (alone, back to back)", name, msSplit*1e3, msFolded*1e3)
+		}
+		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
+			dev.Free(a)
+		}
 	}
 }

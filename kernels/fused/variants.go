@@ -259,6 +259,11 @@ var table = func() []variant {
 			return fmt.Errorf("fused has no variant %q of %s at %s", routedVariant, kernels.OpMoERouted, key)
 		}
 		return nil
+	}}, variant{op: kernels.OpMoERouted, name: splitVariant, valid: splitValid, use: func(o *ops, key string) error {
+		if c, _ := gemmTilingOfKey(key); c.Name != foldTiling {
+			return fmt.Errorf("fused has no variant %q of %s at %s", splitVariant, kernels.OpMoERouted, key)
+		}
+		return o.ms.ready() // why moe_routed_split cannot run here, NVRTC's log included
 	}})
 	vs = append(vs, variant{op: kernels.OpLinear, name: linSkinny, valid: skinnyValid, use: func(_ *ops, key string) error {
 		if k, _ := parseLinearKey(key); k.m > linMaxRows {
@@ -376,16 +381,21 @@ var tunings = map[kernels.Op]tuning{
 }
 
 // routedTuning is moe_routed's: keyed as moe_experts' (the tiling, which
-// decides whether it folds); routedVariant at foldTiling unless chosen
-// otherwise, routedUnfused elsewhere.
+// decides whether it folds); at foldTiling splitVariant where
+// moe_routed_split is built (it takes one token and runs the rest as
+// routedVariant), else routedVariant, unless chosen otherwise;
+// routedUnfused elsewhere.
 var routedTuning = tuning{
 	key:   gemmTuning(kernels.OpMoERouted).key,
 	parse: gemmTuning(kernels.OpMoERouted).parse,
-	pick: func(_ *ops, key, chosen string) string {
+	pick: func(o *ops, key, chosen string) string {
 		if chosen != "" {
 			return chosen
 		}
 		if c, ok := gemmTilingOfKey(key); ok && c.Name == foldTiling {
+			if o != nil && o.ms.ready() == nil {
+				return splitVariant
+			}
 			return routedVariant
 		}
 		return routedUnfused
