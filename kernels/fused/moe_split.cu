@@ -28,7 +28,8 @@
 // slots, one mbarrier a slot: an item is H/MS_BK gate/up stages (rows 0-63
 // the slice's gate rows, 64-127 its up rows, k [64q, 64q + 64)) then
 // H/MS_ROWS down stages (down rows [128q, 128q + 128), k the slice's 64
-// columns). Thread 0 issues; every warp waits for the stage, multiplies its
+// columns; with rotate, each block starts its gate/up k-stages at its own
+// offset). Thread 0 issues; every warp waits for the stage, multiplies its
 // part, and the block syncs before the slot is asked for again, as
 // linear_stream does. Gate/up: warp w holds an m16 tile of the slice's
 // gate rows 8w..8w+7 and up rows 8w..8w+7 (so one lane holds a column's
@@ -93,8 +94,8 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
     moe_routed_split(const __grid_constant__ TmaMap gu, const __grid_constant__ TmaMap dn, bf16* out, const bf16* x,
                      const float* logits, int E, int K, int groupLimited, int groups, int topkGroups, int norm,
-                     float scale, int* idx, float* weight, float* part, int H, int I, int stages, int* counters,
-                     int* status) {
+                     float scale, int* idx, float* weight, float* part, int H, int I, int stages, int rotate,
+                     int* counters, int* status) {
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned base = smem_addr(smem), bars = base + MS_BARS;
 	int* sEx = reinterpret_cast<int*>(smem + MS_EX);
@@ -110,11 +111,19 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	const int kst = H / MS_BK, per = kst + H / MS_ROWS; // gate/up stages of an item, and all of them
 	const int mine = (items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
 	const int total = mine * per;
+	// With rotate, block b walks an item's gate/up k-stages from stage b
+	// (mod kst) round: the blocks' rows lie 4 KiB·64 apart, and in step
+	// they would all ask for the same offset within a row at once.
+	const int rot = rotate ? (int)blockIdx.x % kst : 0;
 
 	if (tid == 0) {
 		for (int s = 0; s < stages; s++) mbar_init(bars + 8 * s, 1);
 		*flag = 0;
 		mbar_init_fence();
+		// The maps are no kernel's output: their fetch runs under the
+		// kernel before.
+		asm volatile("prefetch.tensormap [%0];\n" ::"l"(&gu) : "memory");
+		asm volatile("prefetch.tensormap [%0];\n" ::"l"(&dn) : "memory");
 	}
 	__syncthreads();
 	grid_wait();
@@ -147,8 +156,9 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 		const unsigned dst = ring + slot * MS_STAGE, bar = bars + 8 * slot;
 		mbar_expect_tx(bar, MS_STAGE);
 		if (q < kst) {
-			tma_load_3d(dst, &gu, bar, q * MS_BK, j0, e);
-			tma_load_3d(dst + MS_STAGE / 2, &gu, bar, q * MS_BK, I + j0, e);
+			const int k0 = (q + rot) % kst * MS_BK;
+			tma_load_3d(dst, &gu, bar, k0, j0, e);
+			tma_load_3d(dst + MS_STAGE / 2, &gu, bar, k0, I + j0, e);
 		} else {
 			tma_load_3d(dst, &dn, bar, j0, (q - kst) * MS_ROWS, e);
 		}
@@ -170,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 				unsigned af[4], b0 = 0, b1 = 0;
 				ldsm_x4(af, Tile<MS_BK>::at(a, gr, ks * 2 + (lane >> 4)));
 				if (g == 0) { // token 0 is the B tile's column 0
-					const bf16* xk = xs + q * MS_BK + ks * 16 + 2 * t;
+					const bf16* xk = xs + (q + rot) % kst * MS_BK + ks * 16 + 2 * t;
 					b0 = *reinterpret_cast<const unsigned*>(xk);
 					b1 = *reinterpret_cast<const unsigned*>(xk + 8);
 				}

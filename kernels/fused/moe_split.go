@@ -2,6 +2,7 @@ package fused
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -37,6 +38,11 @@ const (
 	msWaitOthers = 2          // status code of the grid-wide count
 	scrMoEPart   = "moe.part" // moe_routed_split: each item's down sums f32 [K·I/msCols, H]
 )
+
+// msRotate starts each block's gate/up k-stages at its own offset (see
+// moe_split.cu): on unless FUSELM_MS_ROTATE is "off", a switch to measure
+// it; a variable, so that the tests can time both.
+var msRotate = os.Getenv("FUSELM_MS_ROTATE") != "off"
 
 // routeSplitTokens is the most tokens the default moe_routed runs
 // moe_routed_split for (where it can run): one, the only count it takes.
@@ -143,7 +149,7 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	part := o.Scratch(scrMoEPart, kernels.F32, p.items, hidden)
 	args := []any{gu, dn, o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), part.P, int32(hidden), int32(inter),
-		int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
+		int32(p.stages), b32(msRotate), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
 	o.LaunchShared("moe_routed_split", p.blocks, msThreads, p.shared, args...)
 	return true
 }

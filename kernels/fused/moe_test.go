@@ -1149,7 +1149,8 @@ func TestMoESplitCompiles(t *testing.T) { nvrtcReport(t, msModule()) }
 // more items than SMs (blocks taking two) and the smallest shapes it
 // takes. Outputs start as NaN; each case runs twice, so that a grid count
 // left behind shows in the second (and it must be zero after each), and no
-// wait may have given up. Two tokens must run the folded path, bit for bit.
+// wait may have given up. At two tokens the call declines (the Dispatch
+// runs the parts).
 func TestMoERoutedSplit(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	o := newSet(t, dev)
@@ -1204,8 +1205,10 @@ func TestMoERoutedSplit(t *testing.T) {
 		whole := func() { o.MoERouted(out, idx, weight, x, logits, gateUp, down, &c.r) }
 		for rep := range 2 {
 			poison()
-			if u, declined := kernels.Declined(whole); declined {
-				t.Fatalf("%s: declined (%v)", name, u)
+			if u, declined := kernels.Declined(whole); declined != (c.n > 1) {
+				t.Fatalf("%s: declined %v (%v), want %v", name, declined, u, c.n > 1)
+			} else if declined {
+				break
 			}
 			if err := o.moeSplitWaits(); err != nil {
 				t.Fatalf("%s, run %d: %v", name, rep, err)
@@ -1217,14 +1220,7 @@ func TestMoERoutedSplit(t *testing.T) {
 			if bad, at := bitsDiffer(gotW, wantW); bad > 0 {
 				t.Errorf("%s, run %d: %d weights differ from moe_route's, first at %d: %g against %g", name, rep, bad, at, gotW[at], wantW[at])
 			}
-			if c.n > 1 {
-				if bad, at := bitsDiffer(gotOut, wantOut); bad > 0 {
-					t.Errorf("%s, run %d: %d of %d values differ from the parts' (the folded path is exact), first at %d: %g against %g",
-						name, rep, bad, len(wantOut), at, gotOut[at], wantOut[at])
-				}
-				checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
-				continue
-			}
+
 			var scale, worst, sum float64
 			for _, v := range wantOut {
 				scale += math.Abs(float64(v))
@@ -1262,6 +1258,9 @@ func TestMoERoutedSplit(t *testing.T) {
 		}
 		if c.n == 1 {
 			key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": 1, "topk": k, "E": c.nexp})
+			msRotate = false
+			msInStep := msPerCall(t, dev, whole)
+			msRotate = true
 			msSplit := msPerCall(t, dev, whole)
 			if err := o.UseVariant(kernels.OpMoERouted, key, routedVariant); err != nil {
 				t.Fatal(err)
@@ -1270,7 +1269,8 @@ func TestMoERoutedSplit(t *testing.T) {
 			if err := o.UseVariant(kernels.OpMoERouted, key, splitVariant); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%s: moe_routed_split %.2f µs, route_folded's two launches %.2f µs (alone, back to back)", name, msSplit*1e3, msFolded*1e3)
+			t.Logf("%s: moe_routed_split %.2f µs (%.2f without rotate), route_folded's two launches %.2f µs (alone, back to back)",
+				name, msSplit*1e3, msInStep*1e3, msFolded*1e3)
 		}
 		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
 			dev.Free(a)
