@@ -73,6 +73,16 @@ func TestSourceConstants(t *testing.T) {
 		{"linear_wgmma.cu", "LW_CONSUMER_REGS", lwConsumerRegs},
 		{"linear_wgmma.cu", "LW_OUT_BUFS", lwOutBufs},
 		{"linear_wgmma.cu", "LW_BOX", hopperBox},
+		{"moe_split.cu", "MS_ROWS", msRows},
+		{"moe_split.cu", "MS_KS", msKS},
+		{"moe_split.cu", "MS_WPAD", msWPad},
+		{"moe_split.cu", "MS_COLS", msCols},
+		{"moe_split.cu", "MS_MAX_STAGES", msMaxStages},
+		{"moe_split.cu", "MS_MAX_K", msMaxK},
+		{"moe_split.cu", "MS_MAX_H", msMaxH},
+		{"moe_split.cu", "MS_MAX_I", msMaxI},
+		{"moe_split.cu", "MS_MAX_S", msMaxS},
+		{"moe_split.cu", "MS_HEAD", msHead},
 	} {
 		if want := fmt.Sprintf("#define %s %d", c.define, c.value); !strings.Contains(sourceText(t, c.file), want) {
 			t.Errorf("%s has no %q", c.file, want)

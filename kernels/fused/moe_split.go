@@ -2,21 +2,20 @@ package fused
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
 // moe_routed_split (moe_split.cu), moe_routed's variant route_split on
 // sm_90a: one token's routed experts in one launch after the router's
-// logits. Every block routes the token, then streams an expert's slice of
-// gate/up rows and the same slice of its down columns in one run of tensor
-// copies, writes its slice's f32 down sums, and after a grid-wide count
-// combines a share of the output columns. The folded path's two launches
-// put a launch hop, and the ramp of a second weight stream that cannot
-// start before the first grid ends, between gate/up and down.
+// logits. Every block routes the token, then streams whole stretches of
+// weight rows (as linear_stream does) for an expert's 64 intermediate
+// columns of gate/up, and then for a share of that expert's down rows once
+// the expert's activations are all written (a count per choice; the down
+// rows are already streaming); the last of a row range's blocks sums the
+// experts. The folded path's two launches read their weights 128 bytes of a
+// row at a time and put a launch hop between gate/up and down.
 //
 // Its results are within an ulp of moe_route then moe_experts', not bit
 // for bit: the f32 sums run in another order (moe_split.cu). The routes
@@ -25,24 +24,23 @@ import (
 // The layout of moe_routed_split, named as in moe_split.cu.
 const (
 	splitVariant = "route_split"
-	msThreads    = 256        // MS_THREADS
-	msCols       = 64         // MS_COLS: intermediate columns of an item
-	msRows       = 128        // MS_ROWS: weight rows of a stage
-	msStage      = 16 << 10   // MS_STAGE: bytes of a stage
-	msMaxStages  = 16         // MS_MAX_STAGES
-	msMaxK       = 32         // MS_MAX_K
-	msMaxH       = 8192       // MS_MAX_H
-	msHead       = 2688       // MS_HEAD: bytes of the small arrays before x
-	msAlign      = 1 << 10    // MS_ALIGN: the ring's boundary
-	msWaitStage  = 1          // status code of a wait for a stage of weights
-	msWaitOthers = 2          // status code of the grid-wide count
-	scrMoEPart   = "moe.part" // moe_routed_split: each item's down sums f32 [K·I/msCols, H]
+	msThreads    = 256                          // MS_THREADS
+	msRows       = 16                           // MS_ROWS: weight rows of a stage
+	msKS         = 512                          // MS_KS: k of a stage at most
+	msWPad       = 32                           // MS_WPAD
+	msCols       = 64                           // MS_COLS: intermediate columns of an item
+	msSlot       = msRows * (msKS + msWPad) * 2 // MS_SLOT: bytes of a slot
+	msMaxStages  = 16                           // MS_MAX_STAGES
+	msMaxK       = 32                           // MS_MAX_K
+	msMaxH       = 8192                         // MS_MAX_H
+	msMaxI       = 4096                         // MS_MAX_I
+	msMaxS       = 192                          // MS_MAX_S: slices of an expert
+	msCounters   = 64 + msMaxS                  // MS_COUNTERS
+	msHead       = 2048                         // MS_HEAD: bytes of the small arrays before x
+	msWaitOthers = 2                            // status code of a wait for the other blocks' activations
+	scrMoEAct1   = "moe.split.act"              // moe_routed_split: each choice's activations bf16 [K, I]
+	scrMoEY1     = "moe.split.y"                // moe_routed_split: each choice's output bf16 [K, H]
 )
-
-// msRotate starts each block's gate/up k-stages at its own offset (see
-// moe_split.cu): on unless FUSELM_MS_ROTATE is "off", a switch to measure
-// it; a variable, so that the tests can time both.
-var msRotate = os.Getenv("FUSELM_MS_ROTATE") != "off"
 
 // routeSplitTokens is the most tokens the default moe_routed runs
 // moe_routed_split for (where it can run): one, the only count it takes.
@@ -57,7 +55,7 @@ type msPlan struct {
 }
 
 func (p msPlan) String() string {
-	return fmt.Sprintf("items=%d blocks=%d stage=%dx64 slots=%d shared=%d", p.items, p.blocks, msRows, p.stages, p.shared)
+	return fmt.Sprintf("items=%d blocks=%d stage=%dx%d slots=%d shared=%d", p.items, p.blocks, msRows, msKS, p.stages, p.shared)
 }
 
 // planSplit plans one token over top-k of experts experts of intermediate
@@ -66,10 +64,10 @@ func (p msPlan) String() string {
 // ring slots as fit up to msMaxStages. An error says why it cannot run.
 func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error) {
 	switch {
-	case inter < msCols || inter%msCols != 0:
-		return msPlan{}, fmt.Errorf("I=%d is not a positive multiple of %d (whole items)", inter, msCols)
-	case hidden < msRows || hidden%msRows != 0 || hidden > msMaxH:
-		return msPlan{}, fmt.Errorf("H=%d is not a multiple of %d up to %d (whole down stages, x in shared memory)", hidden, msRows, msMaxH)
+	case inter < msCols || inter%msCols != 0 || inter > msMaxI || inter/msCols > msMaxS:
+		return msPlan{}, fmt.Errorf("I=%d is not a positive multiple of %d up to %d (whole items)", inter, msCols, msMaxI)
+	case hidden < msCols || hidden%msCols != 0 || hidden > msMaxH:
+		return msPlan{}, fmt.Errorf("H=%d is not a multiple of %d up to %d (x in shared memory)", hidden, msCols, msMaxH)
 	case topk < 1 || topk > msMaxK:
 		return msPlan{}, fmt.Errorf("top-%d: 1 to %d", topk, msMaxK)
 	case experts > 32*routePerLane:
@@ -77,15 +75,13 @@ func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error)
 	}
 	items := topk * inter / msCols
 	blocks := min(items, max(1, sms))
-	if cols := (hidden + blocks - 1) / blocks; cols*topk > msThreads {
-		return msPlan{}, fmt.Errorf("%d output columns a block × top-%d past %d threads to combine them", cols, topk, msThreads)
-	}
-	fixed := msHead + 2*hidden + msAlign
-	stages := min(msMaxStages, (maxShared-fixed)/msStage)
+	fixed := msHead + (2*(hidden+inter)+127)/128*128
+	stages := min(msMaxStages, (maxShared-fixed)/msSlot)
 	if stages < 2 {
-		return msPlan{}, fmt.Errorf("x [%d] leaves no room for two stages of %d bytes in %d bytes of shared memory", hidden, msStage, maxShared)
+		return msPlan{}, fmt.Errorf("x and the activations [%d + %d] leave no room for two stages of %d bytes in %d bytes of shared memory",
+			hidden, inter, msSlot, maxShared)
 	}
-	return msPlan{items: items, blocks: blocks, stages: stages, shared: fixed + stages*msStage}, nil
+	return msPlan{items: items, blocks: blocks, stages: stages, shared: fixed + stages*msSlot}, nil
 }
 
 // msModule is moe_routed_split's NVRTC module.
@@ -95,7 +91,7 @@ func msModule() cudaset.Module { return module("moe_split.cu", []string{"moe_rou
 type msKit struct {
 	err      error           // why it cannot run here; nil when it can
 	status   *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
-	counters *kernels.Tensor // i32 [2]: the grid-wide count, zero between launches
+	counters *kernels.Tensor // i32 [msCounters]: the counts of finished items, zero between launches
 }
 
 // newMoESplit compiles moe_routed_split into k where the device allows it,
@@ -112,7 +108,7 @@ func newMoESplit(k *cudaset.Kit) *msKit {
 	}
 	k.Overlap(msModule().Funcs...)
 	m.status = newWaitStatus(k)
-	m.counters = k.D.Alloc(kernels.I32, 2)
+	m.counters = k.D.Alloc(kernels.I32, msCounters)
 	k.D.Zero(m.counters)
 	return m
 }
@@ -139,24 +135,18 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	if err != nil {
 		return false
 	}
-	op := kernels.OpMoERouted
-	gu, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(gateUp), Elem: 2, Dims: []uint64{uint64(hidden), uint64(2 * inter), uint64(experts)},
-		Strides: []uint64{uint64(hidden * 2), uint64(2 * inter * hidden * 2)}, Box: []uint32{64, 64, 1}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "gate_up's tensor map: %v", err)
-	dn, err := o.D.EncodeTiled(cuda.Tiled{Addr: o.D.Ptr(down), Elem: 2, Dims: []uint64{uint64(inter), uint64(hidden), uint64(experts)},
-		Strides: []uint64{uint64(inter * 2), uint64(hidden * inter * 2)}, Box: []uint32{64, msRows, 1}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "down's tensor map: %v", err)
-	part := o.Scratch(scrMoEPart, kernels.F32, p.items, hidden)
-	args := []any{gu, dn, o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
-	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), part.P, int32(hidden), int32(inter),
-		int32(p.stages), b32(msRotate), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
+	act := o.Scratch(scrMoEAct1, kernels.BF16, r.TopK, inter)
+	y := o.Scratch(scrMoEY1, kernels.BF16, r.TopK, hidden)
+	args := []any{o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
+	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
+		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
 	o.LaunchShared("moe_routed_split", p.blocks, msThreads, p.shared, args...)
 	return true
 }
 
 // moeSplitWaits reports a wait of moe_routed_split that timed out since the
 // last call (synchronizing with the device), and clears the record and the
-// grid-wide count (a block that gave up may have left it counted).
+// counts (a block that gave up may have left them counted).
 func (o *ops) moeSplitWaits() error {
 	if o.ms == nil || o.ms.status == nil {
 		return nil
@@ -168,7 +158,7 @@ func (o *ops) moeSplitWaits() error {
 	o.D.Zero(o.ms.status)
 	o.D.Zero(o.ms.counters)
 	if st[0] == msWaitOthers {
-		return fmt.Errorf("fused: moe_routed_split: block %d waited too long for the other blocks (%d stages of its own done; the kernel gave up; its output is garbage)",
+		return fmt.Errorf("fused: moe_routed_split: block %d waited too long for the other blocks' activations of item %d (the kernel gave up; its output is garbage)",
 			st[1], st[5])
 	}
 	return fmt.Errorf("fused: moe_routed_split: a wait for a stage of weights timed out: block %d, thread %d, stage %d, parity %d (the kernel gave up; its output is garbage)",
@@ -184,8 +174,8 @@ func splitValid(s kernels.Shape, t kernels.Target) (params, why string, offered 
 	if c := gemmTiling(kernels.OpMoERouted, s); c.Name != foldTiling {
 		return "", "", false
 	}
-	params = fmt.Sprintf("one token in one launch (gate/up and down of an expert's %d columns a block, tensor copies, a grid-wide count, "+
-		"then each block combines its share of the columns); more tokens as %s", msCols, routedVariant)
+	params = fmt.Sprintf("one token in one launch (an expert's %d columns of gate/up a block, then its share of the expert's down rows, "+
+		"bulk copies of whole row stretches; the last block of a row range sums the experts); more tokens as %s", msCols, routedVariant)
 	p, err := planSplit(s["H"], s["I"], s["topk"], s["E"], t.SMs, t.SharedPerBlock)
 	if err != nil {
 		return params, err.Error(), true

@@ -1103,9 +1103,9 @@ func TestMoETilingsExact(t *testing.T) {
 
 // TestPlanSplit holds moe_routed_split's plan to what the kernel takes:
 // DeepSeek-V2-Lite's token on an H200 is 132 items of 64 columns, a block
-// each on its 132 SMs, as many 16 KiB slots as fit beside x; shapes of no
-// whole item or down stage, too many experts or choices, or no room, are
-// refused with a reason.
+// each on its 132 SMs, as many slots as fit beside x and the activations;
+// shapes of no whole item, too wide, with too many experts or choices, or
+// no room for two slots, are refused with a reason.
 func TestPlanSplit(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	p, err := planSplit(2048, 1408, 6, 64, h200.SMs, h200.SharedPerBlock)
@@ -1113,22 +1113,22 @@ func TestPlanSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.items != 132 || p.blocks != 132 || p.stages < 2 || p.stages > msMaxStages || p.shared > h200.SharedPerBlock ||
-		p.shared != msHead+2*2048+msAlign+p.stages*msStage || p.shared+msStage <= h200.SharedPerBlock && p.stages < msMaxStages {
+		p.shared != msHead+2*(2048+1408)+p.stages*msSlot || p.shared+msSlot <= h200.SharedPerBlock && p.stages < msMaxStages {
 		t.Errorf("V2-Lite on an H200: %v", p)
 	}
-	if p, err := planSplit(2048, 1536, 6, 160, 132, h200.SharedPerBlock); err != nil || p.items != 144 || p.blocks != 132 {
+	if p, err := planSplit(5120, 1536, 6, 160, 132, h200.SharedPerBlock); err != nil || p.items != 144 || p.blocks != 132 {
 		t.Errorf("DeepSeek-V2's dims: %v, %v (want 144 items on 132 blocks)", p, err)
 	}
 	for _, c := range []struct {
 		h, i, k, e, sms, shared int
 	}{
 		{2048, 1400, 6, 64, 132, h200.SharedPerBlock},  // no whole items
-		{2000, 1408, 6, 64, 132, h200.SharedPerBlock},  // no whole down stages
-		{16384, 1408, 6, 64, 132, h200.SharedPerBlock}, // x past shared memory's share
+		{2000, 1408, 6, 64, 132, h200.SharedPerBlock},  // x of no whole 64-k chunks
+		{16384, 1408, 6, 64, 132, h200.SharedPerBlock}, // x past its share of shared memory
+		{2048, 8192, 6, 64, 132, h200.SharedPerBlock},  // the activations past theirs
 		{2048, 1408, 33, 64, 132, h200.SharedPerBlock}, // top-k past a warp
 		{2048, 1408, 6, 300, 132, h200.SharedPerBlock}, // experts past the router
-		{8192, 64, 32, 64, 16, h200.SharedPerBlock},    // too many columns a block to combine
-		{2048, 1408, 6, 64, 132, 30 << 10},             // one slot
+		{2048, 1408, 6, 64, 132, 40 << 10},             // one slot
 	} {
 		if p, err := planSplit(c.h, c.i, c.k, c.e, c.sms, c.shared); err == nil {
 			t.Errorf("%+v: planned %v, want a refusal", c, p)
@@ -1258,9 +1258,6 @@ func TestMoERoutedSplit(t *testing.T) {
 		}
 		if c.n == 1 {
 			key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": 1, "topk": k, "E": c.nexp})
-			msRotate = false
-			msInStep := msPerCall(t, dev, whole)
-			msRotate = true
 			msSplit := msPerCall(t, dev, whole)
 			if err := o.UseVariant(kernels.OpMoERouted, key, routedVariant); err != nil {
 				t.Fatal(err)
@@ -1269,8 +1266,7 @@ func TestMoERoutedSplit(t *testing.T) {
 			if err := o.UseVariant(kernels.OpMoERouted, key, splitVariant); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%s: moe_routed_split %.2f µs (%.2f without rotate), route_folded's two launches %.2f µs (alone, back to back)",
-				name, msSplit*1e3, msInStep*1e3, msFolded*1e3)
+			t.Logf("%s: moe_routed_split %.2f µs, route_folded's two launches %.2f µs (alone, back to back)", name, msSplit*1e3, msFolded*1e3)
 		}
 		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
 			dev.Free(a)
