@@ -26,13 +26,15 @@
 // copies: the down rows stream in meanwhile). All blocks are resident at
 // once (one an SM), so every A finishes and no wait can deadlock.
 //
-// The stream: a stage is MS_ROWS weight rows × up to MS_KS k, one bulk
-// copy a row into a ring of `stages` slots, each row MS_WPAD elements apart
-// (no bank conflicts), one mbarrier a slot; a block's stages are its items'
+// The stream: a stage is MS_ROWS weight rows × up to ks k (the host's
+// plan: all of H where three slots fit, so that each copy is a whole row of
+// kilobytes; the copy engine moves few large copies far faster than many
+// small ones), one bulk copy a row into a ring of `stages` slots, each row
+// MS_WPAD elements apart (no bank conflicts), one mbarrier a slot; a block's stages are its items'
 // A tiles (each MS_ROWS/2 columns: their gate rows then their up rows, so
 // that the mma's accumulator rows g and g + 8 are a column's gate and up),
 // then their B tiles (MS_ROWS down rows). Warp 0 issues; every warp takes
-// MS_KS/MS_WARPS of a stage's k (linear_stream's layout and permuted k
+// ks/MS_WARPS of a stage's k (linear_stream's layout and permuted k
 // order: the weights as the mma's A, x or act as its B, token 0 of 8), and
 // at a tile's last stage the warps' sums meet in shared memory, added in
 // warp order. Results differ from moe_route then moe_experts' within the
@@ -64,7 +66,6 @@
 #define MS_WARPS 8
 #define MS_THREADS (MS_WARPS * 32)
 #define MS_ROWS 16   // weight rows of a stage: one m16 tile
-#define MS_KS 512    // k of a stage at most: MS_WARPS chunks of 64
 #define MS_WPAD 32   // elements between a stage's rows
 #define MS_COLS 64   // intermediate columns of an item
 #define MS_MAX_STAGES 16
@@ -73,7 +74,6 @@
 #define MS_MAX_I 4096
 #define MS_MAX_S 192
 #define MS_COUNTERS (64 + MS_MAX_S)
-#define MS_SLOT (MS_ROWS * (MS_KS + MS_WPAD) * 2) // bytes of a slot
 // The head of shared memory: byte offsets.
 #define MS_BARS 0                                     // u64 [MS_MAX_STAGES]
 #define MS_EX (MS_BARS + 8 * MS_MAX_STAGES)           // i32 [MS_MAX_K]: the routes' experts
@@ -114,12 +114,12 @@ __device__ bool ms_wait_count(const int* c, int want, int* status, int item) {
 }
 
 // Launch: grid min(K·S, SMs) blocks (every one resident at once),
-// MS_THREADS threads, msShared bytes of dynamic shared memory;
-// 2 ≤ stages ≤ MS_MAX_STAGES.
+// MS_THREADS threads, msShared bytes of dynamic shared memory; ks a
+// multiple of MS_WARPS·32, 2 ≤ stages ≤ MS_MAX_STAGES.
 extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
     moe_routed_split(bf16* out, const bf16* x, const float* logits, int E, int K, int groupLimited, int groups,
                      int topkGroups, int norm, float scale, int* idx, float* weight, const bf16* gateUp,
-                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages, int* counters, int* status) {
+                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int ks, int stages, int* counters, int* status) {
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned bars = smem_addr(smem) + MS_BARS;
 	int* sEx = reinterpret_cast<int*>(smem + MS_EX);
@@ -136,8 +136,8 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int S = I / MS_COLS, items = K * S;
 	const int mine = (items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-	const int kstA = (H + MS_KS - 1) / MS_KS, perA = (MS_COLS / (MS_ROWS / 2)) * kstA; // stages of an item's A
-	const int kstB = (I + MS_KS - 1) / MS_KS;
+	const int kstA = (H + ks - 1) / ks, perA = (MS_COLS / (MS_ROWS / 2)) * kstA; // stages of an item's A
+	const int kstB = (I + ks - 1) / ks;
 	auto itemOf = [&](int m) { return (int)blockIdx.x + m * (int)gridDim.x; };
 	auto rows0 = [&](int s) { return (int)((long long)s * H / S); }; // slice s's first output row
 	auto tilesB = [&](int m) {
@@ -191,20 +191,20 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 
 	// issue, by warp 0, requests stage q into its slot: one bulk copy of
 	// each of its rows' k-range.
-	const int wrow = MS_KS + MS_WPAD;
+	const int wrow = ks + MS_WPAD;
 	auto issue = [&](int q) {
 		const Stage st = stageOf(q);
 		const int it = itemOf(st.m), k = it / S, s = it % S, e = sEx[k], slot = q % stages;
 		const unsigned bar = bars + 8 * slot;
 		const unsigned dst = smem_addr(ring + (slot * MS_ROWS + lane) * wrow);
 		if (st.a) {
-			const int k0 = st.kc * MS_KS, kn = min(MS_KS, H - k0);
+			const int k0 = st.kc * ks, kn = min(ks, H - k0);
 			const int j = s * MS_COLS + st.tile * (MS_ROWS / 2) + (lane & 7), row = lane < 8 ? j : I + j;
 			if (lane == 0) mbar_expect_tx(bar, MS_ROWS * kn * 2);
 			__syncwarp();
 			if (lane < MS_ROWS) bulk_load(dst, gateUp + ((long long)e * 2 * I + row) * H + k0, kn * 2, bar);
 		} else {
-			const int k0 = st.kc * MS_KS, kn = min(MS_KS, I - k0);
+			const int k0 = st.kc * ks, kn = min(ks, I - k0);
 			const int n0 = rows0(s) + st.tile * MS_ROWS, rows = min(MS_ROWS, rows0(s + 1) - n0);
 			if (lane == 0) mbar_expect_tx(bar, rows * kn * 2);
 			__syncwarp();
@@ -244,11 +244,11 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 			__syncthreads();
 		}
 		if (!mbar_wait(bars + 8 * slot, (q / stages) & 1, status, 1, q)) return;
-		const int K0 = st.kc * MS_KS, kn = min(MS_KS, (st.a ? H : I) - K0);
+		const int K0 = st.kc * ks, kn = min(ks, (st.a ? H : I) - K0);
 		const bf16* vec = (st.a ? xs : act) + K0;
 		const bf16* wa = ring + (slot * MS_ROWS + g) * wrow + 8 * t;
 		const bf16* wb = wa + 8 * wrow;
-		const int kw = MS_KS / MS_WARPS, kb = warp * kw, ke = min(kb + kw, kn);
+		const int kw = ks / MS_WARPS, kb = warp * kw, ke = min(kb + kw, kn);
 		for (int c = kb; c < ke; c += 32) {
 			const uint4 a = lin_lds(wa + c), b = lin_lds(wb + c);
 			const uint4 xv = g == 0 ? lin_lds(vec + c + 8 * t) : make_uint4(0, 0, 0, 0);

@@ -24,22 +24,21 @@ import (
 // The layout of moe_routed_split, named as in moe_split.cu.
 const (
 	splitVariant = "route_split"
-	msThreads    = 256                          // MS_THREADS
-	msRows       = 16                           // MS_ROWS: weight rows of a stage
-	msKS         = 512                          // MS_KS: k of a stage at most
-	msWPad       = 32                           // MS_WPAD
-	msCols       = 64                           // MS_COLS: intermediate columns of an item
-	msSlot       = msRows * (msKS + msWPad) * 2 // MS_SLOT: bytes of a slot
-	msMaxStages  = 16                           // MS_MAX_STAGES
-	msMaxK       = 32                           // MS_MAX_K
-	msMaxH       = 8192                         // MS_MAX_H
-	msMaxI       = 4096                         // MS_MAX_I
-	msMaxS       = 192                          // MS_MAX_S: slices of an expert
-	msCounters   = 64 + msMaxS                  // MS_COUNTERS
-	msHead       = 2048                         // MS_HEAD: bytes of the small arrays before x
-	msWaitOthers = 2                            // status code of a wait for the other blocks' activations
-	scrMoEAct1   = "moe.split.act"              // moe_routed_split: each choice's activations bf16 [K, I]
-	scrMoEY1     = "moe.split.y"                // moe_routed_split: each choice's output bf16 [K, H]
+	msThreads    = 256             // MS_THREADS
+	msRows       = 16              // MS_ROWS: weight rows of a stage
+	msWPad       = 32              // MS_WPAD
+	msCols       = 64              // MS_COLS: intermediate columns of an item
+	msUnit       = 8 * 32          // a stage's k is whole 32-k chunks of each of the 8 warps
+	msMaxStages  = 16              // MS_MAX_STAGES
+	msMaxK       = 32              // MS_MAX_K
+	msMaxH       = 8192            // MS_MAX_H
+	msMaxI       = 4096            // MS_MAX_I
+	msMaxS       = 192             // MS_MAX_S: slices of an expert
+	msCounters   = 64 + msMaxS     // MS_COUNTERS
+	msHead       = 2048            // MS_HEAD: bytes of the small arrays before x
+	msWaitOthers = 2               // status code of a wait for the other blocks' activations
+	scrMoEAct1   = "moe.split.act" // moe_routed_split: each choice's activations bf16 [K, I]
+	scrMoEY1     = "moe.split.y"   // moe_routed_split: each choice's output bf16 [K, H]
 )
 
 // routeSplitTokens is the most tokens the default moe_routed runs
@@ -51,17 +50,22 @@ var routeSplitTokens = 1
 // of an expert's intermediate, blocks blocks taking them in turn, a ring of
 // stages slots; shared is a block's dynamic shared memory.
 type msPlan struct {
-	items, blocks, stages, shared int
+	items, blocks, ks, stages, shared int
 }
 
 func (p msPlan) String() string {
-	return fmt.Sprintf("items=%d blocks=%d stage=%dx%d slots=%d shared=%d", p.items, p.blocks, msRows, msKS, p.stages, p.shared)
+	return fmt.Sprintf("items=%d blocks=%d stage=%dx%d slots=%d shared=%d", p.items, p.blocks, msRows, p.ks, p.stages, p.shared)
 }
+
+// msSlot is the bytes of a ring slot of stages of ks k.
+func msSlot(ks int) int { return msRows * (ks + msWPad) * 2 }
 
 // planSplit plans one token over top-k of experts experts of intermediate
 // inter and hidden columns on sms SMs whose blocks may hold maxShared bytes:
-// one block an SM at most (every block must be resident at once), as many
-// ring slots as fit up to msMaxStages. An error says why it cannot run.
+// one block an SM at most (every block must be resident at once), the
+// widest stage k (halving from all of the wider of H and I) that leaves room
+// for three slots (two where no wider does), as many slots as fit up to
+// msMaxStages. An error says why it cannot run.
 func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error) {
 	switch {
 	case inter < msCols || inter%msCols != 0 || inter > msMaxI || inter/msCols > msMaxS:
@@ -76,12 +80,19 @@ func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error)
 	items := topk * inter / msCols
 	blocks := min(items, max(1, sms))
 	fixed := msHead + (2*(hidden+inter)+127)/128*128
-	stages := min(msMaxStages, (maxShared-fixed)/msSlot)
-	if stages < 2 {
-		return msPlan{}, fmt.Errorf("x and the activations [%d + %d] leave no room for two stages of %d bytes in %d bytes of shared memory",
-			hidden, inter, msSlot, maxShared)
+	room := maxShared - fixed
+	for _, want := range []int{3, 2} {
+		for ks := (max(hidden, inter) + msUnit - 1) / msUnit * msUnit; ; ks = (ks/2 + msUnit - 1) / msUnit * msUnit {
+			if stages := min(msMaxStages, room/msSlot(ks)); stages >= want {
+				return msPlan{items: items, blocks: blocks, ks: ks, stages: stages, shared: fixed + stages*msSlot(ks)}, nil
+			}
+			if ks == msUnit {
+				break
+			}
+		}
 	}
-	return msPlan{items: items, blocks: blocks, stages: stages, shared: fixed + stages*msSlot}, nil
+	return msPlan{}, fmt.Errorf("x and the activations [%d + %d] leave no room for two stages of %d×%d in %d bytes of shared memory",
+		hidden, inter, msRows, msUnit, maxShared)
 }
 
 // msModule is moe_routed_split's NVRTC module.
@@ -139,7 +150,7 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	y := o.Scratch(scrMoEY1, kernels.BF16, r.TopK, hidden)
 	args := []any{o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
-		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
+		act.P, y.P, int32(hidden), int32(inter), int32(p.ks), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
 	o.LaunchShared("moe_routed_split", p.blocks, msThreads, p.shared, args...)
 	return true
 }

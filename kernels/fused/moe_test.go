@@ -1103,7 +1103,8 @@ func TestMoETilingsExact(t *testing.T) {
 
 // TestPlanSplit holds moe_routed_split's plan to what the kernel takes:
 // DeepSeek-V2-Lite's token on an H200 is 132 items of 64 columns, a block
-// each on its 132 SMs, as many slots as fit beside x and the activations;
+// each on its 132 SMs, stages of whole rows (all of H) in three slots beside
+// x and the activations;
 // shapes of no whole item, too wide, with too many experts or choices, or
 // no room for two slots, are refused with a reason.
 func TestPlanSplit(t *testing.T) {
@@ -1113,7 +1114,7 @@ func TestPlanSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.items != 132 || p.blocks != 132 || p.stages < 2 || p.stages > msMaxStages || p.shared > h200.SharedPerBlock ||
-		p.shared != msHead+2*(2048+1408)+p.stages*msSlot || p.shared+msSlot <= h200.SharedPerBlock && p.stages < msMaxStages {
+		p.ks != 2048 || p.stages != 3 || p.shared != msHead+2*(2048+1408)+p.stages*msSlot(p.ks) {
 		t.Errorf("V2-Lite on an H200: %v", p)
 	}
 	if p, err := planSplit(5120, 1536, 6, 160, 132, h200.SharedPerBlock); err != nil || p.items != 144 || p.blocks != 132 {
@@ -1128,7 +1129,7 @@ func TestPlanSplit(t *testing.T) {
 		{2048, 8192, 6, 64, 132, h200.SharedPerBlock},  // the activations past theirs
 		{2048, 1408, 33, 64, 132, h200.SharedPerBlock}, // top-k past a warp
 		{2048, 1408, 6, 300, 132, h200.SharedPerBlock}, // experts past the router
-		{2048, 1408, 6, 64, 132, 40 << 10},             // one slot
+		{2048, 1408, 6, 64, 132, 18 << 10},             // one slot of the narrowest stage
 	} {
 		if p, err := planSplit(c.h, c.i, c.k, c.e, c.sms, c.shared); err == nil {
 			t.Errorf("%+v: planned %v, want a refusal", c, p)
