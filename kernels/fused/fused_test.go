@@ -74,7 +74,6 @@ func TestSourceConstants(t *testing.T) {
 		{"linear_wgmma.cu", "LW_OUT_BUFS", lwOutBufs},
 		{"linear_wgmma.cu", "LW_BOX", hopperBox},
 		{"moe_split.cu", "MS_ROWS", msRows},
-		{"moe_split.cu", "MS_WPAD", msWPad},
 		{"moe_split.cu", "MS_COLS", msCols},
 		{"moe_split.cu", "MS_MAX_STAGES", msMaxStages},
 		{"moe_split.cu", "MS_MAX_K", msMaxK},

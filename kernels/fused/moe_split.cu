@@ -26,15 +26,18 @@
 // copies: the down rows stream in meanwhile). All blocks are resident at
 // once (one an SM), so every A finishes and no wait can deadlock.
 //
-// The stream: a stage is MS_ROWS weight rows × up to ks k (the host's
-// plan: all of H where three slots fit, so that each copy is a whole row of
-// kilobytes; the copy engine moves few large copies far faster than many
-// small ones), one bulk copy a row into a ring of `stages` slots, each row
-// MS_WPAD elements apart (no bank conflicts), one mbarrier a slot; a block's stages are its items'
-// A tiles (each MS_ROWS/2 columns: their gate rows then their up rows, so
-// that the mma's accumulator rows g and g + 8 are a column's gate and up),
-// then their B tiles (MS_ROWS down rows). Warp 0 issues; every warp takes
-// ks/MS_WARPS of a stage's k (linear_stream's layout and permuted k
+// The stream: a stage is MS_ROWS whole weight rows, moved by the copy
+// engine in one or two bulk copies of contiguous rows into a ring of
+// `stages` slots, one mbarrier a slot: a copy costs the copy engine about
+// the same whatever its size up to kilobytes (copies of a row's 1 KiB ran at
+// 2 µs a stage of 16 of them, a quarter of an SM's share of the copy rate),
+// so a stage is few, large copies, its rows packed (the fragment loads meet
+// two-way bank conflicts, which the stream hides). A block's stages are its
+// items' A tiles (each MS_ROWS/2 columns: their MS_ROWS/2 consecutive gate
+// rows in one copy, then their up rows in another, so that the mma's
+// accumulator rows g and g + 8 are a column's gate and up), then their B
+// tiles (MS_ROWS consecutive down rows, one copy). Warp 0 issues; every
+// warp takes an eighth of a row's k (linear_stream's permuted k
 // order: the weights as the mma's A, x or act as its B, token 0 of 8), and
 // at a tile's last stage the warps' sums meet in shared memory, added in
 // warp order. Results differ from moe_route then moe_experts' within the
@@ -66,7 +69,6 @@
 #define MS_WARPS 8
 #define MS_THREADS (MS_WARPS * 32)
 #define MS_ROWS 16   // weight rows of a stage: one m16 tile
-#define MS_WPAD 32   // elements between a stage's rows
 #define MS_COLS 64   // intermediate columns of an item
 #define MS_MAX_STAGES 16
 #define MS_MAX_K 32
@@ -114,12 +116,12 @@ __device__ bool ms_wait_count(const int* c, int want, int* status, int item) {
 }
 
 // Launch: grid min(K·S, SMs) blocks (every one resident at once),
-// MS_THREADS threads, msShared bytes of dynamic shared memory; ks a
-// multiple of MS_WARPS·32, 2 ≤ stages ≤ MS_MAX_STAGES.
+// MS_THREADS threads, msShared bytes of dynamic shared memory (slots of
+// MS_ROWS·max(H, I) elements); 2 ≤ stages ≤ MS_MAX_STAGES.
 extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
     moe_routed_split(bf16* out, const bf16* x, const float* logits, int E, int K, int groupLimited, int groups,
                      int topkGroups, int norm, float scale, int* idx, float* weight, const bf16* gateUp,
-                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int ks, int stages, int* counters, int* status) {
+                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages, int* counters, int* status) {
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned bars = smem_addr(smem) + MS_BARS;
 	int* sEx = reinterpret_cast<int*>(smem + MS_EX);
@@ -136,8 +138,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int S = I / MS_COLS, items = K * S;
 	const int mine = (items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-	const int kstA = (H + ks - 1) / ks, perA = (MS_COLS / (MS_ROWS / 2)) * kstA; // stages of an item's A
-	const int kstB = (I + ks - 1) / ks;
+	const int perA = MS_COLS / (MS_ROWS / 2); // stages of an item's A: one a tile
 	auto itemOf = [&](int m) { return (int)blockIdx.x + m * (int)gridDim.x; };
 	auto rows0 = [&](int s) { return (int)((long long)s * H / S); }; // slice s's first output row
 	auto tilesB = [&](int m) {
@@ -145,19 +146,19 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 		return (rows0(s + 1) - rows0(s) + MS_ROWS - 1) / MS_ROWS;
 	};
 	int total = mine * perA;
-	for (int m = 0; m < mine; m++) total += tilesB(m) * kstB;
+	for (int m = 0; m < mine; m++) total += tilesB(m);
 
-	// Stage q of the block: its phase (A or B), item m, tile and k-stage.
+	// Stage q of the block: its phase (A or B), item m and tile.
 	struct Stage {
 		bool a;
-		int m, tile, kc;
+		int m, tile;
 	};
 	auto stageOf = [&](int q) {
-		if (q < mine * perA) return Stage{true, q / perA, q % perA / kstA, q % kstA};
+		if (q < mine * perA) return Stage{true, q / perA, q % perA};
 		q -= mine * perA;
 		int m = 0;
-		for (; m < mine - 1 && q >= tilesB(m) * kstB; m++) q -= tilesB(m) * kstB;
-		return Stage{false, m, q / kstB, q % kstB};
+		for (; m < mine - 1 && q >= tilesB(m); m++) q -= tilesB(m);
+		return Stage{false, m, q};
 	};
 
 	if (tid == 0) {
@@ -189,26 +190,24 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	}
 	__syncthreads();
 
-	// issue, by warp 0, requests stage q into its slot: one bulk copy of
-	// each of its rows' k-range.
-	const int wrow = ks + MS_WPAD;
+	// issue, by lane 0 of warp 0, requests stage q into its slot: the
+	// tile's gate rows and its up rows (two copies, H elements a row), or
+	// its down rows (one copy, I a row).
+	const int slotElems = MS_ROWS * max(H, I);
 	auto issue = [&](int q) {
+		if (lane != 0) return;
 		const Stage st = stageOf(q);
 		const int it = itemOf(st.m), k = it / S, s = it % S, e = sEx[k], slot = q % stages;
-		const unsigned bar = bars + 8 * slot;
-		const unsigned dst = smem_addr(ring + (slot * MS_ROWS + lane) * wrow);
+		const unsigned bar = bars + 8 * slot, dst = smem_addr(ring + slot * slotElems);
 		if (st.a) {
-			const int k0 = st.kc * ks, kn = min(ks, H - k0);
-			const int j = s * MS_COLS + st.tile * (MS_ROWS / 2) + (lane & 7), row = lane < 8 ? j : I + j;
-			if (lane == 0) mbar_expect_tx(bar, MS_ROWS * kn * 2);
-			__syncwarp();
-			if (lane < MS_ROWS) bulk_load(dst, gateUp + ((long long)e * 2 * I + row) * H + k0, kn * 2, bar);
+			const int j = s * MS_COLS + st.tile * (MS_ROWS / 2), half = MS_ROWS / 2 * H;
+			mbar_expect_tx(bar, MS_ROWS * H * 2);
+			bulk_load(dst, gateUp + ((long long)e * 2 * I + j) * H, half * 2, bar);
+			bulk_load(dst + half * 2, gateUp + ((long long)e * 2 * I + I + j) * H, half * 2, bar);
 		} else {
-			const int k0 = st.kc * ks, kn = min(ks, I - k0);
 			const int n0 = rows0(s) + st.tile * MS_ROWS, rows = min(MS_ROWS, rows0(s + 1) - n0);
-			if (lane == 0) mbar_expect_tx(bar, rows * kn * 2);
-			__syncwarp();
-			if (lane < rows) bulk_load(dst, down + ((long long)e * H + n0 + lane) * I + k0, kn * 2, bar);
+			mbar_expect_tx(bar, rows * I * 2);
+			bulk_load(dst, down + ((long long)e * H + n0) * I, rows * I * 2, bar);
 		}
 	};
 	if (warp == 0)
@@ -218,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	for (int q = 0; q < total; q++) {
 		const Stage st = stageOf(q);
 		const int slot = q % stages, it = itemOf(st.m), k = it / S, s = it % S;
-		if (!st.a && st.tile == 0 && st.kc == 0) {
+		if (!st.a && st.tile == 0) {
 			// The first of an item's B stages: the first of all counts this
 			// block's A items done, and every one waits for its choice's
 			// act (the copies already run).
@@ -244,11 +243,11 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 			__syncthreads();
 		}
 		if (!mbar_wait(bars + 8 * slot, (q / stages) & 1, status, 1, q)) return;
-		const int K0 = st.kc * ks, kn = min(ks, (st.a ? H : I) - K0);
-		const bf16* vec = (st.a ? xs : act) + K0;
-		const bf16* wa = ring + (slot * MS_ROWS + g) * wrow + 8 * t;
-		const bf16* wb = wa + 8 * wrow;
-		const int kw = ks / MS_WARPS, kb = warp * kw, ke = min(kb + kw, kn);
+		const int kn = st.a ? H : I; // a row's k: its pitch in the slot too
+		const bf16* vec = st.a ? xs : act;
+		const bf16* wa = ring + slot * slotElems + g * kn + 8 * t;
+		const bf16* wb = wa + 8 * kn;
+		const int kw = (kn / MS_WARPS + 31) / 32 * 32, kb = warp * kw, ke = min(kb + kw, kn);
 		for (int c = kb; c < ke; c += 32) {
 			const uint4 a = lin_lds(wa + c), b = lin_lds(wb + c);
 			const uint4 xv = g == 0 ? lin_lds(vec + c + 8 * t) : make_uint4(0, 0, 0, 0);
@@ -258,18 +257,14 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 				mma16816(acc, af, lin_word(xv, 2 * h), lin_word(xv, 2 * h + 1));
 			}
 		}
-		const bool last = st.kc == (st.a ? kstA : kstB) - 1;
-		if (last) {
-			// Accumulator rows g and g + 8, token 0 (t = 0's c0 and c2).
-			if (t == 0) {
-				red[warp * MS_ROWS + g] = acc[0];
-				red[warp * MS_ROWS + g + 8] = acc[2];
-			}
-			acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+		// Accumulator rows g and g + 8, token 0 (t = 0's c0 and c2).
+		if (t == 0) {
+			red[warp * MS_ROWS + g] = acc[0];
+			red[warp * MS_ROWS + g + 8] = acc[2];
 		}
+		acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
 		__syncthreads(); // every warp is done with the slot (and has written its sums)
 		if (warp == 0 && q + stages < total) issue(q + stages);
-		if (!last) continue;
 		if (st.a) {
 			// Threads 0-7: a column's gate (row tid) and up (row tid + 8).
 			if (tid < MS_ROWS / 2) {

@@ -9,9 +9,9 @@ import (
 
 // moe_routed_split (moe_split.cu), moe_routed's variant route_split on
 // sm_90a: one token's routed experts in one launch after the router's
-// logits. Every block routes the token, then streams whole stretches of
-// weight rows (as linear_stream does) for an expert's 64 intermediate
-// columns of gate/up, and then for a share of that expert's down rows once
+// logits. Every block routes the token, then streams whole weight rows, a
+// few contiguous rows a copy, for an expert's 64 intermediate columns of
+// gate/up, and then for a share of that expert's down rows once
 // the expert's activations are all written (a count per choice; the down
 // rows are already streaming); the last of a row range's blocks sums the
 // experts. The folded path's two launches read their weights 128 bytes of a
@@ -26,9 +26,7 @@ const (
 	splitVariant = "route_split"
 	msThreads    = 256             // MS_THREADS
 	msRows       = 16              // MS_ROWS: weight rows of a stage
-	msWPad       = 32              // MS_WPAD
 	msCols       = 64              // MS_COLS: intermediate columns of an item
-	msUnit       = 8 * 32          // a stage's k is whole 32-k chunks of each of the 8 warps
 	msMaxStages  = 16              // MS_MAX_STAGES
 	msMaxK       = 32              // MS_MAX_K
 	msMaxH       = 8192            // MS_MAX_H
@@ -50,22 +48,21 @@ var routeSplitTokens = 1
 // of an expert's intermediate, blocks blocks taking them in turn, a ring of
 // stages slots; shared is a block's dynamic shared memory.
 type msPlan struct {
-	items, blocks, ks, stages, shared int
+	items, blocks, stages, shared int
 }
 
 func (p msPlan) String() string {
-	return fmt.Sprintf("items=%d blocks=%d stage=%dx%d slots=%d shared=%d", p.items, p.blocks, msRows, p.ks, p.stages, p.shared)
+	return fmt.Sprintf("items=%d blocks=%d stage=%d whole rows slots=%d shared=%d", p.items, p.blocks, msRows, p.stages, p.shared)
 }
 
-// msSlot is the bytes of a ring slot of stages of ks k.
-func msSlot(ks int) int { return msRows * (ks + msWPad) * 2 }
+// msSlot is the bytes of a ring slot: msRows rows of the wider of H and I.
+func msSlot(hidden, inter int) int { return msRows * max(hidden, inter) * 2 }
 
 // planSplit plans one token over top-k of experts experts of intermediate
 // inter and hidden columns on sms SMs whose blocks may hold maxShared bytes:
-// one block an SM at most (every block must be resident at once), the
-// widest stage k (halving from all of the wider of H and I) that leaves room
-// for three slots (two where no wider does), as many slots as fit up to
-// msMaxStages. An error says why it cannot run.
+// one block an SM at most (every block must be resident at once), as many
+// slots of whole rows as fit up to msMaxStages, two at least. An error says
+// why it cannot run.
 func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error) {
 	switch {
 	case inter < msCols || inter%msCols != 0 || inter > msMaxI || inter/msCols > msMaxS:
@@ -80,19 +77,13 @@ func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error)
 	items := topk * inter / msCols
 	blocks := min(items, max(1, sms))
 	fixed := msHead + (2*(hidden+inter)+127)/128*128
-	room := maxShared - fixed
-	for _, want := range []int{3, 2} {
-		for ks := (max(hidden, inter) + msUnit - 1) / msUnit * msUnit; ; ks = (ks/2 + msUnit - 1) / msUnit * msUnit {
-			if stages := min(msMaxStages, room/msSlot(ks)); stages >= want {
-				return msPlan{items: items, blocks: blocks, ks: ks, stages: stages, shared: fixed + stages*msSlot(ks)}, nil
-			}
-			if ks == msUnit {
-				break
-			}
-		}
+	slot := msSlot(hidden, inter)
+	stages := min(msMaxStages, (maxShared-fixed)/slot)
+	if stages < 2 {
+		return msPlan{}, fmt.Errorf("x and the activations [%d + %d] leave no room for two stages of %d whole rows (%d bytes each) in %d bytes of shared memory",
+			hidden, inter, msRows, slot, maxShared)
 	}
-	return msPlan{}, fmt.Errorf("x and the activations [%d + %d] leave no room for two stages of %d×%d in %d bytes of shared memory",
-		hidden, inter, msRows, msUnit, maxShared)
+	return msPlan{items: items, blocks: blocks, stages: stages, shared: fixed + stages*slot}, nil
 }
 
 // msModule is moe_routed_split's NVRTC module.
@@ -150,7 +141,7 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	y := o.Scratch(scrMoEY1, kernels.BF16, r.TopK, hidden)
 	args := []any{o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
-		act.P, y.P, int32(hidden), int32(inter), int32(p.ks), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
+		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
 	o.LaunchShared("moe_routed_split", p.blocks, msThreads, p.shared, args...)
 	return true
 }

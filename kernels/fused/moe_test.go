@@ -1103,8 +1103,8 @@ func TestMoETilingsExact(t *testing.T) {
 
 // TestPlanSplit holds moe_routed_split's plan to what the kernel takes:
 // DeepSeek-V2-Lite's token on an H200 is 132 items of 64 columns, a block
-// each on its 132 SMs, stages of whole rows (all of H) in three slots beside
-// x and the activations;
+// each on its 132 SMs, stages of 16 whole rows in three slots beside x and
+// the activations;
 // shapes of no whole item, too wide, with too many experts or choices, or
 // no room for two slots, are refused with a reason.
 func TestPlanSplit(t *testing.T) {
@@ -1114,11 +1114,11 @@ func TestPlanSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.items != 132 || p.blocks != 132 || p.stages < 2 || p.stages > msMaxStages || p.shared > h200.SharedPerBlock ||
-		p.ks != 2048 || p.stages != 3 || p.shared != msHead+2*(2048+1408)+p.stages*msSlot(p.ks) {
+		p.stages != 3 || p.shared != msHead+2*(2048+1408)+3*msRows*2048*2 {
 		t.Errorf("V2-Lite on an H200: %v", p)
 	}
-	if p, err := planSplit(5120, 1536, 6, 160, 132, h200.SharedPerBlock); err != nil || p.items != 144 || p.blocks != 132 {
-		t.Errorf("DeepSeek-V2's dims: %v, %v (want 144 items on 132 blocks)", p, err)
+	if p, err := planSplit(2048, 1536, 6, 160, 132, h200.SharedPerBlock); err != nil || p.items != 144 || p.blocks != 132 {
+		t.Errorf("144 items: %v, %v (want 132 blocks)", p, err)
 	}
 	for _, c := range []struct {
 		h, i, k, e, sms, shared int
@@ -1129,7 +1129,8 @@ func TestPlanSplit(t *testing.T) {
 		{2048, 8192, 6, 64, 132, h200.SharedPerBlock},  // the activations past theirs
 		{2048, 1408, 33, 64, 132, h200.SharedPerBlock}, // top-k past a warp
 		{2048, 1408, 6, 300, 132, h200.SharedPerBlock}, // experts past the router
-		{2048, 1408, 6, 64, 132, 18 << 10},             // one slot of the narrowest stage
+		{2048, 1408, 6, 64, 132, 100 << 10},            // one slot
+		{5120, 1536, 6, 160, 132, h200.SharedPerBlock}, // DeepSeek-V2's rows: one slot
 	} {
 		if p, err := planSplit(c.h, c.i, c.k, c.e, c.sms, c.shared); err == nil {
 			t.Errorf("%+v: planned %v, want a refusal", c, p)
