@@ -55,6 +55,7 @@
 //        [32, 64) their blocks past the wait, [64, 64 + S) the slices'
 //        finished B items
 //   status i32 [8]: a timed-out wait's record (hopper.cuh), zero while none
+//   trace i64 [MS_TRACE] or null: block 0's timeline (ms_mark), for a probe
 // H and I multiples of 64, H ≤ MS_MAX_H, I ≤ MS_MAX_I; K ≤ MS_MAX_K;
 // S ≤ MS_MAX_S; E ≤ 32·ROUTE_PER_LANE.
 //
@@ -84,6 +85,7 @@
 #define MS_RED (MS_SCRATCH + 4 * 32 * ROUTE_PER_LANE) // f32 [MS_WARPS][MS_ROWS]: the warps' sums of a tile
 #define MS_FLAG (MS_RED + 4 * MS_WARPS * MS_ROWS)     // i32: a wait gave up; i32: this block combines
 #define MS_HEAD 2048                                  // bytes of the head
+#define MS_TRACE 128                                  // marks a trace holds
 static_assert(MS_FLAG + 8 <= MS_HEAD, "the head's arrays fit MS_HEAD");
 
 // ld_acquire reads a counter other blocks add to, ordered before this
@@ -92,6 +94,15 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 	int v;
 	asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
 	return v;
+}
+
+// ms_mark records the time (ns, the GPU's global timer) at trace[i] when
+// trace is set: block 0's thread 0 only (the probe of TestMoESplitTimeline).
+__device__ __forceinline__ void ms_mark(long long* trace, int i) {
+	if (trace == nullptr || blockIdx.x != 0 || threadIdx.x != 0 || i >= MS_TRACE) return;
+	long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	trace[i] = t;
 }
 
 // ms_wait_count spins, by one thread, until *c reaches want; false (with
@@ -121,7 +132,8 @@ __device__ bool ms_wait_count(const int* c, int want, int* status, int item) {
 extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
     moe_routed_split(bf16* out, const bf16* x, const float* logits, int E, int K, int groupLimited, int groups,
                      int topkGroups, int norm, float scale, int* idx, float* weight, const bf16* gateUp,
-                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages, int* counters, int* status) {
+                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages, int* counters, int* status,
+                     long long* trace) {
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned bars = smem_addr(smem) + MS_BARS;
 	int* sEx = reinterpret_cast<int*>(smem + MS_EX);
@@ -161,6 +173,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 		return Stage{false, m, q};
 	};
 
+	ms_mark(trace, 0);
 	if (tid == 0) {
 		for (int s = 0; s < stages; s++) mbar_init(bars + 8 * s, 1);
 		flag[0] = 0;
@@ -169,6 +182,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	__syncthreads();
 	grid_wait();
 	grid_release();
+	ms_mark(trace, 1);
 	// Warp 0 routes the token while the others copy x.
 	if (warp == 0) {
 		int e = 0;
@@ -210,8 +224,10 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 			bulk_load(dst, down + ((long long)e * H + n0) * I, rows * I * 2, bar);
 		}
 	};
+	ms_mark(trace, 2);
 	if (warp == 0)
 		for (int q = 0; q < min(stages, total); q++) issue(q);
+	ms_mark(trace, 3);
 
 	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 	for (int q = 0; q < total; q++) {
@@ -227,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 				if (tid == 0)
 					for (int m = 0; m < mine; m++) atomicAdd(&doneA[itemOf(m) / S], 1);
 			}
+			ms_mark(trace, MS_TRACE - 4);
 			if (tid == 0) {
 				if (!ms_wait_count(&doneA[k], S, status, it)) flag[0] = 1;
 				else if (atomicAdd(&passed[k], 1) == S - 1) {
@@ -237,12 +254,16 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 				}
 			}
 			__syncthreads();
+			ms_mark(trace, MS_TRACE - 3);
 			if (flag[0]) return;
 			for (int i = tid; i < I / 8; i += MS_THREADS)
 				reinterpret_cast<uint4*>(act)[i] = __ldcg(reinterpret_cast<const uint4*>(actg + (long long)k * I) + i);
 			__syncthreads();
+			ms_mark(trace, MS_TRACE - 2);
 		}
+		ms_mark(trace, 4 + 2 * q);
 		if (!mbar_wait(bars + 8 * slot, (q / stages) & 1, status, 1, q)) return;
+		ms_mark(trace, 5 + 2 * q);
 		const int kn = st.a ? H : I; // a row's k: its pitch in the slot too
 		const bf16* vec = st.a ? xs : act;
 		const bf16* wa = ring + slot * slotElems + g * kn + 8 * t;
@@ -305,4 +326,5 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 		}
 		__syncthreads(); // the sums are read before the next tile writes them
 	}
+	ms_mark(trace, MS_TRACE - 1);
 }

@@ -33,6 +33,7 @@ const (
 	msMaxI       = 4096            // MS_MAX_I
 	msMaxS       = 192             // MS_MAX_S: slices of an expert
 	msCounters   = 64 + msMaxS     // MS_COUNTERS
+	msTrace      = 128             // MS_TRACE: marks of a timeline
 	msHead       = 2048            // MS_HEAD: bytes of the small arrays before x
 	msWaitOthers = 2               // status code of a wait for the other blocks' activations
 	scrMoEAct1   = "moe.split.act" // moe_routed_split: each choice's activations bf16 [K, I]
@@ -94,6 +95,9 @@ type msKit struct {
 	err      error           // why it cannot run here; nil when it can
 	status   *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
 	counters *kernels.Tensor // i32 [msCounters]: the counts of finished items, zero between launches
+	// trace, where a probe sets it, is an i64 [msTrace] for block 0's
+	// timeline (moe_split.cu's ms_mark); 0 in every other launch.
+	trace uintptr
 }
 
 // newMoESplit compiles moe_routed_split into k where the device allows it,
@@ -141,7 +145,7 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	y := o.Scratch(scrMoEY1, kernels.BF16, r.TopK, hidden)
 	args := []any{o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
-		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status))
+		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status), o.ms.trace)
 	o.LaunchShared("moe_routed_split", p.blocks, msThreads, p.shared, args...)
 	return true
 }

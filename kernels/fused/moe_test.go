@@ -1275,3 +1275,61 @@ func TestMoERoutedSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestMoESplitTimeline is a probe, not a check: block 0's timeline of
+// moe_routed_split (the GPU's global timer at its grid wait, routes, first
+// copies, each stage's wait and the wait for its choice's activations), at
+// DeepSeek-V2-Lite's dims and at the smallest it takes, to see where a
+// launch's time goes. It logs; it fails only where the kernel does.
+func TestMoESplitTimeline(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	o := newSet(t, dev)
+	if err := o.ms.ready(); err != nil {
+		t.Skipf("moe_routed_split cannot run here: %v", err)
+	}
+	rng := rand.New(rand.NewSource(37))
+	random := normalOn(t, dev, rng)
+	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	trace := dev.Alloc(kernels.I32, 2*msTrace) // i64 marks, read as pairs
+	defer dev.Free(trace)
+	defer func() { o.ms.trace = 0 }()
+	for _, c := range []struct{ hidden, inter int }{{2048, 1408}, {128, 64}} {
+		const experts = 64
+		vals := make([]float32, experts)
+		for i := range vals {
+			vals[i] = float32(rng.NormFloat64() * 2)
+		}
+		logits := tensorOn(t, dev, kernels.F32, vals, 1, experts)
+		x := random(kernels.BF16, 1, 1, c.hidden)
+		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), experts, 2*c.inter, c.hidden)
+		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), experts, c.hidden, c.inter)
+		out, idx, weight := dev.Alloc(kernels.BF16, 1, c.hidden), dev.Alloc(kernels.I32, 1, 6), dev.Alloc(kernels.F32, 1, 6)
+		for rep := range 3 {
+			dev.MemsetD8(dev.Ptr(trace), 0, msTrace*8)
+			o.ms.trace = dev.Ptr(trace)
+			o.MoERouted(out, idx, weight, x, logits, gateUp, down, &lite)
+			o.ms.trace = 0
+			if err := o.moeSplitWaits(); err != nil {
+				t.Fatal(err)
+			}
+			w, err := dev.ReadI32(trace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			marks := make([]int64, msTrace)
+			for i := range marks {
+				marks[i] = int64(uint32(w[2*i])) | int64(w[2*i+1])<<32
+			}
+			var line []string
+			for i, m := range marks {
+				if m != 0 {
+					line = append(line, fmt.Sprintf("%d:%.2f", i, float64(m-marks[0])/1e3))
+				}
+			}
+			t.Logf("H=%d I=%d run %d, µs from block 0's start: %s", c.hidden, c.inter, rep, strings.Join(line, " "))
+		}
+		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
+			dev.Free(a)
+		}
+	}
+}
