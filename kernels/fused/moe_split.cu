@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	const int mine = (items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
 	const int perA = MS_COLS / (MS_ROWS / 2); // stages of an item's A: one a tile
 	auto itemOf = [&](int m) { return (int)blockIdx.x + m * (int)gridDim.x; };
-	auto rows0 = [&](int s) { return (int)((long long)s * H / S); }; // slice s's first output row
+	auto rows0 = [&](int s) { return s * H / S; }; // slice s's first output row (s·H < 2^31)
 	auto tilesB = [&](int m) {
 		const int s = itemOf(m) % S;
 		return (rows0(s + 1) - rows0(s) + MS_ROWS - 1) / MS_ROWS;
@@ -204,21 +204,20 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 	}
 	__syncthreads();
 
-	// issue, by lane 0 of warp 0, requests stage q into its slot: the
-	// tile's gate rows and its up rows (two copies, H elements a row), or
-	// its down rows (one copy, I a row).
+	// issue, by warp 0, requests stage q into its slot: the tile's gate
+	// rows and its up rows (two copies, H elements a row, by lanes 0 and 1),
+	// or its down rows (one copy, I a row).
 	const int slotElems = MS_ROWS * max(H, I);
 	auto issue = [&](int q) {
-		if (lane != 0) return;
 		const Stage st = stageOf(q);
 		const int it = itemOf(st.m), k = it / S, s = it % S, e = sEx[k], slot = q % stages;
 		const unsigned bar = bars + 8 * slot, dst = smem_addr(ring + slot * slotElems);
 		if (st.a) {
 			const int j = s * MS_COLS + st.tile * (MS_ROWS / 2), half = MS_ROWS / 2 * H;
-			mbar_expect_tx(bar, MS_ROWS * H * 2);
-			bulk_load(dst, gateUp + ((long long)e * 2 * I + j) * H, half * 2, bar);
-			bulk_load(dst + half * 2, gateUp + ((long long)e * 2 * I + I + j) * H, half * 2, bar);
-		} else {
+			if (lane == 0) mbar_expect_tx(bar, MS_ROWS * H * 2);
+			__syncwarp();
+			if (lane < 2) bulk_load(dst + lane * half * 2, gateUp + ((long long)e * 2 * I + lane * I + j) * H, half * 2, bar);
+		} else if (lane == 0) {
 			const int n0 = rows0(s) + st.tile * MS_ROWS, rows = min(MS_ROWS, rows0(s + 1) - n0);
 			mbar_expect_tx(bar, rows * I * 2);
 			bulk_load(dst, down + ((long long)e * H + n0) * I, rows * I * 2, bar);
@@ -238,10 +237,13 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 			// block's A items done, and every one waits for its choice's
 			// act (the copies already run).
 			if (st.m == 0) {
-				__threadfence();
+				// Thread 0's fence after the barrier publishes every
+				// thread's act (the fence is cumulative).
 				__syncthreads();
-				if (tid == 0)
+				if (tid == 0) {
+					__threadfence();
 					for (int m = 0; m < mine; m++) atomicAdd(&doneA[itemOf(m) / S], 1);
+				}
 			}
 			ms_mark(trace, MS_TRACE - 4);
 			if (tid == 0) {
@@ -252,6 +254,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 					doneA[k] = 0;
 					passed[k] = 0;
 				}
+				__threadfence(); // the other blocks' act, read below, after the count
 			}
 			__syncthreads();
 			ms_mark(trace, MS_TRACE - 3);
@@ -309,12 +312,14 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
 			if (st.tile == tilesB(st.m) - 1) {
 				// The item's rows are done: the last of the slice's K items
 				// sums them in choice order.
-				__threadfence();
 				__syncthreads();
-				if (tid == 0) flag[1] = atomicAdd(&doneB[s], 1) == K - 1;
+				if (tid == 0) {
+					__threadfence(); // publishes the block's y (cumulative, after the barrier)
+					flag[1] = atomicAdd(&doneB[s], 1) == K - 1;
+					__threadfence(); // and orders the other blocks' y, read below, after the count
+				}
 				__syncthreads();
 				if (flag[1]) {
-					__threadfence();
 					for (int n = rows0(s) + tid; n < rows0(s + 1); n += MS_THREADS) {
 						float v = 0.0f;
 						for (int c = 0; c < K; c++) v += sW[c] * __bfloat162float(__ldcg(yg + (long long)c * H + n));
