@@ -1276,11 +1276,13 @@ func TestMoERoutedSplit(t *testing.T) {
 	}
 }
 
-// TestMoESplitTimeline is a probe, not a check: block 0's timeline of
-// moe_routed_split (the GPU's global timer at its grid wait, routes, first
-// copies, each stage's wait and the wait for its choice's activations), at
-// DeepSeek-V2-Lite's dims and at the smallest it takes, to see where a
-// launch's time goes. It logs; it fails only where the kernel does.
+// TestMoESplitTimeline logs block 0's timeline of moe_routed_split (the
+// GPU's global timer at its start, grid wait, routes, first copies, before
+// and after each stage's wait, around the wait for its choice's
+// activations, and at its end), at DeepSeek-V2-Lite's dims and at the
+// smallest it takes, to see where a launch's time goes; and holds the
+// probe to what it must record: every mark of the block's stages set (8
+// gate/up stages and the down stages of its rows), in kernel order.
 func TestMoESplitTimeline(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	o := newSet(t, dev)
@@ -1324,6 +1326,25 @@ func TestMoESplitTimeline(t *testing.T) {
 			for i, m := range marks {
 				if m != 0 {
 					line = append(line, fmt.Sprintf("%d:%.2f", i, float64(m-marks[0])/1e3))
+				}
+			}
+			// Block 0 is item (0, 0): 8 gate/up stages, then the down
+			// stages of its H/S rows, 16 a stage.
+			stagesA, rows := msCols/(msRows/2), c.hidden/(c.inter/msCols)
+			total := stagesA + (rows+msRows-1)/msRows
+			order := []int{0, 1, 2, 3}
+			for q := range total {
+				if q == stagesA {
+					order = append(order, msTrace-4, msTrace-3, msTrace-2)
+				}
+				order = append(order, 4+2*q, 5+2*q)
+			}
+			order = append(order, msTrace-1)
+			for i, at := range order {
+				if marks[at] == 0 || i > 0 && marks[at] < marks[order[i-1]] {
+					t.Errorf("H=%d I=%d run %d: mark %d is %d after mark %d at %d: not set, or out of the kernel's order",
+						c.hidden, c.inter, rep, at, marks[at], order[max(i-1, 0)], marks[order[max(i-1, 0)]])
+					break
 				}
 			}
 			t.Logf("H=%d I=%d run %d, µs from block 0's start: %s", c.hidden, c.inter, rep, strings.Join(line, " "))
