@@ -3,9 +3,9 @@
 // route_split. The folded path (moe.cu) runs them in two launches, gate/up
 // then down, and reads its weights in tiles of 64 k by many rows (128
 // bytes of a row at a time, 50–65% of the copy rate at one token); here
-// every block routes the token, then streams whole stretches of weight rows
-// (a kilobyte of a row a copy, as linear_stream does) for its share of the
-// gate/up and then of the down projections, in one run of copies.
+// every block routes the token, then streams whole weight rows, a few
+// contiguous rows a copy, for its share of the gate/up and then of the
+// down projections, in one run of copies.
 //
 // Work: the token's K choices × I intermediate columns are cut into items
 // of MS_COLS columns (K·S items, S = I/MS_COLS the slices of an expert), and
@@ -39,8 +39,8 @@
 // tiles (MS_ROWS consecutive down rows, one copy). Warp 0 issues; every
 // warp takes an eighth of a row's k (linear_stream's permuted k
 // order: the weights as the mma's A, x or act as its B, token 0 of 8), and
-// at a tile's last stage the warps' sums meet in shared memory, added in
-// warp order. Results differ from moe_route then moe_experts' within the
+// at the end of each stage (a tile) the warps' sums meet in shared memory,
+// added in warp order. Results differ from moe_route then moe_experts' within the
 // f32 sums' order (not bit for bit); the routes (idx, weight, written by
 // block 0) are moe_route's bit for bit (route.cuh).
 //
