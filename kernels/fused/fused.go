@@ -188,8 +188,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 		}
 	}
 	o.Overlap(overlapKernels()...)
-	o.argmaxCounters = o.D.Alloc(kernels.I32, argmaxMaxRows)
-	o.D.Zero(o.argmaxCounters)
+	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
 	if err := o.initMoE(); err != nil {
 		return nil, err
 	}

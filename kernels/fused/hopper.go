@@ -176,10 +176,15 @@ func notHopper(p cuda.Props, variant, kernel string) error {
 
 // newWaitStatus is a Hopper kernel's record of a timed-out wait, i32
 // [hopperStatusLen], zero while there is none.
-func newWaitStatus(k *cudaset.Kit) *kernels.Tensor {
-	st := k.D.Alloc(kernels.I32, hopperStatusLen)
-	k.D.Zero(st)
-	return st
+func newWaitStatus(k *cudaset.Kit) *kernels.Tensor { return newCounters(k, hopperStatusLen) }
+
+// newCounters is n i32 counters on k's device, zeroed once here: the
+// kernels that count on them leave them at zero, so that no launch clears
+// them and a captured graph replays it.
+func newCounters(k *cudaset.Kit, n int) *kernels.Tensor {
+	c := k.D.Alloc(kernels.I32, n)
+	k.D.Zero(c)
+	return c
 }
 
 // config is the instance for element type dt and head dim d, or why there

@@ -133,8 +133,7 @@ func (o *ops) initLinear() error {
 		}
 		o.lin.perSM[name] = o.residentBlocks(a, linWarps*32, 0)
 	}
-	o.lin.counters = o.D.Alloc(kernels.I32, o.SMs)
-	o.D.Zero(o.lin.counters)
+	o.lin.counters = newCounters(o.Kit, o.SMs)
 	return nil
 }
 

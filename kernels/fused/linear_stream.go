@@ -198,8 +198,7 @@ func newLinearStream(k *cudaset.Kit) *lsKit {
 	}
 	k.Overlap(lsModule().Funcs...)
 	l.status = newWaitStatus(k)
-	l.counter = k.D.Alloc(kernels.I32, 1)
-	k.D.Zero(l.counter)
+	l.counter = newCounters(k, 1)
 	return l
 }
 

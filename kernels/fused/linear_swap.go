@@ -223,8 +223,7 @@ func newLinearSwap(k *cudaset.Kit) *swKit {
 	}
 	k.Overlap(swModule().Funcs...)
 	l.status = newWaitStatus(k)
-	l.counters = k.D.Alloc(kernels.I32, swCounters)
-	k.D.Zero(l.counters)
+	l.counters = newCounters(k, swCounters)
 	return l
 }
 

@@ -656,8 +656,7 @@ func moeFuncs() []string {
 // blocks of each persistent kernel an SM holds from what the compiler made
 // of it.
 func (o *ops) initMoE() error {
-	o.moeCounters = o.D.Alloc(kernels.I32, foldCounters)
-	o.D.Zero(o.moeCounters)
+	o.moeCounters = newCounters(o.Kit, foldCounters)
 	o.dynPerSM = map[string]int{}
 	c := dynConfig()
 	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances()) {
@@ -667,8 +666,7 @@ func (o *ops) initMoE() error {
 		}
 		o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
 	}
-	o.dynCounters = o.D.Alloc(kernels.I32, dynCountersN)
-	o.D.Zero(o.dynCounters)
+	o.dynCounters = newCounters(o.Kit, dynCountersN)
 	return nil
 }
 

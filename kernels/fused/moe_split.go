@@ -114,8 +114,7 @@ func newMoESplit(k *cudaset.Kit) *msKit {
 	}
 	k.Overlap(msModule().Funcs...)
 	m.status = newWaitStatus(k)
-	m.counters = k.D.Alloc(kernels.I32, msCounters)
-	k.D.Zero(m.counters)
+	m.counters = newCounters(k, msCounters)
 	return m
 }
 
