@@ -23,21 +23,21 @@ import (
 
 // The layout of moe_routed_split, named as in moe_split.cu.
 const (
-	splitVariant = "route_split"
-	msThreads    = 256             // MS_THREADS
-	msRows       = 16              // MS_ROWS: weight rows of a stage
-	msCols       = 64              // MS_COLS: intermediate columns of an item
-	msMaxStages  = 16              // MS_MAX_STAGES
-	msMaxK       = 32              // MS_MAX_K
-	msMaxH       = 8192            // MS_MAX_H
-	msMaxI       = 4096            // MS_MAX_I
-	msMaxS       = 192             // MS_MAX_S: slices of an expert
-	msCounters   = 64 + msMaxS     // MS_COUNTERS
-	msTrace      = 128             // MS_TRACE: marks of a timeline
-	msHead       = 2048            // MS_HEAD: bytes of the small arrays before x
-	msWaitOthers = 2               // status code of a wait for the other blocks' activations
-	scrMoEAct1   = "moe.split.act" // moe_routed_split: each choice's activations bf16 [K, I]
-	scrMoEY1     = "moe.split.y"   // moe_routed_split: each choice's output bf16 [K, H]
+	splitVariant   = "route_split"
+	msThreads      = 256             // MS_THREADS
+	msRows         = 16              // MS_ROWS: weight rows of a stage
+	msCols         = 64              // MS_COLS: intermediate columns of an item
+	msMaxStages    = 16              // MS_MAX_STAGES
+	msMaxK         = 32              // MS_MAX_K
+	msMaxH         = 8192            // MS_MAX_H
+	msMaxI         = 4096            // MS_MAX_I
+	msMaxS         = 192             // MS_MAX_S: slices of an expert
+	msCounters     = 64 + msMaxS     // MS_COUNTERS
+	msTrace        = 128             // MS_TRACE: marks of a timeline
+	msHead         = 2048            // MS_HEAD: bytes of the small arrays before x
+	msWaitOthers   = 2               // status code of a wait for the other blocks' activations
+	scrMoESplitAct = "moe.split.act" // moe_routed_split: each choice's activations bf16 [K, I]
+	scrMoESplitY   = "moe.split.y"   // moe_routed_split: each choice's output bf16 [K, H]
 )
 
 // routeSplitTokens is the most tokens the default moe_routed runs
@@ -140,8 +140,8 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	if err != nil {
 		return false
 	}
-	act := o.Scratch(scrMoEAct1, kernels.BF16, r.TopK, inter)
-	y := o.Scratch(scrMoEY1, kernels.BF16, r.TopK, hidden)
+	act := o.Scratch(scrMoESplitAct, kernels.BF16, r.TopK, inter)
+	y := o.Scratch(scrMoESplitY, kernels.BF16, r.TopK, hidden)
 	args := []any{o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
 		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status), o.ms.trace)
