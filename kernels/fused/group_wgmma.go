@@ -176,17 +176,13 @@ func (o *ops) wgmmaGemm(op kernels.Op, swiglu bool, out, x cudaset.Mat, xRows in
 // wgmmaWaits reports a wait of group_wgmma that timed out since the last
 // call (synchronizing with the device), and clears the record.
 func (o *ops) wgmmaWaits() error {
-	if o.gw == nil || o.gw.status == nil {
+	if o.gw == nil {
 		return nil
 	}
-	st, err := o.D.ReadI32(o.gw.status)
-	if err != nil {
+	st, err := o.takeWait(o.gw.status)
+	if st == nil {
 		return err
 	}
-	if st[0] == 0 {
-		return nil
-	}
-	o.D.Zero(o.gw.status)
 	what := map[int32]string{1: "a full stage (full)", 2: "a free stage (empty)"}[st[0]]
 	return fmt.Errorf("fused: group_wgmma: a wait for %s timed out: block %d, thread %d, k-step %d, parity %d (the kernel gave up; its output is garbage)",
 		what, st[1], st[4], st[5], st[6])

@@ -324,20 +324,28 @@ func (o *ops) hopperWaits() error {
 	return o.hopWaits("flash_hopper", o.hopper.status)
 }
 
+// takeWait reads a Hopper kernel's timed-out-wait record st (hopper.cuh's
+// status; none where st is nil), synchronizing with the device, and clears
+// it: the record's words where a wait timed out, else nil.
+func (o *ops) takeWait(st *kernels.Tensor) ([]int32, error) {
+	if st == nil {
+		return nil, nil
+	}
+	w, err := o.D.ReadI32(st)
+	if err != nil || w[0] == 0 {
+		return nil, err
+	}
+	o.D.Zero(st)
+	return w, nil
+}
+
 // hopWaits reads kernel's timed-out-wait record st (hopper.cuh's status)
 // and clears it: an error naming the wait when there is one.
 func (o *ops) hopWaits(kernel string, st *kernels.Tensor) error {
-	if st == nil {
-		return nil
-	}
-	w, err := o.D.ReadI32(st)
-	if err != nil {
+	w, err := o.takeWait(st)
+	if w == nil {
 		return err
 	}
-	if w[0] == 0 {
-		return nil
-	}
-	o.D.Zero(st)
 	what := map[int32]string{1: "a Q tile (qfull)", 2: "a K tile (kfull)", 3: "a V tile (vfull)", 4: "a free K stage (kfree)",
 		5: "a free V stage (vfree)", 6: "a free Q tile (qfree)"}[w[0]]
 	return fmt.Errorf("fused: %s: a wait for %s timed out: block (%d, %d, %d), thread %d, tile %d, parity %d (the kernel gave up; its output is garbage)",

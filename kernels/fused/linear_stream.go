@@ -320,14 +320,13 @@ func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w,
 // the last call (synchronizing with the device), and clears the record
 // and the norm-first kernels' count.
 func (o *ops) linearStreamWaits() error {
-	if o.ls == nil || o.ls.status == nil {
+	if o.ls == nil {
 		return nil
 	}
-	st, err := o.D.ReadI32(o.ls.status)
-	if err != nil || st[0] == 0 {
+	st, err := o.takeWait(o.ls.status)
+	if st == nil {
 		return err
 	}
-	o.D.Zero(o.ls.status)
 	// A block that gave up may not have counted itself, or the last may
 	// not have put the norm-first kernels' count back: start it again.
 	o.D.Zero(o.ls.counter)

@@ -314,14 +314,13 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 // linearSwapWaits reports a wait of linear_swap that timed out since the
 // last call (synchronizing with the device), and clears the record.
 func (o *ops) linearSwapWaits() error {
-	if o.sw == nil || o.sw.status == nil {
+	if o.sw == nil {
 		return nil
 	}
-	st, err := o.D.ReadI32(o.sw.status)
-	if err != nil || st[0] == 0 {
+	st, err := o.takeWait(o.sw.status)
+	if st == nil {
 		return err
 	}
-	o.D.Zero(o.sw.status)
 	what := map[int32]string{1: "a full stage (full)", 2: "a free stage (empty)"}[st[0]]
 	return fmt.Errorf("fused: linear_swap: a wait for %s timed out: block %d, thread %d, k-step %d, parity %d (the kernel gave up; its output and split counters are garbage)",
 		what, st[1], st[4], st[5], st[6])

@@ -334,17 +334,13 @@ func (o *ops) lwBias(bias *kernels.Tensor) uintptr {
 // linearWgmmaWaits reports a wait of linear_wgmma that timed out since the
 // last call (synchronizing with the device), and clears the record.
 func (o *ops) linearWgmmaWaits() error {
-	if o.lw == nil || o.lw.status == nil {
+	if o.lw == nil {
 		return nil
 	}
-	st, err := o.D.ReadI32(o.lw.status)
-	if err != nil {
+	st, err := o.takeWait(o.lw.status)
+	if st == nil {
 		return err
 	}
-	if st[0] == 0 {
-		return nil
-	}
-	o.D.Zero(o.lw.status)
 	what := map[int32]string{1: "a full stage (full)", 2: "a free stage (empty)"}[st[0]]
 	return fmt.Errorf("fused: linear_wgmma: a wait for %s timed out: block %d, thread %d, k-step %d, parity %d (the kernel gave up; its output is garbage)",
 		what, st[1], st[4], st[5], st[6])

@@ -153,14 +153,13 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 // last call (synchronizing with the device), and clears the record and the
 // counts (a block that gave up may have left them counted).
 func (o *ops) moeSplitWaits() error {
-	if o.ms == nil || o.ms.status == nil {
+	if o.ms == nil {
 		return nil
 	}
-	st, err := o.D.ReadI32(o.ms.status)
-	if err != nil || st[0] == 0 {
+	st, err := o.takeWait(o.ms.status)
+	if st == nil {
 		return err
 	}
-	o.D.Zero(o.ms.status)
 	o.D.Zero(o.ms.counters)
 	if st[0] == msWaitOthers {
 		return fmt.Errorf("fused: moe_routed_split: block %d waited too long for the other blocks' activations of item %d (the kernel gave up; its output is garbage)",
