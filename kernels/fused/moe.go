@@ -569,7 +569,7 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	key := wgmmaKey(c)
 	v, ev := o.variantFor(op, key), o.variantFor(kernels.OpMoEExperts, key)
 	picked := o.choice[choiceKey{op, key}] // a tuning choice or infer bench's --variants
-	if v == splitVariant && (n <= routeSplitTokens || picked == splitVariant && n == 1) && o.routedSplit(out, idx, weight, x, logits, gateUp, down, r) {
+	if v == splitVariant && (n <= routeSplitTokens || picked == splitVariant) && o.routedSplit(out, idx, weight, x, logits, gateUp, down, r) {
 		return
 	}
 	if v == splitVariant {
