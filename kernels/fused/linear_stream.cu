@@ -14,9 +14,12 @@
 // all of K, so no block shares an output with another (no split-K, no
 // second pass) and the blocks' bytes differ by one row at most. It walks
 // its rows in tiles of LS_ROWS and each tile's k in stages of ks: a stage
-// is LS_ROWS weight rows × ks k, one bulk copy a row into a ring of
-// `stages` slots, each row LS_WPAD elements apart so that the loads below
-// meet no bank conflict. The ring's first slots are requested before
+// is LS_ROWS weight rows × ks k into a ring of `stages` slots, one bulk
+// copy a row, each row LS_WPAD elements apart so that the loads below meet
+// no bank conflict; or, where a stage is whole rows (ks ≥ K), the tile's
+// contiguous rows packed, K apart, in one copy (two with SwiGLU: the gate
+// rows, the up rows): the copy engine's cost is per copy far more than per
+// byte, and the loads' bank conflicts on packed rows hide under the stream. The ring's first slots are requested before
 // grid_wait: the weights are no kernel's output, so their stream starts
 // under the previous kernel's tail, and for the small matrices of a decode
 // step that is most or all of the block's bytes. x (every row, all of K)
@@ -207,7 +210,11 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned bars = smem_addr(smem), xbar = bars + 8 * LS_MAX_STAGES;
 	float* red = reinterpret_cast<float*>(smem + LS_BARS);
-	const int xrow = ls_xrow(K), wrow = ks + LS_WPAD;
+	// A stage of whole rows (ks ≥ K, one stage a tile) packs them, K
+	// apart, and moves them in one copy (two with SwiGLU); else each row is
+	// a copy, LS_WPAD elements apart.
+	const bool packed = ks >= K;
+	const int xrow = ls_xrow(K), wrow = packed ? K : ks + LS_WPAD;
 	bf16* xs = reinterpret_cast<bf16*>(smem + LS_X);
 	bf16* ring = reinterpret_cast<bf16*>(smem + LS_X + (M * xrow * 2 + 127) / 128 * 128);
 
@@ -227,7 +234,13 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 		const unsigned bar = bars + 8 * slot;
 		if (lane == 0) mbar_expect_tx(bar, (SWIGLU ? 2 : 1) * rows * kn * 2);
 		__syncwarp();
-		if (SWIGLU) {
+		if (packed) {
+			// The tile's rows are contiguous in w: with SwiGLU its gate rows
+			// to slot rows 0.., its up rows to slot rows UNITS.., a copy each.
+			if (lane < (SWIGLU ? 2 : 1))
+				bulk_load(smem_addr(ring + (slot * LS_ROWS + lane * UNITS) * wrow), w + (long long)(lane * F + row0) * K,
+				          rows * K * 2, bar);
+		} else if (SWIGLU) {
 			const int i = lane % UNITS, up = lane / UNITS;
 			if (lane < LS_ROWS && i < rows)
 				bulk_load(smem_addr(ring + (slot * LS_ROWS + lane) * wrow), w + (long long)(up * F + row0 + i) * K + k0, kn * 2, bar);

@@ -87,8 +87,9 @@ func lsXRow(k int) int {
 // blocks may hold maxShared bytes: one block an SM (at most one a row), the
 // widest stage k (halving from all of K) that leaves room for two slots
 // (or for all of a block's stages, where it has one), and as many slots as
-// fit, up to the block's stages and lsMaxStages. An error says why it
-// cannot run the problem.
+// fit, up to the block's stages and lsMaxStages. A stage of whole rows
+// packs them (no padding: linear_stream.cu moves them in one copy). An
+// error says why it cannot run the problem.
 func planStream(m, n, k, sms, maxShared int) (lsPlan, error) {
 	if n < 1 {
 		return lsPlan{}, fmt.Errorf("N=%d features", n)
@@ -123,6 +124,9 @@ func planStreamTiles(m, outs, perTile, k, sms, maxShared int) (lsPlan, error) {
 	unit := lsWarps * lsChunk
 	for ks := (k + unit - 1) / unit * unit; ; ks = ((ks/2 + unit - 1) / unit) * unit {
 		stage := lsRows * (ks + lsPad) * 2
+		if ks >= k {
+			stage = lsRows * k * 2 // whole rows, packed (linear_stream.cu)
+		}
 		total := tiles * ((k + ks - 1) / ks)
 		slots := min(max(0, room/stage), lsMaxStages, total)
 		if slots >= min(2, total) && slots > 0 {

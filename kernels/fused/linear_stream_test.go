@@ -12,8 +12,8 @@ import (
 )
 
 // TestLinearStreamPlan checks linear_stream's plans without a GPU: whole K
-// in one stage where x leaves room for two, narrower stages where it does
-// not, refusals past 16 rows, K not a multiple of 32, or x too big for a
+// in one stage where x leaves room for two (its rows packed), narrower
+// stages where it does not, refusals past 16 rows, K not a multiple of 32, or x too big for a
 // block; every plan fits an H200 block; and the default takes it only under
 // linStreamBytes and up to linStreamRows rows, where it is built.
 func TestLinearStreamPlan(t *testing.T) {
@@ -42,6 +42,8 @@ func TestLinearStreamPlan(t *testing.T) {
 			t.Errorf("M=%d N=%d K=%d: %v", c.m, c.n, c.k, err)
 		case p.ks != c.ks || p.stages != c.stages || p.shared > h200.SharedPerBlock || p.blocks != min(h200.SMs, c.n):
 			t.Errorf("M=%d N=%d K=%d: %v, want stages of %d k, %d slots, within %d bytes", c.m, c.n, c.k, p, c.ks, c.stages, h200.SharedPerBlock)
+		case p.ks >= c.k && p.shared != lsBars+lsRed+(c.m*lsXRow(c.k)*2+127)/128*128+p.stages*lsRows*c.k*2:
+			t.Errorf("M=%d N=%d K=%d: %v, want slots of %d whole rows packed", c.m, c.n, c.k, p, lsRows)
 		}
 	}
 	o := &ops{ls: &lsKit{}}
