@@ -48,6 +48,75 @@ template <int D> struct CacheKV {
 	}
 FLASH_PREFILL_INSTANCES(FLASH_PREFILL)
 
+#define MERGE_DIMS 128 // attn_merge: dims of a block
+#define MERGE_WARPS 8  // attn_merge: warps of a block, each every MERGE_WARPS-th split
+
+// merge_last ends a split block of flash_decode_keys that has written its
+// part and stats: the block counts itself on counter, the (row, kv head)'s,
+// and the last of its splits to count merges the group's rows there, so
+// that no attn_merge launch follows (a hop of the step's chain fewer, and
+// the kernel after it launches while this one runs). The arithmetic is
+// attn_merge's, order included (each of its MERGE_WARPS warps' sums over
+// every MERGE_WARPS-th split, then the warps' in order), so out is
+// attn_merge's bit for bit. The last block puts the counter back to 0 for
+// the next launch.
+//   out0: the group's first output element in out; the rest as
+//   flash_decode_keys's.
+__device__ __forceinline__ void merge_last(bf16* out, const float* part, const float* stats, int* counter,
+                                           long long rowHead, long long out0, int group, int splits, int D) {
+	__shared__ int last;
+	__threadfence(); // this block's part and stats before its count
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		last = atomicAdd(counter, 1) == splits - 1;
+		if (last) *counter = 0; // every split has counted
+	}
+	__syncthreads();
+	if (!last) return;
+	__threadfence(); // the other blocks' part and stats, read from L2 (ld.cg)
+	for (int i = threadIdx.x; i < group * (D / 4); i += blockDim.x) {
+		const int r = i / (D / 4), d = 4 * (i - r * (D / 4));
+		const float* st = stats + (rowHead + r) * splits * 2;
+		const float* pp = part + (rowHead + r) * splits * D + d;
+		float M = NEG_INF;
+		for (int s = 0; s < splits; s++)
+			if (__ldcg(st + 2 * s + 1) > 0.0f) M = fmaxf(M, __ldcg(st + 2 * s));
+		float L = 0.0f;
+		float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+		for (int w = 0; w < MERGE_WARPS; w++) {
+			float Lw = 0.0f;
+			float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			for (int s = w; s < splits; s += MERGE_WARPS) {
+				const float l = __ldcg(st + 2 * s + 1);
+				if (l <= 0.0f) continue; // a split with no keys
+				const float f = exp2f(__ldcg(st + 2 * s) - M);
+				Lw += l * f;
+				const float4 p = __ldcg(reinterpret_cast<const float4*>(pp + (long long)s * D));
+				acc.x += p.x * f;
+				acc.y += p.y * f;
+				acc.z += p.z * f;
+				acc.w += p.w * f;
+			}
+			if (w == 0) {
+				sum = acc;
+				L = Lw;
+			} else {
+				sum.x += acc.x;
+				sum.y += acc.y;
+				sum.z += acc.z;
+				sum.w += acc.w;
+				L += Lw;
+			}
+		}
+		bf16* o = out + out0 + r * D + d;
+		o[0] = __float2bfloat16_rn(sum.x / L);
+		o[1] = __float2bfloat16_rn(sum.y / L);
+		o[2] = __float2bfloat16_rn(sum.z / L);
+		o[3] = __float2bfloat16_rn(sum.w / L);
+	}
+}
+
 // flash_decode_keys is flash-decoding: one block per split of one row's
 // cache for one kv head, its query heads (a group of at most 16, the rows of
 // one m-tile) and the row's single new token, over keys [split·chunk,
@@ -58,42 +127,55 @@ FLASH_PREFILL_INSTANCES(FLASH_PREFILL)
 // single-block softmax rounds it and the warps' outputs merge by a plain
 // sum. A block writes the final output itself when it is the only split
 // (splits == 1); otherwise it writes its unnormalised output and (max, sum)
-// to part and stats, and attn_merge, a second launch of one block per row
-// and head, merges the splits by their log-sum-exp. The new token's key and
-// value are read from kn, vn and appended to the cache by the block whose
-// split holds them, so no other kernel runs first. (An earlier variant,
+// to part and stats, and the splits are merged by their log-sum-exp: by
+// the last of them to finish (merge_last) where counters is given, else by
+// attn_merge, a second launch of one block per row and head. The first
+// tiles' cached rows are queued before the grid_wait (DecodeSplit's
+// EARLY); the new token's key and value are read from kn, vn after it and
+// appended to the cache by the block whose split holds them, so no other
+// kernel runs first. (An earlier variant,
 // every warp scoring the whole tile and the last block merging, reached
 // 63–76% of the copy rate against this one's 81–96%: bench/RESULTS.md.)
 //   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D];
 //   stats f32 [B·heads, splits, 2]; q bf16 [B, heads·D] (rotated), pitch qp;
 //   kn, vn bf16 [B, kvh·D], pitches kp, vp; kc, vc bf16 [B, kvh, maxSeq, D];
-//   past i32 [B]: tokens cached before the new one. A length past maxSeq
-//   traps.
+//   past i32 [B]: tokens cached before the new one (read before the
+//   grid_wait: a step's inputs are written before its first kernel);
+//   counters i32 [B·kvh], zero, or null (attn_merge merges). A length past
+//   maxSeq traps.
 // With ROPE (flash_decode_rope) q and kn are unrotated and rope rotates
 // them as they are loaded (DecodeSplit), to the bits the rope kernel would
 // have written; the split, the order of every sum and the rounding are the
 // same, so out, part, stats and the cache are the ones rope then
 // flash_decode_keys write.
 // Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
-// (16 + 2·DEC_STAGES·BN)·Tile<D>::ROW_BYTES bytes.
+// (16 + 2·min(DEC_STAGES, chunk / BN)·BN)·Tile<D>::ROW_BYTES bytes (the
+// stages a split's tiles use).
 template <int D, bool ROPE = false>
 __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn,
                                   int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads,
-                                  int kvh, int maxSeq, int chunk, float scale_log2, HalfRope<D> rope = {}) {
+                                  int kvh, int maxSeq, int chunk, float scale_log2, int* counters,
+                                  HalfRope<D> rope = {}) {
 	constexpr int KS = D / 16, NO = D / 8, THREADS = DEC_WARPS * 32;
 	typedef Tile<D> T;
 	extern __shared__ __align__(128) unsigned char smem[];
 	__shared__ float tileMax[DEC_WARPS][16];
-	const DecodeSplit<D, DEC_STAGES, false, ROPE> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk, rope);
+	const DecodeSplit<D, DEC_STAGES, false, ROPE, true> sp(smem, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk,
+	                                                       rope);
 	const int b = sp.b, g = sp.g, split = blockIdx.x, splits = gridDim.x, group = sp.group;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const long long rowHead = sp.rowHead;
 	const int nkeys = sp.nkeys, ntiles = sp.ntiles;
 	const unsigned sQ = sp.sQ;
-	if (ROPE)
-		sp.startRoPE(q, qp);
-	else
-		sp.start(q, qp);
+	// The cached rows of the first tiles under the kernel before; the new
+	// token and the queries (its output) after the wait.
+	sp.prime(true);
+	grid_wait();
+	grid_release();
+	sp.append();
+	sp.newRows();
+	sp.queries(q, qp);
+	cp_commit();
 
 	unsigned qa[KS][4];
 	float o[NO][4];
@@ -205,17 +287,18 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 			if (r < group) stats[((rowHead + r) * splits + split) * 2] = st[i].m * scale_log2;
 		}
 	}
+	if (splits > 1 && counters != nullptr)
+		merge_last(out, part, stats, counters + (long long)b * kvh + g, rowHead, (long long)b * op + g * group * D, group,
+		           splits, D);
 }
 
 #define FLASH_DECODE_KEYS(NAME, D)                                                                               \
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) NAME(                                          \
 	    bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn, int kp,            \
 	    const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, int chunk, \
-	    float scale_log2) {                                                                                     \
-		grid_wait();                                                                                               \
-		grid_release();                                                                                            \
+	    float scale_log2, int* counters) {                                                                      \
 		flash_decode_keys<D>(out, op, part, stats, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq, chunk, \
-		                     scale_log2);                                                                       \
+		                     scale_log2, counters);                                                             \
 	}
 FLASH_DECODE_KEYS_INSTANCES(FLASH_DECODE_KEYS)
 
@@ -231,11 +314,11 @@ FLASH_DECODE_KEYS_INSTANCES(FLASH_DECODE_KEYS)
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) NAME(                                          \
 	    bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn, int kp,            \
 	    const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads, int kvh, int maxSeq, int chunk, \
-	    float scale_log2, const int* pos, const float* cosT, const float* sinT, int cspitch, int maxPos) {       \
-		grid_wait();                                                                                               \
-		grid_release();                                                                                            \
+	    float scale_log2, int* counters, const int* pos, const float* cosT, const float* sinT, int cspitch,      \
+	    int maxPos) {                                                                                           \
 		flash_decode_keys<D, true>(out, op, part, stats, q, qp, kn, kp, vn, vp, kc, vc, past, heads, kvh, maxSeq,  \
-		                           chunk, scale_log2, HalfRope<D>::at(pos, blockIdx.z, cosT, sinT, cspitch, maxPos)); \
+		                           chunk, scale_log2, counters,                                                 \
+		                           HalfRope<D>::at(pos, blockIdx.z, cosT, sinT, cspitch, maxPos));              \
 	}
 FLASH_DECODE_ROPE_INSTANCES(FLASH_DECODE_ROPE)
 
@@ -249,8 +332,6 @@ FLASH_DECODE_ROPE_INSTANCES(FLASH_DECODE_ROPE)
 //   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D]; stats
 //   f32 [B·heads, splits, 2] (scaled max, sum). D a multiple of 4.
 // Launch: grid (B·heads, ceil(D / MERGE_DIMS)), MERGE_WARPS·32 threads.
-#define MERGE_DIMS 128
-#define MERGE_WARPS 8
 extern "C" __global__ void __launch_bounds__(MERGE_WARPS * 32) attn_merge(bf16* out, int op, const float* part,
                                                                           const float* stats, int heads, int splits, int D) {
 	__shared__ float4 acc_s[MERGE_WARPS][MERGE_DIMS / 4];

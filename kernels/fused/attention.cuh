@@ -186,10 +186,16 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const KV
 // new key are read unrotated and rotated by rope (rotate_half over all D
 // dims, as the rope kernel rotates them) on their way into shared memory
 // and the cache: the queries by startRoPE, the key wherever it is stored.
-// A length past maxSeq traps.
+// With EARLY the block queues its first tiles before its grid_wait, under
+// the kernel before it: the cached positions only (earlier steps wrote
+// them; kn and vn, the kernel before's output, may still be being written),
+// so the constructor appends nothing and the caller runs, in order,
+// prime(true), grid_wait, append, newRows and queries, then commits the
+// queries' group. A length past maxSeq traps.
 // Shared memory: 16 query rows, then STAGES·(SHARED ? 1 : 2)·BN rows, of
-// Tile<D>::ROW_BYTES.
-template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false> struct DecodeSplit {
+// Tile<D>::ROW_BYTES; a split of fewer tiles than STAGES uses only its
+// tiles' stages (decodeSharedFor).
+template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false, bool EARLY = false> struct DecodeSplit {
 	typedef Tile<D> T;
 	static constexpr int THREADS = DEC_WARPS * 32;
 	static constexpr int TILES = SHARED ? 1 : 2; // tiles of a stage
@@ -215,6 +221,11 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false
 		vNew = SHARED ? nullptr : vn + (long long)b * vp + g * D;
 		sQ = smem_addr(smem);
 		sKV = sQ + 16 * T::ROW_BYTES;
+		if (!EARLY) append();
+	}
+	// append stores the new token's key (rotated with ROPE) and value in
+	// the cache, from the block whose split holds them.
+	__device__ void append() const {
 		if (newAt >= 0 && newAt < nkeys) {
 			for (int i = tid; i < D / 8; i += THREADS) {
 				store<bf16, 8>(kc + kvBase + (long long)(len - 1) * D + i * 8, newKey(i));
@@ -228,12 +239,14 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false
 	__device__ unsigned sK(int s) const { return sKV + (TILES * s) * BN * T::ROW_BYTES; }
 	__device__ unsigned sV(int s) const { return sKV + (TILES * s + TILES - 1) * BN * T::ROW_BYTES; }
 
-	// loadKV brings tile j of the split into stage j % STAGES.
-	__device__ void loadKV(int j) const {
+	// loadKV brings tile j of the split into stage j % STAGES; early (before
+	// the grid_wait), all but the new token's row, which newRows stores.
+	__device__ void loadKV(int j, bool early = false) const {
 		const int s = j % STAGES, first = j * BN;
 		for (int i = tid; i < BN * T::CHUNKS; i += THREADS) {
 			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS, key = first + r;
 			const bool ok = key < nkeys;
+			if (early && ok && key == newAt) continue;
 			const long long at = kvBase + (long long)(k0 + key) * D + c * 8;
 			if (ROPE && ok && key == newAt)
 				st_shared16(T::at(sK(s), r, c), bits16(newKey(c))); // visible after next's barrier
@@ -241,6 +254,29 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false
 				cp16(T::at(sK(s), r, c), !ok ? kc : key == newAt ? kNew + c * 8 : kc + at, ok);
 			if (!SHARED) cp16(T::at(sV(s), r, c), !ok ? vc : key == newAt ? vNew + c * 8 : vc + at, ok);
 		}
+	}
+
+	// newRows (EARLY, after the grid_wait) stores the new token's key and
+	// value into their row of the tile prime(true) queued them in, if it
+	// did; a later tile's loadKV takes them as it takes any row. Visible
+	// after next's barrier.
+	__device__ void newRows() const {
+		if (newAt < 0 || newAt >= nkeys || newAt >= (STAGES - 1) * BN) return;
+		const int j = newAt / BN, s = j % STAGES, r = newAt - j * BN;
+		for (int c = tid; c < T::CHUNKS; c += THREADS) {
+			st_shared16(T::at(sK(s), r, c), bits16(newKey(c)));
+			if (!SHARED) st_shared16(T::at(sV(s), r, c), bits16(load<bf16, 8>(vNew + c * 8)));
+		}
+	}
+
+	// queries (EARLY, after newRows) queues the group's queries as start
+	// does, or with ROPE stores them rotated as startRoPE does; the caller
+	// commits them as one cp.async group, after prime's.
+	__device__ void queries(const bf16* q, int qp) const {
+		if (ROPE)
+			storeRoPE(q, qp);
+		else
+			T::template load<16>(sQ, q + (long long)b * qp + g * group * D, D, group, tid, THREADS);
 	}
 
 	// start queues the group's queries and the first tiles (see prime).
@@ -256,6 +292,9 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false
 	// block of the (row, kv head) rotates its own copy alike.
 	__device__ void startRoPE(const bf16* q, int qp) const {
 		prime();
+		storeRoPE(q, qp);
+	}
+	__device__ void storeRoPE(const bf16* q, int qp) const {
 		const bf16* q0 = q + (long long)b * qp + g * group * D;
 		for (int i = tid; i < 16 * T::CHUNKS; i += THREADS) {
 			const int r = i / T::CHUNKS, c = i - r * T::CHUNKS;
@@ -265,21 +304,27 @@ template <int D, int STAGES = DEC_STAGES, bool SHARED = false, bool ROPE = false
 		}
 	}
 
-	// prime queues the first STAGES-1 tiles, the queries' loads (issued
-	// before it) in the first group.
-	__device__ void prime() const {
+	// prime queues the first STAGES-1 tiles, a cp.async group each, the
+	// queries' loads (issued before it) in the first group; early, before
+	// the grid_wait (EARLY), the cached rows only.
+	__device__ void prime(bool early = false) const {
 #pragma unroll
 		for (int j = 0; j < STAGES - 1; j++) {
-			if (j < ntiles) loadKV(j);
+			if (j < ntiles) loadKV(j, early);
 			cp_commit();
 		}
 	}
 
-	// next queues tile j+STAGES-1 and waits for tile j.
+	// next queues tile j+STAGES-1 and waits for tile j. With EARLY the
+	// queries' group follows prime's, so the first tile waits for all but
+	// the group just queued (tile STAGES-1's).
 	__device__ void next(int j) const {
 		if (j + STAGES - 1 < ntiles) loadKV(j + STAGES - 1);
 		cp_commit();
-		cp_wait<STAGES - 1>();
+		if (EARLY && j == 0)
+			cp_wait<1>();
+		else
+			cp_wait<STAGES - 1>();
 		__syncthreads();
 	}
 };

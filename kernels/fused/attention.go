@@ -139,14 +139,28 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	stats := o.Scratch(scrStats, kernels.F32, rows, 2)
 	grid := cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}
 	block := cuda.Dim3{X: decodeWarps * 32}
+	fold := splits > 1 && decodeFold && b.Rows*a.KVHeads <= decodeCountersN
+	counters := uintptr(0) // null: attn_merge merges the splits
+	if fold {
+		counters = o.D.Ptr(o.decodeCounters)
+	}
 	args := append([]any{o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K),
 		int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
-		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale)}, extra...)
-	o.LaunchGrid(kernel, grid, block, decodeShared(a.HeadDim), args...)
-	if splits > 1 {
+		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale), counters}, extra...)
+	o.LaunchGrid(kernel, grid, block, decodeSharedFor(a.HeadDim, chunk), args...)
+	if splits > 1 && !fold {
 		o.mergeSplits(o.Mat(a.Out), part, stats, b.Rows, a.Heads, splits, a.HeadDim)
 	}
 }
+
+// decodeFold is whether flash_decode's splits are merged by the last of
+// them to finish (merge_last) rather than by attn_merge's launch; a
+// variable, so that a test can hold the one to the other.
+var decodeFold = true
+
+// decodeCountersN is the (row, kv head) pairs whose splits flash_decode
+// counts: past it attn_merge merges them.
+const decodeCountersN = 4096
 
 // mergeSplits launches attn_merge: out [rows, heads·d] from the splits'
 // unnormalised outputs part [rows·heads·splits, d] and stats (scaled max,

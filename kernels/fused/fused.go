@@ -125,6 +125,17 @@ func rowBytes(d int) int { return (d/8 + 7) / 8 * 8 * 16 }
 func prefillShared(d int, c flashConfig) int { return (c.rows() + 4*keyTile) * rowBytes(d) }
 func decodeShared(d int) int                 { return (16 + 2*decodeStages*keyTile) * rowBytes(d) }
 
+// decodeSharedFor is flash_decode's shared memory for splits of chunk keys:
+// the stages their tiles use (fewer than decodeStages where a split has
+// fewer tiles), and at least what its epilogue's sums take (the queries,
+// then each warp's sums and f32 outputs of 16 rows). A smaller block lets
+// the kernel after it (linear_stream's, near a whole SM) start beside it.
+func decodeSharedFor(d, chunk int) int {
+	stages := min(decodeStages, max(1, (chunk+keyTile-1)/keyTile))
+	epilogue := 16*rowBytes(d) + decodeWarps*16*4 + decodeWarps*16*d*4
+	return max((16+2*stages*keyTile)*rowBytes(d), epilogue)
+}
+
 func modules() []cudaset.Module {
 	return []cudaset.Module{
 		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
@@ -189,6 +200,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	}
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
+	o.decodeCounters = newCounters(o.Kit, decodeCountersN)
 	if err := o.initMoE(); err != nil {
 		return nil, err
 	}
@@ -229,6 +241,7 @@ type ops struct {
 	ms        *msKit            // moe_routed_split, or why it is absent (moe_split.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
+	decodeCounters *kernels.Tensor // i32 [decodeCountersN]: flash_decode's finished splits per (row, kv head), zero between launches
 	moeCounters    *kernels.Tensor // i32 [foldCounters]: group_gemm_fold's finished blocks per n-tile, zero between launches
 	dynCounters    *kernels.Tensor // i32 [dynCountersN]: group_gemm_dyn's counter pairs (dynGateUpPair, dynDownPair), zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds

@@ -43,6 +43,23 @@ func TestDecodeSplits(t *testing.T) {
 				c.pairs, c.maxSeq, splits, chunk, c.wantSplits)
 		}
 	}
+	// A split's block takes the stages its tiles use, never less than its
+	// epilogue's sums (the queries, each warp's sums and 16 f32 rows of
+	// outputs) nor more than the kernel's full stages.
+	for _, d := range headDims {
+		full, epilogue := decodeShared(d), 16*rowBytes(d)+decodeWarps*16*4+decodeWarps*16*d*4
+		for _, chunk := range []int{keyTile, 2 * keyTile, 3 * keyTile, 64 * keyTile} {
+			got := decodeSharedFor(d, chunk)
+			stages := min(decodeStages, chunk/keyTile)
+			if got < epilogue || got < (16+2*stages*keyTile)*rowBytes(d) || got > full {
+				t.Errorf("D=%d, splits of %d keys: %d bytes of shared memory, want the %d stages' and at least %d, at most %d",
+					d, chunk, got, stages, epilogue, full)
+			}
+		}
+		if decodeSharedFor(d, decodeStages*keyTile) != full {
+			t.Errorf("D=%d: splits of %d tiles take %d bytes, want the kernel's %d", d, decodeStages, decodeSharedFor(d, decodeStages*keyTile), full)
+		}
+	}
 }
 
 // sourceText is the set's source file name.

@@ -183,6 +183,81 @@ func TestRoPEAttnDecodeExact(t *testing.T) {
 	}
 }
 
+// TestDecodeFoldExact holds flash_decode's merge by the last split to
+// finish (merge_last) to attn_merge's launch bit for bit, for both kernels
+// (flash_decode_rope through rope_attn_decode, flash_decode_keys through
+// attn_decode): the output and both caches, over caches of one key (one
+// split: no merge) to a few thousand (dozens of splits, some of them past
+// a row's length and empty) at 1, 3 and 16 rows and several head shapes;
+// the counters must be back at zero after every launch (a captured step
+// replays them). Skipped where no GPU is found.
+func TestDecodeFoldExact(t *testing.T) {
+	dev, o := openSet(t)
+	defer func() { decodeFold = true }()
+	rng := rand.New(rand.NewSource(37))
+	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
+	merged := 0
+	for _, c := range []ropeAttnCase{
+		q7(0), q7(127), q7(227), q7(4095), q7(0, 150, 299), q7(4095, 1, 2500),
+		q7(20, 40, 60, 80, 100, 120, 140, 160, 180, 200, 220, 240, 260, 280, 300, 320),
+		{past: []int{0, 7, 299}, heads: 8, kv: 2, d: 64},
+		{past: []int{77, 1030}, heads: 10, kv: 2, d: 80},
+		{past: []int{5, 63, 64}, heads: 4, kv: 4, d: 16},
+	} {
+		p := newRoPEAttnProblem(t, dev, c, rng)
+		wave := max(1, o.D.Props().MaxSharedPerSM/decodeShared(c.d)) * o.SMs
+		splits, _ := decodeSplits(len(c.past)*c.kv, p.a[0].Batch.MaxSeq, wave)
+		if splits > 1 {
+			merged++
+		}
+		for _, call := range []struct {
+			name string
+			run  func(a *kernels.AttnArgs)
+		}{
+			{"flash_decode_rope", func(a *kernels.AttnArgs) { o.RoPEAttentionDecode(a, p.pos, p.r) }},
+			{"flash_decode_keys", func(a *kernels.AttnArgs) { o.AttentionDecode(a) }},
+		} {
+			decodeFold = false
+			call.run(p.a[1])
+			decodeFold = true
+			call.run(p.a[0])
+			call.run(p.a[0]) // again: the counters must have been left at zero
+			for _, piece := range []struct {
+				name string
+				x    [2]*kernels.Tensor
+			}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
+				{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
+				if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
+					t.Errorf("%s, %s (%d splits): %s differs from attn_merge's in %d elements, the first at %d", c, call.name,
+						splits, piece.name, n, first)
+				}
+			}
+			cs, err := dev.ReadI32(o.decodeCounters)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range cs {
+				if v != 0 {
+					t.Fatalf("%s, %s: counter %d is %d after the launch, want 0", c, call.name, i, v)
+				}
+			}
+		}
+		fold := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) })
+		decodeFold = false
+		two := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[1], p.pos, p.r) })
+		decodeFold = true
+		t.Logf("%s: %d splits, flash_decode_rope merging %.2f µs, with attn_merge %.2f µs (back to back, not a step's chain)",
+			c, splits, fold*1e3, two*1e3)
+		p.free(dev)
+	}
+	if merged < 5 {
+		t.Errorf("%d cases merge splits: the test holds too few", merged)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRoPEAttnDecodeDispatch: under "fused" Qwen2's rope and decode
 // attention are one call of fused's (flash_decode_rope); where the spec
 // puts rope or attn_decode (or the attn group) on naive they are the two
