@@ -58,12 +58,15 @@ FLASH_PREFILL_INSTANCES(FLASH_PREFILL)
 // the kernel after it launches while this one runs). The arithmetic is
 // attn_merge's, order included (each of its MERGE_WARPS warps' sums over
 // every MERGE_WARPS-th split, then the warps' in order), so out is
-// attn_merge's bit for bit. The last block puts the counter back to 0 for
-// the next launch.
-//   out0: the group's first output element in out; the rest as
-//   flash_decode_keys's.
+// attn_merge's bit for bit; the loads are not in its order but all at
+// once: the stats of every (row, split) into shared memory, each one's
+// weight from there, then each thread's parts MERGE_WARPS splits at a time.
+// The last block puts the counter back to 0 for the next launch.
+//   out0: the group's first output element in out; sw: shared memory free
+//   for 3·group·splits floats; the rest as flash_decode_keys's.
 __device__ __forceinline__ void merge_last(bf16* out, const float* part, const float* stats, int* counter,
-                                           long long rowHead, long long out0, int group, int splits, int D) {
+                                           long long rowHead, long long out0, int group, int splits, int D,
+                                           float* sw) {
 	__shared__ int last;
 	__threadfence(); // this block's part and stats before its count
 	__syncthreads();
@@ -74,40 +77,59 @@ __device__ __forceinline__ void merge_last(bf16* out, const float* part, const f
 	__syncthreads();
 	if (!last) return;
 	__threadfence(); // the other blocks' part and stats, read from L2 (ld.cg)
-	for (int i = threadIdx.x; i < group * (D / 4); i += blockDim.x) {
-		const int r = i / (D / 4), d = 4 * (i - r * (D / 4));
-		const float* st = stats + (rowHead + r) * splits * 2;
-		const float* pp = part + (rowHead + r) * splits * D + d;
+	const int n = group * splits;
+	float2* ml = reinterpret_cast<float2*>(sw); // each (row, split)'s (scaled max, sum)
+	float* wt = sw + 2 * n;                     // and its weight 2^(max − the row's max)
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		ml[i] = __ldcg(reinterpret_cast<const float2*>(stats + (rowHead * splits + i) * 2));
+	__syncthreads();
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		const float2* row = ml + i / splits * splits;
 		float M = NEG_INF;
 		for (int s = 0; s < splits; s++)
-			if (__ldcg(st + 2 * s + 1) > 0.0f) M = fmaxf(M, __ldcg(st + 2 * s));
-		float L = 0.0f;
-		float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 1
+			if (row[s].y > 0.0f) M = fmaxf(M, row[s].x);
+		wt[i] = ml[i].y > 0.0f ? exp2f(ml[i].x - M) : 0.0f;
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < group * (D / 4); i += blockDim.x) {
+		const int r = i / (D / 4), d = 4 * (i - r * (D / 4));
+		const float* pp = part + (rowHead + r) * splits * D + d;
+		float4 acc[MERGE_WARPS];
+		float Lw[MERGE_WARPS];
+#pragma unroll
 		for (int w = 0; w < MERGE_WARPS; w++) {
-			float Lw = 0.0f;
-			float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-			for (int s = w; s < splits; s += MERGE_WARPS) {
-				const float l = __ldcg(st + 2 * s + 1);
+			acc[w] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			Lw[w] = 0.0f;
+		}
+		for (int s0 = 0; s0 < splits; s0 += MERGE_WARPS) {
+			float4 p[MERGE_WARPS];
+#pragma unroll
+			for (int w = 0; w < MERGE_WARPS; w++)
+				p[w] = s0 + w < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (long long)(s0 + w) * D))
+				                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+			for (int w = 0; w < MERGE_WARPS; w++) {
+				const int s = s0 + w;
+				if (s >= splits) break;
+				const float l = ml[r * splits + s].y;
 				if (l <= 0.0f) continue; // a split with no keys
-				const float f = exp2f(__ldcg(st + 2 * s) - M);
-				Lw += l * f;
-				const float4 p = __ldcg(reinterpret_cast<const float4*>(pp + (long long)s * D));
-				acc.x += p.x * f;
-				acc.y += p.y * f;
-				acc.z += p.z * f;
-				acc.w += p.w * f;
+				const float f = wt[r * splits + s];
+				Lw[w] += l * f;
+				acc[w].x += p[w].x * f;
+				acc[w].y += p[w].y * f;
+				acc[w].z += p[w].z * f;
+				acc[w].w += p[w].w * f;
 			}
-			if (w == 0) {
-				sum = acc;
-				L = Lw;
-			} else {
-				sum.x += acc.x;
-				sum.y += acc.y;
-				sum.z += acc.z;
-				sum.w += acc.w;
-				L += Lw;
-			}
+		}
+		float4 sum = acc[0];
+		float L = Lw[0];
+#pragma unroll
+		for (int w = 1; w < MERGE_WARPS; w++) {
+			sum.x += acc[w].x;
+			sum.y += acc[w].y;
+			sum.z += acc[w].z;
+			sum.w += acc[w].w;
+			L += Lw[w];
 		}
 		bf16* o = out + out0 + r * D + d;
 		o[0] = __float2bfloat16_rn(sum.x / L);
@@ -289,7 +311,7 @@ __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, 
 	}
 	if (splits > 1 && counters != nullptr)
 		merge_last(out, part, stats, counters + (long long)b * kvh + g, rowHead, (long long)b * op + g * group * D, group,
-		           splits, D);
+		           splits, D, reinterpret_cast<float*>(smem));
 }
 
 #define FLASH_DECODE_KEYS(NAME, D)                                                                               \

@@ -139,7 +139,10 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	stats := o.Scratch(scrStats, kernels.F32, rows, 2)
 	grid := cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}
 	block := cuda.Dim3{X: decodeWarps * 32}
-	fold := splits > 1 && decodeFold && b.Rows*a.KVHeads <= decodeCountersN
+	shared := decodeSharedFor(a.HeadDim, chunk)
+	// merge_last takes the counters and, in the block's shared memory, 3
+	// floats a (query head, split) of its group.
+	fold := splits > 1 && decodeFold && b.Rows*a.KVHeads <= decodeCountersN && 3*4*(a.Heads/a.KVHeads)*splits <= shared
 	counters := uintptr(0) // null: attn_merge merges the splits
 	if fold {
 		counters = o.D.Ptr(o.decodeCounters)
@@ -147,7 +150,7 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	args := append([]any{o.D.Ptr(a.Out), int32(a.Out.Pitch), part.P, stats.P, o.D.Ptr(a.Q), int32(a.Q.Pitch), o.D.Ptr(a.K),
 		int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
 		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale), counters}, extra...)
-	o.LaunchGrid(kernel, grid, block, decodeSharedFor(a.HeadDim, chunk), args...)
+	o.LaunchGrid(kernel, grid, block, shared, args...)
 	if splits > 1 && !fold {
 		o.mergeSplits(o.Mat(a.Out), part, stats, b.Rows, a.Heads, splits, a.HeadDim)
 	}
