@@ -142,7 +142,8 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	shared := decodeSharedFor(a.HeadDim, chunk)
 	// merge_last takes the counters and, in the block's shared memory, 3
 	// floats a (query head, split) of its group.
-	fold := splits > 1 && decodeFold && b.Rows*a.KVHeads <= decodeCountersN && 3*4*(a.Heads/a.KVHeads)*splits <= shared
+	fold := splits > 1 && b.Rows <= decodeFoldRows && b.Rows*a.KVHeads <= decodeCountersN &&
+		3*4*(a.Heads/a.KVHeads)*splits <= shared
 	counters := uintptr(0) // null: attn_merge merges the splits
 	if fold {
 		counters = o.D.Ptr(o.decodeCounters)
@@ -156,10 +157,14 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	}
 }
 
-// decodeFold is whether flash_decode's splits are merged by the last of
-// them to finish (merge_last) rather than by attn_merge's launch; a
-// variable, so that a test can hold the one to the other.
-var decodeFold = true
+// decodeFoldRows is the most rows whose flash_decode splits are merged by
+// the last of them to finish (merge_last) rather than by attn_merge's
+// launch. Measured on Qwen2-7B (bench/RESULTS.md): at one row the fold
+// wins (the kernel after the attention launches while it runs), at 16 rows
+// it loses (64 last blocks each merging 7 heads, where attn_merge spreads
+// them over 448 blocks). A variable, so that a test can hold the one to the
+// other at any count.
+var decodeFoldRows = 1
 
 // decodeCountersN is the (row, kv head) pairs whose splits flash_decode
 // counts: past it attn_merge merges them.

@@ -193,7 +193,8 @@ func TestRoPEAttnDecodeExact(t *testing.T) {
 // replays them). Skipped where no GPU is found.
 func TestDecodeFoldExact(t *testing.T) {
 	dev, o := openSet(t)
-	defer func() { decodeFold = true }()
+	defer func(rows int) { decodeFoldRows = rows }(decodeFoldRows)
+	const every = 1 << 20 // rows: the fold taken at any count
 	rng := rand.New(rand.NewSource(37))
 	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
 	merged := 0
@@ -217,9 +218,9 @@ func TestDecodeFoldExact(t *testing.T) {
 			{"flash_decode_rope", func(a *kernels.AttnArgs) { o.RoPEAttentionDecode(a, p.pos, p.r) }},
 			{"flash_decode_keys", func(a *kernels.AttnArgs) { o.AttentionDecode(a) }},
 		} {
-			decodeFold = false
+			decodeFoldRows = 0
 			call.run(p.a[1])
-			decodeFold = true
+			decodeFoldRows = every
 			call.run(p.a[0])
 			call.run(p.a[0]) // again: the counters must have been left at zero
 			for _, piece := range []struct {
@@ -243,9 +244,9 @@ func TestDecodeFoldExact(t *testing.T) {
 			}
 		}
 		fold := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) })
-		decodeFold = false
+		decodeFoldRows = 0
 		two := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[1], p.pos, p.r) })
-		decodeFold = true
+		decodeFoldRows = every
 		t.Logf("%s: %d splits, flash_decode_rope merging %.2f µs, with attn_merge %.2f µs (back to back, not a step's chain)",
 			c, splits, fold*1e3, two*1e3)
 		p.free(dev)
