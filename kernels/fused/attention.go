@@ -142,7 +142,11 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	shared := decodeSharedFor(a.HeadDim, chunk)
 	// merge_last takes the counters and, in the block's shared memory, 3
 	// floats a (query head, split) of its group.
-	fold := splits > 1 && b.Rows <= decodeFoldRows && b.Rows*a.KVHeads <= decodeCountersN &&
+	cluster := kernel == decodeRopeKernel(a.HeadDim) && o.dc.takes(splits)
+	if cluster {
+		kernel = decodeClusterKernel(a.HeadDim)
+	}
+	fold := !cluster && splits > 1 && b.Rows <= decodeFoldRows && b.Rows*a.KVHeads <= decodeCountersN &&
 		3*4*(a.Heads/a.KVHeads)*splits <= shared
 	counters := uintptr(0) // null: attn_merge merges the splits
 	if fold {
@@ -152,7 +156,7 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 		int32(a.K.Pitch), o.D.Ptr(a.V), int32(a.V.Pitch), o.D.Ptr(a.KCache), o.D.Ptr(a.VCache), o.D.Ptr(b.PastDev),
 		int32(a.Heads), int32(a.KVHeads), int32(b.MaxSeq), int32(chunk), scaleLog2(a.Scale), counters}, extra...)
 	o.LaunchGrid(kernel, grid, block, shared, args...)
-	if splits > 1 && !fold {
+	if splits > 1 && !fold && !cluster {
 		o.mergeSplits(o.Mat(a.Out), part, stats, b.Rows, a.Heads, splits, a.HeadDim)
 	}
 }

@@ -218,6 +218,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.ls = newLinearStream(kit)     // nor linear_stream
 	o.sw = newLinearSwap(kit)       // nor linear_swap
 	o.ms = newMoESplit(kit)         // nor moe_routed_split
+	o.dc = newDecodeCluster(kit)    // nor flash_decode_rope's cluster kernel
 	return o, nil
 }
 
@@ -239,6 +240,7 @@ type ops struct {
 	ls        *lsKit            // linear_stream, or why it is absent (linear_stream.go)
 	sw        *swKit            // linear_swap, or why it is absent (linear_swap.go)
 	ms        *msKit            // moe_routed_split, or why it is absent (moe_split.go)
+	dc        *dcKit            // flash_decode_rope's cluster kernel, or why it is absent (attention_cluster.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 	decodeCounters *kernels.Tensor // i32 [decodeCountersN]: flash_decode's finished splits per (row, kv head), zero between launches
@@ -251,5 +253,5 @@ type ops struct {
 // then the Hopper ones it adds where the device allows; for compile checks
 // apart from a device.
 func Modules() []cudaset.Module {
-	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule())
+	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule(), decodeClusterModule())
 }

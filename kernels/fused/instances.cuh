@@ -124,6 +124,14 @@
 	X(flash_decode_rope_d96, 96) \
 	X(flash_decode_rope_d128, 128)
 
+#define FLASH_DECODE_ROPE_CLUSTER_INSTANCES(X) \
+	X(flash_decode_rope_c4_d16, 16) \
+	X(flash_decode_rope_c4_d32, 32) \
+	X(flash_decode_rope_c4_d64, 64) \
+	X(flash_decode_rope_c4_d80, 80) \
+	X(flash_decode_rope_c4_d96, 96) \
+	X(flash_decode_rope_c4_d128, 128)
+
 #define MLA_PREFILL_INSTANCES(X) \
 	X(mla_prefill_n128_r64_v128_w4_m1, 128, 64, 128, 4, 1) \
 	X(mla_prefill_n128_r64_v128_w8_m1, 128, 64, 128, 8, 1) \

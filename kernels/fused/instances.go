@@ -24,7 +24,7 @@ const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update
 func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
-		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(),
+		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
@@ -151,6 +151,14 @@ func flashDecodeRopeInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "FLASH_DECODE_ROPE"}
 	for _, d := range headDims {
 		f.Kernels = append(f.Kernels, cudaset.Of(decodeRopeKernel(d), d))
+	}
+	return f
+}
+
+func flashDecodeRopeClusterInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "FLASH_DECODE_ROPE_CLUSTER"}
+	for _, d := range headDims {
+		f.Kernels = append(f.Kernels, cudaset.Of(decodeClusterKernel(d), d))
 	}
 	return f
 }

@@ -259,6 +259,62 @@ func TestDecodeFoldExact(t *testing.T) {
 	}
 }
 
+// TestDecodeClusterExact holds flash_decode_rope's cluster kernel (its
+// splits merged in the cluster's shared memory) to flash_decode_rope then
+// attn_merge bit for bit: the output and both caches, where a case's splits
+// are the cluster's (short caches at one row, 16 rows of Qwen2-7B's heads up
+// to 4,096 keys, rows short enough to leave splits empty, another head dim).
+// Skipped where no GPU is found or the device runs no clusters (the kernel
+// is then never taken).
+func TestDecodeClusterExact(t *testing.T) {
+	dev, o := openSet(t)
+	if o.dc.err != nil {
+		t.Skip(o.dc.err)
+	}
+	defer func(rows int, on bool) { decodeFoldRows, decodeClusterOn = rows, on }(decodeFoldRows, decodeClusterOn)
+	rng := rand.New(rand.NewSource(41))
+	spread := func(n, last int) []int {
+		v := make([]int, n)
+		for i := range v {
+			v[i] = i * last / (n - 1)
+		}
+		return v
+	}
+	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
+	for _, c := range []ropeAttnCase{
+		q7(227), q7(200), q7(spread(16, 255)...), q7(spread(16, 4095)...),
+		{past: spread(16, 250), heads: 8, kv: 2, d: 64},
+	} {
+		p := newRoPEAttnProblem(t, dev, c, rng)
+		wave := max(1, o.D.Props().MaxSharedPerSM/decodeShared(c.d)) * o.SMs
+		if splits, _ := decodeSplits(len(c.past)*c.kv, p.a[0].Batch.MaxSeq, wave); splits != decodeCluster {
+			t.Errorf("%s: %d splits, want the cluster's %d: the case holds nothing", c, splits, decodeCluster)
+		}
+		decodeFoldRows, decodeClusterOn = 0, false
+		o.RoPEAttentionDecode(p.a[1], p.pos, p.r)
+		decodeClusterOn = true
+		o.RoPEAttentionDecode(p.a[0], p.pos, p.r)
+		for _, piece := range []struct {
+			name string
+			x    [2]*kernels.Tensor
+		}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
+			{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
+			if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
+				t.Errorf("%s: %s differs from attn_merge's in %d elements, the first at %d", c, piece.name, n, first)
+			}
+		}
+		cl := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) })
+		decodeClusterOn = false
+		two := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[1], p.pos, p.r) })
+		t.Logf("%s: the cluster kernel %.2f µs, flash_decode_rope then attn_merge %.2f µs (back to back, not a step's chain)",
+			c, cl*1e3, two*1e3)
+		p.free(dev)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRoPEAttnDecodeDispatch: under "fused" Qwen2's rope and decode
 // attention are one call of fused's (flash_decode_rope); where the spec
 // puts rope or attn_decode (or the attn group) on naive they are the two
