@@ -117,7 +117,9 @@ __device__ __forceinline__ void merge_last(bf16* out, const float* part, const f
 // (splits == 1); otherwise it writes its unnormalised output and (max, sum)
 // to part and stats, and the splits are merged by their log-sum-exp: by
 // the last of them to finish (merge_last) where counters is given, else by
-// attn_merge, a second launch of one block per row and head. The first
+// attn_merge, a second launch of one block per row and head. With CL > 0
+// (attention_cluster.cu: the CL splits one cluster) the output, max and sum
+// stay in the block's shared memory and cluster_merge merges them. The first
 // tiles' cached rows are queued before the grid_wait (DecodeSplit's
 // EARLY); the new token's key and value are read from kn, vn after it and
 // appended to the cache by the block whose split holds them, so no other
@@ -136,9 +138,11 @@ __device__ __forceinline__ void merge_last(bf16* out, const float* part, const f
 // have written; the split, the order of every sum and the rounding are the
 // same, so out, part, stats and the cache are the ones rope then
 // flash_decode_keys write.
-// Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared
-// (16 + 2·min(DEC_STAGES, chunk / BN)·BN)·Tile<D>::ROW_BYTES bytes (the
-// stages a split's tiles use).
+// Launch: grid (splits, kvh, B), DEC_WARPS·32 threads, shared: the stages
+// a split's tiles use, (16 + 2·min(DEC_STAGES, chunk / BN)·BN)·
+// Tile<D>::ROW_BYTES bytes, and at least the epilogue's sums (16 query
+// rows, then DEC_WARPS·16 f32 sums and DEC_WARPS·16 rows of D f32 outputs):
+// decodeSharedFor.
 template <int D, bool ROPE = false, int CL = 0>
 __device__ void flash_decode_keys(bf16* out, int op, float* part, float* stats, const bf16* q, int qp, const bf16* kn,
                                   int kp, const bf16* vn, int vp, bf16* kc, bf16* vc, const int* past, int heads,
