@@ -146,7 +146,7 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	if cluster {
 		kernel = decodeClusterKernel(a.HeadDim)
 	}
-	fold := !cluster && splits > 1 && b.Rows <= decodeFoldRows && b.Rows*a.KVHeads <= decodeCountersN &&
+	fold := !cluster && splits > 1 && b.Rows <= decodeFoldRows && splits <= decodeFoldSplits && b.Rows*a.KVHeads <= decodeCountersN &&
 		3*4*(a.Heads/a.KVHeads)*splits <= shared
 	counters := uintptr(0) // null: attn_merge merges the splits
 	if fold {
@@ -169,6 +169,14 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 // them over 448 blocks). A variable, so that a test can hold the one to the
 // other at any count.
 var decodeFoldRows = 1
+
+// decodeFoldSplits is the most splits merge_last merges: its parts arrive in
+// one batch of loads up to mergeWarps splits, a batch more for every
+// mergeWarps past them, where attn_merge's blocks load theirs side by side
+// (alone, at one row of 4,096 keys and 64 splits, 22.6 µs against the pair's
+// 11.5; TestDecodeFoldExact's log, bench/RESULTS.md). A variable, as
+// decodeFoldRows.
+var decodeFoldSplits = mergeWarps
 
 // decodeCountersN is the (row, kv head) pairs whose splits flash_decode
 // counts: past it attn_merge merges them.

@@ -193,8 +193,9 @@ func TestRoPEAttnDecodeExact(t *testing.T) {
 // replays them). Skipped where no GPU is found.
 func TestDecodeFoldExact(t *testing.T) {
 	dev, o := openSet(t)
-	defer func(rows int) { decodeFoldRows = rows }(decodeFoldRows)
-	const every = 1 << 20 // rows: the fold taken at any count
+	defer func(rows, splits int) { decodeFoldRows, decodeFoldSplits = rows, splits }(decodeFoldRows, decodeFoldSplits)
+	const every = 1 << 20 // rows and splits: the fold taken at any count
+	decodeFoldSplits = every
 	rng := rand.New(rand.NewSource(37))
 	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
 	merged := 0
