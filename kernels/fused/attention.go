@@ -122,8 +122,9 @@ func (o *ops) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *k
 }
 
 // decode launches kernel, flash_decode_keys or flash_decode_rope (whose
-// arguments after flash_decode_keys's are extra), over op's operands a,
-// then attn_merge when there are several splits.
+// arguments after flash_decode_keys's are extra), over op's operands a, and
+// where there are several splits merges them: in the kernel (the cluster
+// kernel, or merge_last) or by attn_merge after it.
 func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ...any) {
 	o.checkAttn(op, a, false)
 	group := a.Heads / a.KVHeads
@@ -140,8 +141,11 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	grid := cuda.Dim3{X: uint32(splits), Y: uint32(a.KVHeads), Z: uint32(b.Rows)}
 	block := cuda.Dim3{X: decodeWarps * 32}
 	shared := decodeSharedFor(a.HeadDim, chunk)
-	// merge_last takes the counters and, in the block's shared memory, 3
-	// floats a (query head, split) of its group.
+	// The splits' merge (the fused DESIGN, rope_attn_decode): in a cluster's
+	// shared memory where flash_decode_rope has the cluster's splits; by the
+	// last split to finish (merge_last) where decodeFoldRows and
+	// decodeFoldSplits allow and the block's shared memory holds 3 floats a
+	// (query head, split) of its group; else by attn_merge's launch after.
 	cluster := kernel == decodeRopeKernel(a.HeadDim) && o.dc.takes(splits)
 	if cluster {
 		kernel = decodeClusterKernel(a.HeadDim)
@@ -163,11 +167,12 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 
 // decodeFoldRows is the most rows whose flash_decode splits are merged by
 // the last of them to finish (merge_last) rather than by attn_merge's
-// launch. Measured on Qwen2-7B (bench/RESULTS.md): at one row the fold
-// wins (the kernel after the attention launches while it runs), at 16 rows
-// it loses (64 last blocks each merging 7 heads, where attn_merge spreads
-// them over 448 blocks). A variable, so that a test can hold the one to the
-// other at any count.
+// launch. Measured on Qwen2-7B at 4 splits (bench/RESULTS.md, before the
+// cluster merge took those): at one row the fold won a little (the kernel
+// after the attention launches while it runs), at 16 rows it lost (64 last
+// blocks each merging 7 heads, where attn_merge spreads them over 448
+// blocks). A variable, so that a test can hold the one to the other at any
+// count.
 var decodeFoldRows = 1
 
 // decodeFoldSplits is the most splits merge_last merges: its parts arrive in
