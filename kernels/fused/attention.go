@@ -178,9 +178,8 @@ var decodeFoldRows = 1
 // decodeFoldSplits is the most splits merge_last merges: its parts arrive in
 // one batch of loads up to mergeWarps splits, a batch more for every
 // mergeWarps past them, where attn_merge's blocks load theirs side by side
-// (alone, at one row of 4,096 keys and 64 splits, 22.6 µs against the pair's
-// 11.5; TestDecodeFoldExact's log, bench/RESULTS.md). A variable, as
-// decodeFoldRows.
+// (at 64 splits alone it took about twice the pair's time: bench/RESULTS.md,
+// Tried). A variable, as decodeFoldRows.
 var decodeFoldSplits = mergeWarps
 
 // decodeCountersN is the (row, kv head) pairs whose splits flash_decode
