@@ -120,6 +120,30 @@ func newRoPEAttnProblem(t *testing.T, dev kernels.Device, c ropeAttnCase, rng *r
 	return p
 }
 
+// sidesAgree reports where side 0's output or either cache differs bit for
+// bit from side 1's, which ran the reference (named by ref).
+func (p *ropeAttnProblem) sidesAgree(t *testing.T, dev kernels.Device, what, ref string) {
+	t.Helper()
+	for _, piece := range []struct {
+		name string
+		x    [2]*kernels.Tensor
+	}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
+		{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
+		if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
+			t.Errorf("%s: %s differs from %s in %d elements, the first at %d", what, piece.name, ref, n, first)
+		}
+	}
+}
+
+// spreadPast is n cached lengths from 0 to last, evenly apart.
+func spreadPast(n, last int) []int {
+	v := make([]int, n)
+	for i := range v {
+		v[i] = i * last / (n - 1)
+	}
+	return v
+}
+
 // TestRoPEAttnDecodeExact holds rope_attn_decode, flash_decode_rope and
 // attn_merge, to the fused set's rope then attn_decode (rope_half and
 // flash_decode_keys) bit for bit: the output, the k cache (the new key
@@ -131,18 +155,11 @@ func newRoPEAttnProblem(t *testing.T, dev kernels.Device, c ropeAttnCase, rng *r
 func TestRoPEAttnDecodeExact(t *testing.T) {
 	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(31))
-	spread := func(n, last int) []int {
-		v := make([]int, n)
-		for i := range v {
-			v[i] = i * last / (n - 1)
-		}
-		return v
-	}
 	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
 	for _, c := range []ropeAttnCase{
 		q7(0), q7(127), q7(300), q7(4095),
 		q7(0, 150, 299), q7(4095, 1, 2500),
-		q7(spread(16, 300)...), q7(spread(16, 4095)...),
+		q7(spreadPast(16, 300)...), q7(spreadPast(16, 4095)...),
 		{past: []int{0, 7, 299}, heads: 8, kv: 2, d: 64},
 		{past: []int{77, 130}, heads: 10, kv: 2, d: 80},
 		{past: []int{5, 63, 64}, heads: 4, kv: 4, d: 16},
@@ -155,15 +172,7 @@ func TestRoPEAttnDecodeExact(t *testing.T) {
 			continue
 		}
 		kernels.RoPEAttentionDecodeParts(o, p.a[1], p.pos, p.r)
-		for _, piece := range []struct {
-			name string
-			x    [2]*kernels.Tensor
-		}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
-			{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
-			if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
-				t.Errorf("%s: %s differs from rope then attn_decode in %d elements, the first at %d", c, piece.name, n, first)
-			}
-		}
+		p.sidesAgree(t, dev, c.String(), "rope then attn_decode")
 		if n, first := bitsDiffer(before, read(t, dev, p.qkv[0])); n > 0 {
 			t.Errorf("%s: qkv changed in %d elements, the first at %d: the op reads q and k unrotated and leaves them", c, n, first)
 		}
@@ -224,16 +233,7 @@ func TestDecodeFoldExact(t *testing.T) {
 			decodeFoldRows = every
 			call.run(p.a[0])
 			call.run(p.a[0]) // again: the counters must have been left at zero
-			for _, piece := range []struct {
-				name string
-				x    [2]*kernels.Tensor
-			}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
-				{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
-				if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
-					t.Errorf("%s, %s (%d splits): %s differs from attn_merge's in %d elements, the first at %d", c, call.name,
-						splits, piece.name, n, first)
-				}
-			}
+			p.sidesAgree(t, dev, fmt.Sprintf("%s, %s (%d splits)", c, call.name, splits), "attn_merge's")
 			cs, err := dev.ReadI32(o.decodeCounters)
 			if err != nil {
 				t.Fatal(err)
@@ -274,17 +274,10 @@ func TestDecodeClusterExact(t *testing.T) {
 	}
 	defer func(rows int, on bool) { decodeFoldRows, decodeClusterOn = rows, on }(decodeFoldRows, decodeClusterOn)
 	rng := rand.New(rand.NewSource(41))
-	spread := func(n, last int) []int {
-		v := make([]int, n)
-		for i := range v {
-			v[i] = i * last / (n - 1)
-		}
-		return v
-	}
 	q7 := func(past ...int) ropeAttnCase { return ropeAttnCase{past: past, heads: 28, kv: 4, d: 128} }
 	for _, c := range []ropeAttnCase{
-		q7(227), q7(200), q7(spread(16, 255)...), q7(spread(16, 4095)...),
-		{past: spread(16, 250), heads: 8, kv: 2, d: 64},
+		q7(227), q7(200), q7(spreadPast(16, 255)...), q7(spreadPast(16, 4095)...),
+		{past: spreadPast(16, 250), heads: 8, kv: 2, d: 64},
 	} {
 		p := newRoPEAttnProblem(t, dev, c, rng)
 		wave := max(1, o.D.Props().MaxSharedPerSM/decodeShared(c.d)) * o.SMs
@@ -295,15 +288,7 @@ func TestDecodeClusterExact(t *testing.T) {
 		o.RoPEAttentionDecode(p.a[1], p.pos, p.r)
 		decodeClusterOn = true
 		o.RoPEAttentionDecode(p.a[0], p.pos, p.r)
-		for _, piece := range []struct {
-			name string
-			x    [2]*kernels.Tensor
-		}{{"out", [2]*kernels.Tensor{p.a[0].Out, p.a[1].Out}}, {"k cache", [2]*kernels.Tensor{p.a[0].KCache, p.a[1].KCache}},
-			{"v cache", [2]*kernels.Tensor{p.a[0].VCache, p.a[1].VCache}}} {
-			if n, first := bitsDiffer(read(t, dev, piece.x[1]), read(t, dev, piece.x[0])); n > 0 {
-				t.Errorf("%s: %s differs from attn_merge's in %d elements, the first at %d", c, piece.name, n, first)
-			}
-		}
+		p.sidesAgree(t, dev, c.String(), "attn_merge's")
 		cl := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[0], p.pos, p.r) })
 		decodeClusterOn = false
 		two := msPerCall(t, dev, func() { o.RoPEAttentionDecode(p.a[1], p.pos, p.r) })
