@@ -18,12 +18,20 @@
 # table last.
 #
 #   [MODEL=deepseek-v2-lite] [ONLY="W2-b1 ..."] [INFER=bin/infer] [LABEL=name] scripts/bench.sh [SPEC... | hf]
+#   INFER=A/infer INFER_B=B/infer [PAIRS=3] [LABEL=a] [LABEL_B=b] scripts/bench.sh [SPEC...]
 #
 # ONLY runs just the named workloads. INFER and LABEL compare builds or
 # settings on one machine: INFER is the binary to run (another commit's,
 # built with scripts/gpu_build.sh into another folder), LABEL names the
 # variant in the records ("variant") and the table, and the records go to
 # bench_runs_LABEL.json; the environment reaches infer (FUSELM_PDL=off, say).
+# INFER_B makes it an A/B of two binaries: each workload runs PAIRS times
+# (default 3) on each, alternating A, B, A, B, ..., so that a machine's
+# drift over a call (its clocks as it warms) falls on both alike, where one
+# binary's runs then the other's would put it on the second; the records
+# (variant LABEL or LABEL_B, "pair" i) go to bench_runs_LABEL_vs_LABEL_B.json,
+# and a line per workload gives each side's runs, their medians and the
+# change. The spec hf runs once (on neither binary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -56,6 +64,18 @@ esac
 only=${ONLY:-}
 infer=${INFER:-./bin/infer}
 label=${LABEL:-}
+infer_b=${INFER_B:-}
+pairs=1
+sides=(A)
+if [ -n "$infer_b" ]; then
+	pairs=${PAIRS:-3}
+	[[ $pairs =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: PAIRS must be a positive count, not $pairs" >&2; exit 2; }
+	[ -x "$infer_b" ] || { echo "bench.sh: INFER_B=$infer_b is not an executable" >&2; exit 2; }
+	label=${LABEL:-a}
+	label_b=${LABEL_B:-b}
+	[ "$label" != "$label_b" ] || { echo "bench.sh: LABEL and LABEL_B must differ (both $label)" >&2; exit 2; }
+	sides=(A B)
+fi
 if [ -n "$only" ]; then
 	kept=()
 	for w in "${workloads[@]}"; do
@@ -72,24 +92,33 @@ raw=$(mktemp -d)
 for spec in "${specs[@]}"; do
 	for w in "${workloads[@]}"; do
 		IFS='|' read -r name prompt batch new <<<"$w"
-		log="$raw/${name}_${spec//[^a-z0-9_]/-}.json"
 		from=--prompt-file
 		[[ $prompt == *.jsonl ]] && from=--prompts
-		if [ "$spec" = hf ]; then
-			cmd=(python3 scripts/hf_bench.py --model "$ckpt" --workload "$name" "$from" "$prompt" --batch "$batch"
-				--new-tokens "$new" --warmup 1 --repeat 3)
-		else
-			cmd=("$infer" --model "$ckpt" "$from" "$prompt" --batch "$batch" --max-new-tokens "$new"
-				--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
-		fi
-		"${cmd[@]}" >"$log" 2>"$log.err" || echo "{\"failed\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-400:]))' "$log.err")}" >"$log"
-		printf '%s\n' "$name" "$spec" "$batch" "$new" "${cmd[*]}" >"$log.meta"
+		for ((i = 1; i <= pairs; i++)); do
+			for side in "${sides[@]}"; do
+				[ "$spec" = hf ] && { [ "$i$side" = 1A ] || continue; }
+				bin=$infer side_label=$label
+				[ "$side" = B ] && bin=$infer_b side_label=$label_b
+				log="$raw/${name}_${spec//[^a-z0-9_]/-}_$(printf %03d "$i")_$side.json"
+				if [ "$spec" = hf ]; then
+					cmd=(python3 scripts/hf_bench.py --model "$ckpt" --workload "$name" "$from" "$prompt" --batch "$batch"
+						--new-tokens "$new" --warmup 1 --repeat 3)
+				else
+					cmd=("$bin" --model "$ckpt" "$from" "$prompt" --batch "$batch" --max-new-tokens "$new"
+						--min-new-tokens "$new" --kernels "$spec" --warmup 1 --repeat 3 --json --quiet)
+				fi
+				"${cmd[@]}" >"$log" 2>"$log.err" || echo "{\"failed\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()[-400:]))' "$log.err")}" >"$log"
+				pair=
+				[ -n "$infer_b" ] && [ "$spec" != hf ] && pair=$i
+				printf '%s\n' "$name" "$spec" "$batch" "$new" "${cmd[*]}" "$side_label" "$pair" >"$log.meta"
+			done
+		done
 	done
 done
 
-python3 - "$raw" "$out" "$commit" "$gpu" "$label" <<'PY'
-import glob, json, os, sys, datetime
-raw, out, commit, gpu, label = sys.argv[1:6]
+python3 - "$raw" "$out" "$commit" "$gpu" "$label" "${label_b:-}" <<'PY'
+import glob, json, os, statistics, sys, datetime
+raw, out, commit, gpu, label_a, label_b = sys.argv[1:7]
 name, driver = [s.strip() for s in gpu.split(",")]
 date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 records, table = [], []
@@ -101,13 +130,16 @@ def span(lens):
 
 
 for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
-    workload, spec, batch, new, cmd = open(path + ".meta").read().splitlines()
+    workload, spec, batch, new, cmd, label, pair = (open(path + ".meta").read().split("\n") + [""] * 7)[:7]
     r = json.load(open(path))
     rec = {"command": cmd, "commit": commit, "date": date, "gpu": name, "driver": driver,
            "machine": "device tool, nvidia-h200", "workload": workload, "kernels": spec,
            "batch": int(batch), "new_tokens_per_row": int(new)}
     if label:
         rec["variant"] = label
+    if pair:
+        rec["pair"] = int(pair)
+        label = f"{label}#{pair}"
     if "failed" in r:
         rec["failed"] = r["failed"]
         table.append(f"| {workload} | {spec} | FAILED: {r['failed'][-120:]!r} |")
@@ -149,7 +181,8 @@ for rec in records:
     rec["leading_tokens_as_first_spec"] = min(
         next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
         for ids, want in zip(rows, ref))
-json.dump(records, open(os.path.join(out, "bench_runs" + ("_" + label if label else "") + ".json"), "w"), indent=1)
+suffix = f"_{label_a}_vs_{label_b}" if label_b else ("_" + label_a if label_a else "")
+json.dump(records, open(os.path.join(out, "bench_runs" + suffix + ".json"), "w"), indent=1)
 print(gpu)
 print("| workload | kernels | batch | prompt tokens | new tokens | tokens/s | wall s (median) | runs (s) | prefill ms | decode ms | graph replays |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -157,5 +190,18 @@ print("\n".join(table))
 for rec in records:
     if "per_op" in rec:
         ops = " ".join(f"{o['op']}={o['total_ms']:.0f}" for o in rec["per_op"][:8])
-        print(f"{rec['workload']} {rec['kernels']}: same first tokens {rec.get('leading_tokens_as_first_spec')}/20 (the fewest of any row); {ops}")
+        tag = rec.get("variant", "") + (f"#{rec['pair']}" if "pair" in rec else "")
+        print(f"{rec['workload']} {rec['kernels']}{' [' + tag + ']' if tag else ''}: same first tokens {rec.get('leading_tokens_as_first_spec')}/20 (the fewest of any row); {ops}")
+# An A/B's summary: each side's runs in their order, their medians, the change.
+sides = {}
+for rec in records:
+    if "pair" in rec and "tokens_per_s" in rec:
+        sides.setdefault((rec["workload"], rec["kernels"]), {}).setdefault(rec["variant"], []).append(rec["tokens_per_s"])
+for (workload, spec), by in sides.items():
+    a, b = by.get(label_a, []), by.get(label_b, [])
+    if not a or not b:
+        continue
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"{workload} {spec} A/B: {label_a} {' '.join(f'{x:.1f}' for x in a)} (median {ma:.1f}), "
+          f"{label_b} {' '.join(f'{x:.1f}' for x in b)} (median {mb:.1f}): {100 * (mb / ma - 1):+.1f}%")
 PY
