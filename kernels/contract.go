@@ -462,3 +462,30 @@ func CheckArgmax(act DType, out, logits *Tensor) {
 }
 
 func (k costOf) Argmax(out, logits *Tensor) { *k.c = Cost{Bytes: size(logits) + size(out)} }
+
+// CheckDecodeAdvance: ids, pos, past [B] i32, B ≥ 1; choice [B,2] i32; all
+// packed, no two sharing an element.
+func CheckDecodeAdvance(ids, pos, past, choice *Tensor) {
+	op := OpDecodeAdvance
+	need(past != nil && past.Numel() > 0, op, "past %v: no rows", past)
+	B := past.Numel()
+	need(isInts(past, B), op, "past is %v, want packed i32", past)
+	need(isInts(ids, B), op, "ids %v for past %v", ids, past)
+	need(isInts(pos, B), op, "pos %v for past %v", pos, past)
+	need(isInts(choice, 2*B) && rowsCols(choice, B, 2), op, "choice %v for past %v", choice, past)
+	named := []struct {
+		name string
+		t    *Tensor
+	}{{"ids", ids}, {"pos", pos}, {"past", past}, {"choice", choice}}
+	for i, a := range named {
+		for _, b := range named[i+1:] {
+			need(apart(a.t, b.t), op, "%s %v and %s %v share elements", a.name, a.t, b.name, b.t)
+		}
+	}
+}
+
+// The cost of DecodeAdvance is the chosen tokens read (choice's first
+// column), past read and written, and ids and pos written.
+func (k costOf) DecodeAdvance(ids, pos, past, choice *Tensor) {
+	*k.c = Cost{Bytes: size(choice)/2 + 2*size(past) + size(ids) + size(pos)}
+}

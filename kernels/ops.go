@@ -31,6 +31,7 @@ const (
 	OpMoERouted      Op = "moe_routed"
 	OpGroupGemm      Op = "group_gemm"
 	OpArgmax         Op = "argmax"
+	OpDecodeAdvance  Op = "decode_advance"
 )
 
 // OpInfo describes an op: its name, the group a kernel spec may name it by
@@ -89,6 +90,8 @@ var opTable = []OpInfo{
 		Doc: "MoE router and routed experts: moe_route then moe_experts, one kernel chain where a set has it (every gate/up block routing the tokens itself)"},
 	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
 	{Op: OpArgmax, Method: "Argmax", Doc: "index of each row's largest logit"},
+	{Op: OpDecodeAdvance, Method: "DecodeAdvance",
+		Doc: "a greedy decode step's next inputs from its argmax, on the device: each row's chosen token, at the position after its last"},
 }
 
 // opPos is each op's position in opTable.
@@ -314,6 +317,17 @@ type Ops interface {
 	// f32 bits, so that a caller reads the choice and the value it checks in
 	// one transfer; logits [B,V] f32 or act.
 	Argmax(out, logits *Tensor)
+
+	// DecodeAdvance is what a greedy decode step's inputs become for the
+	// next step, one new token a row at the position after its last: for
+	// every row b, ids[b] = choice[b,0], past[b] += 1, then pos[b] =
+	// past[b] (the new length, which is the new token's position). It
+	// reads nothing on the host, so that a CUDA graph of a decode step
+	// that ends with it leaves the next step's inputs ready on the device.
+	// ids, pos, past [B] i32 (Batch.PastDev); choice [B,2] i32, Argmax's
+	// out (the token, then its logit's f32 bits, not read); no two of them
+	// share an element.
+	DecodeAdvance(ids, pos, past, choice *Tensor)
 }
 
 // Batch describes the packed rows of one forward step. Host fields drive

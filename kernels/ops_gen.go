@@ -130,6 +130,11 @@ func (d *Dispatch) Argmax(out, logits *Tensor) {
 	d.call(OpArgmax, func(o Ops) { o.Argmax(out, logits) })
 }
 
+// DecodeAdvance runs OpDecodeAdvance on the set the spec chose for it.
+func (d *Dispatch) DecodeAdvance(ids, pos, past, choice *Tensor) {
+	d.call(OpDecodeAdvance, func(o Ops) { o.DecodeAdvance(ids, pos, past, choice) })
+}
+
 // Embedding panics: the set runs OpEmbedding on its fallback.
 func (n NotOwned) Embedding(out, table, ids *Tensor) { n.panic(OpEmbedding) }
 
@@ -210,3 +215,6 @@ func (n NotOwned) GroupGemm(out, x, w, first *Tensor) { n.panic(OpGroupGemm) }
 
 // Argmax panics: the set runs OpArgmax on its fallback.
 func (n NotOwned) Argmax(out, logits *Tensor) { n.panic(OpArgmax) }
+
+// DecodeAdvance panics: the set runs OpDecodeAdvance on its fallback.
+func (n NotOwned) DecodeAdvance(ids, pos, past, choice *Tensor) { n.panic(OpDecodeAdvance) }

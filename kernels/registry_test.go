@@ -77,7 +77,8 @@ func TestRunners(t *testing.T) {
 		want map[kernels.Op]string
 	}{
 		{"fused", map[kernels.Op]string{kernels.OpRoPE: "fused", kernels.OpAddRMSNorm: "fused",
-			kernels.OpAttnDecode: "fused", kernels.OpLinear: "fused", kernels.OpEmbedding: "naive", kernels.OpArgmax: "fused", kernels.OpAdd: "fused"}},
+			kernels.OpAttnDecode: "fused", kernels.OpLinear: "fused", kernels.OpEmbedding: "naive", kernels.OpArgmax: "fused", kernels.OpAdd: "fused",
+			kernels.OpDecodeAdvance: "naive"}},
 		{"fused,attn=naive", map[kernels.Op]string{kernels.OpAttnPrefill: "naive", kernels.OpAttnDecode: "naive",
 			kernels.OpSwiGLU: "fused"}},
 		{"naive,add_rms_norm=fused,embedding=fused", map[kernels.Op]string{kernels.OpAddRMSNorm: "fused",

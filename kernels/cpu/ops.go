@@ -303,6 +303,20 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	})
 }
 
+// DecodeAdvance makes the next decode step's inputs from this step's
+// choices: ids[b] = choice[b,0], past[b] += 1, pos[b] = past[b]. ids, pos,
+// past [B] i32; choice [B,2] i32 (Argmax's out).
+func (o *ops) DecodeAdvance(ids, pos, past, choice *kernels.Tensor) {
+	const op = kernels.OpDecodeAdvance
+	kernels.CheckDecodeAdvance(ids, pos, past, choice)
+	id, p, n, c := ints(op, "ids", ids), ints(op, "pos", pos), ints(op, "past", past), ints(op, "choice", choice)
+	for b := range n {
+		id[b] = c[2*b]
+		n[b]++
+		p[b] = n[b]
+	}
+}
+
 // argmax is the lowest index of the largest element of v, NaN counting as
 // the largest (as torch.argmax); a row of -inf gives 0.
 func argmax(v []float32) int {

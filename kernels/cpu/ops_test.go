@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/cmplx"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -313,6 +315,31 @@ func TestArgmax(t *testing.T) {
 			t.Errorf("row %d: argmax %d, want %d", r, got[r], (r*131)%v)
 		}
 	}
+}
+
+// TestDecodeAdvance: each row's chosen token becomes its next id, its
+// length grows by one and its next position is the new length; ids, pos
+// and past are views into one buffer, as a decode step's inputs are.
+func TestDecodeAdvance(t *testing.T) {
+	f := newFixture(t, 17)
+	const B = 3
+	in := f.ints([]int32{-1, -1, -1, 9, 9, 9, 0, 4, 130}, 3*B)
+	ids, pos, past := kernels.NewTensor(in.Buf, kernels.I32, 0, B), kernels.NewTensor(in.Buf, kernels.I32, B, B),
+		kernels.NewTensor(in.Buf, kernels.I32, 2*B, B)
+	choice := f.ints([]int32{7, int32(math.Float32bits(2.5)), 0, -1, 151935, int32(math.Float32bits(-3))}, B, 2)
+	f.ops.DecodeAdvance(ids, pos, past, choice)
+	f.sync()
+	got, _ := f.dev.ReadI32(in)
+	if want := []int32{7, 0, 151935, 1, 5, 131, 1, 5, 131}; !slices.Equal(got, want) {
+		t.Errorf("ids, pos, past %v, want %v", got, want)
+	}
+	// A view sharing elements with another is a programming error.
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "share elements") {
+			t.Errorf("pos overlapping past: %v, want a panic saying they share elements", r)
+		}
+	}()
+	f.ops.DecodeAdvance(ids, kernels.NewTensor(in.Buf, kernels.I32, 2*B-1, B), past, choice)
 }
 
 func fill(n int, v float32) []float32 {

@@ -549,6 +549,13 @@ func argmaxChecks(l *caseList) {
 	}
 }
 
+// decodeAdvanceChecks are one row, a few and a decode batch of 16.
+func decodeAdvanceChecks(l *caseList) {
+	for _, b := range []int{1, 3, 16} {
+		l.add(fmt.Sprintf("B=%d", b), func(e *env) { decodeAdvance(e, b) })
+	}
+}
+
 func embedding(e *env, n, d, v int) {
 	table := e.random(weightK, 1, v, d)
 	ids := make([]int32, n)
@@ -1349,6 +1356,37 @@ func argmax(e *env, b, v int, k kind, ties, nan, value bool) {
 		if g != w && !(g != g && w != w) {
 			e.t.Errorf("row %d: the chosen logit is %v, the reference's %v", r, g, w)
 		}
+	}
+}
+
+// decodeAdvance checks ids, pos and past as views into one buffer, as a
+// decode step's inputs are: ids and pos poisoned, past random lengths, and
+// choice random tokens beside random logit bits. Both sides must leave the
+// buffer exactly as DecodeAdvance says (it is integer work) and choice as
+// it was.
+func decodeAdvance(e *env, b int) {
+	const vocab, maxLen = 151936, 1 << 20
+	choice, in, want := make([]int32, 2*b), make([]int32, 3*b), make([]int32, 3*b)
+	for r := range b {
+		choice[2*r], choice[2*r+1] = int32(e.rng.Intn(vocab)), int32(e.rng.Uint32())
+		past := int32(e.rng.Intn(maxLen))
+		in[r], in[b+r], in[2*b+r] = -7, -7, past
+		want[r], want[b+r], want[2*b+r] = choice[2*r], past+1, past+1
+	}
+	buf, ch := e.ints(in, 3*b), e.ints(choice, b, 2)
+	view := func(s, i int) *kernels.Tensor {
+		return kernels.NewTensor(buf[s].Buf, kernels.I32, buf[s].Offset+i*b, b)
+	}
+	e.run(func(o kernels.Ops, s int) { o.DecodeAdvance(view(s, 0), view(s, 1), view(s, 2), ch[s]) })
+	got, chose := e.readInts(buf), e.readInts(ch)
+	if !slices.Equal(got[ref], want) {
+		e.t.Fatalf("the reference left ids, pos, past %v, want %v", got[ref], want)
+	}
+	if !slices.Equal(got[dut], want) {
+		e.t.Errorf("ids, pos, past %v, want %v", got[dut], want)
+	}
+	if !slices.Equal(chose[dut], choice) {
+		e.t.Errorf("choice %v after the call, was %v", chose[dut], choice)
 	}
 }
 

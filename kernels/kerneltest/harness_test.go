@@ -204,6 +204,20 @@ func (f *faulty) Argmax(out, logits *kernels.Tensor) {
 	}
 }
 
+// DecodeAdvance, broken, gives pos the old length, the position of the
+// token just decoded.
+func (f *faulty) DecodeAdvance(ids, pos, past, choice *kernels.Tensor) {
+	if f.fault != "decode_advance gives pos the old length" {
+		f.Ops.DecodeAdvance(ids, pos, past, choice)
+		return
+	}
+	id, p, n, c := cpu.I32(ids), cpu.I32(pos), cpu.I32(past), cpu.I32(choice)
+	for b := range n {
+		id[b], p[b] = c[2*b], n[b]
+		n[b]++
+	}
+}
+
 // TestHarnessFails breaks one op of the cpu set at a time and checks that
 // exactly the cases the fault shows in fail, and that harmless deviations
 // (an MLA prefill left correct, routing entries in another order) pass.
@@ -228,6 +242,7 @@ func TestHarnessFails(t *testing.T) {
 		{kernels.OpMoERoute, "route in ascending order", never},
 		{kernels.OpMoEExperts, "experts drop the last choice", always},
 		{kernels.OpArgmax, "argmax takes the last tie", func(n string) bool { return has("ties")(n) || has("nan")(n) }},
+		{kernels.OpDecodeAdvance, "decode_advance gives pos the old length", always},
 		{kernels.OpSwiGLU, "none", never},
 		{kernels.OpAdd, "none", never},
 	} {

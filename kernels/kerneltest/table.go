@@ -32,6 +32,7 @@ var table = []opCases{
 	{kernels.OpMoERouted, moeRoutedChecks, moeRoutedBench},
 	{kernels.OpGroupGemm, groupGemmChecks, groupGemmBench},
 	{kernels.OpArgmax, argmaxChecks, nil},
+	{kernels.OpDecodeAdvance, decodeAdvanceChecks, nil},
 }
 
 // opCases is one op's row of table.

@@ -1,5 +1,5 @@
-// Elementwise ops, RMSNorm, RoPE and argmax of the naive set: one simple
-// kernel per torch eager op. Pitches are in elements.
+// Elementwise ops, RMSNorm, RoPE, argmax and decode_advance of the naive
+// set: one simple kernel per torch eager op. Pitches are in elements.
 
 #include "binary.cuh"
 #include "common.cuh"
@@ -150,3 +150,17 @@ template <typename T> __device__ void argmax(int* out, int os, const T* x, int x
 		argmax<T>(out, os, x, xp, cols);                                                      \
 	}
 ARGMAX_INSTANCES(ARGMAX)
+
+// decode_advance makes a greedy decode step's next inputs from its argmax:
+// ids[b] = choice[b·2] (the chosen token; choice[b·2 + 1], its logit's
+// bits, is not read), past[b] += 1, pos[b] = the new past[b]. ids, pos,
+// past i32 [B]; choice i32 [B, 2]; none overlapping. Launch: 1-D
+// grid-stride over B, one thread a row.
+extern "C" __global__ void decode_advance(int* ids, int* pos, int* past, const int* choice, int B) {
+	GRID_STRIDE(b, B) {
+		const int n = past[b] + 1;
+		ids[b] = choice[2 * b];
+		past[b] = n;
+		pos[b] = n;
+	}
+}

@@ -132,6 +132,15 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(logits.Cols()))
 }
 
+// DecodeAdvance is decode_advance, one thread a row: the next step's ids,
+// positions and lengths made on the device from this step's choices.
+func (o *ops) DecodeAdvance(ids, pos, past, choice *kernels.Tensor) {
+	kernels.CheckDecodeAdvance(ids, pos, past, choice)
+	rows := past.Numel()
+	o.LaunchItems("decode_advance", int64(rows),
+		o.D.Ptr(ids), o.D.Ptr(pos), o.D.Ptr(past), o.D.Ptr(choice), int32(rows))
+}
+
 // AddRMSNormLinear is the set's AddRMSNorm into h, then its Linear of h.
 func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
 	kernels.CheckAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, norm, w, bias)

@@ -90,8 +90,8 @@ func modules() []cudaset.Module {
 	moe.Opts = []string{fmt.Sprintf("-DROUTE_THREADS=%d", routeThreads), fmt.Sprintf("-DMAX_TOPK=%d", maxTopK),
 		fmt.Sprintf("-DEXPERT_ROWS=%d", expertRows), fmt.Sprintf("-DEXPERT_COLS=%d", expertCols)}
 	return []cudaset.Module{
-		module("elementwise.cu", cudaset.Names(binaryInstances(), siluInstances(), rmsRstdInstances(), rmsScaleInstances(),
-			ropeInstances(), argmaxInstances())),
+		module("elementwise.cu", append(cudaset.Names(binaryInstances(), siluInstances(), rmsRstdInstances(), rmsScaleInstances(),
+			ropeInstances(), argmaxInstances()), "decode_advance")),
 		module("attention.cu", cudaset.Names(kvMaskedCopyInstances(), softmaxInstances(), normalizeInstances())),
 		moe,
 	}
