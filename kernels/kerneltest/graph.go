@@ -172,8 +172,15 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	longOut, longB := g.alloc(act, rows, 300), g.random(kernels.BF16, 300)
 	add(kernels.OpLinear, func() { ops.Linear(longOut, longX, longW, longB) }, longOut)
 
-	next := g.alloc(kernels.I32, rows)
+	// The step's greedy choice, each beside its logit's bits as the model
+	// reads it (fixed choices where the set leaves argmax to another), then
+	// the next step's inputs made from it: the lengths and positions every
+	// run starts from (reset) advanced in place.
+	next := g.alloc(kernels.I32, rows, 2)
+	g.write(next, []int32{7, 0, 11, 0, 13, 0})
 	add(kernels.OpArgmax, func() { ops.Argmax(next, logits) }, next)
+	ids := g.ints(-1, -1, -1)
+	add(kernels.OpDecodeAdvance, func() { ops.DecodeAdvance(ids, pos, b.PastDev, next) }, ids, pos, b.PastDev)
 
 	if len(steps) == 0 {
 		t.Skipf("set %s has no decode ops of its own", set)
