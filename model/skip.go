@@ -25,7 +25,8 @@ const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
 // names (comma-separated op names), or an error naming an unknown one or
-// one a step cannot go without (embedding and argmax feed the next step).
+// one a step cannot go without (embedding, argmax and decode_advance feed
+// the next step).
 func skipOps() ([]kernels.Op, error) {
 	text := strings.TrimSpace(os.Getenv(skipEnv))
 	if text == "" {
@@ -37,7 +38,7 @@ func skipOps() ([]kernels.Op, error) {
 		switch {
 		case !slices.Contains(kernels.AllOps, op):
 			return nil, fmt.Errorf("model: %s=%q: unknown op %q", skipEnv, text, op)
-		case op == kernels.OpEmbedding || op == kernels.OpArgmax:
+		case op == kernels.OpEmbedding || op == kernels.OpArgmax || op == kernels.OpDecodeAdvance:
 			return nil, fmt.Errorf("model: %s=%q: a decode step cannot leave out %s", skipEnv, text, op)
 		}
 		ops = append(ops, op)

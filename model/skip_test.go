@@ -18,7 +18,8 @@ func TestSkipOps(t *testing.T) {
 	if ops, err := skipOps(); err != nil || len(ops) != 2 || ops[0] != kernels.OpRoPE || ops[1] != kernels.OpRMSNorm {
 		t.Errorf("rope, rms_norm: %v, %v", ops, err)
 	}
-	for text, want := range map[string]string{"ropes": "unknown op", "argmax": "cannot leave out", "rope,embedding": "cannot leave out"} {
+	for text, want := range map[string]string{"ropes": "unknown op", "argmax": "cannot leave out", "rope,embedding": "cannot leave out",
+		"decode_advance": "cannot leave out"} {
 		t.Setenv(skipEnv, text)
 		if _, err := skipOps(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error saying %q", text, err, want)
