@@ -157,6 +157,17 @@ type Grapher interface {
 	EndCapture() (Graph, error)
 }
 
+// LaterReader is implemented by devices that can read a small result
+// without waiting for the work queued after it: greedy decode reads a
+// step's choice of tokens while the next step, queued behind it, runs.
+type LaterReader interface {
+	// ReadI32Later queues a copy of t's elements (a packed I32 tensor of a
+	// few elements) after the work queued so far and returns the function
+	// that waits for that copy, and for no work queued after it, and
+	// returns the elements. Call the function once.
+	ReadI32Later(t *Tensor) (func() ([]int32, error), error)
+}
+
 // Brancher is implemented by devices that can run some queued work beside
 // the rest (a second CUDA stream): a layer queues there work that nothing
 // right after it needs (DeepSeek-V2's shared experts beside the router and

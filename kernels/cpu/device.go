@@ -215,6 +215,16 @@ func (d *Device) ReadI32(t *kernels.Tensor) ([]int32, error) {
 	return out, nil
 }
 
+// ReadI32Later is ReadI32 now: the cpu set's work is done by the time its
+// call returns, so the elements are those after the work queued so far.
+func (d *Device) ReadI32Later(t *kernels.Tensor) (func() ([]int32, error), error) {
+	v, err := d.ReadI32(t)
+	if err != nil {
+		return nil, err
+	}
+	return func() ([]int32, error) { return v, nil }, nil
+}
+
 // WriteI32 copies v into a packed I32 tensor.
 func (d *Device) WriteI32(t *kernels.Tensor, v []int32) error {
 	if _, err := hostBuffer(t); err != nil {

@@ -92,7 +92,8 @@ type Device struct {
 	// found (FUSELM_CARVEOUT); -1 leaves the driver's choice.
 	carveout int
 
-	stage     [2]staging // pinned host buffers for transfers
+	stage     [2]staging  // pinned host buffers for transfers
+	later     []*laterBuf // pinned buffers of ReadI32Later
 	stageNext int
 
 	modules  map[string]*Module // by cache key
@@ -860,6 +861,10 @@ func (d *Device) closeLocked() error {
 	}
 	d.events, d.freeEvs, d.evClosed = nil, nil, true
 	d.evMu.Unlock()
+	for _, l := range d.later {
+		keep((&staging{host: l.host, ev: l.ev}).free(drv))
+	}
+	d.later = nil
 	for i := range d.stage {
 		keep(d.stage[i].free(drv))
 	}

@@ -57,6 +57,87 @@ func (d *Device) stagingBuf() (*staging, error) {
 	return s, nil
 }
 
+// laterBytes is the size of each pinned buffer of ReadI32Later: a decode
+// step's choice of every row (two i32 a row) many times over.
+const laterBytes = 4 << 10
+
+// laterBuf is a pinned buffer of ReadI32Later and the event recorded after
+// the copy into it; busy from ReadI32Later until its wait has returned.
+type laterBuf struct {
+	host, ev uintptr
+	busy     bool
+}
+
+// ReadI32Later queues a copy of t's elements (I32, packed, at most
+// laterBytes) after the work queued so far, into a pinned buffer of its
+// own, and returns the function that waits for that copy's event, not for
+// the work queued after it, and returns the elements.
+func (d *Device) ReadI32Later(t *kernels.Tensor) (func() ([]int32, error), error) {
+	if t.DType != kernels.I32 || !t.Packed() || t.Numel()*4 > laterBytes {
+		return nil, fmt.Errorf("cuda: ReadI32Later of %v: a packed i32 tensor of at most %d bytes", t, laterBytes)
+	}
+	n, src := t.Numel(), d.Ptr(t)
+	d.enter()
+	defer d.leave()
+	if err := d.transferable("a read"); err != nil {
+		return nil, err
+	}
+	l, err := d.takeLater()
+	if err != nil {
+		d.failLocked(err)
+		return nil, err
+	}
+	if n > 0 {
+		if err := d.drv.check(ccall(d.drv.cuMemcpyDtoHAsync, l.host, src, uintptr(n*4), d.stream), "cuMemcpyDtoHAsync_v2(later)"); err != nil {
+			l.busy = false
+			d.failLocked(err)
+			return nil, err
+		}
+	}
+	if err := d.drv.check(ccall(d.drv.cuEventRecord, l.ev, d.stream), "cuEventRecord(later)"); err != nil {
+		l.busy = false
+		d.failLocked(err)
+		return nil, err
+	}
+	return func() ([]int32, error) {
+		d.enter()
+		defer d.leave()
+		defer func() { l.busy = false }()
+		if d.closed {
+			return nil, errClosed
+		}
+		if err := d.drv.check(ccall(d.drv.cuEventSynchronize, l.ev), "cuEventSynchronize(later)"); err != nil {
+			d.failLocked(err)
+			return nil, err
+		}
+		out := make([]int32, n)
+		copy(out, unsafe.Slice((*int32)(ptrOf(l.host)), n))
+		return out, nil
+	}, nil
+}
+
+// takeLater returns a free buffer of ReadI32Later, made busy, allocating
+// one where none is free; the lock is held.
+func (d *Device) takeLater() (*laterBuf, error) {
+	for _, l := range d.later {
+		if !l.busy {
+			l.busy = true
+			return l, nil
+		}
+	}
+	l := &laterBuf{}
+	if err := d.drv.check(ccall(d.drv.cuMemAllocHost, uintptr(unsafe.Pointer(&l.host)), laterBytes), fmt.Sprintf("cuMemAllocHost_v2(%d bytes)", laterBytes)); err != nil {
+		return nil, err
+	}
+	if err := d.drv.check(ccall(d.drv.cuEventCreate, uintptr(unsafe.Pointer(&l.ev)), cuEventDisableTiming), "cuEventCreate"); err != nil {
+		_ = d.drv.check(ccall(d.drv.cuMemFreeHost, l.host), "cuMemFreeHost") // the error returned is the event's
+		return nil, err
+	}
+	l.busy = true
+	d.later = append(d.later, l)
+	return l, nil
+}
+
 // transferable reports whether a copy may be queued now; the lock is held.
 func (d *Device) transferable(what string) error {
 	switch {
