@@ -194,6 +194,39 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 			graph.Close()
 		}
 	}()
+	// run queues decode step `step` on s's inputs, in place on the device,
+	// with ahead making the next step's inputs too (decodeAhead): the first
+	// decode step runs eagerly (profiled, and warming up whatever the
+	// kernels set up on first use); the second is captured and every later
+	// one replays it.
+	run := func(step int, s *step, ahead bool) error {
+		one := func() { decodeOne(e, s, greedy) }
+		if ahead {
+			one = func() { decodeAhead(e, s) }
+		}
+		if graph == nil && g.Graph == "" && step >= 2 {
+			var err error
+			if graph, err = capture(grapher, prof, one); err != nil {
+				g.Graph = "off (capture failed: " + err.Error() + ")"
+				logf("model: decode runs without CUDA graphs: capture failed: %v", err)
+			}
+		}
+		if graph == nil {
+			one()
+			return nil
+		}
+		if err := prof.Replay(step, graph.Replay); err != nil {
+			return fmt.Errorf("model: replaying the decode graph: %w", err)
+		}
+		g.GraphReplays++
+		return nil
+	}
+	if later, ok := e.dev.(kernels.LaterReader); ok && greedy {
+		if err := decodeQueued(e, later, prompts, opt.MaxNewTokens, ch, done, run, record, prof); err != nil {
+			return nil, err
+		}
+		g.DecodeSteps = steps - 1
+	}
 	tokens := make([][]int, B)
 	for !allTrue(done) {
 		step := g.DecodeSteps + 1
@@ -209,23 +242,8 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 		if err != nil {
 			return nil, err
 		}
-		// The first decode step runs eagerly (profiled, and warming up
-		// whatever the kernels set up on first use); the second is captured
-		// and every later one replays it.
-		if graph == nil && g.Graph == "" && g.DecodeSteps >= 1 {
-			graph, err = capture(grapher, prof, func() { decodeOne(e, s, greedy) })
-			if err != nil {
-				g.Graph = "off (capture failed: " + err.Error() + ")"
-				logf("model: decode runs without CUDA graphs: capture failed: %v", err)
-			}
-		}
-		if graph != nil {
-			if err := prof.Replay(step, graph.Replay); err != nil {
-				return nil, fmt.Errorf("model: replaying the decode graph: %w", err)
-			}
-			g.GraphReplays++
-		} else {
-			decodeOne(e, s, greedy)
+		if err := run(step, s, false); err != nil {
+			return nil, err
 		}
 		g.DecodeSteps++
 		next, err := ch.choose(steps + 1)
@@ -349,39 +367,22 @@ func (c *chooser) suppressEOS(b int) bool {
 // they choose is noise. Greedy checks only the chosen logit, one float per
 // row, so that the check costs no pass over the logits.
 func (c *chooser) choose(step int) ([]int, error) {
-	e, V := c.e, c.e.cfg.VocabSize
-	next := make([]int, c.B)
+	e := c.e
 	if c.greedy {
 		// One transfer: each row's argmax and its logit (Argmax's [B, 2] out).
 		choice, err := e.dev.ReadI32(e.next.Slice(0, c.B))
 		if err != nil {
 			return nil, err
 		}
-		for b := range c.B {
-			next[b] = int(choice[2*b])
-			if next[b] < 0 || next[b] >= V {
-				return nil, fmt.Errorf("model: step %d: row %d: argmax gave token %d, outside the vocabulary [0, %d)", step, b, next[b], V)
-			}
-			chosen := math.Float32frombits(uint32(choice[2*b+1]))
-			if c.suppressEOS(b) && slices.Contains(c.eos, next[b]) {
-				row, err := e.dev.ReadF32(e.logits.Slice(b, b+1))
-				if err != nil {
-					return nil, err
-				}
-				c.maskEOS(row)
-				next[b] = argmax(row)
-				chosen = row[next[b]]
-			}
-			if math.IsNaN(float64(chosen)) || math.IsInf(float64(chosen), 0) {
-				return nil, nonFinite(step, b, chosen)
-			}
-		}
-		return next, nil
+		next, _, err := c.fromChoice(choice, step, true)
+		return next, err
 	}
+	next := make([]int, c.B)
 	logits, err := e.dev.ReadF32(e.logits.Slice(0, c.B))
 	if err != nil {
 		return nil, err
 	}
+	V := e.cfg.VocabSize
 	for b := range c.B {
 		row := logits[b*V : (b+1)*V]
 		if c.suppressEOS(b) {
@@ -392,6 +393,148 @@ func (c *chooser) choose(step int) ([]int, error) {
 		}
 	}
 	return next, nil
+}
+
+// fromChoice is greedy choose's answer from choice, the device's argmax of
+// every row and its logit (Argmax's [B, 2] out) for step step. Where a row
+// may not end yet and its argmax is an end-of-sequence token, the host
+// re-picks from the row's logits, which it reads only where logits says
+// they are still this step's; else it returns redo, and no tokens.
+func (c *chooser) fromChoice(choice []int32, step int, logits bool) (next []int, redo bool, err error) {
+	e, V := c.e, c.e.cfg.VocabSize
+	next = make([]int, c.B)
+	for b := range c.B {
+		next[b] = int(choice[2*b])
+		if next[b] < 0 || next[b] >= V {
+			return nil, false, fmt.Errorf("model: step %d: row %d: argmax gave token %d, outside the vocabulary [0, %d)", step, b, next[b], V)
+		}
+		chosen := math.Float32frombits(uint32(choice[2*b+1]))
+		if c.suppressEOS(b) && slices.Contains(c.eos, next[b]) {
+			if !logits {
+				return nil, true, nil
+			}
+			row, err := e.dev.ReadF32(e.logits.Slice(b, b+1))
+			if err != nil {
+				return nil, false, err
+			}
+			c.maskEOS(row)
+			next[b] = argmax(row)
+			chosen = row[next[b]]
+		}
+		if math.IsNaN(float64(chosen)) || math.IsInf(float64(chosen), 0) {
+			return nil, false, nonFinite(step, b, chosen)
+		}
+	}
+	return next, false, nil
+}
+
+// decodeQueued runs a greedy generation's decode steps on a device that
+// reads a result without waiting for the work after it: each step makes
+// the next one's inputs on the device (decodeAhead), and the host queues
+// step k+1 before it reads step k's choice, so that the device does not
+// wait for the host between steps. Every row moves one position a step,
+// ended or not (an ended row's tokens are discarded; no row passes its
+// prompt plus MaxNewTokens - 1 positions, which the cache holds). Where the
+// host overrides a choice (an end-of-sequence token a row may not take
+// yet) the step queued after it took the wrong token: decodeQueued waits
+// for the device, runs the step again from the host's inputs (its cache
+// positions rewritten with the same values) and reads its logits, and
+// queues the next from the host's inputs. The tokens are those of choose's
+// loop, one step at a time. run queues a step (graph.go's capture and
+// replay); record takes a step's tokens, and done says which rows ended.
+func decodeQueued(e *engine, later kernels.LaterReader, prompts [][]int, maxNew int, ch *chooser, done []bool,
+	run func(step int, s *step, ahead bool) error, record func([]int), prof *profile.Profile) error {
+	B := len(prompts)
+	// inputs are step's host-side inputs: each row's step-th new token
+	// (an ended row's last) at the position after its prompt's and the
+	// tokens before it.
+	inputs := func(step int) ([][]int, []int) {
+		tokens, past := make([][]int, B), make([]int, B)
+		for b := range B {
+			t := ch.tokens[b]
+			tokens[b] = []int{t[min(step, len(t))-1]}
+			past[b] = len(prompts[b]) + step - 1
+		}
+		return tokens, past
+	}
+	type queued struct {
+		step int
+		read func() ([]int32, error)
+		t    time.Time
+	}
+	var pending []queued
+	// drain waits for the reads of the queued steps, which frees their
+	// buffers, and forgets the steps.
+	drain := func() {
+		for _, q := range pending {
+			_, _ = q.read() // the steps are void; an error of the device stays for its next call
+		}
+		pending = nil
+	}
+	defer drain()
+	queue := func(n int, fresh bool) error {
+		setPhase(prof, "decode", n)
+		t := time.Now()
+		tokens, past := inputs(n)
+		var s *step
+		if fresh {
+			var err error
+			if s, err = e.newStep(0, tokens, past, true, B); err != nil {
+				return err
+			}
+		} else {
+			s, _ = e.stepOf(0, tokens, past, true, B)
+		}
+		if err := run(n, s, true); err != nil {
+			return err
+		}
+		read, err := later.ReadI32Later(e.next.Slice(0, B))
+		if err != nil {
+			return err
+		}
+		pending = append(pending, queued{n, read, t})
+		return nil
+	}
+	last, queuedTo, fresh := maxNew-1, 0, true // the last step a generation may need; the last queued
+	for !allTrue(done) {
+		for len(pending) < 2 && queuedTo < last {
+			queuedTo++
+			if err := queue(queuedTo, fresh); err != nil {
+				return err
+			}
+			fresh = false
+		}
+		if len(pending) == 0 {
+			return fmt.Errorf("model: decode step %d of at most %d: rows still running", queuedTo, last)
+		}
+		q := pending[0]
+		pending = pending[1:]
+		choice, err := q.read()
+		if err != nil {
+			return err
+		}
+		next, redo, err := ch.fromChoice(choice, q.step+1, len(pending) == 0)
+		if err != nil {
+			return err
+		}
+		if redo {
+			drain()
+			if err := queue(q.step, true); err != nil {
+				return err
+			}
+			choice, err := pending[0].read()
+			pending, queuedTo, fresh = nil, q.step, true
+			if err != nil {
+				return err
+			}
+			if next, _, err = ch.fromChoice(choice, q.step+1, true); err != nil {
+				return err
+			}
+		}
+		record(next)
+		prof.AddHostSpan(fmt.Sprintf("decode step %d", q.step), "decode", q.step, q.t, time.Now())
+	}
+	return nil
 }
 
 // nonFinite is choose's error for row b of step step, whose chosen logit

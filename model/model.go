@@ -355,6 +355,17 @@ func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLog
 	if err := e.dev.Sync(); err != nil {
 		return nil, err
 	}
+	s, in := e.stepOf(row0, tokens, past, decode, nLogits)
+	if err := e.dev.WriteI32(vec(e.in, len(in)), in); err != nil {
+		return nil, fmt.Errorf("model: writing step inputs: %w", err)
+	}
+	return s, nil
+}
+
+// stepOf is newStep's step and the inputs it writes, unwritten: a greedy
+// decode step whose inputs the step before made on the device
+// (DecodeAdvance) takes the step alone, for its host-side fields.
+func (e *engine) stepOf(row0 int, tokens [][]int, past []int, decode bool, nLogits int) (*step, []int32) {
 	B := len(tokens)
 	start := make([]int, B+1)
 	start32 := make([]int32, B+1)
@@ -386,11 +397,7 @@ func (e *engine) newStep(row0 int, tokens [][]int, past []int, decode bool, nLog
 	side, _ := e.dev.(kernels.Brancher)
 	s := &step{Step: &layers.Step{Ops: ops, WS: e.ws, Batch: batch, Row0: row0, Pos: v.pos, Decode: decode, Side: side},
 		ids: v.ids, last: v.last}
-	in := slices.Concat(ids, pos, start32, past32, last)
-	if err := e.dev.WriteI32(vec(e.in, len(in)), in); err != nil {
-		return nil, fmt.Errorf("model: writing step inputs: %w", err)
-	}
-	return s, nil
+	return s, slices.Concat(ids, pos, start32, past32, last)
 }
 
 // step is a forward step: what the layers see of it, and the token ids
@@ -509,4 +516,14 @@ func decodeOne(e *engine, s *step, greedy bool) {
 	if greedy {
 		e.ops.Argmax(e.next.Slice(0, B), e.logits.Slice(0, B))
 	}
+}
+
+// decodeAhead is a greedy decodeOne that leaves the next step's inputs in
+// place of its own (DecodeAdvance: each row's argmax its token, one
+// position further), so that the next step can be queued before the host
+// has read this one's choice.
+func decodeAhead(e *engine, s *step) {
+	B := s.Batch.Rows
+	decodeOne(e, s, true)
+	e.ops.DecodeAdvance(s.ids, s.Pos, s.Batch.PastDev, e.next.Slice(0, B))
 }

@@ -324,6 +324,9 @@ func (o *recordingOps) AttentionPrefill(a *kernels.AttnArgs) {
 func (o *recordingOps) AttentionDecode(a *kernels.AttnArgs) {
 	o.do(func() { o.Ops.AttentionDecode(a) })
 }
+func (o *recordingOps) DecodeAdvance(ids, pos, past, choice *kernels.Tensor) {
+	o.do(func() { o.Ops.DecodeAdvance(ids, pos, past, choice) })
+}
 func (o *recordingOps) MLAPrefill(a *kernels.MLAArgs) { o.do(func() { o.Ops.MLAPrefill(a) }) }
 func (o *recordingOps) MLADecode(a *kernels.MLAArgs)  { o.do(func() { o.Ops.MLADecode(a) }) }
 func (o *recordingOps) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {

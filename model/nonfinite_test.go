@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
 )
 
@@ -27,14 +28,24 @@ func TestNonFiniteLogits(t *testing.T) {
 		sampling Sampling
 		at       int // the step after which the norm turns NaN; 0: from the start
 		want     string
+		stepwise bool // on a device without ReadI32Later: greedy reads each choice before it queues the next step
 	}{
-		{"greedy", Sampling{}, 0, "step 1 (prefill): row 0's logits are not finite (the largest is NaN)"},
-		{"sampled", Sampling{Temperature: 0.8, Seed: 1}, 0, "step 1 (prefill): row 0's logits are not finite"},
-		{"greedy later", Sampling{}, 3, "step 4 (decode): row 0's logits are not finite"},
-		{"sampled later", Sampling{Temperature: 0.8, TopK: 5}, 2, "step 3 (decode): row 0's logits are not finite"},
+		{"greedy", Sampling{}, 0, "step 1 (prefill): row 0's logits are not finite (the largest is NaN)", false},
+		{"sampled", Sampling{Temperature: 0.8, Seed: 1}, 0, "step 1 (prefill): row 0's logits are not finite", false},
+		// Greedy decode queues a step before it reads the choice of the one
+		// before (decodeQueued): what OnStep changes after token 3 reaches
+		// the step that chooses token 5, unless it reads step by step.
+		{"greedy later", Sampling{}, 3, "step 5 (decode): row 0's logits are not finite", false},
+		{"greedy later, step by step", Sampling{}, 3, "step 4 (decode): row 0's logits are not finite", true},
+		{"sampled later", Sampling{Temperature: 0.8, TopK: 5}, 2, "step 3 (decode): row 0's logits are not finite", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			m := loadCPU(t, cfg, w, LoadOptions{MaxRows: 2, MaxSeq: 32})
+			dev, ops := cpuOps(t)
+			var d kernels.Device = dev
+			if c.stepwise {
+				d = hiddenLater{dev}
+			}
+			m := loadOn(t, d, ops, cfg, w, LoadOptions{MaxRows: 2, MaxSeq: 32})
 			if c.at == 0 {
 				poisonNorm(t, m)
 			}
