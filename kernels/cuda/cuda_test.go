@@ -910,3 +910,46 @@ func TestScratch(t *testing.T) {
 		t.Errorf("EndCapture after growth: %v", err)
 	}
 }
+
+// ReadI32Later returns the elements as the work queued before it left
+// them, not as work queued after it changes them; reads in flight at once
+// take buffers of their own, which their waits give back; a tensor it
+// cannot read is refused with a reason.
+func TestReadI32Later(t *testing.T) {
+	d := openDevice(t)
+	x := d.Alloc(kernels.I32, 6)
+	var waits []func() ([]int32, error)
+	var want [][]int32
+	for round := range 3 {
+		v := []int32{int32(round), 1, -2, 3, math.MaxInt32, math.MinInt32}
+		if err := d.WriteI32(x, v); err != nil {
+			t.Fatal(err)
+		}
+		wait, err := d.ReadI32Later(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits, want = append(waits, wait), append(want, v)
+	}
+	if n := len(d.later); n != 3 {
+		t.Errorf("%d pinned buffers for three reads in flight, want 3", n)
+	}
+	for i, wait := range waits {
+		got, err := wait()
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(want[i]) {
+			t.Errorf("read %d: %v, %v; want %v (the write queued before it, not those after)", i, got, err, want[i])
+		}
+	}
+	if _, err := d.ReadI32Later(x); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.later); n != 3 {
+		t.Errorf("%d pinned buffers after the waits gave theirs back, want 3", n)
+	}
+	for _, bad := range []*kernels.Tensor{d.Alloc(kernels.F32, 4), d.Alloc(kernels.I32, laterBytes/4+1)} {
+		if _, err := d.ReadI32Later(bad); err == nil {
+			t.Errorf("ReadI32Later(%v) queued a read, want a refusal", bad)
+		}
+	}
+	mustSync(t, d)
+}
