@@ -495,7 +495,10 @@ func decodeQueued(e *engine, later kernels.LaterReader, prompts [][]int, maxNew 
 		pending = append(pending, queued{n, read, t})
 		return nil
 	}
-	last, queuedTo, fresh := maxNew-1, 0, true // the last step a generation may need; the last queued
+	// The last step a generation may need; the last queued; whether the
+	// next one queued takes its inputs from the host (the first, and the
+	// one after a step run again) rather than from the step before it.
+	last, queuedTo, fresh := maxNew-1, 0, true
 	for !allTrue(done) {
 		for len(pending) < 2 && queuedTo < last {
 			queuedTo++
