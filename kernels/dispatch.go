@@ -41,6 +41,7 @@ type Dispatch struct {
 	// scratch holds the intermediates of composite ops run as their
 	// parts, by name (see scratch).
 	scratch map[string]*Tensor
+	version uint64 // Version
 }
 
 // Build makes the Ops this spec selects on dev, every call told to obs
@@ -60,6 +61,11 @@ func (s Spec) Build(dev Device, obs Observer) (*Dispatch, error) {
 // runs another spec without loading its weights again. Work queued before,
 // and graphs captured before, keep the kernels they were recorded with.
 func (d *Dispatch) Switch(s Spec) error { return d.use(s) }
+
+// Version counts the calls of Switch and the tuning choices applied since
+// d was built (kernels.Versioned): a graph recorded at one version runs the
+// kernels d would choose only while it stands.
+func (d *Dispatch) Version() uint64 { return d.version }
 
 // use builds the sets s needs that d has not built and points every op at
 // the set s runs it on; on error nothing changes.
@@ -88,6 +94,7 @@ func (d *Dispatch) use(s Spec) error {
 		d.whole[i] = s.Whole(o)
 	}
 	d.kind = kind
+	d.version++
 	return nil
 }
 
@@ -107,6 +114,8 @@ type LayerMarker interface {
 }
 
 // TunerOf is the Tunable of the set that runs op, and whether it has one.
+// A variant chosen through it directly (kbench's timed rows) is not counted
+// by Version: it is for ops that no model's graph outlives.
 func (d *Dispatch) TunerOf(op Op) (Tunable, bool) {
 	i := opIndex(op)
 	if i < 0 {
@@ -146,6 +155,7 @@ func (d *Dispatch) ApplyTuning(choices []Tuned) (applied []Tuned, skipped []erro
 			continue
 		}
 		applied = append(applied, c)
+		d.version++
 	}
 	return applied, skipped
 }

@@ -204,6 +204,7 @@ func TestApplyTuning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	v := ops.Version()
 	applied, skipped := ops.ApplyTuning([]kernels.Tuned{
 		{Set: "fused", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "w4_m2"},
 		{Set: "cpu", Op: kernels.OpAttnPrefill, Key: "D=128", Variant: "fast"},
@@ -212,6 +213,9 @@ func TestApplyTuning(t *testing.T) {
 	if len(applied) != 0 || len(skipped) != 2 || !strings.Contains(skipped[0].Error(), "has no variants") ||
 		!strings.Contains(skipped[1].Error(), "unknown op") {
 		t.Errorf("applied %v, skipped %v", applied, skipped)
+	}
+	if ops.Version() != v {
+		t.Errorf("no choice applied, but the version moved from %d to %d", v, ops.Version())
 	}
 	if info, _ := kernels.Set("naive"); len(info.VariantsOf(kernels.OpRoPE, nil, kernels.Targets["sm_90a"])) != 1 {
 		t.Errorf("naive's rope: want its one default variant")
@@ -228,11 +232,18 @@ func TestSwitch(t *testing.T) {
 	dev, prof, ops := profiledCPU(t)
 	s, _ := kernels.ParseSpec("cpu")
 	naive, _ := kernels.ParseSpec("naive")
+	v := ops.Version()
 	if err := ops.Switch(naive); err == nil || !strings.Contains(err.Error(), "runs on cuda devices, not on the cpu device") {
 		t.Errorf("Switch to a set of another device: %v", err)
 	}
+	if ops.Version() != v {
+		t.Errorf("a refused Switch moved the version from %d to %d", v, ops.Version())
+	}
 	if err := ops.Switch(s); err != nil {
 		t.Fatal(err)
+	}
+	if ops.Version() == v {
+		t.Errorf("Switch left the version at %d: graphs recorded before it would replay the old kernels", v)
 	}
 	a := dev.Alloc(kernels.F32, 1, 4)
 	ops.Add(a, a, a)

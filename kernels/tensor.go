@@ -191,6 +191,28 @@ type Graph interface {
 	Close() error
 }
 
+// CurrentGraph is implemented by graphs that can say whether they may still
+// be replayed: a graph holds the device addresses of every buffer its work
+// used when it was recorded, so that once one of them is freed (and its
+// memory handed to another) a replay would read and write what it no
+// longer owns. The decode step keeps such a graph from one generation to
+// the next while it is current.
+type CurrentGraph interface {
+	Graph
+	// Current reports whether no device memory has been given back since
+	// the graph's recording began, and the graph is not closed.
+	Current() bool
+}
+
+// Versioned is implemented by ops whose choice of kernels can change after
+// they are built (Dispatch: Switch, ApplyTuning): work recorded under one
+// version runs the kernels another would choose only when the versions are
+// equal.
+type Versioned interface {
+	// Version counts the changes to the kernels the ops run.
+	Version() uint64
+}
+
 // Allocs allocates tensors on one device and frees them all at once: what a
 // test case or a benchmark problem holds while it runs.
 type Allocs struct {

@@ -89,6 +89,10 @@ type Generation struct {
 	// its last row ends); GraphReplays of them were CUDA graph replays.
 	DecodeSteps  int
 	GraphReplays int
+	// GraphKept says that the replays were of the graph an earlier
+	// generation of the same batch recorded (engine.keptGraph), so that
+	// this one recorded none.
+	GraphKept bool
 	// Graph says why decode steps were not replayed as a graph: "" when
 	// they were (or there were too few steps to try), else the reason.
 	Graph string
@@ -189,26 +193,33 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 		g.Graph = "off (the device records no graphs)"
 	}
 	var graph kernels.Graph
+	var key graphKey
+	finished := false
 	defer func() {
 		if graph != nil {
-			graph.Close()
+			e.putGraph(graph, key, finished, prof)
 		}
 	}()
 	// run queues decode step `step` on s's inputs, in place on the device,
 	// with ahead making the next step's inputs too (decodeAhead): the first
 	// decode step runs eagerly (profiled, and warming up whatever the
-	// kernels set up on first use); the second is captured and every later
-	// one replays it.
+	// kernels set up on first use); the second replays the graph an earlier
+	// generation kept, or is captured, and every later one replays it.
 	run := func(step int, s *step, ahead bool) error {
 		one := func() { decodeOne(e, s, greedy) }
 		if ahead {
 			one = func() { decodeAhead(e, s) }
 		}
 		if graph == nil && g.Graph == "" && step >= 2 {
-			var err error
-			if graph, err = capture(grapher, prof, one); err != nil {
-				g.Graph = "off (capture failed: " + err.Error() + ")"
-				logf("model: decode runs without CUDA graphs: capture failed: %v", err)
+			key = e.graphKeyOf(B, greedy, ahead)
+			if graph = e.takeGraph(key, prof); graph != nil {
+				g.GraphKept = true
+			} else {
+				var err error
+				if graph, err = capture(grapher, prof, one); err != nil {
+					g.Graph = "off (capture failed: " + err.Error() + ")"
+					logf("model: decode runs without CUDA graphs: capture failed: %v", err)
+				}
 			}
 		}
 		if graph == nil {
@@ -273,7 +284,77 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 	g.WallMs = ms(tEnd.Sub(t0))
 	g.PrefillMs = ms(tPrefill.Sub(t0))
 	g.DecodeMs = ms(tEnd.Sub(tPrefill))
+	finished = true
 	return g, nil
+}
+
+// graphKey is what a generation's decode graph depends on besides the
+// device's buffers: the batch's rows, whether its steps end with the
+// argmax (greedy) and make the next step's inputs (ahead), and the
+// version of the ops' choice of kernels. Nothing else of a step is read
+// on the host: the decode ops take lengths and positions from the
+// device (kernels' Batch.PastDev), so that one graph serves every step of
+// every generation of the batch.
+type graphKey struct {
+	rows          int
+	greedy, ahead bool
+	version       uint64
+}
+
+func (e *engine) graphKeyOf(rows int, greedy, ahead bool) graphKey {
+	k := graphKey{rows: rows, greedy: greedy, ahead: ahead}
+	if v, ok := e.ops.(kernels.Versioned); ok {
+		k.version = v.Version()
+	}
+	return k
+}
+
+// takeGraph hands over the decode graph an earlier generation kept, when
+// it was recorded for key and may still be replayed (kernels.CurrentGraph:
+// no device memory given back since), else nil; a kept graph it does not
+// hand over is closed.
+func (e *engine) takeGraph(key graphKey, prof *profile.Profile) kernels.Graph {
+	k := e.kept
+	e.kept = nil
+	if k == nil {
+		return nil
+	}
+	if k.key == key && e.mayKeep(k.graph, prof) && k.graph.(kernels.CurrentGraph).Current() {
+		return k.graph
+	}
+	k.graph.Close()
+	return nil
+}
+
+// putGraph keeps the generation's decode graph for the next generation
+// where the generation finished and the graph may outlive it (mayKeep),
+// else closes it.
+func (e *engine) putGraph(g kernels.Graph, key graphKey, finished bool, prof *profile.Profile) {
+	if !finished || e.closed || !e.mayKeep(g, prof) {
+		g.Close()
+		return
+	}
+	if e.kept != nil && e.kept.graph != g {
+		e.kept.graph.Close()
+	}
+	e.kept = &keptGraph{graph: g, key: key}
+}
+
+// mayKeep says whether graph may serve a later generation: it can tell
+// whether it is still current, the ops count their changes of kernels
+// (kernels.Versioned), and the profile does not attribute a replay's
+// kernels to the calls captured in its own generation (CUPTI's, which
+// Reset forgets between generations).
+func (e *engine) mayKeep(g kernels.Graph, prof *profile.Profile) bool {
+	_, current := g.(kernels.CurrentGraph)
+	_, versioned := e.ops.(kernels.Versioned)
+	return current && versioned && (prof == nil || prof.Source() != "cupti")
+}
+
+// keptGraph is the decode graph a generation left for the next (takeGraph).
+type keptGraph struct {
+	graph kernels.Graph
+	key   graphKey
 }
 
 // checkGenerate rejects what the model cannot run, naming the prompt and

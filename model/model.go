@@ -224,7 +224,10 @@ type engine struct {
 	next *kernels.Tensor
 
 	cacheTensors, workTensors []*kernels.Tensor
-	closed                    bool
+	// kept is the decode graph the last generation recorded, for the next
+	// one of the same batch (Generate; nil when none).
+	kept   *keptGraph
+	closed bool
 }
 
 func (e *engine) base() *engine { return e }
@@ -256,6 +259,10 @@ func (e *engine) Close() error {
 		return nil
 	}
 	e.closed = true
+	if e.kept != nil {
+		e.kept.graph.Close()
+		e.kept = nil
+	}
 	for _, ts := range [][]*kernels.Tensor{e.weights.owned, e.cacheTensors, e.workTensors} {
 		for _, t := range ts {
 			e.dev.Free(t)

@@ -348,35 +348,70 @@ func (o *recordingOps) Argmax(out, logits *kernels.Tensor) {
 	o.do(func() { o.Ops.Argmax(out, logits) })
 }
 
+// Version is the version of the ops recorded (kernels.Versioned), 0 where
+// they have none.
+func (o *recordingOps) Version() uint64 {
+	if v, ok := o.Ops.(kernels.Versioned); ok {
+		return v.Version()
+	}
+	return 0
+}
+
 // graphDevice is the CPU device with recordingOps as its graphs.
 type graphDevice struct {
 	*cpu.Device
 	ops     *recordingOps
 	failing bool // BeginCapture fails
+	// captures, closes and frees count BeginCapture, the graphs' first
+	// Close and the device's Free.
+	captures, closes, frees int
 }
 
-type recordedGraph struct{ calls []func() }
+// recordedGraph is a graphDevice's graph: current while no Free has come
+// since its recording began.
+type recordedGraph struct {
+	d      *graphDevice
+	calls  []func()
+	frees  int // the device's when the recording began
+	closed bool
+}
 
 func (g *recordedGraph) Replay() error {
+	if g.closed {
+		return errors.New("replay of a closed graph")
+	}
 	for _, f := range g.calls {
 		f()
 	}
 	return nil
 }
-func (g *recordedGraph) Close() error { return nil }
+func (g *recordedGraph) Close() error {
+	if !g.closed {
+		g.closed = true
+		g.d.closes++
+	}
+	return nil
+}
+func (g *recordedGraph) Current() bool { return !g.closed && g.frees == g.d.frees }
 
 func (d *graphDevice) BeginCapture() error {
 	if d.failing {
 		return errors.New("no graphs today")
 	}
+	d.captures++
 	d.ops.rec = &[]func(){}
 	return nil
 }
 
 func (d *graphDevice) EndCapture() (kernels.Graph, error) {
-	g := &recordedGraph{calls: *d.ops.rec}
+	g := &recordedGraph{d: d, calls: *d.ops.rec, frees: d.frees}
 	d.ops.rec = nil
 	return g, nil
+}
+
+func (d *graphDevice) Free(t *kernels.Tensor) {
+	d.frees++
+	d.Device.Free(t)
 }
 
 // Decode steps replayed from a graph captured once give the tokens eager

@@ -51,9 +51,12 @@ type Timings struct {
 	TokensPerSec float64 `json:"tokens_per_s"`
 	WallS        float64 `json:"wall_s"`
 	Phases
-	ComputeMs  float64        `json:"compute_ms"`
-	LoadS      float64        `json:"load_s"`
-	GraphSteps int            `json:"graph_replays"`
+	ComputeMs  float64 `json:"compute_ms"`
+	LoadS      float64 `json:"load_s"`
+	GraphSteps int     `json:"graph_replays"`
+	// GraphKept says the replays were of the decode graph an earlier
+	// generation of the run recorded: this one recorded none.
+	GraphKept  bool           `json:"graph_kept"`
 	Warmup     int            `json:"warmup_runs"`
 	RunsWallS  []float64      `json:"runs_wall_s"` // in the order they ran
 	WallSpread spread.Summary `json:"wall_s_spread"`

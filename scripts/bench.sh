@@ -158,7 +158,7 @@ for path in sorted(glob.glob(os.path.join(raw, "*.json"))):
                     "prompt_tokens": max(lens), "prompt_tokens_rows": lens, "prompt_tokens_total": sum(lens),
                     "new_tokens": t["new_tokens"],
                     "tokens_per_s": t["tokens_per_s"], "wall_s": t["wall_s"], "runs_wall_s": t["runs_wall_s"],
-                    "prefill_ms": t["prefill_ms"], "decode_ms": t["decode_ms"], "graph_replays": t["graph_replays"],
+                    "prefill_ms": t["prefill_ms"], "decode_ms": t["decode_ms"], "graph_replays": t["graph_replays"], "graph_kept": t.get("graph_kept"),
                     "ttft_ms": t.get("ttft_ms"), "prefill_tokens_per_s": t.get("prefill_tokens_per_s"),
                     "decode_tokens_per_s": t.get("decode_tokens_per_s"), "tpot_ms": t.get("tpot_ms"),
                     "wall_s_spread": t.get("wall_s_spread"), "version": r.get("version"),

@@ -241,6 +241,7 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 		ComputeMs:    med.Report.ComputeMs,
 		LoadS:        loadS,
 		GraphSteps:   gen.GraphReplays,
+		GraphKept:    gen.GraphKept,
 		Warmup:       f.warmup,
 		RunsWallS:    walls,
 		WallSpread:   spread.Of(walls),

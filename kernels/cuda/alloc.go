@@ -53,6 +53,10 @@ type allocator struct {
 	free  map[int][]uintptr // class → cached blocks
 	live  map[uintptr]int   // block → class, for blocks handed out
 	stats MemStats
+	// released counts the blocks given back (release, releaseAll): a
+	// graph recorded before the last of them may hold an address that is
+	// no longer its buffer's (Graph.Current).
+	released uint64
 }
 
 func newAllocator(be memBackend) *allocator {
@@ -126,6 +130,7 @@ func (a *allocator) release(p uintptr) error {
 		return fmt.Errorf("cuda: free of %#x, which the allocator did not hand out (double free?)", p)
 	}
 	delete(a.live, p)
+	a.released++
 	a.free[c] = append(a.free[c], p)
 	a.stats.InUse -= int64(c)
 	a.stats.Cached += int64(c)
@@ -158,6 +163,7 @@ func (a *allocator) releaseAll() error {
 		a.stats.Frees++
 		a.stats.InUse -= int64(c)
 		delete(a.live, p)
+		a.released++
 	}
 	return first
 }

@@ -726,6 +726,63 @@ func TestGraphReplay(t *testing.T) {
 	}
 }
 
+// A graph is current until device memory is given back: an allocation
+// leaves it so, a Free or a Scratch that grows does not, and a closed graph
+// is not.
+func TestGraphCurrent(t *testing.T) {
+	d := openDevice(t)
+	f := incKernel(t, d)
+	const n = 256
+	buf := d.Alloc(kernels.I32, n)
+	d.Scratch("graph-current", 64)
+	mustSync(t, d)
+	record := func() kernels.Graph {
+		t.Helper()
+		if err := d.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		d.Launch(f, Dim3{X: 1}, Dim3{X: n}, 0, buf, int32(n))
+		g, err := d.EndCapture()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	current := func(g kernels.Graph) bool { return g.(kernels.CurrentGraph).Current() }
+
+	g := record()
+	other := d.Alloc(kernels.I32, n)
+	if !current(g) {
+		t.Error("an allocation made the graph stale")
+	}
+	d.Free(other)
+	if current(g) {
+		t.Error("the graph is current after a Free")
+	}
+	g.Close()
+
+	g = record()
+	d.Scratch("graph-current", 64)
+	if !current(g) {
+		t.Error("a Scratch that fits made the graph stale")
+	}
+	d.Scratch("graph-current", 1<<20)
+	if current(g) {
+		t.Error("the graph is current after its scratch grew")
+	}
+	g.Close()
+
+	g = record()
+	if err := g.Replay(); err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, d)
+	g.Close()
+	if current(g) {
+		t.Error("a closed graph is current")
+	}
+}
+
 func TestEvents(t *testing.T) {
 	d := openDevice(t)
 	const s = 4096

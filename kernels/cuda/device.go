@@ -72,9 +72,12 @@ type Device struct {
 	watchdog  time.Duration // Sync's bound, 0 for none (SetWatchdog)
 	hung      bool          // Sync gave up on work that did not finish
 	capturing bool
-	side      *side // Aside's second stream, nil until its first use
-	onSide    bool  // inside Aside: stream and blasH are the side's
-	aside     bool  // Aside may use the second stream (FUSELM_ASIDE not off)
+	// captureFrom is the allocator's count of blocks given back when the
+	// graph being recorded began (Graph.Current).
+	captureFrom uint64
+	side        *side // Aside's second stream, nil until its first use
+	onSide      bool  // inside Aside: stream and blasH are the side's
+	aside       bool  // Aside may use the second stream (FUSELM_ASIDE not off)
 
 	// Kernel parameters: cuLaunchKernel gets argPtrs, whose entries point at
 	// the argVals slots, and copies the values at launch.

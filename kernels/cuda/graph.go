@@ -14,6 +14,9 @@ type Graph struct {
 	d     *Device
 	graph uintptr // CUgraph
 	exec  uintptr // CUgraphExec
+	// released is the allocator's count of blocks given back when the
+	// recording began (Current).
+	released uint64
 }
 
 // BeginCapture starts recording the work queued on the device's stream
@@ -37,6 +40,7 @@ func (d *Device) BeginCapture() error {
 		return err
 	}
 	d.capturing = true
+	d.captureFrom = d.alloc.released
 	return nil
 }
 
@@ -71,7 +75,7 @@ func (d *Device) EndCapture() (kernels.Graph, error) {
 		ccall(d.drv.cuGraphDestroy, g)
 		return nil, err
 	}
-	gr := &Graph{d: d, graph: g, exec: exec}
+	gr := &Graph{d: d, graph: g, exec: exec, released: d.captureFrom}
 	if d.drv.cuGraphUpload != 0 {
 		if err := d.drv.check(ccall(d.drv.cuGraphUpload, exec, d.stream), "cuGraphUpload"); err != nil {
 			gr.destroy()
@@ -104,6 +108,18 @@ func (g *Graph) Replay() error {
 	return nil
 }
 
+// Current reports whether the graph may still be replayed: it is not
+// closed, nor is its device, and no device memory has been given back
+// since its recording began, so that every address its work holds is
+// still its buffer's (kernels.CurrentGraph). Scratch that grows gives its
+// old block back, and so makes every graph recorded before it stale.
+func (g *Graph) Current() bool {
+	d := g.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.closed && g.exec != 0 && d.alloc.released == g.released
+}
+
 // Close releases the graph.
 func (g *Graph) Close() error {
 	d := g.d
@@ -128,7 +144,8 @@ func (g *Graph) destroy() error {
 
 // Interface checks.
 var (
-	_ kernels.Device  = (*Device)(nil)
-	_ kernels.Grapher = (*Device)(nil)
-	_ kernels.Graph   = (*Graph)(nil)
+	_ kernels.Device       = (*Device)(nil)
+	_ kernels.Grapher      = (*Device)(nil)
+	_ kernels.Graph        = (*Graph)(nil)
+	_ kernels.CurrentGraph = (*Graph)(nil)
 )
