@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -25,4 +26,131 @@ func TestCompare(t *testing.T) {
 			t.Errorf("RelErr(%v, %v) = %g, want NaN", c[0], c[1], e)
 		}
 	}
+}
+
+// TestDiffAccPieces: DiffAcc over got and want cut into pieces at any
+// boundaries gives Compare's Diff of the whole, indices counted from the
+// start of the whole, on data holding poison (NaN in want), unwritten
+// elements (NaN in got), overwritten poison and infinities; and Compare
+// gives what an element-by-element reading of Diff's definition does.
+func TestDiffAccPieces(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	special := func(x float32) float32 {
+		switch rng.IntN(40) {
+		case 0:
+			return nan
+		case 1:
+			return inf
+		case 2:
+			return -inf
+		case 3:
+			return 0
+		}
+		return x
+	}
+	for trial := range 200 {
+		n := rng.IntN(300)
+		want, got := make([]float32, n), make([]float32, n)
+		for i := range want {
+			want[i] = float32(rng.NormFloat64())
+			got[i] = want[i] + float32(rng.NormFloat64()*1e-2)
+			if trial%2 == 1 { // half the trials hold special values
+				want[i], got[i] = special(want[i]), special(got[i])
+			}
+		}
+		whole := Compare(got, want)
+		if o := compareByDefinition(got, want); !sameDiff(whole, o) {
+			t.Fatalf("trial %d: Compare = %+v, by definition %+v", trial, whole, o)
+		}
+		var a DiffAcc
+		for i := 0; i < n; {
+			j := min(n, i+rng.IntN(40)) // pieces of 0 to 39 elements
+			a.Add(got[i:j], want[i:j])
+			i = j
+		}
+		if a.Len() != n {
+			t.Fatalf("trial %d: Len %d, want %d", trial, a.Len(), n)
+		}
+		if d := a.Diff(); !sameDiff(d, whole) {
+			t.Fatalf("trial %d: in pieces %+v, whole %+v", trial, d, whole)
+		}
+	}
+}
+
+// TestDiffAccIndices: the first unwritten and overwritten elements, and the
+// largest difference, are found in later pieces at their indices in the
+// whole; a first piece without numbers leaves MaxAt to a later one.
+func TestDiffAccIndices(t *testing.T) {
+	nan := float32(math.NaN())
+	var a DiffAcc
+	a.Add([]float32{nan, nan}, []float32{nan, nan}) // poison left alone
+	if d := a.Diff(); d.MaxAt != -1 || d.Poison != 2 || !math.IsNaN(d.RelErr()) {
+		t.Errorf("after poison alone: %+v", d)
+	}
+	a.Add([]float32{1, 2, nan}, []float32{1, 2.5, 3}) // 2, 3, 4
+	a.Add(nil, nil)
+	a.Add([]float32{4, 7, 0}, []float32{nan, 6, 0}) // 5, 6, 7
+	a.Add([]float32{nan}, []float32{9})             // 8
+	d := a.Diff()
+	want := Diff{Max: 1, MaxAt: 6, Unwritten: 2, FirstUnwritten: 4, Overwritten: 1, FirstOverwritten: 5, Poison: 3,
+		Rel: math.Sqrt(0.25+1) / math.Sqrt(1+6.25+36)}
+	if !sameDiff(d, want) || a.Len() != 9 {
+		t.Errorf("Diff = %+v (Len %d), want %+v (Len 9)", d, a.Len(), want)
+	}
+	if e := d.RelErr(); !math.IsNaN(e) {
+		t.Errorf("RelErr with unwritten elements = %g, want NaN", e)
+	}
+	// Equal numbers: the largest difference is 0, at the first of them.
+	var eq DiffAcc
+	eq.Add([]float32{nan}, []float32{nan})
+	eq.Add([]float32{5, 6}, []float32{5, 6})
+	if d := eq.Diff(); d.Max != 0 || d.MaxAt != 1 || d.Rel != 0 {
+		t.Errorf("equal after poison: %+v, want Max 0 at 1", d)
+	}
+}
+
+// compareByDefinition is Diff's definition read element by element, the
+// whole at once: what Compare must give.
+func compareByDefinition(got, want []float32) Diff {
+	d := Diff{MaxAt: -1}
+	var diff2, ref2 float64
+	for i := range want {
+		g, w := float64(got[i]), float64(want[i])
+		switch {
+		case math.IsNaN(w):
+			d.Poison++
+			if !math.IsNaN(g) {
+				if d.Overwritten == 0 {
+					d.FirstOverwritten = i
+				}
+				d.Overwritten++
+			}
+		case math.IsNaN(g):
+			if d.Unwritten == 0 {
+				d.FirstUnwritten = i
+			}
+			d.Unwritten++
+		default:
+			x := math.Abs(g - w)
+			if math.IsNaN(x) { // inf − inf
+				x = math.Inf(1)
+			}
+			diff2 += x * x
+			ref2 += w * w
+			if d.MaxAt < 0 || x > d.Max {
+				d.Max, d.MaxAt = x, i
+			}
+		}
+	}
+	d.Rel = math.Sqrt(diff2) / math.Max(math.Sqrt(ref2), 1e-30)
+	return d
+}
+
+// sameDiff is a == b, a NaN Rel equal to a NaN Rel.
+func sameDiff(a, b Diff) bool {
+	if math.IsNaN(a.Rel) && math.IsNaN(b.Rel) {
+		a.Rel, b.Rel = 0, 0
+	}
+	return a == b
 }
