@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -439,16 +440,19 @@ func bound(flops, bytes, matrixRate, copyRate float64) (string, float64) {
 	return b, floor
 }
 
-// reference is a shape's reference outputs, computed once.
+// reference is a shape's reference outputs, computed once and kept on
+// the host (hostCopy).
 type reference struct {
 	by   string // "cpu", "naive", or "" before the first check
-	outs [][]float32
+	outs []*hostCopy
 	err  error
 }
 
 // check runs set's op once on copy 0 and holds its outputs against the
 // reference: the cpu set where the problem is cheap, else naive on the
-// same device (a naive row then is the reference itself).
+// same device (a naive row then is the reference itself). It reads the
+// outputs a chunk at a time (readChunks), so that it holds on the host the
+// reference and a chunk, whatever the outputs' size.
 func (r *runner) check(c *Case, s kernels.Shape, p *kerneltest.Problem, o kernels.Ops, set string, ref *reference) (string, error) {
 	cheap := c.FLOPs(s) <= cpuRefFLOPs && c.Bytes(s) <= cpuRefBytes
 	if ref.by == "" {
@@ -461,20 +465,37 @@ func (r *runner) check(c *Case, s kernels.Shape, p *kerneltest.Problem, o kernel
 	if ref.err != nil {
 		return ref.by, fmt.Errorf("the %s reference failed: %w", ref.by, ref.err)
 	}
-	got, err := r.runOnce(p, o)
+	if ref.by == set {
+		if err := r.runOnce(p, o, nil); err != nil {
+			return ref.by, err
+		}
+		return "is the reference", nil
+	}
+	diffs := make([]kernels.DiffAcc, len(p.Outs))
+	read := make([]int, len(p.Outs)) // elements of each output read
+	var want []float32               // a chunk of the reference, widened
+	err := r.runOnce(p, o, func(i int, got []float32) {
+		at := read[i]
+		read[i] += len(got)
+		if read[i] <= ref.outs[i].len() {
+			want = slices.Grow(want[:0], len(got))[:len(got)]
+			ref.outs[i].widen(want, at)
+			diffs[i].Add(got, want)
+		}
+	})
 	if err != nil {
 		return ref.by, err
-	}
-	if ref.by == set {
-		return "is the reference", nil
 	}
 	tol := tolerance
 	if s.DType(r.dev.ActDType()) == kernels.F16 {
 		tol = f16Tolerance
 	}
 	worst := 0.0
-	for i := range got {
-		e := kernels.RelErr(got[i], ref.outs[i])
+	for i := range diffs {
+		e := diffs[i].Diff().RelErr()
+		if read[i] != ref.outs[i].len() {
+			e = math.NaN() // as RelErr of two lengths
+		}
 		if !(e <= tol) {
 			return fmt.Sprintf("%s %.2g", ref.by, e), fmt.Errorf("output %d is %.3g from %s's (tolerance %g): not timed", i, e, ref.by, tol)
 		}
@@ -483,15 +504,16 @@ func (r *runner) check(c *Case, s kernels.Shape, p *kerneltest.Problem, o kernel
 	return fmt.Sprintf("%s %.1e", ref.by, worst), nil
 }
 
-// reference computes p's outputs with set by: the cpu set on the same
-// problem built on a host device, or naive on p itself.
-func (r *runner) reference(c *Case, s kernels.Shape, p *kerneltest.Problem, by string) ([][]float32, error) {
+// reference computes p's outputs with set by and keeps them on the host:
+// the cpu set on the same problem built on a host device, or naive on p
+// itself.
+func (r *runner) reference(c *Case, s kernels.Shape, p *kerneltest.Problem, by string) ([]*hostCopy, error) {
 	if by == "naive" {
 		o, err := r.ops("naive")
 		if err != nil {
 			return nil, err
 		}
-		return r.runOnce(p, o)
+		return r.keep(r.dev, p, o)
 	}
 	host, err := cpu.NewDeviceAct(r.dev.ActDType())
 	if err != nil {
@@ -507,18 +529,34 @@ func (r *runner) reference(c *Case, s kernels.Shape, p *kerneltest.Problem, by s
 	if err != nil {
 		return nil, err
 	}
-	return r.runOnceOn(host, hp, ops)
+	return r.keep(host, hp, ops)
 }
 
-// runOnce runs p's op once on copy 0 with o and returns its outputs (see
+// keep runs p's op once on copy 0 of dev with o and returns its outputs
+// kept on the host (hostCopy).
+func (r *runner) keep(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops) ([]*hostCopy, error) {
+	outs := make([]*hostCopy, len(p.Outs))
+	for i, t := range p.Outs {
+		outs[i] = newHostCopy(t)
+	}
+	err := r.runOnceOn(dev, p, o, func(i int, v []float32) { outs[i].append(v) })
+	if err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// runOnce runs p's op once on copy 0 with o and reads its outputs (see
 // runOnceOn).
-func (r *runner) runOnce(p *kerneltest.Problem, o kernels.Ops) ([][]float32, error) {
-	return r.runOnceOn(r.dev, p, o)
+func (r *runner) runOnce(p *kerneltest.Problem, o kernels.Ops, each func(out int, v []float32)) error {
+	return r.runOnceOn(r.dev, p, o, each)
 }
 
-// runOnceOn runs p's op once on copy 0 of dev with o and returns its
-// outputs, copy 0's in-place inputs put back as built before and after.
-func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops) ([][]float32, error) {
+// runOnceOn runs p's op once on copy 0 of dev with o, copy 0's in-place
+// inputs put back as built before and after, and calls each with every
+// chunk of its outputs in turn (readChunks): output i's elements, in
+// order. With each nil it reads nothing.
+func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops, each func(out int, v []float32)) error {
 	b := kerneltest.NewBuilder(dev, 0, 0)
 	restore := func() error {
 		for i, t := range p.State {
@@ -529,23 +567,114 @@ func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.
 		return nil
 	}
 	if err := restore(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := call(dev, func() { p.Run(o, 0) }); err != nil {
-		return nil, err
+		return err
 	}
-	outs := make([][]float32, len(p.Outs))
-	for i, t := range p.Outs {
-		v, err := dev.ReadF32(t)
-		if err != nil {
-			return nil, err
+	if each != nil {
+		for i, t := range p.Outs {
+			err := readChunks(dev, t, func(v []float32) { each(i, v) })
+			if err != nil {
+				return err
+			}
 		}
-		outs[i] = v
 	}
 	if err := restore(); err != nil {
-		return nil, err
+		return err
 	}
-	return outs, dev.Sync()
+	return dev.Sync()
+}
+
+// checkChunk is the most elements of an output the check reads from the
+// device at a time, unless one row is more: a variable for the tests to
+// cut small outputs into several chunks.
+var checkChunk = 64 << 20
+
+// readChunks reads t from dev a chunk of whole rows at a time, of at most
+// checkChunk elements (one row when a row is more; a tensor of one
+// dimension whole), and calls f with each chunk's elements in turn, as
+// float32; f must not keep them.
+func readChunks(dev kernels.Device, t *kernels.Tensor, f func(v []float32)) error {
+	if len(t.Shape) < 2 {
+		v, err := dev.ReadF32(t)
+		if err != nil {
+			return err
+		}
+		f(v)
+		return nil
+	}
+	rows := t.Reshape(t.Rows(), t.Cols()) // row after row, as ReadF32 reads them
+	per := max(1, checkChunk/max(1, t.Cols()))
+	for r0 := 0; r0 < rows.Shape[0]; r0 += per {
+		v, err := dev.ReadF32(rows.Slice(r0, min(r0+per, rows.Shape[0])))
+		if err != nil {
+			return err
+		}
+		f(v)
+	}
+	return nil
+}
+
+// hostCopy is an output's elements kept on the host in its own type: the
+// bits of a BF16 or F16 tensor's elements, half the size of their float32
+// values, else the float32 values.
+type hostCopy struct {
+	dt   kernels.DType
+	bits []uint16
+	f32  []float32
+}
+
+// newHostCopy is an empty copy of t's elements, room made for all of them.
+func newHostCopy(t *kernels.Tensor) *hostCopy {
+	h := &hostCopy{dt: t.DType}
+	if h.half() {
+		h.bits = make([]uint16, 0, t.Numel())
+	} else {
+		h.f32 = make([]float32, 0, t.Numel())
+	}
+	return h
+}
+
+// half reports whether the copy keeps 16-bit elements.
+func (h *hostCopy) half() bool { return h.dt == kernels.BF16 || h.dt == kernels.F16 }
+
+// len is the number of elements kept.
+func (h *hostCopy) len() int { return len(h.bits) + len(h.f32) }
+
+// append keeps v, elements read as float32 from a tensor of the copy's
+// type: narrowing them back to it is exact (a bf16 is the top half of its
+// float32; kernels.F32ToF16 returns the f16 a value came from, a NaN as a
+// NaN).
+func (h *hostCopy) append(v []float32) {
+	switch h.dt {
+	case kernels.BF16:
+		for _, x := range v {
+			h.bits = append(h.bits, uint16(math.Float32bits(x)>>16))
+		}
+	case kernels.F16:
+		for _, x := range v {
+			h.bits = append(h.bits, kernels.F32ToF16(x))
+		}
+	default:
+		h.f32 = append(h.f32, v...)
+	}
+}
+
+// widen writes elements [at, at+len(dst)) into dst as float32.
+func (h *hostCopy) widen(dst []float32, at int) {
+	switch h.dt {
+	case kernels.BF16:
+		for i, b := range h.bits[at : at+len(dst)] {
+			dst[i] = math.Float32frombits(uint32(b) << 16)
+		}
+	case kernels.F16:
+		for i, b := range h.bits[at : at+len(dst)] {
+			dst[i] = kernels.F16ToF32(b)
+		}
+	default:
+		copy(dst, h.f32[at:at+len(dst)])
+	}
 }
 
 // call runs f, turning a panic of a kernel set's shape checks into an
