@@ -99,7 +99,11 @@ func Build(d profile.Recording, device string, meta map[string]any) ([]byte, err
 		span(opLabel(c.Op, c.Layer), "op", PidHost, TidHostOps, c.Start, c.End, args)
 	}
 	for _, r := range d.Replays {
-		span("graph replay", "op", PidHost, TidHostOps, r.Start, r.End, map[string]any{"step": r.Step, "graph": r.Graph})
+		args := map[string]any{"step": r.Step, "graph": r.Graph}
+		if r.Graph == 0 {
+			args["graph"] = "kept from an earlier generation"
+		}
+		span("graph replay", "op", PidHost, TidHostOps, r.Start, r.End, args)
 	}
 
 	streams := map[uint32]bool{}

@@ -61,6 +61,7 @@ func syntheticTrace() profile.Recording {
 
 func TestBuildTrace(t *testing.T) {
 	d := syntheticTrace()
+	d.Replays[len(d.Replays)-1].Graph = 0 // a graph an earlier generation kept
 	b, err := chrometrace.Build(d, "cuda:0 H200", map[string]any{"model": "m"})
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +74,7 @@ func TestBuildTrace(t *testing.T) {
 		t.Errorf("%d decode steps, want 3", n)
 	}
 	var hostOps, kernelsSeen, replays int
+	var graphs []any
 	var loadTs float64 = -1
 	for _, e := range tr.TraceEvents {
 		switch {
@@ -80,6 +82,7 @@ func TestBuildTrace(t *testing.T) {
 			loadTs = e.Ts
 		case e.Name == "graph replay":
 			replays++
+			graphs = append(graphs, e.Args["graph"])
 		case e.Ph == "X" && e.Pid == chrometrace.PidHost && e.Tid == chrometrace.TidHostOps:
 			hostOps++
 		case e.Cat == "kernel":
@@ -91,6 +94,9 @@ func TestBuildTrace(t *testing.T) {
 	}
 	if loadTs != 0 || hostOps != len(d.Calls) || kernelsSeen != len(d.Kernels) || replays != 2 {
 		t.Errorf("load at %g µs, %d host ops, %d kernels, %d replays", loadTs, hostOps, kernelsSeen, replays)
+	}
+	if len(graphs) != 2 || graphs[0] != float64(1) || graphs[1] != "kept from an earlier generation" {
+		t.Errorf("replays' graphs %v, want 1 then the kept one", graphs)
 	}
 	if tr.OtherData["model"] != "m" || tr.DisplayTimeUnit != "ms" {
 		t.Errorf("otherData %v", tr.OtherData)

@@ -75,7 +75,10 @@ type OpCall struct {
 	Scratch int64        `json:"scratch_bytes,omitempty"`
 }
 
-// Replay is one replay of a captured graph.
+// Replay is one replay of a captured graph. Graph numbers the captures of
+// the generation (1 for its first); 0 is a graph an earlier generation
+// captured and kept (model's Generate), none of whose calls are in this
+// profile.
 type Replay struct {
 	ID    uint64  `json:"id"`
 	Graph int     `json:"graph"`
