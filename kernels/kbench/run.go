@@ -591,29 +591,40 @@ func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.
 // cut small outputs into several chunks.
 var checkChunk = 64 << 20
 
-// readChunks reads t from dev a chunk of whole rows at a time, of at most
-// checkChunk elements (one row when a row is more; a tensor of one
-// dimension whole), and calls f with each chunk's elements in turn, as
-// float32; f must not keep them.
-func readChunks(dev kernels.Device, t *kernels.Tensor, f func(v []float32)) error {
+// rowChunks calls f with views of t's rows a chunk at a time, in order,
+// each with the index of its first element in t: whole rows, at most
+// checkChunk elements (one row when a row is more, or when packed is asked
+// of a pitched t, whose chunks of several rows would be pitched too); a
+// tensor of one dimension whole.
+func rowChunks(t *kernels.Tensor, packed bool, f func(c *kernels.Tensor, at int) error) error {
 	if len(t.Shape) < 2 {
-		v, err := dev.ReadF32(t)
+		return f(t, 0)
+	}
+	rows := t.Reshape(t.Rows(), t.Cols()) // row after row, as ReadF32 reads them
+	per := max(1, checkChunk/max(1, t.Cols()))
+	if packed && !t.Packed() {
+		per = 1
+	}
+	for r0 := 0; r0 < rows.Shape[0]; r0 += per {
+		if err := f(rows.Slice(r0, min(r0+per, rows.Shape[0])), r0*t.Cols()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readChunks reads t from dev a chunk of rows at a time (rowChunks) and
+// calls f with each chunk's elements in turn, as float32; f must not keep
+// them.
+func readChunks(dev kernels.Device, t *kernels.Tensor, f func(v []float32)) error {
+	return rowChunks(t, false, func(c *kernels.Tensor, _ int) error {
+		v, err := dev.ReadF32(c)
 		if err != nil {
 			return err
 		}
 		f(v)
 		return nil
-	}
-	rows := t.Reshape(t.Rows(), t.Cols()) // row after row, as ReadF32 reads them
-	per := max(1, checkChunk/max(1, t.Cols()))
-	for r0 := 0; r0 < rows.Shape[0]; r0 += per {
-		v, err := dev.ReadF32(rows.Slice(r0, min(r0+per, rows.Shape[0])))
-		if err != nil {
-			return err
-		}
-		f(v)
-	}
-	return nil
+	})
 }
 
 // hostCopy is an output's elements kept on the host in its own type: the
