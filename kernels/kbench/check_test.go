@@ -87,7 +87,7 @@ func TestCheckInChunks(t *testing.T) {
 		{Ops: ops, dev: dev, step: 2e-4, bad: 22},
 	} {
 		checkChunk = 1 << 30
-		want, wantErr := wholeChecked(t, dev, p, ops, set)
+		want, wantErr := wholeChecked(t, dev, p.Problem, ops, set)
 		if want == "cpu 0.0e+00" {
 			t.Fatalf("nudged set %+v: no error to hold chunks to", set.bad)
 		}
@@ -213,6 +213,235 @@ func TestHostCopy(t *testing.T) {
 						break
 					}
 				}
+			}
+		}
+	}
+}
+
+// widened is all of h's elements as float32.
+func widened(h *hostCopy) []float32 {
+	v := make([]float32, h.len())
+	h.widen(v, 0)
+	return v
+}
+
+// uploads is a device that records every Upload: the tensor written and
+// the type of the data.
+type uploads struct {
+	kernels.Device
+	into []*kernels.Tensor
+	src  []kernels.DType
+}
+
+func (u *uploads) Upload(t *kernels.Tensor, data []byte, src kernels.DType) error {
+	u.into, u.src = append(u.into, t), append(u.src, src)
+	return u.Device.Upload(t, data, src)
+}
+
+// sameBits reports whether got is want bit for bit where a number, NaN
+// where NaN, and says where not.
+func sameBits(got, want []float32) (bool, string) {
+	if len(got) != len(want) {
+		return false, fmt.Sprintf("%d elements, want %d", len(got), len(want))
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if w != w && g == g || w == w && math.Float32bits(g) != math.Float32bits(w) {
+			return false, fmt.Sprintf("element %d is %g, want %g", i, g, w)
+		}
+	}
+	return true, ""
+}
+
+// A tensor kept (hostCopy) and put back in chunks (writeChunks) after it
+// was overwritten reads as it did, and the elements of the buffer beside
+// it are left as they were: bf16, f16 and f32 tensors of one, two and
+// three dimensions, packed or a column slice of a wider one, holding
+// infinities, signed zeros, subnormals and NaNs. Each chunk is whole rows
+// of at most checkChunk elements (one row of a column slice), written in
+// the tensor's own type.
+func TestWriteChunks(t *testing.T) {
+	host := cpu.NewDevice()
+	dev := &uploads{Device: host}
+	b := kerneltest.NewBuilder(host, 0, 0)
+	defer b.Free()
+	defer func(was int) { checkChunk = was }(checkChunk)
+	special := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.Copysign(0, -1)), 0,
+		float32(math.NaN()), 1e-40, 6e-8, -3.5, 65504, 1e30}
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+		wide := b.Alloc(dt, 2, 5, 13)
+		all := wide.Reshape(wide.Numel())
+		vals, other := make([]float32, wide.Numel()), make([]float32, wide.Numel())
+		for i := range vals {
+			vals[i] = special[i%len(special)] * float32(1+i%7)
+			other[i] = float32(i%5) - 7
+		}
+		for _, v := range []*kernels.Tensor{wide, wide.ColSlice(2, 11), wide.Reshape(10, 13).Slice(3, 8),
+			wide.Reshape(10, 13).Slice(3, 8).ColSlice(0, 12), all, wide.Reshape(wide.Numel()/2, 2)} {
+			for _, chunk := range []int{1 << 30, 20, 1} {
+				checkChunk = chunk
+				b.Upload(wide, vals)
+				h := newHostCopy(v)
+				if err := readChunks(host, v, h.append); err != nil {
+					t.Fatal(err)
+				}
+				b.Upload(wide, other)
+				beside, err := host.ReadF32(all) // what the buffer holds, v overwritten
+				if err != nil {
+					t.Fatal(err)
+				}
+				dev.into, dev.src = nil, nil
+				if err := writeChunks(dev, v, h); err != nil {
+					t.Fatalf("%v in chunks of %d: %v", v, chunk, err)
+				}
+				got, err := host.ReadF32(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.Upload(wide, vals)
+				want, err := host.ReadF32(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok, why := sameBits(got, want); !ok {
+					t.Errorf("%v in chunks of %d, put back: %s", v, chunk, why)
+				}
+				// Put v back over other again and read the whole buffer: v
+				// as built, the rest as other left it.
+				b.Upload(wide, other)
+				if err := writeChunks(host, v, h); err != nil {
+					t.Fatal(err)
+				}
+				after, err := host.ReadF32(all)
+				if err != nil {
+					t.Fatal(err)
+				}
+				in := map[int]bool{} // the buffer's elements that are v's
+				rows := v.Reshape(v.Rows(), v.Cols())
+				for r := range v.Rows() {
+					for c := range v.Cols() {
+						in[rows.Offset-all.Offset+r*rows.Pitch+c] = true
+					}
+				}
+				for i := range after {
+					if !in[i] && math.Float32bits(after[i]) != math.Float32bits(beside[i]) {
+						t.Errorf("%v in chunks of %d: element %d of the buffer, not the tensor's, is %g, was %g", v, chunk, i, after[i], beside[i])
+						break
+					}
+				}
+				most, n := 0, 0 // the largest chunk written, the elements written
+				for i, c := range dev.into {
+					if !c.Packed() || dev.src[i] != v.DType {
+						t.Errorf("%v in chunks of %d: chunk %v written as %v", v, chunk, c, dev.src[i])
+						break
+					}
+					most, n = max(most, c.Numel()), n+c.Numel()
+				}
+				if n != v.Numel() {
+					t.Errorf("%v in chunks of %d: %d elements written, want %d", v, chunk, n, v.Numel())
+				}
+				if len(v.Shape) >= 2 && most > max(chunk, v.Cols()) {
+					t.Errorf("%v in chunks of %d: a chunk of %d elements", v, chunk, most)
+				}
+				if len(v.Shape) >= 2 && (chunk == 1 || !v.Packed()) && len(dev.into) != v.Rows() {
+					t.Errorf("%v in chunks of %d: %d writes, want one a row", v, chunk, len(dev.into))
+				}
+				if len(v.Shape) >= 2 && v.Packed() && chunk == 20 && len(dev.into) < 2 {
+					t.Errorf("%v in chunks of %d: %d writes, want several", v, chunk, len(dev.into))
+				}
+			}
+		}
+	}
+}
+
+// addNudged is the cpu set with linear_add's output in row r scaled by
+// 1 + r·step after the add: an error that grows from the first chunk of
+// the output to its last, and that depends on the addend, the in-place
+// input, being put back as built.
+type addNudged struct {
+	kernels.Ops
+	dev  kernels.Device
+	step float64
+}
+
+func (n addNudged) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
+	n.Ops.LinearAdd(out, x, w, bias, addend)
+	v, err := n.dev.ReadF32(out)
+	if err != nil {
+		panic(err)
+	}
+	cols := out.Cols()
+	for i := range v {
+		v[i] = float32(float64(v[i]) * (1 + float64(i/cols)*n.step))
+	}
+	kerneltest.NewBuilder(n.dev, 0, 0).Upload(out, v)
+}
+
+// An op that adds into its output (linear_add) is checked in chunks as
+// whole, whatever ran on its in-place output before: the checked string
+// is the one the outputs of two problems built afresh give, one run with
+// the reference and one with the set, read whole; for the cpu reference
+// (its own problem, built on the host) and for a reference run on the
+// problem itself, as naive is on a GPU (here the cpu set under naive's
+// name).
+func TestCheckStateInChunks(t *testing.T) {
+	dev, _ := cpu.NewDeviceAct(kernels.BF16)
+	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
+	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops, "naive": ops}, rep: &Report{}, opt: Options{Seed: 5}}
+	c := CaseFor(kernels.OpLinearAdd)
+	s, _ := kernels.ParseShape("M=12,N=40,K=32")
+	set := addNudged{Ops: ops, dev: dev, step: 1e-3}
+	fresh := func(o kernels.Ops) []float32 {
+		p, err := build(kerneltest.NewBuilder(dev, 5, 0), c, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Run(o, 0)
+		v, err := dev.ReadF32(p.Outs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	e := kernels.RelErr(fresh(set), fresh(ops))
+	if e == 0 || !(e <= tolerance) {
+		t.Fatalf("nudged linear_add is %g from cpu's: want an error within the tolerance", e)
+	}
+	p, err := build(kerneltest.NewBuilder(dev, 5, 1<<14), c, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.State) != 1 || p.State[0] != p.Outs[0] {
+		t.Fatalf("linear_add: state %v, outputs %v: want its output in place", p.State, p.Outs)
+	}
+	defer func(was int) { checkChunk = was }(checkChunk)
+	for _, by := range []string{"cpu", "naive"} {
+		want := fmt.Sprintf("%s %.1e", by, e)
+		// Chunks of the whole, of 5 rows, of 2 rows (100 elements: less
+		// than 3 rows of 40), and of one row (less than a row).
+		for _, chunk := range []int{1 << 30, 200, 100, 1} {
+			checkChunk = chunk
+			for range 3 { // the state left as timing leaves it
+				p.Run(set, 0)
+			}
+			ref := &reference{}
+			if by == "naive" {
+				ref.by = by
+				ref.outs, ref.err = r.reference(c, s, p, by)
+				for range 2 {
+					p.Run(set, 0)
+				}
+			}
+			checked, err := r.check(c, s, p, set, "nudged", ref)
+			if err != nil || checked != want {
+				t.Errorf("%s reference, chunks of %d: checked %q, %v; read whole: %q", by, chunk, checked, err, want)
+			}
+			got, err := dev.ReadF32(p.State[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, why := sameBits(got, widened(p.built[0])); !ok {
+				t.Errorf("%s reference, chunks of %d: the output after the check is not as built: %s", by, chunk, why)
 			}
 		}
 	}

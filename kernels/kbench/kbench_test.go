@@ -437,7 +437,7 @@ func TestCopyZeroIndependentOfCopies(t *testing.T) {
 		if one.Copies != 1 || many.Copies < 2 {
 			t.Fatalf("%s: %d and %d copies", op, one.Copies, many.Copies)
 		}
-		if e := kernels.RelErr(many.Built[0], one.Built[0]); e != 0 {
+		if e := kernels.RelErr(widened(many.built[0]), widened(one.built[0])); e != 0 {
 			t.Errorf("%s: copy 0's state differs by %g with more copies", op, e)
 		}
 	}

@@ -1,6 +1,7 @@
 package kbench
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -347,8 +348,36 @@ func buildDense(b *kerneltest.Builder, c *Case, s kernels.Shape) (p *kerneltest.
 	return p, err
 }
 
-// build builds a problem, turning a device error into an error.
-func build(b *kerneltest.Builder, c *Case, s kernels.Shape) (p *kerneltest.Problem, err error) {
+// problem is a built problem with its in-place inputs (State) as built,
+// kept on the host in their own type (hostCopy), which a check puts back
+// before and after its run.
+type problem struct {
+	*kerneltest.Problem
+	built []*hostCopy // State[i]'s elements as built
+}
+
+// build builds a problem and keeps its in-place inputs as built, read a
+// chunk at a time (readChunks).
+func build(b *kerneltest.Builder, c *Case, s kernels.Shape) (*problem, error) {
+	bare, err := buildBare(b, c, s)
+	if err != nil {
+		return nil, err
+	}
+	p := &problem{Problem: bare}
+	for _, t := range p.State {
+		h := newHostCopy(t)
+		if err := readChunks(b.Dev(), t, h.append); err != nil {
+			return nil, err
+		}
+		p.built = append(p.built, h)
+	}
+	return p, nil
+}
+
+// buildBare builds a problem without keeping its in-place inputs (what the
+// trace pass, which puts nothing back, runs), turning a device error into
+// an error.
+func buildBare(b *kerneltest.Builder, c *Case, s kernels.Shape) (p *kerneltest.Problem, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			be, ok := v.(kerneltest.BuildError)
@@ -361,13 +390,6 @@ func build(b *kerneltest.Builder, c *Case, s kernels.Shape) (p *kerneltest.Probl
 	p = c.Build(b, c, s)
 	if err := b.Dev().Sync(); err != nil {
 		return nil, err
-	}
-	for _, t := range p.State {
-		v, err := b.Dev().ReadF32(t)
-		if err != nil {
-			return nil, err
-		}
-		p.Built = append(p.Built, v)
 	}
 	return p, nil
 }
@@ -382,14 +404,14 @@ func (r *runner) release(b *kerneltest.Builder) {
 
 // measure checks then times one set (in its current variant) on p, and
 // returns how it ran the calls it timed.
-func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *kerneltest.Problem, o kernels.Ops, set string, ref *reference) group {
+func (r *runner) measure(row *Row, c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) group {
 	checked, err := r.check(c, s, p, o, set, ref)
 	row.Checked = checked
 	if err != nil {
 		row.Err = err.Error()
 		return group{}
 	}
-	sp, g, err := r.time(p, o)
+	sp, g, err := r.time(p.Problem, o)
 	if f, ok := o.(kernels.Faulter); ok && err == nil {
 		// A kernel that gave up on a wait while timed leaves garbage its
 		// check above did not see: no time for it.
@@ -452,8 +474,9 @@ type reference struct {
 // reference: the cpu set where the problem is cheap, else naive on the
 // same device (a naive row then is the reference itself). It reads the
 // outputs a chunk at a time (readChunks), so that it holds on the host the
-// reference and a chunk, whatever the outputs' size.
-func (r *runner) check(c *Case, s kernels.Shape, p *kerneltest.Problem, o kernels.Ops, set string, ref *reference) (string, error) {
+// reference, the in-place inputs as built (problem) and a chunk, whatever
+// the outputs' size.
+func (r *runner) check(c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) (string, error) {
 	cheap := c.FLOPs(s) <= cpuRefFLOPs && c.Bytes(s) <= cpuRefBytes
 	if ref.by == "" {
 		ref.by = "naive"
@@ -507,7 +530,7 @@ func (r *runner) check(c *Case, s kernels.Shape, p *kerneltest.Problem, o kernel
 // reference computes p's outputs with set by and keeps them on the host:
 // the cpu set on the same problem built on a host device, or naive on p
 // itself.
-func (r *runner) reference(c *Case, s kernels.Shape, p *kerneltest.Problem, by string) ([]*hostCopy, error) {
+func (r *runner) reference(c *Case, s kernels.Shape, p *problem, by string) ([]*hostCopy, error) {
 	if by == "naive" {
 		o, err := r.ops("naive")
 		if err != nil {
@@ -534,7 +557,7 @@ func (r *runner) reference(c *Case, s kernels.Shape, p *kerneltest.Problem, by s
 
 // keep runs p's op once on copy 0 of dev with o and returns its outputs
 // kept on the host (hostCopy).
-func (r *runner) keep(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops) ([]*hostCopy, error) {
+func (r *runner) keep(dev kernels.Device, p *problem, o kernels.Ops) ([]*hostCopy, error) {
 	outs := make([]*hostCopy, len(p.Outs))
 	for i, t := range p.Outs {
 		outs[i] = newHostCopy(t)
@@ -548,19 +571,18 @@ func (r *runner) keep(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops) 
 
 // runOnce runs p's op once on copy 0 with o and reads its outputs (see
 // runOnceOn).
-func (r *runner) runOnce(p *kerneltest.Problem, o kernels.Ops, each func(out int, v []float32)) error {
+func (r *runner) runOnce(p *problem, o kernels.Ops, each func(out int, v []float32)) error {
 	return r.runOnceOn(r.dev, p, o, each)
 }
 
 // runOnceOn runs p's op once on copy 0 of dev with o, copy 0's in-place
-// inputs put back as built before and after, and calls each with every
-// chunk of its outputs in turn (readChunks): output i's elements, in
-// order. With each nil it reads nothing.
-func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.Ops, each func(out int, v []float32)) error {
-	b := kerneltest.NewBuilder(dev, 0, 0)
+// inputs put back as built before and after (writeChunks), and calls each
+// with every chunk of its outputs in turn (readChunks): output i's
+// elements, in order. With each nil it reads nothing.
+func (r *runner) runOnceOn(dev kernels.Device, p *problem, o kernels.Ops, each func(out int, v []float32)) error {
 	restore := func() error {
 		for i, t := range p.State {
-			if err := uploadF32(b, t, p.Built[i]); err != nil {
+			if err := writeChunks(dev, t, p.built[i]); err != nil {
 				return err
 			}
 		}
@@ -586,9 +608,9 @@ func (r *runner) runOnceOn(dev kernels.Device, p *kerneltest.Problem, o kernels.
 	return dev.Sync()
 }
 
-// checkChunk is the most elements of an output the check reads from the
-// device at a time, unless one row is more: a variable for the tests to
-// cut small outputs into several chunks.
+// checkChunk is the most elements of a tensor the check reads from the
+// device, or puts back into it, at a time, unless one row is more: a
+// variable for the tests to cut small tensors into several chunks.
 var checkChunk = 64 << 20
 
 // rowChunks calls f with views of t's rows a chunk at a time, in order,
@@ -627,9 +649,25 @@ func readChunks(dev kernels.Device, t *kernels.Tensor, f func(v []float32)) erro
 	})
 }
 
-// hostCopy is an output's elements kept on the host in its own type: the
-// bits of a BF16 or F16 tensor's elements, half the size of their float32
-// values, else the float32 values.
+// writeChunks sets t on dev to h's elements (a copy of t's, as readChunks
+// read them) a chunk of rows at a time, packed ones (rowChunks: Upload
+// writes packed tensors only), each uploaded as raw elements of h's own
+// type: the kept bits of a 16-bit tensor, which Upload copies as they are.
+func writeChunks(dev kernels.Device, t *kernels.Tensor, h *hostCopy) error {
+	if h.len() != t.Numel() {
+		return fmt.Errorf("putting back %v: %d elements kept", t, h.len())
+	}
+	var raw []byte
+	return rowChunks(t, true, func(c *kernels.Tensor, at int) error {
+		raw = h.raw(raw[:0], at, c.Numel())
+		return dev.Upload(c, raw, h.src())
+	})
+}
+
+// hostCopy is a tensor's elements kept on the host in its own type (a
+// reference's outputs, a problem's in-place inputs as built): the bits of
+// a BF16 or F16 tensor's elements, half the size of their float32 values,
+// else the float32 values.
 type hostCopy struct {
 	dt   kernels.DType
 	bits []uint16
@@ -688,6 +726,31 @@ func (h *hostCopy) widen(dst []float32, at int) {
 	}
 }
 
+// src is the type of the elements raw writes: the copy's own where it
+// keeps 16-bit elements, else F32.
+func (h *hostCopy) src() kernels.DType {
+	if h.half() {
+		return h.dt
+	}
+	return kernels.F32
+}
+
+// raw appends elements [at, at+n) to dst as little-endian bytes of type
+// src, and returns it.
+func (h *hostCopy) raw(dst []byte, at, n int) []byte {
+	dst = slices.Grow(dst, n*h.src().Size())
+	if h.half() {
+		for _, b := range h.bits[at : at+n] {
+			dst = binary.LittleEndian.AppendUint16(dst, b)
+		}
+		return dst
+	}
+	for _, x := range h.f32[at : at+n] {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
+	}
+	return dst
+}
+
 // call runs f, turning a panic of a kernel set's shape checks into an
 // error, then waits for the device.
 func call(dev kernels.Device, f func()) (err error) {
@@ -698,20 +761,6 @@ func call(dev kernels.Device, f func()) (err error) {
 	}()
 	f()
 	return dev.Sync()
-}
-
-func uploadF32(b *kerneltest.Builder, t *kernels.Tensor, v []float32) (err error) {
-	defer func() {
-		if x := recover(); x != nil {
-			be, ok := x.(kerneltest.BuildError)
-			if !ok {
-				panic(x)
-			}
-			err = be.Unwrap()
-		}
-	}()
-	b.Upload(t, v)
-	return nil
 }
 
 // best picks, per set, op and tuning key, the variant of least total time

@@ -92,7 +92,7 @@ func (r *runner) traceShape(tr profile.KernelTracer, rows []timedRow) {
 			sets = append(sets, t)
 		}
 	}
-	r.traceOn(tr, sets, build)
+	r.traceOn(tr, sets, buildBare)
 	r.traceOn(tr, dense, buildDense)
 }
 

@@ -16,8 +16,7 @@ type Problem struct {
 	Copies int
 	Run    func(o kernels.Ops, k int)
 	Outs   []*kernels.Tensor // copy 0's outputs, held against the reference
-	State  []*kernels.Tensor // copy 0's inputs the op changes in place (timing changes them too)
-	Built  [][]float32       // State's values as built, which the runner reads back to put back before every check
+	State  []*kernels.Tensor // copy 0's inputs the op changes in place (timing changes them too): the runner puts them back as built around each check
 	Bytes  float64           // when > 0, the bytes the problem moves (the bench's count is an expectation)
 }
 
