@@ -657,8 +657,8 @@ func (d *Device) Memcpy(dst, src uintptr, n int) {
 	if !d.usable() {
 		return
 	}
-	if err := d.drv.check(ccall(d.drv.cuMemcpyDtoDAsync, dst, src, uintptr(n), d.stream), fmt.Sprintf("cuMemcpyDtoDAsync_v2(%d bytes)", n)); err != nil {
-		d.failLocked(err)
+	if r := ccall(d.drv.cuMemcpyDtoDAsync, dst, src, uintptr(n), d.stream); uint32(r) != 0 {
+		d.failLocked(d.drv.check(r, fmt.Sprintf("cuMemcpyDtoDAsync_v2(%d bytes)", n)))
 	}
 }
 
@@ -672,8 +672,8 @@ func (d *Device) MemsetD8(dst uintptr, v uint8, n int) {
 	if !d.usable() {
 		return
 	}
-	if err := d.drv.check(ccall(d.drv.cuMemsetD8Async, dst, uintptr(v), uintptr(n), d.stream), fmt.Sprintf("cuMemsetD8Async(%d bytes)", n)); err != nil {
-		d.failLocked(err)
+	if r := ccall(d.drv.cuMemsetD8Async, dst, uintptr(v), uintptr(n), d.stream); uint32(r) != 0 {
+		d.failLocked(d.drv.check(r, fmt.Sprintf("cuMemsetD8Async(%d bytes)", n)))
 	}
 }
 
@@ -687,8 +687,8 @@ func (d *Device) MemsetD32(dst uintptr, v uint32, n int) {
 	if !d.usable() {
 		return
 	}
-	if err := d.drv.check(ccall(d.drv.cuMemsetD32Async, dst, uintptr(v), uintptr(n), d.stream), fmt.Sprintf("cuMemsetD32Async(%d words)", n)); err != nil {
-		d.failLocked(err)
+	if r := ccall(d.drv.cuMemsetD32Async, dst, uintptr(v), uintptr(n), d.stream); uint32(r) != 0 {
+		d.failLocked(d.drv.check(r, fmt.Sprintf("cuMemsetD32Async(%d words)", n)))
 	}
 }
 
