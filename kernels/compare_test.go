@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -111,10 +112,12 @@ func TestDiffAccIndices(t *testing.T) {
 }
 
 // compareByDefinition is Diff's definition read element by element, the
-// whole at once: what Compare must give.
+// whole at once, Rel's sums of squares added one by one within each block
+// of diffBlock elements and the blocks' sums added in order: what Compare
+// must give.
 func compareByDefinition(got, want []float32) Diff {
 	d := Diff{MaxAt: -1}
-	var diff2, ref2 float64
+	var diff2, ref2, blockDiff2, blockRef2 float64
 	for i := range want {
 		g, w := float64(got[i]), float64(want[i])
 		switch {
@@ -136,11 +139,15 @@ func compareByDefinition(got, want []float32) Diff {
 			if math.IsNaN(x) { // inf − inf
 				x = math.Inf(1)
 			}
-			diff2 += x * x
-			ref2 += w * w
+			blockDiff2 += x * x
+			blockRef2 += w * w
 			if d.MaxAt < 0 || x > d.Max {
 				d.Max, d.MaxAt = x, i
 			}
+		}
+		if (i+1)%diffBlock == 0 || i == len(want)-1 {
+			diff2, ref2 = diff2+blockDiff2, ref2+blockRef2
+			blockDiff2, blockRef2 = 0, 0
 		}
 	}
 	d.Rel = math.Sqrt(diff2) / math.Max(math.Sqrt(ref2), 1e-30)
@@ -153,4 +160,92 @@ func sameDiff(a, b Diff) bool {
 		a.Rel, b.Rel = 0, 0
 	}
 	return a == b
+}
+
+// TestDiffAccParallel: over several blocks, a DiffAcc fed pieces at any
+// boundaries, each split among any number of goroutines, gives Compare's
+// Diff of the whole to the bit (Rel, the first largest difference, the
+// counts and their first indices) from the same sums of squares, and
+// Compare gives the definition's: on data of ordinary numbers, of numbers
+// with ties for the largest difference in several blocks, and of numbers
+// with poison, unwritten elements, overwritten poison and infinities.
+func TestDiffAccParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	n := 8*diffBlock + 1234
+	// cuts are ways to cut the n elements into pieces, as their lengths.
+	cuts := map[string][]int{"whole": {n}}
+	for range 4 {
+		var any, small []int
+		for left := n; left > 0; {
+			any = append(any, min(left, rng.IntN(4*diffBlock)))
+			left -= any[len(any)-1]
+		}
+		for left := n; left > 0; {
+			small = append(small, min(left, rng.IntN(diffBlock/4)))
+			left -= small[len(small)-1]
+		}
+		cuts[fmt.Sprint("any ", len(cuts))], cuts[fmt.Sprint("small ", len(cuts))] = any, small
+	}
+	for span := 1; span <= 8; span++ { // a piece after a third of a block touching span blocks
+		first, mid := diffBlock/3, (span-1)*diffBlock+diffBlock/2
+		cuts[fmt.Sprint("spanning ", span)] = []int{first, mid, n - first - mid}
+	}
+	for _, data := range []string{"numbers", "ties", "special"} {
+		want, got := make([]float32, n), make([]float32, n)
+		for i := range want {
+			want[i] = float32(rng.NormFloat64())
+			got[i] = want[i] + float32(rng.NormFloat64()*1e-2)
+			switch data {
+			case "ties":
+				if rng.IntN(diffBlock/2) == 0 {
+					want[i], got[i] = 0, 1 // the largest difference, in several blocks
+				}
+			case "special":
+				for _, x := range []*float32{&want[i], &got[i]} {
+					switch rng.IntN(2000) {
+					case 0:
+						*x = nan
+					case 1:
+						*x = inf
+					case 2:
+						*x = -inf
+					}
+				}
+			}
+		}
+		var whole DiffAcc
+		whole.Add(got, want)
+		if d, o := whole.Diff(), compareByDefinition(got, want); !sameDiff(d, o) {
+			t.Fatalf("%s: Compare = %+v, by definition %+v", data, d, o)
+		}
+		if data == "ties" && whole.Diff().Max != 1 {
+			t.Fatalf("ties: Max %g, want 1", whole.Diff().Max)
+		}
+		for name, pieces := range cuts {
+			for _, workers := range []int{1, 2, 3, 7, 16} {
+				var a DiffAcc
+				at := 0
+				for _, m := range pieces {
+					a.add(got[at:at+m], want[at:at+m], workers)
+					at += m
+				}
+				if d := a.Diff(); a.Len() != n || !sameDiff(d, whole.Diff()) || sumBits(&a) != sumBits(&whole) {
+					t.Fatalf("%s, pieces %s, %d workers: %+v (Len %d, sums %v), whole %+v (Len %d, sums %v)",
+						data, name, workers, d, a.Len(), sumBits(&a), whole.Diff(), n, sumBits(&whole))
+				}
+			}
+		}
+		var a DiffAcc
+		a.AddParallel(got[:n/3], want[:n/3])
+		a.AddParallel(got[n/3:], want[n/3:])
+		if d := a.Diff(); !sameDiff(d, whole.Diff()) || sumBits(&a) != sumBits(&whole) {
+			t.Fatalf("%s: AddParallel %+v, whole %+v", data, d, whole.Diff())
+		}
+	}
+}
+
+// sumBits is the sums of squares Diff's Rel is made of, as their bits.
+func sumBits(a *DiffAcc) [2]uint64 {
+	return [2]uint64{math.Float64bits(a.total.diff2 + a.open.diff2), math.Float64bits(a.total.ref2 + a.open.ref2)}
 }
