@@ -3,6 +3,8 @@ package kbench
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -216,6 +218,62 @@ func TestHostCopy(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Narrowing into a hostCopy (append) and widening out of it (widen) split
+// among any number of goroutines give what one goroutine does, bit for
+// bit: bf16, f16 and f32 copies of every kind of value (NaNs, infinities,
+// subnormals, signed zeros among random bits), appended in two pieces and
+// widened from offsets inside the copy.
+func TestHostCopyParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	n := 50001
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+		v := make([]float32, n) // values as ReadF32 reads them from a dt tensor
+		for i := range v {
+			switch dt {
+			case kernels.BF16:
+				v[i] = math.Float32frombits(uint32(rng.Uint32()) &^ 0xffff)
+			case kernels.F16:
+				v[i] = kernels.F16ToF32(uint16(rng.Uint32()))
+			default:
+				v[i] = math.Float32frombits(rng.Uint32())
+			}
+		}
+		keep := func(workers int) *hostCopy {
+			h := newHostCopy(&kernels.Tensor{DType: dt, Shape: []int{n}})
+			h.appendOn(v[:n/3], workers)
+			h.appendOn(v[n/3:], workers)
+			return h
+		}
+		one := keep(1)
+		if ok, where := sameBits(widened(one), v); !ok {
+			t.Fatalf("%v: kept and widened, %s", dt, where)
+		}
+		for _, workers := range []int{2, 3, 7, 16} {
+			h := keep(workers)
+			if !slices.Equal(h.bits, one.bits) || !slices.Equal(bitsOf(h.f32), bitsOf(one.f32)) {
+				t.Fatalf("%v: appended by %d goroutines, not as by one", dt, workers)
+			}
+			for _, r := range [][2]int{{0, n}, {7, n - 7}, {n / 2, n/2 + 1}, {n - 1000, 1000}} {
+				got, want := make([]float32, r[1]), make([]float32, r[1])
+				h.widenOn(got, r[0], workers)
+				one.widenOn(want, r[0], 1)
+				if !slices.Equal(bitsOf(got), bitsOf(want)) {
+					t.Fatalf("%v: %d elements from %d widened by %d goroutines, not as by one", dt, r[1], r[0], workers)
+				}
+			}
+		}
+	}
+}
+
+// bitsOf is v's elements as their bits.
+func bitsOf(v []float32) []uint32 {
+	b := make([]uint32, len(v))
+	for i, x := range v {
+		b[i] = math.Float32bits(x)
+	}
+	return b
 }
 
 // widened is all of h's elements as float32.
