@@ -151,14 +151,19 @@ func Run(dev kernels.Device, target kernels.Target, opt Options) (*Report, error
 		}
 	}
 	r.ceilings()
+	// Progress counts a shape's steps: its problem built, then each row
+	// checked and timed (at W1's prefill shapes a row takes a minute), and
+	// with CUPTI each shape's trace pass.
 	total, done := 0, 0
 	for _, c := range cs {
-		total += len(r.shapesOf(c))
+		for _, s := range r.shapesOf(c) {
+			total += r.unitsOf(c, s)
+			if opt.CUPTI {
+				total++
+			}
+		}
 	}
-	if opt.CUPTI {
-		total *= 2 // the trace pass goes over the shapes again
-	}
-	progress := func() {
+	tick := func() {
 		done++
 		if opt.Progress != nil {
 			opt.Progress(done, total)
@@ -166,12 +171,15 @@ func Run(dev kernels.Device, target kernels.Target, opt Options) (*Report, error
 	}
 	for _, c := range cs {
 		for _, s := range r.shapesOf(c) {
-			r.shape(c, s)
-			progress()
+			end := done + r.unitsOf(c, s)
+			r.shape(c, s, tick)
+			for done < end { // the steps a failed build left out
+				tick()
+			}
 		}
 	}
 	if opt.CUPTI {
-		r.traceKernels(cs, progress)
+		r.traceKernels(cs, tick)
 	}
 	if opt.Optimize {
 		r.rep.Tuned = best(r.rep.Rows, r.keys)
@@ -244,8 +252,25 @@ func (r *runner) ops(set string) (setOps, error) {
 	return o, nil
 }
 
-// shape measures one shape of one case for every set.
-func (r *runner) shape(c *Case, s kernels.Shape) {
+// unitsOf is the steps shape tells progress of for s: its problem built,
+// each variant row of every set that owns c's op, and the dense reference
+// row where c has one.
+func (r *runner) unitsOf(c *Case, s kernels.Shape) int {
+	n := 1
+	for _, set := range r.opt.Sets {
+		if info, _ := kernels.Set(set); info.Owns(c.Op) {
+			n += len(r.opt.pick(info.VariantsOf(c.Op, s, r.target)))
+		}
+	}
+	if c.Dense != nil && r.rep.MatrixRate > 0 {
+		n++
+	}
+	return n
+}
+
+// shape measures c at s on every set, calling tick after each of the steps
+// unitsOf counts.
+func (r *runner) shape(c *Case, s kernels.Shape, tick func()) {
 	b := kerneltest.NewBuilder(r.dev, r.opt.Seed, r.target.L2Bytes)
 	defer r.release(b)
 	p, err := build(b, c, s)
@@ -253,6 +278,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 		r.rep.Rows = append(r.rep.Rows, Row{Op: c.Op, Shape: s.String(), Bound: c.Bound, Err: err.Error()})
 		return
 	}
+	tick()
 	ref := &reference{}
 	for _, set := range r.opt.Sets {
 		info, _ := kernels.Set(set)
@@ -278,16 +304,19 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 			if !v.Valid() {
 				row.Err = "not valid here: " + v.Why
 				r.rep.Rows = append(r.rep.Rows, row)
+				tick()
 				continue
 			}
 			if tunable && several {
 				if err := tuner.UseVariant(c.Op, key, v.Name); err != nil {
 					row.Err = err.Error()
 					r.rep.Rows = append(r.rep.Rows, row)
+					tick()
 					continue
 				}
 			}
 			g := r.measure(&row, c, s, p, o, set, ref)
+			tick()
 			if row.Err == "" {
 				r.timed = append(r.timed, timedRow{index: len(r.rep.Rows), c: c, shape: s, group: g})
 			}
@@ -305,6 +334,7 @@ func (r *runner) shape(c *Case, s kernels.Shape) {
 	}
 	if c.Dense != nil && r.rep.MatrixRate > 0 {
 		r.denseRow(c, s)
+		tick()
 	}
 }
 

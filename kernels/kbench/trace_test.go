@@ -171,7 +171,7 @@ func traceRun(t *testing.T, d *traceDevice) *runner {
 		cs = append(cs, &c)
 	}
 	for _, c := range cs {
-		r.shape(c, c.Shapes[0])
+		r.shape(c, c.Shapes[0], func() {})
 	}
 	if d.starts != 0 || len(d.recs) != 0 {
 		t.Fatalf("the timing traced: %d starts, %d records", d.starts, len(d.recs))
@@ -307,9 +307,15 @@ func TestTraceKernelsUnavailable(t *testing.T) {
 	// and progress counts the trace pass's shapes too.
 	dev, _ := cpu.NewDeviceAct(kernels.BF16)
 	s, _ := kernels.ParseShape("M=4,N=32")
-	var done, total int
+	var done, total, calls int
 	rep, err := Run(dev, kernels.Target{}, Options{Ops: []kernels.Op{kernels.OpRMSNorm}, Shapes: []kernels.Shape{s, s},
-		Sets: []string{"cpu"}, CUPTI: true, Progress: func(d, t int) { done, total = d, t }})
+		Sets: []string{"cpu"}, CUPTI: true, Progress: func(d, n int) {
+			calls++
+			if d != done+1 || total != 0 && n != total {
+				t.Errorf("progress went from %d of %d to %d of %d", done, total, d, n)
+			}
+			done, total = d, n
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,8 +325,8 @@ func TestTraceKernelsUnavailable(t *testing.T) {
 	if len(rep.Rows) != 2 || rep.Rows[0].Kernels != nil || !(rep.Rows[0].Ms > 0) {
 		t.Errorf("rows %+v", rep.Rows)
 	}
-	if done != 4 || total != 4 {
-		t.Errorf("progress ended at %d of %d, want 4 of 4 (two shapes, timed then traced)", done, total)
+	if done != 6 || total != 6 || calls != 6 {
+		t.Errorf("progress ended at %d of %d after %d calls, want 6 of 6 (two shapes, each built, its row timed, then traced)", done, total, calls)
 	}
 }
 
