@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/fuselm/fuselm/kernels/cpu"
 	"github.com/fuselm/fuselm/kernels/profile"
 )
 
@@ -23,18 +22,8 @@ func TestGraphKept(t *testing.T) {
 			cfg, w, _ := openFixture(t, name)
 			eager := loadCPU(t, cfg, w, LoadOptions{MaxRows: 4, MaxSeq: 32})
 
-			inner := cpu.NewDevice()
+			m, dev, built, prof := loadGraphed(t, cfg, w, false)
 			spec, _ := kernels.ParseSpec("cpu")
-			prof := profile.New(inner)
-			built, err := spec.Build(inner, prof)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dev := &graphDevice{Device: inner, ops: &recordingOps{Ops: built}}
-			m, err := Load(cfg, w, dev, dev.ops, LoadOptions{MaxRows: 4, MaxSeq: 32})
-			if err != nil {
-				t.Fatal(err)
-			}
 			greedy := GenerateOptions{MaxNewTokens: 9, EOS: []int{}, Profile: prof}
 			sampled := greedy
 			sampled.Sampling = Sampling{Temperature: 1, Seed: 3}

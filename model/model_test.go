@@ -414,6 +414,23 @@ func (d *graphDevice) Free(t *kernels.Tensor) {
 	d.Device.Free(t)
 }
 
+// loadGraphed loads the checkpoint with the cpu set on a graphDevice (its
+// BeginCapture failing where failing says), for at most 4 rows of 32
+// tokens: the model, closed when the test ends, the device, the Dispatch
+// and the profile it reports to.
+func loadGraphed(t *testing.T, cfg *loader.Config, w *loader.Weights, failing bool) (Model, *graphDevice, *kernels.Dispatch, *profile.Profile) {
+	t.Helper()
+	inner := cpu.NewDevice()
+	spec, _ := kernels.ParseSpec("cpu")
+	prof := profile.New(inner)
+	built, err := spec.Build(inner, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := &graphDevice{Device: inner, ops: &recordingOps{Ops: built}, failing: failing}
+	return loadOn(t, dev, dev.ops, cfg, w, LoadOptions{MaxRows: 4, MaxSeq: 32}), dev, built, prof
+}
+
 // Decode steps replayed from a graph captured once give the tokens eager
 // steps give; a capture that fails falls back to eager steps.
 func TestGraphReplay(t *testing.T) {
@@ -431,19 +448,7 @@ func TestGraphReplay(t *testing.T) {
 						t.Errorf("on the CPU: %d replays, graph note %q", want.GraphReplays, want.Graph)
 					}
 
-					inner := cpu.NewDevice()
-					spec, _ := kernels.ParseSpec("cpu")
-					prof := profile.New(inner)
-					built, err := spec.Build(inner, prof)
-					if err != nil {
-						t.Fatal(err)
-					}
-					dev := &graphDevice{Device: inner, ops: &recordingOps{Ops: built}, failing: failing}
-					m, err := Load(cfg, w, dev, dev.ops, LoadOptions{MaxRows: 4, MaxSeq: 32})
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer m.Close()
+					m, _, _, prof := loadGraphed(t, cfg, w, failing)
 					opt.Profile = prof
 					var logged []string
 					opt.Logf = func(f string, a ...any) { logged = append(logged, f) }

@@ -74,9 +74,7 @@ func wholeChecked(t *testing.T, dev kernels.Device, p *kerneltest.Problem, ref, 
 // read whole does: the same relative error within the tolerance, and the
 // same output refused beyond it where only a late chunk is wrong.
 func TestCheckInChunks(t *testing.T) {
-	dev, _ := cpu.NewDeviceAct(kernels.BF16)
-	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
+	r, dev, ops := cpuRunner()
 	c := CaseFor(kernels.OpLinear)
 	s, _ := kernels.ParseShape("M=24,N=40,K=32") // cheap: the cpu set is the reference
 	p, err := build(kerneltest.NewBuilder(dev, 0, 0), c, s)
@@ -134,9 +132,7 @@ func (o lastResidRowOff) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float3
 // residual) is checked in chunks as whole: both outputs, the residual put
 // back before each run, a wrong last chunk of the second output refused.
 func TestCheckInChunksTwoOutputs(t *testing.T) {
-	dev, _ := cpu.NewDeviceAct(kernels.BF16)
-	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
+	r, dev, ops := cpuRunner()
 	c := CaseFor(kernels.OpAddRMSNorm)
 	s, _ := kernels.ParseShape("M=8,N=64")
 	p, err := build(kerneltest.NewBuilder(dev, 0, 0), c, s)
@@ -175,13 +171,11 @@ func TestHostCopy(t *testing.T) {
 	b := kerneltest.NewBuilder(dev, 0, 0)
 	defer b.Free()
 	defer func(was int) { checkChunk = was }(checkChunk)
-	special := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.Copysign(0, -1)), 0,
-		float32(math.NaN()), 1e-40, 6e-8, -3.5, 65504, 1e30}
 	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
 		wide := b.Alloc(dt, 2, 5, 13)
 		vals := make([]float32, wide.Numel())
 		for i := range vals {
-			vals[i] = special[i%len(special)] * float32(1+i%7)
+			vals[i] = specialValue(i)
 		}
 		b.Upload(wide, vals)
 		for _, v := range []*kernels.Tensor{wide, wide.ColSlice(2, 11), wide.Reshape(wide.Numel()), wide.Reshape(10, 13).Slice(3, 8)} {
@@ -324,14 +318,12 @@ func TestWriteChunks(t *testing.T) {
 	b := kerneltest.NewBuilder(host, 0, 0)
 	defer b.Free()
 	defer func(was int) { checkChunk = was }(checkChunk)
-	special := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.Copysign(0, -1)), 0,
-		float32(math.NaN()), 1e-40, 6e-8, -3.5, 65504, 1e30}
 	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
 		wide := b.Alloc(dt, 2, 5, 13)
 		all := wide.Reshape(wide.Numel())
 		vals, other := make([]float32, wide.Numel()), make([]float32, wide.Numel())
 		for i := range vals {
-			vals[i] = special[i%len(special)] * float32(1+i%7)
+			vals[i] = specialValue(i)
 			other[i] = float32(i%5) - 7
 		}
 		for _, v := range []*kernels.Tensor{wide, wide.ColSlice(2, 11), wide.Reshape(10, 13).Slice(3, 8),
@@ -503,4 +495,12 @@ func TestCheckStateInChunks(t *testing.T) {
 			}
 		}
 	}
+}
+
+// specialValue is element i of the tests' tensors of hard values:
+// infinities, signed zeros, NaN, subnormals, f16's largest, and beyond it.
+func specialValue(i int) float32 {
+	special := [...]float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.Copysign(0, -1)), 0,
+		float32(math.NaN()), 1e-40, 6e-8, -3.5, 65504, 1e30}
+	return special[i%len(special)] * float32(1+i%7)
 }

@@ -169,9 +169,7 @@ func TestRunOnCPU(t *testing.T) {
 // reference alike (f16 operands, f32 arithmetic) and held to the f16
 // tolerance.
 func TestPrefillF16OnCPU(t *testing.T) {
-	dev, _ := cpu.NewDeviceAct(kernels.BF16)
-	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
+	r, dev, ops := cpuRunner()
 	c := CaseFor(kernels.OpAttnPrefill)
 	s, _ := kernels.ParseShape("B=2,H=4,KVH=2,D=16,N=9,causal=1,dt=f16")
 	p, err := build(kerneltest.NewBuilder(dev, 0, 0), c, s)
@@ -212,9 +210,7 @@ func (b broken) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 
 // A result away from the reference is reported and not timed.
 func TestCheckCatchesAWrongResult(t *testing.T) {
-	dev, _ := cpu.NewDeviceAct(kernels.BF16)
-	ops, _ := kernels.Spec{Base: "cpu"}.Build(dev, nil)
-	r := &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}
+	r, dev, ops := cpuRunner()
 	c := CaseFor(kernels.OpRMSNorm)
 	s, _ := kernels.ParseShape("M=4,N=32")
 	b := kerneltest.NewBuilder(dev, 0, 0)
@@ -572,4 +568,12 @@ func TestPlotLayout(t *testing.T) {
 			t.Errorf("label box %+v: want room to the left only", b.Rectangle)
 		}
 	}
+}
+
+// cpuRunner is a runner on a bf16 cpu device with the cpu set built, for
+// the checks' tests: the runner, its device and the set's ops.
+func cpuRunner() (r *runner, dev kernels.Device, ops *kernels.Dispatch) {
+	dev, _ = cpu.NewDeviceAct(kernels.BF16)
+	ops, _ = kernels.Spec{Base: "cpu"}.Build(dev, nil)
+	return &runner{dev: dev, built: map[string]setOps{"cpu": ops}, rep: &Report{}}, dev, ops
 }
