@@ -90,7 +90,7 @@ type Generation struct {
 	DecodeSteps  int
 	GraphReplays int
 	// GraphKept says that the replays were of the graph an earlier
-	// generation of the same batch recorded (engine.keptGraph), so that
+	// generation of the same batch recorded and kept (takeGraph), so that
 	// this one recorded none.
 	GraphKept bool
 	// Graph says why decode steps were not replayed as a graph: "" when
