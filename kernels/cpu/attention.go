@@ -98,7 +98,7 @@ func (o *ops) attention(op kernels.Op, a *kernels.AttnArgs, sp rowSpans) {
 
 	group := hq / hkv
 	roundP := o.bf16 && kernels.SDPAFused(d, d)
-	parallel(n*hq, grainFor(d*(maxSeq/2+1)), func(lo, hi int) {
+	kernels.Parallel(n*hq, grainFor(d*(maxSeq/2+1)), func(lo, hi int) {
 		scores := make([]float32, maxSeq)
 		acc := make([]float32, d)
 		kRow, vRow := make([]float32, d), make([]float32, d) // 16-bit cache rows, widened
@@ -234,7 +234,7 @@ func (o *ops) mla(op kernels.Op, a *kernels.MLAArgs, sp rowSpans) {
 	// once per task.
 	tb := max(1, min(n, 64))
 	blocks := (n + tb - 1) / tb
-	parallel(nh*blocks, grainFor(dq*rank+(maxSeq/2)*2*rank), func(lo, hi int) {
+	kernels.Parallel(nh*blocks, grainFor(dq*rank+(maxSeq/2)*2*rank), func(lo, hi int) {
 		var scratch []float32
 		if w.u16 != nil {
 			scratch = make([]float32, (dn+dv)*rank)
@@ -291,7 +291,7 @@ func mlaExpanded(out, q mat, cache, w wmat, a *kernels.MLAArgs, sp rowSpans) {
 	roundP := kernels.SDPAFused(dq, dv)
 	tb := max(1, min(n, 64))
 	blocks := (n + tb - 1) / tb
-	parallel(nh*blocks, grainFor((dn+dv)*rank*(maxSeq/2+1)), func(lo, hi int) {
+	kernels.Parallel(nh*blocks, grainFor((dn+dv)*rank*(maxSeq/2+1)), func(lo, hi int) {
 		var scratch []float32
 		if w.u16 != nil {
 			scratch = make([]float32, (dn+dv)*rank)

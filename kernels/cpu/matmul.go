@@ -40,7 +40,7 @@ func gemm(out, x mat, w wmat, bias []float32) {
 	n, m, k := x.rows, w.rows, x.cols
 	nb, mb := (n+gemmN-1)/gemmN, (m+gemmM-1)/gemmM
 	grain := grainFor(gemmN * gemmM * k)
-	parallel(nb*mb, grain, func(lo, hi int) {
+	kernels.Parallel(nb*mb, grain, func(lo, hi int) {
 		var scratch []float32
 		if w.u16 != nil && !(n < 3 && w.bf16) {
 			scratch = make([]float32, gemmM*k)
@@ -219,7 +219,7 @@ func (o *ops) LinearSwiGLU(out, x, w *kernels.Tensor) {
 	gu := newMat(xm.rows, wm.rows)
 	gemm(gu, xm, wm, nil)
 	o.round(gu.d)
-	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
+	kernels.Parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			swiglu(om.row(i), gu.row(i), o.bf16)
 		}

@@ -21,7 +21,7 @@ func (o *ops) MoERoute(idx, weight, logits *kernels.Tensor, r *kernels.Routing) 
 	kernels.CheckMoERoute(idx, weight, logits, r)
 	ix, wm, lm := ints(op, "idx", idx), floats(op, "weight", weight), floats(op, "logits", logits)
 	e, k := lm.cols, r.TopK
-	parallel(lm.rows, grainFor(e*k), func(lo, hi int) {
+	kernels.Parallel(lm.rows, grainFor(e*k), func(lo, hi int) {
 		scores := make([]float32, e)
 		var groupBest []float32
 		var taken []bool
@@ -121,7 +121,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			copy(y.row(s), ye.row(i))
 		}
 	}
-	parallel(n, grainFor(k*h), func(lo, hi int) {
+	kernels.Parallel(n, grainFor(k*h), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			dst := om.row(t)
 			clear(dst)

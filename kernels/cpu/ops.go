@@ -85,7 +85,7 @@ func (o *ops) Embedding(out, table, ids *kernels.Tensor) {
 	kernels.CheckEmbedding(o.dev.ActDType(), out, table, ids)
 	om, commit := o.out(op, "out", out)
 	tw, id := weightArg(op, "table", table), ints(op, "ids", ids)
-	parallel(len(id), grainFor(om.cols), func(lo, hi int) {
+	kernels.Parallel(len(id), grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			dst, v := om.row(i), id[i]
 			if v < 0 || int(v) >= tw.rows {
@@ -107,7 +107,7 @@ func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 	xm, wv := o.in(op, "x", x), weightArg(op, "w", w)
 	om, commit := o.out(op, "out", out)
 	g := wv.vector()
-	parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
+	kernels.Parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			normRow(om.row(i), xm.row(i), g, eps, o.bf16)
 		}
@@ -123,7 +123,7 @@ func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 	rm, commitResid := o.inout(op, "resid", resid)
 	om, commit := o.out(op, "out", out)
 	g := wv.vector()
-	parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
+	kernels.Parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			r := rm.row(i)
 			for j, v := range xm.row(i) {
@@ -172,7 +172,7 @@ func (o *ops) Add(out, a, b *kernels.Tensor) {
 // addRows writes out = a + b row by row, a's element first (Add's and
 // LinearAdd's sum); out may be a or b.
 func addRows(out, a, b mat) {
-	parallel(out.rows, grainFor(out.cols), func(lo, hi int) {
+	kernels.Parallel(out.rows, grainFor(out.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			dst, y := out.row(i), b.row(i)
 			for j, v := range a.row(i) {
@@ -206,7 +206,7 @@ func (o *ops) RoPE(x *kernels.Tensor, heads, headStride, offset int, pos *kernel
 			o.dev.fail("%s: position %d of token %d is outside the %d-position table", op, p, t, cos.rows)
 		}
 	}
-	parallel(xm.rows, grainFor(heads*r.Dim), func(lo, hi int) {
+	kernels.Parallel(xm.rows, grainFor(heads*r.Dim), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			p := int(ps[t])
 			if p < 0 || p >= cos.rows {
@@ -257,7 +257,7 @@ func (o *ops) SwiGLU(out, gateUp *kernels.Tensor) {
 	kernels.CheckSwiGLU(o.dev.ActDType(), out, gateUp)
 	gm := o.in(op, "gateUp", gateUp)
 	om, commit := o.out(op, "out", out)
-	parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
+	kernels.Parallel(om.rows, grainFor(om.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			swiglu(om.row(i), gm.row(i), o.bf16)
 		}
@@ -291,7 +291,7 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 	kernels.CheckArgmax(o.dev.ActDType(), out, logits)
 	res, lm := ints(op, "out", out), o.in(op, "logits", logits)
 	stride := len(res) / lm.rows
-	parallel(lm.rows, grainFor(lm.cols), func(lo, hi int) {
+	kernels.Parallel(lm.rows, grainFor(lm.cols), func(lo, hi int) {
 		for b := lo; b < hi; b++ {
 			row := lm.row(b)
 			i := argmax(row)

@@ -214,9 +214,9 @@ func TestHostCopy(t *testing.T) {
 	}
 }
 
-// Narrowing into a hostCopy (append) and widening out of it (widen) split
-// among any number of goroutines give what one goroutine does, bit for
-// bit: bf16, f16 and f32 copies of every kind of value (NaNs, infinities,
+// Narrowing into a hostCopy (append) and widening out of it (widen) cut
+// into chunks of any size on kernels.Parallel's goroutines give what one
+// chunk does, bit for bit: bf16, f16 and f32 copies of every kind of value (NaNs, infinities,
 // subnormals, signed zeros among random bits), appended in two pieces and
 // widened from offsets inside the copy.
 func TestHostCopyParallel(t *testing.T) {
@@ -234,27 +234,27 @@ func TestHostCopyParallel(t *testing.T) {
 				v[i] = math.Float32frombits(rng.Uint32())
 			}
 		}
-		keep := func(workers int) *hostCopy {
+		keep := func(grain int) *hostCopy {
 			h := newHostCopy(&kernels.Tensor{DType: dt, Shape: []int{n}})
-			h.appendOn(v[:n/3], workers)
-			h.appendOn(v[n/3:], workers)
+			h.appendOn(v[:n/3], grain)
+			h.appendOn(v[n/3:], grain)
 			return h
 		}
-		one := keep(1)
+		one := keep(n) // one chunk, on this goroutine
 		if ok, where := sameBits(widened(one), v); !ok {
 			t.Fatalf("%v: kept and widened, %s", dt, where)
 		}
-		for _, workers := range []int{2, 3, 7, 16} {
-			h := keep(workers)
+		for _, grain := range []int{1, n / 16, n / 7, n / 3, n / 2} {
+			h := keep(grain)
 			if !slices.Equal(h.bits, one.bits) || !slices.Equal(bitsOf(h.f32), bitsOf(one.f32)) {
-				t.Fatalf("%v: appended by %d goroutines, not as by one", dt, workers)
+				t.Fatalf("%v: appended in chunks of %d or more, not as in one", dt, grain)
 			}
 			for _, r := range [][2]int{{0, n}, {7, n - 7}, {n / 2, n/2 + 1}, {n - 1000, 1000}} {
 				got, want := make([]float32, r[1]), make([]float32, r[1])
-				h.widenOn(got, r[0], workers)
-				one.widenOn(want, r[0], 1)
+				h.widenOn(got, r[0], grain)
+				one.widenOn(want, r[0], n)
 				if !slices.Equal(bitsOf(got), bitsOf(want)) {
-					t.Fatalf("%v: %d elements from %d widened by %d goroutines, not as by one", dt, r[1], r[0], workers)
+					t.Fatalf("%v: %d elements from %d widened in chunks of %d or more, not as in one", dt, r[1], r[0], grain)
 				}
 			}
 		}

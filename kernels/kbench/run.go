@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"sort"
-	"sync"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cpu"
@@ -508,7 +506,7 @@ type reference struct {
 // outputs a chunk at a time (readChunks), so that it holds on the host the
 // reference, the in-place inputs as built (problem) and a chunk, whatever
 // the outputs' size; a large chunk is widened and compared by several
-// goroutines (hostWorkers, DiffAcc.AddParallel), with the same verdict.
+// goroutines (kernels.Parallel, DiffAcc.AddParallel), with the same verdict.
 func (r *runner) check(c *Case, s kernels.Shape, p *problem, o kernels.Ops, set string, ref *reference) (string, error) {
 	cheap := c.FLOPs(s) <= cpuRefFLOPs && c.Bytes(s) <= cpuRefBytes
 	if ref.by == "" {
@@ -727,21 +725,21 @@ func (h *hostCopy) len() int { return len(h.bits) + len(h.f32) }
 // append keeps v, elements read as float32 from a tensor of the copy's
 // type: narrowing them back to it is exact (a bf16 is the top half of its
 // float32; kernels.F32ToF16 returns the f16 a value came from, a NaN as a
-// NaN). A large v is narrowed by several goroutines (hostWorkers).
-func (h *hostCopy) append(v []float32) { h.appendOn(v, hostWorkers(len(v))) }
+// NaN). A large v is narrowed by several goroutines (kernels.Parallel).
+func (h *hostCopy) append(v []float32) { h.appendOn(v, hostGrain) }
 
-// appendOn is append split among up to workers goroutines, each writing
-// its own range of the elements.
-func (h *hostCopy) appendOn(v []float32, workers int) {
+// appendOn is append in chunks of at least grain elements, each on the
+// goroutine kernels.Parallel gives it, writing its own range.
+func (h *hostCopy) appendOn(v []float32, grain int) {
 	if !h.half() {
 		at := len(h.f32)
 		h.f32 = slices.Grow(h.f32, len(v))[:at+len(v)]
-		inRanges(len(v), workers, func(lo, hi int) { copy(h.f32[at+lo:at+hi], v[lo:hi]) })
+		kernels.Parallel(len(v), grain, func(lo, hi int) { copy(h.f32[at+lo:at+hi], v[lo:hi]) })
 		return
 	}
 	at := len(h.bits)
 	h.bits = slices.Grow(h.bits, len(v))[:at+len(v)]
-	inRanges(len(v), workers, func(lo, hi int) {
+	kernels.Parallel(len(v), grain, func(lo, hi int) {
 		dst := h.bits[at+lo : at+hi]
 		switch h.dt {
 		case kernels.BF16:
@@ -757,13 +755,13 @@ func (h *hostCopy) appendOn(v []float32, workers int) {
 }
 
 // widen writes elements [at, at+len(dst)) into dst as float32, a large
-// dst by several goroutines (hostWorkers).
-func (h *hostCopy) widen(dst []float32, at int) { h.widenOn(dst, at, hostWorkers(len(dst))) }
+// dst by several goroutines (kernels.Parallel).
+func (h *hostCopy) widen(dst []float32, at int) { h.widenOn(dst, at, hostGrain) }
 
-// widenOn is widen split among up to workers goroutines, each writing its
+// widenOn is widen in chunks of at least grain elements, each writing its
 // own range of dst.
-func (h *hostCopy) widenOn(dst []float32, at int, workers int) {
-	inRanges(len(dst), workers, func(lo, hi int) {
+func (h *hostCopy) widenOn(dst []float32, at int, grain int) {
+	kernels.Parallel(len(dst), grain, func(lo, hi int) {
 		out := dst[lo:hi]
 		switch h.dt {
 		case kernels.BF16:
@@ -784,27 +782,6 @@ func (h *hostCopy) widenOn(dst []float32, at int, workers int) {
 // widening gets: a smaller chunk is converted on the caller's goroutine,
 // so that small checks start none.
 const hostGrain = 256 << 10
-
-// hostWorkers is how many goroutines narrow or widen n elements: one per
-// hostGrain, up to GOMAXPROCS.
-func hostWorkers(n int) int { return max(1, min(runtime.GOMAXPROCS(0), n/hostGrain)) }
-
-// inRanges calls f with ranges [lo, hi) that cut [0, n) into up to workers
-// runs of about the same length, each on a goroutine of its own where
-// there are several, and returns once all have returned.
-func inRanges(n, workers int, f func(lo, hi int)) {
-	workers = max(1, min(workers, n))
-	if workers == 1 {
-		f(0, n)
-		return
-	}
-	per := (n + workers - 1) / workers
-	var wg sync.WaitGroup
-	for lo := 0; lo < n; lo += per {
-		wg.Go(func() { f(lo, min(lo+per, n)) })
-	}
-	wg.Wait()
-}
 
 // src is the type of the elements raw writes: the copy's own where it
 // keeps 16-bit elements, else F32.
