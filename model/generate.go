@@ -27,6 +27,11 @@ type GenerateOptions struct {
 	// NoGraphs turns off the CUDA graph replay of decode steps on devices
 	// that can record graphs (kernels.Grapher).
 	NoGraphs bool
+	// EagerFirstStep runs the first decode step eagerly even where the
+	// graph an earlier generation kept could replay it, so that a profile
+	// timed by events around each op (which times a replay whole) has a
+	// decode step's ops.
+	EagerFirstStep bool
 	// Profile is the profile the model's ops were built with, or nil: its
 	// phase and step are set as the generation goes, the prefill and each
 	// decode step are recorded as host spans, a graph capture and every
@@ -201,20 +206,22 @@ func Generate(m Model, prompts [][]int, opt GenerateOptions) (*Generation, error
 		}
 	}()
 	// run queues decode step `step` on s's inputs, in place on the device,
-	// with ahead making the next step's inputs too (decodeAhead): the first
-	// decode step runs eagerly (profiled, and warming up whatever the
-	// kernels set up on first use); the second replays the graph an earlier
-	// generation kept, or is captured, and every later one replays it.
+	// with ahead making the next step's inputs too (decodeAhead). Every
+	// step replays the graph an earlier generation kept, where there is one
+	// (unless EagerFirstStep keeps the first eager): the steps' inputs are
+	// in the same device buffers in every generation. Else the first step
+	// runs eagerly (profiled, and warming up whatever the kernels set up on
+	// first use), the second is captured, and every later one replays it.
 	run := func(step int, s *step, ahead bool) error {
 		one := func() { decodeOne(e, s, greedy) }
 		if ahead {
 			one = func() { decodeAhead(e, s) }
 		}
-		if graph == nil && g.Graph == "" && step >= 2 {
+		if graph == nil && g.Graph == "" && (step >= 2 || !opt.EagerFirstStep) {
 			key = e.graphKeyOf(B, greedy, ahead)
 			if graph = e.takeGraph(key, prof); graph != nil {
 				g.GraphKept = true
-			} else {
+			} else if step >= 2 {
 				var err error
 				if graph, err = capture(grapher, prof, one); err != nil {
 					g.Graph = "off (capture failed: " + err.Error() + ")"

@@ -254,7 +254,11 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 		}
 	}
 	prompts := in.rows(f.batch)
-	opts := model.GenerateOptions{MaxNewTokens: f.maxNew, MinNewTokens: f.minNew, EOS: in.tok.EOS(), NoGraphs: f.noGraphs, Profile: prof, Logf: logf}
+	// Under events (no tracer) the table's decode rows are the first decode
+	// step's, run eagerly even where the graph kept from the generation
+	// before could replay it; a traced run records its own graph.
+	opts := model.GenerateOptions{MaxNewTokens: f.maxNew, MinNewTokens: f.minNew, EOS: in.tok.EOS(), NoGraphs: f.noGraphs,
+		EagerFirstStep: tracer == nil, Profile: prof, Logf: logf}
 	perVariant := int64(1 + f.warmup + f.repeat)
 	traced := int64(0)
 	if tracer != nil {
