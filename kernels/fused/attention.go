@@ -148,7 +148,7 @@ func (o *ops) decode(op kernels.Op, a *kernels.AttnArgs, kernel string, extra ..
 	// (query head, split) of its group; else by attn_merge's launch after.
 	cluster := kernel == decodeRopeKernel(a.HeadDim) && o.dc.takes(splits)
 	if cluster {
-		kernel = decodeClusterKernel(a.HeadDim)
+		kernel = decodeClusterKernel(splits, a.HeadDim)
 	}
 	fold := !cluster && splits > 1 && b.Rows <= decodeFoldRows && splits <= decodeFoldSplits && b.Rows*a.KVHeads <= decodeCountersN &&
 		3*4*(a.Heads/a.KVHeads)*splits <= shared

@@ -6,17 +6,17 @@ import (
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
-// decodeCluster is attention_cluster.cu's DC_CLUSTER: the splits of a
-// (row, kv head) that flash_decode_rope's cluster kernel merges in its
-// cluster's shared memory.
-const decodeCluster = 4
+// decodeMaxCluster is attention_cluster.cu's DC_MAX_CLUSTER: the most
+// splits of a (row, kv head) that flash_decode_rope's cluster kernels merge
+// in their cluster's shared memory (from 2, an instance each).
+const decodeMaxCluster = 4
 
 // decodeClusterOn is whether rope_attn_decode takes the cluster kernel where
 // it can; a variable, so that a test can hold it to the kernel without.
 var decodeClusterOn = true
 
-func decodeClusterKernel(d int) string {
-	return fmt.Sprintf("flash_decode_rope_c%d_d%d", decodeCluster, d)
+func decodeClusterKernel(splits, d int) string {
+	return fmt.Sprintf("flash_decode_rope_c%d_d%d", splits, d)
 }
 
 func decodeClusterModule() cudaset.Module {
@@ -38,17 +38,19 @@ func newDecodeCluster(k *cudaset.Kit) *dcKit {
 	if c.err = addHopperModule(k, what, "flash_decode_rope_c4", decodeClusterModule()); c.err != nil {
 		return c
 	}
-	for _, d := range headDims {
-		if err := k.FitShared(decodeClusterKernel(d), decodeShared(d)); err != nil {
-			c.err = fmt.Errorf("fused: %s: %w", what, err)
-			return c
+	for cl := 2; cl <= decodeMaxCluster; cl++ {
+		for _, d := range headDims {
+			if err := k.FitShared(decodeClusterKernel(cl, d), decodeShared(d)); err != nil {
+				c.err = fmt.Errorf("fused: %s: %w", what, err)
+				return c
+			}
 		}
 	}
 	k.Overlap(decodeClusterModule().Funcs...)
 	return c
 }
 
-// takes reports whether the cluster kernel runs flash_decode_rope's splits.
+// takes reports whether a cluster kernel runs flash_decode_rope's splits.
 func (c *dcKit) takes(splits int) bool {
-	return decodeClusterOn && c != nil && c.err == nil && splits == decodeCluster
+	return decodeClusterOn && c != nil && c.err == nil && splits >= 2 && splits <= decodeMaxCluster
 }

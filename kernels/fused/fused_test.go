@@ -84,7 +84,7 @@ func TestSourceConstants(t *testing.T) {
 		{"attention.cuh", "DEC_STAGES", decodeStages},
 		{"flash_decode.cuh", "MERGE_DIMS", mergeDims},
 		{"flash_decode.cuh", "MERGE_WARPS", mergeWarps},
-		{"attention_cluster.cu", "DC_CLUSTER", decodeCluster},
+		{"attention_cluster.cu", "DC_MAX_CLUSTER", decodeMaxCluster},
 		{"hop_gemm.cuh", "HG_BK", lwK},
 		{"hop_gemm.cuh", "HG_CONSUMERS", lwConsumers},
 		{"linear_wgmma.cu", "LW_PRODUCER_REGS", lwProducerRegs},

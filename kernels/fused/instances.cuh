@@ -125,12 +125,24 @@
 	X(flash_decode_rope_d128, 128)
 
 #define FLASH_DECODE_ROPE_CLUSTER_INSTANCES(X) \
-	X(flash_decode_rope_c4_d16, 16) \
-	X(flash_decode_rope_c4_d32, 32) \
-	X(flash_decode_rope_c4_d64, 64) \
-	X(flash_decode_rope_c4_d80, 80) \
-	X(flash_decode_rope_c4_d96, 96) \
-	X(flash_decode_rope_c4_d128, 128)
+	X(flash_decode_rope_c2_d16, 2, 16) \
+	X(flash_decode_rope_c2_d32, 2, 32) \
+	X(flash_decode_rope_c2_d64, 2, 64) \
+	X(flash_decode_rope_c2_d80, 2, 80) \
+	X(flash_decode_rope_c2_d96, 2, 96) \
+	X(flash_decode_rope_c2_d128, 2, 128) \
+	X(flash_decode_rope_c3_d16, 3, 16) \
+	X(flash_decode_rope_c3_d32, 3, 32) \
+	X(flash_decode_rope_c3_d64, 3, 64) \
+	X(flash_decode_rope_c3_d80, 3, 80) \
+	X(flash_decode_rope_c3_d96, 3, 96) \
+	X(flash_decode_rope_c3_d128, 3, 128) \
+	X(flash_decode_rope_c4_d16, 4, 16) \
+	X(flash_decode_rope_c4_d32, 4, 32) \
+	X(flash_decode_rope_c4_d64, 4, 64) \
+	X(flash_decode_rope_c4_d80, 4, 80) \
+	X(flash_decode_rope_c4_d96, 4, 96) \
+	X(flash_decode_rope_c4_d128, 4, 128)
 
 #define MLA_PREFILL_INSTANCES(X) \
 	X(mla_prefill_n128_r64_v128_w4_m1, 128, 64, 128, 4, 1) \

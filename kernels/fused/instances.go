@@ -157,8 +157,10 @@ func flashDecodeRopeInstances() cudaset.Instances {
 
 func flashDecodeRopeClusterInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "FLASH_DECODE_ROPE_CLUSTER"}
-	for _, d := range headDims {
-		f.Kernels = append(f.Kernels, cudaset.Of(decodeClusterKernel(d), d))
+	for cl := 2; cl <= decodeMaxCluster; cl++ {
+		for _, d := range headDims {
+			f.Kernels = append(f.Kernels, cudaset.Of(decodeClusterKernel(cl, d), cl, d))
+		}
 	}
 	return f
 }
