@@ -40,7 +40,8 @@ const (
 // linMaxRows); "cublas", the shared cuBLAS addmm naive runs too; on sm_90a
 // linear_stream (linear_stream.go), the default for linStreamRows rows
 // under linStreamBytes, linear_swap (linear_swap.go) for up to swMaxRows
-// rows, a default only where linSwapDefault says so (nowhere yet), and linear_wgmma's instances for prefill's many
+// rows, the default for the big weight streams of 9 to 16 rows and K of at least linSwapMinK (linear_swap.go) and
+// everywhere where linSwapDefault is on, and linear_wgmma's instances for prefill's many
 // rows (lwConfigs, linear_wgmma.go), which run without a tuning choice
 // only where linWgmmaDefault says so (nowhere yet). Without a
 // tuning choice a shape runs skinny when it has at most linMaxRows rows and
@@ -83,7 +84,9 @@ func parseLinearKey(s string) (linearKey, error) {
 // up to linStreamRows rows (linMaxRows where the output has at most
 // linStreamNarrow features) under linStreamBytes where it can run, swap
 // for linSwapMinRows to swMaxRows rows where linSwapDefault is on and it
-// can run, skinny for a big weight stream of few rows, else cuBLAS.
+// can run, and for a big weight stream of linSwapMinRows to linMaxRows
+// rows and at least linSwapMinK inputs where it can run, skinny for the
+// other big streams of few rows, else cuBLAS.
 func (o *ops) linearDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
 		if _, ok := o.lw.runs(linWgmmaDefault); ok {
@@ -103,6 +106,11 @@ func (o *ops) linearDefault(k linearKey) string {
 		}
 	}
 	if k.m <= linMaxRows && bytes >= linSkinnyBytes {
+		if k.m >= linSwapMinRows && k.k >= linSwapMinK && o.sw.ready() == nil {
+			if _, err := o.swapPlan(k.m, k.n, k.k, false); err == nil {
+				return linSwap
+			}
+		}
 		return linSkinny
 	}
 	return linCuBLAS
@@ -317,8 +325,7 @@ const linSwiGLUUnfused = "unfused"
 // default instance from linWgmmaRows rows (where linWgmmaDefault names
 // one: nowhere yet), and linear_stream where linearDefault runs it (at one
 // row under linStreamBytes: both models' MLPs at batch 1),
-// and linear_swap where linearDefault runs it (nowhere while
-// linSwapDefault is off).
+// and linear_swap where linearDefault runs it (Qwen2-7B's MLP at 16 rows).
 func (o *ops) linearSwiGLUDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
 		if _, ok := o.lw.runs(linWgmmaDefault); ok {

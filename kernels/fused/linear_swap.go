@@ -183,14 +183,23 @@ func swSplits(tiles, ktiles, m, sms int) (whole, splits, per int) {
 	return whole, splits, per
 }
 
-// Without a tuning choice linear_swap runs nothing while linSwapDefault is
-// false (as now: it has not been measured against cuBLAS, which runs the
-// wide matrices of 2 to 64 rows); where it is true, problems of
-// linSwapMinRows to swMaxRows rows that linear_stream is not the default
-// for run it. Variables, so that tests and measurements can turn it on.
+// Without a tuning choice linear_swap runs the problems linear_skinny would
+// (at most linMaxRows rows, at least linSkinnyBytes of weights) from
+// linSwapMinRows rows where K is at least linSwapMinK: at 16 rows, alone,
+// Qwen2-7B's gate_up took 70.3 µs against skinny's 72.4 (with SwiGLU in its
+// epilogue, no swiglu pass after it) and its lm_head 251.9 against 264.8,
+// while DeepSeek-V2-Lite's lm_head (K = 2,048) took 118.4 against 104.7
+// (bench/RESULTS.md, linear; W2 at 16 rows +0.9% and +1.2% with both chosen
+// by a tuning cache, two machines). Swap has not been timed below 16 rows,
+// hence linSwapMinRows. cuBLAS keeps the smaller matrices of 2 to 64 rows,
+// where swap lost (qkv, o, down) unless linSwapDefault is true: then every
+// problem of linSwapMinRows to swMaxRows rows that linear_stream is not the
+// default for runs it. Variables, so that tests and measurements can turn
+// them.
 var (
 	linSwapDefault = false
-	linSwapMinRows = 2
+	linSwapMinRows = 9
+	linSwapMinK    = 3072
 )
 
 // swModule is linear_swap's NVRTC module.

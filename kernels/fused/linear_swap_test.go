@@ -104,16 +104,20 @@ func TestLinearSwapPlan(t *testing.T) {
 	}
 }
 
-// TestLinearSwapDefault checks the rule without a GPU: linear_swap is no
-// default while linSwapDefault is false (cuBLAS, skinny and stream as
-// before), and with it on runs the problems of linSwapMinRows to 64 rows
-// that linear_stream is not the default for, where it is built; the
+// TestLinearSwapDefault checks the rule without a GPU: while
+// linSwapDefault is false linear_swap runs the big weight streams of 9 to
+// 16 rows whose K is at least linSwapMinK (Qwen2-7B's gate_up and lm_head,
+// not DeepSeek-V2-Lite's lm_head: skinny), cuBLAS, skinny and stream the
+// rest as before; with it on it runs the problems of linSwapMinRows to 64
+// rows that linear_stream is not the default for, where it is built; the
 // linear_swiglu rule follows linear's.
 func TestLinearSwapDefault(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	o := &ops{ls: &lsKit{}, sw: &swKit{}}
 	shapes := map[linearKey]string{
-		{16, 37888, 3584}: linSkinny, {16, 3584, 3584}: linCuBLAS, {16, 2048, 2816}: linStream, {1, 3072, 2048}: linStream,
+		{16, 37888, 3584}: linSwap, {16, 152064, 3584}: linSwap, {9, 37888, 3584}: linSwap, {8, 37888, 3584}: linSkinny,
+		{16, 102400, 2048}: linSkinny, {1, 152064, 3584}: linSkinny,
+		{16, 3584, 3584}: linCuBLAS, {16, 18944, 3584}: linCuBLAS, {16, 2048, 2816}: linStream, {1, 3072, 2048}: linStream,
 		{32, 37888, 3584}: linCuBLAS, {64, 4608, 3584}: linCuBLAS, {65, 4608, 3584}: linCuBLAS,
 	}
 	for k, want := range shapes {
@@ -141,6 +145,10 @@ func TestLinearSwapDefault(t *testing.T) {
 		if got := o.linearSwiGLUDefault(k); got != want {
 			t.Errorf("linSwapDefault on: linear_swiglu %s runs %q, want %q", k, got, want)
 		}
+	}
+	linSwapDefault = false
+	if got := o.linearSwiGLUDefault(linearKey{16, 37888, 3584}); got != linSwap {
+		t.Errorf("linear_swiglu 16×37888×3584 runs %q by default, want %q", got, linSwap)
 	}
 	o.sw = &swKit{err: os.ErrNotExist}
 	if got := o.linearDefault(linearKey{16, 37888, 3584}); got != linSkinny {
