@@ -40,7 +40,7 @@ const (
 // linMaxRows); "cublas", the shared cuBLAS addmm naive runs too; on sm_90a
 // linear_stream (linear_stream.go), the default for linStreamRows rows
 // under linStreamBytes, linear_swap (linear_swap.go) for up to swMaxRows
-// rows, the default for the big weight streams of 9 to 16 rows and K of at least linSwapMinK (linear_swap.go) and
+// rows, the default for 9 to 16 rows of K at least linSwapMinK (linear_swap.go) and
 // everywhere where linSwapDefault is on, and linear_wgmma's instances for prefill's many
 // rows (lwConfigs, linear_wgmma.go), which run without a tuning choice
 // only where linWgmmaDefault says so (nowhere yet). Without a
@@ -84,9 +84,9 @@ func parseLinearKey(s string) (linearKey, error) {
 // up to linStreamRows rows (linMaxRows where the output has at most
 // linStreamNarrow features) under linStreamBytes where it can run, swap
 // for linSwapMinRows to swMaxRows rows where linSwapDefault is on and it
-// can run, and for a big weight stream of linSwapMinRows to linMaxRows
-// rows and at least linSwapMinK inputs where it can run, skinny for the
-// other big streams of few rows, else cuBLAS.
+// can run, and for linSwapMinRows to linMaxRows rows of at least
+// linSwapMinK inputs and more than linStreamNarrow outputs where it can
+// run, skinny for the other big streams of few rows, else cuBLAS.
 func (o *ops) linearDefault(k linearKey) string {
 	if linWgmmaDefault != "" && k.m >= linWgmmaRows {
 		if _, ok := o.lw.runs(linWgmmaDefault); ok {
@@ -105,12 +105,12 @@ func (o *ops) linearDefault(k linearKey) string {
 			return linSwap
 		}
 	}
-	if k.m <= linMaxRows && bytes >= linSkinnyBytes {
-		if k.m >= linSwapMinRows && k.k >= linSwapMinK && o.sw.ready() == nil {
-			if _, err := o.swapPlan(k.m, k.n, k.k, false); err == nil {
-				return linSwap
-			}
+	if k.m >= linSwapMinRows && k.m <= linMaxRows && k.k >= linSwapMinK && k.n > linStreamNarrow && o.sw.ready() == nil {
+		if _, err := o.swapPlan(k.m, k.n, k.k, false); err == nil {
+			return linSwap
 		}
+	}
+	if k.m <= linMaxRows && bytes >= linSkinnyBytes {
 		return linSkinny
 	}
 	return linCuBLAS

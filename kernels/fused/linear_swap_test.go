@@ -31,12 +31,12 @@ func TestLinearSwapPlan(t *testing.T) {
 		rows, whole, splits int
 		why                 string
 	}{
-		{m: 16, cols: 37888, k: 3584, rows: 16, whole: 264, splits: 2},     // Qwen2-7B gate_up: 296 tiles, two waves whole, 32 tiles in two of 28 k-steps
-		{m: 16, cols: 18944, k: 3584, swiglu: true, whole: 264, splits: 2}, // the same with SwiGLU: 296 tiles of 64 columns
+		{m: 16, cols: 37888, k: 3584, rows: 16, whole: 264, splits: 4},     // Qwen2-7B gate_up: 296 tiles, two waves whole, 32 tiles in four of 14 k-steps
+		{m: 16, cols: 18944, k: 3584, swiglu: true, whole: 264, splits: 4}, // the same with SwiGLU: 296 tiles of 64 columns
 		{m: 16, cols: 152064, k: 3584, rows: 16, splits: 1},                // Qwen2-7B lm_head: 1,188 tiles, nine waves exactly
-		{m: 16, cols: 3584, k: 18944, rows: 16, splits: 2},                 // Qwen2-7B down: 28 tiles of 296 k-steps, two of 148 each
-		{m: 16, cols: 3584, k: 3584, rows: 16, splits: 2},                  // Qwen2-7B o: 28 tiles, 56 units of 28 k-steps
-		{m: 16, cols: 4608, k: 3584, rows: 16, splits: 2},                  // Qwen2-7B qkv: 36 tiles, 72 units of 28
+		{m: 16, cols: 3584, k: 18944, rows: 16, splits: 4},                 // Qwen2-7B down: 28 tiles of 296 k-steps, four of 74 each on 112 SMs
+		{m: 16, cols: 3584, k: 3584, rows: 16, splits: 4},                  // Qwen2-7B o: 28 tiles, 112 units of 14 k-steps
+		{m: 16, cols: 4608, k: 3584, rows: 16, splits: 3},                  // Qwen2-7B qkv: 36 tiles, 108 units of 19
 		{m: 9, cols: 4608, k: 3584, rows: 16},                              // Qwen2-7B qkv, 9 rows: the 16-row instance
 		{m: 17, cols: 3072, k: 2048, rows: 32},                             // DeepSeek-V2-Lite q
 		{m: 64, cols: 2048, k: 2816, rows: 64},                             // the shared experts' down
@@ -44,9 +44,9 @@ func TestLinearSwapPlan(t *testing.T) {
 		{m: 65, cols: 64, k: 64, why: "takes 1 to 64"},                     // past wgmma's widest N here
 		{m: 16, cols: 64, k: 100, why: "16-byte boundaries"},               // K off the tensor copies' rows
 		{m: 16, cols: 576, k: 2048, rows: 16, splits: 16},                  // kv_a alone: 5 tiles of 32 k-steps, two a split
-		{m: 16, cols: 2048, k: 2048, rows: 16, splits: 4},                  // DeepSeek-V2-Lite o: 16 tiles, 64 units of 8
+		{m: 16, cols: 2048, k: 2048, rows: 16, splits: 8},                  // DeepSeek-V2-Lite o: 16 tiles, 128 units of 4
 		{m: 1, cols: 102400, k: 2048, rows: 16},                            // DeepSeek-V2-Lite lm_head at one row
-		{m: 16, cols: 102400, k: 2048, rows: 16, whole: 792, splits: 8},    // and at 16: 800 tiles, six waves whole, the last 8 tiles in 8
+		{m: 16, cols: 102400, k: 2048, rows: 16, whole: 792, splits: 16},   // and at 16: 800 tiles, six waves whole, the last 8 tiles in 16
 		{m: 64, cols: 37888, k: 3584, rows: 64},                            // partials of 64 rows cost 4 k-steps a unit
 		{m: 16, cols: 5632 / 2, k: 2048, swiglu: true, rows: 16},           // DeepSeek-V2-Lite's shared experts' gate_up
 	} {
@@ -105,19 +105,20 @@ func TestLinearSwapPlan(t *testing.T) {
 }
 
 // TestLinearSwapDefault checks the rule without a GPU: while
-// linSwapDefault is false linear_swap runs the big weight streams of 9 to
-// 16 rows whose K is at least linSwapMinK (Qwen2-7B's gate_up and lm_head,
-// not DeepSeek-V2-Lite's lm_head: skinny), cuBLAS, skinny and stream the
-// rest as before; with it on it runs the problems of linSwapMinRows to 64
-// rows that linear_stream is not the default for, where it is built; the
-// linear_swiglu rule follows linear's.
+// linSwapDefault is false linear_swap runs the problems of 9 to 16 rows
+// whose K is at least linSwapMinK (Qwen2-7B's linears; not
+// DeepSeek-V2-Lite's lm_head, skinny, nor its q+kv_a, cuBLAS), cuBLAS,
+// skinny and stream the rest as before; with it on it runs the problems of
+// linSwapMinRows to 64 rows that linear_stream is not the default for,
+// where it is built; the linear_swiglu rule follows linear's.
 func TestLinearSwapDefault(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	o := &ops{ls: &lsKit{}, sw: &swKit{}}
 	shapes := map[linearKey]string{
 		{16, 37888, 3584}: linSwap, {16, 152064, 3584}: linSwap, {9, 37888, 3584}: linSwap, {8, 37888, 3584}: linSkinny,
-		{16, 102400, 2048}: linSkinny, {1, 152064, 3584}: linSkinny,
-		{16, 3584, 3584}: linCuBLAS, {16, 18944, 3584}: linCuBLAS, {16, 2048, 2816}: linStream, {1, 3072, 2048}: linStream,
+		{16, 102400, 2048}: linSkinny, {1, 152064, 3584}: linSkinny, {16, 3648, 2048}: linCuBLAS,
+		{16, 3584, 3584}: linSwap, {16, 4608, 3584}: linSwap, {16, 3584, 18944}: linSwap, {8, 3584, 18944}: linCuBLAS,
+		{16, 2048, 2816}: linStream, {1, 3072, 2048}: linStream, {16, 2048, 10944}: linCuBLAS, // narrow: stream's where it plans, here not
 		{32, 37888, 3584}: linCuBLAS, {64, 4608, 3584}: linCuBLAS, {65, 4608, 3584}: linCuBLAS,
 	}
 	for k, want := range shapes {
