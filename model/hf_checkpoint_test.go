@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 )
 
@@ -101,6 +102,11 @@ func (a *agreement) String() string {
 // are there because an engine that rounds where HF rounds has HF's error
 // only in expectation: on the H200 the naive set measured 4.75% against HF
 // bf16's 4.91%, then 4.94% against 4.90% once its RoPE rounded as HF's does.
+//
+// FUSELM_HF_BATCH_REPEAT=n runs the prompts n times over in one batch (row
+// b + i·B is prompt b), each copy held to HF's row, so that the decode steps
+// take the paths of a bigger batch (at 16 rows: linear_swap for Qwen2-7B,
+// the MoE's persistent grid and mla_decode's keys for DeepSeek-V2-Lite).
 func TestHFCheckpoint(t *testing.T) {
 	dir := os.Getenv("FUSELM_HF_CHECKPOINT")
 	if dir == "" {
@@ -108,6 +114,13 @@ func TestHFCheckpoint(t *testing.T) {
 	}
 	hf := readCheckpointReference(t, dir, "reference.json")
 	exact := readCheckpointReference(t, dir, "reference_f32.json")
+	if v := os.Getenv("FUSELM_HF_BATCH_REPEAT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("FUSELM_HF_BATCH_REPEAT=%q: want a count of at least 1", v)
+		}
+		hf, exact = hf.repeated(n), exact.repeated(n)
+	}
 	B, steps := len(hf.Prompts), hf.Steps
 
 	cfg, w := openCheckpoint(t, dir)

@@ -41,6 +41,17 @@ type referenceRow struct {
 
 func (r *reference) bf16() bool { return strings.Contains(r.DType, "bfloat16") }
 
+// repeated is r with its prompts and rows n times over, in order: row
+// b + i·len(r.Rows) is row b (the logits shared, not copied).
+func (r *reference) repeated(n int) *reference {
+	out := &reference{Steps: r.Steps, DType: r.DType}
+	for range n {
+		out.Prompts = append(out.Prompts, r.Prompts...)
+		out.Rows = append(out.Rows, r.Rows...)
+	}
+	return out
+}
+
 // step returns HF's logits of row b at step i (0: after the prompt, i: after
 // feeding Tokens[i-1]) and the token HF chose from them (-1 after the last
 // step).
@@ -436,5 +447,21 @@ func TestHFReferenceBF16OnF32(t *testing.T) {
 			})
 			t.Logf("f32 activations against HF's bf16 run: largest relative error %.3g; %d of HF's greedy tokens not our argmax", worst, differ)
 		})
+	}
+}
+
+// repeated lays the copies out prompt by prompt in order and shares HF's
+// rows: row b + i·B is row b.
+func TestReferenceRepeated(t *testing.T) {
+	r := &reference{Prompts: [][]int{{1, 2}, {3}}, Steps: 1, DType: "torch.bfloat16",
+		Rows: []referenceRow{{Tokens: []int{7}}, {Tokens: []int{8}}}}
+	got := r.repeated(3)
+	if len(got.Prompts) != 6 || len(got.Rows) != 6 || got.Steps != 1 || !got.bf16() {
+		t.Fatalf("repeated(3): %d prompts, %d rows, %d steps, dtype %q", len(got.Prompts), len(got.Rows), got.Steps, got.DType)
+	}
+	for b := range got.Rows {
+		if !slices.Equal(got.Prompts[b], r.Prompts[b%2]) || got.Rows[b].Tokens[0] != r.Rows[b%2].Tokens[0] {
+			t.Errorf("row %d: prompt %v, token %d; want row %d's", b, got.Prompts[b], got.Rows[b].Tokens[0], b%2)
+		}
 	}
 }

@@ -23,12 +23,13 @@
 # The full-size checks, each a device call of its own:
 #   qwen      fuselm against HF transformers on a full-size random Qwen2-7B
 #             ($QWEN2_7B, written once by scripts/hf_checkpoint.py) for
-#             naive, fused and every single-op ablation; then W1 traced by
+#             naive, fused and every single-op ablation, and fused with the
+#             prompts twice over in one batch (16 rows); then W1 traced by
 #             CUPTI, its trace file parsed, and its kernel time held against
 #             the CUDA events of a --no-graphs run.
 #   deepseek  the same on a full-size random DeepSeek-V2-Lite ($DSV2_LITE;
 #             writing it takes minutes and 31 GB) for naive, fused and the
-#             MLA and MoE ablations.
+#             MLA and MoE ablations, and fused at 16 rows as for qwen.
 #   kbench    the kernel benchmarks (bin/infer bench, every op and set on the
 #             default shapes: $OUT/kernel_bench.json and .png), then
 #             --optimize on attn_prefill and linear and an infer run that
@@ -134,6 +135,9 @@ if $qwen; then
 		step "7b-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$QWEN2_7B \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
+	# fused with the prompts twice over: 16 rows, whose decode runs linear_swap.
+	step 7b-vs-hf-fused-x2 sh -c "cd model && FUSELM_TEST_KERNELS=fused FUSELM_HF_CHECKPOINT=$QWEN2_7B FUSELM_HF_BATCH_REPEAT=2 \
+		../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	# W1 with --trace: a Chrome trace whose kernel track holds every decode
 	# step (TestTraceFile parses it), and its ms CUDA against the events
 	# around every op of a --no-graphs run without --cupti (TestProfileAgreement).
@@ -151,6 +155,9 @@ if $deepseek; then
 		step "dsv2-vs-hf-${spec//[^a-z0-9_]/-}" sh -c "cd model && FUSELM_TEST_KERNELS=$spec FUSELM_HF_CHECKPOINT=$DSV2_LITE \
 			../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 	done
+	# fused with the prompts twice over: 16 rows (the MoE's persistent grid, mla_decode keys).
+	step dsv2-vs-hf-fused-x2 sh -c "cd model && FUSELM_TEST_KERNELS=fused FUSELM_HF_CHECKPOINT=$DSV2_LITE FUSELM_HF_BATCH_REPEAT=2 \
+		../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 fi
 tar czf "$out/gpu_check_logs.tgz" -C "$logs" . -C "$work" .
 cat "$logs/gpu.txt"
