@@ -136,10 +136,10 @@ const swSplitSteps = 4
 // faster. An estimate, kept under what an SM's path from L2 carries (64
 // bytes a cycle, about 4 shares of an H200's 4.2 TB/s over 132 SMs) and
 // what its ring of 150 to 200 KiB in flight sustains over the memory's
-// latency. Measured: at 2.5 Qwen2-7B's down at 16 rows ran in 2 splits on
-// 56 SMs at 65% of its floor (46.3 µs, cuBLAS 39.6), which is 1.5 shares an
-// SM; at 1.5 it runs in 4 splits on 112 SMs (39.4 µs), o_proj in 4 on 112
-// (13.1 → 11.1 µs), gate/up with SwiGLU 71.1 → 65.4 µs.
+// latency, and under what one measured: capped at 2.5 shares, Qwen2-7B's
+// down at 16 rows ran in 2 splits on 56 SMs, each drawing about 1.5; at 1.5
+// it runs in 4 on 112 SMs, faster, as do o_proj and gate/up
+// (bench/RESULTS.md, linear_swap).
 const swSMShare = 1.5
 
 // swSplits is how a problem of tiles tiles of ktiles k-steps each and m rows
@@ -192,12 +192,11 @@ func swSplits(tiles, ktiles, m, sms int) (whole, splits, per int) {
 // narrow ones, linear_stream's at 16 rows where it plans them, are untimed
 // on swap in a model): Qwen2-7B's qkv, o, gate/up (SwiGLU in its epilogue),
 // down and lm_head at 16 rows, where skinny ran the big streams and cuBLAS
-// the rest. W2 at 16 rows, interleaved on one machine: swap on gate/up
-// and the lm_head +2.0%, with down too and swSMShare at 1.5 +3.8%, on
-// every one of them +1.2% more (bench/RESULTS.md). DeepSeek-V2-Lite's K =
-// 2,048 matrices stay off it: there swap lost to skinny on the lm_head
-// (137.6 against 112 µs) and to cuBLAS on the shared gate/up. Swap has not
-// been timed in a model below 16 rows, hence linSwapMinRows. Where
+// the rest: W2 at 16 rows gained at each step of moving them
+// (bench/RESULTS.md, Decode). DeepSeek-V2-Lite's K = 2,048 matrices stay
+// off it: there swap lost to skinny on the lm_head and to cuBLAS on the
+// shared gate/up. Swap has not been timed in a model below 16 rows, hence
+// linSwapMinRows. Where
 // linSwapDefault is true every problem of linSwapMinRows to swMaxRows rows
 // that linear_stream is not the default for runs it. Variables, so that
 // tests and measurements can turn them.
