@@ -6,6 +6,7 @@ import (
 	"image/color"
 	"image/png"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +40,9 @@ func TestCounts(t *testing.T) {
 		{kernels.OpRoPE, "T=16384,H=32,D=128,R=128,interleaved=0", 3 * 16384 * 32 * 128, 268435456},
 		{kernels.OpSwiGLU, "N=16384,I=18944", 6 * 16384 * 18944, 1862270976},
 		{kernels.OpMoEExperts, "N=1,H=2048,I=1408,E=64,topk=6", 6 * 6 * 2048 * 1408, 103817216},
+		// 16 tokens routed alike (W4's rows): the six experts once.
+		{kernels.OpMoEExperts, "N=16,H=2048,I=1408,E=64,topk=6,same=1", 6 * 16 * 6 * 2048 * 1408, 2 * (6*3*2048*1408 + 2*16*2048)},
+		{kernels.OpMoEExperts, "N=16,H=2048,I=1408,E=64,topk=6,same=0", 6 * 16 * 6 * 2048 * 1408, 2 * (64*(1-math.Pow(1-6.0/64, 16))*3*2048*1408 + 2*16*2048)},
 		// One token's 6 rows touch 6 of the 64 groups.
 		{kernels.OpGroupGemm, "M=6,N=2048,K=1408,E=64", 2 * 6 * 2048 * 1408, 2 * (6*2048*1408 + 6*1408 + 6*2048)},
 		// MLA: the attention as bench_mla counts it, plus kv_b_proj's product
@@ -100,6 +104,19 @@ func TestShapes(t *testing.T) {
 		s, _ := kernels.ParseShape(shape)
 		if err := CaseFor(kernels.OpAttnPrefill).Check(s); want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
 			t.Errorf("attn_prefill %s: %v, want %q", shape, err, want)
+		}
+	}
+	// moe_experts' switch same may be left out (0), and is 0 or 1.
+	moe := CaseFor(kernels.OpMoEExperts)
+	for shape, want := range map[string]string{
+		"N=16,H=2048,I=1408,E=64,topk=6":        "",
+		"N=16,H=2048,I=1408,E=64,topk=6,same=1": "",
+		"N=16,H=2048,I=1408,E=64,topk=6,same=2": "same is 0 or 1",
+		"N=16,H=2048,I=1408,E=64,same=1":        "lacks topk",
+	} {
+		s, _ := kernels.ParseShape(shape)
+		if err := moe.Check(s); want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("moe_experts %s: %v, want %q", shape, err, want)
 		}
 	}
 	s, _ := kernels.ParseShape("B=16,H=28,KVH=4,D=128,ctx=4096,dt=f16")

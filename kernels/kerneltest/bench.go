@@ -16,7 +16,10 @@ type Bench struct {
 	Op    kernels.Op
 	Bound string   // "compute" (the table shows TFLOP/s) or "memory" (GB/s)
 	Dims  []string // the shape's names, all required
-	Doc   string   // what the shape's names mean
+	// Optional are switches (0 or 1, in flags) a shape may leave out:
+	// then 0.
+	Optional []string
+	Doc      string // what the shape's names mean
 	// DTypes are the element types a shape may name (kernels.ShapeDType,
 	// "dt=f16") to run the op in besides the device's activation type; none:
 	// a shape may not name one.
@@ -61,7 +64,7 @@ func BenchFor(op kernels.Op) *Bench {
 }
 
 // Check reports whether s gives every dimension c needs, and no other (but
-// an element type c takes).
+// an element type c takes, and c's optional switches).
 func (c *Bench) Check(s kernels.Shape) error {
 	var missing, extra []string
 	for _, d := range c.Dims {
@@ -70,7 +73,7 @@ func (c *Bench) Check(s kernels.Shape) error {
 		}
 	}
 	for d := range s {
-		if !slices.Contains(c.Dims, d) && (d != kernels.ShapeDType || len(c.DTypes) == 0) {
+		if !slices.Contains(c.Dims, d) && !slices.Contains(c.Optional, d) && (d != kernels.ShapeDType || len(c.DTypes) == 0) {
 			extra = append(extra, d)
 		}
 	}
@@ -80,6 +83,11 @@ func (c *Bench) Check(s kernels.Shape) error {
 		return fmt.Errorf("%s: shape %s lacks %s (it takes %s: %s)", c.Op, s, strings.Join(missing, ", "), strings.Join(c.Dims, ","), c.Doc)
 	case len(extra) > 0:
 		return fmt.Errorf("%s: shape %s has %s, which it does not take (it takes %s: %s)", c.Op, s, strings.Join(extra, ", "), strings.Join(c.Dims, ","), c.Doc)
+	}
+	for _, d := range c.Optional {
+		if s[d] > 1 {
+			return fmt.Errorf("%s: shape %s: %s is 0 or 1", c.Op, s, d)
+		}
 	}
 	for _, d := range c.Dims {
 		switch {
@@ -698,13 +706,14 @@ func mlaDecodeShapes() []kernels.Shape {
 }
 
 var moeExpertsBench = &Bench{
-	Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"},
-	Doc: "N tokens of H routed to topk of E experts of width I (random distinct routes)",
+	Bound: "memory", Dims: []string{"N", "H", "I", "E", "topk"}, Optional: []string{"same"},
+	Doc: "N tokens of H routed to topk of E experts of width I (random distinct routes; same=1: every token to the same topk)",
 	Shapes: []kernels.Shape{
-		sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6),     // DeepSeek-V2-Lite decode, batch 1
-		sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),    // batch 16
-		sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),   // a few hundred tokens: a short prompt
-		sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6), // W3's prefill
+		sh("N", 1, "H", 2048, "I", 1408, "E", 64, "topk", 6),             // DeepSeek-V2-Lite decode, batch 1
+		sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),            // batch 16
+		sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6, "same", 1), // batch 16 of one prompt (W4): six experts
+		sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),           // a few hundred tokens: a short prompt
+		sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6),         // W3's prefill
 	},
 	FLOPs: moeFLOPs,
 	Bytes: moeBytes,
@@ -715,10 +724,14 @@ func moeFLOPs(s kernels.Shape) float64 { return 6 * f(s, "N", "topk", "H", "I") 
 
 // moeBytes are the experts some token chose, each read once, and the
 // tokens in and out: the count of chosen experts is the expected one for
-// random routes, E·(1 − (1 − topk/E)^N).
+// random routes, E·(1 − (1 − topk/E)^N), or topk where every token routes
+// to the same (same=1).
 func moeBytes(s kernels.Shape) float64 {
 	e, k, n := f(s, "E"), f(s, "topk"), f(s, "N")
 	touched := e * (1 - math.Pow(1-k/e, n))
+	if s["same"] == 1 {
+		touched = k
+	}
 	return bf16 * (touched*3*f(s, "H", "I") + 2*n*f(s, "H"))
 }
 
@@ -735,8 +748,16 @@ func buildMoE(b *Builder, bc *Bench, s kernels.Shape) *Problem {
 		idx, w := make([]int32, n*k), make([]float32, n*k)
 		chosen := map[int]bool{}
 		rng := b.stream()
+		var one []int // every token's experts where same=1
+		if s["same"] == 1 {
+			one = rng.Perm(e)[:k]
+		}
 		for t := range n {
-			for j, ex := range rng.Perm(e)[:k] {
+			experts := one
+			if experts == nil {
+				experts = rng.Perm(e)[:k]
+			}
+			for j, ex := range experts {
 				idx[t*k+j], w[t*k+j] = int32(ex), float32(0.5+rng.Float64())/float32(k)
 				chosen[ex] = true
 			}
