@@ -100,12 +100,8 @@ func (o *ops) linearDefault(k linearKey) string {
 			return linStream
 		}
 	}
-	if linSwapDefault && k.m >= linSwapMinRows && k.m <= swMaxRows && o.sw.ready() == nil {
-		if _, err := o.swapPlan(k.m, k.n, k.k, false); err == nil {
-			return linSwap
-		}
-	}
-	if k.m >= linSwapMinRows && k.m <= linMaxRows && k.k >= linSwapMinK && k.n > linStreamNarrow && o.sw.ready() == nil {
+	swapRows := linSwapDefault && k.m <= swMaxRows || k.m <= linMaxRows && k.k >= linSwapMinK && k.n > linStreamNarrow
+	if swapRows && k.m >= linSwapMinRows && o.sw.ready() == nil {
 		if _, err := o.swapPlan(k.m, k.n, k.k, false); err == nil {
 			return linSwap
 		}
