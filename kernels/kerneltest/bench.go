@@ -84,12 +84,7 @@ func (c *Bench) Check(s kernels.Shape) error {
 	case len(extra) > 0:
 		return fmt.Errorf("%s: shape %s has %s, which it does not take (it takes %s: %s)", c.Op, s, strings.Join(extra, ", "), strings.Join(c.Dims, ","), c.Doc)
 	}
-	for _, d := range c.Optional {
-		if s[d] > 1 {
-			return fmt.Errorf("%s: shape %s: %s is 0 or 1", c.Op, s, d)
-		}
-	}
-	for _, d := range c.Dims {
+	for _, d := range slices.Concat(c.Dims, c.Optional) {
 		switch {
 		case flags[d] && s[d] > 1:
 			return fmt.Errorf("%s: shape %s: %s is 0 or 1", c.Op, s, d)
@@ -105,7 +100,7 @@ func (c *Bench) Check(s kernels.Shape) error {
 }
 
 // flags are the shape names that are switches, 0 or 1.
-var flags = map[string]bool{"causal": true, "interleaved": true}
+var flags = map[string]bool{"causal": true, "interleaved": true, "same": true}
 
 func f(s kernels.Shape, names ...string) float64 {
 	p := 1.0
