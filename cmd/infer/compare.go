@@ -233,6 +233,9 @@ func runCompare(cmd *cobra.Command, cf *compareFlags) error {
 	}
 	defer closeRun()
 	logf("infer compare: %s (%s) on %s, %s against %s", filepath.Base(in.dir), in.cfg.Arch, dev.Name(), cand, base)
+	if in.compiled != "" {
+		logf("%s", in.compiled)
+	}
 	ignoredOnCPU(cmd, dev, logf)
 	tracer := newVariantTracer(dev, prof, f.cupti)
 	m, _, err := loadModel(cmd, f, in, dev, ops, time.Now())

@@ -180,6 +180,9 @@ func runGenerate(cmd *cobra.Command, f *genFlags) (err error) {
 	}
 	defer closeRun()
 	logf("infer: %s (%s) on %s, kernels %s", filepath.Base(dir), cfg.Arch, dev.Name(), spec)
+	if in.compiled != "" {
+		logf("%s", in.compiled)
+	}
 	ignoredOnCPU(cmd, dev, logf)
 	tuned := applyTuning(dev, ops, logf)
 

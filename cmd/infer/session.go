@@ -34,6 +34,9 @@ type runInputs struct {
 	tok     *tokenizer.Tokenizer
 	prompts [][]int // --prompts' rows, or the one prompt that every row repeats
 	weights *loader.Weights
+	// compiled is what building the kernels compiled (compileNote), for
+	// the log: "" where every module came from the kernel cache.
+	compiled string
 }
 
 // rows is every row's prompt, batch rows: --prompts' own, or the one
@@ -220,11 +223,32 @@ func openRun(f *genFlags, in *runInputs, spec kernels.Spec) (dev kernels.Device,
 		prof.Close()
 		dev.Close()
 	}
+	t0 := time.Now()
 	if ops, err = spec.Build(dev, prof); err != nil {
 		done()
 		return nil, nil, nil, nil, err
 	}
+	in.compiled = compileNote(dev, time.Since(t0))
 	return dev, prof, ops, done, nil
+}
+
+// compileNote says what building a set on dev compiled, where NVRTC
+// compiled anything (a first run on an empty kernel cache waits for it),
+// and where the modules are kept for the runs after.
+func compileNote(dev kernels.Device, took time.Duration) string {
+	d, ok := dev.(*cuda.Device)
+	if !ok {
+		return ""
+	}
+	st := d.ModuleStats()
+	if st.Compiled == 0 {
+		return ""
+	}
+	where := "the kernel cache is off"
+	if dir := d.CacheDir(); dir != "" {
+		where = "kept in " + dir + " for the runs after"
+	}
+	return fmt.Sprintf("infer: kernels built in %.1f s: NVRTC compiled %d modules (%s)", took.Seconds(), st.Compiled, where)
 }
 
 // newProfile is the profile of a run on dev: of every kernel, through the
