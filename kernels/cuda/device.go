@@ -100,7 +100,6 @@ type Device struct {
 	stageNext int
 
 	modules  map[string]*Module // by cache key
-	prepared map[string][]byte  // images Precompile made that no ProgramModule has loaded yet, by cache key
 	modStats ModuleStats
 	cacheDir string // "" when the disk cache is off
 	ccOpts   []string
@@ -233,14 +232,13 @@ func Open(ordinal int) (dev *Device, err error) {
 		return nil, fmt.Errorf("cuda: no device %d (the driver sees %d)", ordinal, n)
 	}
 	d := &Device{
-		ordinal:  ordinal,
-		drv:      drv,
-		modules:  map[string]*Module{},
-		prepared: map[string][]byte{},
-		graphs:   map[*Graph]struct{}{},
-		scratch:  map[string]*buffer{},
-		asked:    map[string]int{},
-		own:      map[string]bool{},
+		ordinal: ordinal,
+		drv:     drv,
+		modules: map[string]*Module{},
+		graphs:  map[*Graph]struct{}{},
+		scratch: map[string]*buffer{},
+		asked:   map[string]int{},
+		own:     map[string]bool{},
 	}
 	for i := range d.argPtrs {
 		d.argPtrs[i] = uintptr(unsafe.Pointer(&d.argVals[i]))
@@ -860,7 +858,6 @@ func (d *Device) closeLocked() error {
 		keep(drv.check(ccall(drv.cuModuleUnload, m.h), "cuModuleUnload("+m.name+")"))
 	}
 	d.modules = nil
-	d.prepared = nil
 	d.evMu.Lock()
 	for _, ev := range d.events {
 		keep(drv.check(ccall(drv.cuEventDestroy, ev), "cuEventDestroy_v2"))

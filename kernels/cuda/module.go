@@ -80,13 +80,6 @@ func (d *Device) ProgramModule(p Program, opts ...string) (*Module, error) {
 		d.modStats.MemHits++
 		return m, nil
 	}
-	if img := d.prepared[key]; img != nil { // compiled by Precompile
-		delete(d.prepared, key)
-		if !d.cubin {
-			img = append(img, 0)
-		}
-		return d.load(name, key, img)
-	}
 	var path string
 	if d.cacheDir != "" {
 		path = cachePath(d.cacheDir, key, d.cubin)

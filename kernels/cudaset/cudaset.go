@@ -113,7 +113,6 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 	}
 	p := d.Props()
 	k := &Kit{D: d, Set: set, SMs: p.SMs, MaxShared: p.MaxSharedOptin, fn: map[string]*cuda.Func{}, overlap: map[string]bool{}}
-	d.Precompile(append(builds("cudaset", []Module{RowsModule()}), builds(set, mods)...))
 	if err := k.add(RowsModule(), "cudaset"); err != nil {
 		return nil, err
 	}
@@ -123,32 +122,6 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 		}
 	}
 	return k, nil
-}
-
-// Precompile compiles set's modules mods on dev, a *cuda.Device (anything
-// else is left alone), several at once, for New and AddModule to load
-// (cuda.Device.Precompile): a set whose New adds modules after New
-// (AddModule) names them here first, so that they compile beside New's.
-func Precompile(dev kernels.Device, set string, mods []Module) {
-	if d, ok := dev.(*cuda.Device); ok {
-		d.Precompile(builds(set, mods))
-	}
-}
-
-// builds are mods as the programs add compiles for owner (its kernel cache
-// names start with owner); a module whose sources do not read is left out,
-// for add to report.
-func builds(owner string, mods []Module) []cuda.Build {
-	var bs []cuda.Build
-	for _, m := range mods {
-		p, err := Source(m)
-		if err != nil {
-			continue
-		}
-		p.Name = owner + "_" + m.File
-		bs = append(bs, cuda.Build{P: p, Opts: m.Opts})
-	}
-	return bs
 }
 
 // AddModule compiles one more module of the set and adds its kernels; when it

@@ -18,7 +18,6 @@ import (
 	"fmt"
 
 	"github.com/fuselm/fuselm/kernels"
-	"github.com/fuselm/fuselm/kernels/cuda"
 	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
@@ -180,11 +179,6 @@ func overlapKernels() []string {
 func New(dev kernels.Device) (kernels.Ops, error) {
 	if err := checkGemmConfigs(); err != nil {
 		return nil, fmt.Errorf("fused: %w", err)
-	}
-	// The Hopper modules, added after New where the device is sm_90a,
-	// compile beside New's.
-	if d, ok := dev.(*cuda.Device); ok && d.Props().Arch == hopperArch {
-		cudaset.Precompile(dev, "fused", Modules())
 	}
 	kit, err := cudaset.New(dev, "fused", modules())
 	if err != nil {
