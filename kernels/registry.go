@@ -271,10 +271,16 @@ func (s Spec) Whole(op Op) bool {
 	return true
 }
 
-// subset reports whether every op of a is in b.
+// subset reports whether every op of a is in b, as many times as a holds
+// it: add_rms_norm_linear's parts are among linear_add_rms_norm_linear's,
+// but not the other way round (two linears).
 func subset(a, b []Op) bool {
+	n := map[Op]int{}
+	for _, o := range b {
+		n[o]++
+	}
 	for _, o := range a {
-		if !slices.Contains(b, o) {
+		if n[o]--; n[o] < 0 {
 			return false
 		}
 	}
