@@ -226,7 +226,12 @@ func (k costOf) LinearAdd(out, x, w, bias, addend *Tensor) {
 // CheckAddRMSNormLinear: AddRMSNorm's operands (h its out) and Linear's
 // (h its x), out act; out aliasing none of h, resid and x.
 func CheckAddRMSNormLinear(act DType, out, h, resid, x, norm, w, bias *Tensor) {
-	op := OpNormLinear
+	checkAddRMSNormLinear(OpNormLinear, act, out, h, resid, x, norm, w, bias)
+}
+
+// checkAddRMSNormLinear is CheckAddRMSNormLinear for op, which does its
+// work.
+func checkAddRMSNormLinear(op Op, act DType, out, h, resid, x, norm, w, bias *Tensor) {
 	checkNormIn(op, act, h, resid, x, norm)
 	need(IsFloat(w) && w.Cols() == h.Cols(), op, "w %v for rows of %d", w, h.Cols())
 	needActs(op, act, "out", out)
@@ -247,7 +252,12 @@ func (k costOf) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w,
 // CheckAddRMSNormLinearSwiGLU: AddRMSNorm's operands (h its out) and
 // LinearSwiGLU's (h its x); out aliasing none of h, resid and x.
 func CheckAddRMSNormLinearSwiGLU(act DType, out, h, resid, x, norm, w *Tensor) {
-	op := OpNormSwiGLU
+	checkAddRMSNormLinearSwiGLU(OpNormSwiGLU, act, out, h, resid, x, norm, w)
+}
+
+// checkAddRMSNormLinearSwiGLU is CheckAddRMSNormLinearSwiGLU for op, which
+// does its work.
+func checkAddRMSNormLinearSwiGLU(op Op, act DType, out, h, resid, x, norm, w *Tensor) {
 	checkNormIn(op, act, h, resid, x, norm)
 	need(IsFloat(w) && w.Cols() == h.Cols() && w.Rows()%2 == 0, op, "w %v for rows of %d (gate and up rows)", w, h.Cols())
 	needActs(op, act, "out", out)
@@ -261,6 +271,59 @@ func (k costOf) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float
 	lin := linearCost(out, h, w, nil)
 	nc := normCost(x, norm, true)
 	*k.c = Cost{FLOPs: lin.FLOPs + nc.FLOPs + swigluCost(out).FLOPs, Bytes: 3*size(x) + size(norm) + size(w) + size(out)}
+}
+
+// CheckLinearAddRMSNormLinear: Linear's operands (mid its out, act) and
+// AddRMSNormLinear's (mid its x); out aliasing none of mid and x either,
+// mid neither x, resid nor h.
+func CheckLinearAddRMSNormLinear(act DType, mid, x, w0, bias0, out, h, resid, norm, w, bias *Tensor) {
+	op := OpLinearNormLinear
+	checkLinearMid(op, act, mid, x, w0, bias0)
+	checkAddRMSNormLinear(op, act, out, h, resid, mid, norm, w, bias)
+	need(!same(out, x), op, "out aliases x")
+	need(!same(mid, resid), op, "mid aliases resid")
+}
+
+// The cost of LinearAddRMSNormLinear is its parts' FLOPs and the bytes of
+// one pass: x, w0 and bias0 read, mid written, resid read and written,
+// norm, w and bias read, out written; h, and mid read back by the second
+// part, are no part of its floor.
+func (k costOf) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w, bias *Tensor) {
+	first, second := linearCost(mid, x, w0, bias0), linearCost(out, h, w, bias)
+	nc := normCost(mid, norm, true)
+	*k.c = Cost{FLOPs: first.FLOPs + nc.FLOPs + second.FLOPs,
+		Bytes: size(x) + size(w0) + size(bias0) + size(mid) + 2*size(resid) + size(norm) + size(w) + size(bias) + size(out)}
+}
+
+// CheckLinearAddRMSNormLinearSwiGLU: Linear's operands (mid its out, act)
+// and AddRMSNormLinearSwiGLU's (mid its x), with the aliasing of
+// CheckLinearAddRMSNormLinear.
+func CheckLinearAddRMSNormLinearSwiGLU(act DType, mid, x, w0, bias0, out, h, resid, norm, w *Tensor) {
+	op := OpLinearNormSwiGLU
+	checkLinearMid(op, act, mid, x, w0, bias0)
+	checkAddRMSNormLinearSwiGLU(op, act, out, h, resid, mid, norm, w)
+	need(!same(out, x), op, "out aliases x")
+	need(!same(mid, resid), op, "mid aliases resid")
+}
+
+// The cost of LinearAddRMSNormLinearSwiGLU is its parts' FLOPs and the
+// bytes of one pass, as LinearAddRMSNormLinear's.
+func (k costOf) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w *Tensor) {
+	first, second := linearCost(mid, x, w0, bias0), linearCost(out, h, w, nil)
+	nc := normCost(mid, norm, true)
+	*k.c = Cost{FLOPs: first.FLOPs + nc.FLOPs + second.FLOPs + swigluCost(out).FLOPs,
+		Bytes: size(x) + size(w0) + size(bias0) + size(mid) + 2*size(resid) + size(norm) + size(w) + size(out)}
+}
+
+// checkLinearMid is the first projection's contract for op, which then
+// adds its output mid into the residual: mid [N,K] act, not x; x [N,K0]
+// act; w0 [K,K0] float; bias0 [K] float or nil.
+func checkLinearMid(op Op, act DType, mid, x, w0, bias0 *Tensor) {
+	needActs(op, act, "mid", mid, "x", x)
+	need(IsFloat(w0) && w0.Cols() == x.Cols(), op, "w0 %v for x %v", w0, x)
+	need(rowsCols(mid, x.Rows(), w0.Rows()), op, "mid %v for x %v, w0 %v", mid, x, w0)
+	need(bias0 == nil || IsFloat(bias0) && bias0.Numel() == w0.Rows(), op, "bias0 %v for w0 %v", bias0, w0)
+	need(!same(mid, x), op, "mid aliases x")
 }
 
 // checkNormIn is AddRMSNorm's contract for op, which does its work first:

@@ -49,3 +49,22 @@ func TestCostAt(t *testing.T) {
 		t.Errorf("non-causal pairs %g, want 15", n)
 	}
 }
+
+// TestLinearNormLinearCost: a call across a block boundary costs its
+// parts' FLOPs and the bytes of one pass, as infer bench counts them: x,
+// w0, resid (twice), norm, w, bias and out, mid written once; neither h nor
+// mid's read back.
+func TestLinearNormLinearCost(t *testing.T) {
+	const n, k0, k, m = 2, 5, 4, 3
+	bf := func(shape ...int) *Tensor { return &Tensor{DType: BF16, Shape: shape, Pitch: shape[len(shape)-1]} }
+	mid, x, w0, resid, h, norm := bf(n, k), bf(n, k0), bf(k, k0), bf(n, k), bf(n, k), bf(k)
+	var c Cost
+	costOf{&c}.LinearAddRMSNormLinear(mid, x, w0, nil, bf(n, m), h, resid, norm, 1e-6, bf(m, k), bf(m))
+	if want := (Cost{FLOPs: 2*n*k*k0 + 5*n*k + 2*n*m*k, Bytes: 2 * (n*k0 + k*k0 + 3*n*k + k + m*k + m + n*m)}); c != want {
+		t.Errorf("linear_add_rms_norm_linear: %+v, want %+v", c, want)
+	}
+	costOf{&c}.LinearAddRMSNormLinearSwiGLU(mid, x, w0, nil, bf(n, m), h, resid, norm, 1e-6, bf(2*m, k))
+	if want := (Cost{FLOPs: 2*n*k*k0 + 5*n*k + 2*n*2*m*k + 6*n*m, Bytes: 2 * (n*k0 + k*k0 + 3*n*k + k + 2*m*k + n*m)}); c != want {
+		t.Errorf("linear_add_rms_norm_linear_swiglu: %+v, want %+v", c, want)
+	}
+}

@@ -326,6 +326,36 @@ func AddRMSNormLinearSwiGLUParts(o Ops, out, h, resid, x, norm *Tensor, eps floa
 	o.LinearSwiGLU(out, h, w)
 }
 
+// linearAddRMSNormLinearParts is LinearAddRMSNormLinear as its parts, each
+// on the set the spec runs it on.
+func (d *Dispatch) linearAddRMSNormLinearParts(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w, bias *Tensor) {
+	LinearAddRMSNormLinearParts(d, mid, x, w0, bias0, out, h, resid, norm, eps, w, bias)
+}
+
+// LinearAddRMSNormLinearParts runs LinearAddRMSNormLinear's work on o as
+// the calls it replaces: Linear into mid, then AddRMSNormLinear of mid (on
+// a Dispatch itself one op or AddRMSNorm and Linear, as the spec puts
+// those). The sets that do not fuse it run it so, and so does a Dispatch
+// where the spec splits its parts.
+func LinearAddRMSNormLinearParts(o Ops, mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w, bias *Tensor) {
+	o.Linear(mid, x, w0, bias0)
+	o.AddRMSNormLinear(out, h, resid, mid, norm, eps, w, bias)
+}
+
+// linearAddRMSNormLinearSwiGLUParts is LinearAddRMSNormLinearSwiGLU as its
+// parts, each on the set the spec runs it on.
+func (d *Dispatch) linearAddRMSNormLinearSwiGLUParts(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w *Tensor) {
+	LinearAddRMSNormLinearSwiGLUParts(d, mid, x, w0, bias0, out, h, resid, norm, eps, w)
+}
+
+// LinearAddRMSNormLinearSwiGLUParts runs LinearAddRMSNormLinearSwiGLU's
+// work on o: Linear into mid, then AddRMSNormLinearSwiGLU of mid (on a
+// Dispatch itself one op or its parts, as the spec puts those).
+func LinearAddRMSNormLinearSwiGLUParts(o Ops, mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w *Tensor) {
+	o.Linear(mid, x, w0, bias0)
+	o.AddRMSNormLinearSwiGLU(out, h, resid, mid, norm, eps, w)
+}
+
 // Faulter is a kernel set whose kernels may give up on a bounded wait and
 // leave a record of it on the device instead of hanging (fused's Hopper
 // kernels and their mbarrier waits): their outputs are then garbage.

@@ -8,30 +8,32 @@ type Op string
 
 // Every op, in the order of opTable.
 const (
-	OpEmbedding      Op = "embedding"
-	OpLinear         Op = "linear"
-	OpRMSNorm        Op = "rms_norm"
-	OpAddRMSNorm     Op = "add_rms_norm"
-	OpAdd            Op = "add"
-	OpRoPE           Op = "rope"
-	OpSwiGLU         Op = "swiglu"
-	OpLinearSwiGLU   Op = "linear_swiglu"
-	OpRMSNormRoPE    Op = "rms_norm_rope"
-	OpLinearAdd      Op = "linear_add"
-	OpNormLinear     Op = "add_rms_norm_linear"
-	OpNormSwiGLU     Op = "add_rms_norm_linear_swiglu"
-	OpAttnPrefill    Op = "attn_prefill"
-	OpAttnDecode     Op = "attn_decode"
-	OpRoPEAttnDecode Op = "rope_attn_decode"
-	OpMLAPrefill     Op = "mla_prefill"
-	OpMLADecode      Op = "mla_decode"
-	OpMLADecodeRoPE  Op = "mla_decode_rope"
-	OpMoERoute       Op = "moe_route"
-	OpMoEExperts     Op = "moe_experts"
-	OpMoERouted      Op = "moe_routed"
-	OpGroupGemm      Op = "group_gemm"
-	OpArgmax         Op = "argmax"
-	OpDecodeAdvance  Op = "decode_advance"
+	OpEmbedding        Op = "embedding"
+	OpLinear           Op = "linear"
+	OpRMSNorm          Op = "rms_norm"
+	OpAddRMSNorm       Op = "add_rms_norm"
+	OpAdd              Op = "add"
+	OpRoPE             Op = "rope"
+	OpSwiGLU           Op = "swiglu"
+	OpLinearSwiGLU     Op = "linear_swiglu"
+	OpRMSNormRoPE      Op = "rms_norm_rope"
+	OpLinearAdd        Op = "linear_add"
+	OpNormLinear       Op = "add_rms_norm_linear"
+	OpNormSwiGLU       Op = "add_rms_norm_linear_swiglu"
+	OpLinearNormLinear Op = "linear_add_rms_norm_linear"
+	OpLinearNormSwiGLU Op = "linear_add_rms_norm_linear_swiglu"
+	OpAttnPrefill      Op = "attn_prefill"
+	OpAttnDecode       Op = "attn_decode"
+	OpRoPEAttnDecode   Op = "rope_attn_decode"
+	OpMLAPrefill       Op = "mla_prefill"
+	OpMLADecode        Op = "mla_decode"
+	OpMLADecodeRoPE    Op = "mla_decode_rope"
+	OpMoERoute         Op = "moe_route"
+	OpMoEExperts       Op = "moe_experts"
+	OpMoERouted        Op = "moe_routed"
+	OpGroupGemm        Op = "group_gemm"
+	OpArgmax           Op = "argmax"
+	OpDecodeAdvance    Op = "decode_advance"
 )
 
 // OpInfo describes an op: its name, the group a kernel spec may name it by
@@ -72,6 +74,10 @@ var opTable = []OpInfo{
 		Doc: "the residual add and the norm before a block, and the block's first projection (Qwen2's qkv): one GEMM normalising x as it loads it where a set has it"},
 	{Op: OpNormSwiGLU, Method: "AddRMSNormLinearSwiGLU", Parts: []Op{OpAddRMSNorm, OpLinear, OpSwiGLU},
 		Doc: "the residual add and the norm before an MLP, its gate/up projection and SwiGLU: one GEMM normalising x as it loads it, SwiGLU in its epilogue, where a set has it"},
+	{Op: OpLinearNormLinear, Method: "LinearAddRMSNormLinear", Parts: []Op{OpLinear, OpAddRMSNorm, OpLinear},
+		Doc: "a block's last projection, the residual add and the norm after it, and the next block's first projection (Qwen2's down_proj, then qkv): one kernel across the block boundary where a set has it"},
+	{Op: OpLinearNormSwiGLU, Method: "LinearAddRMSNormLinearSwiGLU", Parts: []Op{OpLinear, OpAddRMSNorm, OpLinear, OpSwiGLU},
+		Doc: "attention's last projection, the residual add and the norm before the MLP, its gate/up projection and SwiGLU (Qwen2's o_proj, then gate/up): one kernel across the block boundary where a set has it"},
 	{Op: OpAttnPrefill, Method: "AttentionPrefill", Group: "attn", Doc: "causal GQA attention of new tokens over the KV cache"},
 	{Op: OpAttnDecode, Method: "AttentionDecode", Group: "attn", Doc: "GQA attention of one new token per row over the KV cache"},
 	// No group: "attn=naive" names attn_decode, and so splits this op,
@@ -240,6 +246,33 @@ type Ops interface {
 	// Linear and SwiGLU where the spec splits them) where the spec puts the
 	// parts on other sets.
 	AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor)
+	// LinearAddRMSNormLinear is Linear(mid, x, w0, bias0) then
+	// AddRMSNormLinear(out, h, resid, mid, norm, eps, w, bias), each
+	// rounded as that op rounds: a block's last projection, the residual
+	// connection and the norm after it, and the next block's first
+	// projection (Qwen2's down_proj, then the next layer's input_layernorm
+	// and qkv), which a set may run as one kernel across the boundary.
+	// mid [N,K] act; x [N,K0] act; w0 [K,K0] weight; bias0 [K] weight or
+	// nil; the rest as AddRMSNormLinear's with mid its x: out [N,M] act,
+	// pitched; h, resid [N,K] act; norm [K] weight; w [M,K] weight; bias
+	// [M] weight or nil. mid is a result, as out and resid are: the parts
+	// write it, and so must a set that runs the op whole; h it may leave
+	// unwritten. out aliases none of mid, x, h and resid; mid neither x,
+	// resid nor h. It is a composite op (OpInfo.Parts): a Dispatch runs
+	// Linear and AddRMSNormLinear (itself AddRMSNorm and Linear where the
+	// spec splits them) where the spec puts the parts on other sets.
+	LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w, bias *Tensor)
+	// LinearAddRMSNormLinearSwiGLU is Linear(mid, x, w0, bias0) then
+	// AddRMSNormLinearSwiGLU(out, h, resid, mid, norm, eps, w), as
+	// LinearAddRMSNormLinear is with AddRMSNormLinear: attention's last
+	// projection, the residual connection and the norm before the MLP, and
+	// its gate/up projection with SwiGLU (Qwen2's o_proj, then
+	// post_attention_layernorm and gate/up). out [N,I] act, pitched; w
+	// [2I,K] weight, the gate rows first; the rest as
+	// LinearAddRMSNormLinear's. It is a composite op (OpInfo.Parts): a
+	// Dispatch runs Linear and AddRMSNormLinearSwiGLU (itself composite)
+	// where the spec puts the parts on other sets.
+	LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w *Tensor)
 
 	// AttentionPrefill is causal attention of a packed batch of new tokens
 	// against each row's KV cache, after appending the new keys and values to

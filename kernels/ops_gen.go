@@ -72,6 +72,18 @@ func (d *Dispatch) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps fl
 	d.callWhole(OpNormSwiGLU, func(o Ops) { o.AddRMSNormLinearSwiGLU(out, h, resid, x, norm, eps, w) }, func() { d.addRMSNormLinearSwiGLUParts(out, h, resid, x, norm, eps, w) })
 }
 
+// LinearAddRMSNormLinear runs OpLinearNormLinear on the set the spec chose for it, or as its parts
+// (linearAddRMSNormLinearParts) where the spec runs them on other sets.
+func (d *Dispatch) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w, bias *Tensor) {
+	d.callWhole(OpLinearNormLinear, func(o Ops) { o.LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias) }, func() { d.linearAddRMSNormLinearParts(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias) })
+}
+
+// LinearAddRMSNormLinearSwiGLU runs OpLinearNormSwiGLU on the set the spec chose for it, or as its parts
+// (linearAddRMSNormLinearSwiGLUParts) where the spec runs them on other sets.
+func (d *Dispatch) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w *Tensor) {
+	d.callWhole(OpLinearNormSwiGLU, func(o Ops) { o.LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm, eps, w) }, func() { d.linearAddRMSNormLinearSwiGLUParts(mid, x, w0, bias0, out, h, resid, norm, eps, w) })
+}
+
 // AttentionPrefill runs OpAttnPrefill on the set the spec chose for it.
 func (d *Dispatch) AttentionPrefill(a *AttnArgs) {
 	d.call(OpAttnPrefill, func(o Ops) { o.AttentionPrefill(a) })
@@ -177,6 +189,16 @@ func (n NotOwned) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, 
 // AddRMSNormLinearSwiGLU panics: the set runs OpNormSwiGLU on its fallback.
 func (n NotOwned) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
 	n.panic(OpNormSwiGLU)
+}
+
+// LinearAddRMSNormLinear panics: the set runs OpLinearNormLinear on its fallback.
+func (n NotOwned) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w, bias *Tensor) {
+	n.panic(OpLinearNormLinear)
+}
+
+// LinearAddRMSNormLinearSwiGLU panics: the set runs OpLinearNormSwiGLU on its fallback.
+func (n NotOwned) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *Tensor, eps float32, w *Tensor) {
+	n.panic(OpLinearNormSwiGLU)
 }
 
 // AttentionPrefill panics: the set runs OpAttnPrefill on its fallback.

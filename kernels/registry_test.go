@@ -682,6 +682,98 @@ func TestNormLinearParts(t *testing.T) {
 	}
 }
 
+// TestLinearNormLinearParts: linear_add_rms_norm_linear and its SwiGLU
+// twin run as one call of their set where the set fuses them and the spec
+// runs every part there too (and each composite of their parts:
+// add_rms_norm_linear in both), or where the spec names them; else as
+// linear into mid then add_rms_norm_linear (_swiglu), itself whole or its
+// parts, each on its own set and in its own profile row, with the same
+// results.
+func TestLinearNormLinearParts(t *testing.T) {
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "chain_test_only", Device: "cpu", Own: kernels.AllOps, Fallback: "cpu",
+		Fuses: []kernels.Op{kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU},
+		New:   cpuSet.New})
+	defer kernels.Unregister("chain_test_only")
+	for _, c := range []struct {
+		spec         string
+		whole, swish bool // Whole of linear_add_rms_norm_linear, of its SwiGLU twin
+	}{
+		{"chain_test_only", true, true}, {"cpu", false, false},
+		{"chain_test_only,linear=cpu", false, false}, {"chain_test_only,add_rms_norm=cpu", false, false},
+		{"chain_test_only,swiglu=cpu", true, false}, {"chain_test_only,add_rms_norm_linear=cpu", false, false},
+		{"chain_test_only,add_rms_norm_linear_swiglu=cpu", true, false},
+		{"cpu,linear_add_rms_norm_linear=cpu,linear_add_rms_norm_linear_swiglu=cpu", true, true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpLinearNormLinear); got != c.whole {
+			t.Errorf("%s: Whole(linear_add_rms_norm_linear) = %v, want %v", c.spec, got, c.whole)
+		}
+		if got := s.Whole(kernels.OpLinearNormSwiGLU); got != c.swish {
+			t.Errorf("%s: Whole(linear_add_rms_norm_linear_swiglu) = %v, want %v", c.spec, got, c.swish)
+		}
+	}
+
+	dev := cpu.NewDevice()
+	const n, k0, k, m = 3, 24, 16, 8
+	x, w0, bias0 := dev.Alloc(kernels.F32, n, k0), dev.Alloc(kernels.F32, k, k0), dev.Alloc(kernels.F32, k)
+	norm, w, bias := dev.Alloc(kernels.F32, k), dev.Alloc(kernels.F32, 2*m, k), dev.Alloc(kernels.F32, 2*m)
+	mid, resid, h := dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, n, k), dev.Alloc(kernels.F32, n, k)
+	out, act := dev.Alloc(kernels.F32, n, 2*m), dev.Alloc(kernels.F32, n, m)
+	for i, a := range []*kernels.Tensor{x, w0, bias0, norm, w, bias} {
+		patterned(a, i)
+	}
+	run := func(ops kernels.Ops) {
+		ops.LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm, 1e-6, w, bias)
+		ops.LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, act, h, resid, norm, 1e-6, w)
+	}
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]string
+	}{
+		{"chain_test_only", map[kernels.Op]string{kernels.OpLinearNormLinear: "chain_test_only", kernels.OpLinearNormSwiGLU: "chain_test_only"}},
+		{"cpu,linear_add_rms_norm_linear=cpu,linear_add_rms_norm_linear_swiglu=cpu",
+			map[kernels.Op]string{kernels.OpLinearNormLinear: "cpu", kernels.OpLinearNormSwiGLU: "cpu"}},
+		// cpu fuses none of them: every part runs
+		{"cpu", map[kernels.Op]string{kernels.OpAddRMSNorm: "cpu", kernels.OpLinear: "cpu", kernels.OpSwiGLU: "cpu"}},
+		// the first projection apart, the rest whole where it is fused
+		{"chain_test_only,linear=cpu", map[kernels.Op]string{kernels.OpAddRMSNorm: "chain_test_only", kernels.OpLinear: "cpu",
+			kernels.OpSwiGLU: "chain_test_only"}},
+		{"chain_test_only,swiglu=cpu", map[kernels.Op]string{kernels.OpLinearNormLinear: "chain_test_only", kernels.OpLinear: "chain_test_only",
+			kernels.OpAddRMSNorm: "chain_test_only", kernels.OpSwiGLU: "cpu"}},
+		{"chain_test_only,add_rms_norm=cpu", map[kernels.Op]string{kernels.OpAddRMSNorm: "cpu", kernels.OpLinear: "chain_test_only",
+			kernels.OpSwiGLU: "chain_test_only"}},
+	} {
+		patterned(resid, 6)
+		got, _ := profiledRun(t, dev, c.spec, run)
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Concat(cpu.F32(out), cpu.F32(act), cpu.F32(mid), cpu.F32(resid)))
+	}
+	patterned(resid, 6)
+	ref, _ := cpuSet.New(dev)
+	for _, swiglu := range []bool{false, true} {
+		ref.Linear(mid, x, w0, bias0)
+		ref.AddRMSNorm(h, resid, mid, norm, 1e-6)
+		if swiglu {
+			ref.LinearSwiGLU(act, h, w)
+		} else {
+			ref.Linear(out, h, w, bias)
+		}
+	}
+	want := slices.Concat(cpu.F32(out), cpu.F32(act), cpu.F32(mid), cpu.F32(resid))
+	for i, o := range outs {
+		if !slices.Equal(want, o) {
+			t.Errorf("run %d: %v, want the parts' %v", i, o, want)
+		}
+	}
+}
+
 // profiledRun builds spec's Dispatch on dev with a profile, calls run with
 // it and returns the profile's rows: the set that ran each op and how many
 // times it ran.

@@ -39,6 +39,11 @@ func TestCounts(t *testing.T) {
 		{kernels.OpAddRMSNorm, "M=4096,N=1024", 5 * 4096 * 1024, 33556480},
 		{kernels.OpRoPE, "T=16384,H=32,D=128,R=128,interleaved=0", 3 * 16384 * 32 * 128, 268435456},
 		{kernels.OpSwiGLU, "N=16384,I=18944", 6 * 16384 * 18944, 1862270976},
+		// A first projection into mid [2,4], added into the residual and
+		// normalised, then the second: qkv's (with bias), or gate/up's
+		// with SwiGLU (N/2 outputs).
+		{kernels.OpLinearNormLinear, "M=2,N=3,K=4,K0=5", 2*2*4*5 + 5*2*4 + 2*2*3*4, 2 * (2*5 + 4*5 + 3*2*4 + 4 + 3*4 + 3 + 2*3)},
+		{kernels.OpLinearNormSwiGLU, "M=2,N=6,K=4,K0=5", 2*2*4*5 + 5*2*4 + 2*2*6*4 + 6*2*3, 2 * (2*5 + 4*5 + 3*2*4 + 4 + 6*4 + 2*3)},
 		{kernels.OpMoEExperts, "N=1,H=2048,I=1408,E=64,topk=6", 6 * 6 * 2048 * 1408, 103817216},
 		// 16 tokens routed alike (W4's rows): the six experts once.
 		{kernels.OpMoEExperts, "N=16,H=2048,I=1408,E=64,topk=6,same=1", 6 * 16 * 6 * 2048 * 1408, 2 * (6*3*2048*1408 + 2*16*2048)},
@@ -147,17 +152,19 @@ func TestShortLabels(t *testing.T) {
 // measured, checked (the cpu set is its own reference) and counted.
 func TestRunOnCPU(t *testing.T) {
 	small := map[kernels.Op]string{
-		kernels.OpLinear:      "M=5,N=24,K=40",
-		kernels.OpRMSNorm:     "M=7,N=64",
-		kernels.OpAddRMSNorm:  "M=7,N=64",
-		kernels.OpRoPE:        "T=5,H=3,D=32,R=16,interleaved=1",
-		kernels.OpSwiGLU:      "N=3,I=40",
-		kernels.OpAttnPrefill: "B=2,H=4,KVH=2,D=16,N=9,causal=1",
-		kernels.OpAttnDecode:  "B=2,H=4,KVH=2,D=16,ctx=20",
-		kernels.OpMLAPrefill:  "B=1,H=2,N=6,Dn=16,Dr=8,Dv=16,R=32",
-		kernels.OpMLADecode:   "B=2,H=2,ctx=9,Dn=16,Dr=8,Dv=16,R=32",
-		kernels.OpMoEExperts:  "N=3,H=32,I=24,E=8,topk=2",
-		kernels.OpGroupGemm:   "M=37,N=24,K=40,E=4",
+		kernels.OpLinear:           "M=5,N=24,K=40",
+		kernels.OpRMSNorm:          "M=7,N=64",
+		kernels.OpAddRMSNorm:       "M=7,N=64",
+		kernels.OpRoPE:             "T=5,H=3,D=32,R=16,interleaved=1",
+		kernels.OpSwiGLU:           "N=3,I=40",
+		kernels.OpLinearNormLinear: "M=3,N=24,K=40,K0=56",
+		kernels.OpLinearNormSwiGLU: "M=3,N=48,K=40,K0=56",
+		kernels.OpAttnPrefill:      "B=2,H=4,KVH=2,D=16,N=9,causal=1",
+		kernels.OpAttnDecode:       "B=2,H=4,KVH=2,D=16,ctx=20",
+		kernels.OpMLAPrefill:       "B=1,H=2,N=6,Dn=16,Dr=8,Dv=16,R=32",
+		kernels.OpMLADecode:        "B=2,H=2,ctx=9,Dn=16,Dr=8,Dv=16,R=32",
+		kernels.OpMoEExperts:       "N=3,H=32,I=24,E=8,topk=2",
+		kernels.OpGroupGemm:        "M=37,N=24,K=40,E=4",
 	}
 	dev, err := cpu.NewDeviceAct(kernels.BF16)
 	if err != nil {

@@ -413,29 +413,94 @@ var normSwiGLUBench = &Bench{
 	Build: func(b *Builder, bc *Bench, s kernels.Shape) *Problem { return buildNormLinear(b, bc, s, true) },
 }
 
+var linearNormLinearBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N", "K", "K0"},
+	Doc: "mid [M,K] = x [M,K0] · w0 [K,K0]ᵀ; resid [M,K] += mid; out [M,N] = RMSNorm(resid) · w [N,K]ᵀ + bias, " +
+		"bf16 (a block's last projection, the residual add and norm after it, and the next block's first " +
+		"projection: Qwen2-7B's down_proj, then qkv); one kernel across the block boundary where a set fuses it, " +
+		"else linear then add_rms_norm_linear",
+	Shapes: []kernels.Shape{
+		// Qwen2-7B's down_proj and the next layer's qkv at decode batch 1
+		// and 16
+		sh("M", 1, "N", 4608, "K", 3584, "K0", 18944), sh("M", 16, "N", 4608, "K", 3584, "K0", 18944),
+	},
+	FLOPs: func(s kernels.Shape) float64 {
+		return 2*f(s, "M", "K", "K0") + 5*f(s, "M", "K") + 2*f(s, "M", "N", "K")
+	},
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (f(s, "M", "K0") + f(s, "K", "K0") + 3*f(s, "M", "K") + f(s, "K") + f(s, "N", "K") + f(s, "N") + f(s, "M", "N"))
+	},
+	Build: func(b *Builder, bc *Bench, s kernels.Shape) *Problem { return buildNormLinear(b, bc, s, false) },
+}
+
+var linearNormSwiGLUBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N", "K", "K0"},
+	Doc: "mid [M,K] = x [M,K0] · w0 [K,K0]ᵀ; resid [M,K] += mid; out [M,N/2] = swiglu(RMSNorm(resid) · w [N,K]ᵀ), " +
+		"w the gate rows then the up rows, bf16 (attention's last projection, the residual add and norm before the " +
+		"MLP, and its gate/up projection: Qwen2-7B's o_proj, then gate/up); one kernel across the block boundary " +
+		"where a set fuses it, else linear then add_rms_norm_linear_swiglu",
+	Shapes: []kernels.Shape{
+		// Qwen2-7B's o_proj and gate/up at decode batch 1 and 16
+		sh("M", 1, "N", 2*18944, "K", 3584, "K0", 3584), sh("M", 16, "N", 2*18944, "K", 3584, "K0", 3584),
+	},
+	FLOPs: func(s kernels.Shape) float64 {
+		return 2*f(s, "M", "K", "K0") + 5*f(s, "M", "K") + 2*f(s, "M", "N", "K") + 3*f(s, "M", "N")
+	},
+	Bytes: func(s kernels.Shape) float64 {
+		return bf16 * (f(s, "M", "K0") + f(s, "K", "K0") + 3*f(s, "M", "K") + f(s, "K") + f(s, "N", "K") + f(s, "M", "N")/2)
+	},
+	Build: func(b *Builder, bc *Bench, s kernels.Shape) *Problem { return buildNormLinear(b, bc, s, true) },
+}
+
 // buildNormLinear adds into resid, as the layers do: resid is state the
-// runner puts back before each check.
+// runner puts back before each check. Where s has K0 the norm's input is
+// mid, which the op writes from a first projection of [M,K0] rows
+// (linear_add_rms_norm_linear and its SwiGLU twin): a result, held
+// against the reference beside out.
 func buildNormLinear(b *Builder, bc *Bench, s kernels.Shape, swiglu bool) *Problem {
 	m, n, k := s["M"], s["N"], s["K"]
+	k0, first := s["K0"]
 	c := b.copiesFor(bc.Bytes(s))
 	norm := b.Random(b.Alloc(kernels.BF16, k), 1)
-	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	var xs []*kernels.Tensor
+	if first {
+		xs = each(b, c, func() *kernels.Tensor { return b.Act(m, k) })
+	} else {
+		xs = each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
+	}
 	resids := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k), 1) })
 	hs := each(b, c, func() *kernels.Tensor { return b.Act(m, k) })
 	ws := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, n, k), 1/math.Sqrt(float64(k))) })
+	var bias *kernels.Tensor
+	var outs []*kernels.Tensor
 	if swiglu {
-		outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n/2) })
-		return &Problem{Copies: c, Outs: outs[:1], State: resids[:1],
-			Run: func(o kernels.Ops, i int) {
-				o.AddRMSNormLinearSwiGLU(outs[i], hs[i], resids[i], xs[i], norm, 1e-6, ws[i])
-			}}
+		outs = each(b, c, func() *kernels.Tensor { return b.Act(m, n/2) })
+	} else {
+		bias = b.Random(b.Alloc(kernels.BF16, n), 0.5)
+		outs = each(b, c, func() *kernels.Tensor { return b.Act(m, n) })
 	}
-	bias := b.Random(b.Alloc(kernels.BF16, n), 0.5)
-	outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n) })
-	return &Problem{Copies: c, Outs: outs[:1], State: resids[:1],
-		Run: func(o kernels.Ops, i int) {
-			o.AddRMSNormLinear(outs[i], hs[i], resids[i], xs[i], norm, 1e-6, ws[i], bias)
-		}}
+	p := &Problem{Copies: c, Outs: outs[:1], State: resids[:1]}
+	if !first {
+		p.Run = func(o kernels.Ops, i int) {
+			if swiglu {
+				o.AddRMSNormLinearSwiGLU(outs[i], hs[i], resids[i], xs[i], norm, 1e-6, ws[i])
+			} else {
+				o.AddRMSNormLinear(outs[i], hs[i], resids[i], xs[i], norm, 1e-6, ws[i], bias)
+			}
+		}
+		return p
+	}
+	x0s := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, k0), 1) })
+	w0s := each(b, c, func() *kernels.Tensor { return b.Random(b.Alloc(kernels.BF16, k, k0), 1/math.Sqrt(float64(k0))) })
+	p.Outs = append(p.Outs, xs[0])
+	p.Run = func(o kernels.Ops, i int) {
+		if swiglu {
+			o.LinearAddRMSNormLinearSwiGLU(xs[i], x0s[i], w0s[i], nil, outs[i], hs[i], resids[i], norm, 1e-6, ws[i])
+		} else {
+			o.LinearAddRMSNormLinear(xs[i], x0s[i], w0s[i], nil, outs[i], hs[i], resids[i], norm, 1e-6, ws[i], bias)
+		}
+	}
+	return p
 }
 
 var attnPrefillBench = &Bench{

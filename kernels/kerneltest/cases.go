@@ -287,6 +287,56 @@ func normSwiGLUChecks(l *caseList) {
 	l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
 }
 
+// linearNormLinearChecks are linear_add_rms_norm_linear's: Qwen2-7B's
+// down_proj and the next layer's qkv with the model's dims divided by 8 at
+// 1, 3 and 16 rows (pitched out at 16), first projections with and without
+// bias, a K0 and a K that are no multiple of 8 (rows of no 16-byte
+// boundary), a K whose norm a block of rms_norm takes in 1,024 threads,
+// prefill's hundreds of rows, and Qwen2-7B's whole at one row (long: GPUs
+// only). A set that fuses the op for some shapes only declines the others
+// (the Dispatch then runs linear and add_rms_norm_linear, whose own cases
+// hold them): those cases are skipped for it.
+func linearNormLinearChecks(l *caseList) {
+	const k0, k, m = 18944 / 8, 3584 / 8, 4608 / 8
+	for _, s := range []normLinearCase{
+		{n: 1, k0: k0, k: k, m: m, bias: true},
+		{n: 3, k0: k0, k: k, m: m, bias: true},
+		{n: 16, k0: k0, k: k, m: m, bias: true, pitchedOut: true},
+		{n: 1, k0: 256, k: 256, m: 200, bias0: true},
+		{n: 3, k0: 100, k: 96, m: 72, bias: true},
+		{n: 5, k0: 264, k: 100, m: 52, bias0: true, bias: true},
+		{n: 2, k0: 520, k: 5120, m: 64},
+		{n: 129, k0: 200, k: 136, m: 264, bias: true, pitchedOut: true},
+	} {
+		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
+	}
+	whole := normLinearCase{n: 1, k0: 18944, k: 3584, m: 4608, bias: true}
+	l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
+}
+
+// linearNormSwiGLUChecks are linear_add_rms_norm_linear_swiglu's:
+// linearNormLinearChecks' kinds of rows and K, m the output columns (w's
+// gate and up rows 2m), with Qwen2-7B's o_proj and the MLP after it
+// divided by 8, and whole at one row (long: GPUs only).
+func linearNormSwiGLUChecks(l *caseList) {
+	const k0, k, m = 3584 / 8, 3584 / 8, 18944 / 8
+	for _, s := range []normLinearCase{
+		{n: 1, k0: k0, k: k, m: m},
+		{n: 3, k0: k0, k: k, m: m, pitchedOut: true},
+		{n: 16, k0: k0, k: k, m: m},
+		{n: 1, k0: 256, k: 256, m: 100, bias0: true},
+		{n: 3, k0: 100, k: 96, m: 40},
+		{n: 5, k0: 96, k: 100, m: 52, bias0: true},
+		{n: 2, k0: 512, k: 5120, m: 64},
+		{n: 129, k0: 200, k: 200, m: 264, pitchedOut: true},
+	} {
+		s.swiglu = true
+		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
+	}
+	whole := normLinearCase{n: 1, k0: 3584, k: 3584, m: 18944, swiglu: true}
+	l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
+}
+
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
 // row, causal or not, in bf16 and in f16.
 func attnPrefillChecks(l *caseList) {
@@ -929,16 +979,29 @@ type normLinearCase struct {
 	n, k, m          int // rows, inputs, outputs (with swiglu: output columns, w's 2m rows)
 	bias, pitchedOut bool
 	swiglu           bool // add_rms_norm_linear_swiglu (no bias)
+	// k0 > 0 makes it linear_add_rms_norm_linear (with swiglu, its SwiGLU
+	// twin): the norm's input is then mid, which the op writes from a
+	// first projection of x [n,k0] (with bias0).
+	k0    int
+	bias0 bool
 }
 
 func (c normLinearCase) String() string {
-	return linearName(c.n, c.k, c.m, c.bias, false, c.pitchedOut, false, "")
+	s := linearName(c.n, c.k, c.m, c.bias, false, c.pitchedOut, false, "")
+	if c.k0 > 0 {
+		s += fmt.Sprintf(",K0=%d", c.k0)
+	}
+	if c.bias0 {
+		s += ",bias0"
+	}
+	return s
 }
 
 // normLinear is resid += x; out = RMSNorm(resid)·wᵀ + bias (with swiglu,
-// out = swiglu(RMSNorm(resid)·wᵀ)). h, where the parts leave the norm, is
+// out = swiglu(RMSNorm(resid)·wᵀ)); with k0, x is mid = x0·w0ᵀ + bias0,
+// poisoned before the op writes it. h, where the parts leave the norm, is
 // poisoned and not checked (a set that runs the op whole may leave it);
-// out (poisoned, pitched: columns of a wider matrix) and resid are.
+// out (poisoned, pitched: columns of a wider matrix), resid and mid are.
 func normLinear(e *env, c normLinearCase) {
 	const eps = 1e-6
 	g := e.normal(c.k, 0.2)
@@ -946,7 +1009,15 @@ func normLinear(e *env, c normLinearCase) {
 		g[i]++
 	}
 	norm := e.tensor(weightK, g, c.k)
-	x, resid := e.random(actK, 3, c.n, c.k), e.random(actK, 1, c.n, c.k)
+	var x, x0, w0, b0 pair
+	xName := "x"
+	if c.k0 > 0 {
+		x, xName = e.poisoned(actK, c.n, c.k), "mid"
+		x0, w0, b0 = linearInputs(e, c.n, c.k0, c.k, c.bias0, false)
+	} else {
+		x = e.random(actK, 3, c.n, c.k)
+	}
+	resid := e.random(actK, 1, c.n, c.k)
 	h := e.poisoned(actK, c.n, c.k)
 	rows := c.m
 	if c.swiglu {
@@ -964,14 +1035,26 @@ func normLinear(e *env, c normLinearCase) {
 		out = whole.cols(outCol, outCol+c.m)
 		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
 	}
-	if c.swiglu {
+	switch {
+	case c.k0 > 0 && c.swiglu:
+		e.run(func(o kernels.Ops, s int) {
+			o.LinearAddRMSNormLinearSwiGLU(x[s], x0[s], w0[s], b0[s], out[s], h[s], resid[s], norm[s], eps, w[s])
+		})
+	case c.k0 > 0:
+		e.run(func(o kernels.Ops, s int) {
+			o.LinearAddRMSNormLinear(x[s], x0[s], w0[s], b0[s], out[s], h[s], resid[s], norm[s], eps, w[s], b[s])
+		})
+	case c.swiglu:
 		e.run(func(o kernels.Ops, s int) { o.AddRMSNormLinearSwiGLU(out[s], h[s], resid[s], x[s], norm[s], eps, w[s]) })
-	} else {
+	default:
 		e.run(func(o kernels.Ops, s int) { o.AddRMSNormLinear(out[s], h[s], resid[s], x[s], norm[s], eps, w[s], b[s]) })
 	}
 	e.check("out", whole, written)
 	e.check("resid", resid, all)
-	e.check("x", x, all)
+	e.check(xName, x, all)
+	if c.k0 > 0 {
+		e.check("x", x0, all)
+	}
 }
 
 type attnCase struct {

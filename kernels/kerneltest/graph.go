@@ -104,6 +104,20 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	addWhole(kernels.OpNormLinear, func() { ops.AddRMSNormLinear(qkvOut, nh, nres, x, w, 1e-6, qkvW, qkvB) }, qkvOut, nres)
 	guW, guOut := g.random(kernels.BF16, 2*inter, hidden), g.alloc(act, rows, inter)
 	addWhole(kernels.OpNormSwiGLU, func() { ops.AddRMSNormLinearSwiGLU(guOut, nh, nres, x, w, 1e-6, guW) }, guOut, nres)
+	// The same across a block boundary, as Qwen2's layers call them at
+	// decode: the MLP's down projection (of linear_swiglu's output above)
+	// into mid, then the next layer's residual add, norm and qkv; the
+	// attention's o_proj into mid, then the MLP's residual add, norm and
+	// gate/up with SwiGLU.
+	mid := g.alloc(act, rows, hidden)
+	chainQKV, chainGU := g.alloc(act, rows, 96), g.alloc(act, rows, inter)
+	addWhole(kernels.OpLinearNormLinear, func() {
+		ops.LinearAddRMSNormLinear(mid, mlpOut, downW, nil, chainQKV, nh, nres, w, 1e-6, qkvW, qkvB)
+	}, chainQKV, mid, nres)
+	oW := g.random(kernels.BF16, hidden, hidden)
+	addWhole(kernels.OpLinearNormSwiGLU, func() {
+		ops.LinearAddRMSNormLinearSwiGLU(mid, x, oW, nil, chainGU, nh, nres, w, 1e-6, guW)
+	}, chainGU, mid, nres)
 
 	kc, vc := g.random(act, rows, kvHeads, seq, dim), g.random(act, rows, kvHeads, seq, dim)
 	state = append(state, kc, vc)

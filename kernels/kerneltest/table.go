@@ -21,6 +21,8 @@ var table = []opCases{
 	{kernels.OpLinearAdd, linearAddChecks, linearAddBench},
 	{kernels.OpNormLinear, normLinearChecks, normLinearBench},
 	{kernels.OpNormSwiGLU, normSwiGLUChecks, normSwiGLUBench},
+	{kernels.OpLinearNormLinear, linearNormLinearChecks, linearNormLinearBench},
+	{kernels.OpLinearNormSwiGLU, linearNormSwiGLUChecks, linearNormSwiGLUBench},
 	{kernels.OpAttnPrefill, attnPrefillChecks, attnPrefillBench},
 	{kernels.OpAttnDecode, attnDecodeChecks, attnDecodeBench},
 	{kernels.OpRoPEAttnDecode, ropeAttnDecodeChecks, ropeAttnDecodeBench},

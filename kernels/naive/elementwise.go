@@ -153,3 +153,17 @@ func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps
 	kernels.CheckAddRMSNormLinearSwiGLU(o.D.ActDType(), out, h, resid, x, norm, w)
 	kernels.AddRMSNormLinearSwiGLUParts(o, out, h, resid, x, norm, eps, w)
 }
+
+// LinearAddRMSNormLinear is the set's Linear into mid, then its
+// AddRMSNormLinear of mid.
+func (o *ops) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	kernels.CheckLinearAddRMSNormLinear(o.D.ActDType(), mid, x, w0, bias0, out, h, resid, norm, w, bias)
+	kernels.LinearAddRMSNormLinearParts(o, mid, x, w0, bias0, out, h, resid, norm, eps, w, bias)
+}
+
+// LinearAddRMSNormLinearSwiGLU is the set's Linear into mid, then its
+// AddRMSNormLinearSwiGLU of mid.
+func (o *ops) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	kernels.CheckLinearAddRMSNormLinearSwiGLU(o.D.ActDType(), mid, x, w0, bias0, out, h, resid, norm, w)
+	kernels.LinearAddRMSNormLinearSwiGLUParts(o, mid, x, w0, bias0, out, h, resid, norm, eps, w)
+}
