@@ -45,23 +45,38 @@ func (a *Attention) Reserve(ws *Workspace, act kernels.DType) {
 // Forward computes out [T, hidden] from x [T, hidden], appending the new
 // keys and values to the cache.
 func (a *Attention) Forward(s *Step, out, x *kernels.Tensor) {
-	a.forward(s, out, func(qkv *kernels.Tensor) { a.QKVProj.Forward(s, qkv, x) })
+	a.OProj.Forward(s, out, a.attend(s, func(qkv *kernels.Tensor) { a.QKVProj.Forward(s, qkv, x) }))
 }
 
 // ForwardNorm is Forward on in.Ready(s), the residual add and the norm
-// taken with the qkv projection (AddRMSNormLinear) where in has an add.
+// taken with the qkv projection where in has an add (see ForwardDefer).
 func (a *Attention) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
-	if in.Add == nil {
-		a.Forward(s, out, in.Ready(s))
-		return
-	}
-	a.forward(s, out, func(qkv *kernels.Tensor) {
-		s.Ops.AddRMSNormLinear(qkv, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, a.QKVProj.Weight, a.QKVProj.Bias)
-	})
+	a.ForwardDefer(s, out, in).Forward(s, out)
 }
 
-// forward is Forward with the qkv projection done by project.
-func (a *Attention) forward(s *Step, out *kernels.Tensor, project func(qkv *kernels.Tensor)) {
+// ForwardDefer is ForwardNorm but for o_proj, which it returns: the qkv
+// projection takes the residual add and the norm with it
+// (AddRMSNormLinear) where in has an add, and the block before's pending
+// projection too (LinearAddRMSNormLinear) where in has one.
+func (a *Attention) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
+	attn := a.attend(s, func(qkv *kernels.Tensor) {
+		switch p := in.Pending; {
+		case in.Add == nil:
+			a.QKVProj.Forward(s, qkv, in.Ready(s))
+		case p != nil:
+			s.Ops.LinearAddRMSNormLinear(in.Add, p.X, p.Proj.Weight, p.Proj.Bias,
+				qkv, in.H, in.Resid, in.Norm.Weight, in.Norm.Eps, a.QKVProj.Weight, a.QKVProj.Bias)
+		default:
+			s.Ops.AddRMSNormLinear(qkv, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, a.QKVProj.Weight, a.QKVProj.Bias)
+		}
+	})
+	return &Pending{Proj: &a.OProj, X: attn}
+}
+
+// attend is the attention up to o_proj, the qkv projection done by
+// project: it returns the attention's output [T, Heads·HeadDim], in the
+// workspace.
+func (a *Attention) attend(s *Step, project func(qkv *kernels.Tensor)) *kernels.Tensor {
 	T := s.Tokens()
 	qDim, kvDim := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
 	qkv := s.WS.Get(bufQKV, T, qDim+2*kvDim)
@@ -89,5 +104,5 @@ func (a *Attention) forward(s *Step, out *kernels.Tensor, project func(qkv *kern
 		s.Ops.RoPE(qkv, a.Heads+a.KVHeads, a.HeadDim, 0, s.Pos, a.Rope)
 		s.Ops.AttentionPrefill(args)
 	}
-	a.OProj.Forward(s, out, attn)
+	return attn
 }

@@ -173,18 +173,24 @@ func (n *RMSNorm) AddForward(s *Step, out, resid, x *kernels.Tensor) {
 
 // NormIn is a block's input as the layer makes it: the residual stream
 // Resid, after adding the previous block's output Add (nil where there is
-// none: the first layer's), normalised by Norm into H. A block that takes
-// it whole (NormFirst) hands it to its first projection, an op a set may
-// run as one kernel that normalises its input as it loads it; the others
-// take Ready's H.
+// none: the first layer's), normalised by Norm into H. Where Pending is
+// set, the block before left its last projection to this one: Add is
+// Pending's output, not yet computed. A block that takes its input whole
+// (NormFirst) hands it to its first projection, an op a set may run as one
+// kernel that normalises its input as it loads it (and, with Pending,
+// computes Add first in the same kernel); the others take Ready's H.
 type NormIn struct {
 	H, Resid, Add *kernels.Tensor
+	Pending       *Pending
 	Norm          *RMSNorm
 }
 
-// Ready computes the input into H (Resid += Add first, where Add is set)
-// and returns H.
+// Ready computes the input into H (Pending's projection into Add first,
+// where it is set; Resid += Add, where Add is set) and returns H.
 func (in NormIn) Ready(s *Step) *kernels.Tensor {
+	if in.Pending != nil {
+		in.Pending.Forward(s, in.Add)
+	}
 	if in.Add == nil {
 		in.Norm.Forward(s, in.H, in.Resid)
 	} else {
@@ -193,12 +199,31 @@ func (in NormIn) Ready(s *Step) *kernels.Tensor {
 	return in.H
 }
 
+// Pending is a block's last projection, left undone for the block after
+// it to take with its own first one (Deferring): Proj of X.
+type Pending struct {
+	Proj *Linear
+	X    *kernels.Tensor
+}
+
+// Forward runs the projection into out.
+func (p *Pending) Forward(s *Step, out *kernels.Tensor) { p.Proj.Forward(s, out, p.X) }
+
 // NormFirst is a Mixer or FFN that takes its input's residual add and norm
 // with its first projection: ForwardNorm is Forward(s, out, in.Ready(s)),
-// but for the ops it calls. out may be in.Add (read before out is
-// written).
+// but for the ops it calls. out may be in.Add (read, after Pending wrote
+// it, before out is written).
 type NormFirst interface {
 	ForwardNorm(s *Step, out *kernels.Tensor, in NormIn)
+}
+
+// Deferring is a NormFirst block that can leave its last projection, into
+// out, to the block after it: ForwardDefer does ForwardNorm's work but
+// that projection, which it returns instead (its X stays untouched until
+// the next block's first op has read it). The next block's NormIn then
+// has Add out and the returned Pending.
+type Deferring interface {
+	ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending
 }
 
 // Forward runs block b (a Mixer or an FFN) on in into out: through
@@ -211,6 +236,19 @@ func Forward(s *Step, b interface {
 		return
 	}
 	b.Forward(s, out, in.Ready(s))
+}
+
+// ForwardDefer is Forward, but where b is Deferring its last projection is
+// left undone and returned, for the next block's NormIn (Add out); nil
+// where b wrote out.
+func ForwardDefer(s *Step, b interface {
+	Forward(s *Step, out, x *kernels.Tensor)
+}, out *kernels.Tensor, in NormIn) *Pending {
+	if d, ok := b.(Deferring); ok {
+		return d.ForwardDefer(s, out, in)
+	}
+	Forward(s, b, out, in)
+	return nil
 }
 
 // Mixer is a token-mixing block: Attention or MLA. Forward maps x [T, H] to

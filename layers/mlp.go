@@ -37,16 +37,28 @@ func (m *MLP) Forward(s *Step, out, x *kernels.Tensor) {
 }
 
 // ForwardNorm is Forward on in.Ready(s), the residual add and the norm
-// taken with the gate/up projection (AddRMSNormLinearSwiGLU) where in has
-// an add.
+// taken with the gate/up projection where in has an add (see
+// ForwardDefer).
 func (m *MLP) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
-	if in.Add == nil {
-		m.Forward(s, out, in.Ready(s))
-		return
-	}
+	m.ForwardDefer(s, out, in).Forward(s, out)
+}
+
+// ForwardDefer is ForwardNorm but for down_proj, which it returns: the
+// gate/up projection takes the residual add and the norm with it
+// (AddRMSNormLinearSwiGLU) where in has an add, and the block before's
+// pending projection too (LinearAddRMSNormLinearSwiGLU) where in has one.
+func (m *MLP) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	act := m.actBuf(s)
-	s.Ops.AddRMSNormLinearSwiGLU(act, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.GateUpProj.Weight)
-	m.DownProj.Forward(s, out, act)
+	switch p := in.Pending; {
+	case in.Add == nil:
+		s.Ops.LinearSwiGLU(act, in.Ready(s), m.GateUpProj.Weight)
+	case p != nil:
+		s.Ops.LinearAddRMSNormLinearSwiGLU(in.Add, p.X, p.Proj.Weight, p.Proj.Bias,
+			act, in.H, in.Resid, in.Norm.Weight, in.Norm.Eps, m.GateUpProj.Weight)
+	default:
+		s.Ops.AddRMSNormLinearSwiGLU(act, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.GateUpProj.Weight)
+	}
+	return &Pending{Proj: &m.DownProj, X: act}
 }
 
 // act is silu(gate_proj(x)) · up_proj(x) [T, intermediate], in the

@@ -447,7 +447,13 @@ func (e *engine) setLayer(layer int) {
 // The residual additions are fused with the norm that follows them:
 // AddRMSNorm(h, x, y) is x += y; h = norm(x). A block takes its input as
 // that pair (layers.NormIn), so that its first projection may take them
-// with it.
+// with it; and a block that can (layers.Deferring: Qwen2's attention and
+// MLPs) leaves its last projection into y to the block after it, whose
+// first op may then run both projections as one kernel
+// (linear_add_rms_norm_linear and its SwiGLU twin). The profile counts
+// such a call under the layer whose block it starts: a layer's down_proj
+// is then counted under the next layer (the last layer's stays under it,
+// with the final norm), o_proj under its own.
 func (e *engine) forward(st *step, nLogits int) {
 	s := st.Step
 	T, H := s.Tokens(), e.cfg.HiddenSize
@@ -460,15 +466,15 @@ func (e *engine) forward(st *step, nLogits int) {
 	in := layers.NormIn{H: h, Resid: x, Norm: &e.layers[0].InputLayernorm}
 	for i, l := range e.layers {
 		e.setLayer(i) // the profile counts the calls under layer i
-		layers.Forward(s, l.SelfAttn, y, in)
-		layers.Forward(s, l.MLP, y, layers.NormIn{H: h, Resid: x, Add: y, Norm: &l.PostAttentionLayernorm})
+		p := layers.ForwardDefer(s, l.SelfAttn, y, in)
+		p = layers.ForwardDefer(s, l.MLP, y, layers.NormIn{H: h, Resid: x, Add: y, Pending: p, Norm: &l.PostAttentionLayernorm})
 		next := &e.norm
 		if i+1 < len(e.layers) {
 			next = &e.layers[i+1].InputLayernorm
 		}
-		in = layers.NormIn{H: h, Resid: x, Add: y, Norm: next}
+		in = layers.NormIn{H: h, Resid: x, Add: y, Pending: p, Norm: next}
 	}
-	in.Ready(s) // the last norm, still under the last layer as before
+	in.Ready(s) // the last pending projection and norm, still under the last layer as before
 	e.setLayer(-1)
 	if nLogits == 0 {
 		return

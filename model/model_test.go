@@ -315,6 +315,12 @@ func (o *recordingOps) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, 
 func (o *recordingOps) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
 	o.do(func() { o.Ops.AddRMSNormLinearSwiGLU(out, h, resid, x, norm, eps, w) })
 }
+func (o *recordingOps) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	o.do(func() { o.Ops.LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias) })
+}
+func (o *recordingOps) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	o.do(func() { o.Ops.LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm, eps, w) })
+}
 func (o *recordingOps) RoPEAttentionDecode(a *kernels.AttnArgs, pos *kernels.Tensor, r *kernels.Rope) {
 	o.do(func() { o.Ops.RoPEAttentionDecode(a, pos, r) })
 }

@@ -18,9 +18,10 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope, rope_attn_decode, moe_routed, add_rms_norm_linear and
-// add_rms_norm_linear_swiglu run as their parts through this when one of
-// those is named (below), so that part alone is left out.
+// rms_norm_rope, rope_attn_decode, moe_routed, add_rms_norm_linear,
+// add_rms_norm_linear_swiglu, linear_add_rms_norm_linear and
+// linear_add_rms_norm_linear_swiglu run as their parts through this when
+// one of those is named (below), so that part alone is left out.
 const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
@@ -144,6 +145,34 @@ func (s *skipping) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor
 		kernels.AddRMSNormLinearSwiGLUParts(s, out, h, resid, x, norm, eps, w)
 	default:
 		s.Ops.AddRMSNormLinearSwiGLU(out, h, resid, x, norm, eps, w)
+	}
+}
+
+// LinearAddRMSNormLinear is left out when named; where linear,
+// add_rms_norm or add_rms_norm_linear is named, it runs as its parts
+// through s (Linear, then AddRMSNormLinear, itself split where its part is
+// named), so that the one named alone is left out as it was before the
+// layers called them as one op.
+func (s *skipping) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	switch {
+	case s.skip[kernels.OpLinearNormLinear]:
+	case s.skip[kernels.OpLinear] || s.skip[kernels.OpAddRMSNorm] || s.skip[kernels.OpNormLinear]:
+		kernels.LinearAddRMSNormLinearParts(s, mid, x, w0, bias0, out, h, resid, norm, eps, w, bias)
+	default:
+		s.Ops.LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias)
+	}
+}
+
+// LinearAddRMSNormLinearSwiGLU is left out when named; where linear,
+// add_rms_norm, linear_swiglu or add_rms_norm_linear_swiglu is named, it
+// runs as its parts through s, as LinearAddRMSNormLinear does.
+func (s *skipping) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	switch {
+	case s.skip[kernels.OpLinearNormSwiGLU]:
+	case s.skip[kernels.OpLinear] || s.skip[kernels.OpAddRMSNorm] || s.skip[kernels.OpLinearSwiGLU] || s.skip[kernels.OpNormSwiGLU]:
+		kernels.LinearAddRMSNormLinearSwiGLUParts(s, mid, x, w0, bias0, out, h, resid, norm, eps, w)
+	default:
+		s.Ops.LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm, eps, w)
 	}
 }
 

@@ -157,3 +157,66 @@ func TestSkipRoPEAttnDecode(t *testing.T) {
 		}
 	}
 }
+
+// TestSkipLinearNormLinear: naming linear_add_rms_norm_linear or its
+// SwiGLU twin leaves the op out whole; naming one of its parts (or the
+// composite after its first projection) runs it as its parts with that one
+// left out, as before the layers called them as one op; another op named
+// leaves it whole.
+func TestSkipLinearNormLinear(t *testing.T) {
+	for _, c := range []struct {
+		skip   kernels.Op
+		swiglu bool
+		// linear, add_rms_norm, linear_swiglu, add_rms_norm_linear(_swiglu), the op whole
+		want [5]int
+	}{
+		{kernels.OpAdd, false, [5]int{0, 0, 0, 0, 1}},
+		{kernels.OpLinearNormLinear, false, [5]int{}},
+		{kernels.OpLinear, false, [5]int{0, 1, 0, 0, 0}},
+		{kernels.OpAddRMSNorm, false, [5]int{2, 0, 0, 0, 0}},
+		{kernels.OpNormLinear, false, [5]int{1, 0, 0, 0, 0}},
+		{kernels.OpAdd, true, [5]int{0, 0, 0, 0, 1}},
+		{kernels.OpLinearNormSwiGLU, true, [5]int{}},
+		{kernels.OpLinear, true, [5]int{0, 0, 0, 1, 0}},
+		{kernels.OpAddRMSNorm, true, [5]int{1, 0, 1, 0, 0}},
+		{kernels.OpLinearSwiGLU, true, [5]int{1, 1, 0, 0, 0}},
+		{kernels.OpNormSwiGLU, true, [5]int{1, 0, 0, 0, 0}},
+	} {
+		var n chainCounting
+		s := newSkipping(&n, []kernels.Op{c.skip})
+		op := kernels.OpLinearNormLinear
+		if c.swiglu {
+			op = kernels.OpLinearNormSwiGLU
+			s.LinearAddRMSNormLinearSwiGLU(nil, nil, nil, nil, nil, nil, nil, nil, 1e-6, nil)
+		} else {
+			s.LinearAddRMSNormLinear(nil, nil, nil, nil, nil, nil, nil, nil, 1e-6, nil, nil)
+		}
+		if got := [5]int{n.linear, n.norm, n.linearSwiGLU, n.normLinear, n.whole}; got != c.want {
+			t.Errorf("skipping %s: %s ran linear, add_rms_norm, linear_swiglu, the norm with its projection, whole %v times, want %v",
+				c.skip, op, got, c.want)
+		}
+	}
+}
+
+// chainCounting counts the calls of linear_add_rms_norm_linear, its SwiGLU
+// twin and their parts; the other ops are not called.
+type chainCounting struct {
+	kernels.Ops
+	linear, norm, linearSwiGLU, normLinear, whole int
+}
+
+func (c *chainCounting) Linear(_, _, _, _ *kernels.Tensor)                { c.linear++ }
+func (c *chainCounting) AddRMSNorm(_, _, _, _ *kernels.Tensor, _ float32) { c.norm++ }
+func (c *chainCounting) LinearSwiGLU(_, _, _ *kernels.Tensor)             { c.linearSwiGLU++ }
+func (c *chainCounting) AddRMSNormLinear(_, _, _, _, _ *kernels.Tensor, _ float32, _, _ *kernels.Tensor) {
+	c.normLinear++
+}
+func (c *chainCounting) AddRMSNormLinearSwiGLU(_, _, _, _, _ *kernels.Tensor, _ float32, _ *kernels.Tensor) {
+	c.normLinear++
+}
+func (c *chainCounting) LinearAddRMSNormLinear(_, _, _, _, _, _, _, _ *kernels.Tensor, _ float32, _, _ *kernels.Tensor) {
+	c.whole++
+}
+func (c *chainCounting) LinearAddRMSNormLinearSwiGLU(_, _, _, _, _, _, _, _ *kernels.Tensor, _ float32, _ *kernels.Tensor) {
+	c.whole++
+}
