@@ -273,3 +273,6 @@
 	X(linear_swap_r16_s12_bf16, linear_swap_r16_s12_f32, linear_swap_swiglu_r16_s12, 16, 12) \
 	X(linear_swap_r32_s11_bf16, linear_swap_r32_s11_f32, linear_swap_swiglu_r32_s11, 32, 11) \
 	X(linear_swap_r64_s9_bf16, linear_swap_r64_s9_f32, linear_swap_swiglu_r64_s9, 64, 9)
+
+#define LINEAR_SWAP_NORM_INSTANCES(X) \
+	X(linear_swap_addnorm_r16_s12, linear_swap_rstd_r16_s12_bf16, linear_swap_rstd_swiglu_r16_s12, 16, 12)

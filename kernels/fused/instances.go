@@ -28,7 +28,7 @@ func instances() []cudaset.Instances {
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
-		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(),
+		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(),
 	}
 }
 
@@ -313,6 +313,16 @@ func lwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_WGMMA"}
 	for _, c := range lwConfigs {
 		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.kernel(), c.swigluKernel()}, Args: []any{c.BN, c.Stages, c.Cluster, c.hold()}})
+	}
+	return f
+}
+
+// swNormInstances are the norm's halves of linear_swap (SW_ADDNORM,
+// SW_RSTD plain and with SwiGLU) per instance of swNormConfigs.
+func swNormInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_SWAP_NORM"}
+	for _, c := range swNormConfigs {
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: c.normKernels(), Args: []any{c.Rows, c.Stages}})
 	}
 	return f
 }

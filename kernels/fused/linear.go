@@ -473,6 +473,34 @@ func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float
 		"variant %s at M=%d,N=%d,K=%d: add_rms_norm then linear run it", v, m, n, k)
 }
 
+// LinearAddRMSNormLinear is a block's last projection, the residual add
+// and norm of its output and the next block's first projection, on sm_90a
+// where both projections' variants are linSwap (16 rows): linear_swap's two
+// launches with the norm split between them (swapChain), no add_rms_norm
+// launch between. Elsewhere it declines, and the Dispatch runs linear then
+// add_rms_norm_linear, each as before. mid and resid are the parts' bit
+// for bit; out is computed from the unnormalised sums scaled by each row's
+// 1/rms (linear_swap.cu), within rounding of the parts'; h holds
+// bf16(norm·resid).
+func (o *ops) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	kernels.CheckLinearAddRMSNormLinear(o.D.ActDType(), mid, x, w0, bias0, out, h, resid, norm, w, bias)
+	m, k0, n0, n := x.Rows(), x.Cols(), w0.Rows(), w.Rows()
+	v0, v := o.linearFor(linearKey{m, n0, k0}), o.linearFor(linearKey{m, n, n0})
+	o.Need(v0 == linSwap && v == linSwap && o.swapChain(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias, false),
+		kernels.OpLinearNormLinear, "variants %s then %s at M=%d,N0=%d,K0=%d,N=%d: linear then add_rms_norm_linear run it", v0, v, m, n0, k0, n)
+}
+
+// LinearAddRMSNormLinearSwiGLU is LinearAddRMSNormLinear with SwiGLU in
+// the second projection's epilogue, where linear_swiglu's variant is
+// linSwap.
+func (o *ops) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
+	kernels.CheckLinearAddRMSNormLinearSwiGLU(o.D.ActDType(), mid, x, w0, bias0, out, h, resid, norm, w)
+	m, k0, n0, n := x.Rows(), x.Cols(), w0.Rows(), w.Rows()
+	v0, v := o.linearFor(linearKey{m, n0, k0}), o.linearSwiGLUFor(linearKey{m, n, n0})
+	o.Need(v0 == linSwap && v == linSwap && o.swapChain(mid, x, w0, bias0, out, h, resid, norm, eps, w, nil, true),
+		kernels.OpLinearNormSwiGLU, "variants %s then %s at M=%d,N0=%d,K0=%d,N=%d: linear then add_rms_norm_linear_swiglu run it", v0, v, m, n0, k0, n)
+}
+
 // AddRMSNormLinearSwiGLU is AddRMSNormLinear with SwiGLU in the epilogue,
 // where linear_swiglu's variant for the problem is linStream.
 func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {

@@ -61,6 +61,26 @@
 // function of the shared address, so eight 2 KiB boxes on 1 KiB boundaries
 // lay out as one 128-row box would.
 //
+// The norm across a block boundary (linear_add_rms_norm_linear's two
+// launches at 16 rows, MODE): a block's last projection (SW_ADDNORM, plain
+// and bf16 out) writes its output y = bf16(acc + bias), then, as
+// add_rms_norm would, resid = bf16(y + resid), and beside them
+// u = bf16(gamma · resid) and each tile's Σ resid² of every row (its 128
+// features: each thread's two squares, the warp's lanes of one row by
+// shuffles, the 8 warps in order) into sq [tile][M]; resid and gamma are
+// read as each unit starts, under its k-steps (resid is the output of a
+// kernel two or more back: complete, as the one before is, once the grid
+// wait returns). The next block's first projection (SW_RSTD, plain with
+// its bias, or SwiGLU) takes u as x and, after its grid wait, sums the
+// producer's sqTiles partials of each row in a fixed order (eight lanes a
+// row, each every eighth tile, then a shuffle tree) into
+// rstd = rsqrt(Σ/K + eps); its sums are scaled by their row's rstd before
+// the bias or SwiGLU. So the normalised input is never written:
+// out = rstd·(w·bf16(gamma·h)) + bias, where the parts compute
+// w·bf16(gamma·bf16(h·rstd)) + bias: the same roundings but in another
+// place, and a sum of squares in another order; y and resid are the parts'
+// bit for bit.
+//
 // Rounding: as linear_stream (linear.cuh's lin_bias): sums in f32, the bias
 // rounded to bf16 first when out is bf16, out rounded once; with SwiGLU gate
 // and up rounded to bf16, then lin_swiglu, so that the output is the plain
@@ -126,14 +146,37 @@ struct SwUnits {
 // SW_THREADS threads, SwLayout<ROWS, STAGES>::SMEM bytes of dynamic shared
 // memory; 1 ≤ M ≤ ROWS; splits ≥ 1 and every split at least one k-step;
 // 0 ≤ whole < tiles where splits > 1.
-template <int ROWS, int STAGES, typename TO, bool SWIGLU>
+// The norm's half a kernel takes (see the top of this file): none, the
+// producer's epilogue, the consumer's scale.
+enum SwMode { SW_PLAIN, SW_ADDNORM, SW_RSTD };
+
+// SwNorm is the operands of MODE's half of the norm: SW_ADDNORM's resid
+// [M, N] (pitch rp), gamma [N], u [M, N] (pitch up) and sq [tiles][M];
+// SW_RSTD's sq [sqTiles][M] and eps.
+struct SwNorm {
+	bf16* resid;
+	int rp;
+	const bf16* gamma;
+	bf16* u;
+	int up;
+	float* sq;
+	int sqTiles;
+	float eps;
+};
+
+template <int ROWS, int STAGES, typename TO, bool SWIGLU, int MODE = SW_PLAIN>
 __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wmap, TO* out, int op, const void* bias, int biasType,
-                                            float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status) {
+                                            float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status,
+                                            SwNorm nm = {}) {
+	static_assert(MODE != SW_ADDNORM || (!SWIGLU && sizeof(TO) == 2), "the producer's half: plain, bf16 out");
+	static_assert(MODE != SW_RSTD || 8 * ROWS <= SW_CONSUMER_THREADS, "eight consumer threads a row sum its squares");
 	typedef SwLayout<ROWS, STAGES> L;
 	constexpr int COLS = SWIGLU ? SW_BM / 2 : SW_BM; // output columns of a tile
 	extern __shared__ unsigned char smem_raw[];
 	__shared__ __align__(8) unsigned long long bars[2 * STAGES];
 	__shared__ int last; // whether this block sums the splits of its tile
+	__shared__ float rstd[MODE == SW_RSTD ? ROWS : 1];                  // SW_RSTD: each row's 1/rms
+	__shared__ float sqWarps[MODE == SW_ADDNORM ? SW_CONSUMER_THREADS / 32 : 1][ROWS]; // SW_ADDNORM: each consumer warp's Σ resid² of every row
 
 	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
 	auto sW = [&](int s) { return base + s * L::STAGE_BYTES; };
@@ -192,12 +235,43 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 	grid_release();
 	const int w = threadIdx.x / 128, wi = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, t = lane % 4;
 	const int r = 64 * w + 16 * wi + lane / 4;
+	if constexpr (MODE == SW_RSTD) {
+		// Row threadIdx/8's squares: this lane's every eighth tile, then
+		// the eight lanes' sums by a shuffle tree (a fixed order). The
+		// barrier at the end of the first unit's k-steps publishes rstd.
+		if (threadIdx.x < 8 * ROWS) {
+			const int row = threadIdx.x / 8, q = threadIdx.x % 8;
+			float ss = 0.0f;
+			if (row < M)
+				for (int p = q; p < nm.sqTiles; p += 8) ss += __ldcg(nm.sq + (long long)p * M + row);
+#pragma unroll
+			for (int o = 4; o >= 1; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+			if (q == 0) rstd[row] = rsqrtf(ss / (float)K + nm.eps);
+		}
+	}
 	auto a = [&](int s) { return sW(s) + 64 * w * HG_ROW_BYTES; };
 	float acc[ROWS / 8][4];
 	int it = 0;
 	for (int u = blockIdx.x; u < total; u += gridDim.x) {
 		int tile, split, kb;
 		const int n = units.steps(u, tile, split, kb);
+		// SW_ADDNORM: the residual and gamma of this thread's outputs, read
+		// now so that they arrive under the k-steps.
+		float rv[ROWS / 8][2][2], gv[2];
+		if constexpr (MODE == SW_ADDNORM) {
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int f = tile * SW_BM + r + 8 * h;
+				gv[h] = f < N ? to_f32(nm.gamma[f]) : 0.0f;
+#pragma unroll
+				for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const int tok = 8 * j + 2 * t + e;
+						rv[j][e][h] = f < N && tok < M ? to_f32(nm.resid[(long long)tok * nm.rp + f]) : 0.0f;
+					}
+			}
+		}
 		// A whole tile of a split plan sums its k-steps range by range as
 		// the split tiles' are summed (0 + range 0 + range 1 ...), so that a
 		// row's sum does not depend on which tile holds it: linear_swiglu's
@@ -276,6 +350,13 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 			if (threadIdx.x == 0) counters[tile] = 0; // ready for the next launch
 		}
 
+		if constexpr (MODE == SW_RSTD) { // each row's sums scaled by its 1/rms
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) acc[j][e] *= rstd[8 * j + 2 * t + (e & 1)];
+		}
+
 		// The tile's outputs: rows r and r + 8, or with SwiGLU the column
 		// whose gate and up they are. Their bias is read once, before the
 		// stores (which may alias it for all the compiler knows).
@@ -294,11 +375,49 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 				if constexpr (SWIGLU) {
 					const int c = tile * COLS + 8 * (r / 16) + r % 16;
 					if (c < N) out[(long long)tok * op + c] = from_f32<TO>(lin_swiglu(round_bf16(acc[j][e]), round_bf16(acc[j][e + 2])));
+				} else if constexpr (MODE == SW_ADDNORM) {
+					// y, then resid += y and u = gamma·resid as add_rms_norm
+					// rounds them; acc keeps resid's square for the sums.
+#pragma unroll
+					for (int h = 0; h < 2; h++) {
+						const int ff = f + 8 * h;
+						const bf16 y = from_f32<bf16>(acc[j][e + 2 * h] + (h ? b8 : b0));
+						const float hs = round_bf16(to_f32(y) + rv[j][e][h]);
+						acc[j][e + 2 * h] = hs * hs;
+						if (ff < N) {
+							out[(long long)tok * op + ff] = y;
+							nm.resid[(long long)tok * nm.rp + ff] = __float2bfloat16_rn(hs);
+							nm.u[(long long)tok * nm.up + ff] = __float2bfloat16_rn(gv[h] * hs);
+						}
+					}
 				} else {
 					if (f < N) out[(long long)tok * op + f] = from_f32<TO>(acc[j][e] + b0);
 					if (f + 8 < N) out[(long long)tok * op + f + 8] = from_f32<TO>(acc[j][e + 2] + b8);
 				}
 			}
+		}
+		if constexpr (MODE == SW_ADDNORM) {
+			// The tile's Σ resid² of each row: this thread's two features
+			// (0 past N or M), its warp's 16 by shuffles over the lanes of
+			// the row, then the 8 warps in order.
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const int tok = 8 * j + 2 * t + e;
+					float ss = tok < M ? (f < N ? acc[j][e] : 0.0f) + (f + 8 < N ? acc[j][e + 2] : 0.0f) : 0.0f;
+#pragma unroll
+					for (int o = 4; o <= 16; o *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+					if (lane < 4) sqWarps[threadIdx.x / 32][tok] = ss;
+				}
+			bar_sync(SW_BAR, SW_CONSUMER_THREADS);
+			if (threadIdx.x < M) {
+				float ss = 0.0f;
+#pragma unroll
+				for (int wp = 0; wp < SW_CONSUMER_THREADS / 32; wp++) ss += sqWarps[wp][threadIdx.x];
+				nm.sq[(long long)tile * M + threadIdx.x] = ss;
+			}
+			bar_sync(SW_BAR, SW_CONSUMER_THREADS); // sqWarps is free for the next unit
 		}
 	}
 }
@@ -327,3 +446,32 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 		                                  status);                                                                                \
 	}
 LINEAR_SWAP_INSTANCES(LINEAR_SWAP)
+
+// The norm's halves (linear_add_rms_norm_linear's, MODE above), at the
+// instances of swNormConfigs: the producer (plain, bf16 out: y, resid, u,
+// sq) and the consumer, plain with its bias and with SwiGLU (x is u).
+#define LINEAR_SWAP_NORM(ADDNORM_NAME, RSTD_NAME, RSTD_SWIGLU_NAME, ROWS, ST)                                                    \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                                   \
+	    ADDNORM_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op,                 \
+	                 const void* bias, int biasType, float* part, int* counters, int M, int N, int K, int whole, int splits,      \
+	                 int per, int* status, bf16* resid, int rp, const bf16* gamma, bf16* u, int up, float* sq) {                  \
+		linear_swap<ROWS, ST, bf16, false, SW_ADDNORM>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, whole,     \
+		                                               splits, per, status, SwNorm{resid, rp, gamma, u, up, sq, 0, 0.0f});        \
+	}                                                                                                                             \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                                   \
+	    RSTD_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const void* bias,  \
+	              int biasType, float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status,     \
+	              const float* sq, int sqTiles, float eps) {                                                                      \
+		linear_swap<ROWS, ST, bf16, false, SW_RSTD>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, whole,        \
+		                                            splits, per, status,                                                          \
+		                                            SwNorm{nullptr, 0, nullptr, nullptr, 0, (float*)sq, sqTiles, eps});           \
+	}                                                                                                                             \
+	extern "C" __global__ void __launch_bounds__(SW_THREADS, 1)                                                                   \
+	    RSTD_SWIGLU_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op,             \
+	                     float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status,            \
+	                     const float* sq, int sqTiles, float eps) {                                                               \
+		linear_swap<ROWS, ST, bf16, true, SW_RSTD>(&xmap, &wmap, out, op, nullptr, 0, part, counters, M, N, K, whole, splits,     \
+		                                           per, status,                                                                   \
+		                                           SwNorm{nullptr, 0, nullptr, nullptr, 0, (float*)sq, sqTiles, eps});            \
+	}
+LINEAR_SWAP_NORM_INSTANCES(LINEAR_SWAP_NORM)

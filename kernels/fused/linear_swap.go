@@ -57,6 +57,12 @@ func (c swConfig) kernels() []string {
 	return []string{c.kernel(kernels.BF16), c.kernel(kernels.F32), c.swigluKernel()}
 }
 
+// normKernels are the norm's halves of the instance (LINEAR_SWAP_NORM):
+// the producer's, the consumer's plain (bf16 out) and with SwiGLU.
+func (c swConfig) normKernels() []string {
+	return []string{c.name("linear_swap_addnorm"), c.name("linear_swap_rstd") + "_bf16", c.name("linear_swap_rstd_swiglu")}
+}
+
 // shared is SwLayout<ROWS, STAGES>::SMEM: a stage's w tile and x tile.
 func (c swConfig) shared() int { return c.Stages*(swBM+c.Rows)*swK*2 + hopperAlign }
 
@@ -67,6 +73,11 @@ func (c swConfig) shared() int { return c.Stages*(swBM+c.Rows)*swK*2 + hopperAli
 // the memory's latency, so that the stages requested before the grid wait
 // cover the small matrices whole.
 var swConfigs = []swConfig{{16, 12}, {32, 11}, {64, 9}}
+
+// swNormConfigs are the instances with the norm's halves across a block
+// boundary (linear_add_rms_norm_linear at 16 rows, swapChain): the 16-row
+// one, Qwen2-7B's decode at batch 16.
+var swNormConfigs = []swConfig{{16, 12}}
 
 // swConfigFor is the instance for m rows: the fewest token rows that hold
 // them.
@@ -207,7 +218,9 @@ var (
 )
 
 // swModule is linear_swap's NVRTC module.
-func swModule() cudaset.Module { return module("linear_swap.cu", cudaset.Names(swInstances())) }
+func swModule() cudaset.Module {
+	return module("linear_swap.cu", cudaset.Names(swInstances(), swNormInstances()))
+}
 
 // swKit is linear_swap on one device.
 type swKit struct {
@@ -226,13 +239,21 @@ func newLinearSwap(k *cudaset.Kit) *swKit {
 	if l.err = addHopperModule(k, "linear "+linSwap, "linear_swap", swModule()); l.err != nil {
 		return l
 	}
-	for _, c := range swConfigs {
-		for _, name := range c.kernels() {
-			if err := k.FitShared(name, c.shared()); err != nil {
-				l.err = fmt.Errorf("fused: linear %s: %s: %w", linSwap, name, err)
-				return l
+	fit := func(cs []swConfig, names func(swConfig) []string) error {
+		for _, c := range cs {
+			for _, name := range names(c) {
+				if err := k.FitShared(name, c.shared()); err != nil {
+					return fmt.Errorf("fused: linear %s: %s: %w", linSwap, name, err)
+				}
 			}
 		}
+		return nil
+	}
+	if l.err = fit(swConfigs, swConfig.kernels); l.err != nil {
+		return l
+	}
+	if l.err = fit(swNormConfigs, swConfig.normKernels); l.err != nil {
+		return l
 	}
 	k.Overlap(swModule().Funcs...)
 	l.status = newWaitStatus(k)
@@ -321,6 +342,78 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 	o.LaunchShared(p.cfg.swigluKernel(), p.blocks, swThreads, p.cfg.shared(),
 		xmap, wmap, om.P, int32(om.Pitch), part, o.D.Ptr(o.sw.counters),
 		int32(m), int32(inter), int32(k), int32(p.whole), int32(p.splits), int32(p.per), o.D.Ptr(o.sw.status))
+	return true
+}
+
+// swapChain launches linear_add_rms_norm_linear (swiglu false; bias is the
+// second projection's) or its SwiGLU twin as two linear_swap launches, the
+// norm split between them (linear_swap.cu, MODE): the first projection
+// mid = x·w0ᵀ + bias0 with resid += mid and u = bf16(norm·resid) and each
+// tile's sums of squares in its epilogue (u into h, which the op may use
+// as it likes), then out from u with each row's sums scaled by its 1/rms.
+// It reports false, launching nothing, where it cannot: rows past the
+// instances of swNormConfigs, a first projection of another output than
+// bf16, operands the tensor maps do not take, or a problem planSwap
+// refuses.
+func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor, swiglu bool) bool {
+	m, k0, n0, n := x.Rows(), x.Cols(), w0.Rows(), w.Rows()
+	cols := n
+	if swiglu {
+		cols = n / 2
+	}
+	p0, err0 := o.swapPlan(m, n0, k0, false)
+	p1, err1 := o.swapPlan(m, cols, n0, swiglu)
+	if err0 != nil || err1 != nil || p0.cfg != p1.cfg || !slices.Contains(swNormConfigs, p0.cfg) || (swiglu && (n%2 != 0 || out.DType != kernels.BF16)) ||
+		!o.swapTakes(mid, x, w0) || !o.swapTakes(out, h, w) || mid.DType != kernels.BF16 || !cudaset.IsBF16(resid) || !cudaset.IsBF16(norm) {
+		return false
+	}
+	op := kernels.OpLinearNormLinear
+	if swiglu {
+		op = kernels.OpLinearNormSwiGLU
+	}
+	names := p0.cfg.normKernels()
+	sq := o.Scratch("linear.swap.sq", kernels.F32, p0.tiles, m)
+	// Both launches' split sums share the scratch: sized for the larger
+	// first, so that the second's does not grow it under the first.
+	partRows := func(p swPlan) int { return (p.tiles - p.whole) * p.splits * m }
+	o.Scratch("linear.swap.part", kernels.F32, max(partRows(p0), partRows(p1)), swBM)
+
+	xmap, part := o.swapMaps(op, p0, x)
+	wm0 := o.Mat(w0)
+	wmap0, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm0.P, Elem: 2, Dims: []uint64{uint64(k0), uint64(n0)},
+		Strides: []uint64{uint64(wm0.Pitch * 2)}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "w0's tensor map: %v", err)
+	bp0, biasType0 := o.linBias(bias0)
+	mm, rm, hm := o.Mat(mid), o.Mat(resid), o.Mat(h)
+	o.LaunchShared(names[0], p0.blocks, swThreads, p0.cfg.shared(),
+		xmap, wmap0, mm.P, int32(mm.Pitch), bp0, biasType0, part, o.D.Ptr(o.sw.counters),
+		int32(m), int32(n0), int32(k0), int32(p0.whole), int32(p0.splits), int32(p0.per), o.D.Ptr(o.sw.status),
+		rm.P, int32(rm.Pitch), o.D.Ptr(norm), hm.P, int32(hm.Pitch), sq.P)
+
+	umap, part := o.swapMaps(op, p1, h)
+	wm := o.Mat(w)
+	var wmap *cuda.TensorMap
+	if swiglu { // w as [2][I][K]: a box is 8 gate rows and their 8 up rows
+		wmap, err = o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(n0), uint64(cols), 2},
+			Strides: []uint64{uint64(wm.Pitch * 2), uint64(cols * wm.Pitch * 2)}, Box: []uint32{swK, 8, 2}, Swizzle: hopperSwizzle})
+	} else {
+		wmap, err = o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(n0), uint64(n)},
+			Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle})
+	}
+	o.Need(err == nil, op, "w's tensor map: %v", err)
+	om := o.Mat(out)
+	if swiglu {
+		o.LaunchShared(names[2], p1.blocks, swThreads, p1.cfg.shared(),
+			umap, wmap, om.P, int32(om.Pitch), part, o.D.Ptr(o.sw.counters),
+			int32(m), int32(cols), int32(n0), int32(p1.whole), int32(p1.splits), int32(p1.per), o.D.Ptr(o.sw.status),
+			sq.P, int32(p0.tiles), eps)
+		return true
+	}
+	bp, biasType := o.linBias(bias)
+	o.LaunchShared(names[1], p1.blocks, swThreads, p1.cfg.shared(),
+		umap, wmap, om.P, int32(om.Pitch), bp, biasType, part, o.D.Ptr(o.sw.counters),
+		int32(m), int32(n), int32(n0), int32(p1.whole), int32(p1.splits), int32(p1.per), o.D.Ptr(o.sw.status),
+		sq.P, int32(p0.tiles), eps)
 	return true
 }
 

@@ -1,6 +1,7 @@
 package fused
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand"
@@ -550,4 +551,179 @@ func nvrtcCompiler(t *testing.T, what string) *cuda.Compiler {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestLinearSwapChainExact holds linear_add_rms_norm_linear's two
+// linear_swap launches (swapChain) to what they promise, over Qwen2-7B's
+// down then qkv (a bias) and o_proj then gate/up (SwiGLU), and shapes of no
+// tile, at 16, 13 and 1 rows: mid as the plain kernel writes it and resid
+// as add_rms_norm adds it, bit for bit; h = bf16(norm·resid), bit for bit;
+// out against cuBLAS's f32 product of h, each row scaled by its 1/rms (from
+// resid, in float64) and rounded as the epilogue rounds (bias or SwiGLU),
+// to 1e-3, and against the parts (add_rms_norm, then linear or
+// linear_swiglu) to the kerneltest's 2e-2; every output the same bits on a
+// second launch, and the split counters back at zero. Logs the pair's time
+// against the parts'.
+func TestLinearSwapChainExact(t *testing.T) {
+	dev, o := openHopperSet(t, "linear_swap", func(o *ops) error { return o.sw.err })
+	rng := rand.New(rand.NewSource(37))
+	random := normalOn(t, dev, rng)
+	const eps = 1e-6
+	for _, s := range []struct {
+		name       string
+		k0, n0, n  int // first projection [n0, k0], second [n, n0] (with SwiGLU 2I rows, n = 2I)
+		bias, swig bool
+	}{
+		{name: "qwen down, qkv", k0: 18944, n0: 3584, n: 4608, bias: true},
+		{name: "qwen o, gate_up", k0: 3584, n0: 3584, n: 2 * 18944, swig: true},
+		{name: "odd", k0: 1000, n0: 520, n: 2 * 300, swig: true},
+		{name: "odd bias", k0: 1000, n0: 520, n: 700, bias: true},
+	} {
+		w0 := random(kernels.BF16, 1/math.Sqrt(float64(s.k0)), s.n0, s.k0)
+		w := random(kernels.BF16, 1/math.Sqrt(float64(s.n0)), s.n, s.n0)
+		norm := random(kernels.BF16, 1, s.n0)
+		gv := read(t, dev, norm)
+		var b *kernels.Tensor
+		var bv []float32
+		if s.bias {
+			b = random(kernels.BF16, 0.5, s.n)
+			bv = read(t, dev, b)
+		}
+		cols := s.n
+		if s.swig {
+			cols = s.n / 2
+		}
+		for _, m := range []int{16, 13, 1} {
+			name := fmt.Sprintf("%s M=%d", s.name, m)
+			x := random(kernels.BF16, 1, m, s.k0)
+			resid0 := gaussians(rng, m*s.n0, 4)
+			for i := range resid0 {
+				resid0[i] = roundBF16(resid0[i])
+			}
+			resid := tensorOn(t, dev, kernels.BF16, resid0, m, s.n0)
+			mid, h := dev.Alloc(kernels.BF16, m, s.n0), dev.Alloc(kernels.BF16, m, s.n0)
+			out := dev.Alloc(kernels.BF16, m, cols)
+			call := func() {
+				if err := dev.Upload(resid, f32Bytes(resid0), kernels.F32); err != nil {
+					t.Fatal(err)
+				}
+				for _, a := range []*kernels.Tensor{mid, h, out} {
+					dev.MemsetD8(dev.Ptr(a), 0xff, a.Numel()*2)
+				}
+				if !o.swapChain(mid, x, w0, nil, out, h, resid, norm, eps, w, b, s.swig) {
+					t.Fatalf("%s: swapChain refuses it", name)
+				}
+			}
+			call()
+			got := [4][]float32{read(t, dev, mid), read(t, dev, resid), read(t, dev, h), read(t, dev, out)}
+			if err := o.linearSwapWaits(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			checkSwapCounters(t, o, name)
+
+			// mid, resid and h against the plain kernel and the host.
+			plain := dev.Alloc(kernels.BF16, m, s.n0)
+			if !o.swap(plain, x, w0, nil) {
+				t.Fatalf("%s: linear_swap refuses the first projection", name)
+			}
+			wantMid := read(t, dev, plain)
+			wantResid, wantH := make([]float32, m*s.n0), make([]float32, m*s.n0)
+			rstd := make([]float64, m)
+			for r := range m {
+				ss := 0.0
+				for c := range s.n0 {
+					i := r*s.n0 + c
+					wantResid[i] = roundBF16(wantMid[i] + resid0[i])
+					wantH[i] = roundBF16(gv[c] * wantResid[i])
+					ss += float64(wantResid[i]) * float64(wantResid[i])
+				}
+				rstd[r] = 1 / math.Sqrt(ss/float64(s.n0)+eps)
+			}
+			for i, want := range [][]float32{wantMid, wantResid, wantH} {
+				if n, at := bitsDiffer(want, got[i]); n > 0 {
+					t.Errorf("%s: %s: %d of %d differ in bits, first at %d (%g, want %g)", name, []string{"mid", "resid", "h"}[i], n, len(want), at, got[i][at], want[at])
+				}
+			}
+
+			// out against cuBLAS's f32 product of h, scaled and rounded here.
+			acc := dev.Alloc(kernels.F32, m, s.n)
+			o.Gemm(true, m, s.n, s.n0, 1, o.Mat(h), o.Mat(w), 0, o.Mat(acc))
+			av := read(t, dev, acc)
+			ref := make([]float32, m*cols)
+			for r := range m {
+				for c := range cols {
+					if s.swig {
+						gate, up := roundBF16(float32(float64(av[r*s.n+c])*rstd[r])), roundBF16(float32(float64(av[r*s.n+cols+c])*rstd[r]))
+						ref[r*cols+c] = roundBF16(roundBF16(gate/(1+float32(math.Exp(float64(-gate))))) * up)
+						continue
+					}
+					v := float32(float64(av[r*s.n+c]) * rstd[r])
+					if bv != nil {
+						v += bv[c]
+					}
+					ref[r*cols+c] = roundBF16(v)
+				}
+			}
+			if d := kernels.Compare(got[3], ref); d.Unwritten > 0 || d.Rel > 1e-3 {
+				t.Errorf("%s: out against the scaled f32 product %+v", name, d)
+			}
+
+			// out against the parts, from the same resid.
+			partsResid := tensorOn(t, dev, kernels.BF16, resid0, m, s.n0)
+			normed, partsOut := dev.Alloc(kernels.BF16, m, s.n0), dev.Alloc(kernels.BF16, m, cols)
+			parts := func() {
+				if !o.swap(plain, x, w0, nil) {
+					t.Fatal("linear_swap refuses the first projection")
+				}
+				o.AddRMSNorm(normed, partsResid, plain, norm, eps)
+				if s.swig {
+					if !o.swapSwiGLU(partsOut, normed, w) {
+						t.Fatal("linear_swap refuses the second projection")
+					}
+				} else if !o.swap(partsOut, normed, w, b) {
+					t.Fatal("linear_swap refuses the second projection")
+				}
+			}
+			parts()
+			d := kernels.Compare(got[3], read(t, dev, partsOut))
+			if d.Unwritten > 0 || d.Rel > 2e-2 {
+				t.Errorf("%s: out against the parts' %+v", name, d)
+			}
+
+			call()
+			for i, a := range []*kernels.Tensor{mid, resid, h, out} {
+				if n, at := bitsDiffer(got[i], read(t, dev, a)); n > 0 {
+					t.Errorf("%s, second launch: %s: %d differ from the first's, first at %d", name, []string{"mid", "resid", "h", "out"}[i], n, at)
+				}
+			}
+			checkSwapCounters(t, o, name+", second launch")
+			us := medianUs(t, dev, func() {
+				if !o.swapChain(mid, x, w0, nil, out, h, resid, norm, eps, w, b, s.swig) {
+					t.Fatal("swapChain refuses it")
+				}
+			})
+			partsUs := medianUs(t, dev, parts)
+			p0, _ := o.swapPlan(m, s.n0, s.k0, false)
+			p1, _ := o.swapPlan(m, cols, s.n0, s.swig)
+			t.Logf("%s (%v; %v): out rel %.2e to the scaled product, %.2e to the parts; %.2f µs, the parts %.2f µs",
+				name, p0, p1, kernels.Compare(got[3], ref).Rel, d.Rel, us, partsUs)
+			for _, a := range []*kernels.Tensor{x, resid, mid, h, out, plain, acc, partsResid, normed, partsOut} {
+				dev.Free(a)
+			}
+		}
+		for _, a := range []*kernels.Tensor{w0, w, norm, b} {
+			if a != nil {
+				dev.Free(a)
+			}
+		}
+	}
+}
+
+// f32Bytes is v as the little-endian f32 bytes Upload takes.
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, f := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+	}
+	return b
 }
