@@ -146,6 +146,10 @@ struct SwUnits {
 // SW_THREADS threads, SwLayout<ROWS, STAGES>::SMEM bytes of dynamic shared
 // memory; 1 ≤ M ≤ ROWS; splits ≥ 1 and every split at least one k-step;
 // 0 ≤ whole < tiles where splits > 1.
+// SW_SQ_LANE is the producer's tiles each of SW_RSTD's eight lanes of a row
+// sums at most: the producer has at most 8·SW_SQ_LANE tiles (swapChain).
+#define SW_SQ_LANE 8
+
 // The norm's half a kernel takes (see the top of this file): none, the
 // producer's epilogue, the consumer's scale.
 enum SwMode { SW_PLAIN, SW_ADDNORM, SW_RSTD };
@@ -241,9 +245,15 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 		// barrier at the end of the first unit's k-steps publishes rstd.
 		if (threadIdx.x < 8 * ROWS) {
 			const int row = threadIdx.x / 8, q = threadIdx.x % 8;
-			float ss = 0.0f;
-			if (row < M)
-				for (int p = q; p < nm.sqTiles; p += 8) ss += __ldcg(nm.sq + (long long)p * M + row);
+			float v[SW_SQ_LANE]; // every load in flight at once, then their sum in order
+#pragma unroll
+			for (int i = 0; i < SW_SQ_LANE; i++) {
+				const int p = q + 8 * i;
+				v[i] = row < M && p < nm.sqTiles ? __ldcg(nm.sq + (long long)p * M + row) : 0.0f;
+			}
+			float ss = v[0];
+#pragma unroll
+			for (int i = 1; i < SW_SQ_LANE; i++) ss += v[i];
 #pragma unroll
 			for (int o = 4; o >= 1; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
 			if (q == 0) rstd[row] = rsqrtf(ss / (float)K + nm.eps);

@@ -79,6 +79,11 @@ var swConfigs = []swConfig{{16, 12}, {32, 11}, {64, 9}}
 // one, Qwen2-7B's decode at batch 16.
 var swNormConfigs = []swConfig{{16, 12}}
 
+// swSqTiles is the most tiles the first projection of swapChain may have:
+// SW_SQ_LANE's eight lanes (a row's sums of squares, each lane's loads in
+// flight at once); 8,192 outputs.
+const swSqTiles = 8 * 8
+
 // swConfigFor is the instance for m rows: the fewest token rows that hold
 // them.
 func swConfigFor(m int) (swConfig, bool) {
@@ -352,7 +357,8 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 // tile's sums of squares in its epilogue (u into h, which the op may use
 // as it likes), then out from u with each row's sums scaled by its 1/rms.
 // It reports false, launching nothing, where it cannot: rows past the
-// instances of swNormConfigs, a first projection of another output than
+// instances of swNormConfigs, a first projection of more than swSqTiles
+// tiles or of another output than
 // bf16, operands the tensor maps do not take, or a problem planSwap
 // refuses.
 func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor, swiglu bool) bool {
@@ -363,7 +369,7 @@ func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, 
 	}
 	p0, err0 := o.swapPlan(m, n0, k0, false)
 	p1, err1 := o.swapPlan(m, cols, n0, swiglu)
-	if err0 != nil || err1 != nil || p0.cfg != p1.cfg || !slices.Contains(swNormConfigs, p0.cfg) || (swiglu && (n%2 != 0 || out.DType != kernels.BF16)) ||
+	if err0 != nil || err1 != nil || p0.cfg != p1.cfg || !slices.Contains(swNormConfigs, p0.cfg) || p0.tiles > swSqTiles || (swiglu && (n%2 != 0 || out.DType != kernels.BF16)) ||
 		!o.swapTakes(mid, x, w0) || !o.swapTakes(out, h, w) || mid.DType != kernels.BF16 || !cudaset.IsBF16(resid) || !cudaset.IsBF16(norm) {
 		return false
 	}
