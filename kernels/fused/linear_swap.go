@@ -350,6 +350,39 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 	return true
 }
 
+// planSwapChain plans swapChain's two launches for m rows on sms SMs whose
+// blocks hold shared bytes: the first projection [n0, k0], the second [n,
+// n0] (with SwiGLU n = 2I rows, I output columns), or says why it cannot
+// run them: a plan planSwap refuses, rows past the instances of
+// swNormConfigs (both plans' instance is the rows'), or a first projection
+// of more than swSqTiles tiles.
+func planSwapChain(m, k0, n0, n int, swiglu bool, sms, shared int) (p0, p1 swPlan, err error) {
+	if swiglu && n%2 != 0 {
+		return p0, p1, fmt.Errorf("N=%d: not gate and up rows of equal count", n)
+	}
+	if p0, err = planSwap(m, n0, k0, sms, shared, false); err != nil {
+		return p0, p1, err
+	}
+	if p1, err = planSwap(m, swPlan{}.cols(n, swiglu), n0, sms, shared, swiglu); err != nil {
+		return p0, p1, err
+	}
+	switch {
+	case !slices.Contains(swNormConfigs, p0.cfg):
+		return p0, p1, fmt.Errorf("M=%d rows: the norm's halves are built for %v", m, swNormConfigs)
+	case p0.tiles > swSqTiles:
+		return p0, p1, fmt.Errorf("N0=%d: %d tiles, the second projection sums at most %d of each row's squares", n0, p0.tiles, swSqTiles)
+	}
+	return p0, p1, nil
+}
+
+// cols is a second projection's output columns: n, or with SwiGLU n/2.
+func (swPlan) cols(n int, swiglu bool) int {
+	if swiglu {
+		return n / 2
+	}
+	return n
+}
+
 // swapChain launches linear_add_rms_norm_linear (swiglu false; bias is the
 // second projection's) or its SwiGLU twin as two linear_swap launches, the
 // norm split between them (linear_swap.cu, MODE): the first projection
@@ -363,16 +396,13 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 // refuses.
 func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor, swiglu bool) bool {
 	m, k0, n0, n := x.Rows(), x.Cols(), w0.Rows(), w.Rows()
-	cols := n
-	if swiglu {
-		cols = n / 2
-	}
-	p0, err0 := o.swapPlan(m, n0, k0, false)
-	p1, err1 := o.swapPlan(m, cols, n0, swiglu)
-	if err0 != nil || err1 != nil || p0.cfg != p1.cfg || !slices.Contains(swNormConfigs, p0.cfg) || p0.tiles > swSqTiles || (swiglu && (n%2 != 0 || out.DType != kernels.BF16)) ||
+	sms, shared := streamTarget(o)
+	p0, p1, err := planSwapChain(m, k0, n0, n, swiglu, sms, shared)
+	if err != nil || (swiglu && out.DType != kernels.BF16) ||
 		!o.swapTakes(mid, x, w0) || !o.swapTakes(out, h, w) || mid.DType != kernels.BF16 || !cudaset.IsBF16(resid) || !cudaset.IsBF16(norm) {
 		return false
 	}
+	cols := p1.cols(n, swiglu)
 	op := kernels.OpLinearNormLinear
 	if swiglu {
 		op = kernels.OpLinearNormSwiGLU

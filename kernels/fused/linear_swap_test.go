@@ -727,3 +727,45 @@ func f32Bytes(v []float32) []byte {
 	}
 	return b
 }
+
+// TestLinearSwapChainPlan checks swapChain's plans without a GPU, on an
+// H200's 132 SMs: Qwen2-7B's two chains at 16 rows and fewer (down then
+// qkv, o then gate/up with SwiGLU, each projection as linear_swap plans it
+// alone), and the refusals: rows past the 16-row instance, a first
+// projection of more tiles than the second sums squares of, gate and up
+// rows of unequal count, and what planSwap refuses.
+func TestLinearSwapChainPlan(t *testing.T) {
+	h200 := kernels.Targets["sm_90a"]
+	for _, c := range []struct {
+		m, k0, n0, n int
+		swiglu       bool
+		why          string
+	}{
+		{m: 16, k0: 18944, n0: 3584, n: 4608},                   // down, then qkv
+		{m: 16, k0: 3584, n0: 3584, n: 37888, swiglu: true},     // o_proj, then gate/up
+		{m: 9, k0: 3584, n0: 3584, n: 37888, swiglu: true},      // 9 rows: the 16-row instance
+		{m: 1, k0: 1000, n0: 520, n: 700},                       // K, N of no tile
+		{m: 17, k0: 3584, n0: 3584, n: 4608, why: "built for"},  // the 32-row instance has no halves
+		{m: 16, k0: 3584, n0: 8320, n: 4608, why: "at most 64"}, // 65 tiles of squares
+		{m: 16, k0: 3584, n0: 3584, n: 301, swiglu: true, why: "equal count"},
+		{m: 16, k0: 100, n0: 3584, n: 4608, why: "16-byte"},
+	} {
+		p0, p1, err := planSwapChain(c.m, c.k0, c.n0, c.n, c.swiglu, h200.SMs, h200.SharedPerBlock)
+		if c.why != "" {
+			if err == nil || !strings.Contains(err.Error(), c.why) {
+				t.Errorf("%+v: %v, %v, %v; want an error saying %q", c, p0, p1, err, c.why)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%+v: %v", c, err)
+			continue
+		}
+		alone0, _ := planSwap(c.m, c.n0, c.k0, h200.SMs, h200.SharedPerBlock, false)
+		alone1, _ := planSwap(c.m, p1.cols(c.n, c.swiglu), c.n0, h200.SMs, h200.SharedPerBlock, c.swiglu)
+		if p0 != alone0 || p1 != alone1 || p0.cfg.Rows != 16 {
+			t.Errorf("%+v: %v then %v, want linear_swap's own plans %v then %v on the 16-row instance", c, p0, p1, alone0, alone1)
+		}
+		t.Logf("M=%d %dx%d then %dx%d swiglu=%v: %v; %v", c.m, c.n0, c.k0, c.n, c.n0, c.swiglu, p0, p1)
+	}
+}
