@@ -303,6 +303,27 @@ func (o *ops) swapMaps(op kernels.Op, p swPlan, x *kernels.Tensor) (*cuda.Tensor
 	return xmap, part
 }
 
+// swapWMap is w's tensor map for linear_swap: w [N, K], a box swBM rows of
+// swK; with SwiGLU w's N = 2I rows as [2][I][K], a box 8 gate rows and
+// their 8 up rows.
+func (o *ops) swapWMap(op kernels.Op, w *kernels.Tensor, swiglu bool) *cuda.TensorMap {
+	wm := o.Mat(w)
+	wmap, err := o.D.EncodeTiled(swapWTiled(wm.P, wm.Pitch, w.Rows(), w.Cols(), swiglu))
+	o.Need(err == nil, op, "w's tensor map: %v", err)
+	return wmap
+}
+
+// swapWTiled is swapWMap's layout of a bf16 w [n, k] at addr, rows pitch
+// elements apart.
+func swapWTiled(addr uintptr, pitch, n, k int, swiglu bool) cuda.Tiled {
+	row := uint64(pitch * 2)
+	if swiglu {
+		return cuda.Tiled{Addr: addr, Elem: 2, Dims: []uint64{uint64(k), uint64(n / 2), 2}, Strides: []uint64{row, uint64(n/2) * row},
+			Box: []uint32{swK, 8, 2}, Swizzle: hopperSwizzle}
+	}
+	return cuda.Tiled{Addr: addr, Elem: 2, Dims: []uint64{uint64(k), uint64(n)}, Strides: []uint64{row}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle}
+}
+
 // swap launches linear_swap as planSwap cuts the problem, or reports false,
 // launching nothing, where it cannot (the caller runs another variant).
 func (o *ops) swap(out, x, w, bias *kernels.Tensor) bool {
@@ -313,10 +334,7 @@ func (o *ops) swap(out, x, w, bias *kernels.Tensor) bool {
 	}
 	op := kernels.OpLinear
 	xmap, part := o.swapMaps(op, p, x)
-	wm := o.Mat(w)
-	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(n)},
-		Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "w's tensor map: %v", err)
+	wmap := o.swapWMap(op, w, false)
 	bp, biasType := o.linBias(bias)
 	om := o.Mat(out)
 	o.LaunchShared(p.cfg.kernel(out.DType), p.blocks, swThreads, p.cfg.shared(),
@@ -338,11 +356,7 @@ func (o *ops) swapSwiGLU(out, x, w *kernels.Tensor) bool {
 	}
 	op := kernels.OpLinearSwiGLU
 	xmap, part := o.swapMaps(op, p, x)
-	// w as [2][I][K]: a box is 8 gate rows and their 8 up rows.
-	wm := o.Mat(w)
-	wmap, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(k), uint64(inter), 2},
-		Strides: []uint64{uint64(wm.Pitch * 2), uint64(inter * wm.Pitch * 2)}, Box: []uint32{swK, 8, 2}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "w's tensor map: %v", err)
+	wmap := o.swapWMap(op, w, true)
 	om := o.Mat(out)
 	o.LaunchShared(p.cfg.swigluKernel(), p.blocks, swThreads, p.cfg.shared(),
 		xmap, wmap, om.P, int32(om.Pitch), part, o.D.Ptr(o.sw.counters),
@@ -415,10 +429,7 @@ func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, 
 	o.Scratch("linear.swap.part", kernels.F32, max(partRows(p0), partRows(p1)), swBM)
 
 	xmap, part := o.swapMaps(op, p0, x)
-	wm0 := o.Mat(w0)
-	wmap0, err := o.D.EncodeTiled(cuda.Tiled{Addr: wm0.P, Elem: 2, Dims: []uint64{uint64(k0), uint64(n0)},
-		Strides: []uint64{uint64(wm0.Pitch * 2)}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle})
-	o.Need(err == nil, op, "w0's tensor map: %v", err)
+	wmap0 := o.swapWMap(op, w0, false)
 	bp0, biasType0 := o.linBias(bias0)
 	mm, rm, hm := o.Mat(mid), o.Mat(resid), o.Mat(h)
 	o.LaunchShared(names[0], p0.blocks, swThreads, p0.cfg.shared(),
@@ -427,16 +438,7 @@ func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, 
 		rm.P, int32(rm.Pitch), o.D.Ptr(norm), hm.P, int32(hm.Pitch), sq.P)
 
 	umap, part := o.swapMaps(op, p1, h)
-	wm := o.Mat(w)
-	var wmap *cuda.TensorMap
-	if swiglu { // w as [2][I][K]: a box is 8 gate rows and their 8 up rows
-		wmap, err = o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(n0), uint64(cols), 2},
-			Strides: []uint64{uint64(wm.Pitch * 2), uint64(cols * wm.Pitch * 2)}, Box: []uint32{swK, 8, 2}, Swizzle: hopperSwizzle})
-	} else {
-		wmap, err = o.D.EncodeTiled(cuda.Tiled{Addr: wm.P, Elem: 2, Dims: []uint64{uint64(n0), uint64(n)},
-			Strides: []uint64{uint64(wm.Pitch * 2)}, Box: []uint32{swK, swBM}, Swizzle: hopperSwizzle})
-	}
-	o.Need(err == nil, op, "w's tensor map: %v", err)
+	wmap := o.swapWMap(op, w, swiglu)
 	om := o.Mat(out)
 	if swiglu {
 		o.LaunchShared(names[2], p1.blocks, swThreads, p1.cfg.shared(),

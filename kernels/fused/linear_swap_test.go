@@ -769,3 +769,27 @@ func TestLinearSwapChainPlan(t *testing.T) {
 		t.Logf("M=%d %dx%d then %dx%d swiglu=%v: %v; %v", c.m, c.n0, c.k0, c.n, c.n0, c.swiglu, p0, p1)
 	}
 }
+
+// TestLinearSwapWTiled checks w's tensor map layouts without a GPU:
+// Qwen2-7B's qkv [4608, 3584] as 128-row boxes of 64 k, and its gate/up
+// [37888, 3584] as [2][18944][3584] (the up rows a plane 18944 rows on),
+// boxes of 8 gate rows and their 8 up rows; both 128-byte swizzled.
+func TestLinearSwapWTiled(t *testing.T) {
+	for _, c := range []struct {
+		n, k, pitch int
+		swiglu      bool
+		dims        []uint64
+		strides     []uint64
+		box         []uint32
+	}{
+		{n: 4608, k: 3584, pitch: 3584, dims: []uint64{3584, 4608}, strides: []uint64{7168}, box: []uint32{64, 128}},
+		{n: 37888, k: 3584, pitch: 3584, swiglu: true, dims: []uint64{3584, 18944, 2}, strides: []uint64{7168, 18944 * 7168}, box: []uint32{64, 8, 2}},
+		{n: 600, k: 520, pitch: 528, swiglu: true, dims: []uint64{520, 300, 2}, strides: []uint64{1056, 300 * 1056}, box: []uint32{64, 8, 2}},
+	} {
+		got := swapWTiled(0x1000, c.pitch, c.n, c.k, c.swiglu)
+		if got.Addr != 0x1000 || got.Elem != 2 || !slices.Equal(got.Dims, c.dims) || !slices.Equal(got.Strides, c.strides) ||
+			!slices.Equal(got.Box, c.box) || got.Swizzle != hopperSwizzle {
+			t.Errorf("w [%d, %d] pitch %d swiglu=%v: %+v, want dims %v strides %v box %v", c.n, c.k, c.pitch, c.swiglu, got, c.dims, c.strides, c.box)
+		}
+	}
+}
