@@ -292,8 +292,8 @@ func normSwiGLUChecks(l *caseList) {
 // 1, 3 and 16 rows (pitched out at 16), first projections with and without
 // bias, a K0 and a K that are no multiple of 8 (rows of no 16-byte
 // boundary), a K whose norm a block of rms_norm takes in 1,024 threads,
-// prefill's hundreds of rows, and Qwen2-7B's whole at one row (long: GPUs
-// only). A set that fuses the op for some shapes only declines the others
+// prefill's hundreds of rows, and Qwen2-7B's whole at one row and at 16
+// (long: GPUs only; at 16 rows the fused set's linear_swap pair). A set that fuses the op for some shapes only declines the others
 // (the Dispatch then runs linear and add_rms_norm_linear, whose own cases
 // hold them): those cases are skipped for it.
 func linearNormLinearChecks(l *caseList) {
@@ -310,14 +310,16 @@ func linearNormLinearChecks(l *caseList) {
 	} {
 		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
 	}
-	whole := normLinearCase{n: 1, k0: 18944, k: 3584, m: 4608, bias: true}
-	l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
+	for _, whole := range []normLinearCase{{n: 1, k0: 18944, k: 3584, m: 4608, bias: true}, {n: 16, k0: 18944, k: 3584, m: 4608, bias: true}} {
+		l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
+	}
 }
 
 // linearNormSwiGLUChecks are linear_add_rms_norm_linear_swiglu's:
 // linearNormLinearChecks' kinds of rows and K, m the output columns (w's
 // gate and up rows 2m), with Qwen2-7B's o_proj and the MLP after it
-// divided by 8, and whole at one row (long: GPUs only).
+// divided by 8, and whole at one row and at 16 (long: GPUs only; at 16
+// rows the fused set's linear_swap pair).
 func linearNormSwiGLUChecks(l *caseList) {
 	const k0, k, m = 3584 / 8, 3584 / 8, 18944 / 8
 	for _, s := range []normLinearCase{
@@ -333,8 +335,9 @@ func linearNormSwiGLUChecks(l *caseList) {
 		s.swiglu = true
 		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
 	}
-	whole := normLinearCase{n: 1, k0: 3584, k: 3584, m: 18944, swiglu: true}
-	l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
+	for _, whole := range []normLinearCase{{n: 1, k0: 3584, k: 3584, m: 18944, swiglu: true}, {n: 16, k0: 3584, k: 3584, m: 18944, swiglu: true}} {
+		l.addWDeclinable(whole.String(), true, func(e *env) { normLinear(e, whole) })
+	}
 }
 
 // attnPrefillChecks are ragged batches over caches of NaN beyond each
