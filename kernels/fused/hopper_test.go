@@ -1,7 +1,6 @@
 package fused
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand"
@@ -226,11 +225,7 @@ func newHopperProblem(t *testing.T, dev *cuda.Device, c hopperCase, seed int64) 
 func tensorOn(t *testing.T, dev kernels.Device, dt kernels.DType, vals []float32, shape ...int) *kernels.Tensor {
 	t.Helper()
 	x := dev.Alloc(dt, shape...)
-	b := make([]byte, 4*len(vals))
-	for i, f := range vals {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
-	}
-	if err := dev.Upload(x, b, kernels.F32); err != nil {
+	if err := dev.Upload(x, f32Bytes(vals), kernels.F32); err != nil {
 		t.Fatal(err)
 	}
 	return x
