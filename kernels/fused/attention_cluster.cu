@@ -22,12 +22,6 @@
 
 #define DC_MAX_CLUSTER 4 // the most blocks of a cluster: the splits a (row, kv head) has
 
-__device__ __forceinline__ float ld_cluster_f32(unsigned addr) {
-	float v;
-	asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-	return v;
-}
-
 // cluster_merge: po [DEC_WARPS·16, D] f32, the split's output in rows
 // 0..group-1 of it; ms, ls [16]: its rows' max (scaled) and sum; out0 the
 // group's first output element. A launch whose splits are not CL traps.

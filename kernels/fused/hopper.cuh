@@ -205,6 +205,14 @@ __device__ __forceinline__ unsigned cluster_at(unsigned addr, unsigned rank) {
 	return r;
 }
 
+// ld_cluster_f32 loads the f32 at addr, an address cluster_at made (of
+// this block or another of the cluster).
+__device__ __forceinline__ float ld_cluster_f32(unsigned addr) {
+	float v;
+	asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+	return v;
+}
+
 // mbar_arrive_cluster arrives on the mbarrier at addr, an address
 // cluster_at made (of this block or another of the cluster). Its ordering
 // is mbar_arrive's (release at the block's scope): enough where the

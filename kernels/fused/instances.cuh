@@ -276,3 +276,7 @@
 
 #define LINEAR_SWAP_NORM_INSTANCES(X) \
 	X(linear_swap_addnorm_r16_s12, linear_swap_rstd_r16_s12_bf16, linear_swap_rstd_swiglu_r16_s12, 16, 12)
+
+#define LINEAR_SWAP_CLUSTER_INSTANCES(X) \
+	X(linear_swap_addnorm_r16_s12_c3, linear_swap_rstd_r16_s12_bf16_c3, 16, 12, 3) \
+	X(linear_swap_addnorm_r16_s12_c4, linear_swap_rstd_r16_s12_bf16_c4, 16, 12, 4)

@@ -28,7 +28,7 @@ func instances() []cudaset.Instances {
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
-		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(),
+		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
 	}
 }
 
@@ -323,6 +323,19 @@ func swNormInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "LINEAR_SWAP_NORM"}
 	for _, c := range swNormConfigs {
 		f.Kernels = append(f.Kernels, cudaset.Instance{Names: c.normKernels(), Args: []any{c.Rows, c.Stages}})
+	}
+	return f
+}
+
+// swClusterInstances are the norm's halves of linear_swap with a split
+// tile's sums in its cluster (SW_ADDNORM and SW_RSTD plain) per instance of
+// swNormConfigs and cluster of swClusters.
+func swClusterInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "LINEAR_SWAP_CLUSTER"}
+	for _, c := range swNormConfigs {
+		for _, cl := range swClusters {
+			f.Kernels = append(f.Kernels, cudaset.Instance{Names: c.clusterKernels(cl), Args: []any{c.Rows, c.Stages, cl}})
+		}
 	}
 	return f
 }

@@ -53,6 +53,15 @@
 // range 1 ...), so that every row's sum is the same arithmetic whichever
 // tile holds it: SwiGLU's tiles hold other rows than the plain kernel's.
 //
+// A split tile's sums in its cluster (CL > 0, the cluster instances): where
+// a plan is all split tiles of CL splits, one unit a block (grid = units),
+// the CL blocks of a tile are one cluster of CL (rank = split). Each keeps
+// its sums in its shared memory, and after a cluster barrier split 0 adds
+// the others' (through distributed shared memory) to its own in split order
+// (the counters' arithmetic: the same bits), then a second barrier keeps
+// every block until it has read them, and it alone writes the tile: no
+// fence, count or round trip through L2.
+//
 // SwiGLU (SWIGLU, linear_swiglu's): a stage's w is eight copies of 8 gate
 // rows and their 8 up rows (the 3-D map's box), so slab q of 16 rows holds
 // the gate rows of output columns 8q..8q+7 of the tile in rows 0-7 and their
@@ -168,7 +177,7 @@ struct SwNorm {
 	float eps;
 };
 
-template <int ROWS, int STAGES, typename TO, bool SWIGLU, int MODE = SW_PLAIN>
+template <int ROWS, int STAGES, typename TO, bool SWIGLU, int MODE = SW_PLAIN, int CL = 0>
 __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wmap, TO* out, int op, const void* bias, int biasType,
                                             float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status,
                                             SwNorm nm = {}) {
@@ -181,6 +190,7 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 	__shared__ int last; // whether this block sums the splits of its tile
 	__shared__ float rstd[MODE == SW_RSTD ? ROWS : 1];                  // SW_RSTD: each row's 1/rms
 	__shared__ float sqWarps[MODE == SW_ADDNORM ? SW_CONSUMER_THREADS / 32 : 1][ROWS]; // SW_ADDNORM: each consumer warp's Σ resid² of every row
+	__shared__ float clSums[CL > 0 ? ROWS / 2 * SW_CONSUMER_THREADS : 1];              // CL > 0: this split's sums, [j·4 + e][thread]
 
 	const unsigned base = (smem_addr(smem_raw) + L::ALIGN - 1) & ~(unsigned)(L::ALIGN - 1);
 	auto sW = [&](int s) { return base + s * L::STAGE_BYTES; };
@@ -191,6 +201,9 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 
 	const SwUnits units{(N + COLS - 1) / COLS, whole, splits, per, (K + HG_BK - 1) / HG_BK};
 	const int total = units.total();
+	if constexpr (CL > 0) {
+		if (splits != CL || whole != 0 || (int)gridDim.x != total) __trap(); // a plan the cluster instance cannot run
+	}
 
 	if (threadIdx.x >= SW_CONSUMER_THREADS) {
 		// The producer: one thread issues every copy, in the consumers'
@@ -310,7 +323,34 @@ __device__ __forceinline__ void linear_swap(const TmaMap* xmap, const TmaMap* wm
 				for (int e = 0; e < 4; e++) acc[j][e] = sum[j][e];
 		}
 
-		if (split >= 0) {
+		if (CL > 0 && split >= 0) {
+			// The tile's splits are the cluster (see above): split 0 sums them.
+#pragma unroll
+			for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) clSums[(j * 4 + e) * SW_CONSUMER_THREADS + threadIdx.x] = acc[j][e];
+			cluster_sync();
+			if (split == 0) {
+				const unsigned a = smem_addr(clSums) + 4 * threadIdx.x;
+				float v[ROWS / 8][4];
+#pragma unroll
+				for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) v[j][e] = 0.0f + acc[j][e];
+#pragma unroll
+				for (int s = 1; s < (CL > 0 ? CL : 1); s++)
+#pragma unroll
+					for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+						for (int e = 0; e < 4; e++) v[j][e] += ld_cluster_f32(cluster_at(a + 4 * (j * 4 + e) * SW_CONSUMER_THREADS, s));
+#pragma unroll
+				for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) acc[j][e] = v[j][e];
+			}
+			cluster_sync(); // no block leaves while split 0 reads its shared memory
+			if (split != 0) continue;
+		} else if (split >= 0) {
 			float* mine = part + ((long long)tile * splits + split) * M * SW_BM;
 #pragma unroll
 			for (int j = 0; j < ROWS / 8; j++) {
@@ -485,3 +525,24 @@ LINEAR_SWAP_INSTANCES(LINEAR_SWAP)
 		                                           SwNorm{nullptr, 0, nullptr, nullptr, 0, (float*)sq, sqTiles, eps});            \
 	}
 LINEAR_SWAP_NORM_INSTANCES(LINEAR_SWAP_NORM)
+
+// The norm's halves with a split tile's sums in its cluster of CL (see
+// above): the producer's and the consumer's plain, for plans of CL splits a
+// tile and no whole tiles (Qwen2-7B's o and down at 16 rows in 4, qkv in 3).
+#define LINEAR_SWAP_CLUSTER(ADDNORM_NAME, RSTD_NAME, ROWS, ST, CL)                                                              \
+	extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(SW_THREADS, 1)                                      \
+	    ADDNORM_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op,                 \
+	                 const void* bias, int biasType, float* part, int* counters, int M, int N, int K, int whole, int splits,      \
+	                 int per, int* status, bf16* resid, int rp, const bf16* gamma, bf16* u, int up, float* sq) {                  \
+		linear_swap<ROWS, ST, bf16, false, SW_ADDNORM, CL>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, whole, \
+		                                                   splits, per, status, SwNorm{resid, rp, gamma, u, up, sq, 0, 0.0f});    \
+	}                                                                                                                             \
+	extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(SW_THREADS, 1)                                      \
+	    RSTD_NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const void* bias,  \
+	              int biasType, float* part, int* counters, int M, int N, int K, int whole, int splits, int per, int* status,     \
+	              const float* sq, int sqTiles, float eps) {                                                                      \
+		linear_swap<ROWS, ST, bf16, false, SW_RSTD, CL>(&xmap, &wmap, out, op, bias, biasType, part, counters, M, N, K, whole,    \
+		                                                splits, per, status,                                                      \
+		                                                SwNorm{nullptr, 0, nullptr, nullptr, 0, (float*)sq, sqTiles, eps});       \
+	}
+LINEAR_SWAP_CLUSTER_INSTANCES(LINEAR_SWAP_CLUSTER)

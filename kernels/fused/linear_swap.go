@@ -57,6 +57,13 @@ func (c swConfig) kernels() []string {
 	return []string{c.kernel(kernels.BF16), c.kernel(kernels.F32), c.swigluKernel()}
 }
 
+// clusterKernels are the norm's halves of the instance with a split tile's
+// sums in its cluster of cl (LINEAR_SWAP_CLUSTER): the producer's and the
+// consumer's plain.
+func (c swConfig) clusterKernels(cl int) []string {
+	return []string{fmt.Sprintf("%s_c%d", c.name("linear_swap_addnorm"), cl), fmt.Sprintf("%s_bf16_c%d", c.name("linear_swap_rstd"), cl)}
+}
+
 // normKernels are the norm's halves of the instance (LINEAR_SWAP_NORM):
 // the producer's, the consumer's plain (bf16 out) and with SwiGLU.
 func (c swConfig) normKernels() []string {
@@ -78,6 +85,15 @@ var swConfigs = []swConfig{{16, 12}, {32, 11}, {64, 9}}
 // boundary (linear_add_rms_norm_linear at 16 rows, swapChain): the 16-row
 // one, Qwen2-7B's decode at batch 16.
 var swNormConfigs = []swConfig{{16, 12}}
+
+// swClusters are the clusters of the cluster instances: the splits of a
+// tile they sum in distributed shared memory (Qwen2-7B's qkv at 16 rows
+// splits 3 ways, o and down 4).
+var swClusters = []int{3, 4}
+
+// swClusterOn is whether swapChain takes the cluster instances where a plan
+// allows them; a variable, so that a test can hold one to the other.
+var swClusterOn = true
 
 // swSqTiles is the most tiles the first projection of swapChain may have:
 // SW_SQ_LANE's eight lanes (a row's sums of squares, each lane's loads in
@@ -224,13 +240,17 @@ var (
 
 // swModule is linear_swap's NVRTC module.
 func swModule() cudaset.Module {
-	return module("linear_swap.cu", cudaset.Names(swInstances(), swNormInstances()))
+	return module("linear_swap.cu", cudaset.Names(swInstances(), swNormInstances(), swClusterInstances()))
 }
 
 // swKit is linear_swap on one device.
 type swKit struct {
-	err      error           // why it cannot run here; nil when it can
-	status   *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+	err    error           // why it cannot run here; nil when it can
+	status *kernels.Tensor // i32 [hopperStatusLen]: a timed-out wait's record, zero while none
+	// clusters is, for each cluster instance, how many of its clusters
+	// run at once on the device (one block an SM): a plan of more tiles
+	// counts its splits as before.
+	clusters map[string]int
 	counters *kernels.Tensor // i32 [swCounters]: finished splits of each tile, zero between launches
 }
 
@@ -259,6 +279,20 @@ func newLinearSwap(k *cudaset.Kit) *swKit {
 	}
 	if l.err = fit(swNormConfigs, swConfig.normKernels); l.err != nil {
 		return l
+	}
+	l.clusters = map[string]int{}
+	for _, c := range swNormConfigs {
+		for _, cl := range swClusters {
+			for _, name := range c.clusterKernels(cl) {
+				if k.FitShared(name, c.shared()) != nil {
+					continue // not taken: the counters sum its plans' splits
+				}
+				grid := k.SMs / cl * cl
+				if n, err := k.Func(name).MaxActiveClusters(cuda.Dim3{X: uint32(grid)}, cuda.Dim3{X: swThreads}, c.shared()); err == nil {
+					l.clusters[name] = n
+				}
+			}
+		}
 	}
 	k.Overlap(swModule().Funcs...)
 	l.status = newWaitStatus(k)
@@ -422,6 +456,22 @@ func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, 
 		op = kernels.OpLinearNormSwiGLU
 	}
 	names := p0.cfg.normKernels()
+	// clustered is the cluster instance (index i of clusterKernels) for
+	// plan p where one runs it, else plain.
+	clustered := func(p swPlan, i int, plain string) string {
+		if !swClusterOn || p.whole != 0 || p.units() != p.blocks || !slices.Contains(swClusters, p.splits) {
+			return plain
+		}
+		name := p.cfg.clusterKernels(p.splits)[i]
+		if n := o.sw.clusters[name]; n < p.tiles {
+			return plain
+		}
+		return name
+	}
+	names[0] = clustered(p0, 0, names[0])
+	if !swiglu {
+		names[1] = clustered(p1, 1, names[1])
+	}
 	sq := o.Scratch("linear.swap.sq", kernels.F32, p0.tiles, m)
 	// Both launches' split sums share the scratch: sized for the larger
 	// first, so that the second's does not grow it under the first.

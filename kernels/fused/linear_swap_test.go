@@ -562,10 +562,13 @@ func nvrtcCompiler(t *testing.T, what string) *cuda.Compiler {
 // resid, in float64) and rounded as the epilogue rounds (bias or SwiGLU),
 // to 1e-3, and against the parts (add_rms_norm, then linear or
 // linear_swiglu) to the kerneltest's 2e-2; every output the same bits on a
-// second launch, and the split counters back at zero. Logs the pair's time
-// against the parts'.
+// second launch and with the splits summed by the counters instead of in a
+// cluster (swClusterOn), and the split counters back at zero. Logs the
+// pair's time, with and without the clusters, against the parts'.
 func TestLinearSwapChainExact(t *testing.T) {
 	dev, o := openHopperSet(t, "linear_swap", func(o *ops) error { return o.sw.err })
+	t.Cleanup(func() { swClusterOn = true })
+	t.Logf("clusters of the cluster instances that run at once: %v", o.sw.clusters)
 	rng := rand.New(rand.NewSource(37))
 	random := normalOn(t, dev, rng)
 	const eps = 1e-6
@@ -697,16 +700,29 @@ func TestLinearSwapChainExact(t *testing.T) {
 				}
 			}
 			checkSwapCounters(t, o, name+", second launch")
-			us := medianUs(t, dev, func() {
+			chain := func() {
 				if !o.swapChain(mid, x, w0, nil, out, h, resid, norm, eps, w, b, s.swig) {
 					t.Fatal("swapChain refuses it")
 				}
-			})
+			}
+			us := medianUs(t, dev, chain)
+			// The splits summed by the counters instead of in a cluster
+			// (where the plans took the cluster instances): the same bits.
+			swClusterOn = false
+			call()
+			for i, a := range []*kernels.Tensor{mid, resid, h, out} {
+				if n, at := bitsDiffer(got[i], read(t, dev, a)); n > 0 {
+					t.Errorf("%s, the splits summed by the counters: %s: %d differ from the first launch's, first at %d", name, []string{"mid", "resid", "h", "out"}[i], n, at)
+				}
+			}
+			checkSwapCounters(t, o, name+", the counters")
+			countersUs := medianUs(t, dev, chain)
+			swClusterOn = true
 			partsUs := medianUs(t, dev, parts)
 			p0, _ := o.swapPlan(m, s.n0, s.k0, false)
 			p1, _ := o.swapPlan(m, cols, s.n0, s.swig)
-			t.Logf("%s (%v; %v): out rel %.2e to the scaled product, %.2e to the parts; %.2f µs, the parts %.2f µs",
-				name, p0, p1, kernels.Compare(got[3], ref).Rel, d.Rel, us, partsUs)
+			t.Logf("%s (%v; %v): out rel %.2e to the scaled product, %.2e to the parts; %.2f µs (the splits summed by the counters %.2f), the parts %.2f µs",
+				name, p0, p1, kernels.Compare(got[3], ref).Rel, d.Rel, us, countersUs, partsUs)
 			for _, a := range []*kernels.Tensor{x, resid, mid, h, out, plain, acc, partsResid, normed, partsOut} {
 				dev.Free(a)
 			}
