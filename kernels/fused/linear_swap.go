@@ -91,6 +91,12 @@ var swNormConfigs = []swConfig{{16, 12}}
 // splits 3 ways, o and down 4).
 var swClusters = []int{3, 4}
 
+// clusterable reports whether a cluster instance can run plan p: all its
+// tiles split, in a count of swClusters, one unit a block (rank = split).
+func (p swPlan) clusterable() bool {
+	return p.whole == 0 && p.units() == p.blocks && slices.Contains(swClusters, p.splits)
+}
+
 // swClusterOn is whether swapChain takes the cluster instances where a plan
 // allows them; a variable, so that a test can hold one to the other.
 var swClusterOn = true
@@ -459,7 +465,7 @@ func (o *ops) swapChain(mid, x, w0, bias0, out, h, resid, norm *kernels.Tensor, 
 	// clustered is the cluster instance (index i of clusterKernels) for
 	// plan p where one runs it, else plain.
 	clustered := func(p swPlan, i int, plain string) string {
-		if !swClusterOn || p.whole != 0 || p.units() != p.blocks || !slices.Contains(swClusters, p.splits) {
+		if !swClusterOn || !p.clusterable() {
 			return plain
 		}
 		name := p.cfg.clusterKernels(p.splits)[i]

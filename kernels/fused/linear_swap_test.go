@@ -782,7 +782,12 @@ func TestLinearSwapChainPlan(t *testing.T) {
 		if p0 != alone0 || p1 != alone1 || p0.cfg.Rows != 16 {
 			t.Errorf("%+v: %v then %v, want linear_swap's own plans %v then %v on the 16-row instance", c, p0, p1, alone0, alone1)
 		}
-		t.Logf("M=%d %dx%d then %dx%d swiglu=%v: %v; %v", c.m, c.n0, c.k0, c.n, c.n0, c.swiglu, p0, p1)
+		t.Logf("M=%d %dx%d then %dx%d swiglu=%v: %v; %v (cluster instances: %v, %v)", c.m, c.n0, c.k0, c.n, c.n0, c.swiglu, p0, p1, p0.clusterable(), p1.clusterable())
+		// Qwen2-7B's o, down (4 splits) and qkv (3) sum their splits in a
+		// cluster; gate/up (whole tiles beside split ones) cannot.
+		if c.k0 >= 3584 && (!p0.clusterable() || p1.clusterable() == c.swiglu) {
+			t.Errorf("%+v: cluster instances %v then %v, want the first and, without SwiGLU, the second", c, p0.clusterable(), p1.clusterable())
+		}
 	}
 }
 
