@@ -201,8 +201,14 @@ func (o *ops) mergeSplits(out, part, stats cudaset.Mat, rows, heads, splits, d i
 // one wave of the GPU, wave blocks (as many per SM as shared memory allows),
 // in chunks of whole key tiles.
 func decodeSplits(pairs, maxSeq, wave int) (splits, chunk int) {
-	tiles := (maxSeq + keyTile - 1) / keyTile
+	return decodeSplitsAt(pairs, maxSeq, wave, keyTile)
+}
+
+// decodeSplitsAt is decodeSplits for a kernel whose key tiles are tile
+// keys: at a short capacity, at most a split a tile.
+func decodeSplitsAt(pairs, maxSeq, wave, tile int) (splits, chunk int) {
+	tiles := (maxSeq + tile - 1) / tile
 	splits = min(tiles, max(1, (wave+pairs/2)/pairs))
-	chunk = (tiles + splits - 1) / splits * keyTile
+	chunk = (tiles + splits - 1) / splits * tile
 	return (maxSeq + chunk - 1) / chunk, chunk
 }

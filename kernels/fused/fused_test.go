@@ -43,6 +43,16 @@ func TestDecodeSplits(t *testing.T) {
 				c.pairs, c.maxSeq, splits, chunk, c.wantSplits)
 		}
 	}
+	// mla_decode keys's 32-key tiles: W4's 16 rows in a capacity of 186
+	// keys make 6 splits of a tile; long caches split as at 64.
+	for _, c := range []struct{ rows, maxSeq, wantSplits, wantChunk int }{
+		{16, 186, 6, mlkTile}, {16, 4096, 16, 256}, {1, 11142, 175, 64}, {8, 1024, 32, mlkTile},
+	} {
+		splits, chunk := decodeSplitsAt(c.rows, c.maxSeq, wave, mlkTile)
+		if splits != c.wantSplits || chunk != c.wantChunk || (splits-1)*chunk >= c.maxSeq || splits*chunk < c.maxSeq {
+			t.Errorf("mla keys, %d rows, %d keys: %d splits of %d keys, want %d of %d", c.rows, c.maxSeq, splits, chunk, c.wantSplits, c.wantChunk)
+		}
+	}
 	// A split's block takes the stages its tiles use, never less than its
 	// epilogue's sums (the queries, each warp's sums and 16 f32 rows of
 	// outputs) nor more than the kernel's full stages.

@@ -275,7 +275,14 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
 	o.GemmBatched(false, b.Rows, r, dn, 1, q, int64(dn+dr), w, perHead, 0, qlat, int64(r), h)
 
-	splits, chunk := decodeSplits(b.Rows, b.MaxSeq, wave)
+	// Splits of whole key tiles of the variant's kernel: keys's are 32 keys,
+	// so that a short capacity (W4's 186) makes more splits of fewer tiles
+	// (6 of one tile rather than 3 of two: bench/RESULTS.md, Decode).
+	tile := keyTile
+	if variant == mlaKeysVariant {
+		tile = mlkTile
+	}
+	splits, chunk := decodeSplitsAt(b.Rows, b.MaxSeq, wave, tile)
 	olat := o.Scratch(scrMLAOLat, kernels.BF16, b.Rows, h*r)
 	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*splits, r)
 	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*splits, 2)
