@@ -1354,3 +1354,8 @@ func TestMoESplitTimeline(t *testing.T) {
 		}
 	}
 }
+
+// TestMoECompiles compiles moe.cu (the grouped GEMMs, the folded path and
+// the persistent-grid kernels) by NVRTC without a GPU, where its library is
+// found: no spills, every kernel there.
+func TestMoECompiles(t *testing.T) { nvrtcReport(t, module("moe.cu", moeFuncs())) }

@@ -260,6 +260,10 @@ func TestDecodeFoldExact(t *testing.T) {
 	}
 }
 
+// TestDecodeClusterCompiles compiles attention_cluster.cu by NVRTC without
+// a GPU, where its library is found: no spills, every kernel there.
+func TestDecodeClusterCompiles(t *testing.T) { nvrtcReport(t, decodeClusterModule()) }
+
 // TestDecodeClusterExact holds flash_decode_rope's cluster kernels (the
 // splits merged in the cluster's shared memory) to flash_decode_rope then
 // attn_merge bit for bit: the output and both caches, where a case's splits
