@@ -231,9 +231,12 @@ func moeFoldInstances() cudaset.Instances {
 // persistent grid (moe.cu's MOE_FOLD_DYN), at the persistent grid's tiling
 // (dynConfig): gate/up, down, and moe_routed's gate/up that routes too.
 func moeFoldDynInstances() cudaset.Instances {
-	c := dynConfig()
-	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()},
-		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
+	f := cudaset.Instances{Macro: "MOE_FOLD_DYN"}
+	for _, c := range []gemmConfig{dynConfig(), dynDownConfig()} {
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()},
+			Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}})
+	}
+	return f
 }
 
 func linearInstances() cudaset.Instances { return decodeLinearInstances("LINEAR_SKINNY", linearKernel) }

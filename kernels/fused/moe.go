@@ -2,7 +2,9 @@ package fused
 
 import (
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -119,6 +121,19 @@ func foldConfig() gemmConfig { return configNamed(foldTiling) }
 func dynConfig() gemmConfig {
 	c := configNamed(dynTiling)
 	c.Stages = dynStages
+	return c
+}
+
+// xpDownBN is an experiment's knob (FUSELM_XP_DOWN_BN=32): the folded
+// path's down kernel on the persistent grid in dynDownConfig's tiles.
+var xpDownBN, _ = strconv.Atoi(os.Getenv("FUSELM_XP_DOWN_BN"))
+
+// dynDownConfig is dynConfig with tiles of 32 columns over two warps: twice
+// the n-tiles of the down projection (W4's 192 tiles of 180 KB on 132 SMs
+// become 384 of 90 KB).
+func dynDownConfig() gemmConfig {
+	c := dynConfig()
+	c.Name, c.BN, c.WarpsN = "m16n32", 32, 2
 	return c
 }
 
@@ -519,6 +534,9 @@ func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *ker
 	args := []any{y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
 		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
 		o.D.Ptr(o.moeCounters)}
+	if dyn && xpDownBN == 32 {
+		c = dynDownConfig()
+	}
 	name, grid := c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}
 	if dyn {
 		name = c.foldDynGemmKernel()
@@ -658,13 +676,17 @@ func moeFuncs() []string {
 func (o *ops) initMoE() error {
 	o.moeCounters = newCounters(o.Kit, foldCounters)
 	o.dynPerSM = map[string]int{}
-	c := dynConfig()
-	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances()) {
-		a, err := o.Func(name).Attrs()
-		if err != nil {
-			return fmt.Errorf("fused: %s: %w", name, err)
+	for _, c := range []gemmConfig{dynConfig(), dynDownConfig()} {
+		for _, name := range []string{c.dynGemmKernel(), c.dynGateUpKernel(), c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()} {
+			if !slices.Contains(moeFuncs(), name) {
+				continue
+			}
+			a, err := o.Func(name).Attrs()
+			if err != nil {
+				return fmt.Errorf("fused: %s: %w", name, err)
+			}
+			o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
 		}
-		o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
 	}
 	o.dynCounters = newCounters(o.Kit, dynCountersN)
 	return nil
