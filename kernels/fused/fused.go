@@ -143,7 +143,7 @@ func modules() []cudaset.Module {
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
-		module("moe.cu", moeFuncs()),
+		moeModule(),
 		module("linear.cu", linearKernels()),
 	}
 }

@@ -286,6 +286,36 @@ struct NoAfter {
 	__device__ void operator()(int, int) const {}
 };
 
+// The folded path's timestamp probe (an experiment's build, -DMOE_PROBE=1;
+// TestMoEFoldProbe reads it): thread 0 of each block of the persistent
+// gate/up (kernel 0) and down (kernel 1) kernels writes %globaltimer at
+// each MoeStamp into moe_probe[kernel][block][stamp]. In the normal build
+// moe_stamp is empty.
+#define MOE_PROBE_BLOCKS 1024
+#define MOE_PROBE_STAMPS 24
+#define MOE_PROBE_TILES 4
+enum MoeStamp {
+	MOE_ENTRY,   // the kernel's first instruction
+	MOE_WAITED,  // grid_wait returned
+	MOE_COUNTED, // the routes counted, the tables ready (gate/up); the tile starts (both)
+	MOE_TILE,    // MOE_TILE + 2i: tile i's ticket taken; + 2i + 1: its GEMM done, i < MOE_PROBE_TILES
+	MOE_COMBINE = MOE_TILE + 2 * MOE_PROBE_TILES, // down: the n-tile's last arrival known (fold_last returned true)
+	MOE_COMBINED, // down: the combine done
+	MOE_EXIT,     // the block's last ticket and its count done
+	MOE_SMID,     // value: the SM
+	MOE_TILES,    // value: the block's tiles
+};
+#ifdef MOE_PROBE
+__device__ unsigned long long moe_probe[2][MOE_PROBE_BLOCKS][MOE_PROBE_STAMPS];
+__device__ __forceinline__ void moe_stamp(int k, int s, unsigned long long v = ~0ull) {
+	if (threadIdx.x != 0 || blockIdx.x >= MOE_PROBE_BLOCKS || blockIdx.y != 0) return;
+	if (v == ~0ull) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v)::"memory");
+	moe_probe[k][blockIdx.x][s] = v;
+}
+#else
+__device__ __forceinline__ void moe_stamp(int, int, unsigned long long = 0) {}
+#endif
+
 // group_gemm_dyn is group_gemm on a persistent grid: instead of a block a
 // tile of the bound, most of which find no work at decode (the bound
 // counts up to a tile of padding for every expert), each block takes
@@ -324,16 +354,22 @@ __device__ void group_gemm_dyn(bf16* out, int op, const bf16* x, int xp, const i
 	__shared__ int start[MAX_GROUPS + 1]; // start[g]: group g's first m-tile
 	__shared__ int ticket;
 	const int ntiles = SWIGLU ? (N / 2 + BN / 2 - 1) / (BN / 2) : (N + BN - 1) / BN;
+	constexpr int PK = SWIGLU ? 0 : 1;
+	int tiles = 0;
+	moe_stamp(PK, MOE_COUNTED);
 	if (threadIdx.x < 32) group_tile_starts<BM>(first, E, M, start);
 	for (;;) {
 		if (threadIdx.x == 0) ticket = atomicAdd(&counters[0], 1);
 		__syncthreads(); // the ticket (and, the first time, start) is written
 		const int t = ticket;
 		if (t >= start[E] * ntiles) break;
+		if (tiles < MOE_PROBE_TILES) moe_stamp(PK, MOE_TILE + 2 * tiles);
 		const int mt = t / ntiles, nt = t - mt * ntiles, g = group_of_tile(start, E, mt);
 		const int row0 = first[g] + (mt - start[g]) * BM;
 		group_gemm_tile<BM, BN, WARPS_M, WARPS_N, BK, STAGES, SWIGLU, FOLD>(out, op, x, xp, gather, gdiv, w, first, N, K,
 		                                                                    choices, g, row0, first[g + 1], nt, aRow, bRow);
+		if (tiles < MOE_PROBE_TILES) moe_stamp(PK, MOE_TILE + 2 * tiles + 1);
+		tiles++;
 		after(nt, start[E]);
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
@@ -345,6 +381,13 @@ __device__ void group_gemm_dyn(bf16* out, int op, const bf16* x, int xp, const i
 			counters[1] = 0;
 		}
 	}
+#ifdef MOE_PROBE
+	unsigned sm;
+	asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+	moe_stamp(PK, MOE_SMID, sm);
+	moe_stamp(PK, MOE_TILES, tiles);
+#endif
+	moe_stamp(PK, MOE_EXIT);
 }
 
 // The tilings (named as in moe.go's gemmConfigs): m16 for decode, where
@@ -491,7 +534,9 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
                                  const bf16* w, int* first, int* sorted, int* slot, int E, int M, int NN, int KK,
                                  int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
+	if constexpr (DYN) moe_stamp(0, MOE_ENTRY);
 	grid_wait();
+	if constexpr (DYN) moe_stamp(0, MOE_WAITED);
 	grid_release();
 	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
 	const int choices = N * K;
@@ -615,11 +660,15 @@ template <int BM, int BN, int WM, int WN, int BK, int ST, bool DYN>
 __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E,
                                 int M, int NN, int KK, bf16* out, int outp, const int* slot, const float* weight,
                                 int wp, int N, int K, int* counters, int* tickets) {
+	if constexpr (DYN) moe_stamp(1, MOE_ENTRY);
 	grid_wait();
+	if constexpr (DYN) moe_stamp(1, MOE_WAITED);
 	grid_release();
 	auto combine = [&](unsigned nt, int arrivals) {
 		if (!fold_last(&counters[nt], arrivals)) return;
+		if constexpr (DYN) moe_stamp(1, MOE_COMBINE);
 		fold_combine<BN>(out, outp, y, yp, slot, weight, wp, N, K, NN, nt);
+		if constexpr (DYN) moe_stamp(1, MOE_COMBINED);
 		if (threadIdx.x == 0) counters[nt] = 0; // ready for the next launch
 	};
 	if constexpr (DYN) {

@@ -662,6 +662,18 @@ func (o *ops) moeFirstFor(experts int) cudaset.Mat {
 	return o.Mat(o.moeFirst)
 }
 
+// moeOpts are extra NVRTC options of moe.cu's module, empty but in tests:
+// TestMoEFoldProbe sets -DMOE_PROBE=1 before New to build the folded path's
+// timestamp probe.
+var moeOpts []string
+
+// moeModule is moe.cu's NVRTC module.
+func moeModule() cudaset.Module {
+	m := module("moe.cu", moeFuncs())
+	m.Opts = slices.Clone(moeOpts)
+	return m
+}
+
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
 	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
