@@ -2,9 +2,7 @@ package fused
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -124,13 +122,12 @@ func dynConfig() gemmConfig {
 	return c
 }
 
-// xpDownBN is an experiment's knob (FUSELM_XP_DOWN_BN=32): the folded
-// path's down kernel on the persistent grid in dynDownConfig's tiles.
-var xpDownBN, _ = strconv.Atoi(os.Getenv("FUSELM_XP_DOWN_BN"))
-
-// dynDownConfig is dynConfig with tiles of 32 columns over two warps: twice
-// the n-tiles of the down projection (W4's 192 tiles of 180 KB on 132 SMs
-// become 384 of 90 KB).
+// dynDownConfig is the folded path's down kernel's tiling on the
+// persistent grid: dynConfig with tiles of 32 columns over two warps, twice
+// the n-tiles of down (W4's 192 tiles of 180 KB on 132 SMs become 384 of
+// 90 KB, two more blocks an SM), where the tiles are few and the last
+// wave's blocks set the kernel's end; bench/RESULTS.md, Decode, gives what
+// it bought.
 func dynDownConfig() gemmConfig {
 	c := dynConfig()
 	c.Name, c.BN, c.WarpsN = "m16n32", 32, 2
@@ -525,8 +522,8 @@ func foldGateUpGrid(c gemmConfig, tiles, inter int) cuda.Dim3 {
 // foldDown is the folded path's second launch, group_gemm_fold: the down
 // projections of the rows of act (first's groups) into y, and out [N, H],
 // each token's rows (slot) weighted by weight [N, K] and summed, by each
-// n-tile's last tile; with dyn on the persistent grid (c then dynConfig's,
-// its tickets dynDownPair's counters).
+// n-tile's last tile; with dyn on the persistent grid (c then
+// dynDownConfig's, its tickets dynDownPair's counters).
 func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
 	n, k, hidden := out.Rows(), weight.Cols(), out.Cols()
 	experts, inter := down.Shape[0], down.Shape[2]
@@ -534,13 +531,14 @@ func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *ker
 	args := []any{y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
 		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
 		o.D.Ptr(o.moeCounters)}
-	if dyn && xpDownBN == 32 {
+	if dyn {
 		c = dynDownConfig()
 	}
-	name, grid := c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}
+	bound := cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}
+	name, grid := c.foldGemmKernel(), bound
 	if dyn {
 		name = c.foldDynGemmKernel()
-		grid = o.dynGrid(name, grid)
+		grid = o.dynGrid(name, bound)
 		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynDownPair))
 	}
 	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
@@ -677,7 +675,7 @@ func moeModule() cudaset.Module {
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
 	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
-		cudaset.Names(moeFoldInstances(), moeFoldDynInstances())...)
+		cudaset.Names(moeFoldInstances(), moeFoldDynInstances(), moeFoldDynDownInstances())...)
 }
 
 // initMoE allocates the counters of the folded path and of the persistent
@@ -716,8 +714,8 @@ func gemmShared() map[string]int {
 	m[d.dynGemmKernel()] = d.shared()
 	m[d.dynGateUpKernel()] = d.shared()
 	m[d.foldDynGateUpKernel()] = d.shared()
-	m[d.foldDynGemmKernel()] = d.shared()
 	m[d.routeDynGateUpKernel()] = d.shared()
+	m[dynDownConfig().foldDynGemmKernel()] = dynDownConfig().shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()
