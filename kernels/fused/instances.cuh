@@ -212,10 +212,7 @@
 	X(moe_gate_up_m16_fold, group_gemm_m16_fold, moe_gate_up_m16_route, 16, 64, 1, 4, 128, 4)
 
 #define MOE_FOLD_DYN_INSTANCES(X) \
-	X(moe_gate_up_m16_fold_dyn, moe_gate_up_m16_route_dyn, 16, 64, 1, 4, 128, 3)
-
-#define MOE_FOLD_DYN_DOWN_INSTANCES(X) \
-	X(group_gemm_m16n32_fold_dyn, 16, 32, 1, 2, 128, 3)
+	X(moe_gate_up_m16_fold_dyn, group_gemm_m16_fold_dyn, moe_gate_up_m16_route_dyn, 16, 64, 1, 4, 128, 3)
 
 #define LINEAR_SKINNY_INSTANCES(X) \
 	X(linear_skinny_n1_bf16, 1, bf16) \

@@ -26,7 +26,7 @@ func instances() []cudaset.Instances {
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
-		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeFoldDynDownInstances(), linearInstances(),
+		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
 	}
@@ -232,15 +232,7 @@ func moeFoldInstances() cudaset.Instances {
 // (dynConfig): gate/up, down, and moe_routed's gate/up that routes too.
 func moeFoldDynInstances() cudaset.Instances {
 	c := dynConfig()
-	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.routeDynGateUpKernel()},
-		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
-}
-
-// moeFoldDynDownInstances is the folded path's down kernel on the
-// persistent grid (moe.cu's MOE_FOLD_DYN_DOWN), in dynDownConfig's tiles.
-func moeFoldDynDownInstances() cudaset.Instances {
-	c := dynDownConfig()
-	return cudaset.Instances{Macro: "MOE_FOLD_DYN_DOWN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGemmKernel()},
+	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()},
 		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 

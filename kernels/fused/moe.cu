@@ -706,17 +706,22 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 MOE_FOLD_INSTANCES(MOE_FOLD)
 
 // The folded path on the persistent grid (moe.go's foldDynVariant, and
-// foldedVariant past foldTokens): MOE_FOLD's gate/up and routing gate/up
-// kernels in the persistent grid's tiling (dynTiling at dynStages), and
-// its down kernel in that tiling's narrower tiles (MOE_FOLD_DYN_DOWN,
-// moe.go's dynDownConfig), each with its ticket pair after the arguments
-// of MOE_FOLD's.
-#define MOE_FOLD_DYN(GATE_UP, ROUTED, BM, BN, WM, WN, BK, ST)                                                     \
+// foldedVariant past foldTokens): MOE_FOLD's gate/up, down and routing
+// gate/up kernels in the persistent grid's tiling (dynTiling at
+// dynStages), each with its ticket pair after the arguments of MOE_FOLD's.
+#define MOE_FOLD_DYN(GATE_UP, GEMM, ROUTED, BM, BN, WM, WN, BK, ST)                                               \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    GATE_UP(bf16* out, int op, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* w,    \
 	            int* first, int* sorted, int* slot, int E, int M, int NN, int KK, int* tickets) {                \
 		moe_gate_up_fold<BM, BN, WM, WN, BK, ST, true>(out, op, x, xp, idx, ip, N, K, w, first, sorted, slot, E,  \
 		                                               M, NN, KK, tickets);                                       \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    GEMM(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E, int M, int NN,     \
+	         int KK, bf16* out, int outp, const int* slot, const float* weight, int wp, int N, int K,              \
+	         int* counters, int* tickets) {                                                                       \
+		group_gemm_fold<BM, BN, WM, WN, BK, ST, true>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot,    \
+		                                              weight, wp, N, K, counters, tickets);                       \
 	}                                                                                                              \
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    ROUTED(bf16* out, int op, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,        \
@@ -729,15 +734,6 @@ MOE_FOLD_INSTANCES(MOE_FOLD)
 		                                                tickets);                                                     \
 	}
 MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
-#define MOE_FOLD_DYN_DOWN(GEMM, BM, BN, WM, WN, BK, ST)                                                           \
-	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
-	    GEMM(bf16* y, int yp, const bf16* act, int ap, const bf16* w, const int* first, int E, int M, int NN,     \
-	         int KK, bf16* out, int outp, const int* slot, const float* weight, int wp, int N, int K,              \
-	         int* counters, int* tickets) {                                                                       \
-		group_gemm_fold<BM, BN, WM, WN, BK, ST, true>(y, yp, act, ap, w, first, E, M, NN, KK, out, outp, slot,    \
-		                                              weight, wp, N, K, counters, tickets);                       \
-	}
-MOE_FOLD_DYN_DOWN_INSTANCES(MOE_FOLD_DYN_DOWN)
 
 // -------------------------------------------------- permutation and sum
 

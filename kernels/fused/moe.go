@@ -122,18 +122,6 @@ func dynConfig() gemmConfig {
 	return c
 }
 
-// dynDownConfig is the folded path's down kernel's tiling on the
-// persistent grid: dynConfig with tiles of 32 columns over two warps, twice
-// the n-tiles of down (W4's 192 tiles of 180 KB on 132 SMs become 384 of
-// 90 KB, two more blocks an SM), where the tiles are few and the last
-// wave's blocks set the kernel's end; bench/RESULTS.md, Decode, gives what
-// it bought.
-func dynDownConfig() gemmConfig {
-	c := dynConfig()
-	c.Name, c.BN, c.WarpsN = "m16n32", 32, 2
-	return c
-}
-
 func configNamed(name string) gemmConfig {
 	for _, c := range gemmConfigs {
 		if c.Name == name {
@@ -522,8 +510,8 @@ func foldGateUpGrid(c gemmConfig, tiles, inter int) cuda.Dim3 {
 // foldDown is the folded path's second launch, group_gemm_fold: the down
 // projections of the rows of act (first's groups) into y, and out [N, H],
 // each token's rows (slot) weighted by weight [N, K] and summed, by each
-// n-tile's last tile; with dyn on the persistent grid (c then
-// dynDownConfig's, its tickets dynDownPair's counters).
+// n-tile's last tile; with dyn on the persistent grid (c then dynConfig's,
+// its tickets dynDownPair's counters).
 func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *kernels.Tensor, first, slot, act, y cudaset.Mat, rows int) {
 	n, k, hidden := out.Rows(), weight.Cols(), out.Cols()
 	experts, inter := down.Shape[0], down.Shape[2]
@@ -531,14 +519,10 @@ func (o *ops) foldDown(c gemmConfig, dyn bool, tiles int, out, weight, down *ker
 	args := []any{y.P, int32(y.Pitch), act.P, int32(act.Pitch), o.D.Ptr(down), first.P, int32(experts), int32(rows), int32(hidden),
 		int32(inter), om.P, int32(om.Pitch), slot.P, o.D.Ptr(weight), int32(weight.Pitch), int32(n), int32(k),
 		o.D.Ptr(o.moeCounters)}
-	if dyn {
-		c = dynDownConfig()
-	}
-	bound := cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}
-	name, grid := c.foldGemmKernel(), bound
+	name, grid := c.foldGemmKernel(), cuda.Dim3{X: uint32((hidden + c.BN - 1) / c.BN), Y: uint32(tiles)}
 	if dyn {
 		name = c.foldDynGemmKernel()
-		grid = o.dynGrid(name, bound)
+		grid = o.dynGrid(name, grid)
 		args = append(args, o.D.Ptr(o.dynCounters)+uintptr(4*dynDownPair))
 	}
 	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(c.threads())}, c.shared(), args...)
@@ -675,7 +659,7 @@ func moeModule() cudaset.Module {
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
 	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
-		cudaset.Names(moeFoldInstances(), moeFoldDynInstances(), moeFoldDynDownInstances())...)
+		cudaset.Names(moeFoldInstances(), moeFoldDynInstances())...)
 }
 
 // initMoE allocates the counters of the folded path and of the persistent
@@ -686,17 +670,13 @@ func moeFuncs() []string {
 func (o *ops) initMoE() error {
 	o.moeCounters = newCounters(o.Kit, foldCounters)
 	o.dynPerSM = map[string]int{}
-	for _, c := range []gemmConfig{dynConfig(), dynDownConfig()} {
-		for _, name := range []string{c.dynGemmKernel(), c.dynGateUpKernel(), c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()} {
-			if !slices.Contains(moeFuncs(), name) {
-				continue
-			}
-			a, err := o.Func(name).Attrs()
-			if err != nil {
-				return fmt.Errorf("fused: %s: %w", name, err)
-			}
-			o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
+	c := dynConfig()
+	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances()) {
+		a, err := o.Func(name).Attrs()
+		if err != nil {
+			return fmt.Errorf("fused: %s: %w", name, err)
 		}
+		o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
 	}
 	o.dynCounters = newCounters(o.Kit, dynCountersN)
 	return nil
@@ -714,8 +694,8 @@ func gemmShared() map[string]int {
 	m[d.dynGemmKernel()] = d.shared()
 	m[d.dynGateUpKernel()] = d.shared()
 	m[d.foldDynGateUpKernel()] = d.shared()
+	m[d.foldDynGemmKernel()] = d.shared()
 	m[d.routeDynGateUpKernel()] = d.shared()
-	m[dynDownConfig().foldDynGemmKernel()] = dynDownConfig().shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()
