@@ -26,7 +26,7 @@ func instances() []cudaset.Instances {
 		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
-		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), linearInstances(),
+		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
 	}
@@ -233,6 +233,14 @@ func moeFoldInstances() cudaset.Instances {
 func moeFoldDynInstances() cudaset.Instances {
 	c := dynConfig()
 	return cudaset.Instances{Macro: "MOE_FOLD_DYN", Kernels: []cudaset.Instance{{Names: []string{c.foldDynGateUpKernel(), c.foldDynGemmKernel(), c.routeDynGateUpKernel()},
+		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
+}
+
+// moeOneInstances is the folded path in one launch on the persistent grid
+// (moe.cu's MOE_ONE), at the persistent grid's tiling (dynConfig).
+func moeOneInstances() cudaset.Instances {
+	c := dynConfig()
+	return cudaset.Instances{Macro: "MOE_ONE", Kernels: []cudaset.Instance{{Names: []string{c.oneKernel()},
 		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 

@@ -18,7 +18,7 @@ func TestInstancesHeader(t *testing.T) {
 		"attention.cu":     {flashPrefillInstances(), flashDecodeInstances()},
 		"mla.cu":           {mlaPrefillInstances(), mlaDecodeInstances()},
 		"mla_keys.cu":      {mlaKeysInstances()},
-		"moe.cu":           {groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances()},
+		"moe.cu":           {groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances()},
 		"linear.cu":        {linearInstances()},
 		"hopper.cu":        {hopperInstances()},
 		"mla_hopper.cu":    {mlaHopperInstances()},

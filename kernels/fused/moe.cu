@@ -89,6 +89,12 @@ template <int BM, int BN, int BK, int STAGES> struct GemmRing {
 	__device__ static unsigned a(unsigned base, int kt) { return base + (kt % STAGES) * STAGE_BYTES; }
 };
 
+// NoPre is group_gemm_tile's default Pre: nothing between a tile's first
+// weights and its rows of x.
+struct NoPre {
+	__device__ void operator()() const {}
+};
+
 // group_gemm_tile is one tile of the grouped GEMM: for the BM rows from
 // row0 of group g (rows to rowEnd, its end) and the BN-column n-tile nt0,
 //   out[r, n] = Σ_k a(r)[k] · w[g, n, k]
@@ -116,10 +122,17 @@ template <int BM, int BN, int BK, int STAGES> struct GemmRing {
 // shared memory runs it (group_gemm, group_gemm_dyn); it leaves
 // the shared tiles and row tables in use (the caller synchronizes before
 // the next).
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD>
+// With early, the tile's first STAGES-1 k-tiles of w are queued first,
+// as one cp.async group, then pre() runs (a wait for x: moe_one's down
+// tile waits there for its rows' gate/up tiles) and only then their rows
+// of x, a group a stage: the weights stream in under the wait. The groups
+// complete in order, so the loop's wait for stage 0's rows of x covers
+// the weights' group too.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD, class Pre = NoPre>
 __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,
                                                 const bf16* w, const int* first, int N, int K, int choices, int g,
-                                                int row0, int rowEnd, int nt0, int* aRow, int* bRow) {
+                                                int row0, int rowEnd, int nt0, int* aRow, int* bRow,
+                                                bool early = false, Pre pre = {}) {
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
@@ -191,10 +204,23 @@ __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x
 	};
 
 	const int ktiles = (K + BK - 1) / BK;
+	if (early) {
 #pragma unroll
-	for (int s = 0; s < STAGES - 1; s++) {
-		if (s < ktiles) load(s);
+		for (int s = 0; s < STAGES - 1; s++)
+			if (s < ktiles) rows(B_LOADS, Ring::a(base, s) + Ring::A_BYTES, bRow, wg, K, s * BK);
 		cp_commit();
+		pre();
+#pragma unroll
+		for (int s = 0; s < STAGES - 1; s++) {
+			if (s < ktiles) rows(A_LOADS, Ring::a(base, s), aRow, x, xp, s * BK);
+			cp_commit();
+		}
+	} else {
+#pragma unroll
+		for (int s = 0; s < STAGES - 1; s++) {
+			if (s < ktiles) load(s);
+			cp_commit();
+		}
 	}
 	float acc[MT][NT][4];
 #pragma unroll
@@ -734,6 +760,107 @@ MOE_FOLD_INSTANCES(MOE_FOLD)
 		                                                tickets);                                                     \
 	}
 MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
+
+// moe_one is the folded path in one launch on the persistent grid: every
+// block counts and ranks the choices (fold_count, as moe_gate_up_fold's
+// blocks do; block 0 also writes the tables, fold_tables), then takes
+// tickets from one pair: the gate/up tiles first (mt-major, as
+// moe_gate_up_fold's), then the down tiles (as group_gemm_fold's). A
+// gate/up tile, once its rows of act are written, counts itself on its
+// m-tile's counter in done (after a fence); a down tile queues its first
+// weights, waits until every gate/up tile of its m-tile has counted
+// (thread 0 reads the counter with acquire, then a barrier), then reads
+// its rows of act through L2 and goes on as group_gemm_fold's tile: its
+// n-tile's last tile sums the n-tile (fold_combine, with each choice's row
+// from the block's own ranks, sSlot, where the tables block 0 writes may
+// not yet be visible). No wait can block forever: a down ticket comes
+// after every gate/up ticket, and a gate/up tile, once taken, runs on a
+// block that waits on nothing. The same tiles, rows and sums as the two
+// launches, so bit for bit their outputs.
+//   act bf16 [M, ap]; x bf16 [N, xp]; idx i32 [N, ip] (K columns);
+//   gateUp bf16 [E, NN, KK] (NN = 2I, KK = H); first i32 [E+1], sorted i32
+//   [M], slot i32 [N·K] written; y bf16 [M, yp]; down bf16 [E, KK, NN/2];
+//   out bf16 [N, outp]; weight f32 [N, wp]; counters i32 [≥ ceil(KK /
+//   BN)] (the n-tiles'), done i32 [≥ the m-tiles], tickets i32 [2]: zero
+//   between launches, and the grid's last block leaves them so.
+// Launch: 1-D, the blocks an SM holds times the SMs (at most the tiles of
+// both GEMMs); group_gemm_tile's block and GemmRing's shared memory.
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+__device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
+                        const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
+                        int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
+                        int* done, int* tickets) {
+	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
+	__shared__ int aRow[BM], bRow[BN];
+	__shared__ int start[MAX_GROUPS + 1];
+	__shared__ int ticket;
+	const int tid = threadIdx.x, I = NN / 2, choices = N * K;
+	grid_wait();
+	grid_release();
+	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
+	if (blockIdx.x == 0) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
+	for (int i = tid; i < choices; i += blockDim.x) sSlot[i] = sFirst[sEx[i]] + fold_rank(sEx, i);
+	if (tid < 32) group_tile_starts<BM>(sFirst, E, M, start);
+	__syncthreads();
+	const int mtiles = start[E], upTiles = (I + BN / 2 - 1) / (BN / 2), downTiles = (KK + BN - 1) / BN;
+	const int t1 = mtiles * upTiles, t2 = t1 + mtiles * downTiles;
+	for (;;) {
+		if (tid == 0) ticket = atomicAdd(&tickets[0], 1);
+		__syncthreads(); // the ticket is written
+		const int t = ticket;
+		if (t >= t2) break;
+		if (t < t1) {
+			const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
+			const int row0 = sFirst[g] + (mt - start[g]) * BM;
+			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true>(act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices,
+			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow);
+			__threadfence(); // this thread's rows of act before the count
+			__syncthreads();
+			if (tid == 0) atomicAdd(&done[mt], 1);
+		} else {
+			const int u = t - t1, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
+			const int row0 = sFirst[g] + (mt - start[g]) * BM;
+			int* ready = &done[mt];
+			auto wait = [ready, upTiles] {
+				if (threadIdx.x == 0) {
+					int n;
+					for (;;) {
+						asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(ready) : "memory");
+						if (n >= upTiles) break;
+						__nanosleep(64);
+					}
+				}
+				__syncthreads(); // every gate/up tile of the m-tile has written its rows
+			};
+			group_gemm_tile<BM, BN, WM, WN, BK, ST, false, false, decltype(wait)>(
+			    y, yp, act, ap, nullptr, 1, down, sFirst, KK, I, 0, g, row0, sFirst[g + 1], nt, aRow, bRow, true, wait);
+			if (fold_last(&counters[nt], mtiles)) {
+				fold_combine<BN>(out, outp, y, yp, sSlot, weight, wp, N, K, KK, nt);
+				if (tid == 0) counters[nt] = 0; // ready for the next launch
+			}
+		}
+		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
+	}
+	if (tid == 0) {
+		__threadfence(); // this block's last ticket before its count
+		if (atomicAdd(&tickets[1], 1) == (int)gridDim.x - 1) {
+			__threadfence(); // every block's last ticket and count before the reset
+			for (int m = 0; m < mtiles; m++) done[m] = 0;
+			tickets[0] = 0;
+			tickets[1] = 0;
+		}
+	}
+}
+
+#define MOE_ONE(NAME, BM, BN, WM, WN, BK, ST)                                                                     \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
+	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
+	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
+	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
+		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
+	}
+MOE_ONE_INSTANCES(MOE_ONE)
 
 // -------------------------------------------------- permutation and sum
 

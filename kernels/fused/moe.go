@@ -2,6 +2,7 @@ package fused
 
 import (
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -61,7 +62,11 @@ const (
 	// atomics, and their resets, never share one.
 	dynGateUpPair = 0
 	dynDownPair   = 32
-	dynCountersN  = 64
+	dynOnePair    = 64
+	dynCountersN  = 96
+	// oneDoneN is the m-tile counters of moe_one (the most m-tiles of the
+	// folded path: MOE_FOLD_MAX choices at one row a tile).
+	oneDoneN = 128
 )
 
 // gemmConfig is a tiling of the grouped GEMM (moe.cu's GROUP_GEMM): BM × BN
@@ -109,6 +114,14 @@ func (c gemmConfig) dynGateUpKernel() string { return "moe_gate_up_" + c.Name + 
 // on the persistent grid in tiling c (moe.cu's MOE_FOLD_DYN).
 func (c gemmConfig) foldDynGateUpKernel() string { return "moe_gate_up_" + c.Name + "_fold_dyn" }
 func (c gemmConfig) foldDynGemmKernel() string   { return "group_gemm_" + c.Name + "_fold_dyn" }
+
+// oneKernel is the folded path in one launch on the persistent grid in
+// tiling c (moe.cu's MOE_ONE).
+func (c gemmConfig) oneKernel() string { return "moe_one_" + c.Name }
+
+// xpMoEOne is an experiment's knob (FUSELM_XP_MOE_ONE=1): the folded path on
+// the persistent grid in one launch (moe_one) instead of two.
+var xpMoEOne = os.Getenv("FUSELM_XP_MOE_ONE") == "1"
 
 // routeDynGateUpKernel is moe_routed's gate/up kernel on the persistent
 // grid in tiling c (moe.cu's MOE_FOLD_DYN).
@@ -481,6 +494,17 @@ func (o *ops) expertsFolded(c gemmConfig, dyn bool, tiles int, out, x, idx, weig
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2 * inter), int32(hidden)}
+	if dyn && xpMoEOne {
+		d := dynConfig()
+		name := d.oneKernel()
+		upTiles, downTiles := (inter+d.BN/2-1)/(d.BN/2), (hidden+d.BN-1)/d.BN
+		grid := o.dynGrid(name, cuda.Dim3{X: uint32(upTiles + downTiles), Y: uint32(tiles)})
+		om := o.Mat(out)
+		args = append(args, y.P, int32(y.Pitch), o.D.Ptr(down), om.P, int32(om.Pitch), o.D.Ptr(weight),
+			int32(weight.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone), o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair))
+		o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(d.threads())}, d.shared(), args...)
+		return
+	}
 	o.launchFolded(c, dyn, gemmConfig.foldGateUpKernel, gemmConfig.foldDynGateUpKernel, tiles, inter, args,
 		out, weight, down, first, slot, act, y, rows)
 }
@@ -659,7 +683,7 @@ func moeModule() cudaset.Module {
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
 	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
-		cudaset.Names(moeFoldInstances(), moeFoldDynInstances())...)
+		cudaset.Names(moeFoldInstances(), moeFoldDynInstances(), moeOneInstances())...)
 }
 
 // initMoE allocates the counters of the folded path and of the persistent
@@ -671,7 +695,7 @@ func (o *ops) initMoE() error {
 	o.moeCounters = newCounters(o.Kit, foldCounters)
 	o.dynPerSM = map[string]int{}
 	c := dynConfig()
-	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances()) {
+	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances(), moeOneInstances()) {
 		a, err := o.Func(name).Attrs()
 		if err != nil {
 			return fmt.Errorf("fused: %s: %w", name, err)
@@ -679,6 +703,7 @@ func (o *ops) initMoE() error {
 		o.dynPerSM[name] = o.residentBlocks(a, c.threads(), c.shared())
 	}
 	o.dynCounters = newCounters(o.Kit, dynCountersN)
+	o.oneDone = newCounters(o.Kit, oneDoneN)
 	return nil
 }
 
@@ -696,6 +721,7 @@ func gemmShared() map[string]int {
 	m[d.foldDynGateUpKernel()] = d.shared()
 	m[d.foldDynGemmKernel()] = d.shared()
 	m[d.routeDynGateUpKernel()] = d.shared()
+	m[d.oneKernel()] = d.shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()

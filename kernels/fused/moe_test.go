@@ -596,14 +596,18 @@ func TestGroupGemmDynExact(t *testing.T) {
 	}
 }
 
-// checkCounters fails t unless every counter of the persistent grids and
-// of the folded path's n-tiles is zero, as each launch must leave them.
+// checkCounters fails t unless every counter of the persistent grids, of
+// the folded path's n-tiles and of moe_one's m-tiles is zero, as each
+// launch must leave them.
 func checkCounters(t *testing.T, o *ops, what string) {
 	t.Helper()
 	for _, c := range []struct {
 		name string
 		buf  *kernels.Tensor
-	}{{"persistent grid", o.dynCounters}, {"folded n-tile", o.moeCounters}} {
+	}{{"persistent grid", o.dynCounters}, {"folded n-tile", o.moeCounters}, {"one-launch m-tile", o.oneDone}} {
+		if c.buf == nil {
+			continue
+		}
 		v, err := o.D.ReadI32(c.buf)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
