@@ -2,7 +2,6 @@ package fused
 
 import (
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -49,6 +48,12 @@ const (
 	// problem, and dynVariant's four launches elsewhere; foldedVariant, the
 	// default, runs it past foldTokens up to foldDynTokens.
 	foldDynVariant = "grouped_mma_folded_dyn"
+	// oneVariant is moe_experts' variant that runs the folded path on the
+	// persistent grid in one launch (moe.cu's moe_one) wherever
+	// foldDynVariant would run its two, and dynVariant's four elsewhere;
+	// foldedVariant, the default, runs it past foldTokens up to
+	// foldDynTokens, and foldDynVariant keeps the two launches selectable.
+	oneVariant = "grouped_mma_one"
 	// dynStages is the ring depth of the persistent grid's kernels, which
 	// otherwise run dynTiling's tiling: a grid of the blocks the SMs hold
 	// streams more bytes at once with more, shallower blocks (three of
@@ -118,10 +123,6 @@ func (c gemmConfig) foldDynGemmKernel() string   { return "group_gemm_" + c.Name
 // oneKernel is the folded path in one launch on the persistent grid in
 // tiling c (moe.cu's MOE_ONE).
 func (c gemmConfig) oneKernel() string { return "moe_one_" + c.Name }
-
-// xpMoEOne is an experiment's knob (FUSELM_XP_MOE_ONE=1): the folded path on
-// the persistent grid in one launch (moe_one) instead of two.
-var xpMoEOne = os.Getenv("FUSELM_XP_MOE_ONE") == "1"
 
 // routeDynGateUpKernel is moe_routed's gate/up kernel on the persistent
 // grid in tiling c (moe.cu's MOE_FOLD_DYN).
@@ -412,7 +413,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
 	variant := o.variantFor(op, wgmmaKey(c))
 	if fold, dyn := o.foldPath(variant, c, n, choices, hidden); fold {
-		o.expertsFolded(c, dyn, tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
+		o.expertsFolded(c, dyn, oneRuns(variant, dyn), tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
 		return
 	}
 	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
@@ -432,7 +433,8 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 			return
 		}
 	} else {
-		dyn := (variant == dynVariant || variant == foldedVariant || variant == foldDynVariant) && o.dynTakes(c)
+		dyn := (variant == dynVariant || variant == foldedVariant || variant == foldDynVariant || variant == oneVariant) &&
+			o.dynTakes(c)
 		o.groupGemm(c, "moe_gate_up", dyn, tiles, act, o.Mat(x), sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
 		o.groupGemm(c, "group_gemm", dyn, tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	}
@@ -470,31 +472,42 @@ func (o *ops) foldFits(c gemmConfig, choices, hidden int) bool {
 // (choices of them) with hidden columns out in tiling c: folded (two
 // launches) or not (fold), and then on the persistent grid (dyn) or a
 // block a tile. foldedVariant folds a block a tile up to foldTokens and
-// on the persistent grid up to foldDynTokens; foldDynVariant folds on
-// the persistent grid wherever the kernels take it; neither folds past
-// them (the four launches, on the persistent grid).
+// on the persistent grid up to foldDynTokens; foldDynVariant and
+// oneVariant fold on the persistent grid wherever the kernels take it;
+// none folds past them (the four launches, on the persistent grid).
+// Where it folds on the persistent grid, oneRuns says in how many
+// launches.
 func (o *ops) foldPath(variant string, c gemmConfig, tokens, choices, hidden int) (fold, dyn bool) {
 	fits := o.foldFits(c, choices, hidden)
 	switch {
 	case variant == foldedVariant && fits && tokens <= foldTokens:
 		return true, false
-	case (variant == foldedVariant && tokens <= foldDynTokens || variant == foldDynVariant) && fits && o.dynTakes(c):
+	case (variant == foldedVariant && tokens <= foldDynTokens || variant == foldDynVariant || variant == oneVariant) && fits &&
+		o.dynTakes(c):
 		return true, true
 	}
 	return false, false
 }
 
-// expertsFolded is MoEExperts in two launches: moe_gate_up_fold (the
+// oneRuns reports whether the folded path on the persistent grid (dyn)
+// runs in one launch, moe_one, under variant: by default and with
+// oneVariant chosen; in two with foldDynVariant chosen. Measured on an
+// H200: W4 +3.0%, W5 +1.8% (bench/RESULTS.md, Decode).
+func oneRuns(variant string, dyn bool) bool { return dyn && variant != foldDynVariant }
+
+// expertsFolded is MoEExperts folded: in two launches, moe_gate_up_fold (the
 // alignment in every block, block 0 writing first, sorted and slot), then
 // foldDown; with dyn, both on the persistent grid (MOE_FOLD_DYN, the gate/up
-// kernel taking its tiles from dynGateUpPair's counters).
-func (o *ops) expertsFolded(c gemmConfig, dyn bool, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
+// kernel taking its tiles from dynGateUpPair's counters), or with one in
+// one launch (moe_one, its tickets dynOnePair's counters, its m-tiles'
+// counts oneDone).
+func (o *ops) expertsFolded(c gemmConfig, dyn, one bool, tiles int, out, x, idx, weight, gateUp, down *kernels.Tensor,
 	first, sorted, slot, act, y cudaset.Mat, rows int) {
 	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
 	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2 * inter), int32(hidden)}
-	if dyn && xpMoEOne {
+	if one {
 		d := dynConfig()
 		name := d.oneKernel()
 		upTiles, downTiles := (inter+d.BN/2-1)/(d.BN/2), (hidden+d.BN-1)/d.BN

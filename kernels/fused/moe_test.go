@@ -156,7 +156,7 @@ func TestMoEFoldExact(t *testing.T) {
 // (the folded variant's default past the fold; chosen, in every call) and
 // group_gemm (its default), with grouped_mma, a block a tile, selectable
 // beside it for both, and moe_experts' folded path on the persistent grid
-// (foldDynVariant) too; at no other tiling.
+// (foldDynVariant) and in one launch (oneVariant) too; at no other tiling.
 func TestMoEDynVariants(t *testing.T) {
 	o := &ops{}
 	h200 := kernels.Targets["sm_90a"]
@@ -167,7 +167,7 @@ func TestMoEDynVariants(t *testing.T) {
 		want []string
 	}{
 		{kernels.OpMoEExperts, kernels.Shape{"N": 16, "H": 2048, "I": 1408, "E": 64, "topk": 6}, foldedVariant,
-			[]string{"grouped_mma", dynVariant, foldedVariant, foldDynVariant}},
+			[]string{"grouped_mma", dynVariant, foldedVariant, foldDynVariant, oneVariant}},
 		{kernels.OpGroupGemm, kernels.Shape{"M": 96, "N": 2816, "K": 2048, "E": 64}, dynVariant, []string{"grouped_mma", dynVariant}},
 		{kernels.OpMoEExperts, kernels.Shape{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}, "grouped_mma", []string{"grouped_mma"}},
 		{kernels.OpGroupGemm, kernels.Shape{"M": 3000, "N": 2816, "K": 2048, "E": 64}, "grouped_mma", []string{"grouped_mma"}},
@@ -250,12 +250,25 @@ func TestMoEFoldDynVariants(t *testing.T) {
 		}
 		check(foldedVariant, tokens, choices, hidden, def)
 		check(foldDynVariant, tokens, choices, hidden, chosen)
+		check(oneVariant, tokens, choices, hidden, chosen)
 		check(dynVariant, tokens, choices, hidden, four)
 		check("grouped_mma", tokens, choices, hidden, four)
 	}
 	check(foldDynVariant, 1, 6, foldCounters*c.BN+1, four)
 	check(foldedVariant, 12, 12*k, foldCounters*c.BN+1, four)
 	check(foldDynVariant, 12, 12*k, foldCounters*c.BN, persistent)
+	check(oneVariant, 12, 12*k, foldCounters*c.BN+1, four)
+	// One launch where the default or oneVariant folds on the persistent
+	// grid, two where foldDynVariant does, none off it.
+	for _, c := range []struct {
+		variant string
+		dyn     bool
+		want    bool
+	}{{foldedVariant, true, true}, {oneVariant, true, true}, {foldDynVariant, true, false}, {foldedVariant, false, false}} {
+		if got := oneRuns(c.variant, c.dyn); got != c.want {
+			t.Errorf("oneRuns(%s, dyn %v) = %v, want %v", c.variant, c.dyn, got, c.want)
+		}
+	}
 	if foldTokens >= foldDynTokens || foldDynTokens*k > foldMax {
 		t.Errorf("foldTokens %d, foldDynTokens %d: the persistent fold takes no count of top-%d past the grid's fold within %d choices",
 			foldTokens, foldDynTokens, k, foldMax)
@@ -266,21 +279,25 @@ func TestMoEFoldDynVariants(t *testing.T) {
 		{"N": 600, "H": 2048, "I": 1408, "E": 64, "topk": 6}} {
 		key := o.TuningKey(kernels.OpMoEExperts, s)
 		decode := key == "tiling="+dynTiling
-		offered := slices.ContainsFunc(variants(kernels.OpMoEExperts, s, h200), func(v kernels.Variant) bool {
-			return v.Name == foldDynVariant && v.Valid()
-		})
-		if offered != decode {
-			t.Errorf("%s (%s): %s offered %v", s, key, foldDynVariant, offered)
-		}
-		if err := o.UseVariant(kernels.OpMoEExperts, key, foldDynVariant); (err == nil) != decode {
-			t.Errorf("%s (%s): UseVariant %s: %v", s, key, foldDynVariant, err)
-		} else if decode && o.VariantFor(kernels.OpMoEExperts, key) != foldDynVariant {
-			t.Errorf("%s (%s): runs %q with %s chosen", s, key, o.VariantFor(kernels.OpMoEExperts, key), foldDynVariant)
+		for _, name := range []string{foldDynVariant, oneVariant} {
+			offered := slices.ContainsFunc(variants(kernels.OpMoEExperts, s, h200), func(v kernels.Variant) bool {
+				return v.Name == name && v.Valid()
+			})
+			if offered != decode {
+				t.Errorf("%s (%s): %s offered %v", s, key, name, offered)
+			}
+			if err := o.UseVariant(kernels.OpMoEExperts, key, name); (err == nil) != decode {
+				t.Errorf("%s (%s): UseVariant %s: %v", s, key, name, err)
+			} else if decode && o.VariantFor(kernels.OpMoEExperts, key) != name {
+				t.Errorf("%s (%s): runs %q with %s chosen", s, key, o.VariantFor(kernels.OpMoEExperts, key), name)
+			}
 		}
 	}
 	for _, op := range []kernels.Op{kernels.OpGroupGemm, kernels.OpMoERouted} {
-		if err := o.UseVariant(op, "tiling="+dynTiling, foldDynVariant); err == nil {
-			t.Errorf("%s accepted %s", op, foldDynVariant)
+		for _, name := range []string{foldDynVariant, oneVariant} {
+			if err := o.UseVariant(op, "tiling="+dynTiling, name); err == nil {
+				t.Errorf("%s accepted %s", op, name)
+			}
 		}
 	}
 }
@@ -390,15 +407,16 @@ func TestMoEDynExact(t *testing.T) {
 // whole n-tile (hidden 520, intermediate 264, top-6 of 8), at 9, 12 and 16
 // tokens (foldTokens to foldDynTokens) routed as moeRouting's shared,
 // distinct and hot. Each case runs once as the default (foldedVariant,
-// which must fold on the persistent grid there); three times back to back
-// with nothing between (the kernels overlap their neighbours), into three
-// outputs, the second on another routing, so that tables, tickets or
-// n-tile counts one launch leaves behind show in the next; then captured in
-// a graph replayed twice. Outputs and the GEMMs' intermediates are NaN
-// before each run, and every counter must be zero after it. It logs the
-// median µs of the two paths alone (CUDA events, each call queued back to
-// back), and of the fold a block a tile (foldedVariant with foldTokens
-// raised) for reference.
+// which must fold on the persistent grid there: moe_one); then in two
+// launches (foldDynVariant) and in one (oneVariant) three times back to
+// back with nothing between (the kernels overlap their neighbours), into
+// three outputs, the second on another routing, so that tables, tickets,
+// n-tile or m-tile counts one launch leaves behind show in the next; then
+// captured in a graph replayed twice. Outputs and the GEMMs'
+// intermediates are NaN before each run, and every counter must be zero
+// after it. It logs the median µs of the paths alone (CUDA events, each
+// call queued back to back), and of the fold a block a tile (foldedVariant
+// with foldTokens raised) for reference.
 func TestMoEFoldDynExact(t *testing.T) {
 	dev, o := openSet(t)
 	rng := rand.New(rand.NewSource(43))
@@ -480,45 +498,49 @@ func TestMoEFoldDynExact(t *testing.T) {
 				check("the default variant", outs[0], want)
 				checkCounters(t, o, name+", the default variant")
 
-				use(foldDynVariant)
-				poison()
-				first()
-				second()
-				call(outs[2], idx, weight)()
-				for i, w := range [][]float32{want, want2, want} {
-					check(fmt.Sprintf("launch %d of 3 back to back", i+1), outs[i], w)
-				}
-				checkCounters(t, o, name+", three launches back to back")
-
-				poison()
-				if err := dev.BeginCapture(); err != nil {
-					t.Fatal(err)
-				}
-				first()
-				g, err := dev.EndCapture()
-				if err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				for rep := range 2 {
+				for _, v := range []string{foldDynVariant, oneVariant} {
+					use(v)
 					poison()
-					if err := g.Replay(); err != nil {
+					first()
+					second()
+					call(outs[2], idx, weight)()
+					for i, w := range [][]float32{want, want2, want} {
+						check(fmt.Sprintf("%s, launch %d of 3 back to back", v, i+1), outs[i], w)
+					}
+					checkCounters(t, o, name+", "+v+", three launches back to back")
+
+					poison()
+					if err := dev.BeginCapture(); err != nil {
 						t.Fatal(err)
 					}
-					check(fmt.Sprintf("graph replay %d", rep), outs[0], want)
-					checkCounters(t, o, fmt.Sprintf("%s, graph replay %d", name, rep))
+					first()
+					g, err := dev.EndCapture()
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					for rep := range 2 {
+						poison()
+						if err := g.Replay(); err != nil {
+							t.Fatal(err)
+						}
+						check(fmt.Sprintf("%s, graph replay %d", v, rep), outs[0], want)
+						checkCounters(t, o, fmt.Sprintf("%s, %s, graph replay %d", name, v, rep))
+					}
+					g.Close()
 				}
-				g.Close()
 
 				use(dynVariant)
 				usFour := medianUs(t, dev, first)
 				use(foldDynVariant)
 				usTwo := medianUs(t, dev, first)
+				use(oneVariant)
+				usOne := medianUs(t, dev, first)
 				use(foldedVariant)
 				foldTokens = foldMax // the fold a block a tile, at this count too
 				usGrid := medianUs(t, dev, first)
 				foldTokens = defaultFold
-				t.Logf("%s: %s %.2f µs, %s %.2f µs (four launches); folded a block a tile %.2f µs (median, alone, back to back)",
-					name, foldDynVariant, usTwo, dynVariant, usFour, usGrid)
+				t.Logf("%s: %s %.2f µs, %s %.2f µs, %s %.2f µs (four launches); folded a block a tile %.2f µs (median, alone, back to back)",
+					name, oneVariant, usOne, foldDynVariant, usTwo, dynVariant, usFour, usGrid)
 				for _, a := range append([]*kernels.Tensor{x, idx, weight, idx2, weight2}, outs...) {
 					dev.Free(a)
 				}

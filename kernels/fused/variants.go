@@ -214,8 +214,8 @@ var table = func() []variant {
 			vs = append(vs, variant{op: op, name: foldedVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				c := gemmTiling(op, s)
 				return fmt.Sprintf("grouped_mma with moe_align in every gate/up block and moe_combine in down's last block of an n-tile "+
-						"(two launches; up to %d tokens a block a tile, up to %d on the persistent grid as %s, and %d choices; else %s's four)",
-						foldTokens, foldDynTokens, foldDynVariant, foldMax, dynVariant),
+						"(two launches up to %d tokens, a block a tile; up to %d on the persistent grid in one, as %s; and %d choices; "+
+						"else %s's four)", foldTokens, foldDynTokens, oneVariant, foldMax, dynVariant),
 					join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == foldedVariant
 			}, use: atDefault(foldedVariant)})
 			vs = append(vs, variant{op: op, name: foldDynVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
@@ -228,6 +228,19 @@ var table = func() []variant {
 			}, use: func(_ *ops, key string) error {
 				if c, _ := gemmTilingOfKey(key); !foldDynOffered(op, c) {
 					return fmt.Errorf("fused has no variant %q of %s at %s", foldDynVariant, op, key)
+				}
+				return nil
+			}})
+			vs = append(vs, variant{op: op, name: oneVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
+				c := gemmTiling(op, s)
+				d := dynConfig()
+				return d.params() + fmt.Sprintf(" (%s); %s in one launch (moe_one): the gate/up tiles, then the down tiles "+
+						"from one atomic counter, each down tile waiting on its rows' gate/up tiles instead of a second launch "+
+						"(at any token count up to %d choices, else %s's four)", c.regime, foldDynVariant, foldMax, dynVariant),
+					join(archWhy(t), fits(d.shared(), t)), foldDynOffered(op, c)
+			}, use: func(_ *ops, key string) error {
+				if c, _ := gemmTilingOfKey(key); !foldDynOffered(op, c) {
+					return fmt.Errorf("fused has no variant %q of %s at %s", oneVariant, op, key)
 				}
 				return nil
 			}})
@@ -574,8 +587,8 @@ func mlaDecodePick(o *ops, key, chosen string) string {
 // gemmTuning is group_gemm's or moe_experts' (op's) tuning: keyed by the
 // tiling (wgmmaKey); group_wgmma where it is chosen at the prefill tiling,
 // or nothing is chosen and prefillWgmma is set, and it can run here;
-// grouped_mma or dynVariant where chosen at dynTiling, foldDynVariant
-// where chosen and offered (foldDynOffered); else the tiling's default
+// grouped_mma or dynVariant where chosen at dynTiling, foldDynVariant or
+// oneVariant where chosen and offered (foldDynOffered); else the tiling's default
 // (defaultGemmVariant).
 func gemmTuning(op kernels.Op) tuning {
 	return tuning{
@@ -594,7 +607,8 @@ func gemmTuning(op kernels.Op) tuning {
 			if c.Name == prefillTiling && (chosen == wgmmaVariant || chosen == "" && prefillWgmma) && o.gw.ready() == nil {
 				return wgmmaVariant
 			}
-			if (chosen == "grouped_mma" || chosen == dynVariant) && c.Name == dynTiling || chosen == foldDynVariant && foldDynOffered(op, c) {
+			if (chosen == "grouped_mma" || chosen == dynVariant) && c.Name == dynTiling ||
+				(chosen == foldDynVariant || chosen == oneVariant) && foldDynOffered(op, c) {
 				return chosen
 			}
 			return defaultGemmVariant(op, c)
@@ -602,8 +616,9 @@ func gemmTuning(op kernels.Op) tuning {
 	}
 }
 
-// foldDynOffered reports whether op has foldDynVariant at tiling c: moe_experts
-// where its default is the folded path and the persistent grid runs.
+// foldDynOffered reports whether op has foldDynVariant and oneVariant at
+// tiling c: moe_experts where its default is the folded path and the
+// persistent grid runs.
 func foldDynOffered(op kernels.Op, c gemmConfig) bool {
 	return op == kernels.OpMoEExperts && defaultGemmVariant(op, c) == foldedVariant && c.Name == dynTiling
 }
