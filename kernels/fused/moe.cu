@@ -320,6 +320,9 @@ struct NoAfter {
 #define MOE_PROBE_BLOCKS 1024
 #define MOE_PROBE_STAMPS 24
 #define MOE_PROBE_TILES 4
+// moe_one stamps its gate/up tiles as kernel 0 and its down tiles as
+// kernel 1, where MOE_ENTRY is the block's first down ticket and
+// MOE_WAITED the end of that tile's wait for its gate/up tiles.
 enum MoeStamp {
 	MOE_ENTRY,   // the kernel's first instruction
 	MOE_WAITED,  // grid_wait returned
@@ -795,13 +798,17 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	__shared__ int start[MAX_GROUPS + 1];
 	__shared__ int ticket;
 	const int tid = threadIdx.x, I = NN / 2, choices = N * K;
+	int ups = 0, downs = 0; // the probe's tile counts (moe_stamp: kernel 0 the gate/up tiles, 1 the down tiles)
+	moe_stamp(0, MOE_ENTRY);
 	grid_wait();
+	moe_stamp(0, MOE_WAITED);
 	grid_release();
 	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
 	if (blockIdx.x == 0) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
 	for (int i = tid; i < choices; i += blockDim.x) sSlot[i] = sFirst[sEx[i]] + fold_rank(sEx, i);
 	if (tid < 32) group_tile_starts<BM>(sFirst, E, M, start);
 	__syncthreads();
+	moe_stamp(0, MOE_COUNTED);
 	const int mtiles = start[E], upTiles = (I + BN / 2 - 1) / (BN / 2), downTiles = (KK + BN - 1) / BN;
 	const int t1 = mtiles * upTiles, t2 = t1 + mtiles * downTiles;
 	for (;;) {
@@ -812,8 +819,11 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		if (t < t1) {
 			const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
+			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups);
 			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true>(act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices,
 			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow);
+			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups + 1);
+			ups++;
 			__threadfence(); // this thread's rows of act before the count
 			__syncthreads();
 			if (tid == 0) atomicAdd(&done[mt], 1);
@@ -821,7 +831,10 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 			const int u = t - t1, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
 			int* ready = &done[mt];
-			auto wait = [ready, upTiles] {
+			if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs);
+			if (downs == 0) moe_stamp(1, MOE_ENTRY); // the first down ticket
+			const bool firstDown = downs == 0;
+			auto wait = [ready, upTiles, firstDown] {
 				if (threadIdx.x == 0) {
 					int n;
 					for (;;) {
@@ -831,11 +844,16 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 					}
 				}
 				__syncthreads(); // every gate/up tile of the m-tile has written its rows
+				if (firstDown) moe_stamp(1, MOE_WAITED);
 			};
 			group_gemm_tile<BM, BN, WM, WN, BK, ST, false, false, decltype(wait)>(
 			    y, yp, act, ap, nullptr, 1, down, sFirst, KK, I, 0, g, row0, sFirst[g + 1], nt, aRow, bRow, true, wait);
+			if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs + 1);
+			downs++;
 			if (fold_last(&counters[nt], mtiles)) {
+				moe_stamp(1, MOE_COMBINE);
 				fold_combine<BN>(out, outp, y, yp, sSlot, weight, wp, N, K, KK, nt);
+				moe_stamp(1, MOE_COMBINED);
 				if (tid == 0) counters[nt] = 0; // ready for the next launch
 			}
 		}
@@ -850,6 +868,16 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 			tickets[1] = 0;
 		}
 	}
+#ifdef MOE_PROBE
+	unsigned sm;
+	asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+	moe_stamp(0, MOE_SMID, sm);
+	moe_stamp(0, MOE_TILES, ups);
+	moe_stamp(1, MOE_SMID, sm);
+	moe_stamp(1, MOE_TILES, downs);
+#endif
+	moe_stamp(0, MOE_EXIT);
+	if (downs > 0) moe_stamp(1, MOE_EXIT);
 }
 
 #define MOE_ONE(NAME, BM, BN, WM, WN, BK, ST)                                                                     \

@@ -25,10 +25,12 @@ const (
 )
 
 // TestMoEFoldProbe runs moe_experts' folded path on the persistent grid at
-// 16 tokens (shared routing as W4's identical rows, distinct as W5's),
-// warm calls, then one probed call after the stream is idle, then two back
-// to back (the second probed), and logs each kernel's phases in µs from
-// the gate/up kernel's first entry. Skipped unless FUSELM_MOE_PROBE=1.
+// 16 tokens (shared routing as W4's identical rows, distinct as W5's):
+// the default, moe_one, whose gate/up and down tiles it reports as two
+// kernels, or with FUSELM_MOE_PROBE_TWO=1 the two launches. Warm calls,
+// then one probed call after the stream is idle, then two back to back
+// (the second probed); it logs each kernel's phases in µs from the gate/up
+// kernel's first entry. Skipped unless FUSELM_MOE_PROBE=1.
 func TestMoEFoldProbe(t *testing.T) {
 	if os.Getenv("FUSELM_MOE_PROBE") != "1" {
 		t.Skip("FUSELM_MOE_PROBE is not 1: the probe is a measurement, run on demand")
@@ -75,6 +77,11 @@ func TestMoEFoldProbe(t *testing.T) {
 	down := random(kernels.BF16, 1/math.Sqrt(inter), experts, hidden, inter)
 	x := random(kernels.BF16, 1, n, hidden)
 	out := dev.Alloc(kernels.BF16, n, hidden)
+	if os.Getenv("FUSELM_MOE_PROBE_TWO") == "1" {
+		if err := o.UseVariant(kernels.OpMoEExperts, "tiling="+dynTiling, foldDynVariant); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, routing := range []string{"shared", "distinct"} {
 		ids, ws := moeRouting(rng, routing, n, k, experts)
 		idx := intsOn(t, dev, ids)
@@ -116,9 +123,9 @@ func moeProbeReport(rec [2][][moeProbeStamps]uint64) string {
 	stamp := func(s int) string {
 		switch {
 		case s == msEntry:
-			return "entry"
+			return "entry" // moe_one's down tiles: the first down ticket
 		case s == msWaited:
-			return "grid_wait done"
+			return "grid_wait done" // moe_one's down tiles: the first one's wait for its gate/up tiles
 		case s == msCounted:
 			return "tiles begin"
 		case s >= msTile && s < msCombine:
