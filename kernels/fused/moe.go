@@ -491,8 +491,8 @@ func (o *ops) foldPath(variant string, c gemmConfig, tokens, choices, hidden int
 
 // oneRuns reports whether the folded path on the persistent grid (dyn)
 // runs in one launch, moe_one, under variant: by default and with
-// oneVariant chosen; in two with foldDynVariant chosen. Measured on an
-// H200: W4 +3.0%, W5 +1.8% (bench/RESULTS.md, Decode).
+// oneVariant chosen; in two with foldDynVariant chosen (what one launch
+// bought: bench/RESULTS.md, Decode).
 func oneRuns(variant string, dyn bool) bool { return dyn && variant != foldDynVariant }
 
 // expertsFolded is MoEExperts folded: in two launches, moe_gate_up_fold (the
