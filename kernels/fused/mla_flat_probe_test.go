@@ -205,13 +205,14 @@ func (p *mlaProbe) reset() {
 	p.dev.MemsetD8(p.runs, 0, p.nRuns)
 }
 
-// read waits for the queued work and returns the calls' stamps.
-func (p *mlaProbe) read(t *testing.T) [probeCalls]probeCall {
+// globalBytes waits for the queued work and returns size bytes of device
+// memory at ptr (a module's global), through a device buffer read back.
+func globalBytes(t *testing.T, dev *cuda.Device, ptr uintptr, size int) []byte {
 	t.Helper()
-	buf := p.dev.Alloc(kernels.I32, p.stampBytes/4)
-	defer p.dev.Free(buf)
-	p.dev.Memcpy(p.dev.Ptr(buf), p.stamps, p.stampBytes)
-	w, err := p.dev.ReadI32(buf)
+	buf := dev.Alloc(kernels.I32, size/4)
+	defer dev.Free(buf)
+	dev.Memcpy(dev.Ptr(buf), ptr, size)
+	w, err := dev.ReadI32(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +220,13 @@ func (p *mlaProbe) read(t *testing.T) [probeCalls]probeCall {
 	for i, x := range w {
 		binary.LittleEndian.PutUint32(raw[4*i:], uint32(x))
 	}
+	return raw
+}
+
+// read waits for the queued work and returns the calls' stamps.
+func (p *mlaProbe) read(t *testing.T) [probeCalls]probeCall {
+	t.Helper()
+	raw := globalBytes(t, p.dev, p.stamps, p.stampBytes)
 	u64 := func(i int) uint64 { return binary.LittleEndian.Uint64(raw[8*i:]) }
 	var out [probeCalls]probeCall
 	for k := range probeKernels {

@@ -48,18 +48,8 @@ func TestMoEFoldProbe(t *testing.T) {
 		t.Fatalf("moe_probe is %d bytes, want %d", size, want)
 	}
 	readProbe := func() [2][][moeProbeStamps]uint64 {
-		buf := dev.Alloc(kernels.I32, size/4)
-		defer dev.Free(buf)
-		dev.Memcpy(dev.Ptr(buf), ptr, size)
-		w, err := dev.ReadI32(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
+		raw := globalBytes(t, dev, ptr, size)
 		var out [2][][moeProbeStamps]uint64
-		raw := make([]byte, 4*len(w))
-		for i, x := range w {
-			binary.LittleEndian.PutUint32(raw[4*i:], uint32(x))
-		}
 		for k := range 2 {
 			out[k] = make([][moeProbeStamps]uint64, moeProbeBlocks)
 			for b := range moeProbeBlocks {
