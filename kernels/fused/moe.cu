@@ -307,6 +307,23 @@ __device__ void group_gemm(bf16* out, int op, const bf16* x, int xp, const int* 
 	                                                                    choices, g, row0, rowEnd, blockIdx.x, aRow, bRow);
 }
 
+// tickets_done counts the block out of a persistent grid's ticket pair
+// (counter 0 the tickets, 1 the blocks finished) once it has taken its
+// last ticket, a fence between the two, and in thread 0 of the grid's last
+// block sets the pair back to zero (after a second fence, when no block
+// takes a ticket any more, so that no increment can be lost under the
+// reset) and returns true; false elsewhere. Thread 0 of every block calls
+// it last.
+__device__ __forceinline__ bool tickets_done(int* pair) {
+	if (threadIdx.x != 0) return false;
+	__threadfence(); // this block's last ticket before its count
+	if (atomicAdd(&pair[1], 1) != (int)gridDim.x - 1) return false;
+	__threadfence(); // every block's last ticket before the reset
+	pair[0] = 0;
+	pair[1] = 0;
+	return true;
+}
+
 // NoAfter is group_gemm_dyn's default After: nothing after a tile.
 struct NoAfter {
 	__device__ void operator()(int, int) const {}
@@ -402,14 +419,7 @@ __device__ void group_gemm_dyn(bf16* out, int op, const bf16* x, int xp, const i
 		after(nt, start[E]);
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
-	if (threadIdx.x == 0) {
-		__threadfence(); // this block's last ticket before its count
-		if (atomicAdd(&counters[1], 1) == (int)gridDim.x - 1) {
-			__threadfence(); // every block's last ticket before the reset
-			counters[0] = 0;
-			counters[1] = 0;
-		}
-	}
+	tickets_done(counters);
 #ifdef MOE_PROBE
 	unsigned sm;
 	asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -859,15 +869,8 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		}
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
-	if (tid == 0) {
-		__threadfence(); // this block's last ticket before its count
-		if (atomicAdd(&tickets[1], 1) == (int)gridDim.x - 1) {
-			__threadfence(); // every block's last ticket and count before the reset
-			for (int m = 0; m < mtiles; m++) done[m] = 0;
-			tickets[0] = 0;
-			tickets[1] = 0;
-		}
-	}
+	if (tickets_done(tickets))
+		for (int m = 0; m < mtiles; m++) done[m] = 0; // every block has counted itself out: none reads them any more
 #ifdef MOE_PROBE
 	unsigned sm;
 	asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
