@@ -245,7 +245,7 @@ type ops struct {
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 	decodeCounters *kernels.Tensor // i32 [decodeCountersN]: flash_decode's finished splits per (row, kv head), zero between launches
 	moeCounters    *kernels.Tensor // i32 [foldCounters]: group_gemm_fold's finished blocks per n-tile, zero between launches
-	dynCounters    *kernels.Tensor // i32 [dynCountersN]: group_gemm_dyn's counter pairs (dynGateUpPair, dynDownPair), zero between launches
+	dynCounters    *kernels.Tensor // i32 [dynCountersN]: the persistent grids' counter pairs (dynGateUpPair, dynDownPair, dynOnePair), zero between launches
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 }

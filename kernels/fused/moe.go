@@ -362,8 +362,8 @@ func (o *ops) dynGrid(name string, bound cuda.Dim3) cuda.Dim3 {
 // are allocated.
 func (o *ops) dynTakes(c gemmConfig) bool { return c.Name == dynTiling && o.dynCounters != nil }
 
-// MoEExperts runs the routed experts in four launches (two at decode, see
-// below), none of which reads anything on the host:
+// MoEExperts runs the routed experts in four launches (two or one at
+// decode, see below), none of which reads anything on the host:
 //
 //  1. moe_align sorts the choices by expert, each expert's rows padded to
 //     the tiling's M tile (one block);
@@ -394,10 +394,13 @@ func (o *ops) dynTakes(c gemmConfig) bool { return c.Name == dynTiling && o.dynC
 // of their cost: every moe_gate_up block ranks the choices itself, and the
 // last block of each of group_gemm's n-tiles sums that tile's columns of
 // every token (moe.cu's MOE_FOLD). Same rows, same sums, same result. Past
-// foldTokens, up to foldDynTokens (or wherever foldDynVariant is chosen),
-// the folded path runs on the persistent grids instead (MOE_FOLD_DYN): the
-// blocks rank the choices, then take their tiles from the counters, and
-// the last tile of each down n-tile sums its columns (foldPath).
+// foldTokens, up to foldDynTokens (or wherever foldDynVariant or
+// oneVariant is chosen), the folded path runs on the persistent grid
+// instead: the blocks rank the choices, then take their tiles from a
+// counter, and the last tile of each down n-tile sums its columns
+// (foldPath); by default in one launch, moe_one, whose down tiles wait on
+// their rows' gate/up tiles, and with foldDynVariant in two (MOE_FOLD_DYN,
+// the second grid waiting on the whole first; oneRuns).
 func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	op := kernels.OpMoEExperts
 	kernels.CheckMoEExperts(o.D.ActDType(), out, x, idx, weight, gateUp, down)
@@ -470,7 +473,7 @@ func (o *ops) foldFits(c gemmConfig, choices, hidden int) bool {
 
 // foldPath is which path moe_experts runs under variant for tokens
 // (choices of them) with hidden columns out in tiling c: folded (two
-// launches) or not (fold), and then on the persistent grid (dyn) or a
+// launches, or one: oneRuns) or not (fold), and then on the persistent grid (dyn) or a
 // block a tile. foldedVariant folds a block a tile up to foldTokens and
 // on the persistent grid up to foldDynTokens; foldDynVariant and
 // oneVariant fold on the persistent grid wherever the kernels take it;
