@@ -61,10 +61,10 @@ const (
 	// faster at 16 tokens, bench/RESULTS.md). The folded path, a block a
 	// tile, keeps the tiling's depth.
 	dynStages = 3
-	// dynGateUpPair and dynDownPair are where in dynCounters (i32) the
-	// gate/up and down kernels' counter pairs start (the group_gemm op
-	// takes down's): a 128-byte line each, so that the two kernels'
-	// atomics, and their resets, never share one.
+	// dynGateUpPair, dynDownPair and dynOnePair are where in dynCounters
+	// (i32) the gate/up, down and moe_one kernels' counter pairs start (the
+	// group_gemm op takes down's): a 128-byte line each, so that no two
+	// kernels' atomics, or their resets, share one.
 	dynGateUpPair = 0
 	dynDownPair   = 32
 	dynOnePair    = 64
