@@ -3,6 +3,7 @@ package fused
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand"
 	"os"
@@ -167,13 +168,7 @@ func moeProbeReport(rec [2][][moeProbeStamps]uint64) string {
 		}
 		lo, med, hi := spread(dur)
 		counts := []string{}
-		for _, c := range slices.Sorted(func(yield func(uint64) bool) {
-			for c := range tiles {
-				if !yield(c) {
-					return
-				}
-			}
-		}) {
+		for _, c := range slices.Sorted(maps.Keys(tiles)) {
 			counts = append(counts, fmt.Sprintf("%d tiles: %d blocks", c, tiles[c]))
 		}
 		most := 0
