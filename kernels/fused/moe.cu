@@ -834,9 +834,11 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow);
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups + 1);
 			ups++;
-			__threadfence(); // this thread's rows of act before the count
-			__syncthreads();
-			if (tid == 0) atomicAdd(&done[mt], 1);
+			__syncthreads(); // every thread's rows of act stored
+			if (tid == 0) {
+				__threadfence(); // after the barrier: the block's rows before the count (a release by thread 0)
+				atomicAdd(&done[mt], 1);
+			}
 		} else {
 			const int u = t - t1, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
