@@ -660,18 +660,31 @@ __device__ __forceinline__ bool fold_last(int* counter, int arrivals) {
 template <int BN>
 __device__ __forceinline__ void fold_combine(bf16* out, int outp, const bf16* y, int yp, const int* slot,
                                              const float* weight, int wp, int N, int K, int NN, unsigned nt) {
+	constexpr int KC = 8; // choices whose rows a thread has in flight at once
 	const int c0 = nt * BN, per = min(BN, NN - c0) / 8;
 	for (int i = threadIdx.x; i < N * per; i += blockDim.x) {
 		const int t = i / per, c = c0 + (i - t * per) * 8;
 		float acc[8];
 #pragma unroll
 		for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-		for (int k = 0; k < K; k++) {
-			const float wk = weight[(long long)t * wp + k];
-			const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(y + (long long)slot[t * K + k] * yp + c));
-			const bf16* v = reinterpret_cast<const bf16*>(&raw);
+		for (int k0 = 0; k0 < K; k0 += KC) {
+			// Every load of the chunk first (one trip to L2, not one a
+			// choice), then the sums in k order as before.
+			uint4 raw[KC];
+			float wk[KC];
 #pragma unroll
-			for (int j = 0; j < 8; j++) acc[j] += wk * __bfloat162float(v[j]);
+			for (int k = 0; k < KC; k++)
+				if (k0 + k < K) {
+					wk[k] = weight[(long long)t * wp + k0 + k];
+					raw[k] = __ldcg(reinterpret_cast<const uint4*>(y + (long long)slot[t * K + k0 + k] * yp + c));
+				}
+#pragma unroll
+			for (int k = 0; k < KC; k++)
+				if (k0 + k < K) {
+					const bf16* v = reinterpret_cast<const bf16*>(&raw[k]);
+#pragma unroll
+					for (int j = 0; j < 8; j++) acc[j] += wk[k] * __bfloat162float(v[j]);
+				}
 		}
 		uint4 o;
 		unsigned* ow = reinterpret_cast<unsigned*>(&o);
