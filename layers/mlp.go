@@ -1,6 +1,10 @@
 package layers
 
-import "github.com/fuselm/fuselm/kernels"
+import (
+	"os"
+
+	"github.com/fuselm/fuselm/kernels"
+)
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -8,7 +12,12 @@ const (
 	bufRouterLogits = "moe.router_logits" // [T, n_routed_experts] f32
 	bufTopkIdx      = "moe.topk_idx"      // [T, num_experts_per_tok] i32
 	bufTopkWeight   = "moe.topk_weight"   // [T, num_experts_per_tok] f32
+	bufSharedOut    = "moe.shared_out"    // [T, hidden] act: the shared experts' output, computed aside
 )
+
+// xpSharedDownAside (FUSELM_XP_SHARED_DOWN_ASIDE=1, an experiment's knob)
+// runs the shared experts' down projection aside too, then adds.
+var xpSharedDownAside = os.Getenv("FUSELM_XP_SHARED_DOWN_ASIDE") == "1"
 
 // MLP is the SwiGLU feed-forward block, as HF's Qwen2MLP and DeepseekV2MLP:
 // down_proj(silu(gate_proj(x)) · up_proj(x)). The gate/up projection and
@@ -110,6 +119,7 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 	ws.Reserve(bufTopkWeight, kernels.F32, m.Routing.TopK)
 	if m.SharedExperts != nil {
 		m.SharedExperts.Reserve(ws, act)
+		ws.Reserve(bufSharedOut, act, m.SharedExperts.DownProj.OutFeatures())
 	}
 }
 
@@ -133,6 +143,10 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	join := func() {}
 	switch {
 	case m.SharedExperts == nil:
+	case T >= asideMinTokens && xpSharedDownAside:
+		shared := s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
+		join = s.Aside(func() { m.SharedExperts.Forward(s, shared, x) })
+		defer func() { s.Ops.Add(out, out, shared) }()
 	case T >= asideMinTokens:
 		join = s.Aside(func() { act = m.SharedExperts.act(s, x) })
 	default:
@@ -144,7 +158,7 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	join()
-	if m.SharedExperts != nil {
+	if m.SharedExperts != nil && act != nil {
 		down := m.SharedExperts.DownProj
 		s.Ops.LinearAdd(out, act, down.Weight, down.Bias, out)
 	}
