@@ -1,10 +1,6 @@
 package layers
 
-import (
-	"os"
-
-	"github.com/fuselm/fuselm/kernels"
-)
+import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -14,10 +10,6 @@ const (
 	bufTopkWeight   = "moe.topk_weight"   // [T, num_experts_per_tok] f32
 	bufSharedOut    = "moe.shared_out"    // [T, hidden] act: the shared experts' output, computed aside
 )
-
-// xpSharedDownAside (FUSELM_XP_SHARED_DOWN_ASIDE=1, an experiment's knob)
-// runs the shared experts' down projection aside too, then adds.
-var xpSharedDownAside = os.Getenv("FUSELM_XP_SHARED_DOWN_ASIDE") == "1"
 
 // MLP is the SwiGLU feed-forward block, as HF's Qwen2MLP and DeepseekV2MLP:
 // down_proj(silu(gate_proj(x)) · up_proj(x)). The gate/up projection and
@@ -127,28 +119,28 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 // beside the routed ones. Measured on DeepSeek-V2-Lite's decode
 // (bench/RESULTS.md): at one token (W3) the side's reads slow the routed
 // experts' kernels more than the two launches off the chain save, at 16
-// rows (W4, W5) the branch gains; 9 is where the fused set's MoE leaves
-// its block-a-tile kernels for the persistent grid, which shares the SMs
-// better. Between 1 and 16 rows it is not measured.
+// rows (W4, W5) the branch gains, and gains more with the down projection
+// on it too (then a plain add after both, not linear_add after the
+// routed experts); 9 is where the fused set's MoE leaves its block-a-tile
+// kernels for the persistent grid, which shares the SMs better. Between 1
+// and 16 rows it is not measured.
 const asideMinTokens = 9
 
 // Forward computes out [T, hidden] from x [T, hidden]. The shared
-// experts' gate/up projection and SwiGLU need only x, so from
-// asideMinTokens tokens they are queued beside the router and the routed
-// experts (Step.Aside); their down projection, added to the routed
-// experts' output, waits for both.
+// experts need only x, so from asideMinTokens tokens the whole shared MLP
+// is queued beside the router and the routed experts (Step.Aside), and
+// its output is added to theirs once both are done; below, its down
+// projection is added with it (LinearAdd). The sums round alike: the
+// projection to act, then the sum.
 func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	T, K := s.Tokens(), m.Routing.TopK
-	var act *kernels.Tensor
+	var act, shared *kernels.Tensor
 	join := func() {}
 	switch {
 	case m.SharedExperts == nil:
-	case T >= asideMinTokens && xpSharedDownAside:
-		shared := s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
-		join = s.Aside(func() { m.SharedExperts.Forward(s, shared, x) })
-		defer func() { s.Ops.Add(out, out, shared) }()
 	case T >= asideMinTokens:
-		join = s.Aside(func() { act = m.SharedExperts.act(s, x) })
+		shared = s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
+		join = s.Aside(func() { m.SharedExperts.Forward(s, shared, x) })
 	default:
 		act = m.SharedExperts.act(s, x)
 	}
@@ -158,7 +150,10 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	join()
-	if m.SharedExperts != nil && act != nil {
+	switch {
+	case shared != nil:
+		s.Ops.Add(out, out, shared)
+	case act != nil:
 		down := m.SharedExperts.DownProj
 		s.Ops.LinearAdd(out, act, down.Weight, down.Bias, out)
 	}

@@ -43,14 +43,18 @@ func (o *orderOps) LinearAdd(out, x, w, bias, addend *kernels.Tensor) {
 	*o.log = append(*o.log, "linear_add")
 	o.Ops.LinearAdd(out, x, w, bias, addend)
 }
+func (o *orderOps) Add(out, a, b *kernels.Tensor) {
+	*o.log = append(*o.log, "add")
+	o.Ops.Add(out, a, b)
+}
 func (o *orderOps) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
 	*o.log = append(*o.log, "moe_routed")
 	o.Ops.MoERouted(out, idx, weight, x, logits, gateUp, down, r)
 }
 
-// DeepSeek-V2's MoE queues its shared experts' gate/up and SwiGLU beside
-// the router and the routed experts, and their down projection (added to
-// the routed output) after the join, in steps of asideMinTokens tokens or
+// DeepSeek-V2's MoE queues its shared experts (gate/up and SwiGLU, then
+// down) beside the router and the routed experts, and adds their output to
+// the routed one after the join, in steps of asideMinTokens tokens or
 // more; on a device that can branch, the logits are those of one that
 // cannot, bit for bit.
 func TestMoESharedAside(t *testing.T) {
@@ -69,9 +73,9 @@ func TestMoESharedAside(t *testing.T) {
 			t.Fatalf("row %d: logits with the shared experts aside differ from those in order", r)
 		}
 	}
-	// One MoE layer's calls: the branch, the router and the routed
-	// experts beside it, the join, then the shared down projection.
-	moe := "aside{ linear_swiglu } linear moe_routed join linear_add"
+	// One MoE layer's calls: the branch (the shared MLP), the router and
+	// the routed experts beside it, the join, then the sum.
+	moe := "aside{ linear_swiglu linear } linear moe_routed join add"
 	seq := strings.Join(log, " ")
 	moeLayers := cfg.NumLayers - cfg.DeepSeek.FirstKDenseReplace
 	if n := strings.Count(seq, moe); n != moeLayers || moeLayers < 1 {
