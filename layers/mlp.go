@@ -118,7 +118,8 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 // asideMinTokens is the fewest tokens of a step whose shared experts run
 // beside the routed ones. Measured on DeepSeek-V2-Lite's decode
 // (bench/RESULTS.md): at one token (W3) the side's reads slow the routed
-// experts' kernels more than the two launches off the chain save, at 16
+// experts' kernels more than the two launches off the chain save (with
+// its gate/up alone aside; the whole MLP there is not measured), at 16
 // rows (W4, W5) the branch gains, and gains more with the down projection
 // on it too (then a plain add after both, not linear_add after the
 // routed experts); 9 is where the fused set's MoE leaves its block-a-tile
