@@ -218,6 +218,17 @@ var table = func() []variant {
 						"else %s's four)", foldTokens, foldDynTokens, oneVariant, foldMax, dynVariant),
 					join(archWhy(t), fits(c.shared(), t)), defaultGemmVariant(op, c) == foldedVariant
 			}, use: atDefault(foldedVariant)})
+			// whereFoldDyn is use of a variant on the persistent grid's
+			// folded path (foldDynVariant, oneVariant): where it is
+			// offered (foldDynOffered).
+			whereFoldDyn := func(name string) func(*ops, string) error {
+				return func(_ *ops, key string) error {
+					if c, _ := gemmTilingOfKey(key); !foldDynOffered(op, c) {
+						return fmt.Errorf("fused has no variant %q of %s at %s", name, op, key)
+					}
+					return nil
+				}
+			}
 			vs = append(vs, variant{op: op, name: foldDynVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				c := gemmTiling(op, s)
 				d := dynConfig()
@@ -225,12 +236,7 @@ var table = func() []variant {
 						"from an atomic counter; the last tile of a down n-tile sums its columns (two launches at any token count "+
 						"up to %d choices, else %s's four)", c.regime, foldedVariant, dynVariant, foldMax, dynVariant),
 					join(archWhy(t), fits(d.shared(), t)), foldDynOffered(op, c)
-			}, use: func(_ *ops, key string) error {
-				if c, _ := gemmTilingOfKey(key); !foldDynOffered(op, c) {
-					return fmt.Errorf("fused has no variant %q of %s at %s", foldDynVariant, op, key)
-				}
-				return nil
-			}})
+			}, use: whereFoldDyn(foldDynVariant)})
 			vs = append(vs, variant{op: op, name: oneVariant, valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				c := gemmTiling(op, s)
 				d := dynConfig()
@@ -238,12 +244,7 @@ var table = func() []variant {
 						"from one atomic counter, each down tile waiting on its rows' gate/up tiles instead of a second launch "+
 						"(at any token count up to %d choices, else %s's four)", c.regime, foldDynVariant, foldMax, dynVariant),
 					join(archWhy(t), fits(d.shared(), t)), foldDynOffered(op, c)
-			}, use: func(_ *ops, key string) error {
-				if c, _ := gemmTilingOfKey(key); !foldDynOffered(op, c) {
-					return fmt.Errorf("fused has no variant %q of %s at %s", oneVariant, op, key)
-				}
-				return nil
-			}})
+			}, use: whereFoldDyn(oneVariant)})
 			vs = append(vs, variant{op: op, name: "cublas_per_expert", valid: func(s kernels.Shape, t kernels.Target) (string, string, bool) {
 				return "moe_align, cuBLAS per expert for gate/up and down, swiglu, moe_combine (reads the offsets: a sync)", archWhy(t),
 					defaultGemmVariant(op, gemmTiling(op, s)) == "cublas_per_expert"
