@@ -694,6 +694,21 @@ __device__ __forceinline__ void fold_combine(bf16* out, int outp, const bf16* y,
 	}
 }
 
+// fold_finish is the end of a down tile of n-tile nt in the folded path:
+// the tile counts itself (fold_last, arrivals of them), and the last to
+// come sums the n-tile (fold_combine; the probe's stamps with STAMP), then
+// leaves its counter at zero for the next launch. nt is either caller's
+// own index type (blockIdx's, a ticket's), so each indexes as it did.
+template <int BN, bool STAMP, typename Index>
+__device__ __forceinline__ void fold_finish(int* counters, Index nt, int arrivals, bf16* out, int outp, const bf16* y,
+                                            int yp, const int* slot, const float* weight, int wp, int N, int K, int NN) {
+	if (!fold_last(&counters[nt], arrivals)) return;
+	if (STAMP) moe_stamp(1, MOE_COMBINE);
+	fold_combine<BN>(out, outp, y, yp, slot, weight, wp, N, K, NN, nt);
+	if (STAMP) moe_stamp(1, MOE_COMBINED);
+	if (threadIdx.x == 0) counters[nt] = 0; // ready for the next launch
+}
+
 // group_gemm_fold is group_gemm (the experts' down projections into y,
 // every choice's row) and then moe_combine for each n-tile: every tile of
 // an n-tile counts itself on its counter (fold_last), and the last to come
@@ -717,11 +732,7 @@ __device__ void group_gemm_fold(bf16* y, int yp, const bf16* act, int ap, const 
 	if constexpr (DYN) moe_stamp(1, MOE_WAITED);
 	grid_release();
 	auto combine = [&](unsigned nt, int arrivals) {
-		if (!fold_last(&counters[nt], arrivals)) return;
-		if constexpr (DYN) moe_stamp(1, MOE_COMBINE);
-		fold_combine<BN>(out, outp, y, yp, slot, weight, wp, N, K, NN, nt);
-		if constexpr (DYN) moe_stamp(1, MOE_COMBINED);
-		if (threadIdx.x == 0) counters[nt] = 0; // ready for the next launch
+		fold_finish<BN, DYN>(counters, nt, arrivals, out, outp, y, yp, slot, weight, wp, N, K, NN);
 	};
 	if constexpr (DYN) {
 		group_gemm_dyn<BM, BN, WM, WN, BK, ST, false>(y, yp, act, ap, nullptr, 1, w, first, E, M, NN, KK, tickets, 0,
@@ -875,12 +886,7 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 			    y, yp, act, ap, nullptr, 1, down, sFirst, KK, I, 0, g, row0, sFirst[g + 1], nt, aRow, bRow, true, wait);
 			if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs + 1);
 			downs++;
-			if (fold_last(&counters[nt], mtiles)) {
-				moe_stamp(1, MOE_COMBINE);
-				fold_combine<BN>(out, outp, y, yp, sSlot, weight, wp, N, K, KK, nt);
-				moe_stamp(1, MOE_COMBINED);
-				if (tid == 0) counters[nt] = 0; // ready for the next launch
-			}
+			fold_finish<BN, true>(counters, nt, mtiles, out, outp, y, yp, sSlot, weight, wp, N, K, KK);
 		}
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
