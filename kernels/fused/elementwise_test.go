@@ -40,6 +40,11 @@ func TestRMSNormRoPEHost(t *testing.T) {
 	}
 }
 
+// TestElementwiseCompiles compiles elementwise.cu (the norms, ropes,
+// swiglu, add and argmax) by NVRTC without a GPU, where its library is
+// found: no spills, every kernel there.
+func TestElementwiseCompiles(t *testing.T) { nvrtcReport(t, elementwiseModule()) }
+
 // normRopeCase is one problem of TestRMSNormRoPEExact: tokens of MLA's q
 // and new latent, at DeepSeek-V2-Lite's dims unless the case says.
 type normRopeCase struct {

@@ -138,14 +138,20 @@ func decodeSharedFor(d, chunk int) int {
 
 func modules() []cudaset.Module {
 	return []cudaset.Module{
-		module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
-			addInstances(), argmaxInstances())),
+		elementwiseModule(),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		moeModule(),
 		module("linear.cu", linearKernels()),
 	}
+}
+
+// elementwiseModule is elementwise.cu's module: the norms, ropes, swiglu,
+// add and argmax.
+func elementwiseModule() cudaset.Module {
+	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
+		addInstances(), argmaxInstances()))
 }
 
 var vname = cudaset.VName
