@@ -127,6 +127,27 @@ func (k costOf) Add(out, a, b *Tensor) {
 	*k.c = Cost{FLOPs: float64(out.Numel()), Bytes: 3 * size(out)}
 }
 
+// CheckAddAddRMSNorm: out, resid, x, y [N,D] act, out aliasing none of
+// resid, x and y, x not resid (the parts leave the sum in x, which
+// AddRMSNorm then adds into resid); w [D] float.
+func CheckAddAddRMSNorm(act DType, out, resid, x, y, w *Tensor) {
+	op := OpAddAddRMSNorm
+	n, d := resid.Rows(), resid.Cols()
+	needActs(op, act, "out", out, "resid", resid, "x", x, "y", y)
+	need(rowsCols(out, n, d) && rowsCols(x, n, d) && rowsCols(y, n, d), op, "out %v, resid %v, x %v, y %v", out, resid, x, y)
+	need(!same(out, resid) && !same(out, x) && !same(out, y), op, "out aliases resid, x or y")
+	need(!same(x, resid), op, "x aliases resid")
+	need(IsFloat(w) && w.Numel() == d, op, "w %v for rows of %d", w, d)
+}
+
+// The cost of AddAddRMSNorm is its parts' FLOPs and the bytes of one
+// pass: x and y read, resid read and written, w read, out written; the
+// sum the parts leave in x is no part of its floor.
+func (k costOf) AddAddRMSNorm(out, resid, x, y, w *Tensor, eps float32) {
+	nc := normCost(x, w, true)
+	*k.c = Cost{FLOPs: float64(x.Numel()) + nc.FLOPs, Bytes: nc.Bytes + size(y)}
+}
+
 // CheckRoPE: x [T, ≥heads·headStride] act with each head's rotated dims
 // [offset, offset+r.Dim) inside it; pos [T] i32; r.Cos, r.Sin [MaxPos,
 // ≥Dim/2] f32 of one pitch.

@@ -212,6 +212,21 @@ func (d *Dispatch) moERoutedParts(out, idx, weight, x, logits, gateUp, down *Ten
 	d.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
+// addAddRMSNormParts is AddAddRMSNorm as its parts, each on the set the
+// spec runs it on.
+func (d *Dispatch) addAddRMSNormParts(out, resid, x, y, w *Tensor, eps float32) {
+	AddAddRMSNormParts(d, out, resid, x, y, w, eps)
+}
+
+// AddAddRMSNormParts runs AddAddRMSNorm's work on o as the calls it
+// replaces: Add of x and y into x, then AddRMSNorm of x into resid. The
+// sets that do not fuse it run it so, and so does a Dispatch where the
+// spec splits its parts.
+func AddAddRMSNormParts(o Ops, out, resid, x, y, w *Tensor, eps float32) {
+	o.Add(x, x, y)
+	o.AddRMSNorm(out, resid, x, w, eps)
+}
+
 // linearSwiGLUParts is LinearSwiGLU as its parts, Linear into a [N, 2I]
 // intermediate then SwiGLU, each on the set the spec runs it on.
 func (d *Dispatch) linearSwiGLUParts(out, x, w *Tensor) {

@@ -13,6 +13,7 @@ const (
 	OpRMSNorm          Op = "rms_norm"
 	OpAddRMSNorm       Op = "add_rms_norm"
 	OpAdd              Op = "add"
+	OpAddAddRMSNorm    Op = "add_add_rms_norm"
 	OpRoPE             Op = "rope"
 	OpSwiGLU           Op = "swiglu"
 	OpLinearSwiGLU     Op = "linear_swiglu"
@@ -62,6 +63,8 @@ var opTable = []OpInfo{
 	{Op: OpRMSNorm, Method: "RMSNorm", Doc: "RMSNorm of each row"},
 	{Op: OpAddRMSNorm, Method: "AddRMSNorm", Doc: "residual add, then RMSNorm of the sum"},
 	{Op: OpAdd, Method: "Add", Doc: "elementwise sum"},
+	{Op: OpAddAddRMSNorm, Method: "AddAddRMSNorm", Parts: []Op{OpAdd, OpAddRMSNorm},
+		Doc: "the sum of two addends added into the residual, then RMSNorm of it (the MoE's routed and shared experts' outputs and the next norm): one pass where a set has it"},
 	{Op: OpRoPE, Method: "RoPE", Doc: "rotary embedding of the q and k heads, in place"},
 	{Op: OpSwiGLU, Method: "SwiGLU", Doc: "silu(gate)·up"},
 	{Op: OpLinearSwiGLU, Method: "LinearSwiGLU", Parts: []Op{OpLinear, OpSwiGLU},
@@ -187,6 +190,19 @@ type Ops interface {
 
 	// Add is out = a + b elementwise. out, a, b [N,D] act; out may be a or b.
 	Add(out, a, b *Tensor)
+
+	// AddAddRMSNorm is Add(x, x, y) then AddRMSNorm(out, resid, x, w, eps),
+	// each rounded as that op rounds: resid += (x + y), the sum rounded to
+	// act before it is added, then out = RMSNorm(resid). It is the residual
+	// connection of a block whose output comes in two parts (the MoE's
+	// routed experts' and its shared experts', which ran beside them) with
+	// the next norm. out, resid, x, y [N,D] act; out aliasing none of
+	// resid, x and y; x not resid; w [D] weight. x is where the parts
+	// leave the sum: a set that runs the op as one kernel may leave it as
+	// it was, so that only out and resid are results. It is a composite op
+	// (OpInfo.Parts): a Dispatch runs Add and AddRMSNorm (see
+	// AddAddRMSNormParts) where the spec puts them on other sets.
+	AddAddRMSNorm(out, resid, x, y, w *Tensor, eps float32)
 
 	// RoPE rotates, in place, dims [offset, offset+r.Dim) of each of the
 	// heads of every token: head h of token t starts at column h*headStride

@@ -32,6 +32,12 @@ func (d *Dispatch) Add(out, a, b *Tensor) {
 	d.call(OpAdd, func(o Ops) { o.Add(out, a, b) })
 }
 
+// AddAddRMSNorm runs OpAddAddRMSNorm on the set the spec chose for it, or as its parts
+// (addAddRMSNormParts) where the spec runs them on other sets.
+func (d *Dispatch) AddAddRMSNorm(out, resid, x, y, w *Tensor, eps float32) {
+	d.callWhole(OpAddAddRMSNorm, func(o Ops) { o.AddAddRMSNorm(out, resid, x, y, w, eps) }, func() { d.addAddRMSNormParts(out, resid, x, y, w, eps) })
+}
+
 // RoPE runs OpRoPE on the set the spec chose for it.
 func (d *Dispatch) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {
 	d.call(OpRoPE, func(o Ops) { o.RoPE(x, heads, headStride, offset, pos, r) })
@@ -161,6 +167,9 @@ func (n NotOwned) AddRMSNorm(out, resid, x, w *Tensor, eps float32) { n.panic(Op
 
 // Add panics: the set runs OpAdd on its fallback.
 func (n NotOwned) Add(out, a, b *Tensor) { n.panic(OpAdd) }
+
+// AddAddRMSNorm panics: the set runs OpAddAddRMSNorm on its fallback.
+func (n NotOwned) AddAddRMSNorm(out, resid, x, y, w *Tensor, eps float32) { n.panic(OpAddAddRMSNorm) }
 
 // RoPE panics: the set runs OpRoPE on its fallback.
 func (n NotOwned) RoPE(x *Tensor, heads, headStride, offset int, pos *Tensor, r *Rope) {

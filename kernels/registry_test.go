@@ -609,6 +609,84 @@ func TestLinearAddParts(t *testing.T) {
 	}
 }
 
+// TestAddAddRMSNormParts: add_add_rms_norm runs as one call of its set
+// where the set fuses it and the spec runs add and add_rms_norm there too,
+// or where the spec names it; else as add into x then add_rms_norm, each
+// on its own set and in its own profile row, with the same out and
+// residual. Its contract refuses an x that is the residual (the parts
+// would add the sum into itself) and an out that is y.
+func TestAddAddRMSNormParts(t *testing.T) {
+	for _, c := range []struct {
+		spec  string
+		whole bool
+	}{
+		{"naive", false}, {"cpu", false}, {"cpu,add_add_rms_norm=cpu", true},
+		{"fused,add=naive,add_add_rms_norm=fused", true}, {"naive,add_add_rms_norm=fused", true},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Whole(kernels.OpAddAddRMSNorm); got != c.whole {
+			t.Errorf("%s: Whole(add_add_rms_norm) = %v, want %v", c.spec, got, c.whole)
+		}
+	}
+
+	cpuSet, _ := kernels.Set("cpu")
+	kernels.Register(kernels.SetInfo{Name: "add_test_only", Device: "cpu", Own: []kernels.Op{kernels.OpAdd},
+		Fallback: "cpu", New: cpuSet.New})
+	defer kernels.Unregister("add_test_only")
+	dev := cpu.NewDevice()
+	const n, d = 3, 16
+	x, y, w := dev.Alloc(kernels.F32, n, d), patterned(dev.Alloc(kernels.F32, n, d), 2), patterned(dev.Alloc(kernels.F32, d), 3)
+	resid, out := dev.Alloc(kernels.F32, n, d), dev.Alloc(kernels.F32, n, d)
+	var outs [][]float32
+	for _, c := range []struct {
+		spec string
+		rows map[kernels.Op]string
+	}{
+		{"cpu,add_add_rms_norm=cpu", map[kernels.Op]string{kernels.OpAddAddRMSNorm: "cpu"}},
+		{"cpu", map[kernels.Op]string{kernels.OpAdd: "cpu", kernels.OpAddRMSNorm: "cpu"}},
+		{"cpu,add=add_test_only", map[kernels.Op]string{kernels.OpAdd: "add_test_only", kernels.OpAddRMSNorm: "cpu"}},
+	} {
+		patterned(x, 1)
+		patterned(resid, 4)
+		got, _ := profiledRun(t, dev, c.spec, func(ops kernels.Ops) { ops.AddAddRMSNorm(out, resid, x, y, w, 1e-6) })
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		outs = append(outs, slices.Concat(cpu.F32(out), cpu.F32(resid)))
+	}
+	patterned(x, 1)
+	patterned(resid, 4)
+	ref, _ := cpuSet.New(dev)
+	ref.Add(x, x, y)
+	ref.AddRMSNorm(out, resid, x, w, 1e-6)
+	want := slices.Concat(cpu.F32(out), cpu.F32(resid))
+	for i, o := range outs {
+		if !slices.Equal(want, o) {
+			t.Errorf("run %d: %v, want the parts' %v", i, o, want)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		out, x *kernels.Tensor
+		want   string
+	}{
+		{"x is resid", out, resid, "x aliases resid"},
+		{"out is y", y, x, "out aliases resid, x or y"},
+	} {
+		msg := func() (msg string) {
+			defer func() { msg = fmt.Sprint(recover()) }()
+			ref.AddAddRMSNorm(c.out, resid, c.x, y, w, 1e-6)
+			return ""
+		}()
+		if !strings.Contains(msg, c.want) {
+			t.Errorf("%s: %q, want a panic saying %q", c.name, msg, c.want)
+		}
+	}
+}
+
 // TestNormLinearParts: add_rms_norm_linear and add_rms_norm_linear_swiglu
 // run as one call of their set where the set fuses them and the spec runs
 // every part there too, or where the spec names them; else as add_rms_norm

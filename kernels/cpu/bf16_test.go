@@ -128,6 +128,61 @@ func TestBF16Add(t *testing.T) {
 	f.sync()
 }
 
+// AddAddRMSNorm rounds x + y as Add does, then adds that into the residual
+// and rounds as AddRMSNorm does: on ties that tell this apart from one
+// rounding of resid + x + y, and from the residual taking x (or y) first,
+// and on random rows bit for bit the parts, Add into x then AddRMSNorm.
+func TestBF16AddAddRMSNorm(t *testing.T) {
+	f := newFixtureAct(t, 33, kernels.BF16)
+	const eps = 1e-6
+	xv, yv, rv := []float64{1, 1}, []float64{1.0 / 256, 1.0 / 128}, []float64{1.0 / 256, 1.0 / 256}
+	var want, once, xFirst, yFirst []float64
+	for j := range xv {
+		x, y, r := xv[j], yv[j], rv[j]
+		want = append(want, bf16(r+bf16(x+y)))
+		once = append(once, bf16(r+x+y))
+		xFirst = append(xFirst, bf16(bf16(r+x)+y))
+		yFirst = append(yFirst, bf16(bf16(r+y)+x))
+	}
+	// 1+2⁻⁸ ties to 1, then 2⁻⁸ + 1 to 1 again; 1+2⁻⁷ is exact, then
+	// 2⁻⁸ + 1+2⁻⁷ ties to 1+2⁻⁶.
+	assertExact(t, "the worked values", want, []float64{1, 1 + 1.0/64})
+	differs(t, "one rounding of resid + x + y", want, once)
+	differs(t, "resid + x first", want, xFirst)
+	differs(t, "resid + y first", want, yFirst)
+	f32s := func(v []float64) []float32 {
+		out := make([]float32, len(v))
+		for i, x := range v {
+			out[i] = float32(x)
+		}
+		return out
+	}
+	x, y := f.tensor(kernels.BF16, f32s(xv), 1, 2), f.tensor(kernels.BF16, f32s(yv), 1, 2)
+	resid, w := f.tensor(kernels.BF16, f32s(rv), 1, 2), f.tensor(kernels.BF16, []float32{1.5, -0.75}, 2)
+	out, norm := f.dev.Alloc(kernels.BF16, 1, 2), f.dev.Alloc(kernels.BF16, 1, 2)
+	f.ops.AddAddRMSNorm(out, resid, x, y, w, eps)
+	assertExact(t, "resid", f.read(resid), want)
+	f.ops.RMSNorm(norm, f.tensor(kernels.BF16, f32s(want), 1, 2), w, eps)
+	assertExact(t, "out", f.read(out), f.read(norm))
+	assertExact(t, "x, left as it was", f.read(x), xv)
+
+	const n, d = 5, 64
+	xs, ys, rs := f.normal(n*d, 3), f.normal(n*d, 3), f.normal(n*d, 1)
+	wv := f.tensor(kernels.BF16, f.normal(d, 1), d)
+	run := func(parts bool) []float64 {
+		x, y, resid := f.tensor(kernels.BF16, xs, n, d), f.tensor(kernels.BF16, ys, n, d), f.tensor(kernels.BF16, rs, n, d)
+		out := f.dev.Alloc(kernels.BF16, n, d)
+		if parts {
+			kernels.AddAddRMSNormParts(f.ops, out, resid, x, y, wv, eps)
+		} else {
+			f.ops.AddAddRMSNorm(out, resid, x, y, wv, eps)
+		}
+		return append(f.read(out), f.read(resid)...)
+	}
+	assertExact(t, "random rows: out and resid", run(false), run(true))
+	f.sync()
+}
+
 // f32Twin is a fixture on an f32 device, whose ops compute the f32 parts of
 // the bf16 ops: the same code, without the rounding.
 func f32Twin(t *testing.T) *fixture { return newFixture(t, 0) }

@@ -36,7 +36,8 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 //     logits are f32 in HF too, the model's logits are not (lm_head returns
 //     bf16), which differs from HF by that last rounding.
 //   - RMSNorm: the normalised x before the multiply by w, then the product.
-//     AddRMSNorm also rounds resid + x, which is the next norm's input.
+//     AddRMSNorm also rounds resid + x, which is the next norm's input;
+//     AddAddRMSNorm rounds x + y (Add's sum) before it, then as AddRMSNorm.
 //   - Add: the sum.
 //   - RoPE with rotate_half pairs (Qwen2's apply_rotary_pos_emb in bf16):
 //     cos and sin, each product and the sum; with interleaved pairs
@@ -117,17 +118,45 @@ func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 
 // AddRMSNorm is resid += x, then out = RMSNorm(resid).
 func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
-	const op = kernels.OpAddRMSNorm
 	kernels.CheckAddRMSNorm(o.dev.ActDType(), out, resid, x, w)
+	o.addNorm(kernels.OpAddRMSNorm, out, resid, x, nil, w, eps)
+}
+
+// AddAddRMSNorm is resid += x + y, the sum rounded as Add rounds it
+// before it is added, then out = RMSNorm(resid); x is left as it was.
+func (o *ops) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
+	kernels.CheckAddAddRMSNorm(o.dev.ActDType(), out, resid, x, y, w)
+	o.addNorm(kernels.OpAddAddRMSNorm, out, resid, x, y, w, eps)
+}
+
+// addNorm is op's residual add and norm, row by row: resid += x, or
+// resid += bf16(x + y) where y is set, then resid rounded and out =
+// RMSNorm(resid).
+func (o *ops) addNorm(op kernels.Op, out, resid, x, y, w *kernels.Tensor, eps float32) {
 	xm, wv := o.in(op, "x", x), weightArg(op, "w", w)
+	var ym mat
+	if y != nil {
+		ym = o.in(op, "y", y)
+	}
 	rm, commitResid := o.inout(op, "resid", resid)
 	om, commit := o.out(op, "out", out)
 	g := wv.vector()
 	kernels.Parallel(xm.rows, grainFor(xm.cols), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			r := rm.row(i)
-			for j, v := range xm.row(i) {
-				r[j] += v
+			if y == nil {
+				for j, v := range xm.row(i) {
+					r[j] += v
+				}
+			} else {
+				b := ym.row(i)
+				for j, v := range xm.row(i) {
+					s := v + b[j]
+					if o.bf16 {
+						s = roundBF16(s)
+					}
+					r[j] += s
+				}
 			}
 			o.round(r)
 			normRow(om.row(i), r, g, eps, o.bf16)

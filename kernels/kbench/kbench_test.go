@@ -37,6 +37,8 @@ func TestCounts(t *testing.T) {
 		{kernels.OpAttnDecode, "B=16,H=28,KVH=4,D=128,ctx=32768", 4 * 16 * 28 * 32768 * 128, 1073971200},
 		{kernels.OpRMSNorm, "M=4096,N=1024", 4 * 4096 * 1024, 2 * (2*4096*1024 + 1024)},
 		{kernels.OpAddRMSNorm, "M=4096,N=1024", 5 * 4096 * 1024, 33556480},
+		// x, y and the residual read, the residual and out written, w read.
+		{kernels.OpAddAddRMSNorm, "M=16,N=2048", 6 * 16 * 2048, 2 * (5*16*2048 + 2048)},
 		{kernels.OpRoPE, "T=16384,H=32,D=128,R=128,interleaved=0", 3 * 16384 * 32 * 128, 268435456},
 		{kernels.OpSwiGLU, "N=16384,I=18944", 6 * 16384 * 18944, 1862270976},
 		// A first projection into mid [2,4], added into the residual and
@@ -155,6 +157,7 @@ func TestRunOnCPU(t *testing.T) {
 		kernels.OpLinear:           "M=5,N=24,K=40",
 		kernels.OpRMSNorm:          "M=7,N=64",
 		kernels.OpAddRMSNorm:       "M=7,N=64",
+		kernels.OpAddAddRMSNorm:    "M=7,N=64",
 		kernels.OpRoPE:             "T=5,H=3,D=32,R=16,interleaved=1",
 		kernels.OpSwiGLU:           "N=3,I=40",
 		kernels.OpLinearNormLinear: "M=3,N=24,K=40,K0=56",

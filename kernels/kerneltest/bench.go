@@ -210,6 +210,34 @@ func buildNorm(b *Builder, bc *Bench, s kernels.Shape, add bool) *Problem {
 		Run: func(o kernels.Ops, i int) { o.AddRMSNorm(outs[i], rs[i], xs[i], w, 1e-6) }}
 }
 
+var addAddRMSNormBench = &Bench{
+	Bound: "memory", Dims: []string{"M", "N"},
+	Doc: "M rows of N: x + y added into the residual, then normalised (the MoE's routed and shared experts' " +
+		"outputs joining the next norm); naive runs add then add_rms_norm",
+	Shapes: []kernels.Shape{
+		sh("M", 9, "N", 2048), sh("M", 16, "N", 2048), // DeepSeek-V2-Lite decode, where the shared experts run aside
+		sh("M", 16, "N", 3584),
+		sh("M", 11041, "N", 2048), // DeepSeek-V2-Lite over W3's prompt
+	},
+	FLOPs: func(s kernels.Shape) float64 { return 6 * f(s, "M", "N") },
+	Bytes: func(s kernels.Shape) float64 { return bf16 * (5*f(s, "M", "N") + f(s, "N")) },
+	Build: buildAddAddNorm,
+}
+
+// buildAddAddNorm adds into the residual in place, and the parts leave
+// their sum in x: both are state the runner puts back before each check.
+func buildAddAddNorm(b *Builder, bc *Bench, s kernels.Shape) *Problem {
+	m, n := s["M"], s["N"]
+	c := b.copiesFor(bc.Bytes(s))
+	w := b.Random(b.Alloc(kernels.BF16, n), 0.2)
+	xs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, n), 3) })
+	ys := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, n), 3) })
+	rs := each(b, c, func() *kernels.Tensor { return b.Random(b.Act(m, n), 1) })
+	outs := each(b, c, func() *kernels.Tensor { return b.Act(m, n) })
+	return &Problem{Copies: c, Outs: []*kernels.Tensor{outs[0], rs[0]}, State: []*kernels.Tensor{rs[0], xs[0]},
+		Run: func(o kernels.Ops, i int) { o.AddAddRMSNorm(outs[i], rs[i], xs[i], ys[i], w, 1e-6) }}
+}
+
 var normShapes = []kernels.Shape{
 	sh("M", 4096, "N", 1024), sh("M", 4096, "N", 2048), sh("M", 4096, "N", 4096), sh("M", 4096, "N", 8192),
 	sh("M", 4096, "N", 16384), // TileGym's bench_rmsnorm

@@ -133,6 +133,24 @@ func addChecks(l *caseList) {
 	}
 }
 
+// addAddRMSNormChecks are two addends summed into the residual and
+// normalised, as the MoE's routed and shared experts' outputs join the
+// next norm: DeepSeek-V2-Lite's hidden size at decode's 1, 9 and 16 rows,
+// Qwen2-7B's at 16, small rows, rows of no 16-byte multiple, y a column
+// slice; then x starting off a 16-byte boundary where out, w and resid
+// start on one, which a set whose one pass reads them alike declines (the
+// Dispatch then runs add and add_rms_norm).
+func addAddRMSNormChecks(l *caseList) {
+	for _, s := range []addAddCase{
+		{n: 1, d: 2048}, {n: 9, d: 2048}, {n: 16, d: 2048}, {n: 16, d: 3584}, {n: 3, d: 96}, {n: 129, d: 200},
+		{n: 5, d: 100}, {n: 17, d: 520, yCol: 8},
+	} {
+		l.addW(s.String(), func(e *env) { addAddRMSNorm(e, s) })
+	}
+	odd := addAddCase{n: 9, d: 2048, xCol: 1}
+	l.addWDeclinable(odd.String(), false, func(e *env) { addAddRMSNorm(e, odd) })
+}
+
 // ropeChecks are the models' q and k heads as column slices of qkv,
 // rotate_half and interleaved, whole and partial.
 func ropeChecks(l *caseList) {
@@ -796,6 +814,50 @@ func addOp(e *env, n, d int, mode string) {
 	}
 	e.run(func(o kernels.Ops, s int) { o.Add(out[s], a[s], b[s]) })
 	e.check("out", out, all)
+}
+
+// addAddCase is one add_add_rms_norm case: n rows of d, x and y packed, or
+// columns [xCol, xCol+d) or [yCol, yCol+d) of a wider matrix where those
+// are set.
+type addAddCase struct{ n, d, xCol, yCol int }
+
+func (c addAddCase) String() string {
+	s := fmt.Sprintf("N=%d,D=%d", c.n, c.d)
+	if c.xCol > 0 {
+		s += fmt.Sprintf(",x at column %d", c.xCol)
+	}
+	if c.yCol > 0 {
+		s += fmt.Sprintf(",y at column %d", c.yCol)
+	}
+	return s
+}
+
+// addAddRMSNorm adds x + y into the residual and normalises it: out and
+// resid are its results, y must stay as it was, and x is not checked (the
+// parts leave the sum there, a set's one pass may not).
+func addAddRMSNorm(e *env, c addAddCase) {
+	const eps = 1e-6
+	g := e.normal(c.d, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	w := e.tensor(weightK, g, c.d)
+	operand := func(col int) (whole, view pair) {
+		if col == 0 {
+			whole = e.random(actK, 3, c.n, c.d)
+			return whole, whole
+		}
+		whole = e.random(actK, 3, c.n, c.d+16)
+		return whole, whole.cols(col, col+c.d)
+	}
+	_, x := operand(c.xCol)
+	ys, y := operand(c.yCol)
+	resid := e.random(actK, 1, c.n, c.d)
+	out := e.poisoned(actK, c.n, c.d)
+	e.run(func(o kernels.Ops, s int) { o.AddAddRMSNorm(out[s], resid[s], x[s], y[s], w[s], eps) })
+	e.check("out", out, all)
+	e.check("resid", resid, all)
+	e.check("y", ys, all)
 }
 
 type normRopeCase struct {

@@ -83,6 +83,13 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 		}
 	}
 
+	// The MoE's routed and shared outputs joining the next norm, as the
+	// layers call it where the shared experts ran aside; the parts leave
+	// their sum in routedSum, reset before each run too.
+	routedSum, sharedOut := g.random(act, rows, hidden), g.random(act, rows, hidden)
+	state = append(state, routedSum)
+	addWhole(kernels.OpAddAddRMSNorm, func() { ops.AddAddRMSNorm(normed, resid, routedSum, sharedOut, w, 1e-6) }, normed, resid)
+
 	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
 	// linear_swiglu is fused for prefill's shapes only, if at all. Its

@@ -14,6 +14,7 @@ var table = []opCases{
 	{kernels.OpRMSNorm, rmsNormChecks, rmsNormBench},
 	{kernels.OpAddRMSNorm, addRMSNormChecks, addRMSNormBench},
 	{kernels.OpAdd, addChecks, nil},
+	{kernels.OpAddAddRMSNorm, addAddRMSNormChecks, addAddRMSNormBench},
 	{kernels.OpRoPE, ropeChecks, ropeBench},
 	{kernels.OpSwiGLU, swiGLUChecks, swiGLUBench},
 	{kernels.OpLinearSwiGLU, linearSwiGLUChecks, linearSwiGLUBench},

@@ -50,6 +50,14 @@ func (o *ops) Add(out, a, b *kernels.Tensor) {
 	o.binary("add", o.Mat(out), o.Mat(a), o.Mat(b), n, dim)
 }
 
+// AddAddRMSNorm is the set's Add (x += y) then its AddRMSNorm: the
+// launches eager torch makes for the MoE's routed + shared experts'
+// outputs and the decoder layer's residual add and norm after it.
+func (o *ops) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
+	kernels.CheckAddAddRMSNorm(o.D.ActDType(), out, resid, x, y, w)
+	kernels.AddAddRMSNormParts(o, out, resid, x, y, w, eps)
+}
+
 // binary launches the elementwise kernel name ("add", "mul") over [rows, cols].
 func (o *ops) binary(name string, out, a, b cudaset.Mat, rows, cols int) {
 	v := cudaset.VecFor(cols, out, a, b)
