@@ -620,7 +620,8 @@ func TestAddAddRMSNormParts(t *testing.T) {
 		spec  string
 		whole bool
 	}{
-		{"naive", false}, {"cpu", false}, {"cpu,add_add_rms_norm=cpu", true},
+		{"fused", true}, {"naive", false}, {"cpu", false}, {"cpu,add_add_rms_norm=cpu", true},
+		{"fused,add=naive", false}, {"fused,add_rms_norm=naive", false}, {"fused,rms_norm=naive", true},
 		{"fused,add=naive,add_add_rms_norm=fused", true}, {"naive,add_add_rms_norm=fused", true},
 	} {
 		s, err := kernels.ParseSpec(c.spec)

@@ -9,7 +9,7 @@ import (
 // RMSNorm is one pass of rms_norm: each row read once into registers.
 func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 	kernels.CheckRMSNorm(o.D.ActDType(), out, x, w)
-	o.norm(kernels.OpRMSNorm, "rms_norm", out, nil, x, w, eps)
+	o.norm(kernels.OpRMSNorm, "rms_norm", out, nil, x, nil, w, eps)
 }
 
 // AddRMSNorm is one pass of add_rms_norm: the residual add, its f32 sum of
@@ -17,12 +17,32 @@ func (o *ops) RMSNorm(out, x, w *kernels.Tensor, eps float32) {
 // (naive makes three passes and five row reads).
 func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 	kernels.CheckAddRMSNorm(o.D.ActDType(), out, resid, x, w)
-	o.norm(kernels.OpAddRMSNorm, "add_rms_norm", out, resid, x, w, eps)
+	o.norm(kernels.OpAddRMSNorm, "add_rms_norm", out, resid, x, nil, w, eps)
 }
 
-// norm launches kernel (rms_norm or add_rms_norm): one block per row, as
-// normShape shapes it.
-func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, w *kernels.Tensor, eps float32) {
+// AddAddRMSNorm is add then add_rms_norm in one pass, add_add_rms_norm:
+// each row's x + y rounded as add rounds it, then added into the residual
+// and normalised as add_rms_norm does, one launch of a decode step's chain
+// instead of two (the MoE's routed and shared outputs, then the next
+// norm). It takes a row in add_rms_norm's shape for the vector width out,
+// w and resid allow, so that it sums the squares as add_rms_norm sums
+// them over the parts' sum in x; it declines where x or y is not aligned
+// for that width (add_rms_norm would read x in narrower accesses and sum
+// in another order), and the Dispatch runs add and add_rms_norm. It
+// leaves x as it was.
+func (o *ops) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
+	const op = kernels.OpAddAddRMSNorm
+	kernels.CheckAddAddRMSNorm(o.D.ActDType(), out, resid, x, y, w)
+	cols := x.Cols()
+	v := cudaset.VecFor(cols, o.Mat(out), o.Mat(w), o.Mat(resid))
+	o.Need(cudaset.VecFor(cols, o.Mat(x), o.Mat(y)) >= v, op,
+		"x or y not aligned for the %d-wide accesses of out, w and resid: add and add_rms_norm run it", v)
+	o.norm(op, "add_add_rms_norm", out, resid, x, y, w, eps)
+}
+
+// norm launches kernel (rms_norm, add_rms_norm, or add_add_rms_norm where
+// y is set): one block per row, as normShape shapes it.
+func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, y, w *kernels.Tensor, eps float32) {
 	n, cols := x.Rows(), x.Cols()
 	if n == 0 {
 		return
@@ -34,10 +54,15 @@ func (o *ops) norm(op kernels.Op, kernel string, out, resid, x, w *kernels.Tenso
 		rm = o.Mat(resid)
 		ms = append(ms, rm)
 	}
+	args := []any{om.P, int32(om.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch)}
+	if y != nil {
+		ym := o.Mat(y)
+		ms = append(ms, ym)
+		args = append(args, ym.P, int32(ym.Pitch))
+	}
 	ns := normShapeOf(cols, ms...)
 	o.Need(ns.items > 0, op, "rows of %d elements: at most %d", cols, maxNormThreads*normItems[len(normItems)-1]*ns.vec)
-	o.Launch(normKernel(kernel, w.DType, ns.vec, ns.items), n, ns.threads,
-		om.P, int32(om.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), wm.P, int32(cols), eps)
+	o.Launch(normKernel(kernel, w.DType, ns.vec, ns.items), n, ns.threads, append(args, wm.P, int32(cols), eps)...)
 }
 
 // normShape is how rms_norm takes a row: vec-wide accesses, items of them

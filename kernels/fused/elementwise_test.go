@@ -238,3 +238,174 @@ func TestRMSNormRoPEDispatch(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAddAddRMSNormHost checks add_add_rms_norm's host side without a GPU:
+// the fused set owns and fuses the op, its instances are rms_norm's shapes
+// in elementwise.cu, launched to overlap the kernel before them, and the
+// variant table lists its one kernel.
+func TestAddAddRMSNormHost(t *testing.T) {
+	info, _ := kernels.Set("fused")
+	if !info.Owns(kernels.OpAddAddRMSNorm) || !slices.Contains(info.Fuses, kernels.OpAddAddRMSNorm) {
+		t.Errorf("fused owns add_add_rms_norm: %v, fuses it: %v", info.Owns(kernels.OpAddAddRMSNorm), info.Fuses)
+	}
+	for _, v := range []int{1, cudaset.VecWidth} {
+		for _, n := range normItems {
+			k := normKernel("add_add_rms_norm", kernels.BF16, v, n)
+			if !slices.Contains(elementwiseModule().Funcs, k) || !slices.Contains(overlapKernels(), k) {
+				t.Errorf("%s: not among elementwise.cu's kernels launched overlapped", k)
+			}
+		}
+	}
+	if vs := variants(kernels.OpAddAddRMSNorm, nil, kernels.Targets["sm_90a"]); len(vs) != 1 || !vs[0].Valid() {
+		t.Errorf("variants on sm_90a: %+v, want one, valid", vs)
+	}
+}
+
+// addAddProblem is add_add_rms_norm's operands on the device, twice: side
+// 0 for the op, side 1 for its parts, holding the same values; y and w
+// are shared. x is columns [xCol, xCol+d) of rows of d+8.
+type addAddProblem struct {
+	out, resid, x [2]*kernels.Tensor
+	y, w          *kernels.Tensor
+	owned         []*kernels.Tensor
+}
+
+func newAddAddProblem(t *testing.T, dev kernels.Device, n, d, xCol int, wdt kernels.DType, rng *rand.Rand) *addAddProblem {
+	t.Helper()
+	p := &addAddProblem{}
+	upload, _ := keeper(t, dev, &p.owned)
+	xv, rv := gaussians(rng, n*(d+8), 3), gaussians(rng, n*d, 1)
+	g := gaussians(rng, d, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	p.y, p.w = upload(kernels.BF16, gaussians(rng, n*d, 3), n, d), upload(wdt, g, d)
+	for s := range 2 {
+		p.x[s] = upload(kernels.BF16, xv, n, d+8).ColSlice(xCol, xCol+d)
+		p.resid[s] = upload(kernels.BF16, rv, n, d)
+		p.out[s] = upload(kernels.BF16, make([]float32, n*d), n, d)
+	}
+	return p
+}
+
+func (p *addAddProblem) free(dev kernels.Device) { freeAll(dev, p.owned) }
+
+// whole is AddAddRMSNorm of side s on o; parts is its parts on o.
+func (p *addAddProblem) whole(o kernels.Ops, s int) {
+	o.AddAddRMSNorm(p.out[s], p.resid[s], p.x[s], p.y, p.w, 1e-6)
+}
+func (p *addAddProblem) parts(o kernels.Ops, s int) {
+	kernels.AddAddRMSNormParts(o, p.out[s], p.resid[s], p.x[s], p.y, p.w, 1e-6)
+}
+
+// differ is where side 0's out or residual first differs from side 1's in
+// its bits, "" where neither does.
+func (p *addAddProblem) differ(t *testing.T, dev kernels.Device) string {
+	t.Helper()
+	for _, r := range []struct {
+		name string
+		x    [2]*kernels.Tensor
+	}{{"out", p.out}, {"resid", p.resid}} {
+		got, want := read(t, dev, r.x[0]), read(t, dev, r.x[1])
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				cols := r.x[0].Cols()
+				return fmt.Sprintf("%s[%d,%d] is %g, add and add_rms_norm give %g", r.name, i/cols, i%cols, got[i], want[i])
+			}
+		}
+	}
+	return ""
+}
+
+// TestAddAddRMSNormExact holds add_add_rms_norm, one launch, to the fused
+// set's add then add_rms_norm (two launches) bit for bit, out and the
+// residual: DeepSeek-V2-Lite's hidden size (2,048) and Qwen2-7B's (3,584)
+// at decode's 1, 9 and 16 rows, x a column slice of wider rows, bf16 and
+// f32 norm weights; x is left as it was. An x that starts 2 bytes off the
+// 16-byte boundary where out, w and resid start on one is declined, and a
+// Dispatch runs it as add and add_rms_norm, the same bits as the fused
+// set's parts. It also times both, for a first look (infer bench
+// add_add_rms_norm is the measurement). Skipped where no GPU is found.
+func TestAddAddRMSNormExact(t *testing.T) {
+	dev, o := openSet(t)
+	rng := rand.New(rand.NewSource(41))
+	for _, d := range []int{2048, 3584} {
+		for _, n := range []int{1, 9, 16} {
+			for _, wdt := range []kernels.DType{kernels.BF16, kernels.F32} {
+				name := fmt.Sprintf("N=%d,D=%d,w=%v", n, d, wdt)
+				p := newAddAddProblem(t, dev, n, d, 0, wdt, rng)
+				x := read(t, dev, p.x[0])
+				if u, declined := kernels.Declined(func() { p.whole(o, 0) }); declined {
+					t.Errorf("%s: declined: %v", name, u)
+					p.free(dev)
+					continue
+				}
+				p.parts(o, 1)
+				if bad := p.differ(t, dev); bad != "" {
+					t.Errorf("%s: %s", name, bad)
+				}
+				if !slices.Equal(read(t, dev, p.x[0]), x) {
+					t.Errorf("%s: x changed", name)
+				}
+				one := msPerCall(t, dev, func() { p.whole(o, 0) })
+				two := msPerCall(t, dev, func() { p.parts(o, 1) })
+				t.Logf("%s: one launch %.2f µs, add and add_rms_norm %.2f µs", name, one*1e3, two*1e3)
+				p.free(dev)
+			}
+		}
+	}
+	p := newAddAddProblem(t, dev, 9, 2048, 1, kernels.BF16, rng)
+	defer p.free(dev)
+	if _, declined := kernels.Declined(func() { p.whole(o, 0) }); !declined {
+		t.Errorf("x 2 bytes off a 16-byte boundary taken; add_rms_norm reads the parts' sum there 1 element at a time")
+	}
+	d, obs := observed(t, dev, "fused")
+	p.whole(d, 0)
+	p.parts(o, 1)
+	if want := []string{"add@fused", "add_rms_norm@fused"}; !slices.Equal(obs.calls, want) {
+		t.Errorf("x off 16 bytes: calls %v, want %v", obs.calls, want)
+	}
+	if bad := p.differ(t, dev); bad != "" {
+		t.Errorf("x off 16 bytes, through the Dispatch: %s", bad)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAddAddRMSNormDispatch: under "fused" the MoE's two outputs join the
+// next norm in one call of fused's; where the spec puts add or
+// add_rms_norm on naive they are the two calls, each on its set, as before
+// the op (the same bits where add_rms_norm stays on fused: naive's add
+// rounds as fused's does); naming the op runs it whole on that set.
+// Skipped where no GPU is found.
+func TestAddAddRMSNormDispatch(t *testing.T) {
+	dev, o := openSet(t)
+	rng := rand.New(rand.NewSource(43))
+	for _, s := range []struct {
+		spec  string
+		calls []string
+		exact bool // the fused set's parts' bits
+	}{
+		{"fused", []string{"add_add_rms_norm@fused"}, true},
+		{"fused,add=naive", []string{"add@naive", "add_rms_norm@fused"}, true},
+		{"fused,add_rms_norm=naive", []string{"add@fused", "add_rms_norm@naive"}, false},
+		{"naive", []string{"add@naive", "add_rms_norm@naive"}, false},
+		{"naive,add_add_rms_norm=fused", []string{"add_add_rms_norm@fused"}, true},
+	} {
+		p := newAddAddProblem(t, dev, 16, 2048, 0, kernels.BF16, rng)
+		d, obs := observed(t, dev, s.spec)
+		p.whole(d, 0)
+		p.parts(o, 1)
+		if !slices.Equal(obs.calls, s.calls) {
+			t.Errorf("%s: calls %v, want %v", s.spec, obs.calls, s.calls)
+		}
+		if bad := p.differ(t, dev); s.exact && bad != "" {
+			t.Errorf("%s: %s", s.spec, bad)
+		}
+		p.free(dev)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -36,7 +36,7 @@ func module(file string, funcs []string) cudaset.Module {
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
-	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpLinearAdd,
+	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpAddAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpLinearAdd,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpMLADecodeRoPE, kernels.OpArgmax, kernels.OpAdd,
@@ -45,7 +45,7 @@ var owned = []kernels.Op{
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
+		Fuses: []kernels.Op{kernels.OpAddAddRMSNorm, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
 			kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU},
 		New: New, Variants: variants})
 }
@@ -147,10 +147,10 @@ func modules() []cudaset.Module {
 	}
 }
 
-// elementwiseModule is elementwise.cu's module: the norms, ropes, swiglu,
-// add and argmax.
+// elementwiseModule is elementwise.cu's module: the norms (add_add_rms_norm
+// among them), ropes, swiglu, add and argmax.
 func elementwiseModule() cudaset.Module {
-	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
+	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
 		addInstances(), argmaxInstances()))
 }
 

@@ -23,7 +23,7 @@ const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update
 // instances are every table, in the order of instances.cuh.
 func instances() []cudaset.Instances {
 	return []cudaset.Instances{
-		rmsNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
+		rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
@@ -32,8 +32,9 @@ func instances() []cudaset.Instances {
 	}
 }
 
-// normKernel is kernel's (rms_norm or add_rms_norm) instance for weights of
-// w, vec-wide accesses and items of them per thread.
+// normKernel is kernel's (rms_norm, add_rms_norm or add_add_rms_norm)
+// instance for weights of w, vec-wide accesses and items of them per
+// thread.
 func normKernel(kernel string, w kernels.DType, vec, items int) string {
 	return fmt.Sprintf("%s_%s_v%d_n%d", kernel, w, vec, items)
 }
@@ -45,6 +46,20 @@ func rmsNormInstances() cudaset.Instances {
 			for _, n := range normItems {
 				f.Kernels = append(f.Kernels, cudaset.Of(normKernel("rms_norm", w, v, n), false, cudaset.CType(w), v, n),
 					cudaset.Of(normKernel("add_rms_norm", w, v, n), true, cudaset.CType(w), v, n))
+			}
+		}
+	}
+	return f
+}
+
+// addAddRMSNormInstances are add_add_rms_norm's: rms_norm's shapes and
+// weight types, with the residual add of a second addend.
+func addAddRMSNormInstances() cudaset.Instances {
+	f := cudaset.Instances{Macro: "ADD_ADD_RMS_NORM"}
+	for _, v := range []int{1, cudaset.VecWidth} {
+		for _, w := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+			for _, n := range normItems {
+				f.Kernels = append(f.Kernels, cudaset.Of(normKernel("add_add_rms_norm", w, v, n), cudaset.CType(w), v, n))
 			}
 		}
 	}

@@ -14,7 +14,7 @@ var update = flag.Bool("update", false, "write instances.cuh from the Go tables"
 // expands the lists of the kernels it defines.
 func TestInstancesHeader(t *testing.T) {
 	uses := map[string][]cudaset.Instances{
-		"elementwise.cu":   {rmsNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances()},
+		"elementwise.cu":   {rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances()},
 		"attention.cu":     {flashPrefillInstances(), flashDecodeInstances()},
 		"mla.cu":           {mlaPrefillInstances(), mlaDecodeInstances()},
 		"mla_keys.cu":      {mlaKeysInstances()},

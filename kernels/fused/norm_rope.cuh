@@ -11,9 +11,14 @@
 //   ADD:  r = bf16(resid + x); resid = r; out = bf16(w · bf16(r · rstd))
 //   else: r = x;                          out = bf16(w · bf16(r · rstd))
 // with rstd = 1/sqrt(mean(r²) + eps) in f32 over the rounded r, as HF's
-// decoder layer adds in bf16 and its RMSNorm normalises in f32.
+// decoder layer adds in bf16 and its RMSNorm normalises in f32. With ADD2
+// (and ADD) the residual's addend is itself a sum, rounded first as add
+// rounds it: x stands for bf16(x + y) above (add_add_rms_norm, the MoE's
+// routed and shared outputs); the code of the other instances is that of
+// a function without y.
 // out, x, resid bf16 [rows, cols] with pitches op, xp, rp (out may be x when
-// !ADD; out must not alias resid or x when ADD); w TW [cols].
+// !ADD; out must not alias resid or x when ADD); y bf16 [rows, cols] with
+// pitch yp when ADD2, else unread; w TW [cols].
 // Launch: grid.x = rows (one block per row); a block of T threads holds the
 // row in registers, NV accesses of VEC elements per thread, so the row is
 // read once: T·NV·VEC >= cols.
@@ -22,10 +27,12 @@
 // kernel whose blocks are wider for other work (rms_norm_rope) sums a row
 // as the T-thread rms_norm kernel does, its other warps adding zeros, so
 // the two round alike.
-template <bool ADD, typename TW, int VEC, int NV>
+template <bool ADD, typename TW, int VEC, int NV, bool ADD2 = false>
 __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, int xp, const TW* w, int cols,
-                         float eps, long long r, int T) {
+                         float eps, long long r, int T, const bf16* y = nullptr, int yp = 0) {
+	static_assert(ADD || !ADD2, "a second addend is summed into the residual");
 	const bf16* xrow = x + r * xp;
+	const bf16* yrow = ADD2 ? y + r * yp : nullptr;
 	bf16* rrow = ADD ? resid + r * rp : nullptr;
 	const bool mine = threadIdx.x < T;
 	float v[NV][VEC];
@@ -35,11 +42,13 @@ __device__ void rms_norm(bf16* out, int op, bf16* resid, int rp, const bf16* x, 
 		const int c = (threadIdx.x + i * T) * VEC;
 		if (mine && c < cols) {
 			const Vec<bf16, VEC> a = load<bf16, VEC>(xrow + c);
-			Vec<bf16, VEC> s;
+			Vec<bf16, VEC> b, s;
+			if (ADD2) b = load<bf16, VEC>(yrow + c);
 			if (ADD) s = load<bf16, VEC>(rrow + c);
 #pragma unroll
 			for (int j = 0; j < VEC; j++) {
 				float e = to_f32(a.v[j]);
+				if (ADD2) e = round_bf16(e + to_f32(b.v[j]));
 				if (ADD) {
 					s.v[j] = __float2bfloat16_rn(e + to_f32(s.v[j]));
 					e = to_f32(s.v[j]);

@@ -157,6 +157,7 @@ var table = func() []variant {
 	vs = append(vs,
 		single(kernels.OpRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
 		single(kernels.OpAddRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d", maxNormThreads)),
+		single(kernels.OpAddAddRMSNorm, "row_per_block", fmt.Sprintf("vector=16B rows_in_registers threads<=%d x+y_on_load", maxNormThreads)),
 		single(kernels.OpRoPE, "token_per_block", fmt.Sprintf("pairs_per_thread=%d", ropeVec)),
 		single(kernels.OpRMSNormRoPE, "one_launch", fmt.Sprintf("blocks=kv_row,q_row a token; latent<=%d in registers; pairs_per_thread=%d",
 			maxNormThreads*rmsNormRopeShape.vec, ropeVec)),
