@@ -61,7 +61,7 @@ func (a *Attention) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
 func (a *Attention) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	attn := a.attend(s, func(qkv *kernels.Tensor) {
 		switch p := in.Pending; {
-		case in.Add == nil:
+		case in.Add == nil, p != nil && p.Also != nil: // no add, or two parts to add: no projection op takes them
 			a.QKVProj.Forward(s, qkv, in.Ready(s))
 		case p != nil:
 			s.Ops.LinearAddRMSNormLinear(in.Add, p.X, p.Proj.Weight, p.Proj.Bias,

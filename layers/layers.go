@@ -171,14 +171,23 @@ func (n *RMSNorm) AddForward(s *Step, out, resid, x *kernels.Tensor) {
 	s.Ops.AddRMSNorm(out, resid, x, n.Weight, n.Eps)
 }
 
+// AddAddForward is AddForward of a block output that comes in two parts:
+// resid += x + y (the sum rounded first, as an add of the two would), then
+// out = RMSNorm(resid). x may be left holding the sum.
+func (n *RMSNorm) AddAddForward(s *Step, out, resid, x, y *kernels.Tensor) {
+	s.Ops.AddAddRMSNorm(out, resid, x, y, n.Weight, n.Eps)
+}
+
 // NormIn is a block's input as the layer makes it: the residual stream
 // Resid, after adding the previous block's output Add (nil where there is
 // none: the first layer's), normalised by Norm into H. Where Pending is
-// set, the block before left its last projection to this one: Add is
-// Pending's output, not yet computed. A block that takes its input whole
+// set, the block before left work to this one: its last projection, whose
+// output Add is then, not yet computed, or a second part of its output,
+// Pending.Also, to add with Add. A block that takes its input whole
 // (NormFirst) hands it to its first projection, an op a set may run as one
-// kernel that normalises its input as it loads it (and, with Pending,
-// computes Add first in the same kernel); the others take Ready's H.
+// kernel that normalises its input as it loads it (and, with a pending
+// projection, computes Add first in the same kernel); the others, and
+// those given a second part, take Ready's H.
 type NormIn struct {
 	H, Resid, Add *kernels.Tensor
 	Pending       *Pending
@@ -186,28 +195,42 @@ type NormIn struct {
 }
 
 // Ready computes the input into H (Pending's projection into Add first,
-// where it is set; Resid += Add, where Add is set) and returns H.
+// where there is one; Resid += Add, where Add is set, and + Pending.Also
+// where that is set) and returns H.
 func (in NormIn) Ready(s *Step) *kernels.Tensor {
-	if in.Pending != nil {
-		in.Pending.Forward(s, in.Add)
+	p := in.Pending
+	if p != nil {
+		p.Forward(s, in.Add)
 	}
-	if in.Add == nil {
+	switch {
+	case in.Add == nil:
 		in.Norm.Forward(s, in.H, in.Resid)
-	} else {
+	case p != nil && p.Also != nil:
+		in.Norm.AddAddForward(s, in.H, in.Resid, in.Add, p.Also)
+	default:
 		in.Norm.AddForward(s, in.H, in.Resid, in.Add)
 	}
 	return in.H
 }
 
-// Pending is a block's last projection, left undone for the block after
-// it to take with its own first one (Deferring): Proj of X.
+// Pending is what a block left undone for the block after it to take with
+// its own first op (Deferring): its last projection, Proj of X (nil where
+// it wrote its output), and Also, where set, a second part of its output,
+// which the next NormIn adds into the residual with the first
+// (AddAddForward): the MoE's shared experts' output, computed beside the
+// routed experts'.
 type Pending struct {
 	Proj *Linear
 	X    *kernels.Tensor
+	Also *kernels.Tensor
 }
 
-// Forward runs the projection into out.
-func (p *Pending) Forward(s *Step, out *kernels.Tensor) { p.Proj.Forward(s, out, p.X) }
+// Forward runs the projection, if there is one, into out.
+func (p *Pending) Forward(s *Step, out *kernels.Tensor) {
+	if p.Proj != nil {
+		p.Proj.Forward(s, out, p.X)
+	}
+}
 
 // NormFirst is a Mixer or FFN that takes its input's residual add and norm
 // with its first projection: ForwardNorm is Forward(s, out, in.Ready(s)),
@@ -217,11 +240,13 @@ type NormFirst interface {
 	ForwardNorm(s *Step, out *kernels.Tensor, in NormIn)
 }
 
-// Deferring is a NormFirst block that can leave its last projection, into
-// out, to the block after it: ForwardDefer does ForwardNorm's work but
-// that projection, which it returns instead (its X stays untouched until
-// the next block's first op has read it). The next block's NormIn then
-// has Add out and the returned Pending.
+// Deferring is a block that can leave the end of its work to the block
+// after it: ForwardDefer does Forward's work on in (ForwardNorm's, for a
+// NormFirst block) but its last projection into out, or the sum of its
+// output's two parts, which it returns instead (its X, or its Also, stays
+// untouched until the next block's first op has read it); nil where it
+// wrote out whole. The next block's NormIn then has Add out and the
+// returned Pending.
 type Deferring interface {
 	ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending
 }

@@ -51,7 +51,7 @@ func (m *MLP) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
 func (m *MLP) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	act := m.actBuf(s)
 	switch p := in.Pending; {
-	case in.Add == nil:
+	case in.Add == nil, p != nil && p.Also != nil: // no add, or two parts to add: no projection op takes them
 		s.Ops.LinearSwiGLU(act, in.Ready(s), m.GateUpProj.Weight)
 	case p != nil:
 		s.Ops.LinearAddRMSNormLinearSwiGLU(in.Add, p.X, p.Proj.Weight, p.Proj.Bias,
@@ -88,7 +88,9 @@ func (m *MLP) actBuf(s *Step) *kernels.Tensor {
 // set may run as one kernel chain (the routing in the experts' first
 // kernel) or as MoERoute then MoEExperts, as before.
 // The shared experts' down projection is added to the routed experts'
-// output in one op, LinearAdd.
+// output in one op, LinearAdd; where the shared experts run aside (see
+// asideMinTokens) their output joins the routed experts' in the next
+// block's residual add and norm instead (ForwardDefer).
 type MoE struct {
 	// Gate is the router, mlp.gate.weight [n_routed_experts, hidden]; its
 	// output is f32, as HF computes router logits in float32.
@@ -134,8 +136,31 @@ const asideMinTokens = 9
 // projection is added with it (LinearAdd). The sums round alike: the
 // projection to act, then the sum.
 func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
+	if shared := m.forward(s, out, x); shared != nil {
+		s.Ops.Add(out, out, shared)
+	}
+}
+
+// ForwardDefer is Forward on in.Ready(s), but where the shared experts ran
+// aside it leaves their output unadded: out holds the routed experts'
+// output and the returned Pending's Also the shared experts', which the
+// next block's NormIn adds into the residual with it and normalises, one
+// op (add_add_rms_norm) where Forward's add and that norm were two. Below
+// asideMinTokens, or without shared experts, it writes out whole and
+// returns nil.
+func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
+	if shared := m.forward(s, out, in.Ready(s)); shared != nil {
+		return &Pending{Also: shared}
+	}
+	return nil
+}
+
+// forward is Forward but for the add of the shared experts' output where
+// they ran aside: it returns that output (in the workspace, ready once the
+// ops it queued after the join run), else nil, out then whole.
+func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) {
 	T, K := s.Tokens(), m.Routing.TopK
-	var act, shared *kernels.Tensor
+	var act *kernels.Tensor
 	join := func() {}
 	switch {
 	case m.SharedExperts == nil:
@@ -151,11 +176,9 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	join()
-	switch {
-	case shared != nil:
-		s.Ops.Add(out, out, shared)
-	case act != nil:
+	if act != nil {
 		down := m.SharedExperts.DownProj
 		s.Ops.LinearAdd(out, act, down.Weight, down.Bias, out)
 	}
+	return shared
 }

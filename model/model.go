@@ -450,7 +450,10 @@ func (e *engine) setLayer(layer int) {
 // with it; and a block that can (layers.Deferring: Qwen2's attention and
 // MLPs) leaves its last projection into y to the block after it, whose
 // first op may then run both projections as one kernel
-// (linear_add_rms_norm_linear and its SwiGLU twin). The profile counts
+// (linear_add_rms_norm_linear and its SwiGLU twin). DeepSeek-V2's MoE,
+// where its shared experts ran aside, leaves their output apart from the
+// routed experts' in y, and the next norm (the next layer's, or the final
+// one) adds both into x (add_add_rms_norm). The profile counts
 // such a call under the layer whose block it starts: a layer's down_proj
 // is then counted under the next layer (the last layer's stays under it,
 // with the final norm), o_proj under its own.
@@ -474,7 +477,7 @@ func (e *engine) forward(st *step, nLogits int) {
 		}
 		in = layers.NormIn{H: h, Resid: x, Add: y, Pending: p, Norm: next}
 	}
-	in.Ready(s) // the last pending projection and norm, still under the last layer as before
+	in.Ready(s) // the last pending projection (or shared experts' output) and norm, still under the last layer as before
 	e.setLayer(-1)
 	if nLogits == 0 {
 		return

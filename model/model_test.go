@@ -293,6 +293,9 @@ func (o *recordingOps) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32)
 	o.do(func() { o.Ops.AddRMSNorm(out, resid, x, w, eps) })
 }
 func (o *recordingOps) Add(out, a, b *kernels.Tensor) { o.do(func() { o.Ops.Add(out, a, b) }) }
+func (o *recordingOps) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
+	o.do(func() { o.Ops.AddAddRMSNorm(out, resid, x, y, w, eps) })
+}
 func (o *recordingOps) RoPE(x *kernels.Tensor, heads, stride, off int, pos *kernels.Tensor, r *kernels.Rope) {
 	o.do(func() { o.Ops.RoPE(x, heads, stride, off, pos, r) })
 }

@@ -25,6 +25,10 @@ func (o *normOps) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 	o.n[kernels.OpAddRMSNorm]++
 	o.Ops.AddRMSNorm(out, resid, x, w, eps)
 }
+func (o *normOps) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
+	o.n[kernels.OpAddAddRMSNorm]++
+	o.Ops.AddAddRMSNorm(out, resid, x, y, w, eps)
+}
 func (o *normOps) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
 	o.n[kernels.OpNormLinear]++
 	o.Ops.AddRMSNormLinear(out, h, resid, x, norm, eps, w, bias)
@@ -49,8 +53,10 @@ func (o *normOps) LinearAddRMSNormLinearSwiGLU(mid, x, w0, bias0, out, h, resid,
 // leaves no projection pending: add_rms_norm_linear_swiglu); the first
 // layer's attention (no add before it), MLA and the MoE take the norm
 // alone (a dense MLP's down projection first, where one is pending), and
-// the last norm stays add_rms_norm. The logits are those of the calls
-// made one by one.
+// the last norm stays add_rms_norm; after a DeepSeek-V2 MoE layer whose
+// shared experts ran aside (a prefill of more than asideMinTokens tokens),
+// the next norm adds its two outputs (add_add_rms_norm). The logits are
+// those of the calls made one by one.
 func TestNormFirst(t *testing.T) {
 	for _, name := range []string{"qwen2-tiny", "deepseek-v2-tiny"} {
 		cfg, w, _ := openFixture(t, name)
@@ -66,12 +72,15 @@ func TestNormFirst(t *testing.T) {
 		}
 		layers, dense := cfg.NumLayers, cfg.NumLayers
 		wantN := map[kernels.Op]int{kernels.OpRMSNorm: 1, kernels.OpLinearNormLinear: layers - 1, kernels.OpLinearNormSwiGLU: layers,
-			kernels.OpNormLinear: 0, kernels.OpNormSwiGLU: 0, kernels.OpAddRMSNorm: 1}
+			kernels.OpNormLinear: 0, kernels.OpNormSwiGLU: 0, kernels.OpAddRMSNorm: 1, kernels.OpAddAddRMSNorm: 0}
 		if cfg.DeepSeek != nil {
 			dense = cfg.DeepSeek.FirstKDenseReplace
-			// MLA takes its input whole (layers − 1 adds), the MoE layers too.
-			wantN = map[kernels.Op]int{kernels.OpRMSNorm: 1, kernels.OpNormSwiGLU: dense, kernels.OpAddRMSNorm: layers - 1 + layers - dense + 1,
-				kernels.OpNormLinear: 0, kernels.OpLinearNormLinear: 0, kernels.OpLinearNormSwiGLU: 0}
+			// MLA takes its input whole (layers − 1 adds), the MoE layers
+			// too; the norm after each MoE layer (the next MLA's, or the
+			// final one) adds both its outputs.
+			moe := layers - dense
+			wantN = map[kernels.Op]int{kernels.OpRMSNorm: 1, kernels.OpNormSwiGLU: dense, kernels.OpAddRMSNorm: layers - 1 + moe + 1 - moe,
+				kernels.OpAddAddRMSNorm: moe, kernels.OpNormLinear: 0, kernels.OpLinearNormLinear: 0, kernels.OpLinearNormSwiGLU: 0}
 		}
 		// MLA's own norms (q_a's, kv_a's) are RMSNorm calls of its own: count
 		// the layer norms only where the model has none.

@@ -18,10 +18,11 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope, rope_attn_decode, moe_routed, add_rms_norm_linear,
-// add_rms_norm_linear_swiglu, linear_add_rms_norm_linear and
-// linear_add_rms_norm_linear_swiglu run as their parts through this when
-// one of those is named (below), so that part alone is left out.
+// rms_norm_rope, rope_attn_decode, moe_routed, add_add_rms_norm,
+// add_rms_norm_linear, add_rms_norm_linear_swiglu,
+// linear_add_rms_norm_linear and linear_add_rms_norm_linear_swiglu run as
+// their parts through this when one of those is named (below), so that
+// part alone is left out.
 const skipEnv = "FUSELM_SKIP_OPS"
 
 // skipOps parses skipEnv: nil when it is unset or empty, else the ops it
@@ -82,6 +83,20 @@ func (s *skipping) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 func (s *skipping) Add(out, a, b *kernels.Tensor) {
 	if !s.skip[kernels.OpAdd] {
 		s.Ops.Add(out, a, b)
+	}
+}
+
+// AddAddRMSNorm is left out when named; where add or add_rms_norm is
+// named, it runs as its parts through s (add into x, then add_rms_norm of
+// x), so that the one named alone is left out as it was before the MoE
+// left its shared experts' output to the next norm.
+func (s *skipping) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
+	switch {
+	case s.skip[kernels.OpAddAddRMSNorm]:
+	case s.skip[kernels.OpAdd] || s.skip[kernels.OpAddRMSNorm]:
+		kernels.AddAddRMSNormParts(s, out, resid, x, y, w, eps)
+	default:
+		s.Ops.AddAddRMSNorm(out, resid, x, y, w, eps)
 	}
 }
 

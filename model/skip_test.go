@@ -220,3 +220,37 @@ func (c *chainCounting) LinearAddRMSNormLinear(_, _, _, _, _, _, _, _ *kernels.T
 func (c *chainCounting) LinearAddRMSNormLinearSwiGLU(_, _, _, _, _, _, _, _ *kernels.Tensor, _ float32, _ *kernels.Tensor) {
 	c.whole++
 }
+
+// TestSkipAddAddRMSNorm: naming add_add_rms_norm leaves it out whole;
+// naming add or add_rms_norm runs it as its parts with that one left out,
+// as before the MoE left its shared experts' output to the next norm;
+// another op named leaves it whole.
+func TestSkipAddAddRMSNorm(t *testing.T) {
+	for _, c := range []struct {
+		skip             kernels.Op
+		add, norm, whole int
+	}{
+		{kernels.OpRoPE, 0, 0, 1},
+		{kernels.OpAddAddRMSNorm, 0, 0, 0},
+		{kernels.OpAdd, 0, 1, 0},
+		{kernels.OpAddRMSNorm, 1, 0, 0},
+	} {
+		var n joinCounting
+		newSkipping(&n, []kernels.Op{c.skip}).AddAddRMSNorm(nil, nil, nil, nil, nil, 1e-6)
+		if n.add != c.add || n.norm != c.norm || n.whole != c.whole {
+			t.Errorf("skipping %s: add_add_rms_norm ran add %d times, add_rms_norm %d, whole %d; want %d, %d, %d",
+				c.skip, n.add, n.norm, n.whole, c.add, c.norm, c.whole)
+		}
+	}
+}
+
+// joinCounting counts the calls of add_add_rms_norm and its parts; the
+// other ops are not called.
+type joinCounting struct {
+	kernels.Ops
+	add, norm, whole int
+}
+
+func (c *joinCounting) Add(_, _, _ *kernels.Tensor)                            { c.add++ }
+func (c *joinCounting) AddRMSNorm(_, _, _, _ *kernels.Tensor, _ float32)       { c.norm++ }
+func (c *joinCounting) AddAddRMSNorm(_, _, _, _, _ *kernels.Tensor, _ float32) { c.whole++ }
