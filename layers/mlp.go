@@ -123,8 +123,8 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 // experts' kernels more than the two launches off the chain save (with
 // its gate/up alone aside; the whole MLP there is not measured), at 16
 // rows (W4, W5) the branch gains, and gains more with the down projection
-// on it too (then a plain add after both, not linear_add after the
-// routed experts); 9 is where the fused set's MoE leaves its block-a-tile
+// on it too (then the two outputs summed after both, not linear_add
+// after the routed experts); 9 is where the fused set's MoE leaves its block-a-tile
 // kernels for the persistent grid, which shares the SMs better. Between 1
 // and 16 rows it is not measured.
 const asideMinTokens = 9
