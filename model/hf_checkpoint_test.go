@@ -25,7 +25,7 @@ func readCheckpointReference(t *testing.T, dir, name string) *reference {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, name))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v (a checkpoint written with --no-references has none: run scripts/hf_checkpoint.py again without it)", err)
 	}
 	var meta struct {
 		reference

@@ -2,7 +2,8 @@
 # On the GPU machine, after scripts/gpu_build.sh here: the benchmark workloads
 # of DESIGN.md for the kernel specs named on the command line (default:
 # naive fused), on a random-weight checkpoint written by
-# scripts/hf_checkpoint.py when absent: with MODEL=qwen2-7b (the default)
+# scripts/hf_checkpoint.py when absent (without HF's reference logits, which
+# only the HF tests read): with MODEL=qwen2-7b (the default)
 # W1 and W2 on $QWEN2_7B; with MODEL=deepseek-v2-lite W3, W4 and W5 (16
 # distinct prompts, bench/prompts/prompts_w5.jsonl, through --prompts) on
 # $DSV2_LITE. Each is one warm-up generation, then three timed ones of which
@@ -60,7 +61,7 @@ deepseek-v2-lite)
 	exit 2
 	;;
 esac
-[ -f "$ckpt/config.json" ] || python3 scripts/hf_checkpoint.py --model "$model" --out "$ckpt" >&2 || exit 1
+[ -f "$ckpt/config.json" ] || python3 scripts/hf_checkpoint.py --model "$model" --out "$ckpt" --no-references >&2 || exit 1
 only=${ONLY:-}
 infer=${INFER:-./bin/infer}
 label=${LABEL:-}

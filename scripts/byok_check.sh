@@ -33,7 +33,7 @@ words=("$@")
 status=0
 
 checkpoint() {
-	[ -f "$QWEN2_7B/config.json" ] || python3 scripts/hf_checkpoint.py --model qwen2-7b --out "$QWEN2_7B" >&2
+	[ -f "$QWEN2_7B/config.json" ] || python3 scripts/hf_checkpoint.py --model qwen2-7b --out "$QWEN2_7B" --no-references >&2
 }
 
 for w in "${words[@]}"; do

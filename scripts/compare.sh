@@ -20,7 +20,7 @@ REPEAT=${REPEAT:-1}
 
 # checkpoint writes model $1's checkpoint to $2 unless it is there.
 checkpoint() {
-	[ -f "$2/config.json" ] || python3 scripts/hf_checkpoint.py --model "$1" --out "$2" >&2
+	[ -f "$2/config.json" ] || python3 scripts/hf_checkpoint.py --model "$1" --out "$2" --no-references >&2
 }
 
 workloads=("$@")

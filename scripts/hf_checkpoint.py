@@ -5,7 +5,13 @@ logits for it.
 Run on the GPU machine:
 
     python3 scripts/hf_checkpoint.py --model qwen2-7b --out /tmp/qwen2-7b [--steps 10]
-    python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out /tmp/deepseek-v2-lite
+    python3 scripts/hf_checkpoint.py --model deepseek-v2-lite --out /tmp/deepseek-v2-lite [--no-references]
+
+The weights are written into OUT.partial and renamed to OUT once whole, with MARKER last, so that
+a write cut short leaves no directory that looks like a checkpoint. A whole checkpoint of the same
+model already at OUT is kept (--rewrite writes it again): then only the references are computed.
+--no-references writes the checkpoint alone (what the benchmarks need; a later run without it adds
+the references).
 
 The checkpoint has the real model's config as the hub publishes it (bf16, save_pretrained
 shards), HF's default initialisation from a fixed seed, and the real tokenizer. reference.json has the layout
@@ -88,6 +94,53 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+# MARKER is written last into a whole checkpoint: which model it holds and how it was made.
+MARKER = "fuselm_checkpoint.json"
+SEED = 2026
+
+
+def marker(out):
+    """The marker of the checkpoint at out, None where there is none."""
+    try:
+        return json.load(open(os.path.join(out, MARKER)))
+    except (OSError, ValueError):
+        return None
+
+
+def whole_checkpoint(out, name):
+    """Whether out holds a whole checkpoint of model name written by this script."""
+    m = marker(out)
+    return m is not None and m.get("model") == name and m.get("seed") == SEED
+
+
+def write_checkpoint(a, spec):
+    """Build the model from the seed and write it, the hub's config.json and the tokenizer to a.out."""
+    t0 = time.time()
+    cfg = build_config(a.model)
+    torch.manual_seed(SEED)
+    with torch.device("cuda"):
+        model = spec["cls"](cfg).to(torch.bfloat16).eval()
+    log(f"model built on the GPU in {time.time() - t0:.1f}s")
+
+    t0 = time.time()
+    part = a.out.rstrip("/") + ".partial"
+    shutil.rmtree(part, ignore_errors=True)
+    model.save_pretrained(part, max_shard_size="4GB")
+    # The hub's config.json, in the transformers 4.x dialect, next to the weights.
+    json.dump({**spec["hub"], "transformers_version": spec["hub_version"]}, open(os.path.join(part, "config.json"), "w"),
+              indent=2)
+    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer"]), "rb") as f:
+        open(os.path.join(part, "tokenizer.json"), "wb").write(f.read())
+    if spec["tokenizer_config"]:
+        shutil.copy(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer_config"]),
+                    os.path.join(part, "tokenizer_config.json"))
+    json.dump({"model": a.model, "seed": SEED}, open(os.path.join(part, MARKER), "w"))
+    shutil.rmtree(a.out, ignore_errors=True)
+    os.rename(part, a.out)
+    log(f"saved to {a.out} in {time.time() - t0:.1f}s: {sorted(os.listdir(a.out))}")
+    log(f"rope parameters: built with {model.config.rope_parameters}")
+
+
 @torch.no_grad()
 def main():
     ap = argparse.ArgumentParser()
@@ -95,31 +148,28 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lengths", default="7,64,128,300,600,1000,2048,4096")
+    ap.add_argument("--no-references", action="store_true", help="write the checkpoint only")
+    ap.add_argument("--rewrite", action="store_true", help="write the checkpoint even where a whole one is at --out")
     a = ap.parse_args()
 
     spec = MODELS[a.model]
     Model = spec["cls"]
-    t0 = time.time()
-    cfg = build_config(a.model)
-    torch.manual_seed(2026)
-    with torch.device("cuda"):
-        model = Model(cfg).to(torch.bfloat16).eval()
-    log(f"model built on the GPU in {time.time() - t0:.1f}s")
+    if os.path.isdir(a.out) and os.listdir(a.out) and marker(a.out) is None and not a.rewrite:
+        log(f"hf_checkpoint.py: {a.out} holds files this script did not write: give another --out, or --rewrite to replace them")
+        sys.exit(2)
+    if a.rewrite or not whole_checkpoint(a.out, a.model):
+        write_checkpoint(a, spec)
+        torch.cuda.empty_cache()
+    else:
+        log(f"{a.out}: a whole {a.model} checkpoint is there already (--rewrite writes it again)")
+    if a.no_references:
+        return
 
-    t0 = time.time()
-    shutil.rmtree(a.out, ignore_errors=True)
-    model.save_pretrained(a.out, max_shard_size="4GB")
-    # The hub's config.json, in the transformers 4.x dialect, next to the weights.
-    json.dump({**spec["hub"], "transformers_version": spec["hub_version"]}, open(os.path.join(a.out, "config.json"), "w"),
-              indent=2)
-    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer"]), "rb") as f:
-        tok_json = f.read()
-    open(os.path.join(a.out, "tokenizer.json"), "wb").write(tok_json)
-    if spec["tokenizer_config"]:
-        shutil.copy(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer_config"]),
-                    os.path.join(a.out, "tokenizer_config.json"))
-    log(f"saved to {a.out} in {time.time() - t0:.1f}s: {sorted(os.listdir(a.out))}")
-
+    # reference_f32.json, written last, says the references are whole.
+    for name in ("reference_f32.json", "reference.json"):
+        if os.path.exists(os.path.join(a.out, name)):
+            os.remove(os.path.join(a.out, name))
+    tok_json = open(os.path.join(a.out, "tokenizer.json"), "rb").read()
     tok = Tokenizer.from_str(tok_json.decode("utf-8"))
     text = open(os.path.join(ROOT, "bench", "prompts", "input_prompt_small.txt"), encoding="utf-8").read()
     ids = tok.encode(text).ids
@@ -127,11 +177,8 @@ def main():
 
     # The references come from the checkpoint as HF loads it back from disk
     # (the hub's config.json), which is what fuselm reads too.
-    built = model.config.rope_parameters
-    del model
-    torch.cuda.empty_cache()
     model = Model.from_pretrained(a.out, dtype=torch.bfloat16).cuda().eval()
-    log(f"rope parameters: built with {built}, loaded back with {model.config.rope_parameters}")
+    log(f"rope parameters: loaded back with {model.config.rope_parameters}")
 
     t0 = time.time()
     rows, bf16 = [], []
@@ -148,7 +195,7 @@ def main():
         rows.append({"tokens": tokens})
         bf16.append(torch.stack(step_logits))
     bf16 = torch.stack(bf16)
-    ref = {"prompts": prompts, "steps": a.steps, "vocab": cfg.vocab_size, "rows": rows}
+    ref = {"prompts": prompts, "steps": a.steps, "vocab": model.config.vocab_size, "rows": rows}
     write_reference(a.out, "reference", {**ref, "dtype": "torch.bfloat16"}, bf16)
     log(f"bf16 reference for prompt lengths {a.lengths} x {a.steps} steps in {time.time() - t0:.1f}s")
 
