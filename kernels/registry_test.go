@@ -391,16 +391,8 @@ func TestCompositeParts(t *testing.T) {
 		{"fused,linear=naive", false}, {"fused,swiglu=naive", false},
 		{"fused,linear=naive,swiglu=naive", false}, {"fused,linear=naive,linear_swiglu=fused", true},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpLinearSwiGLU); got != c.whole {
-			t.Errorf("%s: Whole(linear_swiglu) = %v, want %v", c.spec, got, c.whole)
-		}
-		if !s.Whole(kernels.OpLinear) {
-			t.Errorf("%s: an op without parts is not whole", c.spec)
-		}
+		wantWhole(t, c.spec, kernels.OpLinearSwiGLU, c.whole)
+		wantWhole(t, c.spec, kernels.OpLinear, true) // an op without parts
 	}
 
 	cpuSet, _ := kernels.Set("cpu")
@@ -486,13 +478,7 @@ func TestRMSNormRoPEParts(t *testing.T) {
 		{"fused", true}, {"naive", false}, {"cpu", false}, {"fused,rope=naive", false}, {"fused,rms_norm=naive", false},
 		{"fused,attn=naive,linear=naive", true}, {"naive,rms_norm_rope=fused", true}, {"fused,rope=naive,rms_norm_rope=fused", true},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpRMSNormRoPE); got != c.whole {
-			t.Errorf("%s: Whole(rms_norm_rope) = %v, want %v", c.spec, got, c.whole)
-		}
+		wantWhole(t, c.spec, kernels.OpRMSNormRoPE, c.whole)
 	}
 
 	dev := cpu.NewDevice()
@@ -551,13 +537,7 @@ func TestLinearAddParts(t *testing.T) {
 		{"fused", true}, {"naive", false}, {"cpu", false}, {"cpu,linear_add=cpu", true},
 		{"fused,add=naive", false}, {"fused,linear=naive", false}, {"fused,add=naive,linear_add=fused", true},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpLinearAdd); got != c.whole {
-			t.Errorf("%s: Whole(linear_add) = %v, want %v", c.spec, got, c.whole)
-		}
+		wantWhole(t, c.spec, kernels.OpLinearAdd, c.whole)
 	}
 
 	cpuSet, _ := kernels.Set("cpu")
@@ -624,13 +604,7 @@ func TestAddAddRMSNormParts(t *testing.T) {
 		{"fused,add=naive", false}, {"fused,add_rms_norm=naive", false}, {"fused,rms_norm=naive", true},
 		{"fused,add=naive,add_add_rms_norm=fused", true}, {"naive,add_add_rms_norm=fused", true},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpAddAddRMSNorm); got != c.whole {
-			t.Errorf("%s: Whole(add_add_rms_norm) = %v, want %v", c.spec, got, c.whole)
-		}
+		wantWhole(t, c.spec, kernels.OpAddAddRMSNorm, c.whole)
 	}
 
 	cpuSet, _ := kernels.Set("cpu")
@@ -702,16 +676,8 @@ func TestNormLinearParts(t *testing.T) {
 		{"fused,add_rms_norm=naive", false, false}, {"fused,linear=naive", false, false},
 		{"fused,swiglu=naive", true, false}, {"fused,add_rms_norm=naive,add_rms_norm_linear=fused", true, false},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpNormLinear); got != c.whole {
-			t.Errorf("%s: Whole(add_rms_norm_linear) = %v, want %v", c.spec, got, c.whole)
-		}
-		if got := s.Whole(kernels.OpNormSwiGLU); got != c.swish {
-			t.Errorf("%s: Whole(add_rms_norm_linear_swiglu) = %v, want %v", c.spec, got, c.swish)
-		}
+		wantWhole(t, c.spec, kernels.OpNormLinear, c.whole)
+		wantWhole(t, c.spec, kernels.OpNormSwiGLU, c.swish)
 	}
 
 	cpuSet, _ := kernels.Set("cpu")
@@ -784,16 +750,8 @@ func TestLinearNormLinearParts(t *testing.T) {
 		{"chain_test_only,add_rms_norm_linear_swiglu=cpu", true, false},
 		{"cpu,linear_add_rms_norm_linear=cpu,linear_add_rms_norm_linear_swiglu=cpu", true, true},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpLinearNormLinear); got != c.whole {
-			t.Errorf("%s: Whole(linear_add_rms_norm_linear) = %v, want %v", c.spec, got, c.whole)
-		}
-		if got := s.Whole(kernels.OpLinearNormSwiGLU); got != c.swish {
-			t.Errorf("%s: Whole(linear_add_rms_norm_linear_swiglu) = %v, want %v", c.spec, got, c.swish)
-		}
+		wantWhole(t, c.spec, kernels.OpLinearNormLinear, c.whole)
+		wantWhole(t, c.spec, kernels.OpLinearNormSwiGLU, c.swish)
 	}
 
 	dev := cpu.NewDevice()
@@ -894,16 +852,21 @@ func TestMLADecodeRoPEWhole(t *testing.T) {
 		{"fused,rms_norm_rope=naive", false, true}, {"fused,attn=naive,linear=naive", true, true},
 		{"naive,mla_decode_rope=fused", true, false},
 	} {
-		s, err := kernels.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.Whole(kernels.OpMLADecodeRoPE); got != c.whole {
-			t.Errorf("%s: Whole(mla_decode_rope) = %v, want %v", c.spec, got, c.whole)
-		}
-		if got := s.Whole(kernels.OpRMSNormRoPE); got != c.nrWhole {
-			t.Errorf("%s: Whole(rms_norm_rope) = %v, want %v", c.spec, got, c.nrWhole)
-		}
+		wantWhole(t, c.spec, kernels.OpMLADecodeRoPE, c.whole)
+		wantWhole(t, c.spec, kernels.OpRMSNormRoPE, c.nrWhole)
+	}
+}
+
+// wantWhole fails t where spec runs op as one call (Spec.Whole) other than
+// as want says.
+func wantWhole(t *testing.T, spec string, op kernels.Op, want bool) {
+	t.Helper()
+	s, err := kernels.ParseSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Whole(op); got != want {
+		t.Errorf("%s: Whole(%s) = %v, want %v", spec, op, got, want)
 	}
 }
 
