@@ -757,11 +757,7 @@ func linear(e *env, c linearCase) {
 
 func rmsNorm(e *env, n, d int, mode string) {
 	const eps = 1e-6
-	g := e.normal(d, 0.2)
-	for i := range g {
-		g[i]++
-	}
-	w := e.tensor(weightK, g, d)
+	w := e.normWeight(d)
 	x := e.random(actK, 3, n, d)
 	switch mode {
 	case "out":
@@ -837,11 +833,7 @@ func (c addAddCase) String() string {
 // parts leave the sum there, a set's one pass may not).
 func addAddRMSNorm(e *env, c addAddCase) {
 	const eps = 1e-6
-	g := e.normal(c.d, 0.2)
-	for i := range g {
-		g[i]++
-	}
-	w := e.tensor(weightK, g, c.d)
+	w := e.normWeight(c.d)
 	operand := func(col int) (whole, view pair) {
 		if col == 0 {
 			whole = e.random(actK, 3, c.n, c.d)
@@ -883,11 +875,7 @@ func (c normRopeCase) String() string {
 // place; everything else of q and kv must stay as it was.
 func rmsNormRoPE(e *env, c normRopeCase) {
 	const eps = 1e-6
-	g := e.normal(c.rank, 0.2)
-	for i := range g {
-		g[i]++
-	}
-	w := e.tensor(weightK, g, c.rank)
+	w := e.normWeight(c.rank)
 	r, ps := e.ropeOperands(c.t, c.rope, c.interleaved)
 	qw, kvw := c.heads*(c.nope+c.rope), c.rank+c.rope
 	var q, kv, qkva pair
@@ -1069,11 +1057,7 @@ func (c normLinearCase) String() string {
 // out (poisoned, pitched: columns of a wider matrix), resid and mid are.
 func normLinear(e *env, c normLinearCase) {
 	const eps = 1e-6
-	g := e.normal(c.k, 0.2)
-	for i := range g {
-		g[i]++
-	}
-	norm := e.tensor(weightK, g, c.k)
+	norm := e.normWeight(c.k)
 	var x, x0, w0, b0 pair
 	xName := "x"
 	if c.k0 > 0 {
@@ -1300,11 +1284,7 @@ func mla(e *env, c mlaCase, decode bool) {
 	var norm, pos pair
 	var rope [2]*kernels.Rope
 	if c.normRope {
-		g := e.normal(c.rank, 0.2)
-		for i := range g {
-			g[i]++
-		}
-		norm = e.tensor(weightK, g, c.rank)
+		norm = e.normWeight(c.rank)
 		rope, pos = e.ropeOperands(t, c.rope, true)
 	}
 	e.run(func(o kernels.Ops, s int) {

@@ -334,6 +334,16 @@ func (e *env) normal(n int, scale float64) []float32 {
 	return v
 }
 
+// normWeight is an RMSNorm weight of d elements near one (1 + N(0, 0.2)),
+// as a trained model's are.
+func (e *env) normWeight(d int) pair {
+	g := e.normal(d, 0.2)
+	for i := range g {
+		g[i]++
+	}
+	return e.tensor(weightK, g, d)
+}
+
 // run calls the op on both sides and fails the case on an error either
 // device reports; it skips a declinable case the set under test declines.
 func (e *env) run(f func(o kernels.Ops, side int)) {
