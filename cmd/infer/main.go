@@ -47,7 +47,7 @@ func main() {
 // is said on stderr, prefixed with "infer: ".
 func run(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
-	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd())
+	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd(), newKernelsCmd())
 	root.SetHelpCommand(newHelpCmd())
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.Version = versionLine()

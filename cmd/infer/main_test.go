@@ -94,6 +94,9 @@ func TestExitStatus(t *testing.T) {
 		{with("stray"), exitUsage, `stray argument "stray"`},
 		{[]string{"tokenize", "stray", "--model", tinyQwen, "--text", "a"}, exitUsage, `unexpected argument "stray"`},
 		{[]string{"inspect", "--model", tinyQwen, "x"}, exitUsage, `unexpected argument "x"`},
+		{[]string{"kernels", "x"}, exitUsage, `unknown command "x"`},
+		{[]string{"kernels", "--arch", "hopper"}, exitUsage, `--arch "hopper": want a real architecture`},
+		{[]string{"kernels", "--nvrtc", "/nonexistent/libcuda.so"}, exitError, "is not NVRTC's library"},
 		{[]string{"help", "foo"}, exitUsage, `no help for "foo"`},
 		{[]string{"--bogus"}, exitUsage, "unknown flag: --bogus"},
 		{[]string{"tokenize", "--bogus"}, exitUsage, "unknown flag: --bogus"},
@@ -316,7 +319,7 @@ func TestREADMESynopses(t *testing.T) {
 	}
 done:
 	root := newRootCmd()
-	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd())
+	root.AddCommand(newTokenizeCmd(), newInspectCmd(), newBenchCmd(), newCompareCmd(), newKernelsCmd())
 	root.Version = "v"
 	root.InitDefaultVersionFlag()
 	for _, c := range append([]*cobra.Command{root}, root.Commands()...) {

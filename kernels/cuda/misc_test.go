@@ -67,7 +67,15 @@ func TestCacheKey(t *testing.T) {
 	if cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=1"}, "sm_90a", 13000) != base {
 		t.Error("key not deterministic")
 	}
+	// Where the CUDA headers are is not part of the key (the NVRTC version
+	// is): a module compiled on another machine is found.
+	inc := cacheKey(Program{Name: "k", Src: "src"}, []string{"--include-path=/usr/local/cuda/include", "-DA=1"}, "sm_90a", 13000)
+	if cacheKey(Program{Name: "k", Src: "src"}, []string{"--include-path=/opt/wheel/nvidia/cu13/include", "-DA=1"}, "sm_90a", 13000) != inc {
+		t.Error("the headers' directory changes the key")
+	}
 	for i, k := range []string{
+		inc,
+		cacheKey(Program{Name: "k", Src: "src"}, []string{"--include-path=/usr/local/cuda/include", "-DA=2"}, "sm_90a", 13000),
 		cacheKey(Program{Name: "k2", Src: "src"}, []string{"-DA=1"}, "sm_90a", 13000),
 		cacheKey(Program{Name: "k", Src: "src "}, []string{"-DA=1"}, "sm_90a", 13000),
 		cacheKey(Program{Name: "k", Src: "src"}, []string{"-DA=2"}, "sm_90a", 13000),

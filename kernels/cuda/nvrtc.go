@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -191,12 +192,20 @@ func includeDirFor(libPath string, getenv func(string) string, isFile func(strin
 	return ""
 }
 
-// cacheFormat changes when what the disk cache stores changes.
-const cacheFormat = "fuselm-kernel-cache-v1"
+// cacheFormat changes when what the disk cache stores, or how it is keyed,
+// changes.
+const cacheFormat = "fuselm-kernel-cache-v2"
+
+// includeOption is the NVRTC option that names the CUDA headers' directory.
+const includeOption = "--include-path="
 
 // cacheKey names a compiled module: sha256 of the program (its name, its
 // source, and every header's name and source), every option given to NVRTC,
-// the target architecture and NVRTC's version.
+// the target architecture and NVRTC's version. Where the CUDA headers are
+// (includeOption's value) is left out: they ship with the NVRTC whose
+// version the key holds, and a module compiled on one machine (infer
+// kernels, without a GPU) is then found on another whose headers lie
+// elsewhere.
 func cacheKey(p Program, opts []string, arch string, nvrtcVersion int) string {
 	h := sha256.New()
 	field := func(s string) {
@@ -215,6 +224,9 @@ func cacheKey(p Program, opts []string, arch string, nvrtcVersion int) string {
 	}
 	field(fmt.Sprint(len(opts)))
 	for _, o := range opts {
+		if strings.HasPrefix(o, includeOption) {
+			o = includeOption
+		}
 		field(o)
 	}
 	field(arch)

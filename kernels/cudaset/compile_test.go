@@ -124,3 +124,34 @@ func ptxasReport(log string) map[string]string {
 	}
 	return r
 }
+
+// TestPrebuild fills a kernel cache with the NVRTC library at $FUSELM_NVRTC
+// as infer kernels does: the shared row movers once under their own name
+// (both sets' kits load that one module), each module a cubin file, and a
+// second pass compiles nothing. Skipped when FUSELM_NVRTC is unset.
+func TestPrebuild(t *testing.T) {
+	lib := os.Getenv("FUSELM_NVRTC")
+	if lib == "" {
+		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile without a GPU")
+	}
+	c, err := cuda.NewCompiler(lib, "sm_90a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var names []string
+	for _, pass := range []struct{ compiled, cached int }{{1, 0}, {0, 1}} {
+		names = names[:0]
+		n, m, err := cudaset.Prebuild(c, dir, "naive", nil, func(name string) { names = append(names, name) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != pass.compiled || m != pass.cached || !slices.Equal(names, []string{"cudaset_rows.cu"}) {
+			t.Errorf("compiled %d, cached %d, modules %v; want %d, %d, [cudaset_rows.cu]", n, m, names, pass.compiled, pass.cached)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.cubin"))
+	if len(files) != 1 {
+		t.Errorf("cache holds %v, want one cubin", files)
+	}
+}

@@ -130,11 +130,10 @@ func New(dev kernels.Device, set string, mods []Module) (*Kit, error) {
 func (k *Kit) AddModule(m Module) error { return k.add(m, k.Set) }
 
 func (k *Kit) add(m Module, owner string) error {
-	p, err := Source(m)
+	p, err := program(m, owner)
 	if err != nil {
 		return fmt.Errorf("%s: %w", k.Set, err)
 	}
-	p.Name = owner + "_" + m.File
 	mod, err := k.D.ProgramModule(p, m.Opts...)
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", k.Set, m.File, err)
@@ -151,6 +150,45 @@ func (k *Kit) add(m Module, owner string) error {
 		k.fn[name] = f
 	}
 	return nil
+}
+
+// program is m as owner's kit compiles it: Source, named owner_File (the
+// kernel cache's and NVRTC's messages' name).
+func program(m Module, owner string) (cuda.Program, error) {
+	p, err := Source(m)
+	p.Name = owner + "_" + m.File
+	return p, err
+}
+
+// Prebuild compiles with c what New compiles for set from mods (the shared
+// row movers first), into the kernel cache dir, as a device of c's
+// architecture would: a run there then loads them instead of compiling
+// them. done is told of each module as it is finished; compiled counts those
+// it compiled, cached those the cache held already.
+func Prebuild(c *cuda.Compiler, dir, set string, mods []Module, done func(file string)) (compiled, cached int, err error) {
+	for i, m := range append([]Module{RowsModule()}, mods...) {
+		owner := set
+		if i == 0 {
+			owner = "cudaset"
+		}
+		p, err := program(m, owner)
+		if err != nil {
+			return compiled, cached, fmt.Errorf("%s: %w", set, err)
+		}
+		made, err := c.CacheModule(dir, p, m.Opts...)
+		if err != nil {
+			return compiled, cached, fmt.Errorf("%s: %s: %w", set, m.File, err)
+		}
+		if made {
+			compiled++
+		} else {
+			cached++
+		}
+		if done != nil {
+			done(p.Name)
+		}
+	}
+	return compiled, cached, nil
 }
 
 // Source is what NVRTC compiles for m: m.File, with every header of the
