@@ -35,6 +35,9 @@
 # change. The spec hf runs once (on neither binary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The kernels scripts/gpu_build.sh compiled beside the binaries (infer
+# kernels), where it did: the first run loads them instead of compiling.
+if [ -z "${FUSELM_KERNEL_CACHE:-}" ] && [ -d bin/kernel-cache ]; then export FUSELM_KERNEL_CACHE=$PWD/bin/kernel-cache; fi
 out=${OUT:-out}
 mkdir -p "$out"
 model=${MODEL:-qwen2-7b}

@@ -41,6 +41,9 @@
 # the end, and a table of the steps (status, seconds) is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The kernels scripts/gpu_build.sh compiled beside the binaries (infer
+# kernels), where it did: the first run loads them instead of compiling.
+if [ -z "${FUSELM_KERNEL_CACHE:-}" ] && [ -d bin/kernel-cache ]; then export FUSELM_KERNEL_CACHE=$PWD/bin/kernel-cache; fi
 root=$(pwd)
 out=${OUT:-out}
 logs=$out/gpu_check
