@@ -151,6 +151,15 @@ func writeOpTable(w io.Writer, rows []profile.OpStat) {
 	if len(groups) > 0 {
 		fmt.Fprintf(w, "composite ops, each a group's time as its kernels ran it, not split among its parts: %s\n", strings.Join(groups, "; "))
 	}
+	var beside []string
+	for _, r := range rows {
+		if r.BesideMs > 0 {
+			beside = append(beside, fmt.Sprintf("%s %.3f", r.Op, r.BesideMs))
+		}
+	}
+	if len(beside) > 0 {
+		fmt.Fprintf(w, "ms that ran beside the second stream's work, each op's events time with what ran beside it (so the rows overlap): %s\n", strings.Join(beside, ", "))
+	}
 }
 
 // rateCell prints a TFLOP/s or GB/s figure with three significant digits or

@@ -93,3 +93,24 @@ func TestProfileComposites(t *testing.T) {
 		t.Errorf("linear's parts: %v", p)
 	}
 }
+
+// Ops whose calls ran beside the second stream's work say how much of
+// their time did, under the table; a run without such calls says nothing.
+func TestProfileBesideLine(t *testing.T) {
+	rows := []profile.OpStat{
+		{Op: kernels.OpMoERoute, Set: "fused", Calls: 26, Ms: 1.9, BesideMs: 1.9},
+		{Op: kernels.OpLinear, Set: "fused", Calls: 135, Ms: 6.4, BesideMs: 0.25},
+		{Op: kernels.OpRMSNorm, Set: "fused", Calls: 1, Ms: 0.03},
+	}
+	var b bytes.Buffer
+	writeOpTable(&b, rows)
+	want := "ms that ran beside the second stream's work, each op's events time with what ran beside it (so the rows overlap): moe_route 1.900, linear 0.250\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("the table lacks %q:\n%s", want, b.String())
+	}
+	b.Reset()
+	writeOpTable(&b, rows[2:])
+	if strings.Contains(b.String(), "beside") {
+		t.Errorf("a table without calls beside names them:\n%s", b.String())
+	}
+}

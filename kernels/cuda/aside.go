@@ -72,6 +72,15 @@ func (d *Device) Aside(f func()) (join func()) {
 	}
 }
 
+// Beside reports whether work queued now runs beside other work of the
+// step: it goes to the second stream (inside Aside), or to the first while
+// work queued on the second is not yet joined.
+func (d *Device) Beside() bool {
+	d.enter()
+	defer d.leave()
+	return d.onSide || d.side != nil && d.side.pending
+}
+
 // asideFrom is FUSELM_ASIDE's value: "" or "on" lets Aside run work on the
 // second stream, "off" queues it in order on the first (to measure what
 // the branch buys).

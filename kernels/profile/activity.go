@@ -255,6 +255,9 @@ type OpStat struct {
 	// Scratch is the most scratch memory one call asked for: the op's
 	// working set beyond its inputs and outputs.
 	Scratch int64 `json:"scratch_bytes,omitempty"`
+	// BesideMs is the part of Ms from calls that ran beside the second
+	// stream's work (OpCall.Beside; events only): those times overlap it.
+	BesideMs float64 `json:"beside_ms"`
 	// Parts are the ops a composite op's row computes (kernels.PartsOf):
 	// its time is theirs together, as its kernels ran them, not split
 	// among them; where a call ran as its parts, they have rows of their
@@ -356,6 +359,9 @@ func eventReport(calls []OpCall, replays []Replay, traceErr error) *Report {
 		st := acc[c.Op]
 		st.Ms += c.Ms
 		st.PhaseMs[c.Phase] += c.Ms
+		if c.Beside {
+			st.BesideMs += c.Ms
+		}
 		rep.ComputeMs += c.Ms
 	}
 	for _, r := range replays {
@@ -533,7 +539,8 @@ func NonZero[T comparable](v T) *T {
 
 // MarshalJSON writes what the profile did not measure as null rather than
 // leaving it out: the set where none is known, the launches of an events
-// profile, the FLOPs, bytes and rates of an op that counts none.
+// profile, the FLOPs, bytes and rates of an op that counts none, the time
+// beside the second stream where none ran there or the kernels were traced.
 func (s OpStat) MarshalJSON() ([]byte, error) {
 	type plain OpStat // OpStat without this method
 	return json.Marshal(struct {
@@ -544,7 +551,9 @@ func (s OpStat) MarshalJSON() ([]byte, error) {
 		Bytes   *float64 `json:"bytes"`
 		TFLOPs  *float64 `json:"tflop_per_s"`
 		GBs     *float64 `json:"gb_per_s"`
-	}{plain(s), NonZero(s.Set), NonZero(s.Kernels), NonZero(s.FLOPs), NonZero(s.Bytes), NonZero(s.TFLOPs), NonZero(s.GBs)})
+		Beside  *float64 `json:"beside_ms"`
+	}{plain(s), NonZero(s.Set), NonZero(s.Kernels), NonZero(s.FLOPs), NonZero(s.Bytes), NonZero(s.TFLOPs), NonZero(s.GBs),
+		NonZero(s.BesideMs)})
 }
 
 // MarshalJSON writes what the report's source does not measure as null:

@@ -264,7 +264,7 @@ func TestNullForAbsent(t *testing.T) {
 	rep := Report{Source: "events", ComputeMs: 2, Ops: []OpStat{
 		{Op: kernels.OpEmbedding, Calls: 1, Ms: 1, PhaseMs: map[string]float64{}},
 		{Op: kernels.OpLinear, Set: "fused", Calls: 2, Ms: 1, Kernels: 3, FLOPs: 4e9, Bytes: 2e6, TFLOPs: 4, GBs: 2,
-			PhaseMs: map[string]float64{"decode": 1}},
+			PhaseMs: map[string]float64{"decode": 1}, BesideMs: 0.5},
 	}}
 	b, err := json.Marshal(rep)
 	if err != nil {
@@ -281,12 +281,13 @@ func TestNullForAbsent(t *testing.T) {
 	}
 	ops := got["ops"].([]any)
 	emb, lin := ops[0].(map[string]any), ops[1].(map[string]any)
-	for _, k := range []string{"set", "kernels", "flops", "bytes", "tflop_per_s", "gb_per_s"} {
+	for _, k := range []string{"set", "kernels", "flops", "bytes", "tflop_per_s", "gb_per_s", "beside_ms"} {
 		if v, ok := emb[k]; !ok || v != nil {
 			t.Errorf("embedding's %q = %v (present %v), want null", k, v, ok)
 		}
 	}
-	if lin["set"] != "fused" || lin["kernels"] != 3.0 || lin["flops"] != 4e9 || lin["gb_per_s"] != 2.0 || lin["calls"] != 2.0 {
+	if lin["set"] != "fused" || lin["kernels"] != 3.0 || lin["flops"] != 4e9 || lin["gb_per_s"] != 2.0 || lin["calls"] != 2.0 ||
+		lin["beside_ms"] != 0.5 {
 		t.Errorf("linear's row %v lost a measured value", lin)
 	}
 	var back Report

@@ -70,7 +70,13 @@ type OpCall struct {
 	End   int64 `json:"end_ns"`
 	// Ms is the device time between the marks around the call (events
 	// only; 0 for captured calls and under cupti).
-	Ms      float64      `json:"ms,omitempty"`
+	Ms float64 `json:"ms,omitempty"`
+	// Beside is set for a call queued on the device's second stream, or
+	// on the first while work queued on the second is not yet joined
+	// (kernels.Brancher: DeepSeek-V2's shared experts beside the router and
+	// the routed experts): its events time then includes what ran beside
+	// it, so the two streams' calls overlap.
+	Beside  bool         `json:"beside,omitempty"`
 	Cost    kernels.Cost `json:"-"`
 	Scratch int64        `json:"scratch_bytes,omitempty"`
 }
@@ -96,6 +102,11 @@ type HostSpan struct {
 	Start int64  `json:"start_ns"`
 	End   int64  `json:"end_ns"`
 }
+
+// besider is implemented by devices that run work beside the stream
+// (kernels.Brancher): Beside reports whether work queued now runs beside
+// other work of the step (see OpCall.Beside).
+type besider interface{ Beside() bool }
 
 // ScratchMeter is implemented by devices that hand out scratch memory to
 // kernels (the CUDA device): the profile asks it, around each op call, how
@@ -284,6 +295,9 @@ func (p *Profile) begin(op kernels.Op, set string) *pendingCall {
 	}
 	p.nextID++
 	c := &pendingCall{p: p, call: OpCall{ID: p.nextID, Op: op, Set: set, Phase: p.phase, Step: p.step, Layer: p.layer}}
+	if b, ok := p.dev.(besider); ok {
+		c.call.Beside = b.Beside()
+	}
 	if p.capturing {
 		c.call.Graph = p.graphs
 	}

@@ -136,3 +136,52 @@ func profiledCPU(t *testing.T) (*cpu.Device, *profile.Profile, *kernels.Dispatch
 	}
 	return dev, prof, ops
 }
+
+// besideDevice is the cpu device, saying that the work queued now runs
+// beside other work while beside is set.
+type besideDevice struct {
+	*cpu.Device
+	beside bool
+}
+
+func (d *besideDevice) Beside() bool { return d.beside }
+
+// Calls queued beside the second stream's work are marked, and their
+// events time is counted apart in their op's row (beside_ms).
+func TestProfileBeside(t *testing.T) {
+	dev := &besideDevice{Device: cpu.NewDevice()}
+	prof := profile.New(dev) // the profile asks dev; the set runs on its cpu device
+	s, _ := kernels.ParseSpec("cpu")
+	ops, err := s.Build(dev.Device, prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := dev.Alloc(kernels.F32, 2, 2)
+	if err := dev.Upload(a, make([]byte, 4*a.Numel()), kernels.F32); err != nil {
+		t.Fatal(err)
+	}
+	ops.Add(a, a, a)
+	dev.beside = true
+	ops.Add(a, a, a)
+	ops.RMSNorm(a, a, dev.Alloc(kernels.F32, 2), 1e-6)
+	dev.beside = false
+	if err := prof.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	calls := prof.Recording().Calls
+	if len(calls) != 3 || calls[0].Beside || !calls[1].Beside || !calls[2].Beside {
+		t.Fatalf("calls %+v", calls)
+	}
+	for _, r := range prof.Report().Ops {
+		switch r.Op {
+		case kernels.OpAdd:
+			if r.Calls != 2 || r.BesideMs != calls[1].Ms || r.Ms != calls[0].Ms+calls[1].Ms {
+				t.Errorf("add's row %+v, calls %+v", r, calls)
+			}
+		case kernels.OpRMSNorm:
+			if r.BesideMs != r.Ms {
+				t.Errorf("rms_norm's row %+v", r)
+			}
+		}
+	}
+}
