@@ -56,7 +56,7 @@ already are left as they are. The NVRTC must be the one the run will use
 			sets := []struct {
 				name string
 				mods []cudaset.Module
-			}{{"naive", naive.Modules()}, {"fused", fused.Modules()}}
+			}{{"naive", naive.Modules()}, {"fused", fused.ModulesFor(arch)}}
 			total := 0
 			for _, s := range sets {
 				total += 1 + len(s.mods) // the shared row movers, then the set's

@@ -259,6 +259,18 @@ type ops struct {
 // Modules are every NVRTC module of the set: the ones New cannot do without,
 // then the Hopper ones it adds where the device allows; for compile checks
 // apart from a device.
-func Modules() []cudaset.Module {
-	return append(modules(), hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule(), decodeClusterModule())
+func Modules() []cudaset.Module { return append(modules(), hopperModules()...) }
+
+// ModulesFor are the modules New compiles on a device whose NVRTC target
+// is arch: the Hopper ones only for hopperArch (addHopperModule).
+func ModulesFor(arch string) []cudaset.Module {
+	if arch != hopperArch {
+		return modules()
+	}
+	return Modules()
+}
+
+// hopperModules are the modules New adds only where the target is hopperArch.
+func hopperModules() []cudaset.Module {
+	return []cudaset.Module{hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule(), decodeClusterModule()}
 }
