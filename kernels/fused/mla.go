@@ -3,6 +3,7 @@ package fused
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -204,10 +205,24 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 		if keys > 0 {
 			kv := o.Scratch(scrMLAKV, kernels.BF16, keys, perPos)
 			at := 0
-			for r := r0; r < r1; r++ {
-				k := keysOf(r)
-				o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
-				at += k
+			for r := r0; r < r1; {
+				k, n := keysOf(r), 1
+				if xpMLAKVBatched {
+					for r+n < r1 && keysOf(r+n) == k {
+						n++
+					}
+				}
+				if n == 1 {
+					o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
+				} else {
+					// Rows of as many positions each are one strided-batched
+					// GEMM: their caches MaxSeq rows apart, their keys packed
+					// k apart.
+					o.GemmBatched(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), int64(b.MaxSeq)*int64(cache.Pitch), w, 0,
+						0, kv.Sub(at, 0), int64(k)*int64(kv.Pitch), n)
+				}
+				at += n * k
+				r += n
 			}
 			if hopper {
 				o.mlaHopperLaunch(hc, a, kv, keys, r0, r1, longest)
@@ -224,6 +239,11 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 		r0 = r1
 	}
 }
+
+// xpMLAKVBatched (experiment, FUSELM_XP_MLA_KV_BATCHED=1) makes MLAPrefill
+// decompress consecutive rows of as many positions (W4's 16 copies of one
+// prompt) in one strided-batched GEMM, where each row is a GEMM of its own.
+var xpMLAKVBatched = os.Getenv("FUSELM_XP_MLA_KV_BATCHED") == "1"
 
 // MLADecode is absorbed MLA, in one of four variants: "flat"
 // (mla_flat.cu, mla_flat.go), the default below mlaKeysMinRows rows where

@@ -472,6 +472,9 @@ func mlaPrefillChecks(l *caseList) {
 		{name: "small", lens: []int{3, 1}, past: []int{0, 5}, heads: 2, nope: 16, rope: 16, v: 16, rank: 32, maxSeq: 8, stacked: true},
 		{name: "odd", lens: []int{17, 5, 1}, past: []int{0, 40, 130}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 160, stacked: true},
 		{name: "v2-lite", lens: []int{129, 5}, past: []int{0, 200}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 300, stacked: true},
+		// Runs of rows with as many positions (one prompt repeated, as W4's
+		// rows), which a set may decompress in one batched GEMM.
+		{name: "equal rows", lens: []int{33, 33, 33, 7, 7}, past: []int{0, 0, 0, 20, 20}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 64, stacked: true},
 	} {
 		l.addW(s.String(), func(e *env) { mla(e, s, false) })
 	}
