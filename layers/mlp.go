@@ -1,6 +1,11 @@
 package layers
 
-import "github.com/fuselm/fuselm/kernels"
+import (
+	"os"
+	"strconv"
+
+	"github.com/fuselm/fuselm/kernels"
+)
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -127,7 +132,16 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 // after the routed experts); 9 is where the fused set's MoE leaves its block-a-tile
 // kernels for the persistent grid, which shares the SMs better. Between 1
 // and 16 rows it is not measured.
-const asideMinTokens = 9
+var asideMinTokens = asideMinFrom(os.Getenv("FUSELM_XP_ASIDE_MIN"))
+
+// asideMinFrom is FUSELM_XP_ASIDE_MIN (an experiment, not yet measured: a
+// count of tokens, 1 to put the shared MLP aside at one token, W3), or 9.
+func asideMinFrom(env string) int {
+	if n, err := strconv.Atoi(env); err == nil && n > 0 {
+		return n
+	}
+	return 9
+}
 
 // Forward computes out [T, hidden] from x [T, hidden]. The shared
 // experts need only x, so from asideMinTokens tokens the whole shared MLP
