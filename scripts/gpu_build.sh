@@ -21,14 +21,15 @@ for pkg in kernels/cuda kernels/naive kernels/fused kernels/kerneltest kernels/u
 done
 git rev-parse --short HEAD >bin/COMMIT 2>/dev/null || true
 # The kernels' cubins for the GPU machine, where NVRTC is found here
-# ($FUSELM_NVRTC, else as a run finds it; infer kernels needs no GPU): a
-# fresh machine's first run loads them from bin/kernel-cache (bench.sh and
-# gpu_check.sh point FUSELM_KERNEL_CACHE there) instead of compiling them,
-# if this NVRTC is the version the machine has. Without NVRTC here the
-# machine compiles them as before.
+# ($FUSELM_NVRTC, else as a run finds it; infer kernels needs no GPU), in
+# bin/kernel-cache (the current sources' alone: --prune), which bench.sh and
+# gpu_check.sh copy into the machine's kernel cache: its first run loads
+# them instead of compiling them, if this NVRTC and its headers are the
+# machine's (scripts/nvrtc_pack.sh). Without NVRTC here the machine
+# compiles them as before.
 nv=()
 [ -n "${FUSELM_NVRTC:-}" ] && nv=(--nvrtc "$FUSELM_NVRTC")
-if ! bin/infer kernels --cache bin/kernel-cache "${nv[@]}" 2>bin/kernel-cache.log; then
+if ! bin/infer kernels --cache bin/kernel-cache --prune "${nv[@]}" 2>bin/kernel-cache.log; then
 	echo "gpu_build.sh: no kernel cache built (the GPU machine compiles on its first run): $(tail -1 bin/kernel-cache.log)" >&2
 fi
 ls -la bin

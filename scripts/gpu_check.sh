@@ -42,8 +42,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The kernels scripts/gpu_build.sh compiled beside the binaries (infer
-# kernels), where it did: the first run loads them instead of compiling.
-if [ -z "${FUSELM_KERNEL_CACHE:-}" ] && [ -d bin/kernel-cache ]; then export FUSELM_KERNEL_CACHE=$PWD/bin/kernel-cache; fi
+# kernels), where it did, copied into the kernel cache a run uses (what is
+# there already kept): the first run loads them instead of compiling.
+kcache=${FUSELM_KERNEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-.}/.cache}/fuselm/kernels}
+if [ "$kcache" != off ] && [ -d bin/kernel-cache ]; then
+	mkdir -p "$kcache" && cp -n bin/kernel-cache/*.cubin "$kcache"/ 2>/dev/null
+fi
 root=$(pwd)
 out=${OUT:-out}
 logs=$out/gpu_check

@@ -1,9 +1,12 @@
 package cuda
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -15,6 +18,7 @@ type Compiler struct {
 	n    *nvrtcAPI
 	arch string
 	opts []string
+	key  []string // opts as the kernel cache's key names them (compileOptions)
 }
 
 // NewCompiler opens the NVRTC library at path (after the libnvrtc-builtins
@@ -42,17 +46,43 @@ func NewCompiler(path, arch string) (*Compiler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Compiler{n: n, arch: arch, opts: compileOptions(arch, path)}, nil
+	opts, key := compileOptions(arch, path)
+	return &Compiler{n: n, arch: arch, opts: opts, key: key}, nil
 }
 
 // compileOptions are the NVRTC options every module gets for arch, with
-// the include path of the CUDA headers found for the NVRTC at libPath.
-func compileOptions(arch, libPath string) []string {
-	opts := []string{"--gpu-architecture=" + arch, "-std=c++17", "-default-device"}
+// the include path of the CUDA headers found for the NVRTC at libPath; and
+// the same as the kernel cache's key names them (key), the headers by their
+// contents (headersDigest) rather than where they are, so that a module
+// compiled on one machine (infer kernels, without a GPU) is found on
+// another whose headers lie elsewhere.
+func compileOptions(arch, libPath string) (opts, key []string) {
+	opts = []string{"--gpu-architecture=" + arch, "-std=c++17", "-default-device"}
+	key = slices.Clone(opts)
 	if inc := includeDirFor(libPath, os.Getenv, osFinder().isFile); inc != "" {
 		opts = append(opts, includeOption+inc)
+		key = append(key, "cuda headers "+headersDigest(inc))
 	}
-	return opts
+	return opts, key
+}
+
+// cudaHeaders are the CUDA headers the sets' sources include, directly or
+// through each other: what a module compiled against them depends on.
+var cudaHeaders = []string{"cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp16.h", "cuda_fp16.hpp"}
+
+// headersDigest is sha256 of the names and contents of the cudaHeaders in
+// dir (those that are there).
+func headersDigest(dir string) string {
+	h := sha256.New()
+	for _, name := range cudaHeaders {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(h, "%s %d\n", name, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Version is NVRTC's version as 1000*major + 10*minor.
@@ -69,24 +99,31 @@ func (c *Compiler) Compile(p Program, opts ...string) (img []byte, log string, e
 }
 
 // CacheModule compiles p as a device of the compiler's architecture would
-// (Options, then opts; a cubin) into the kernel cache dir, under the name
-// such a device's ProgramModule looks for, so that a run there loads it
-// instead of compiling it; a module the cache holds already is left as it
-// is (compiled false).
-func (c *Compiler) CacheModule(dir string, p Program, opts ...string) (compiled bool, err error) {
+// (Options, then opts; a cubin) into the kernel cache dir, as the file
+// (path) such a device's ProgramModule looks for, so that a run there loads
+// it instead of compiling it; a module the cache holds already is left as
+// it is (compiled false).
+func (c *Compiler) CacheModule(dir string, p Program, opts ...string) (path string, compiled bool, err error) {
 	all := append(c.Options(), opts...)
-	path := cachePath(dir, cacheKey(p, all, c.arch, c.Version()), true)
+	path = cachePath(dir, cacheKey(p, append(slices.Clone(c.key), opts...), c.arch, c.Version()), true)
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
-		return false, nil
+		return path, false, nil
 	}
 	img, err := c.n.compile(p, all, true)
 	if err != nil {
-		return false, err
+		return path, false, err
 	}
 	if err := writeFileAtomic(path, img); err != nil {
-		return false, fmt.Errorf("cuda: kernel cache: %w", err)
+		return path, false, fmt.Errorf("cuda: kernel cache: %w", err)
 	}
-	return true, nil
+	return path, true, nil
+}
+
+// IsCacheFile reports whether name is a kernel cache file's name (a
+// module's cubin or PTX under its key).
+func IsCacheFile(name string) bool {
+	key, ext, _ := strings.Cut(name, ".")
+	return (ext == "cubin" || ext == "ptx") && len(key) == sha256.Size*2 && strings.Trim(key, "0123456789abcdef") == ""
 }
 
 // CacheDir is where devices keep compiled kernels (FUSELM_KERNEL_CACHE, or
@@ -103,3 +140,14 @@ func FindNVRTC() (string, error) {
 	}
 	return lib.path, nil
 }
+
+// DeviceArch is the target a device of compute capability major.minor
+// compiles its modules for with this NVRTC (a real sm_XY[a] when cubin),
+// as the device chooses it: what a cache for that device must be built for.
+func (c *Compiler) DeviceArch(major, minor int) (arch string, cubin bool) {
+	return chooseArch(major, minor, c.n.major, c.n.archs)
+}
+
+// Archs are the compute capabilities (10·major + minor) NVRTC compiles for,
+// nil where it does not say.
+func (c *Compiler) Archs() []int { return slices.Clone(c.n.archs) }

@@ -103,7 +103,8 @@ type Device struct {
 	modStats ModuleStats
 	cacheDir string // "" when the disk cache is off
 	ccOpts   []string
-	cubin    bool // the arch is a real sm_XY: NVRTC makes cubins, else PTX
+	ccKey    []string // ccOpts as the kernel cache's key names them (compileOptions)
+	cubin    bool     // the arch is a real sm_XY: NVRTC makes cubins, else PTX
 
 	evMu     sync.Mutex // guards the event pool, which mark cleanups reach from other goroutines
 	events   []uintptr  // every timing event made
@@ -256,7 +257,7 @@ func Open(ordinal int) (dev *Device, err error) {
 	d.props.NVRTCVersion = d.nvrtc.version()
 	d.props.CUBLASVersion = d.blas.version
 	d.props.Arch, d.cubin = chooseArch(d.props.CCMajor, d.props.CCMinor, d.nvrtc.major, d.nvrtc.archs)
-	d.ccOpts = compileOptions(d.props.Arch, d.nvrtc.lib.path)
+	d.ccOpts, d.ccKey = compileOptions(d.props.Arch, d.nvrtc.lib.path)
 	d.cacheDir = cacheDirFrom(os.Getenv, os.UserCacheDir)
 	d.pdl = overlapAllowed(d.props.CCMajor, drv.cuLaunchKernelEx != 0, os.Getenv("FUSELM_PDL"))
 	if d.aside, err = asideFrom(os.Getenv("FUSELM_ASIDE")); err != nil {

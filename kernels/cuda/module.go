@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -70,7 +71,7 @@ func (d *Device) Module(name, src string, opts ...string) (*Module, error) {
 func (d *Device) ProgramModule(p Program, opts ...string) (*Module, error) {
 	name := p.Name
 	all := append(d.CompileOptions(), opts...)
-	key := cacheKey(p, all, d.props.Arch, d.nvrtc.version())
+	key := cacheKey(p, append(slices.Clone(d.ccKey), opts...), d.props.Arch, d.nvrtc.version())
 	d.enter()
 	defer d.leave()
 	if d.closed {

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -200,12 +199,9 @@ const cacheFormat = "fuselm-kernel-cache-v2"
 const includeOption = "--include-path="
 
 // cacheKey names a compiled module: sha256 of the program (its name, its
-// source, and every header's name and source), every option given to NVRTC,
-// the target architecture and NVRTC's version. Where the CUDA headers are
-// (includeOption's value) is left out: they ship with the NVRTC whose
-// version the key holds, and a module compiled on one machine (infer
-// kernels, without a GPU) is then found on another whose headers lie
-// elsewhere.
+// source, and every header's name and source), every option given to NVRTC
+// (the CUDA headers' include path as compileOptions's key names it), the
+// target architecture and NVRTC's version.
 func cacheKey(p Program, opts []string, arch string, nvrtcVersion int) string {
 	h := sha256.New()
 	field := func(s string) {
@@ -224,9 +220,6 @@ func cacheKey(p Program, opts []string, arch string, nvrtcVersion int) string {
 	}
 	field(fmt.Sprint(len(opts)))
 	for _, o := range opts {
-		if strings.HasPrefix(o, includeOption) {
-			o = includeOption
-		}
 		field(o)
 	}
 	field(arch)

@@ -142,7 +142,12 @@ func TestPrebuild(t *testing.T) {
 	var names []string
 	for _, pass := range []struct{ compiled, cached int }{{1, 0}, {0, 1}} {
 		names = names[:0]
-		n, m, err := cudaset.Prebuild(c, dir, "naive", nil, func(name string) { names = append(names, name) })
+		n, m, err := cudaset.Prebuild(c, dir, "naive", nil, func(name, path string) {
+			names = append(names, name)
+			if filepath.Dir(path) != dir || !cuda.IsCacheFile(filepath.Base(path)) {
+				t.Errorf("%s cached as %s", name, path)
+			}
+		})
 		if err != nil {
 			t.Fatal(err)
 		}

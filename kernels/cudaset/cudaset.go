@@ -163,9 +163,10 @@ func program(m Module, owner string) (cuda.Program, error) {
 // Prebuild compiles with c what New compiles for set from mods (the shared
 // row movers first), into the kernel cache dir, as a device of c's
 // architecture would: a run there then loads them instead of compiling
-// them. done is told of each module as it is finished; compiled counts those
-// it compiled, cached those the cache held already.
-func Prebuild(c *cuda.Compiler, dir, set string, mods []Module, done func(file string)) (compiled, cached int, err error) {
+// them. done is told of each module (its name and cache file) as it is
+// finished; compiled counts those it compiled, cached those the cache held
+// already.
+func Prebuild(c *cuda.Compiler, dir, set string, mods []Module, done func(name, path string)) (compiled, cached int, err error) {
 	for i, m := range append([]Module{RowsModule()}, mods...) {
 		owner := set
 		if i == 0 {
@@ -175,7 +176,7 @@ func Prebuild(c *cuda.Compiler, dir, set string, mods []Module, done func(file s
 		if err != nil {
 			return compiled, cached, fmt.Errorf("%s: %w", set, err)
 		}
-		made, err := c.CacheModule(dir, p, m.Opts...)
+		path, made, err := c.CacheModule(dir, p, m.Opts...)
 		if err != nil {
 			return compiled, cached, fmt.Errorf("%s: %s: %w", set, m.File, err)
 		}
@@ -185,7 +186,7 @@ func Prebuild(c *cuda.Compiler, dir, set string, mods []Module, done func(file s
 			cached++
 		}
 		if done != nil {
-			done(p.Name)
+			done(p.Name, path)
 		}
 	}
 	return compiled, cached, nil
