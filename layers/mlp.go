@@ -1,6 +1,7 @@
 package layers
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 
@@ -135,12 +136,18 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 var asideMinTokens = asideMinFrom(os.Getenv("FUSELM_XP_ASIDE_MIN"))
 
 // asideMinFrom is FUSELM_XP_ASIDE_MIN (an experiment, not yet measured: a
-// count of tokens, 1 to put the shared MLP aside at one token, W3), or 9.
+// count of tokens, 1 to put the shared MLP aside at one token, W3), or 9
+// where it is unset; another value is said on stderr, and 9 kept.
 func asideMinFrom(env string) int {
-	if n, err := strconv.Atoi(env); err == nil && n > 0 {
-		return n
+	if env == "" {
+		return 9
 	}
-	return 9
+	n, err := strconv.Atoi(env)
+	if err != nil || n < 1 {
+		fmt.Fprintf(os.Stderr, "layers: FUSELM_XP_ASIDE_MIN=%q is not a count of tokens: keeping 9\n", env)
+		return 9
+	}
+	return n
 }
 
 // Forward computes out [T, hidden] from x [T, hidden]. The shared

@@ -9,9 +9,11 @@ Run on the GPU machine:
 
 The weights are written into OUT.partial and renamed to OUT once whole, with MARKER last, so that
 a write cut short leaves no directory that looks like a checkpoint. A whole checkpoint of the same
-model already at OUT is kept (--rewrite writes it again): then only the references are computed.
---no-references writes the checkpoint alone (what the benchmarks need; a later run without it adds
-the references).
+model and build already at OUT is kept (--rewrite writes it again): then only the references are
+computed. --no-references writes the checkpoint alone (what the benchmarks need; a later run
+without it adds the references). A directory this script did not write, or holding another
+model's checkpoint, is refused unless --rewrite; every reference file is written whole or not at
+all, reference_f32.json last.
 
 The checkpoint has the real model's config as the hub publishes it (bf16, save_pretrained
 shards), HF's default initialisation from a fixed seed, and the real tokenizer. reference.json has the layout
@@ -26,6 +28,7 @@ bf16 logits and fuselm's can be measured. The script prints how far HF's bf16 lo
 """
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -99,22 +102,46 @@ MARKER = "fuselm_checkpoint.json"
 SEED = 2026
 
 
+def build_id(name):
+    """What makes model name's checkpoint: its hub config, tokenizer, transformers dialect and seed."""
+    spec = MODELS[name]
+    what = json.dumps({"hub": spec["hub"], "version": spec["hub_version"], "tokenizer": spec["tokenizer"],
+                       "tokenizer_config": spec["tokenizer_config"], "seed": SEED}, sort_keys=True)
+    return hashlib.sha256(what.encode()).hexdigest()
+
+
 def marker(out):
     """The marker of the checkpoint at out, None where there is none."""
     try:
-        return json.load(open(os.path.join(out, MARKER)))
+        with open(os.path.join(out, MARKER)) as f:
+            return json.load(f)
     except (OSError, ValueError):
         return None
 
 
 def whole_checkpoint(out, name):
-    """Whether out holds a whole checkpoint of model name written by this script."""
+    """Whether out holds a whole checkpoint of model name as this script writes it now."""
     m = marker(out)
-    return m is not None and m.get("model") == name and m.get("seed") == SEED
+    return m is not None and m.get("model") == name and m.get("build") == build_id(name)
+
+
+def write_json(path, obj, **kw):
+    """Write obj as JSON to path whole or not at all (a temporary file renamed into place)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, **kw)
+    os.replace(path + ".tmp", path)
 
 
 def write_checkpoint(a, spec):
-    """Build the model from the seed and write it, the hub's config.json and the tokenizer to a.out."""
+    """Build the model from the seed and write it, the hub's config.json and the tokenizer to a.out.
+
+    What was at a.out goes first (its marker before the rest, so that it never looks whole
+    half-removed; and the disk holds one checkpoint at a time); the new one is written into
+    a.out.partial and renamed into place once whole, its marker last."""
+    if os.path.isdir(a.out):
+        if os.path.exists(os.path.join(a.out, MARKER)):
+            os.remove(os.path.join(a.out, MARKER))
+        shutil.rmtree(a.out)
     t0 = time.time()
     cfg = build_config(a.model)
     torch.manual_seed(SEED)
@@ -127,15 +154,14 @@ def write_checkpoint(a, spec):
     shutil.rmtree(part, ignore_errors=True)
     model.save_pretrained(part, max_shard_size="4GB")
     # The hub's config.json, in the transformers 4.x dialect, next to the weights.
-    json.dump({**spec["hub"], "transformers_version": spec["hub_version"]}, open(os.path.join(part, "config.json"), "w"),
-              indent=2)
-    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer"]), "rb") as f:
-        open(os.path.join(part, "tokenizer.json"), "wb").write(f.read())
+    write_json(os.path.join(part, "config.json"), {**spec["hub"], "transformers_version": spec["hub_version"]}, indent=2)
+    with gzip.open(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer"]), "rb") as f, \
+            open(os.path.join(part, "tokenizer.json"), "wb") as g:
+        g.write(f.read())
     if spec["tokenizer_config"]:
         shutil.copy(os.path.join(ROOT, "testdata", "tokenizer", spec["tokenizer_config"]),
                     os.path.join(part, "tokenizer_config.json"))
-    json.dump({"model": a.model, "seed": SEED}, open(os.path.join(part, MARKER), "w"))
-    shutil.rmtree(a.out, ignore_errors=True)
+    write_json(os.path.join(part, MARKER), {"model": a.model, "seed": SEED, "build": build_id(a.model)})
     os.rename(part, a.out)
     log(f"saved to {a.out} in {time.time() - t0:.1f}s: {sorted(os.listdir(a.out))}")
     log(f"rope parameters: built with {model.config.rope_parameters}")
@@ -154,9 +180,17 @@ def main():
 
     spec = MODELS[a.model]
     Model = spec["cls"]
-    if os.path.isdir(a.out) and os.listdir(a.out) and marker(a.out) is None and not a.rewrite:
-        log(f"hf_checkpoint.py: {a.out} holds files this script did not write: give another --out, or --rewrite to replace them")
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        log(f"hf_checkpoint.py: {a.out} is not a directory")
         sys.exit(2)
+    m = marker(a.out) if os.path.isdir(a.out) else None
+    if not a.rewrite:
+        if os.path.isdir(a.out) and os.listdir(a.out) and m is None:
+            log(f"hf_checkpoint.py: {a.out} holds files this script did not write: give another --out, or --rewrite to replace them")
+            sys.exit(2)
+        if m is not None and m.get("model") != a.model:
+            log(f"hf_checkpoint.py: {a.out} holds a {m.get('model')} checkpoint: give another --out, or --rewrite to replace it")
+            sys.exit(2)
     if a.rewrite or not whole_checkpoint(a.out, a.model):
         write_checkpoint(a, spec)
         torch.cuda.empty_cache()
@@ -169,9 +203,11 @@ def main():
     for name in ("reference_f32.json", "reference.json"):
         if os.path.exists(os.path.join(a.out, name)):
             os.remove(os.path.join(a.out, name))
-    tok_json = open(os.path.join(a.out, "tokenizer.json"), "rb").read()
+    with open(os.path.join(a.out, "tokenizer.json"), "rb") as f:
+        tok_json = f.read()
     tok = Tokenizer.from_str(tok_json.decode("utf-8"))
-    text = open(os.path.join(ROOT, "bench", "prompts", "input_prompt_small.txt"), encoding="utf-8").read()
+    with open(os.path.join(ROOT, "bench", "prompts", "input_prompt_small.txt"), encoding="utf-8") as f:
+        text = f.read()
     ids = tok.encode(text).ids
     prompts = [ids[: int(n)] for n in a.lengths.split(",")]
 
@@ -225,8 +261,11 @@ def teacher_forced(model, prompt, tokens):
 
 
 def write_reference(out, name, meta, logits):
-    logits.cpu().numpy().astype("<f4").tofile(os.path.join(out, f"{name}_logits.f32"))
-    json.dump({**meta, "logits_file": f"{name}_logits.f32"}, open(os.path.join(out, f"{name}.json"), "w"))
+    """The logits file, then the JSON that names it, each whole or not at all."""
+    path = os.path.join(out, f"{name}_logits.f32")
+    logits.cpu().numpy().astype("<f4").tofile(path + ".tmp")
+    os.replace(path + ".tmp", path)
+    write_json(os.path.join(out, f"{name}.json"), {**meta, "logits_file": f"{name}_logits.f32"})
 
 
 if __name__ == "__main__":

@@ -641,10 +641,6 @@ func TestMLADecodeFlat(t *testing.T) {
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 
-// TestMLADecodeKeys runs the shared harness's mla_decode cases and the decode
-// graph with mla_decode's keys variant the default (the stage count the
-// device's shared memory gives, mlaKeysStages: 2 at V2-Lite's 576 dims on an
-// H200, 4 at the tests' small ones).
 // TestMLAPrefillKVBatched runs the shared kerneltest's mla_prefill cases
 // (the equal-rows case among them) with FUSELM_XP_MLA_KV_BATCHED's path:
 // rows of as many positions decompressed in one strided-batched GEMM.
@@ -656,6 +652,10 @@ func TestMLAPrefillKVBatched(t *testing.T) {
 	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLAPrefill)
 }
 
+// TestMLADecodeKeys runs the shared harness's mla_decode cases and the decode
+// graph with mla_decode's keys variant the default (the stage count the
+// device's shared memory gives, mlaKeysStages: 2 at V2-Lite's 576 dims on an
+// H200, 4 at the tests' small ones).
 func TestMLADecodeKeys(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
 	saved := mlaDecodeDefault
