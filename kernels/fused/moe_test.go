@@ -834,6 +834,106 @@ func TestMoERoutedExact(t *testing.T) {
 	}
 }
 
+// TestMoEOneRouteExact: with FUSELM_XP_ONE_ROUTE's path, moe_routed at 9
+// to 16 tokens runs as moe_one_route (every block routing the tokens
+// itself) and matches moe_route then moe_experts (moe_one) bit for bit:
+// idx, weight and out, at W4's routing (16 rows of one token), distinct
+// routes, group-limited and tied logits; twice back to back (the counters
+// back at zero); 17 tokens decline. It logs both paths' time alone.
+func TestMoEOneRouteExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	defer func(v bool) { xpOneRoute = v }(xpOneRoute)
+	xpOneRoute = true
+	o := newSet(t, dev)
+	rng := rand.New(rand.NewSource(31))
+	random := normalOn(t, dev, rng)
+	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	const experts = 64
+	for _, c := range []struct {
+		name             string
+		n, hidden, inter int
+		r                kernels.Routing
+		same, ties       bool // every token's logits alike (W4's rows); logits of few values
+	}{
+		{"v2-lite, W4's routing", 16, 2048, 1408, lite, true, false}, {"v2-lite", 16, 2048, 1408, lite, false, false},
+		{"v2-lite", 9, 2048, 1408, lite, false, false}, {"group-limited", 12, 520, 264, limited, false, false},
+		{"ties", 9, 520, 264, lite, false, true}, {"v2-lite, past moe_one", 17, 512, 256, lite, false, false},
+	} {
+		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
+		k := c.r.TopK
+		vals := make([]float32, c.n*experts)
+		for i := range vals {
+			switch {
+			case c.same && i >= experts:
+				vals[i] = vals[i%experts]
+			case c.ties:
+				vals[i] = float32(rng.Intn(4)) * 0.5
+			default:
+				vals[i] = float32(rng.NormFloat64() * 2)
+			}
+		}
+		logits := tensorOn(t, dev, kernels.F32, vals, c.n, experts)
+		x := random(kernels.BF16, 1, c.n, c.hidden)
+		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), experts, 2*c.inter, c.hidden)
+		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), experts, c.hidden, c.inter)
+		out, idx, weight := dev.Alloc(kernels.BF16, c.n, c.hidden), dev.Alloc(kernels.I32, c.n, k), dev.Alloc(kernels.F32, c.n, k)
+		poison := func() {
+			dev.MemsetD8(dev.Ptr(out), 0xff, c.n*c.hidden*2)
+			dev.MemsetD8(dev.Ptr(idx), 0xff, c.n*k*4)
+			dev.MemsetD8(dev.Ptr(weight), 0xff, c.n*k*4)
+		}
+		read3 := func() (o, w []float32, ids []int32) {
+			ids, err := dev.ReadI32(idx)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return read(t, dev, out), read(t, dev, weight), ids
+		}
+		parts := func() {
+			o.MoERoute(idx, weight, logits, &c.r)
+			o.MoEExperts(out, x, idx, weight, gateUp, down)
+		}
+		whole := func() (kernels.Unsupported, bool) {
+			return kernels.Declined(func() { o.MoERouted(out, idx, weight, x, logits, gateUp, down, &c.r) })
+		}
+		poison()
+		parts()
+		wantOut, wantW, wantIdx := read3()
+		runs := c.n <= foldDynTokens
+		for rep := range 2 {
+			poison()
+			if u, declined := whole(); declined != !runs {
+				t.Fatalf("%s: declined %v (%v), want %v", name, declined, u, !runs)
+			} else if declined {
+				break
+			}
+			gotOut, gotW, gotIdx := read3()
+			if !slices.Equal(gotIdx, wantIdx) {
+				t.Errorf("%s, run %d: experts %v, moe_route's %v", name, rep, gotIdx, wantIdx)
+			}
+			for _, v := range []struct {
+				what      string
+				got, want []float32
+			}{{"weight", gotW, wantW}, {"out", gotOut, wantOut}} {
+				if bad, at := bitsDiffer(v.got, v.want); bad > 0 {
+					t.Errorf("%s, run %d: %d of %d %s values differ from moe_route then moe_experts', first at %d: %g against %g",
+						name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
+				}
+			}
+			checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
+		}
+		if runs {
+			msParts := msPerCall(t, dev, parts)
+			msWhole := msPerCall(t, dev, func() { whole() })
+			t.Logf("%s: moe_one_route %.2f µs, moe_route then moe_one %.2f µs (alone, back to back)", name, msWhole*1e3, msParts*1e3)
+		}
+		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
+			dev.Free(a)
+		}
+	}
+}
+
 // m16Alternatives are tilings of decode's grouped GEMM other than
 // gemmConfigs' m16 that check accepts (other k-tiles and ring depths): the
 // tests compile them (TestGemmConfigsCompile) and run them against the
