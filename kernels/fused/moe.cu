@@ -585,6 +585,35 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
 	else group_gemm<BM, BN, WM, WN, BK, ST, true, true>(out, op, x, xp, sEx, K, w, sFirst, E, M, NN, KK, choices);
 }
 
+// fold_route routes the N tokens in one block, a warp a token (route_token,
+// moe_route's code, so the routes are moe_route's bit for bit): choice i's
+// expert into ex[i], its weight into w[i] where w is set (shared), each
+// expert's choices counted in count (shared, zeroed before); with tables
+// also into idx i32 [N, ip] and weight f32 [N, wp]. stage is the warps'
+// route_token scratch; the block has WARPS warps; W says whether w is set.
+template <int WARPS, bool W>
+__device__ __forceinline__ void fold_route(const float* logits, int lp, int N, const Route r,
+                                           float (*stage)[32 * ROUTE_PER_LANE], int* ex, int* count, float* w,
+                                           bool tables, int* idx, int ip, float* weight, int wp) {
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = r.K;
+	for (int t = warp; t < N; t += WARPS) {
+		int e;
+		float wt;
+		__syncwarp(); // the warp's stage is free again
+		route_token(logits + (long long)t * lp, r, stage[warp], e, wt);
+		if (lane < K) {
+			if (e < 0 || e >= r.E) __trap(); // no score won: NaN logits
+			ex[t * K + lane] = e;
+			if (W) w[t * K + lane] = wt;
+			atomicAdd(&count[e], 1);
+			if (tables) {
+				idx[(long long)t * ip + lane] = e;
+				weight[(long long)t * wp + lane] = wt;
+			}
+		}
+	}
+}
+
 // moe_gate_up_route is moe_route and moe_gate_up_fold in one kernel (the
 // moe_routed op): every block routes the N tokens itself from their
 // logits, a warp a token (route_token, moe_route's code, so the routes are
@@ -609,27 +638,13 @@ __device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, cons
 	constexpr int WARPS = WM * WN;
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX];
 	__shared__ float stage[WARPS][32 * ROUTE_PER_LANE];
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = r.K, E = r.E;
+	const int K = r.K, E = r.E;
 	const bool tables = blockIdx.x == 0 && blockIdx.y == 0;
 	for (int e = threadIdx.x; e < E; e += blockDim.x) sCount[e] = 0;
 	__syncthreads();
 	grid_wait();
 	grid_release();
-	for (int t = warp; t < N; t += WARPS) {
-		int e;
-		float wt;
-		__syncwarp(); // the warp's stage is free again
-		route_token(logits + (long long)t * lp, r, stage[warp], e, wt);
-		if (lane < K) {
-			if (e < 0 || e >= E) __trap(); // no score won: NaN logits
-			sEx[t * K + lane] = e;
-			atomicAdd(&sCount[e], 1);
-			if (tables) {
-				idx[(long long)t * ip + lane] = e;
-				weight[(long long)t * wp + lane] = wt;
-			}
-		}
-	}
+	fold_route<WARPS, false>(logits, lp, N, r, stage, sEx, sCount, nullptr, tables, idx, ip, weight, wp);
 	fold_starts<BM>(sFirst, sCount, E);
 	const int choices = N * K;
 	if (tables) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
@@ -851,23 +866,7 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	if constexpr (ROUTE) {
 		__shared__ float sW[MOE_FOLD_MAX];
 		__shared__ float stage[WM * WN][32 * ROUTE_PER_LANE];
-		const int lane = tid & 31, warp = tid >> 5;
-		for (int t = warp; t < N; t += WM * WN) {
-			int e;
-			float wt;
-			__syncwarp(); // the warp's stage is free again
-			route_token(logits + (long long)t * lp, r, stage[warp], e, wt);
-			if (lane < K) {
-				if (e < 0 || e >= E) __trap(); // no score won: NaN logits
-				sEx[t * K + lane] = e;
-				sW[t * K + lane] = wt;
-				atomicAdd(&sCount[e], 1);
-				if (blockIdx.x == 0) {
-					idxOut[(long long)t * ip + lane] = e;
-					weightOut[(long long)t * wp + lane] = wt;
-				}
-			}
-		}
+		fold_route<WM * WN, true>(logits, lp, N, r, stage, sEx, sCount, sW, blockIdx.x == 0, idxOut, ip, weightOut, wp);
 		fold_starts<BM>(sFirst, sCount, E);
 		cw = sW;
 		wp = K;

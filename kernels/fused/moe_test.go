@@ -732,7 +732,6 @@ func TestMoERoutedExact(t *testing.T) {
 	routeSplitTokens = 0            // and one token too (moe_routed_split has TestMoERoutedSplit)
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(29))
-	random := normalOn(t, dev, rng)
 	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
 	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
 	const experts = 64
@@ -751,68 +750,11 @@ func TestMoERoutedExact(t *testing.T) {
 	} {
 		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
 		k := c.r.TopK
-		vals := make([]float32, c.n*experts)
-		for i := range vals {
-			if c.ties {
-				vals[i] = float32(rng.Intn(4)) * 0.5
-			} else {
-				vals[i] = float32(rng.NormFloat64() * 2)
-			}
-		}
-		logits := tensorOn(t, dev, kernels.F32, vals, c.n, experts)
-		x := random(kernels.BF16, 1, c.n, c.hidden)
-		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), experts, 2*c.inter, c.hidden)
-		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), experts, c.hidden, c.inter)
-		out, idx, weight := dev.Alloc(kernels.BF16, c.n, c.hidden), dev.Alloc(kernels.I32, c.n, k), dev.Alloc(kernels.F32, c.n, k)
-		poison := func() {
-			dev.MemsetD8(dev.Ptr(out), 0xff, c.n*c.hidden*2)
-			dev.MemsetD8(dev.Ptr(idx), 0xff, c.n*k*4)
-			dev.MemsetD8(dev.Ptr(weight), 0xff, c.n*k*4)
-		}
-		type result struct {
-			out, weight []float32
-			idx         []int32
-		}
-		results := func() result {
-			ids, err := dev.ReadI32(idx)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return result{out: read(t, dev, out), weight: read(t, dev, weight), idx: ids}
-		}
-		parts := func() {
-			o.MoERoute(idx, weight, logits, &c.r)
-			o.MoEExperts(out, x, idx, weight, gateUp, down)
-		}
-		whole := func() (kernels.Unsupported, bool) {
-			return kernels.Declined(func() { o.MoERouted(out, idx, weight, x, logits, gateUp, down, &c.r) })
-		}
-		poison()
-		parts()
-		want := results()
+		p := newRoutedProblem(t, dev, rng, experts, c.n, c.hidden, c.inter, false, c.ties)
+		parts := func() { p.parts(o, &c.r) }
+		whole := func() (kernels.Unsupported, bool) { return p.whole(o, &c.r) }
 		folds := c.n <= foldDynTokens
-		for rep := range 2 {
-			poison()
-			if u, declined := whole(); declined != !folds {
-				t.Fatalf("%s: declined %v (%v), want %v", name, declined, u, !folds)
-			} else if declined {
-				break
-			}
-			got := results()
-			if !slices.Equal(got.idx, want.idx) {
-				t.Errorf("%s, run %d: experts %v, moe_route's %v", name, rep, got.idx, want.idx)
-			}
-			for _, v := range []struct {
-				what      string
-				got, want []float32
-			}{{"weight", got.weight, want.weight}, {"out", got.out, want.out}} {
-				if bad, at := bitsDiffer(v.got, v.want); bad > 0 {
-					t.Errorf("%s, run %d: %d of %d %s values differ from moe_route then moe_experts', first at %d: %g against %g",
-						name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
-				}
-			}
-			checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
-		}
+		p.check(t, o, name, &c.r, folds)
 		key := o.TuningKey(kernels.OpMoERouted, kernels.Shape{"N": c.n, "topk": k, "E": experts})
 		if folds {
 			if err := o.UseVariant(kernels.OpMoERouted, key, routedUnfused); err != nil {
@@ -828,9 +770,7 @@ func TestMoERoutedExact(t *testing.T) {
 			msWhole := msPerCall(t, dev, func() { whole() })
 			t.Logf("%s: moe_routed %.2f µs, moe_route then moe_experts %.2f µs (alone, back to back)", name, msWhole*1e3, msParts*1e3)
 		}
-		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
-			dev.Free(a)
-		}
+		p.free()
 	}
 }
 
@@ -846,7 +786,6 @@ func TestMoEOneRouteExact(t *testing.T) {
 	xpOneRoute = true
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(31))
-	random := normalOn(t, dev, rng)
 	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
 	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
 	const experts = 64
@@ -861,75 +800,110 @@ func TestMoEOneRouteExact(t *testing.T) {
 		{"ties", 9, 520, 264, lite, false, true}, {"v2-lite, past moe_one", 17, 512, 256, lite, false, false},
 	} {
 		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
-		k := c.r.TopK
-		vals := make([]float32, c.n*experts)
-		for i := range vals {
-			switch {
-			case c.same && i >= experts:
-				vals[i] = vals[i%experts]
-			case c.ties:
-				vals[i] = float32(rng.Intn(4)) * 0.5
-			default:
-				vals[i] = float32(rng.NormFloat64() * 2)
-			}
-		}
-		logits := tensorOn(t, dev, kernels.F32, vals, c.n, experts)
-		x := random(kernels.BF16, 1, c.n, c.hidden)
-		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), experts, 2*c.inter, c.hidden)
-		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), experts, c.hidden, c.inter)
-		out, idx, weight := dev.Alloc(kernels.BF16, c.n, c.hidden), dev.Alloc(kernels.I32, c.n, k), dev.Alloc(kernels.F32, c.n, k)
-		poison := func() {
-			dev.MemsetD8(dev.Ptr(out), 0xff, c.n*c.hidden*2)
-			dev.MemsetD8(dev.Ptr(idx), 0xff, c.n*k*4)
-			dev.MemsetD8(dev.Ptr(weight), 0xff, c.n*k*4)
-		}
-		read3 := func() (o, w []float32, ids []int32) {
-			ids, err := dev.ReadI32(idx)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return read(t, dev, out), read(t, dev, weight), ids
-		}
-		parts := func() {
-			o.MoERoute(idx, weight, logits, &c.r)
-			o.MoEExperts(out, x, idx, weight, gateUp, down)
-		}
-		whole := func() (kernels.Unsupported, bool) {
-			return kernels.Declined(func() { o.MoERouted(out, idx, weight, x, logits, gateUp, down, &c.r) })
-		}
-		poison()
-		parts()
-		wantOut, wantW, wantIdx := read3()
+		p := newRoutedProblem(t, dev, rng, experts, c.n, c.hidden, c.inter, c.same, c.ties)
 		runs := c.n <= foldDynTokens
-		for rep := range 2 {
-			poison()
-			if u, declined := whole(); declined != !runs {
-				t.Fatalf("%s: declined %v (%v), want %v", name, declined, u, !runs)
-			} else if declined {
-				break
-			}
-			gotOut, gotW, gotIdx := read3()
-			if !slices.Equal(gotIdx, wantIdx) {
-				t.Errorf("%s, run %d: experts %v, moe_route's %v", name, rep, gotIdx, wantIdx)
-			}
-			for _, v := range []struct {
-				what      string
-				got, want []float32
-			}{{"weight", gotW, wantW}, {"out", gotOut, wantOut}} {
-				if bad, at := bitsDiffer(v.got, v.want); bad > 0 {
-					t.Errorf("%s, run %d: %d of %d %s values differ from moe_route then moe_experts', first at %d: %g against %g",
-						name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
-				}
-			}
-			checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
-		}
+		p.check(t, o, name, &c.r, runs)
 		if runs {
-			msParts := msPerCall(t, dev, parts)
-			msWhole := msPerCall(t, dev, func() { whole() })
+			msParts := msPerCall(t, dev, func() { p.parts(o, &c.r) })
+			msWhole := msPerCall(t, dev, func() { p.whole(o, &c.r) })
 			t.Logf("%s: moe_one_route %.2f µs, moe_route then moe_one %.2f µs (alone, back to back)", name, msWhole*1e3, msParts*1e3)
 		}
-		for _, a := range []*kernels.Tensor{logits, x, gateUp, down, out, idx, weight} {
-			dev.Free(a)
+		p.free()
+	}
+}
+
+// routedProblem is a moe_routed call's operands on a device: logits of n
+// tokens over the experts (random; alike for every token with same; of few
+// values with ties), x, the experts' weights, and the outputs.
+type routedProblem struct {
+	dev                                       *cuda.Device
+	n, hidden, experts                        int
+	logits, x, gateUp, down, out, idx, weight *kernels.Tensor
+}
+
+func newRoutedProblem(t *testing.T, dev *cuda.Device, rng *rand.Rand, experts, n, hidden, inter int, same, ties bool) *routedProblem {
+	t.Helper()
+	vals := make([]float32, n*experts)
+	for i := range vals {
+		switch {
+		case same && i >= experts:
+			vals[i] = vals[i%experts]
+		case ties:
+			vals[i] = float32(rng.Intn(4)) * 0.5
+		default:
+			vals[i] = float32(rng.NormFloat64() * 2)
+		}
+	}
+	random := normalOn(t, dev, rng)
+	return &routedProblem{dev: dev, n: n, hidden: hidden, experts: experts,
+		logits: tensorOn(t, dev, kernels.F32, vals, n, experts),
+		x:      random(kernels.BF16, 1, n, hidden),
+		gateUp: random(kernels.BF16, 1/math.Sqrt(float64(hidden)), experts, 2*inter, hidden),
+		down:   random(kernels.BF16, 1/math.Sqrt(float64(inter)), experts, hidden, inter)}
+}
+
+// parts runs moe_route then moe_experts; whole runs moe_routed, and says
+// whether the set declined it.
+func (p *routedProblem) parts(o *ops, r *kernels.Routing) {
+	o.MoERoute(p.idx, p.weight, p.logits, r)
+	o.MoEExperts(p.out, p.x, p.idx, p.weight, p.gateUp, p.down)
+}
+
+func (p *routedProblem) whole(o *ops, r *kernels.Routing) (kernels.Unsupported, bool) {
+	return kernels.Declined(func() { o.MoERouted(p.out, p.idx, p.weight, p.x, p.logits, p.gateUp, p.down, r) })
+}
+
+// check allocates the outputs, runs the parts, then the whole twice back to
+// back (runs: the set must take it, else decline it), each time with every
+// output poisoned first, and holds the whole's idx, weight and out to the
+// parts' bit for bit and the counters to zero after it.
+func (p *routedProblem) check(t *testing.T, o *ops, name string, r *kernels.Routing, runs bool) {
+	t.Helper()
+	dev, k := p.dev, r.TopK
+	p.out, p.idx, p.weight = dev.Alloc(kernels.BF16, p.n, p.hidden), dev.Alloc(kernels.I32, p.n, k), dev.Alloc(kernels.F32, p.n, k)
+	poison := func() {
+		dev.MemsetD8(dev.Ptr(p.out), 0xff, p.n*p.hidden*2)
+		dev.MemsetD8(dev.Ptr(p.idx), 0xff, p.n*k*4)
+		dev.MemsetD8(dev.Ptr(p.weight), 0xff, p.n*k*4)
+	}
+	results := func() (out, weight []float32, idx []int32) {
+		ids, err := dev.ReadI32(p.idx)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return read(t, dev, p.out), read(t, dev, p.weight), ids
+	}
+	poison()
+	p.parts(o, r)
+	wantOut, wantW, wantIdx := results()
+	for rep := range 2 {
+		poison()
+		if u, declined := p.whole(o, r); declined != !runs {
+			t.Fatalf("%s: declined %v (%v), want %v", name, declined, u, !runs)
+		} else if declined {
+			return
+		}
+		gotOut, gotW, gotIdx := results()
+		if !slices.Equal(gotIdx, wantIdx) {
+			t.Errorf("%s, run %d: experts %v, moe_route's %v", name, rep, gotIdx, wantIdx)
+		}
+		for _, v := range []struct {
+			what      string
+			got, want []float32
+		}{{"weight", gotW, wantW}, {"out", gotOut, wantOut}} {
+			if bad, at := bitsDiffer(v.got, v.want); bad > 0 {
+				t.Errorf("%s, run %d: %d of %d %s values differ from moe_route then moe_experts', first at %d: %g against %g",
+					name, rep, bad, len(v.want), v.what, at, v.got[at], v.want[at])
+			}
+		}
+		checkCounters(t, o, fmt.Sprintf("%s, run %d", name, rep))
+	}
+}
+
+func (p *routedProblem) free() {
+	for _, a := range []*kernels.Tensor{p.logits, p.x, p.gateUp, p.down, p.out, p.idx, p.weight} {
+		if a != nil {
+			p.dev.Free(a)
 		}
 	}
 }
