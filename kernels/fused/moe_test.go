@@ -732,8 +732,7 @@ func TestMoERoutedExact(t *testing.T) {
 	routeSplitTokens = 0            // and one token too (moe_routed_split has TestMoERoutedSplit)
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(29))
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
-	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	lite, limited := liteRouting, limitedRouting
 	const experts = 64
 	for _, c := range []struct {
 		name             string
@@ -786,8 +785,7 @@ func TestMoEOneRouteExact(t *testing.T) {
 	xpOneRoute = true
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(31))
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
-	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	lite, limited := liteRouting, limitedRouting
 	const experts = 64
 	for _, c := range []struct {
 		name             string
@@ -811,6 +809,13 @@ func TestMoEOneRouteExact(t *testing.T) {
 		p.free()
 	}
 }
+
+// liteRouting is DeepSeek-V2-Lite's router (greedy top 6); limitedRouting
+// a group-limited one with normalised, scaled weights.
+var (
+	liteRouting    = kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	limitedRouting = kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+)
 
 // routedProblem is a moe_routed call's operands on a device: logits of n
 // tokens over the experts (random; alike for every token with same; of few
@@ -1109,7 +1114,7 @@ func TestMoETilingsExact(t *testing.T) {
 		problems = append(problems, p)
 	}
 	const routedHidden, routedInter, routedExperts = 2048, 1408, 64
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	lite := liteRouting
 	logitVals := make([]float32, routedExperts)
 	for i := range logitVals {
 		logitVals[i] = float32(rng.NormFloat64() * 2)
@@ -1261,8 +1266,7 @@ func TestMoERoutedSplit(t *testing.T) {
 	}
 	rng := rand.New(rand.NewSource(31))
 	random := normalOn(t, dev, rng)
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
-	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
+	lite, limited := liteRouting, limitedRouting
 	for _, c := range []struct {
 		name                   string
 		n, hidden, inter, nexp int
@@ -1391,7 +1395,7 @@ func TestMoESplitTimeline(t *testing.T) {
 	}
 	rng := rand.New(rand.NewSource(37))
 	random := normalOn(t, dev, rng)
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
+	lite := liteRouting
 	trace := dev.Alloc(kernels.I32, 2*msTrace) // i64 marks, read as pairs
 	defer dev.Free(trace)
 	defer func() { o.ms.trace = 0 }()
