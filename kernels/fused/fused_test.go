@@ -641,17 +641,6 @@ func TestMLADecodeFlat(t *testing.T) {
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
 
-// TestMLAPrefillKVBatched runs the shared kerneltest's mla_prefill cases
-// (the equal-rows case among them) with FUSELM_XP_MLA_KV_BATCHED's path:
-// rows of as many positions decompressed in one strided-batched GEMM.
-func TestMLAPrefillKVBatched(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	saved := xpMLAKVBatched
-	defer func() { xpMLAKVBatched = saved }()
-	xpMLAKVBatched = true
-	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLAPrefill)
-}
-
 // TestMLADecodeKeys runs the shared harness's mla_decode cases and the decode
 // graph with mla_decode's keys variant the default (the stage count the
 // device's shared memory gives, mlaKeysStages: 2 at V2-Lite's 576 dims on an

@@ -3,7 +3,6 @@ package fused
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -157,9 +156,10 @@ func (o *ops) needRoom(op kernels.Op, kernel string) {
 }
 
 // MLAPrefill appends the new latents to the cache (kv_append), decompresses
-// every position of the rows with kv_b_proj (a GEMM per row, into
-// per-position [heads, Dn+Dv] rows: k_nope then v of each head, as HF
-// expands them), then runs mla_prefill, flash attention with keys (k_nope,
+// every position of the rows with kv_b_proj (a GEMM per row, or one
+// strided-batched GEMM for consecutive rows of as many positions, as a
+// batch of one prompt repeated has, into per-position [heads, Dn+Dv] rows:
+// k_nope then v of each head, as HF expands them), then runs mla_prefill, flash attention with keys (k_nope,
 // the shared k_pe from the cache) and values v, over the rows at once, as
 // many rows per launch as mlaPrefillBudget holds; or mla_hopper instead of
 // mla_prefill (mla_hopper.go) where variantFor names it (mlaPrefillPick).
@@ -207,10 +207,8 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 			at := 0
 			for r := r0; r < r1; {
 				k, n := keysOf(r), 1
-				if xpMLAKVBatched {
-					for r+n < r1 && keysOf(r+n) == k {
-						n++
-					}
+				for r+n < r1 && keysOf(r+n) == k {
+					n++
 				}
 				if n == 1 {
 					o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
@@ -239,11 +237,6 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 		r0 = r1
 	}
 }
-
-// xpMLAKVBatched (experiment, FUSELM_XP_MLA_KV_BATCHED=1) makes MLAPrefill
-// decompress consecutive rows of as many positions (W4's 16 copies of one
-// prompt) in one strided-batched GEMM, where each row is a GEMM of its own.
-var xpMLAKVBatched = os.Getenv("FUSELM_XP_MLA_KV_BATCHED") == "1"
 
 // MLADecode is absorbed MLA, in one of four variants: "flat"
 // (mla_flat.cu, mla_flat.go), the default below mlaKeysMinRows rows where
