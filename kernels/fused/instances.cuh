@@ -243,9 +243,6 @@
 #define MOE_ONE_INSTANCES(X) \
 	X(moe_one_m16, 16, 64, 1, 4, 128, 3)
 
-#define MOE_ONE_ROUTE_INSTANCES(X) \
-	X(moe_one_m16_route, 16, 64, 1, 4, 128, 3)
-
 #define LINEAR_SKINNY_INSTANCES(X) \
 	X(linear_skinny_n1_bf16, 1, bf16) \
 	X(linear_skinny_n2_bf16, 2, bf16) \

@@ -26,7 +26,7 @@ func instances() []cudaset.Instances {
 		rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
-		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), moeOneRouteInstances(), linearInstances(),
+		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
 	}
@@ -256,14 +256,6 @@ func moeFoldDynInstances() cudaset.Instances {
 func moeOneInstances() cudaset.Instances {
 	c := dynConfig()
 	return cudaset.Instances{Macro: "MOE_ONE", Kernels: []cudaset.Instance{{Names: []string{c.oneKernel()},
-		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
-}
-
-// moeOneRouteInstances are moe_one_route's: moe_one's tiling, routing its
-// tokens itself (FUSELM_XP_ONE_ROUTE).
-func moeOneRouteInstances() cudaset.Instances {
-	c := dynConfig()
-	return cudaset.Instances{Macro: "MOE_ONE_ROUTE", Kernels: []cudaset.Instance{{Names: []string{c.oneRouteKernel()},
 		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 

@@ -587,14 +587,14 @@ __device__ void moe_gate_up_fold(bf16* out, int op, const bf16* x, int xp, const
 
 // fold_route routes the N tokens in one block, a warp a token (route_token,
 // moe_route's code, so the routes are moe_route's bit for bit): choice i's
-// expert into ex[i], its weight into w[i] where w is set (shared), each
-// expert's choices counted in count (shared, zeroed before); with tables
-// also into idx i32 [N, ip] and weight f32 [N, wp]. stage is the warps'
-// route_token scratch; the block has WARPS warps; W says whether w is set.
-template <int WARPS, bool W>
+// expert into ex[i] (shared), each expert's choices counted in count
+// (shared, zeroed before); with tables also into idx i32 [N, ip] and
+// weight f32 [N, wp]. stage is the warps' route_token scratch; the block
+// has WARPS warps.
+template <int WARPS>
 __device__ __forceinline__ void fold_route(const float* logits, int lp, int N, const Route r,
-                                           float (*stage)[32 * ROUTE_PER_LANE], int* ex, int* count, float* w,
-                                           bool tables, int* idx, int ip, float* weight, int wp) {
+                                           float (*stage)[32 * ROUTE_PER_LANE], int* ex, int* count, bool tables,
+                                           int* idx, int ip, float* weight, int wp) {
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = r.K;
 	for (int t = warp; t < N; t += WARPS) {
 		int e;
@@ -604,7 +604,6 @@ __device__ __forceinline__ void fold_route(const float* logits, int lp, int N, c
 		if (lane < K) {
 			if (e < 0 || e >= r.E) __trap(); // no score won: NaN logits
 			ex[t * K + lane] = e;
-			if (W) w[t * K + lane] = wt;
 			atomicAdd(&count[e], 1);
 			if (tables) {
 				idx[(long long)t * ip + lane] = e;
@@ -644,7 +643,7 @@ __device__ void moe_gate_up_route(bf16* out, int op, const bf16* x, int xp, cons
 	__syncthreads();
 	grid_wait();
 	grid_release();
-	fold_route<WARPS, false>(logits, lp, N, r, stage, sEx, sCount, nullptr, tables, idx, ip, weight, wp);
+	fold_route<WARPS>(logits, lp, N, r, stage, sEx, sCount, tables, idx, ip, weight, wp);
 	fold_starts<BM>(sFirst, sCount, E);
 	const int choices = N * K;
 	if (tables) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
@@ -835,44 +834,24 @@ MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 //   out bf16 [N, outp]; weight f32 [N, wp]; counters i32 [≥ ceil(KK /
 //   BN)] (the n-tiles'), done i32 [≥ the m-tiles], tickets i32 [2]: zero
 //   between launches, and the grid's last block leaves them so.
-// With ROUTE (moe_one_route, the moe_routed op in one launch) every block
-// routes the N tokens itself from their logits after its grid wait, a warp
-// a token (route_token, moe_route's code: the same routes bit for bit), into
-// its counts and its own copy of the weights, which its combines read;
-// block 0 also writes idx and weight (routes r; logits f32 [N, lp]).
 // Launch: 1-D, the blocks an SM holds times the SMs (at most the tiles of
 // both GEMMs); group_gemm_tile's block and GemmRing's shared memory.
-template <int BM, int BN, int WM, int WN, int BK, int ST, bool ROUTE = false>
+template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
-                        int* done, int* tickets, const float* logits = nullptr, int lp = 0, Route r = {},
-                        int* idxOut = nullptr, float* weightOut = nullptr) {
+                        int* done, int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1];
 	__shared__ int ticket;
 	const int tid = threadIdx.x, I = NN / 2, choices = N * K;
 	int ups = 0, downs = 0; // the probe's tile counts (moe_stamp: kernel 0 the gate/up tiles, 1 the down tiles)
-	if constexpr (ROUTE) {
-		for (int e = tid; e < E; e += blockDim.x) sCount[e] = 0;
-		__syncthreads();
-	}
 	moe_stamp(0, MOE_ENTRY);
 	grid_wait();
 	moe_stamp(0, MOE_WAITED);
 	grid_release();
-	const float* cw = weight; // the combines' weights, wp apart
-	if constexpr (ROUTE) {
-		__shared__ float sW[MOE_FOLD_MAX];
-		__shared__ float stage[WM * WN][32 * ROUTE_PER_LANE];
-		fold_route<WM * WN, true>(logits, lp, N, r, stage, sEx, sCount, sW, blockIdx.x == 0, idxOut, ip, weightOut, wp);
-		fold_starts<BM>(sFirst, sCount, E);
-		cw = sW;
-		wp = K;
-	} else {
-		fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
-	}
+	fold_count<BM>(sFirst, sEx, sCount, idx, ip, N, K, E);
 	if (blockIdx.x == 0) fold_tables(first, sorted, slot, sFirst, sEx, choices, E);
 	for (int i = tid; i < choices; i += blockDim.x) sSlot[i] = sFirst[sEx[i]] + fold_rank(sEx, i);
 	if (tid < 32) group_tile_starts<BM>(sFirst, E, M, start);
@@ -921,7 +900,7 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 			    y, yp, act, ap, nullptr, 1, down, sFirst, KK, I, 0, g, row0, sFirst[g + 1], nt, aRow, bRow, true, wait);
 			if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs + 1);
 			downs++;
-			fold_finish<BN, true>(counters, nt, mtiles, out, outp, y, yp, sSlot, cw, wp, N, K, KK);
+			fold_finish<BN, true>(counters, nt, mtiles, out, outp, y, yp, sSlot, weight, wp, N, K, KK);
 		}
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
@@ -948,22 +927,6 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
-
-// moe_one_route is moe_one with ROUTE: moe_route and moe_experts' folded
-// path in one launch. idx i32 [N, ip] and weight f32 [N, wp] are written;
-// the routes' arguments are moe_route's.
-#define MOE_ONE_ROUTE(NAME, BM, BN, WM, WN, BK, ST)                                                                 \
-	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                      \
-	    NAME(bf16* act, int ap, const bf16* x, int xp, const float* logits, int lp, int N, int E, int K,             \
-	         int groupLimited, int groups, int topkGroups, int norm, float scale, int* idx, int ip, float* weight,    \
-	         int wp, const bf16* gateUp, int* first, int* sorted, int* slot, int M, int NN, int KK, bf16* y, int yp, \
-	         const bf16* down, bf16* out, int outp, int* counters, int* done, int* tickets) {                        \
-		moe_one<BM, BN, WM, WN, BK, ST, true>(act, ap, x, xp, nullptr, ip, N, K, gateUp, first, sorted, slot, E, M, NN, \
-		                                      KK, y, yp, down, out, outp, nullptr, wp, counters, done, tickets, logits, \
-		                                      lp, Route{E, K, groupLimited, groups, topkGroups, norm, scale}, idx,    \
-		                                      weight);                                                               \
-	}
-MOE_ONE_ROUTE_INSTANCES(MOE_ONE_ROUTE)
 
 // -------------------------------------------------- permutation and sum
 

@@ -2,7 +2,6 @@ package fused
 
 import (
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -124,10 +123,6 @@ func (c gemmConfig) foldDynGemmKernel() string   { return "group_gemm_" + c.Name
 // oneKernel is the folded path in one launch on the persistent grid in
 // tiling c (moe.cu's MOE_ONE).
 func (c gemmConfig) oneKernel() string { return "moe_one_" + c.Name }
-
-// oneRouteKernel is moe_one routing its tokens itself (moe.cu's
-// MOE_ONE_ROUTE).
-func (c gemmConfig) oneRouteKernel() string { return "moe_one_" + c.Name + "_route" }
 
 // routeDynGateUpKernel is moe_routed's gate/up kernel on the persistent
 // grid in tiling c (moe.cu's MOE_FOLD_DYN).
@@ -622,10 +617,6 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	}
 	chosen := picked == routedVariant
 	fold, dyn := o.foldPath(ev, c, n, choices, hidden)
-	if xpOneRoute && fold && oneRuns(ev, dyn) && n > 0 {
-		o.oneRouted(c, n, out, idx, weight, x, logits, gateUp, down, r)
-		return
-	}
 	o.Need(v == routedVariant && fold && n > 0 && (n <= routeFoldTokens || chosen), op,
 		"%d tokens, %s (variant %s; moe_experts' %s): moe_route then moe_experts run it", n, key, v, ev)
 	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, choices, experts, inter, hidden)
@@ -634,30 +625,6 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden))
 	o.launchFolded(c, dyn, gemmConfig.routeGateUpKernel, gemmConfig.routeDynGateUpKernel, tiles, inter, args,
 		out, weight, down, first, slot, act, y, rows)
-}
-
-// xpOneRoute (experiment, FUSELM_XP_ONE_ROUTE=1, not yet measured) makes
-// MoERouted take the calls whose experts moe_one would run (9 to 16
-// tokens) whole, in one launch of moe_one_route: every block routes the
-// tokens itself (moe_route's code) where moe_route ran before it.
-var xpOneRoute = os.Getenv("FUSELM_XP_ONE_ROUTE") == "1"
-
-// oneRouted is MoERouted as moe_one_route: n tokens in tiling c.
-func (o *ops) oneRouted(c gemmConfig, n int, out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
-	hidden, k := x.Cols(), r.TopK
-	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	tiles, rows, first, sorted, slot, act, y := o.moeScratch(c, n*k, experts, inter, hidden)
-	d := dynConfig()
-	name := d.oneRouteKernel()
-	upTiles, downTiles := (inter+d.BN/2-1)/(d.BN/2), (hidden+d.BN-1)/d.BN
-	grid := o.dynGrid(name, cuda.Dim3{X: uint32(upTiles + downTiles), Y: uint32(tiles)})
-	om := o.Mat(out)
-	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(logits), int32(logits.Pitch), int32(n)}
-	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight),
-		int32(weight.Pitch), o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(rows), int32(2*inter), int32(hidden),
-		y.P, int32(y.Pitch), o.D.Ptr(down), om.P, int32(om.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone),
-		o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair))
-	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(d.threads())}, d.shared(), args...)
 }
 
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
@@ -732,7 +699,7 @@ func moeModule() cudaset.Module {
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
 	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
-		cudaset.Names(moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), moeOneRouteInstances())...)
+		cudaset.Names(moeFoldInstances(), moeFoldDynInstances(), moeOneInstances())...)
 }
 
 // initMoE allocates the counters of the folded path and of the persistent
@@ -744,7 +711,7 @@ func (o *ops) initMoE() error {
 	o.moeCounters = newCounters(o.Kit, foldCounters)
 	o.dynPerSM = map[string]int{}
 	c := dynConfig()
-	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances(), moeOneInstances(), moeOneRouteInstances()) {
+	for _, name := range cudaset.Names(groupGemmDynInstances(), moeFoldDynInstances(), moeOneInstances()) {
 		a, err := o.Func(name).Attrs()
 		if err != nil {
 			return fmt.Errorf("fused: %s: %w", name, err)
@@ -771,7 +738,6 @@ func gemmShared() map[string]int {
 	m[d.foldDynGemmKernel()] = d.shared()
 	m[d.routeDynGateUpKernel()] = d.shared()
 	m[d.oneKernel()] = d.shared()
-	m[d.oneRouteKernel()] = d.shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()

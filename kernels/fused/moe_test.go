@@ -749,7 +749,7 @@ func TestMoERoutedExact(t *testing.T) {
 	} {
 		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
 		k := c.r.TopK
-		p := newRoutedProblem(t, dev, rng, experts, c.n, c.hidden, c.inter, false, c.ties)
+		p := newRoutedProblem(t, dev, rng, experts, c.n, c.hidden, c.inter, c.ties)
 		parts := func() { p.parts(o, &c.r) }
 		whole := func() (kernels.Unsupported, bool) { return p.whole(o, &c.r) }
 		folds := c.n <= foldDynTokens
@@ -773,43 +773,6 @@ func TestMoERoutedExact(t *testing.T) {
 	}
 }
 
-// TestMoEOneRouteExact: with FUSELM_XP_ONE_ROUTE's path, moe_routed at 9
-// to 16 tokens runs as moe_one_route (every block routing the tokens
-// itself) and matches moe_route then moe_experts (moe_one) bit for bit:
-// idx, weight and out, at W4's routing (16 rows of one token), distinct
-// routes, group-limited and tied logits; twice back to back (the counters
-// back at zero); 17 tokens decline. It logs both paths' time alone.
-func TestMoEOneRouteExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	defer func(v bool) { xpOneRoute = v }(xpOneRoute)
-	xpOneRoute = true
-	o := newSet(t, dev)
-	rng := rand.New(rand.NewSource(31))
-	lite, limited := liteRouting, limitedRouting
-	const experts = 64
-	for _, c := range []struct {
-		name             string
-		n, hidden, inter int
-		r                kernels.Routing
-		same, ties       bool // every token's logits alike (W4's rows); logits of few values
-	}{
-		{"v2-lite, W4's routing", 16, 2048, 1408, lite, true, false}, {"v2-lite", 16, 2048, 1408, lite, false, false},
-		{"v2-lite", 9, 2048, 1408, lite, false, false}, {"group-limited", 12, 520, 264, limited, false, false},
-		{"ties", 9, 520, 264, lite, false, true}, {"v2-lite, past moe_one", 17, 512, 256, lite, false, false},
-	} {
-		name := fmt.Sprintf("%s n=%d H=%d I=%d", c.name, c.n, c.hidden, c.inter)
-		p := newRoutedProblem(t, dev, rng, experts, c.n, c.hidden, c.inter, c.same, c.ties)
-		runs := c.n <= foldDynTokens
-		p.check(t, o, name, &c.r, runs)
-		if runs {
-			msParts := msPerCall(t, dev, func() { p.parts(o, &c.r) })
-			msWhole := msPerCall(t, dev, func() { p.whole(o, &c.r) })
-			t.Logf("%s: moe_one_route %.2f µs, moe_route then moe_one %.2f µs (alone, back to back)", name, msWhole*1e3, msParts*1e3)
-		}
-		p.free()
-	}
-}
-
 // liteRouting is DeepSeek-V2-Lite's router (greedy top 6); limitedRouting
 // a group-limited one with normalised, scaled weights.
 var (
@@ -818,24 +781,20 @@ var (
 )
 
 // routedProblem is a moe_routed call's operands on a device: logits of n
-// tokens over the experts (random; alike for every token with same; of few
-// values with ties), x, the experts' weights, and the outputs.
+// tokens over the experts (random, or of few values with ties), x, the experts' weights, and the outputs.
 type routedProblem struct {
 	dev                                       *cuda.Device
 	n, hidden, experts                        int
 	logits, x, gateUp, down, out, idx, weight *kernels.Tensor
 }
 
-func newRoutedProblem(t *testing.T, dev *cuda.Device, rng *rand.Rand, experts, n, hidden, inter int, same, ties bool) *routedProblem {
+func newRoutedProblem(t *testing.T, dev *cuda.Device, rng *rand.Rand, experts, n, hidden, inter int, ties bool) *routedProblem {
 	t.Helper()
 	vals := make([]float32, n*experts)
 	for i := range vals {
-		switch {
-		case same && i >= experts:
-			vals[i] = vals[i%experts]
-		case ties:
+		if ties {
 			vals[i] = float32(rng.Intn(4)) * 0.5
-		default:
+		} else {
 			vals[i] = float32(rng.NormFloat64() * 2)
 		}
 	}
