@@ -1,12 +1,6 @@
 package layers
 
-import (
-	"fmt"
-	"os"
-	"strconv"
-
-	"github.com/fuselm/fuselm/kernels"
-)
+import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -132,23 +126,9 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 // on it too (then the two outputs summed after both, not linear_add
 // after the routed experts); 9 is where the fused set's MoE leaves its block-a-tile
 // kernels for the persistent grid, which shares the SMs better. Between 1
-// and 16 rows it is not measured.
-var asideMinTokens = asideMinFrom(os.Getenv("FUSELM_XP_ASIDE_MIN"))
-
-// asideMinFrom is FUSELM_XP_ASIDE_MIN (an experiment, not yet measured: a
-// count of tokens, 1 to put the shared MLP aside at one token, W3), or 9
-// where it is unset; another value is said on stderr, and 9 kept.
-func asideMinFrom(env string) int {
-	if env == "" {
-		return 9
-	}
-	n, err := strconv.Atoi(env)
-	if err != nil || n < 1 {
-		fmt.Fprintf(os.Stderr, "layers: FUSELM_XP_ASIDE_MIN=%q is not a count of tokens: keeping 9\n", env)
-		return 9
-	}
-	return n
-}
+// and 16 rows it is not measured; at one token (W3) the whole MLP aside
+// lost too (bench/RESULTS.md, Tried).
+const asideMinTokens = 9
 
 // Forward computes out [T, hidden] from x [T, hidden]. The shared
 // experts need only x, so from asideMinTokens tokens the whole shared MLP
