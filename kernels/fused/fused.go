@@ -140,7 +140,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		elementwiseModule(),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
-		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances())),
+		module("mla.cu", append(cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances()), mlaAbsorbKernels...)),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		moeModule(),
 		module("linear.cu", linearKernels()),
@@ -163,6 +163,7 @@ var vname = cudaset.VName
 // linears' first weights) run under the previous one's tail.
 func overlapKernels() []string {
 	ks := append([]string{"attn_merge"}, moeFuncs()...)
+	ks = append(ks, mlaAbsorbKernels...)
 	ks = append(ks, linearKernels()...)
 	for _, m := range modules() {
 		if m.File == "elementwise.cu" {
@@ -254,6 +255,7 @@ type ops struct {
 	dynCounters    *kernels.Tensor // i32 [dynCountersN]: the persistent grids' counter pairs (dynGateUpPair, dynDownPair, dynOnePair), zero between launches
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
+	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

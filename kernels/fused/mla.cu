@@ -230,3 +230,134 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 		                  scale_log2);                                                                      \
 	}
 MLA_DECODE_INSTANCES(MLA_DECODE)
+
+// mla_absorb is absorbed MLA decode's per-head projections on tensor cores,
+// a kernel launched to overlap the one before it (no cuBLAS batched GEMM,
+// which cannot): for every head h and row b < M ≤ 16
+//   c[b, h·sc + n] = Σ_k a[b, h·sa + k] · B_h(k, n),   n < N, k < K,
+// B_h(k, n) = w[h·sw + n·wp + k] with BT (the rows of w are n: out =
+// W_UV[h]·o_lat, w at kv_b_proj's first W_UV row) and w[h·sw + k·wp + n]
+// without (the rows of w are k: q_lat = W_UK[h]ᵀ·q_nope, w at kv_b_proj).
+// Block (x, h) computes columns [x·NT, x·NT + NT) of head h for all rows:
+// its NT columns of w over all of K are requested before grid_wait (no
+// kernel writes them), a's 16 rows (zero past M) after it; each warp
+// multiplies its n-tiles over its share of K (KSPLIT warps split K, in
+// 16-wide steps taken in turn), and split sums meet in shared memory,
+// added in k-group order. Sums in f32, c rounded once to bf16 (as cuBLAS
+// rounds; the order of the sums differs from cuBLAS's).
+//   c, a, w bf16; pitches cp, ap, wp and strides sc, sa, sw in elements,
+//   each a multiple of 8, the pointers 16-byte aligned; K a multiple of 16
+//   and N of 8.
+// Launch: grid (ceil(N / NT), heads), 128 threads, shared
+// mla_absorb_shared (host: mlaAbsorbShared).
+template <bool BT, int NT, int KSPLIT>
+__device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,
+                           long long sw, int M, int N, int K) {
+	extern __shared__ __align__(16) unsigned char smem[];
+	constexpr int WARPS = 4, NW = WARPS / KSPLIT, NPW = NT / 8 / NW; // warps along n; n-tiles of a warp
+	static_assert(NPW * NW * 8 == NT && NW * KSPLIT == WARPS, "NT is 8·(warps along n)·(n-tiles a warp)");
+	const int h = blockIdx.y, n0 = blockIdx.x * NT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int ka = K + 8, nb = NT + 8; // rows in shared memory, padded by 16 bytes: no bank conflicts below
+	bf16* As = reinterpret_cast<bf16*>(smem); // [16][ka]
+	bf16* Bs = As + 16 * ka;                  // BT: [NT][ka]; else [K][nb]
+	const bf16* wh = w + h * sw;
+	const int kChunks = K / 8;
+	if constexpr (BT) {
+		for (int i = tid; i < NT * kChunks; i += blockDim.x) {
+			const int r = i / kChunks, ch = i - r * kChunks;
+			const bool ok = n0 + r < N;
+			cp16(smem_addr(Bs + r * ka + ch * 8), ok ? wh + (long long)(n0 + r) * wp + ch * 8 : wh, ok);
+		}
+	} else {
+		constexpr int chunks = NT / 8;
+		for (int i = tid; i < K * chunks; i += blockDim.x) {
+			const int r = i / chunks, ch = i - r * chunks;
+			const bool ok = n0 + ch * 8 < N;
+			cp16(smem_addr(Bs + r * nb + ch * 8), ok ? wh + (long long)r * wp + n0 + ch * 8 : wh, ok);
+		}
+	}
+	cp_commit();
+	grid_wait();
+	grid_release();
+	const bf16* ah = a + h * sa;
+	for (int i = tid; i < 16 * kChunks; i += blockDim.x) {
+		const int r = i / kChunks, ch = i - r * kChunks;
+		const bool ok = r < M;
+		cp16(smem_addr(As + r * ka + ch * 8), ok ? ah + (long long)r * ap + ch * 8 : ah, ok);
+	}
+	cp_commit();
+	cp_wait<0>();
+	__syncthreads();
+
+	const int g = lane >> 2, t = lane & 3, wn = warp % NW, wk = warp / NW;
+	const unsigned short* Bu = reinterpret_cast<const unsigned short*>(Bs);
+	float acc[NPW][4] = {};
+	for (int k0 = wk * 16; k0 < K; k0 += 16 * KSPLIT) {
+		unsigned af[4];
+		af[0] = *reinterpret_cast<const unsigned*>(As + g * ka + k0 + 2 * t);
+		af[1] = *reinterpret_cast<const unsigned*>(As + (g + 8) * ka + k0 + 2 * t);
+		af[2] = *reinterpret_cast<const unsigned*>(As + g * ka + k0 + 2 * t + 8);
+		af[3] = *reinterpret_cast<const unsigned*>(As + (g + 8) * ka + k0 + 2 * t + 8);
+#pragma unroll
+		for (int j = 0; j < NPW; j++) {
+			const int n = (wn * NPW + j) * 8 + g; // the B column this thread loads
+			unsigned b0, b1;
+			if constexpr (BT) {
+				b0 = *reinterpret_cast<const unsigned*>(Bs + n * ka + k0 + 2 * t);
+				b1 = *reinterpret_cast<const unsigned*>(Bs + n * ka + k0 + 2 * t + 8);
+			} else {
+				const int k = k0 + 2 * t;
+				b0 = Bu[k * nb + n] | (unsigned)Bu[(k + 1) * nb + n] << 16;
+				b1 = Bu[(k + 8) * nb + n] | (unsigned)Bu[(k + 9) * nb + n] << 16;
+			}
+			mma16816(acc[j], af, b0, b1);
+		}
+	}
+	bf16* ch = c + h * sc + n0;
+	if constexpr (KSPLIT == 1) {
+#pragma unroll
+		for (int j = 0; j < NPW; j++) {
+			const int col = (wn * NPW + j) * 8 + 2 * t;
+			if (n0 + col >= N) continue;
+			if (g < M) *reinterpret_cast<unsigned*>(ch + (long long)g * cp + col) = pack2(acc[j][0], acc[j][1]);
+			if (g + 8 < M) *reinterpret_cast<unsigned*>(ch + (long long)(g + 8) * cp + col) = pack2(acc[j][2], acc[j][3]);
+		}
+	} else {
+		__syncthreads(); // every warp is done with As: its bytes take the split sums
+		float* red = reinterpret_cast<float*>(smem); // [KSPLIT][16][NT]
+#pragma unroll
+		for (int j = 0; j < NPW; j++) {
+			const int col = (wn * NPW + j) * 8 + 2 * t;
+			float* r = red + wk * 16 * NT;
+			r[g * NT + col] = acc[j][0];
+			r[g * NT + col + 1] = acc[j][1];
+			r[(g + 8) * NT + col] = acc[j][2];
+			r[(g + 8) * NT + col + 1] = acc[j][3];
+		}
+		__syncthreads();
+		for (int i = tid; i < 16 * NT / 2; i += blockDim.x) {
+			const int row = i / (NT / 2), col = (i - row * (NT / 2)) * 2;
+			if (row >= M || n0 + col >= N) continue;
+			float s0 = 0, s1 = 0;
+#pragma unroll
+			for (int q = 0; q < KSPLIT; q++) {
+				s0 += red[(q * 16 + row) * NT + col];
+				s1 += red[(q * 16 + row) * NT + col + 1];
+			}
+			*reinterpret_cast<unsigned*>(ch + (long long)row * cp + col) = pack2(s0, s1);
+		}
+	}
+}
+
+// mla_absorb_t16: BT, 16 columns a block, four warps splitting K (out =
+// W_UV[h]·o_lat: K = rank); mla_absorb_n64: w's rows are k, 64 columns a
+// block, a warp 16 of them over all of K (q_lat = W_UK[h]ᵀ·q_nope: K =
+// the nope dims).
+#define MLA_ABSORB(NAME, BT, NT, KSPLIT)                                                                        \
+	extern "C" __global__ void __launch_bounds__(128)                                                          \
+	    NAME(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,         \
+	         long long sw, int M, int N, int K) {                                                               \
+		mla_absorb<BT, NT, KSPLIT>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K);                                    \
+	}
+MLA_ABSORB(mla_absorb_t16, true, 16, 4)
+MLA_ABSORB(mla_absorb_n64, false, 64, 1)

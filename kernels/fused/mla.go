@@ -3,6 +3,7 @@ package fused
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -286,7 +287,7 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	perHead := int64((dn + dv) * r) // kv_b_proj's elements of one head
 
 	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
-	o.GemmBatched(false, b.Rows, r, dn, 1, q, int64(dn+dr), w, perHead, 0, qlat, int64(r), h)
+	o.absorb(false, b.Rows, r, dn, q, int64(dn+dr), w, perHead, qlat, int64(r), h)
 
 	// Splits of whole key tiles of the variant's kernel: keys's are 32 keys,
 	// so that a short capacity (W4's 186) makes more splits of fewer tiles
@@ -306,5 +307,67 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	if splits > 1 {
 		o.mergeSplits(olat, part, stats, b.Rows, h, splits, r)
 	}
-	o.GemmBatched(true, b.Rows, dv, r, 1, olat, int64(r), w.Sub(dn, 0), perHead, 0, o.Mat(a.Out), int64(dv), h)
+	o.absorb(true, b.Rows, dv, r, olat, int64(r), w.Sub(dn, 0), perHead, o.Mat(a.Out), int64(dv), h)
+}
+
+// xpMLAAbsorb (experiment, FUSELM_XP_MLA_ABSORB=1, not yet measured) runs
+// MLADecode's two per-head projections (q_lat = W_UK[h]ᵀ·q_nope, out =
+// W_UV[h]·o_lat) on mla_absorb, kernels launched to overlap the kernel
+// before them, instead of cuBLAS's strided-batched GEMMs, which cannot: the
+// projection's weights then stream under the kernel before it, and the
+// kernel after it (mla_decode, o_proj's linear) launches under it.
+var xpMLAAbsorb = os.Getenv("FUSELM_XP_MLA_ABSORB") == "1"
+
+// mla_absorb's kernels (mla.cu): w's rows the output columns (transB) or
+// the reduced dims, and the columns a block computes.
+const (
+	mlaAbsorbT = "mla_absorb_t16"
+	mlaAbsorbN = "mla_absorb_n64"
+)
+
+// mlaAbsorbKernels are mla.cu's mla_absorb kernels.
+var mlaAbsorbKernels = []string{mlaAbsorbT, mlaAbsorbN}
+
+// mlaAbsorbShared is mla_absorb's dynamic shared memory for K reduced dims
+// (mla.cu: a's 16 rows and w's tile, padded, or the split sums).
+func mlaAbsorbShared(transB bool, k int) int {
+	if transB {
+		return max((16+16)*(k+8)*2, 4*16*16*4)
+	}
+	return 16*(k+8)*2 + k*(64+8)*2
+}
+
+// absorb is GemmBatched's problems with alpha 1 and beta 0 (batch problems
+// of m rows, n columns and kk reduced dims, sA, sB and sC elements apart)
+// on mla_absorb where xpMLAAbsorb asks for it and the kernel takes them (at
+// most 16 rows, kk a multiple of 16 and n of 8, bf16, every pitch and
+// stride a multiple of 8 elements, shared memory within 48 KiB), else on
+// cuBLAS.
+func (o *ops) absorb(transB bool, m, n, kk int, a cudaset.Mat, sA int64, b cudaset.Mat, sB int64, c cudaset.Mat, sC int64, batch int) {
+	if !xpMLAAbsorb || !absorbTakes(transB, m, n, kk, a, sA, b, sB, c, sC) {
+		o.GemmBatched(transB, m, n, kk, 1, a, sA, b, sB, 0, c, sC, batch)
+		return
+	}
+	if m == 0 || n == 0 || batch == 0 {
+		return
+	}
+	kernel, nt := mlaAbsorbN, 64
+	if transB {
+		kernel, nt = mlaAbsorbT, 16
+	}
+	o.absorbRuns++
+	o.LaunchGrid(kernel, cuda.Dim3{X: uint32((n + nt - 1) / nt), Y: uint32(batch)}, cuda.Dim3{X: 128},
+		mlaAbsorbShared(transB, kk), c.P, int32(c.Pitch), sC, a.P, int32(a.Pitch), sA, b.P, int32(b.Pitch), sB,
+		int32(m), int32(n), int32(kk))
+}
+
+// absorbTakes reports whether mla_absorb takes absorb's problems.
+func absorbTakes(transB bool, m, n, kk int, a cudaset.Mat, sA int64, b cudaset.Mat, sB int64, c cudaset.Mat, sC int64) bool {
+	for _, x := range []cudaset.Mat{a, b, c} {
+		if x.DT != kernels.BF16 || x.P%16 != 0 || x.Pitch%8 != 0 {
+			return false
+		}
+	}
+	return m <= 16 && kk%16 == 0 && n%8 == 0 && sA%8 == 0 && sB%8 == 0 && sC%8 == 0 &&
+		mlaAbsorbShared(transB, kk) <= 48<<10
 }
