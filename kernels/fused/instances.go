@@ -25,7 +25,7 @@ func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
-		mlaPrefillInstances(), mlaDecodeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
+		mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
@@ -196,6 +196,14 @@ func mlaDecodeInstances() cudaset.Instances {
 		f.Kernels = append(f.Kernels, cudaset.Of(mlaDecodeKernel(d), d.Rank, d.Rope))
 	}
 	return f
+}
+
+// mlaAbsorbInstances are mla_absorb's (mla.cu): w's rows the output
+// columns (transB, 1) or the reduced dims (0), the columns a block
+// computes, the warps splitting the reduced dims.
+func mlaAbsorbInstances() cudaset.Instances {
+	return cudaset.Instances{Macro: "MLA_ABSORB", Kernels: []cudaset.Instance{
+		cudaset.Of(mlaAbsorbT, 1, 16, 4), cudaset.Of(mlaAbsorbN, 0, 64, 1)}}
 }
 
 func mlaKeysInstances() cudaset.Instances {

@@ -250,7 +250,7 @@ MLA_DECODE_INSTANCES(MLA_DECODE)
 //   and N of 8.
 // Launch: grid (ceil(N / NT), heads), 128 threads, shared
 // mla_absorb_shared (host: mlaAbsorbShared).
-template <bool BT, int NT, int KSPLIT>
+template <int BT, int NT, int KSPLIT>
 __device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,
                            long long sw, int M, int N, int K) {
 	extern __shared__ __align__(16) unsigned char smem[];
@@ -349,7 +349,7 @@ __device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap,
 	}
 }
 
-// mla_absorb_t16: BT, 16 columns a block, four warps splitting K (out =
+// mla_absorb_t16: BT (1), 16 columns a block, four warps splitting K (out =
 // W_UV[h]·o_lat: K = rank); mla_absorb_n64: w's rows are k, 64 columns a
 // block, a warp 16 of them over all of K (q_lat = W_UK[h]ᵀ·q_nope: K =
 // the nope dims).
@@ -359,5 +359,4 @@ __device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap,
 	         long long sw, int M, int N, int K) {                                                               \
 		mla_absorb<BT, NT, KSPLIT>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K);                                    \
 	}
-MLA_ABSORB(mla_absorb_t16, true, 16, 4)
-MLA_ABSORB(mla_absorb_n64, false, 64, 1)
+MLA_ABSORB_INSTANCES(MLA_ABSORB)

@@ -326,7 +326,7 @@ const (
 )
 
 // mlaAbsorbKernels are mla.cu's mla_absorb kernels.
-var mlaAbsorbKernels = []string{mlaAbsorbT, mlaAbsorbN}
+var mlaAbsorbKernels = cudaset.Names(mlaAbsorbInstances())
 
 // mlaAbsorbShared is mla_absorb's dynamic shared memory for K reduced dims
 // (mla.cu: a's 16 rows and w's tile, padded, or the split sums).
