@@ -3,7 +3,6 @@ package fused
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -245,12 +244,12 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 // "latent_split", the default below mlaKeysMinRows where flat cannot run;
 // and "keys_own" (mla_keys.go), keys's kernel between flat's mla_qlat and
 // mla_out, the default nowhere. Keys and latent_split: q_lat =
-// W_UK[h]ᵀ·q_nope for every head (one strided-batched GEMM over the
-// heads), then mla_decode, flash-decoding of
+// W_UK[h]ᵀ·q_nope for every head (absorb: mla_absorb, or one
+// strided-batched GEMM over the heads), then mla_decode, flash-decoding of
 // all heads of a row at once over its latent cache in splits that fill one
 // wave of the GPU (it appends the new latents itself), attn_merge of the
-// splits when there are several, and out = W_UV[h]·o_lat (a second batched
-// GEMM). Split sizes come from the cache's capacity and the row lengths
+// splits when there are several, and out = W_UV[h]·o_lat (absorb
+// again). Split sizes come from the cache's capacity and the row lengths
 // are read on the device, so a graph replays it as the rows grow; every
 // buffer's size depends on the batch's rows and capacity only.
 func (o *ops) MLADecode(a *kernels.MLAArgs) {
@@ -310,13 +309,9 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	o.absorb(true, b.Rows, dv, r, olat, int64(r), w.Sub(dn, 0), perHead, o.Mat(a.Out), int64(dv), h)
 }
 
-// xpMLAAbsorb (experiment, FUSELM_XP_MLA_ABSORB=1, not yet measured) runs
-// MLADecode's two per-head projections (q_lat = W_UK[h]ᵀ·q_nope, out =
-// W_UV[h]·o_lat) on mla_absorb, kernels launched to overlap the kernel
-// before them, instead of cuBLAS's strided-batched GEMMs, which cannot: the
-// projection's weights then stream under the kernel before it, and the
-// kernel after it (mla_decode, o_proj's linear) launches under it.
-var xpMLAAbsorb = os.Getenv("FUSELM_XP_MLA_ABSORB") == "1"
+// absorbCuBLAS makes absorb run cuBLAS's strided-batched GEMMs always (the
+// tests' reference; false in the product).
+var absorbCuBLAS = false
 
 // mla_absorb's kernels (mla.cu): w's rows the output columns (transB) or
 // the reduced dims, and the columns a block computes.
@@ -338,13 +333,17 @@ func mlaAbsorbShared(transB bool, k int) int {
 }
 
 // absorb is GemmBatched's problems with alpha 1 and beta 0 (batch problems
-// of m rows, n columns and kk reduced dims, sA, sB and sC elements apart)
-// on mla_absorb where xpMLAAbsorb asks for it and the kernel takes them (at
-// most 16 rows, kk a multiple of 16 and n of 8, bf16, every pitch and
-// stride a multiple of 8 elements, shared memory within 48 KiB), else on
-// cuBLAS.
+// of m rows, n columns and kk reduced dims, sA, sB and sC elements apart):
+// MLADecode's two per-head projections (q_lat = W_UK[h]ᵀ·q_nope, out =
+// W_UV[h]·o_lat) on mla_absorb where the kernel takes them (at most 16
+// rows, kk a multiple of 16 and n of 8, bf16, every pitch and stride a
+// multiple of 8 elements, shared memory within 48 KiB), else on cuBLAS.
+// mla_absorb is launched to overlap the kernel before it, which cuBLAS's
+// strided-batched GEMMs cannot: the projection's weights stream under the
+// kernel before it, and the kernel after it (mla_decode, o_proj's linear)
+// launches under it (bench/RESULTS.md, Decode).
 func (o *ops) absorb(transB bool, m, n, kk int, a cudaset.Mat, sA int64, b cudaset.Mat, sB int64, c cudaset.Mat, sC int64, batch int) {
-	if !xpMLAAbsorb || !absorbTakes(transB, m, n, kk, a, sA, b, sB, c, sC) {
+	if absorbCuBLAS || !absorbTakes(transB, m, n, kk, a, sA, b, sB, c, sC) {
 		o.GemmBatched(transB, m, n, kk, 1, a, sA, b, sB, 0, c, sC, batch)
 		return
 	}

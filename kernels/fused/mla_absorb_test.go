@@ -10,18 +10,18 @@ import (
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
-// TestMLAAbsorb holds mla_absorb (FUSELM_XP_MLA_ABSORB: MLADecode's two
-// per-head projections on kernels of the set) to cuBLAS's strided-batched
-// GEMMs on the same operands, both projections, at DeepSeek-V2-Lite's dims
+// TestMLAAbsorb holds mla_absorb (MLADecode's two per-head projections) to
+// cuBLAS's strided-batched GEMMs on the same operands, both projections, at DeepSeek-V2-Lite's dims
 // (16 heads, 16 and 9 rows) and at dims of no tile (3 heads of 32 nope
 // dims and rank 96; 2 of 16 and rank 32): within one bf16 rounding of each
 // other (each sums in f32, in another order, and rounds once), every
 // value; each call must have run on mla_absorb. It logs both paths' time
 // alone at 16 rows, then runs the shared kerneltest's mla_decode cases and
-// the decode graph with the keys variant on mla_absorb.
+// the decode graph with the keys variant (whose projections mla_absorb
+// runs) the default at every batch.
 func TestMLAAbsorb(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
-	defer func(v bool, d string) { xpMLAAbsorb, mlaDecodeDefault = v, d }(xpMLAAbsorb, mlaDecodeDefault)
+	defer func(v bool, d string) { absorbCuBLAS, mlaDecodeDefault = v, d }(absorbCuBLAS, mlaDecodeDefault)
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(37))
 	random := normalOn(t, dev, rng)
@@ -38,13 +38,13 @@ func TestMLAAbsorb(t *testing.T) {
 			o.absorb(false, c.rows, c.rank, c.nope, o.Mat(q), int64(c.nope+c.rope), w, perHead, o.Mat(qlat[i]), int64(c.rank), c.heads)
 			o.absorb(true, c.rows, c.v, c.rank, o.Mat(olat), int64(c.rank), w.Sub(c.nope, 0), perHead, o.Mat(out[i]), int64(c.v), c.heads)
 		}
-		for i, on := range []bool{false, true} {
+		for i, cublas := range []bool{true, false} {
 			qlat[i] = dev.Alloc(kernels.BF16, c.rows, c.heads*c.rank)
 			out[i] = dev.Alloc(kernels.BF16, c.rows, c.heads*c.v)
-			xpMLAAbsorb = on
+			absorbCuBLAS = cublas
 			runs := o.absorbRuns
 			project(i)
-			if on && o.absorbRuns != runs+2 {
+			if !cublas && o.absorbRuns != runs+2 {
 				t.Errorf("%s: mla_absorb ran %d of the 2 projections", name, o.absorbRuns-runs)
 			}
 		}
@@ -69,8 +69,8 @@ func TestMLAAbsorb(t *testing.T) {
 		}
 		if c.rows == 16 && c.heads == 16 {
 			var ms [2]float64
-			for i, on := range []bool{false, true} {
-				xpMLAAbsorb = on
+			for i, cublas := range []bool{true, false} {
+				absorbCuBLAS = cublas
 				ms[i] = msPerCall(t, dev, func() { project(i) })
 			}
 			t.Logf("%s: both projections cuBLAS %.2f µs, mla_absorb %.2f µs (alone, back to back)", name, ms[0]*1e3, ms[1]*1e3)
@@ -79,7 +79,7 @@ func TestMLAAbsorb(t *testing.T) {
 			dev.Free(x)
 		}
 	}
-	xpMLAAbsorb, mlaDecodeDefault = true, mlaKeysVariant
+	absorbCuBLAS, mlaDecodeDefault = false, mlaKeysVariant
 	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }

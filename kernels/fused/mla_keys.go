@@ -81,8 +81,8 @@ func blocksPerSM(shared, perSM int) int { return max(1, perSM/(shared+blockReser
 
 // The "keys_own" variant of mla_decode: mla_keys.cu's splits between
 // mla_flat.cu's mla_qlat and mla_out, three launches of the set's own,
-// overlapped, where keys has two batched GEMMs (which take no part in the
-// overlap) and attn_merge. mla_decode_keys's partials are what mla_out
+// overlapped, where keys has its two projections (mla_absorb, or cuBLAS's
+// batched GEMMs, which take no part in the overlap) and attn_merge. mla_decode_keys's partials are what mla_out
 // reads: part f32 [rows·heads·splits, R] unnormalised, stats (max·
 // scale_log2, sum) f32 [rows·heads·splits, 2], split p of (row, head) at
 // (row·heads + head)·splits + p (mla_split_out), the layout and scale of
