@@ -194,14 +194,6 @@
 	X(mla_absorb_t16, 1, 16, 4) \
 	X(mla_absorb_n64, 0, 64, 1)
 
-#define MLA_ABSORB_ROPE_INSTANCES(X) \
-	X(mla_absorb_rope_half_bf16, false, bf16, 8, 1, 4) \
-	X(mla_absorb_rope_half_f16, false, half_bits, 8, 1, 4) \
-	X(mla_absorb_rope_half_f32, false, float, 8, 1, 4) \
-	X(mla_absorb_rope_interleaved_bf16, true, bf16, 8, 1, 4) \
-	X(mla_absorb_rope_interleaved_f16, true, half_bits, 8, 1, 4) \
-	X(mla_absorb_rope_interleaved_f32, true, float, 8, 1, 4)
-
 #define MLA_DECODE_KEYS_INSTANCES(X) \
 	X(mla_decode_keys_r512_p64_s2, 512, 64, 2) \
 	X(mla_decode_keys_r512_p64_s3, 512, 64, 3) \

@@ -25,7 +25,7 @@ func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
-		mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaAbsorbRopeInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
+		mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
@@ -98,16 +98,6 @@ func rmsNormRopeInstances() cudaset.Instances {
 // weights of w.
 func mlaQLatRopeKernel(interleaved bool, w kernels.DType) string {
 	return "mla_qlat_rope" + strings.TrimPrefix(rmsNormRopeKernel(interleaved, w), "rms_norm_rope")
-}
-
-// mlaAbsorbRopeKernel is mla_absorb_rope's instance for pairs interleaved
-// or not and norm weights of w (rms_norm_rope's suffix).
-func mlaAbsorbRopeKernel(interleaved bool, w kernels.DType) string {
-	return "mla_absorb_rope" + strings.TrimPrefix(rmsNormRopeKernel(interleaved, w), "rms_norm_rope")
-}
-
-func mlaAbsorbRopeInstances() cudaset.Instances {
-	return normRopeInstances("MLA_ABSORB_ROPE", mlaAbsorbRopeKernel)
 }
 
 func mlaQLatRopeInstances() cudaset.Instances {

@@ -16,7 +16,7 @@ func TestInstancesHeader(t *testing.T) {
 	uses := map[string][]cudaset.Instances{
 		"elementwise.cu":   {rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), swigluInstances(), addInstances(), argmaxInstances()},
 		"attention.cu":     {flashPrefillInstances(), flashDecodeInstances()},
-		"mla.cu":           {mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaAbsorbRopeInstances()},
+		"mla.cu":           {mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances()},
 		"mla_keys.cu":      {mlaKeysInstances()},
 		"moe.cu":           {groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances()},
 		"linear.cu":        {linearInstances()},

@@ -8,7 +8,6 @@
 // position s is (W_UK[h]·c_s, k_pe_s), its value W_UV[h]·c_s.
 
 #include "mla.cuh"
-#include "norm_rope.cuh"
 #include "instances.cuh"
 
 // MlaKV is flash_prefill's source for MLA prefill, the latents decompressed
@@ -239,9 +238,7 @@ MLA_DECODE_INSTANCES(MLA_DECODE)
 // B_h(k, n) = w[h·sw + n·wp + k] with BT (the rows of w are n: out =
 // W_UV[h]·o_lat, w at kv_b_proj's first W_UV row) and w[h·sw + k·wp + n]
 // without (the rows of w are k: q_lat = W_UK[h]ᵀ·q_nope, w at kv_b_proj).
-// Block (x, h) computes columns [x·NT, x·NT + NT) of head h for all rows
-// (the device function takes x and h: a grid of other blocks too passes
-// its own; its block is WARPS warps, as many threads as the launch's):
+// Block (x, h) computes columns [x·NT, x·NT + NT) of head h for all rows:
 // its NT columns of w over all of K are requested before grid_wait (no
 // kernel writes them), a's 16 rows (zero past M) after it; each warp
 // multiplies its n-tiles over its share of K (KSPLIT warps split K, in
@@ -253,13 +250,13 @@ MLA_DECODE_INSTANCES(MLA_DECODE)
 //   and N of 8.
 // Launch: grid (ceil(N / NT), heads), 128 threads, shared
 // mla_absorb_shared (host: mlaAbsorbShared).
-template <int BT, int NT, int KSPLIT, int WARPS = 4>
+template <int BT, int NT, int KSPLIT>
 __device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,
-                           long long sw, int M, int N, int K, int x, int h) {
+                           long long sw, int M, int N, int K) {
 	extern __shared__ __align__(16) unsigned char smem[];
-	constexpr int NW = WARPS / KSPLIT, NPW = NT / 8 / NW; // warps along n; n-tiles of a warp
+	constexpr int WARPS = 4, NW = WARPS / KSPLIT, NPW = NT / 8 / NW; // warps along n; n-tiles of a warp
 	static_assert(NPW * NW * 8 == NT && NW * KSPLIT == WARPS, "NT is 8·(warps along n)·(n-tiles a warp)");
-	const int n0 = x * NT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int h = blockIdx.y, n0 = blockIdx.x * NT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int ka = K + 8, nb = NT + 8; // rows in shared memory, padded by 16 bytes: no bank conflicts below
 	bf16* As = reinterpret_cast<bf16*>(smem); // [16][ka]
 	bf16* Bs = As + 16 * ka;                  // BT: [NT][ka]; else [K][nb]
@@ -360,41 +357,6 @@ __device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap,
 	extern "C" __global__ void __launch_bounds__(128)                                                          \
 	    NAME(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,         \
 	         long long sw, int M, int N, int K) {                                                               \
-		mla_absorb<BT, NT, KSPLIT>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K, blockIdx.x, blockIdx.y);            \
+		mla_absorb<BT, NT, KSPLIT>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K);                                    \
 	}
 MLA_ABSORB_INSTANCES(MLA_ABSORB)
-
-// mla_absorb_rope is rms_norm_rope (norm_rope.cuh) and the q projection of
-// mla_absorb (q_lat = W_UK[h]ᵀ·q_nope, mla_absorb_n64's) in one launch: the
-// op mla_decode_rope's first step where the keys variant runs, where the
-// two were two dependent launches. The projection reads q's nope dims only,
-// which the norm and ropes leave, and writes q_lat, which they do not read,
-// so the blocks of both run side by side; each calls its kernel's device
-// function with that kernel's arguments, so its results are that kernel's
-// bit for bit (the projection's warps each take one n-tile of the 64
-// columns, over all of K in the same order; rms_norm sums over normT
-// threads, the other warps adding zeros, as rms_norm_rope's wider blocks
-// do).
-//   c .. K: mla_absorb's (without BT, M the rows); q .. dim: rms_norm_rope's.
-// Launch: grid 2·M + ceil(N / 64)·heads, 1-D: block i < 2·M is
-// rms_norm_rope's block (i / 2, i % 2), the others the projection's (x, h)
-// in x-major order; 256 threads, which must be at least rms_norm_rope's
-// block for the call; shared mla_absorb_n64's.
-#define MLA_ABSORB_ROPE(NAME, INTERLEAVED, TW, V, NV, RV)                                                          \
-	extern "C" __global__ void __launch_bounds__(256)                                                             \
-	    NAME(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,            \
-	         long long sw, int M, int N, int K, bf16* q, int qp, int heads, int hstride, int offset, bf16* kv,      \
-	         int kvp, const TW* nw, int rank, float eps, int normT, const int* pos, const float* cosT,              \
-	         const float* sinT, int cspitch, int maxPos, int dim) {                                                \
-		const int nr = 2 * M, i = blockIdx.x;                                                                      \
-		if (i < nr) {                                                                                              \
-			grid_wait();                                                                                           \
-			grid_release();                                                                                        \
-			rms_norm_rope<INTERLEAVED, TW, V, NV, RV>(q, qp, heads, hstride, offset, kv, kvp, nw, rank, eps, normT, \
-			                                          pos, cosT, sinT, cspitch, maxPos, dim, i / 2, i % 2);         \
-			return;                                                                                                \
-		}                                                                                                          \
-		const int j = i - nr, xs = (N + 63) / 64;                                                                  \
-		mla_absorb<0, 64, 1, 8>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K, j % xs, j / xs);                         \
-	}
-MLA_ABSORB_ROPE_INSTANCES(MLA_ABSORB_ROPE)

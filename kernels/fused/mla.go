@@ -3,7 +3,6 @@ package fused
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -263,49 +262,31 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 		}
 		return
 	}
-	kernel, shared, wave := o.mlaSplitKernel(variant, d)
+	// The variant's kernel, its shared memory and the blocks an SM holds:
+	// splits fill one wave of those.
+	perSM := o.D.Props().MaxSharedPerSM
+	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
+	wave := max(1, perSM/shared) * o.SMs
+	if variant == mlaKeysVariant || variant == mlaKeysOwnVariant {
+		stages := mlaKeysStages(d, perSM)
+		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
+		wave = blocksPerSM(shared, perSM) * o.SMs
+	}
 	o.needRoom(op, kernel)
-	if a.Batch.Rows == 0 {
+	b := a.Batch
+	if b.Rows == 0 {
 		return
 	}
 	if variant == mlaKeysOwnVariant {
 		o.mlaKeysOwnDecode(a, kernel, shared, wave)
 		return
 	}
-	o.mlaSplitDecode(a, variant, kernel, shared, wave, nil)
-}
-
-// mlaSplitKernel is the split kernel of variant (keys, keys_own or
-// latent_split) at latent d, its shared memory and the blocks of it one
-// wave of the device holds (as many an SM as shared memory allows): splits
-// fill one wave of those.
-func (o *ops) mlaSplitKernel(variant string, d mlaLatent) (kernel string, shared, wave int) {
-	perSM := o.D.Props().MaxSharedPerSM
-	if variant == mlaKeysVariant || variant == mlaKeysOwnVariant {
-		stages := mlaKeysStages(d, perSM)
-		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
-		return kernel, shared, blocksPerSM(shared, perSM) * o.SMs
-	}
-	kernel, shared = mlaDecodeKernel(d), mlaDecodeShared(d)
-	return kernel, shared, max(1, perSM/shared) * o.SMs
-}
-
-// mlaSplitDecode is MLADecode's keys and latent_split variants on a batch
-// of rows, kernel the variant's (mlaSplitKernel): q_lat (with nr, in
-// mla_absorb_rope's launch beside rms_norm_rope's blocks: absorbRope),
-// the splits, their merge and the out projection.
-func (o *ops) mlaSplitDecode(a *kernels.MLAArgs, variant, kernel string, shared, wave int, nr *normRopeCall) {
-	b := a.Batch
 	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
 	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
 	perHead := int64((dn + dv) * r) // kv_b_proj's elements of one head
 
 	qlat := o.Scratch(scrMLAQLat, kernels.BF16, b.Rows, h*r)
-	if nr == nil {
-		o.absorb(false, b.Rows, r, dn, q, int64(dn+dr), w, perHead, qlat, int64(r), h)
-	} else {
-		o.absorbRope(a, qlat, nr)
-	}
+	o.absorb(false, b.Rows, r, dn, q, int64(dn+dr), w, perHead, qlat, int64(r), h)
 
 	// Splits of whole key tiles of the variant's kernel: keys's are 32 keys,
 	// so that a short capacity (W4's 186) makes more splits of fewer tiles
@@ -328,45 +309,6 @@ func (o *ops) mlaSplitDecode(a *kernels.MLAArgs, variant, kernel string, shared,
 	o.absorb(true, b.Rows, dv, r, olat, int64(r), w.Sub(dn, 0), perHead, o.Mat(a.Out), int64(dv), h)
 }
 
-// absorbRope is rms_norm_rope's work (nr) and q_lat = W_UK[h]ᵀ·q_nope in
-// one launch of mla_absorb_rope, where absorbRopeWhy finds nothing against
-// it.
-func (o *ops) absorbRope(a *kernels.MLAArgs, qlat cudaset.Mat, nr *normRopeCall) {
-	b := a.Batch
-	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
-	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
-	blocks := 2*b.Rows + (r+63)/64*h
-	o.absorbRuns++
-	o.LaunchGrid(mlaAbsorbRopeKernel(nr.r.Interleaved, nr.w.DType), cuda.Dim3{X: uint32(blocks)}, cuda.Dim3{X: absorbRopeThreads},
-		mlaAbsorbShared(false, dn), append([]any{qlat.P, int32(qlat.Pitch), int64(r), q.P, int32(q.Pitch), int64(dn + dr),
-			w.P, int32(w.Pitch), int64((dn + dv) * r), int32(b.Rows), int32(r), int32(dn)},
-			o.normRopeArgs(a.Q, a.KV, nr.w, nr.eps, h, dn+dr, dn, nr.pos, nr.r, nr.ns)...)...)
-}
-
-// xpAbsorbRope (experiment, FUSELM_XP_ABSORB_ROPE=1, not yet measured)
-// makes MLADecodeRoPE take the calls where mla_decode runs keys or
-// latent_split (mla_absorb_rope), which it declines otherwise.
-var xpAbsorbRope = os.Getenv("FUSELM_XP_ABSORB_ROPE") == "1"
-
-// absorbRopeThreads is mla_absorb_rope's block.
-const absorbRopeThreads = 256
-
-// absorbRopeWhy is why mla_absorb_rope cannot take MLADecodeRoPE's call
-// (rms_norm_rope's threads for it, threads), or "" where it can: where
-// absorb would run cuBLAS for the q projection.
-func (o *ops) absorbRopeWhy(a *kernels.MLAArgs, threads int) string {
-	h, dn, dr, dv, r := a.Heads, a.NopeDim, a.RopeDim, a.VDim, a.Rank
-	q, w := o.Mat(a.Q), o.Mat(a.WKVB)
-	qlat := cudaset.Mat{Pitch: h * r, DT: kernels.BF16} // scratch: 16-byte aligned, packed
-	switch {
-	case absorbCuBLAS || !absorbTakes(false, a.Batch.Rows, r, dn, q, int64(dn+dr), w, int64((dn+dv)*r), qlat, int64(r)):
-		return fmt.Sprintf("q_lat of %d rows, %d nope dims, rank %d on cuBLAS", a.Batch.Rows, dn, r)
-	case threads > absorbRopeThreads:
-		return fmt.Sprintf("rms_norm_rope's blocks of %d threads: mla_absorb_rope's are %d", threads, absorbRopeThreads)
-	}
-	return ""
-}
-
 // absorbCuBLAS makes absorb run cuBLAS's strided-batched GEMMs always (the
 // tests' reference; false in the product).
 var absorbCuBLAS = false
@@ -378,8 +320,8 @@ const (
 	mlaAbsorbN = "mla_absorb_n64"
 )
 
-// mlaAbsorbKernels are mla.cu's mla_absorb and mla_absorb_rope kernels.
-var mlaAbsorbKernels = cudaset.Names(mlaAbsorbInstances(), mlaAbsorbRopeInstances())
+// mlaAbsorbKernels are mla.cu's mla_absorb kernels.
+var mlaAbsorbKernels = cudaset.Names(mlaAbsorbInstances())
 
 // mlaAbsorbShared is mla_absorb's dynamic shared memory for K reduced dims
 // (mla.cu: a's 16 rows and w's tile, padded, or the split sums).

@@ -16,13 +16,12 @@ import (
 // dims and rank 96; 2 of 16 and rank 32): within one bf16 rounding of each
 // other (each sums in f32, in another order, and rounds once), every
 // value; each call must have run on mla_absorb. It logs both paths' time
-// alone at 16 rows, then runs the shared kerneltest's mla_decode and
-// mla_decode_rope cases and the decode graph with the keys variant (whose
-// projections mla_absorb runs, the q projection with the norm and ropes
-// in mla_absorb_rope's launch) the default at every batch.
+// alone at 16 rows, then runs the shared kerneltest's mla_decode cases and
+// the decode graph with the keys variant (whose projections mla_absorb
+// runs) the default at every batch.
 func TestMLAAbsorb(t *testing.T) {
 	dev := kerneltest.OpenCUDA(t)
-	defer func(v, x bool, d string) { absorbCuBLAS, xpAbsorbRope, mlaDecodeDefault = v, x, d }(absorbCuBLAS, xpAbsorbRope, mlaDecodeDefault)
+	defer func(v bool, d string) { absorbCuBLAS, mlaDecodeDefault = v, d }(absorbCuBLAS, mlaDecodeDefault)
 	o := newSet(t, dev)
 	rng := rand.New(rand.NewSource(37))
 	random := normalOn(t, dev, rng)
@@ -80,7 +79,7 @@ func TestMLAAbsorb(t *testing.T) {
 			dev.Free(x)
 		}
 	}
-	absorbCuBLAS, mlaDecodeDefault, xpAbsorbRope = false, mlaKeysVariant, true
-	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode, kernels.OpMLADecodeRoPE)
+	absorbCuBLAS, mlaDecodeDefault = false, mlaKeysVariant
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }

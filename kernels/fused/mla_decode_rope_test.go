@@ -87,36 +87,9 @@ func (p *mlaDecodeRoPEProblem) free(dev kernels.Device) { freeAll(dev, p.owned) 
 func TestMLADecodeRoPEExact(t *testing.T) {
 	dev, o := openHopperSet(t, "mla_flat", func(o *ops) error { return o.mlaFlat.ready() })
 	useFlat(t, dev)
-	decodeRoPEExact(t, dev, o, []int{1, 3, 7}, []int{1, 200, 4096, 11042}, rand.New(rand.NewSource(31)))
-}
-
-// TestMLADecodeRoPEKeysExact is TestMLADecodeRoPEExact where mla_decode
-// runs its keys variant (the default from mlaKeysMinRows rows): one
-// launch of the norm, the ropes and q_lat (mla_absorb_rope), then
-// mla_decode_keys, attn_merge and the out projection, against
-// rms_norm_rope, then mla_absorb's q projection and the same; at 1, 9 and
-// 16 rows. 17 rows (more than mla_absorb takes) must decline.
-func TestMLADecodeRoPEKeysExact(t *testing.T) {
-	dev := kerneltest.OpenCUDA(t)
-	defer func(d string, x bool) { mlaDecodeDefault, xpAbsorbRope = d, x }(mlaDecodeDefault, xpAbsorbRope)
-	mlaDecodeDefault, xpAbsorbRope = mlaKeysVariant, true
-	o := newSet(t, dev)
-	rng := rand.New(rand.NewSource(41))
-	decodeRoPEExact(t, dev, o, []int{1, 9, 16}, []int{1, 200, 4096}, rng)
-	p := newMLADecodeRoPEProblem(t, dev, slices.Repeat([]int{99}, 17), 100, rng)
-	if _, declined := kernels.Declined(func() { o.MLADecodeRoPE(p.a[0], p.w, 1e-6, p.pos, p.r) }); !declined {
-		t.Errorf("17 rows: ran whole")
-	}
-	p.free(dev)
-}
-
-// decodeRoPEExact holds o's MLADecodeRoPE to its parts on o bit for bit
-// (the output, q and kv in place, the cache) for each count of rows over
-// caches of each count of keys (the rows' lengths a little apart).
-func decodeRoPEExact(t *testing.T, dev kernels.Device, o *ops, rowCounts, keyCounts []int, rng *rand.Rand) {
-	t.Helper()
-	for _, rows := range rowCounts {
-		for _, keys := range keyCounts {
+	rng := rand.New(rand.NewSource(31))
+	for _, rows := range []int{1, 3, 7} {
+		for _, keys := range []int{1, 200, 4096, 11042} {
 			past := make([]int, rows)
 			for b := range past {
 				past[b] = max(0, keys-1-17*b)
@@ -164,7 +137,7 @@ func TestMLADecodeRoPEDispatch(t *testing.T) {
 		{"fused,rms_norm=naive", 1, []string{"rms_norm@naive", "rope@fused", "rope@fused", "mla_decode@fused"}},
 		{"fused,rms_norm_rope=naive", 1, []string{"rms_norm_rope@naive", "mla_decode@fused"}},
 		{"naive", 1, []string{"rms_norm@naive", "rope@naive", "rope@naive", "mla_decode@naive"}},
-		{"fused", 16, []string{"rms_norm_rope@fused", "mla_decode@fused"}}, // mla_absorb_rope: FUSELM_XP_ABSORB_ROPE
+		{"fused", 16, []string{"rms_norm_rope@fused", "mla_decode@fused"}},
 	} {
 		d, obs := observed(t, dev, s.spec)
 		p := newMLADecodeRoPEProblem(t, dev, slices.Repeat([]int{99}, s.rows), 100, rand.New(rand.NewSource(37)))

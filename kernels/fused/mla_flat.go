@@ -205,21 +205,14 @@ type normRopeCall struct {
 // would take the norm and ropes, mla_qlat_rope runs rms_norm_rope's blocks
 // and mla_qlat's in one grid (mla_qlat reads only q's nope dims, which the
 // norm and ropes leave), then mla_flat and mla_out as MLADecode launches
-// them; where it would run keys or latent_split, mla_absorb_rope runs
-// rms_norm_rope's blocks and mla_absorb's q projection in one grid, then
-// the split kernel, the merge and the out projection as MLADecode launches
-// them (mlaSplitDecodeRoPE). The results are the two ops' bit for bit. It
-// declines every other call, and the Dispatch runs RMSNormRoPE and
-// MLADecode.
+// them; the results are the two ops' bit for bit. It declines every other
+// call, and the Dispatch runs RMSNormRoPE and MLADecode.
 func (o *ops) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
 	const op = kernels.OpMLADecodeRoPE
 	kernels.CheckMLADecodeRoPE(o.D.ActDType(), a, w, pos, r)
 	variant := o.mlaDecodeVariant(op, a)
-	if xpAbsorbRope && (variant == mlaKeysVariant || variant == mlaDecodeVariant) {
-		o.mlaSplitDecodeRoPE(a, variant, w, eps, pos, r)
-		return
-	}
-	o.Need(variant == mlaFlatVariant, op, "mla_decode runs its %s variant here: rms_norm_rope and mla_decode run it", variant)
+	o.Need(variant == mlaFlatVariant, op, "mla_decode runs its %s variant here, not %s: rms_norm_rope and mla_decode run it",
+		variant, mlaFlatVariant)
 	o.Need(o.mlaFlat.ready() == nil, op, "%v", o.mlaFlat.ready())
 	d := mlaLatent{a.Rank, a.RopeDim}
 	o.Need(mlaFlatWhy(d, a.Heads, a.NopeDim) == "", op, "%s: rms_norm_rope and mla_decode run it", mlaFlatWhy(d, a.Heads, a.NopeDim))
@@ -229,19 +222,4 @@ func (o *ops) MLADecodeRoPE(a *kernels.MLAArgs, w *kernels.Tensor, eps float32, 
 		return
 	}
 	o.mlaFlatDecode(op, a, &normRopeCall{w: w, pos: pos, eps: eps, r: r, ns: ns})
-}
-
-// mlaSplitDecodeRoPE is MLADecodeRoPE where mla_decode runs variant keys or
-// latent_split: mla_absorb_rope, then as MLADecode.
-func (o *ops) mlaSplitDecodeRoPE(a *kernels.MLAArgs, variant string, w *kernels.Tensor, eps float32, pos *kernels.Tensor, r *kernels.Rope) {
-	const op = kernels.OpMLADecodeRoPE
-	kernel, shared, wave := o.mlaSplitKernel(variant, mlaLatent{a.Rank, a.RopeDim})
-	o.needRoom(op, kernel)
-	ns, threads := o.normRopeTakes(op, a.Q, a.KV, w, a.NopeDim+a.RopeDim, a.NopeDim, a.Heads, r)
-	why := o.absorbRopeWhy(a, threads)
-	o.Need(why == "", op, "%s: rms_norm_rope and mla_decode run it", why)
-	if a.Batch.Rows == 0 {
-		return
-	}
-	o.mlaSplitDecode(a, variant, kernel, shared, wave, &normRopeCall{w: w, pos: pos, eps: eps, r: r, ns: ns})
 }
