@@ -83,3 +83,58 @@ func TestMLAAbsorb(t *testing.T) {
 	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
 }
+
+// TestMLAMergeOut holds mla_merge_out (FUSELM_XP_MERGE_OUT: attn_merge and
+// the out projection in one launch) to attn_merge then mla_absorb's out
+// projection on the same splits: MLADecode's keys variant at
+// DeepSeek-V2-Lite's dims, at 3, 9 and 16 rows over caches of 200 and
+// 4,096 keys (6 to 16 splits a row: more than attn_merge's warps), with 1,
+// 4 and 16 rows a block; the cache bit for bit, the output within one bf16
+// rounding (the merged o_lat is attn_merge's bit for bit; the projection
+// sums K in another order than mla_absorb_t16's four warps). Then the
+// shared kerneltest's mla_decode cases and the decode graph on it.
+func TestMLAMergeOut(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	defer func(n int, d string) { xpMergeOut, mlaDecodeDefault = n, d }(xpMergeOut, mlaDecodeDefault)
+	mlaDecodeDefault = mlaKeysVariant
+	o := newSet(t, dev)
+	rng := rand.New(rand.NewSource(43))
+	for _, rows := range []int{3, 9, 16} {
+		for _, keys := range []int{200, 4096} {
+			for _, rg := range []int{1, 4, 16} {
+				name := fmt.Sprintf("%d rows of %d keys, %d a block", rows, keys, rg)
+				past := make([]int, rows)
+				for b := range past {
+					past[b] = max(0, keys-1-17*b)
+				}
+				p := newMLADecodeRoPEProblem(t, dev, past, keys, rng)
+				xpMergeOut = 0
+				o.MLADecode(p.a[1])
+				xpMergeOut = rg
+				runs := o.absorbRuns
+				o.MLADecode(p.a[0])
+				if o.absorbRuns != runs+2 {
+					t.Errorf("%s: mla_absorb and mla_merge_out ran %d of 2 launches", name, o.absorbRuns-runs)
+				}
+				got, want := read(t, dev, p.out[0]), read(t, dev, p.out[1])
+				bad := 0
+				for i := range want {
+					d := math.Abs(float64(got[i] - want[i]))
+					if d > math.Max(math.Abs(float64(want[i])), math.Abs(float64(got[i])))/128+1e-6 || math.IsNaN(float64(got[i])) {
+						if bad < 3 {
+							t.Errorf("%s: out[%d] = %g, attn_merge then mla_absorb %g", name, i, got[i], want[i])
+						}
+						bad++
+					}
+				}
+				if n, first := bitsDiffer(read(t, dev, p.cache[1]), read(t, dev, p.cache[0])); n > 0 {
+					t.Errorf("%s: %d elements of the cache differ, the first %d", name, n, first)
+				}
+				p.free(dev)
+			}
+		}
+	}
+	xpMergeOut = 4
+	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
+	kerneltest.RunDecodeGraph(t, dev, "fused")
+}
