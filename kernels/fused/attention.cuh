@@ -174,8 +174,6 @@ __device__ void flash_prefill(bf16* out, int op, const bf16* q, int qp, const KV
 
 #define DEC_WARPS 4
 #define DEC_STAGES 3
-#define MERGE_DIMS 128 // attn_merge: dims of a block
-#define MERGE_WARPS 8  // attn_merge: warps of a block, each every MERGE_WARPS-th split (mla_merge_out sums in its order)
 
 // DecodeSplit is what both decode variants share about their block: the
 // row b, kv head g and key range [k0, k0+nkeys) of the split, the new

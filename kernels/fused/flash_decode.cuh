@@ -14,6 +14,9 @@ template <int D, int CL>
 __device__ void cluster_merge(bf16* out, long long out0, const float* po, const float* ms, const float* ls, int group,
                               int splits);
 
+#define MERGE_DIMS 128 // attn_merge: dims of a block
+#define MERGE_WARPS 8  // attn_merge: warps of a block, each every MERGE_WARPS-th split
+
 // merge_last ends a split block of flash_decode_keys that has written its
 // part and stats: the block counts itself on counter, the (row, kv head)'s,
 // and the last of its splits to count merges the group's rows there, so

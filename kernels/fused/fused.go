@@ -140,7 +140,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		elementwiseModule(),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
-		module("mla.cu", append(cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances()), mlaMergeOut)),
+		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		moeModule(),
 		module("linear.cu", linearKernels()),

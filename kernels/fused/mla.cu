@@ -250,16 +250,13 @@ MLA_DECODE_INSTANCES(MLA_DECODE)
 //   and N of 8.
 // Launch: grid (ceil(N / NT), heads), 128 threads, shared
 // mla_absorb_shared (host: mlaAbsorbShared).
-// mla_absorb_core is the kernel's body but for a: after grid_wait
-// fillA(As, ka) puts a's 16 rows into shared memory, row r at As + r·ka
-// (zero past M), by cp.async copies or stores, each thread its part.
-template <int BT, int NT, int KSPLIT, int WARPS = 4, typename FillA>
-__device__ void mla_absorb_core(bf16* c, int cp, long long sc, const bf16* w, int wp, long long sw, int M, int N, int K,
-                                int x, int h, FillA fillA) {
+template <int BT, int NT, int KSPLIT>
+__device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,
+                           long long sw, int M, int N, int K) {
 	extern __shared__ __align__(16) unsigned char smem[];
-	constexpr int NW = WARPS / KSPLIT, NPW = NT / 8 / NW; // warps along n; n-tiles of a warp
+	constexpr int WARPS = 4, NW = WARPS / KSPLIT, NPW = NT / 8 / NW; // warps along n; n-tiles of a warp
 	static_assert(NPW * NW * 8 == NT && NW * KSPLIT == WARPS, "NT is 8·(warps along n)·(n-tiles a warp)");
-	const int n0 = x * NT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int h = blockIdx.y, n0 = blockIdx.x * NT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int ka = K + 8, nb = NT + 8; // rows in shared memory, padded by 16 bytes: no bank conflicts below
 	bf16* As = reinterpret_cast<bf16*>(smem); // [16][ka]
 	bf16* Bs = As + 16 * ka;                  // BT: [NT][ka]; else [K][nb]
@@ -282,7 +279,12 @@ __device__ void mla_absorb_core(bf16* c, int cp, long long sc, const bf16* w, in
 	cp_commit();
 	grid_wait();
 	grid_release();
-	fillA(As, ka);
+	const bf16* ah = a + h * sa;
+	for (int i = tid; i < 16 * kChunks; i += blockDim.x) {
+		const int r = i / kChunks, ch = i - r * kChunks;
+		const bool ok = r < M;
+		cp16(smem_addr(As + r * ka + ch * 8), ok ? ah + (long long)r * ap + ch * 8 : ah, ok);
+	}
 	cp_commit();
 	cp_wait<0>();
 	__syncthreads();
@@ -347,21 +349,6 @@ __device__ void mla_absorb_core(bf16* c, int cp, long long sc, const bf16* w, in
 	}
 }
 
-// AbsorbRows is mla_absorb's fillA: a's 16 rows of the head (zero past M)
-// copied in by cp.async, a at the head's first column.
-struct AbsorbRows {
-	const bf16* a;
-	int ap, M, K;
-	__device__ void operator()(bf16* As, int ka) const {
-		const int kChunks = K / 8;
-		for (int i = threadIdx.x; i < 16 * kChunks; i += blockDim.x) {
-			const int r = i / kChunks, ch = i - r * kChunks;
-			const bool ok = r < M;
-			cp16(smem_addr(As + r * ka + ch * 8), ok ? a + (long long)r * ap + ch * 8 : a, ok);
-		}
-	}
-};
-
 // mla_absorb_t16: BT (1), 16 columns a block, four warps splitting K (out =
 // W_UV[h]·o_lat: K = rank); mla_absorb_n64: w's rows are k, 64 columns a
 // block, a warp 16 of them over all of K (q_lat = W_UK[h]ᵀ·q_nope: K =
@@ -370,73 +357,6 @@ struct AbsorbRows {
 	extern "C" __global__ void __launch_bounds__(128)                                                          \
 	    NAME(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,         \
 	         long long sw, int M, int N, int K) {                                                               \
-		mla_absorb_core<BT, NT, KSPLIT>(c, cp, sc, w, wp, sw, M, N, K, blockIdx.x, blockIdx.y,                   \
-		                                AbsorbRows{a + blockIdx.y * sa, ap, M, K});                                \
+		mla_absorb<BT, NT, KSPLIT>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K);                                    \
 	}
 MLA_ABSORB_INSTANCES(MLA_ABSORB)
-
-// mla_merge_out is attn_merge of mla_decode's splits and the out projection
-// (out = W_UV[h]·o_lat, mla_absorb's BT problem) in one launch, where the
-// two were two dependent launches: block (x, h, g) merges the splits of
-// rows [g·RG, g·RG + RG) of head h into its shared memory, as attn_merge
-// merges them (the same sums in the same order: o_lat rounded to bf16 is
-// attn_merge's bit for bit), and multiplies them by its 64 columns of
-// W_UV[h], requested before grid_wait; eight warps, one n-tile each.
-//   c bf16 [rows, heads·sc] (pitch cp): the output, head h's at h·sc;
-//   part f32 [rows·heads, splits, K], stats f32 [rows·heads, splits, 2]
-//   (attn_merge's); w, wp, sw, N, K: mla_absorb's with BT; M the rows, RG
-//   the rows a block merges (at most 16).
-// Launch: grid (ceil(N / 64), heads, ceil(M / RG)), 256 threads, shared
-// mla_absorb_shared of BT at 64 columns (host: mlaMergeOutShared).
-extern "C" __global__ void __launch_bounds__(256)
-    mla_merge_out(bf16* c, int cp, long long sc, const float* part, const float* stats, int heads, int splits,
-                  const bf16* w, int wp, long long sw, int M, int RG, int N, int K) {
-	const int h = blockIdx.y, b0 = blockIdx.z * RG, rows = min(RG, M - b0);
-	mla_absorb_core<1, 64, 1, 8>(c + (long long)b0 * cp, cp, sc, w, wp, sw, rows, N, K, blockIdx.x, h, [&](bf16* As, int ka) {
-		const int groups = K / 4; // of 4 dims, one item a thread
-		for (int i = threadIdx.x; i < 16 * groups; i += blockDim.x) {
-			const int r = i / groups, d = (i - r * groups) * 4;
-			uint2 v = make_uint2(0, 0);
-			if (r < rows) {
-				// attn_merge's sums: its warp w took splits w, w + MERGE_WARPS,
-				// ..., then warp 0 added the warps' sums in order.
-				const long long bh = (long long)(b0 + r) * heads + h;
-				const float* st = stats + bh * splits * 2;
-				float mx = NEG_INF;
-				for (int s = 0; s < splits; s++)
-					if (st[2 * s + 1] > 0.0f) mx = fmaxf(mx, st[2 * s]);
-				float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-				float L = 0.0f;
-				for (int wq = 0; wq < MERGE_WARPS; wq++) {
-					float Lw = 0.0f;
-					float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-					for (int s = wq; s < splits; s += MERGE_WARPS) {
-						const float l = st[2 * s + 1];
-						if (l <= 0.0f) continue; // a split with no keys
-						const float f = exp2f(st[2 * s] - mx);
-						Lw += l * f;
-						const float4 p = *reinterpret_cast<const float4*>(part + (bh * splits + s) * K + d);
-						acc.x += p.x * f;
-						acc.y += p.y * f;
-						acc.z += p.z * f;
-						acc.w += p.w * f;
-					}
-					if (wq == 0) {
-						sum = acc;
-						L = Lw;
-					} else {
-						sum.x += acc.x;
-						sum.y += acc.y;
-						sum.z += acc.z;
-						sum.w += acc.w;
-						L += Lw;
-					}
-				}
-				const __nv_bfloat162 lo = __halves2bfloat162(__float2bfloat16_rn(sum.x / L), __float2bfloat16_rn(sum.y / L));
-				const __nv_bfloat162 hi = __halves2bfloat162(__float2bfloat16_rn(sum.z / L), __float2bfloat16_rn(sum.w / L));
-				v = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-			}
-			*reinterpret_cast<uint2*>(As + r * ka + d) = v;
-		}
-	});
-}

@@ -3,9 +3,7 @@ package fused
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -99,7 +97,6 @@ func mlaKernels() []mlaKernel {
 			ks = append(ks, mlaKernel{mlaPrefillKernel(d, c), mlaPrefillShared(d, c)})
 		}
 	}
-	ks = append(ks, mlaKernel{mlaMergeOut, mlaMergeOutShared(mlaMergeOutMaxK())})
 	for _, d := range mlaDecodeDims {
 		ks = append(ks, mlaKernel{mlaDecodeKernel(d), mlaDecodeShared(d)})
 		for _, s := range mlaKeysStageCounts {
@@ -306,9 +303,6 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 		olat.P, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr),
 		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
 		int32(chunk), scaleLog2(a.Scale))
-	if splits > 1 && o.mergeOut(part, stats, b.Rows, h, splits, dv, r, w.Sub(dn, 0), perHead, o.Mat(a.Out), int64(dv)) {
-		return
-	}
 	if splits > 1 {
 		o.mergeSplits(olat, part, stats, b.Rows, h, splits, r)
 	}
@@ -326,63 +320,8 @@ const (
 	mlaAbsorbN = "mla_absorb_n64"
 )
 
-// mlaMergeOut is mla.cu's attn_merge and out projection in one kernel.
-const mlaMergeOut = "mla_merge_out"
-
-// mlaAbsorbKernels are mla.cu's mla_absorb kernels and mla_merge_out.
-var mlaAbsorbKernels = append(cudaset.Names(mlaAbsorbInstances()), mlaMergeOut)
-
-// mlaMergeOutShared is mla_merge_out's dynamic shared memory for K latent
-// dims: mla_absorb's BT tile at 64 columns.
-func mlaMergeOutShared(k int) int { return (16 + 64) * (k + 8) * 2 }
-
-// xpMergeOut (experiment, FUSELM_XP_MERGE_OUT=rows, not yet measured) is
-// the rows a block of mla_merge_out merges, which then runs attn_merge and
-// the out projection of MLADecode's splits in one launch; 0 (unset) runs
-// the two.
-var xpMergeOut = mergeOutFrom(os.Getenv("FUSELM_XP_MERGE_OUT"))
-
-// mergeOutFrom is FUSELM_XP_MERGE_OUT's rows: 0 where unset; another value
-// than 1 to 16 is said on stderr, and 0 kept.
-func mergeOutFrom(env string) int {
-	if env == "" {
-		return 0
-	}
-	n, err := strconv.Atoi(env)
-	if err != nil || n < 1 || n > 16 {
-		fmt.Fprintf(os.Stderr, "fused: FUSELM_XP_MERGE_OUT=%q is not a count of rows from 1 to 16: keeping 0\n", env)
-		return 0
-	}
-	return n
-}
-
-// mergeOut is mergeSplits then absorb's out projection (absorb(true, ...)
-// with olat the merged splits) in one launch of mla_merge_out, where it
-// takes them: xpMergeOut rows a block, absorb's conditions, K within the
-// shared memory prepareMLA gave the kernel; it reports whether it ran.
-func (o *ops) mergeOut(part, stats cudaset.Mat, rows, heads, splits int, n, kk int, b cudaset.Mat, sB int64, c cudaset.Mat, sC int64) bool {
-	olat := cudaset.Mat{Pitch: heads * kk, DT: kernels.BF16} // what absorb would read: packed, 16-byte aligned
-	if xpMergeOut == 0 || absorbCuBLAS || o.noRoom[mlaMergeOut] != "" || mlaMergeOutShared(kk) > mlaMergeOutShared(mlaMergeOutMaxK()) ||
-		kk%4 != 0 || !absorbTakes(true, rows, n, kk, olat, int64(kk), b, sB, c, sC) {
-		return false
-	}
-	o.absorbRuns++
-	rg := xpMergeOut
-	o.LaunchGrid(mlaMergeOut, cuda.Dim3{X: uint32((n + 63) / 64), Y: uint32(heads), Z: uint32((rows + rg - 1) / rg)},
-		cuda.Dim3{X: 256}, mlaMergeOutShared(kk), c.P, int32(c.Pitch), sC, part.P, stats.P, int32(heads), int32(splits),
-		b.P, int32(b.Pitch), sB, int32(rows), int32(rg), int32(n), int32(kk))
-	return true
-}
-
-// mlaMergeOutMaxK is the largest latent of mlaDecodeDims: mla_merge_out's
-// shared memory is set for it.
-func mlaMergeOutMaxK() int {
-	k := 0
-	for _, d := range mlaDecodeDims {
-		k = max(k, d.Rank)
-	}
-	return k
-}
+// mlaAbsorbKernels are mla.cu's mla_absorb kernels.
+var mlaAbsorbKernels = cudaset.Names(mlaAbsorbInstances())
 
 // mlaAbsorbShared is mla_absorb's dynamic shared memory for K reduced dims
 // (mla.cu: a's 16 rows and w's tile, padded, or the split sums).
