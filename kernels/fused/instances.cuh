@@ -295,10 +295,8 @@
 	X(linear_stream_add_n2, 2)
 
 #define LINEAR_STREAM_NORM_INSTANCES(X) \
-	X(linear_stream_norm_n1_bf16, 1, bf16) \
-	X(linear_stream_norm_n2_bf16, 2, bf16) \
-	X(linear_stream_norm_n1_f32, 1, float) \
-	X(linear_stream_norm_n2_f32, 2, float)
+	X(linear_stream_norm_n1, 1) \
+	X(linear_stream_norm_n2, 2)
 
 #define LINEAR_STREAM_NORM_SWIGLU_INSTANCES(X) \
 	X(linear_stream_norm_swiglu_n1, 1) \

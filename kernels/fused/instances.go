@@ -326,7 +326,7 @@ func lsAddInstances() cudaset.Instances {
 // add_rms_norm_linear_swiglu's): bf16 out, n-tiles of 8 rows up to
 // linMaxRows.
 func lsNormInstances() cudaset.Instances {
-	return decodeLinearInstances("LINEAR_STREAM_NORM", linearStreamNormKernel)
+	return lsEpilogueInstances("LINEAR_STREAM_NORM", linearStreamNormKernel)
 }
 func lsNormSwiGLUInstances() cudaset.Instances {
 	return lsEpilogueInstances("LINEAR_STREAM_NORM_SWIGLU", linearStreamNormSwiGLUKernel)
