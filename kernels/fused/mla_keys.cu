@@ -23,7 +23,12 @@
 //     the count chosen on the host so that two blocks fit an SM's shared
 //     memory (mla_keys.go), and the next tile's load is issued after the
 //     tile's first barrier, which makes a separate end-of-tile barrier
-//     unnecessary: three barriers a tile (the tile ready, the max, p).
+//     unnecessary: three barriers a tile (the tile ready, the max, p);
+//   - the first STAGES-1 tiles' cached positions are requested before the
+//     grid wait, under the kernel before (the q projection), as mla_flat
+//     requests its first tiles: the cache's earlier rows and the step's
+//     lengths are no kernel's of the step; the new latent is appended and
+//     put in its stage, and the queries requested, after the wait.
 // The queries (16 × (R+DR) bf16) stay in shared memory and are read again
 // by ldmatrix for every tile: at 576 dims they would take 144 registers
 // a thread.
@@ -52,21 +57,30 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
                                 int qhs, const bf16* kn, int kp, bf16* cache, const int* past, int heads, int maxSeq,
                                 int chunk, float scale_log2) {
 	typedef MlaKeyTiles<R, DR, STAGES> Tiles;
-	typedef DecodeSplit<R + DR, STAGES, true> Split; // only its bookkeeping: its loads are of MLK_BN-key tiles
+	// Only DecodeSplit's bookkeeping (its loads are of MLK_BN-key tiles);
+	// EARLY: the new latent is appended after grid_wait.
+	typedef DecodeSplit<R + DR, STAGES, true, false, true> Split;
 	extern __shared__ __align__(128) unsigned char smem[];
-	const Split sp(smem, kn, kp, nullptr, 0, cache, cache, past, heads, 1, maxSeq, chunk); // appends the new latent
+	const Split sp(smem, kn, kp, nullptr, 0, cache, cache, past, heads, 1, maxSeq, chunk); // past: the step's input
 	const int b = sp.b, split = blockIdx.x, splits = gridDim.x;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const Tiles tiles(smem, cache + sp.kvBase + (long long)sp.k0 * (R + DR), sp.kNew, sp.nkeys, sp.newAt);
 
-	// The query rows, which complete with the first tile, then the first
-	// STAGES-1 tiles.
-	tiles.loadQ(qlat + (long long)b * heads * R, qpe + (long long)b * qp, qhs, heads);
+	// Under the kernel before: the cached positions of the first STAGES-1
+	// tiles (earlier steps' latents; the new one is kn, not written yet).
 #pragma unroll
 	for (int j = 0; j < STAGES - 1; j++) {
-		if (j < tiles.tiles()) tiles.load(j);
+		if (j < tiles.tiles()) tiles.load(j, true);
 		cp_commit();
 	}
+	grid_wait();
+	grid_release();
+	sp.append();
+	if (sp.newAt >= 0 && sp.newAt < sp.nkeys && sp.newAt < (STAGES - 1) * MLK_BN) tiles.newRow(sp.newAt / MLK_BN);
+	// The query rows, which the first tile's wait covers (run waits for
+	// every group queued before it).
+	tiles.loadQ(qlat + (long long)b * heads * R, qpe + (long long)b * qp, qhs, heads);
+	cp_commit();
 	float o[2 * Tiles::DPW][4];
 	RowState st[2];
 	tiles.run(o, st, scale_log2, STAGES - 1);
@@ -88,8 +102,6 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(                                          \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn,     \
 	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {                 \
-		grid_wait();                                                                                                \
-		grid_release();                                                                                             \
 		mla_decode_keys<R, DR, S>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk, \
 		                          scale_log2);                                                                   \
 	}
