@@ -198,12 +198,18 @@ func mlaDecodeInstances() cudaset.Instances {
 	return f
 }
 
-// mlaAbsorbInstances are mla_absorb's (mla.cu): w's rows the output
-// columns (transB, 1) or the reduced dims (0), the columns a block
-// computes, the warps splitting the reduced dims.
+// mlaAbsorbInstances are mla_absorb's (mla.cu): mlaAbsorbConfigs, transB
+// as 1 or 0.
 func mlaAbsorbInstances() cudaset.Instances {
-	return cudaset.Instances{Macro: "MLA_ABSORB", Kernels: []cudaset.Instance{
-		cudaset.Of(mlaAbsorbT, 1, 16, 4), cudaset.Of(mlaAbsorbN, 0, 64, 1)}}
+	f := cudaset.Instances{Macro: "MLA_ABSORB"}
+	for _, c := range mlaAbsorbConfigs {
+		bt := 0
+		if c.transB {
+			bt = 1
+		}
+		f.Kernels = append(f.Kernels, cudaset.Of(c.name, bt, c.cols, c.ksplit))
+	}
+	return f
 }
 
 func mlaKeysInstances() cudaset.Instances {

@@ -249,7 +249,7 @@ MLA_DECODE_INSTANCES(MLA_DECODE)
 //   each a multiple of 8, the pointers 16-byte aligned; K a multiple of 16
 //   and N of 8.
 // Launch: grid (ceil(N / NT), heads), 128 threads, shared
-// mla_absorb_shared (host: mlaAbsorbShared).
+// mla_absorb_shared (host: mlaAbsorbConfig.shared).
 template <int BT, int NT, int KSPLIT>
 __device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,
                            long long sw, int M, int N, int K) {

@@ -159,8 +159,9 @@ func (o *ops) needRoom(op kernels.Op, kernel string) {
 // every position of the rows with kv_b_proj (a GEMM per row, or one
 // strided-batched GEMM for consecutive rows of as many positions, as a
 // batch of one prompt repeated has, into per-position [heads, Dn+Dv] rows:
-// k_nope then v of each head, as HF expands them), then runs mla_prefill, flash attention with keys (k_nope,
-// the shared k_pe from the cache) and values v, over the rows at once, as
+// k_nope then v of each head, as HF expands them), then runs mla_prefill,
+// flash attention with keys (k_nope, the shared k_pe from the cache) and
+// values v, over the rows at once, as
 // many rows per launch as mlaPrefillBudget holds; or mla_hopper instead of
 // mla_prefill (mla_hopper.go) where variantFor names it (mlaPrefillPick).
 func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
@@ -313,23 +314,38 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 // tests' reference; false in the product).
 var absorbCuBLAS = false
 
-// mla_absorb's kernels (mla.cu): w's rows the output columns (transB) or
-// the reduced dims, and the columns a block computes.
-const (
-	mlaAbsorbT = "mla_absorb_t16"
-	mlaAbsorbN = "mla_absorb_n64"
-)
+// mlaAbsorbConfig is an instance of mla_absorb (mla.cu's MLA_ABSORB): w's
+// rows the output columns (transB) or the reduced dims, the columns a
+// block computes, and the warps that split the reduced dims.
+type mlaAbsorbConfig struct {
+	name         string
+	transB       bool
+	cols, ksplit int
+}
+
+// mlaAbsorbConfigs are the two instances: the q projection's (w's rows the
+// reduced dims) and the out projection's.
+var mlaAbsorbConfigs = [2]mlaAbsorbConfig{{"mla_absorb_n64", false, 64, 1}, {"mla_absorb_t16", true, 16, 4}}
+
+// mlaAbsorbFor is the instance of w's layout.
+func mlaAbsorbFor(transB bool) mlaAbsorbConfig {
+	if transB {
+		return mlaAbsorbConfigs[1]
+	}
+	return mlaAbsorbConfigs[0]
+}
 
 // mlaAbsorbKernels are mla.cu's mla_absorb kernels.
 var mlaAbsorbKernels = cudaset.Names(mlaAbsorbInstances())
 
-// mlaAbsorbShared is mla_absorb's dynamic shared memory for K reduced dims
-// (mla.cu: a's 16 rows and w's tile, padded, or the split sums).
-func mlaAbsorbShared(transB bool, k int) int {
-	if transB {
-		return max((16+16)*(k+8)*2, 4*16*16*4)
+// shared is c's dynamic shared memory for k reduced dims (mla.cu: a's 16
+// rows and w's tile, each row padded by 8 elements, or the split sums).
+func (c mlaAbsorbConfig) shared(k int) int {
+	tiles := 16*(k+8)*2 + k*(c.cols+8)*2
+	if c.transB {
+		tiles = (16 + c.cols) * (k + 8) * 2
 	}
-	return 16*(k+8)*2 + k*(64+8)*2
+	return max(tiles, c.ksplit*16*c.cols*4)
 }
 
 // absorb is GemmBatched's problems with alpha 1 and beta 0 (batch problems
@@ -350,13 +366,10 @@ func (o *ops) absorb(transB bool, m, n, kk int, a cudaset.Mat, sA int64, b cudas
 	if m == 0 || n == 0 || batch == 0 {
 		return
 	}
-	kernel, nt := mlaAbsorbN, 64
-	if transB {
-		kernel, nt = mlaAbsorbT, 16
-	}
+	ac := mlaAbsorbFor(transB)
 	o.absorbRuns++
-	o.LaunchGrid(kernel, cuda.Dim3{X: uint32((n + nt - 1) / nt), Y: uint32(batch)}, cuda.Dim3{X: 128},
-		mlaAbsorbShared(transB, kk), c.P, int32(c.Pitch), sC, a.P, int32(a.Pitch), sA, b.P, int32(b.Pitch), sB,
+	o.LaunchGrid(ac.name, cuda.Dim3{X: uint32((n + ac.cols - 1) / ac.cols), Y: uint32(batch)}, cuda.Dim3{X: 128},
+		ac.shared(kk), c.P, int32(c.Pitch), sC, a.P, int32(a.Pitch), sA, b.P, int32(b.Pitch), sB,
 		int32(m), int32(n), int32(kk))
 }
 
@@ -368,5 +381,5 @@ func absorbTakes(transB bool, m, n, kk int, a cudaset.Mat, sA int64, b cudaset.M
 		}
 	}
 	return m <= 16 && kk%16 == 0 && n%8 == 0 && sA%8 == 0 && sB%8 == 0 && sC%8 == 0 &&
-		mlaAbsorbShared(transB, kk) <= 48<<10
+		mlaAbsorbFor(transB).shared(kk) <= 48<<10
 }
