@@ -11,11 +11,11 @@ import (
 )
 
 // TestMLAAbsorb holds mla_absorb (MLADecode's two per-head projections) to
-// cuBLAS's strided-batched GEMMs on the same operands, both projections, at DeepSeek-V2-Lite's dims
-// (16 heads, 16 and 9 rows) and at dims of no tile (3 heads of 32 nope
-// dims and rank 96; 2 of 16 and rank 32): within one bf16 rounding of each
-// other (each sums in f32, in another order, and rounds once), every
-// value; each call must have run on mla_absorb. It logs both paths' time
+// cuBLAS's strided-batched GEMMs on the same operands, both projections,
+// at DeepSeek-V2-Lite's dims (16 heads, 16 and 9 rows) and at dims of no
+// tile (3 heads of 32 nope dims and rank 96; 2 of 16 and rank 32): within
+// one bf16 rounding of each other (each sums in f32, in another order, and
+// rounds once), every value; each call must have run on mla_absorb. It logs both paths' time
 // alone at 16 rows, then runs the shared kerneltest's mla_decode cases and
 // the decode graph with the keys variant (whose projections mla_absorb
 // runs) the default at every batch.
