@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/fuselm/fuselm/kernels"
+	"github.com/fuselm/fuselm/kernels/cudaset"
 	"github.com/fuselm/fuselm/kernels/kerneltest"
 )
 
@@ -82,4 +83,50 @@ func TestMLAAbsorb(t *testing.T) {
 	absorbCuBLAS, mlaDecodeDefault = false, mlaKeysVariant
 	kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpMLADecode)
 	kerneltest.RunDecodeGraph(t, dev, "fused")
+}
+
+// TestMLAAbsorbTakes checks, without a GPU, which problems absorb gives
+// mla_absorb: DeepSeek-V2-Lite's two projections at 1 to 16 rows, and not
+// 17 rows, reduced dims of no 16, columns of no 8, a pitch or stride of no
+// 8 elements, a misaligned pointer, f32, or shared memory past 48 KiB.
+func TestMLAAbsorbTakes(t *testing.T) {
+	const heads, nope, rope, v, rank = 16, 128, 64, 128, 512
+	perHead := int64((nope + v) * rank)
+	mat := func(pitch int) cudaset.Mat { return cudaset.Mat{P: 1 << 20, Pitch: pitch, DT: kernels.BF16} }
+	q, w, qlat, olat, out := mat(heads*(nope+rope)), mat(rank), mat(heads*rank), mat(heads*rank), mat(heads*v)
+	qProj := func(rows, kk, n int, a cudaset.Mat, sA int64) bool {
+		return absorbTakes(false, rows, n, kk, a, sA, w, perHead, qlat, int64(rank))
+	}
+	outProj := func(rows, kk, n int, b cudaset.Mat, sB int64) bool {
+		return absorbTakes(true, rows, n, kk, olat, int64(rank), b, sB, out, int64(v))
+	}
+	for _, rows := range []int{1, 9, 16} {
+		if !qProj(rows, nope, rank, q, nope+rope) || !outProj(rows, rank, v, w.Skip(int64(nope*rank)), perHead) {
+			t.Errorf("%d rows at V2-Lite's dims: declined", rows)
+		}
+	}
+	misaligned := q
+	misaligned.P += 8
+	f32 := q
+	f32.DT = kernels.F32
+	for _, c := range []struct {
+		name  string
+		takes bool
+	}{
+		{"17 rows", qProj(17, nope, rank, q, nope+rope)},
+		{"nope 120", qProj(16, 120, rank, q, nope+rope)},
+		{"rank 500", qProj(16, nope, 500, q, nope+rope)},
+		{"q pitch 3071", qProj(16, nope, rank, mat(3071), nope+rope)},
+		{"head stride 190", qProj(16, nope, rank, q, 190)},
+		{"q 8 bytes off", qProj(16, nope, rank, misaligned, nope+rope)},
+		{"q f32", qProj(16, nope, rank, f32, nope+rope)},
+		{"out projection of rank 2048 (shared memory)", outProj(16, 2048, v, w, perHead)},
+	} {
+		if c.takes {
+			t.Errorf("%s: taken", c.name)
+		}
+	}
+	if got := mlaAbsorbFor(true).shared(rank); got > 48<<10 {
+		t.Errorf("the out projection's shared memory at rank %d: %d bytes, past 48 KiB", rank, got)
+	}
 }
