@@ -38,18 +38,6 @@ type Step struct {
 	// Side runs work beside the step's chain (Aside); nil queues it in
 	// order.
 	Side kernels.Brancher
-	// Ahead is the tensor the block after the running one reads first (its
-	// first projection's weights, Leader), nil for none: a block whose
-	// last kernel leaves the memory room may have the set ask for it
-	// (kernels.Ahead). The model sets it before each block.
-	Ahead *kernels.Tensor
-}
-
-// Leader is a block whose first op reads a weight every step, which the
-// block before it may have asked for ahead (Step.Ahead).
-type Leader interface {
-	// FirstWeight is that weight, nil where the block has none.
-	FirstWeight() *kernels.Tensor
 }
 
 // Aside queues the ops f calls beside those that follow, through s.Side,

@@ -59,15 +59,6 @@ type MLA struct {
 	Cache *kernels.Tensor
 }
 
-// FirstWeight is the weight of MLA's first projection (Leader): the
-// stacked q and kv_a projection, or q_a_proj with q LoRA.
-func (m *MLA) FirstWeight() *kernels.Tensor {
-	if m.QKVAProjWithMQA != nil {
-		return m.QKVAProjWithMQA.Weight
-	}
-	return m.QAProj.Weight
-}
-
 // Reserve asks ws for the buffers Forward uses.
 func (m *MLA) Reserve(ws *Workspace, act kernels.DType) {
 	if m.QKVAProjWithMQA != nil {
@@ -122,12 +113,7 @@ func (m *MLA) Forward(s *Step, out, x *kernels.Tensor) {
 	// its first step (q_lat, from q_nope, which the norm and ropes leave)
 	// in that same launch.
 	if s.Decode {
-		// The attention reads the cache, a few MB at decode, and leaves the
-		// memory room: the set may ask for the next block's first weights
-		// from it.
-		kernels.Ahead(s.Ops, s.Ahead)
 		s.Ops.MLADecodeRoPE(args, m.KVALayernorm.Weight, m.KVALayernorm.Eps, s.Pos, m.Rope)
-		kernels.Ahead(s.Ops, nil)
 	} else {
 		s.Ops.RMSNormRoPE(q, kv, m.KVALayernorm.Weight, m.KVALayernorm.Eps, m.Heads, qk, m.NopeDim, s.Pos, m.Rope)
 		s.Ops.MLAPrefill(args)

@@ -106,16 +106,6 @@ type MoE struct {
 	SharedExperts *MLP
 }
 
-// FirstWeight is the weight the MoE's first cuBLAS-sized read takes
-// (Leader): the shared experts' gate/up projection, which runs beside the
-// router; nil without shared experts (the router's weight is small).
-func (m *MoE) FirstWeight() *kernels.Tensor {
-	if m.SharedExperts == nil {
-		return nil
-	}
-	return m.SharedExperts.GateUpProj.Weight
-}
-
 // Reserve asks ws for the buffers Forward uses.
 func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 	ws.Reserve(bufRouterLogits, kernels.F32, m.Gate.OutFeatures())
@@ -185,11 +175,7 @@ func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) 
 	m.Gate.Forward(s, logits, x)
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
-	// The routed experts' last tiles leave the memory room: the set may ask
-	// for the next block's first weights from them.
-	kernels.Ahead(s.Ops, s.Ahead)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
-	kernels.Ahead(s.Ops, nil)
 	join()
 	if act != nil {
 		down := m.SharedExperts.DownProj

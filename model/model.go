@@ -469,21 +469,12 @@ func (e *engine) forward(st *step, nLogits int) {
 	in := layers.NormIn{H: h, Resid: x, Norm: &e.layers[0].InputLayernorm}
 	for i, l := range e.layers {
 		e.setLayer(i) // the profile counts the calls under layer i
-		s.Ahead = nil
-		if lead, ok := l.MLP.(layers.Leader); ok {
-			s.Ahead = lead.FirstWeight()
-		}
 		p := layers.ForwardDefer(s, l.SelfAttn, y, in)
+		p = layers.ForwardDefer(s, l.MLP, y, layers.NormIn{H: h, Resid: x, Add: y, Pending: p, Norm: &l.PostAttentionLayernorm})
 		next := &e.norm
-		s.Ahead = nil
 		if i+1 < len(e.layers) {
 			next = &e.layers[i+1].InputLayernorm
-			if lead, ok := e.layers[i+1].SelfAttn.(layers.Leader); ok {
-				s.Ahead = lead.FirstWeight()
-			}
 		}
-		p = layers.ForwardDefer(s, l.MLP, y, layers.NormIn{H: h, Resid: x, Add: y, Pending: p, Norm: &l.PostAttentionLayernorm})
-		s.Ahead = nil
 		in = layers.NormIn{H: h, Resid: x, Add: y, Pending: p, Norm: next}
 	}
 	in.Ready(s) // the last pending projection (or shared experts' output) and norm, still under the last layer as before

@@ -62,10 +62,6 @@ func newSkipping(ops kernels.Ops, skip []kernels.Op) *skipping {
 	return s
 }
 
-// Ahead passes the hint on: leaving an op out does not change which
-// tensors the next ones read.
-func (s *skipping) Ahead(t *kernels.Tensor) { kernels.Ahead(s.Ops, t) }
-
 func (s *skipping) Linear(out, x, w, bias *kernels.Tensor) {
 	if !s.skip[kernels.OpLinear] {
 		s.Ops.Linear(out, x, w, bias)

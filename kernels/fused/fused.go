@@ -256,7 +256,6 @@ type ops struct {
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
-	ahead          ahead           // the tensor a kernel may ask L2 for (Ahead)
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

@@ -300,14 +300,10 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	olat := o.Scratch(scrMLAOLat, kernels.BF16, b.Rows, h*r)
 	part := o.Scratch(scrMLAPart, kernels.F32, b.Rows*h*splits, r)
 	stats := o.Scratch(scrMLAStats, kernels.F32, b.Rows*h*splits, 2)
-	args := []any{olat.P, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn + dr),
-		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
-		int32(chunk), scaleLog2(a.Scale)}
-	if variant == mlaKeysVariant {
-		args = append(args, o.takeAhead(aheadKeys)...)
-	}
 	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(splits), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
-		args...)
+		olat.P, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr),
+		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
+		int32(chunk), scaleLog2(a.Scale))
 	if splits > 1 {
 		o.mergeSplits(olat, part, stats, b.Rows, h, splits, r)
 	}

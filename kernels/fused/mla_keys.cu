@@ -55,7 +55,7 @@
 template <int R, int DR, int STAGES>
 __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp,
                                 int qhs, const bf16* kn, int kp, bf16* cache, const int* past, int heads, int maxSeq,
-                                int chunk, float scale_log2, const char* ahead, long long aheadBytes) {
+                                int chunk, float scale_log2) {
 	typedef MlaKeyTiles<R, DR, STAGES> Tiles;
 	// Only DecodeSplit's bookkeeping (its loads are of MLK_BN-key tiles);
 	// EARLY: the new latent is appended after grid_wait.
@@ -73,7 +73,6 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 		if (j < tiles.tiles()) tiles.load(j, true);
 		cp_commit();
 	}
-	ask_ahead(ahead, aheadBytes); // weights: no kernel of the step writes them
 	grid_wait();
 	grid_release();
 	sp.append();
@@ -102,9 +101,8 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 #define MLA_DECODE_KEYS(NAME, R, DR, S)                                                                             \
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(                                          \
 	    bf16* olat, float* part, float* stats, const bf16* qlat, const bf16* qpe, int qp, int qhs, const bf16* kn,     \
-	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2, const char* ahead, \
-	    long long aheadBytes) {                                                                                    \
+	    int kp, bf16* cache, const int* past, int heads, int maxSeq, int chunk, float scale_log2) {                 \
 		mla_decode_keys<R, DR, S>(olat, part, stats, qlat, qpe, qp, qhs, kn, kp, cache, past, heads, maxSeq, chunk, \
-		                          scale_log2, ahead, aheadBytes);                                                 \
+		                          scale_log2);                                                                   \
 	}
 MLA_DECODE_KEYS_INSTANCES(MLA_DECODE_KEYS)

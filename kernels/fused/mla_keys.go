@@ -127,6 +127,6 @@ func (o *ops) mlaKeysOwnDecode(a *kernels.MLAArgs, kernel string, shared, wave i
 	o.LaunchGrid(kernel, cuda.Dim3{X: uint32(splits), Y: 1, Z: uint32(b.Rows)}, cuda.Dim3{X: decodeWarps * 32}, shared,
 		noOLat, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr),
 		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
-		int32(chunk), scaleLog2(a.Scale), uintptr(0), int64(0))
+		int32(chunk), scaleLog2(a.Scale))
 	o.mlaOut(a, part, stats, splits)
 }

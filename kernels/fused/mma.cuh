@@ -13,29 +13,6 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-// AHEAD_CHUNK is the bytes of one L2 request of ask_ahead.
-#define AHEAD_CHUNK (16 << 10)
-
-// ask_ahead asks the L2 for this block's share of the n bytes at p (what
-// the layers named ahead, kernels.Aheader: the next block's first
-// weights): chunk c of AHEAD_CHUNK bytes goes to block c % blocks, thread
-// c / blocks of it, so that every block asks for a few chunks and the asks
-// spread over the SMs' copy engines. Nothing waits for the fetches. p and
-// n are multiples of 16 (the host checks); n 0 asks for nothing. Bulk
-// prefetches are sm_90's: below, it asks for nothing.
-__device__ __forceinline__ void ask_ahead(const char* p, long long n) {
-#if __CUDA_ARCH__ >= 900
-	const long long blocks = (long long)gridDim.x * gridDim.y * gridDim.z;
-	const long long block = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
-	const long long chunks = (n + AHEAD_CHUNK - 1) / AHEAD_CHUNK;
-	for (long long c = block + (long long)threadIdx.x * blocks; c < chunks; c += (long long)blockDim.x * blocks) {
-		const long long off = c * AHEAD_CHUNK;
-		const unsigned size = (unsigned)min((long long)AHEAD_CHUNK, n - off);
-		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(size) : "memory");
-	}
-#endif
-}
-
 // st_shared16 stores 16 bytes at a shared address.
 __device__ __forceinline__ void st_shared16(unsigned dst, uint4 v) {
 	asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");

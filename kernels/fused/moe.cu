@@ -833,16 +833,14 @@ MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 //   [M], slot i32 [N·K] written; y bf16 [M, yp]; down bf16 [E, KK, NN/2];
 //   out bf16 [N, outp]; weight f32 [N, wp]; counters i32 [≥ ceil(KK /
 //   BN)] (the n-tiles'), done i32 [≥ the m-tiles], tickets i32 [2]: zero
-//   between launches, and the grid's last block leaves them so. ahead,
-//   aheadBytes: what each block asks the L2 for as it leaves (ask_ahead;
-//   0 bytes for nothing).
+//   between launches, and the grid's last block leaves them so.
 // Launch: 1-D, the blocks an SM holds times the SMs (at most the tiles of
 // both GEMMs); group_gemm_tile's block and GemmRing's shared memory.
 template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
-                        int* done, int* tickets, const char* ahead, long long aheadBytes) {
+                        int* done, int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1];
@@ -906,7 +904,6 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		}
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
-	ask_ahead(ahead, aheadBytes); // this block's tiles are done: the memory has room
 	if (tickets_done(tickets))
 		for (int m = 0; m < mtiles; m++) done[m] = 0; // every block has counted itself out: none reads them any more
 #ifdef MOE_PROBE
@@ -925,11 +922,9 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
 	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
-	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets,            \
-	         const char* ahead, long long aheadBytes) {                                                          \
+	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
 		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
-		                                y, yp, down, out, outp, weight, wp, counters, done, tickets, ahead,       \
-		                                aheadBytes);                                                              \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
 

@@ -518,7 +518,6 @@ func (o *ops) expertsFolded(c gemmConfig, dyn, one bool, tiles int, out, x, idx,
 		om := o.Mat(out)
 		args = append(args, y.P, int32(y.Pitch), o.D.Ptr(down), om.P, int32(om.Pitch), o.D.Ptr(weight),
 			int32(weight.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone), o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair))
-		args = append(args, o.takeAhead(aheadMoE)...)
 		o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(d.threads())}, d.shared(), args...)
 		return
 	}
