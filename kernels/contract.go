@@ -245,7 +245,8 @@ func (k costOf) LinearAdd(out, x, w, bias, addend *Tensor) {
 }
 
 // CheckAddRMSNormLinear: AddRMSNorm's operands (h its out) and Linear's
-// (h its x), out act; out aliasing none of h, resid and x.
+// (h its x), out act or f32 (as Linear's: a router's logits); out aliasing
+// none of h, resid and x.
 func CheckAddRMSNormLinear(act DType, out, h, resid, x, norm, w, bias *Tensor) {
 	checkAddRMSNormLinear(OpNormLinear, act, out, h, resid, x, norm, w, bias)
 }
@@ -255,8 +256,7 @@ func CheckAddRMSNormLinear(act DType, out, h, resid, x, norm, w, bias *Tensor) {
 func checkAddRMSNormLinear(op Op, act DType, out, h, resid, x, norm, w, bias *Tensor) {
 	checkNormIn(op, act, h, resid, x, norm)
 	need(IsFloat(w) && w.Cols() == h.Cols(), op, "w %v for rows of %d", w, h.Cols())
-	needActs(op, act, "out", out)
-	need(rowsCols(out, h.Rows(), w.Rows()), op, "out %v for h %v, w %v", out, h, w)
+	need((isAct(out, act) || out.DType == F32) && rowsCols(out, h.Rows(), w.Rows()), op, "out %v for h %v, w %v", out, h, w)
 	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
 	need(!same(out, h) && !same(out, resid) && !same(out, x), op, "out aliases h, resid or x")
 }

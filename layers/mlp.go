@@ -1,6 +1,10 @@
 package layers
 
-import "github.com/fuselm/fuselm/kernels"
+import (
+	"os"
+
+	"github.com/fuselm/fuselm/kernels"
+)
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -150,16 +154,44 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 // asideMinTokens, or without shared experts, it writes out whole and
 // returns nil.
 func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
-	if shared := m.forward(s, out, in.Ready(s)); shared != nil {
+	var shared *kernels.Tensor
+	if p := in.Pending; xpRouterNorm && in.Add != nil && (p == nil || p.Also == nil) {
+		// The router takes the residual add and the norm with it (and the
+		// block before's pending projection), as the attention's qkv
+		// projection does; the norm's output, in.H, is the experts' input.
+		logits := s.WS.Get(bufRouterLogits, s.Tokens(), m.Gate.OutFeatures())
+		if p != nil {
+			s.Ops.LinearAddRMSNormLinear(in.Add, p.X, p.Proj.Weight, p.Proj.Bias,
+				logits, in.H, in.Resid, in.Norm.Weight, in.Norm.Eps, m.Gate.Weight, m.Gate.Bias)
+		} else {
+			s.Ops.AddRMSNormLinear(logits, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.Gate.Weight, m.Gate.Bias)
+		}
+		shared = m.routed(s, out, in.H, logits)
+	} else {
+		shared = m.forward(s, out, in.Ready(s))
+	}
+	if shared != nil {
 		return &Pending{Also: shared}
 	}
 	return nil
 }
 
+// xpRouterNorm (experiment, FUSELM_XP_ROUTER_NORM=1, not yet measured)
+// makes ForwardDefer take the residual add and the norm with the router
+// (add_rms_norm_linear, f32 logits), where they were add_rms_norm then the
+// router's linear.
+var xpRouterNorm = os.Getenv("FUSELM_XP_ROUTER_NORM") == "1"
+
 // forward is Forward but for the add of the shared experts' output where
 // they ran aside: it returns that output (in the workspace, ready once the
 // ops it queued after the join run), else nil, out then whole.
 func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) {
+	return m.routed(s, out, x, nil)
+}
+
+// routed is forward with the router's logits already computed where
+// logits is set (the router's linear runs here where it is nil).
+func (m *MoE) routed(s *Step, out, x, logits *kernels.Tensor) (shared *kernels.Tensor) {
 	T, K := s.Tokens(), m.Routing.TopK
 	var act *kernels.Tensor
 	join := func() {}
@@ -171,8 +203,10 @@ func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) 
 	default:
 		act = m.SharedExperts.act(s, x)
 	}
-	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
-	m.Gate.Forward(s, logits, x)
+	if logits == nil {
+		logits = s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
+		m.Gate.Forward(s, logits, x)
+	}
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)

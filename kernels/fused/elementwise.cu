@@ -33,6 +33,116 @@ RMS_NORM_INSTANCES(RMS_NORM)
 	}
 ADD_ADD_RMS_NORM_INSTANCES(ADD_ADD_RMS_NORM)
 
+// add_rms_norm_gemv is add_rms_norm of one row, then that row's product
+// with a few weight rows, f32 out (add_rms_norm_linear for a MoE router's
+// logits at decode, where add_rms_norm and a GEMV kernel of a few µs each
+// ran one after the other):
+//   s = bf16(resid + x); h = bf16(gamma · bf16(s · rstd)), add_rms_norm's
+//   row bit for bit (its T threads, accesses and sums); out[n] = Σ_k h[k] ·
+//   w[n, k] in f32.
+// Block (g, r) takes row r and the weight rows n ∈ [g·N/G, (g+1)·N/G), at
+// most one a warp: warp i's row n0 + i, read before the grid wait (weights
+// are no kernel's output) into registers, lane l holding 16-byte chunks
+// l, l + 32, ... (WV of them: K ≤ 256·WV). After the wait every block of
+// the row normalises it (the row is a few KB of L2), keeps h in shared
+// memory, and each warp's lanes sum their chunks' products in k order,
+// then the warp's shuffles sum the lanes. Block g = 0 writes h; the block
+// that counts itself last on counter[r] (every block reads resid first)
+// writes resid and puts the counter back to 0.
+//   out f32 [M, op]; h, resid bf16 [M, hp / rp]; x bf16 [M, xp]; gamma TW
+//   [K]; w bf16 [N, K] packed; counter i32 [≥ M], zero between launches.
+//   K a multiple of VEC, rows on VEC-element boundaries.
+// Launch: grid (G, M) with G·(T/32) ≥ N, T threads (add_rms_norm's for K:
+// T·NV·VEC ≥ K), K·2 bytes of dynamic shared memory.
+#define GEMV_WV 16
+template <typename TW, int VEC, int NV>
+__device__ void add_rms_norm_gemv(float* out, int op, bf16* h, int hp, bf16* resid, int rp, const bf16* x, int xp,
+                                  const TW* gamma, int K, float eps, const bf16* w, int N, int* counter) {
+	extern __shared__ __align__(16) unsigned char smem[];
+	bf16* hs = reinterpret_cast<bf16*>(smem);
+	__shared__ int last;
+	const int r = blockIdx.y, T = blockDim.x, warps = T >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int n0 = (int)((long long)blockIdx.x * N / gridDim.x), n1 = (int)((long long)(blockIdx.x + 1) * N / gridDim.x);
+	const int n = n0 + warp;
+	const bool has = warp < warps && n < n1;
+	uint4 wv[GEMV_WV];
+#pragma unroll
+	for (int i = 0; i < GEMV_WV; i++) {
+		const int k = (lane + 32 * i) * 8;
+		wv[i] = has && k < K ? *reinterpret_cast<const uint4*>(w + (long long)n * K + k) : make_uint4(0, 0, 0, 0);
+	}
+	grid_wait();
+	grid_release();
+
+	// add_rms_norm's row (rms_norm<true, TW, VEC, NV>), resid kept for later.
+	const bf16* xrow = x + (long long)r * xp;
+	bf16* rrow = resid + (long long)r * rp;
+	float v[NV][VEC];
+	Vec<bf16, VEC> sum[NV];
+	float ss = 0.0f;
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		const int c = (threadIdx.x + i * T) * VEC;
+		if (c < K) {
+			const Vec<bf16, VEC> a = load<bf16, VEC>(xrow + c);
+			sum[i] = load<bf16, VEC>(rrow + c);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				sum[i].v[j] = __float2bfloat16_rn(to_f32(a.v[j]) + to_f32(sum[i].v[j]));
+				const float e = to_f32(sum[i].v[j]);
+				v[i][j] = e;
+				ss += e * e;
+			}
+		}
+	}
+	ss = block_reduce<SumOp>(ss); // its barriers: every thread of the block has read resid
+	if (threadIdx.x == 0) last = atomicAdd(counter + r, 1) == (int)gridDim.x - 1;
+	const float rstd = rsqrtf(ss / (float)K + eps);
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		const int c = (threadIdx.x + i * T) * VEC;
+		if (c < K) {
+			const Vec<TW, VEC> gv = load<TW, VEC>(gamma + c);
+			Vec<bf16, VEC> y;
+#pragma unroll
+			for (int j = 0; j < VEC; j++) y.v[j] = __float2bfloat16_rn(to_f32(gv.v[j]) * round_bf16(v[i][j] * rstd));
+			store<bf16, VEC>(hs + c, y);
+			if (blockIdx.x == 0) store<bf16, VEC>(h + (long long)r * hp + c, y);
+		}
+	}
+	__syncthreads(); // hs whole, last set
+	if (last) {
+#pragma unroll
+		for (int i = 0; i < NV; i++) {
+			const int c = (threadIdx.x + i * T) * VEC;
+			if (c < K) store<bf16, VEC>(rrow + c, sum[i]);
+		}
+		if (threadIdx.x == 0) counter[r] = 0;
+	}
+	if (!has) return;
+	float acc = 0.0f;
+#pragma unroll
+	for (int i = 0; i < GEMV_WV; i++) {
+		const int k = (lane + 32 * i) * 8;
+		if (k < K) {
+			const uint4 hv = *reinterpret_cast<const uint4*>(hs + k);
+			const bf16* a = reinterpret_cast<const bf16*>(&wv[i]);
+			const bf16* b = reinterpret_cast<const bf16*>(&hv);
+#pragma unroll
+			for (int j = 0; j < 8; j++) acc += to_f32(a[j]) * to_f32(b[j]);
+		}
+	}
+	acc = warp_reduce<SumOp>(acc);
+	if (lane == 0) out[(long long)r * op + n] = acc;
+}
+
+#define ADD_RMS_NORM_GEMV(NAME, TW, V, NV)                                                                   \
+	extern "C" __global__ void NAME(float* out, int op, bf16* h, int hp, bf16* resid, int rp, const bf16* x, \
+	                                int xp, const TW* gamma, int K, float eps, const bf16* w, int N, int* counter) { \
+		add_rms_norm_gemv<TW, V, NV>(out, op, h, hp, resid, rp, x, xp, gamma, K, eps, w, N, counter);         \
+	}
+ADD_RMS_NORM_GEMV_INSTANCES(ADD_RMS_NORM_GEMV)
+
 #define ROPE(NAME, INTERLEAVED, V)                                                                             \
 	extern "C" __global__ void NAME(bf16* x, int pitch, int heads, int hstride, int offset, const int* pos, \
 	                                       const float* cosT, const float* sinT, int cspitch, int maxPos, int dim) { \

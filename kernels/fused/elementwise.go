@@ -220,3 +220,40 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 		o.D.Ptr(out), int32(out.Numel()/rows), o.D.Ptr(logits), int32(logits.Pitch), int32(cols), part.P,
 		o.D.Ptr(o.argmaxCounters))
 }
+
+// add_rms_norm_gemv (elementwise.cu): add_rms_norm_linear for a MoE
+// router's f32 logits at decode.
+const (
+	normGemvKernel = "add_rms_norm_gemv_bf16_v8_n1"
+	// normGemvMaxRows is the most rows it takes (its counters).
+	normGemvMaxRows = 64
+	// normGemvMaxK is the most inputs: a lane holds GEMV_WV 16-byte chunks
+	// of its warp's weight row.
+	normGemvMaxK = 16 * 32 * 8
+)
+
+// normGemv runs add_rms_norm_linear as add_rms_norm_gemv where it takes
+// the call, and reports whether it did: f32 out (a router's logits), no
+// bias, bf16 norm weights and w, at most normGemvMaxRows rows and
+// normGemvMaxK inputs, and rows that add_rms_norm takes in 16-byte
+// accesses, one a thread, whose sums of squares the kernel follows: h and
+// resid are add_rms_norm's bit for bit; out is the f32 product of h with
+// w, summed in its own order (not linear's).
+func (o *ops) normGemv(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) bool {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	if out.DType != kernels.F32 || bias != nil || norm.DType != kernels.BF16 || w.DType != kernels.BF16 || !w.Packed() ||
+		m == 0 || m > normGemvMaxRows || k > normGemvMaxK {
+		return false
+	}
+	hm, rm, xm, nm, wm := o.Mat(h), o.Mat(resid), o.Mat(x), o.Mat(norm), o.Mat(w)
+	ns := normShapeOf(k, hm, rm, xm, nm, wm)
+	if ns.vec != cudaset.VecWidth || ns.items != 1 {
+		return false
+	}
+	warps := ns.threads / 32
+	om := o.Mat(out)
+	o.LaunchGrid(normGemvKernel, cuda.Dim3{X: uint32((n + warps - 1) / warps), Y: uint32(m)}, cuda.Dim3{X: uint32(ns.threads)},
+		2*k, om.P, int32(om.Pitch), hm.P, int32(hm.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), nm.P, int32(k), eps,
+		wm.P, int32(n), o.D.Ptr(o.gemvCounters))
+	return true
+}

@@ -150,7 +150,7 @@ func modules() []cudaset.Module {
 // elementwiseModule is elementwise.cu's module: the norms (add_add_rms_norm
 // among them), ropes, swiglu, add and argmax.
 func elementwiseModule() cudaset.Module {
-	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
+	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), addAddRMSNormInstances(), normGemvInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
 		addInstances(), argmaxInstances()))
 }
 
@@ -208,6 +208,7 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
 	o.decodeCounters = newCounters(o.Kit, decodeCountersN)
+	o.gemvCounters = newCounters(o.Kit, normGemvMaxRows)
 	if err := o.initMoE(); err != nil {
 		return nil, err
 	}
@@ -256,6 +257,7 @@ type ops struct {
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
+	gemvCounters   *kernels.Tensor // i32 [normGemvMaxRows]: add_rms_norm_gemv's blocks that have read each row, zero between launches
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

@@ -277,6 +277,11 @@ func normLinearChecks(l *caseList) {
 		{n: 1, k: 8192, m: 40, bias: true},
 		{n: 5, k: 100, m: 52, bias: true},
 		{n: 129, k: 200, m: 264, bias: true, pitchedOut: true},
+		// A MoE router's f32 logits (DeepSeek-V2-Lite's 64 experts at 16
+		// rows and one; an odd count of no tile).
+		{n: 16, k: 2048, m: 64, f32Out: true},
+		{n: 1, k: 2048, m: 64, f32Out: true},
+		{n: 5, k: 96, m: 37, bias: true, pitchedOut: true, f32Out: true},
 	} {
 		l.addWDeclinable(s.String(), false, func(e *env) { normLinear(e, s) })
 	}
@@ -1035,6 +1040,7 @@ type normLinearCase struct {
 	n, k, m          int // rows, inputs, outputs (with swiglu: output columns, w's 2m rows)
 	bias, pitchedOut bool
 	swiglu           bool // add_rms_norm_linear_swiglu (no bias)
+	f32Out           bool // out is f32 (a router's logits; not with swiglu)
 	// k0 > 0 makes it linear_add_rms_norm_linear (with swiglu, its SwiGLU
 	// twin): the norm's input is then mid, which the op writes from a
 	// first projection of x [n,k0] (with bias0).
@@ -1043,7 +1049,7 @@ type normLinearCase struct {
 }
 
 func (c normLinearCase) String() string {
-	s := linearName(c.n, c.k, c.m, c.bias, false, c.pitchedOut, false, "")
+	s := linearName(c.n, c.k, c.m, c.bias, false, c.pitchedOut, c.f32Out, "f32 out")
 	if c.k0 > 0 {
 		s += fmt.Sprintf(",K0=%d", c.k0)
 	}
@@ -1056,8 +1062,8 @@ func (c normLinearCase) String() string {
 // normLinear is resid += x; out = RMSNorm(resid)·wᵀ + bias (with swiglu,
 // out = swiglu(RMSNorm(resid)·wᵀ)); with k0, x is mid = x0·w0ᵀ + bias0,
 // poisoned before the op writes it. h, where the parts leave the norm, is
-// poisoned and not checked (a set that runs the op whole may leave it);
-// out (poisoned, pitched: columns of a wider matrix), resid and mid are.
+// poisoned and checked as out (poisoned, pitched: columns of a wider
+// matrix), resid and mid are: a set that runs the op whole writes it too.
 func normLinear(e *env, c normLinearCase) {
 	const eps = 1e-6
 	norm := e.normWeight(c.k)
@@ -1080,10 +1086,14 @@ func normLinear(e *env, c normLinearCase) {
 	if c.bias {
 		b = e.random(weightK, 0.5, rows)
 	}
-	whole := e.poisoned(actK, c.n, c.m)
+	outK := actK
+	if c.f32Out {
+		outK = f32K
+	}
+	whole := e.poisoned(outK, c.n, c.m)
 	out, written := whole, all
 	if c.pitchedOut {
-		whole = e.poisoned(actK, c.n, c.m+32)
+		whole = e.poisoned(outK, c.n, c.m+32)
 		out = whole.cols(outCol, outCol+c.m)
 		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
 	}
@@ -1102,6 +1112,7 @@ func normLinear(e *env, c normLinearCase) {
 		e.run(func(o kernels.Ops, s int) { o.AddRMSNormLinear(out[s], h[s], resid[s], x[s], norm[s], eps, w[s], b[s]) })
 	}
 	e.check("out", whole, written)
+	e.check("h", h, all)
 	e.check("resid", resid, all)
 	e.check(xName, x, all)
 	if c.k0 > 0 {
