@@ -525,6 +525,23 @@ func (k costOf) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *
 	*k.c = c
 }
 
+// CheckAddRMSNormLinearRoute: AddRMSNormLinear's operands with logits its
+// out (f32) and no bias, and MoERoute's over those logits.
+func CheckAddRMSNormLinearRoute(act DType, idx, weight, logits, h, resid, x, norm, w *Tensor, r *Routing) {
+	op := OpNormRoute
+	need(logits.DType == F32, op, "logits are %v, want f32", logits)
+	checkAddRMSNormLinear(op, act, logits, h, resid, x, norm, w, nil)
+	CheckMoERoute(idx, weight, logits, r)
+	need(!same(idx, logits) && !same(weight, logits), op, "idx or weight aliases logits")
+}
+
+// The cost of AddRMSNormLinearRoute is AddRMSNormLinear's and the routes
+// written.
+func (k costOf) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing) {
+	k.AddRMSNormLinear(logits, h, resid, x, norm, eps, w, nil)
+	k.c.Bytes += size(idx) + size(weight)
+}
+
 // CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;
 // first [E+1] i32.
 func CheckGroupGemm(act DType, out, x, w, first *Tensor) {

@@ -155,18 +155,8 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 // returns nil.
 func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	var shared *kernels.Tensor
-	if p := in.Pending; xpRouterNorm && in.Add != nil && (p == nil || p.Also == nil) {
-		// The router takes the residual add and the norm with it (and the
-		// block before's pending projection), as the attention's qkv
-		// projection does; the norm's output, in.H, is the experts' input.
-		logits := s.WS.Get(bufRouterLogits, s.Tokens(), m.Gate.OutFeatures())
-		if p != nil {
-			s.Ops.LinearAddRMSNormLinear(in.Add, p.X, p.Proj.Weight, p.Proj.Bias,
-				logits, in.H, in.Resid, in.Norm.Weight, in.Norm.Eps, m.Gate.Weight, m.Gate.Bias)
-		} else {
-			s.Ops.AddRMSNormLinear(logits, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.Gate.Weight, m.Gate.Bias)
-		}
-		shared = m.routed(s, out, in.H, logits)
+	if m.routesWithNorm(s, in) {
+		shared = m.normRouted(s, out, in)
 	} else {
 		shared = m.forward(s, out, in.Ready(s))
 	}
@@ -176,22 +166,43 @@ func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	return nil
 }
 
-// xpRouterNorm (experiment, FUSELM_XP_ROUTER_NORM=1, not yet measured)
-// makes ForwardDefer take the residual add and the norm with the router
-// (add_rms_norm_linear, f32 logits), where they were add_rms_norm then the
-// router's linear.
+// xpRouterNorm (experiment, FUSELM_XP_ROUTER_NORM=1) makes ForwardDefer
+// take the residual add and the norm with the router and the routes
+// (normRouted), where add_rms_norm, the router's linear and the routes ran
+// apart.
 var xpRouterNorm = os.Getenv("FUSELM_XP_ROUTER_NORM") == "1"
+
+// routesWithNorm reports whether ForwardDefer runs normRouted: with
+// xpRouterNorm, where the shared experts run aside (asideMinTokens) and
+// the input is a residual add with no projection pending, and the router
+// has no bias.
+func (m *MoE) routesWithNorm(s *Step, in NormIn) bool {
+	return xpRouterNorm && m.SharedExperts != nil && s.Tokens() >= asideMinTokens && in.Add != nil &&
+		in.Pending == nil && m.Gate.Bias == nil
+}
+
+// normRouted is ForwardDefer's work where routesWithNorm: the residual
+// add, the norm, the router's logits and the routes as one op
+// (add_rms_norm_linear_route), the norm's output in.H the experts' input;
+// then the shared experts aside and the routed experts. It returns the
+// shared experts' output, as forward does.
+func (m *MoE) normRouted(s *Step, out *kernels.Tensor, in NormIn) (shared *kernels.Tensor) {
+	T, K := s.Tokens(), m.Routing.TopK
+	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
+	idx := s.WS.Get(bufTopkIdx, T, K)
+	weight := s.WS.Get(bufTopkWeight, T, K)
+	s.Ops.AddRMSNormLinearRoute(idx, weight, logits, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.Gate.Weight, &m.Routing)
+	shared = s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
+	join := s.Aside(func() { m.SharedExperts.Forward(s, shared, in.H) })
+	s.Ops.MoEExperts(out, in.H, idx, weight, m.ExpertsGateUp, m.ExpertsDown)
+	join()
+	return shared
+}
 
 // forward is Forward but for the add of the shared experts' output where
 // they ran aside: it returns that output (in the workspace, ready once the
 // ops it queued after the join run), else nil, out then whole.
 func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) {
-	return m.routed(s, out, x, nil)
-}
-
-// routed is forward with the router's logits already computed where
-// logits is set (the router's linear runs here where it is nil).
-func (m *MoE) routed(s *Step, out, x, logits *kernels.Tensor) (shared *kernels.Tensor) {
 	T, K := s.Tokens(), m.Routing.TopK
 	var act *kernels.Tensor
 	join := func() {}
@@ -203,10 +214,8 @@ func (m *MoE) routed(s *Step, out, x, logits *kernels.Tensor) (shared *kernels.T
 	default:
 		act = m.SharedExperts.act(s, x)
 	}
-	if logits == nil {
-		logits = s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
-		m.Gate.Forward(s, logits, x)
-	}
+	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
+	m.Gate.Forward(s, logits, x)
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)

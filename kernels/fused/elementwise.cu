@@ -7,6 +7,7 @@
 #include "common.cuh"
 #include "instances.cuh"
 #include "norm_rope.cuh"
+#include "route.cuh"
 
 // rms_norm's, rope's and rms_norm_rope's device functions, and what they
 // compute, are in norm_rope.cuh.
@@ -34,37 +35,45 @@ RMS_NORM_INSTANCES(RMS_NORM)
 ADD_ADD_RMS_NORM_INSTANCES(ADD_ADD_RMS_NORM)
 
 // add_rms_norm_gemv is add_rms_norm of one row, then that row's product
-// with a few weight rows, f32 out (add_rms_norm_linear for a MoE router's
-// logits at decode, where add_rms_norm and a GEMV kernel of a few µs each
-// ran one after the other):
+// with a few weight rows, f32 out, and optionally the row's routes
+// (add_rms_norm_linear for a MoE router's logits at decode, and
+// add_rms_norm_linear_route, where add_rms_norm, a GEMV kernel and
+// moe_route ran one after the other):
 //   s = bf16(resid + x); h = bf16(gamma · bf16(s · rstd)), add_rms_norm's
 //   row bit for bit (its T threads, accesses and sums); out[n] = Σ_k h[k] ·
-//   w[n, k] in f32.
+//   w[n, k] in f32; with rt.K > 0, idx and weight the routes of out's row
+//   (route_token: moe_route's bit for bit on these logits).
 // Block (g, r) takes row r and the weight rows n ∈ [g·N/G, (g+1)·N/G), at
 // most one a warp: warp i's row n0 + i, read before the grid wait (weights
 // are no kernel's output) into registers, lane l holding 16-byte chunks
-// l, l + 32, ... (WV of them: K ≤ 256·WV). After the wait every block of
-// the row normalises it (the row is a few KB of L2), keeps h in shared
-// memory, and each warp's lanes sum their chunks' products in k order,
-// then the warp's shuffles sum the lanes. Block g = 0 writes h; the block
-// that counts itself last on counter[r] (every block reads resid first)
-// writes resid and puts the counter back to 0.
+// l, l + 32, ... (GEMV_WV of them: K ≤ 256·GEMV_WV). After the wait every
+// block of the row normalises it (the row is a few KB of L2), keeps h in
+// shared memory, and each warp's lanes sum their chunks' products in k
+// order, then the warp's shuffles sum the lanes. Block g = 0 writes h; the
+// block that counts itself last on counter[r] (every block reads resid
+// first) writes resid; the block that counts itself last on counter[rows +
+// r] once its logits are written (after a fence) routes the row with its
+// first warp. Each puts its counter back to 0.
 //   out f32 [M, op]; h, resid bf16 [M, hp / rp]; x bf16 [M, xp]; gamma TW
-//   [K]; w bf16 [N, K] packed; counter i32 [≥ M], zero between launches.
-//   K a multiple of VEC, rows on VEC-element boundaries.
+//   [K]; w bf16 [N, K] packed; counter i32 [2·rows], rows ≥ M, zero
+//   between launches; idx i32 [M, ip], weight f32 [M, wp] (rt.K columns),
+//   unread with rt.K = 0. K a multiple of VEC, rows on VEC-element
+//   boundaries; N ≤ 32·ROUTE_PER_LANE when routing.
 // Launch: grid (G, M) with G·(T/32) ≥ N, T threads (add_rms_norm's for K:
 // T·NV·VEC ≥ K), K·2 bytes of dynamic shared memory.
 #define GEMV_WV 16
 template <typename TW, int VEC, int NV>
 __device__ void add_rms_norm_gemv(float* out, int op, bf16* h, int hp, bf16* resid, int rp, const bf16* x, int xp,
-                                  const TW* gamma, int K, float eps, const bf16* w, int N, int* counter) {
+                                  const TW* gamma, int K, float eps, const bf16* w, int N, int* counter, int rows,
+                                  int* idx, int ip, float* weight, int wp, const Route rt) {
 	extern __shared__ __align__(16) unsigned char smem[];
 	bf16* hs = reinterpret_cast<bf16*>(smem);
-	__shared__ int last;
-	const int r = blockIdx.y, T = blockDim.x, warps = T >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	__shared__ int last, routes;
+	__shared__ float sc[32 * ROUTE_PER_LANE];
+	const int r = blockIdx.y, T = blockDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int n0 = (int)((long long)blockIdx.x * N / gridDim.x), n1 = (int)((long long)(blockIdx.x + 1) * N / gridDim.x);
 	const int n = n0 + warp;
-	const bool has = warp < warps && n < n1;
+	const bool has = n < n1;
 	uint4 wv[GEMV_WV];
 #pragma unroll
 	for (int i = 0; i < GEMV_WV; i++) {
@@ -119,27 +128,50 @@ __device__ void add_rms_norm_gemv(float* out, int op, bf16* h, int hp, bf16* res
 		}
 		if (threadIdx.x == 0) counter[r] = 0;
 	}
-	if (!has) return;
-	float acc = 0.0f;
+	if (has) {
+		float acc = 0.0f;
 #pragma unroll
-	for (int i = 0; i < GEMV_WV; i++) {
-		const int k = (lane + 32 * i) * 8;
-		if (k < K) {
-			const uint4 hv = *reinterpret_cast<const uint4*>(hs + k);
-			const bf16* a = reinterpret_cast<const bf16*>(&wv[i]);
-			const bf16* b = reinterpret_cast<const bf16*>(&hv);
+		for (int i = 0; i < GEMV_WV; i++) {
+			const int k = (lane + 32 * i) * 8;
+			if (k < K) {
+				const uint4 hv = *reinterpret_cast<const uint4*>(hs + k);
+				const bf16* a = reinterpret_cast<const bf16*>(&wv[i]);
+				const bf16* b = reinterpret_cast<const bf16*>(&hv);
 #pragma unroll
-			for (int j = 0; j < 8; j++) acc += to_f32(a[j]) * to_f32(b[j]);
+				for (int j = 0; j < 8; j++) acc += to_f32(a[j]) * to_f32(b[j]);
+			}
+		}
+		acc = warp_reduce<SumOp>(acc);
+		if (lane == 0) out[(long long)r * op + n] = acc;
+	}
+	if (rt.K == 0) return;
+	__syncthreads(); // the block's logits are written
+	if (threadIdx.x == 0) {
+		__threadfence(); // the block's logits before its count
+		routes = atomicAdd(counter + rows + r, 1) == (int)gridDim.x - 1;
+		if (routes) {
+			__threadfence(); // every block's logits before this block reads them
+			counter[rows + r] = 0;
 		}
 	}
-	acc = warp_reduce<SumOp>(acc);
-	if (lane == 0) out[(long long)r * op + n] = acc;
+	__syncthreads();
+	if (!routes || warp != 0) return;
+	int e;
+	float wt;
+	route_token(out + (long long)r * op, rt, sc, e, wt);
+	if (lane < rt.K) {
+		idx[(long long)r * ip + lane] = e;
+		weight[(long long)r * wp + lane] = wt;
+	}
 }
 
-#define ADD_RMS_NORM_GEMV(NAME, TW, V, NV)                                                                   \
-	extern "C" __global__ void NAME(float* out, int op, bf16* h, int hp, bf16* resid, int rp, const bf16* x, \
-	                                int xp, const TW* gamma, int K, float eps, const bf16* w, int N, int* counter) { \
-		add_rms_norm_gemv<TW, V, NV>(out, op, h, hp, resid, rp, x, xp, gamma, K, eps, w, N, counter);         \
+#define ADD_RMS_NORM_GEMV(NAME, TW, V, NV)                                                                       \
+	extern "C" __global__ void NAME(float* out, int op, bf16* h, int hp, bf16* resid, int rp, const bf16* x,     \
+	                                int xp, const TW* gamma, int K, float eps, const bf16* w, int N, int* counter, \
+	                                int rows, int* idx, int ip, float* weight, int wp, int E, int topK,          \
+	                                int groupLimited, int groups, int topkGroups, int norm, float scale) {       \
+		add_rms_norm_gemv<TW, V, NV>(out, op, h, hp, resid, rp, x, xp, gamma, K, eps, w, N, counter, rows, idx, ip, \
+		                             weight, wp, Route{E, topK, groupLimited, groups, topkGroups, norm, scale});  \
 	}
 ADD_RMS_NORM_GEMV_INSTANCES(ADD_RMS_NORM_GEMV)
 

@@ -222,10 +222,10 @@ func (o *ops) Argmax(out, logits *kernels.Tensor) {
 }
 
 // add_rms_norm_gemv (elementwise.cu): add_rms_norm_linear for a MoE
-// router's f32 logits at decode.
+// router's f32 logits at decode, and add_rms_norm_linear_route.
 const (
 	normGemvKernel = "add_rms_norm_gemv_bf16_v8_n1"
-	// normGemvMaxRows is the most rows it takes (its counters).
+	// normGemvMaxRows is the most rows it takes (its counters: two a row).
 	normGemvMaxRows = 64
 	// normGemvMaxK is the most inputs: a lane holds GEMV_WV 16-byte chunks
 	// of its warp's weight row.
@@ -238,11 +238,15 @@ const (
 // normGemvMaxK inputs, and rows that add_rms_norm takes in 16-byte
 // accesses, one a thread, whose sums of squares the kernel follows: h and
 // resid are add_rms_norm's bit for bit; out is the f32 product of h with
-// w, summed in its own order (not linear's).
-func (o *ops) normGemv(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) bool {
+// w, summed in its own order (not linear's). With r set it routes the
+// rows too, into idx and weight (moe_route's bit for bit on out).
+func (o *ops) normGemv(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias, idx, weight *kernels.Tensor, r *kernels.Routing) bool {
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	if out.DType != kernels.F32 || bias != nil || norm.DType != kernels.BF16 || w.DType != kernels.BF16 || !w.Packed() ||
 		m == 0 || m > normGemvMaxRows || k > normGemvMaxK {
+		return false
+	}
+	if r != nil && (n > 32*routePerLane || r.TopK > 32 || r.Method == kernels.RouteGroupLimited && r.Groups > 32) {
 		return false
 	}
 	hm, rm, xm, nm, wm := o.Mat(h), o.Mat(resid), o.Mat(x), o.Mat(norm), o.Mat(w)
@@ -252,8 +256,28 @@ func (o *ops) normGemv(out, h, resid, x, norm *kernels.Tensor, eps float32, w, b
 	}
 	warps := ns.threads / 32
 	om := o.Mat(out)
+	args := []any{om.P, int32(om.Pitch), hm.P, int32(hm.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), nm.P, int32(k), eps,
+		wm.P, int32(n), o.D.Ptr(o.gemvCounters), int32(normGemvMaxRows)}
+	if r != nil {
+		args = append(args, o.D.Ptr(idx), int32(idx.Pitch), o.D.Ptr(weight), int32(weight.Pitch))
+		args = append(args, routeArgs(n, r)...)
+	} else {
+		var none uintptr
+		args = append(args, none, int32(0), none, int32(0), int32(n), int32(0), int32(0), int32(0), int32(0), int32(0), float32(0))
+	}
 	o.LaunchGrid(normGemvKernel, cuda.Dim3{X: uint32((n + warps - 1) / warps), Y: uint32(m)}, cuda.Dim3{X: uint32(ns.threads)},
-		2*k, om.P, int32(om.Pitch), hm.P, int32(hm.Pitch), rm.P, int32(rm.Pitch), xm.P, int32(xm.Pitch), nm.P, int32(k), eps,
-		wm.P, int32(n), o.D.Ptr(o.gemvCounters))
+		2*k, args...)
 	return true
+}
+
+// AddRMSNormLinearRoute is the residual add, the norm, the router's logits
+// and the routes in one kernel, add_rms_norm_gemv (normGemv), where it
+// takes the call; elsewhere it declines, and the Dispatch runs the parts
+// (add_rms_norm_linear, itself whole or its parts, then moe_route).
+func (o *ops) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor, r *kernels.Routing) {
+	kernels.CheckAddRMSNormLinearRoute(o.D.ActDType(), idx, weight, logits, h, resid, x, norm, w, r)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	o.Need(o.normGemv(logits, h, resid, x, norm, eps, w, nil, idx, weight, r), kernels.OpNormRoute,
+		"M=%d,K=%d,E=%d (add_rms_norm_gemv takes up to %d rows of up to %d inputs, bf16 weights, 16-byte rows): add_rms_norm_linear then moe_route run it",
+		m, k, n, normGemvMaxRows, normGemvMaxK)
 }

@@ -469,7 +469,7 @@ func (o *ops) normSwiGLUFor(k linearKey) string {
 // profile rows.
 func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
 	kernels.CheckAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, norm, w, bias)
-	if o.normGemv(out, h, resid, x, norm, eps, w, bias) {
+	if o.normGemv(out, h, resid, x, norm, eps, w, bias, nil, nil, nil) {
 		return
 	}
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
