@@ -245,8 +245,7 @@ func (k costOf) LinearAdd(out, x, w, bias, addend *Tensor) {
 }
 
 // CheckAddRMSNormLinear: AddRMSNorm's operands (h its out) and Linear's
-// (h its x), out act or f32 (as Linear's: a router's logits); out aliasing
-// none of h, resid and x.
+// (h its x), out act; out aliasing none of h, resid and x.
 func CheckAddRMSNormLinear(act DType, out, h, resid, x, norm, w, bias *Tensor) {
 	checkAddRMSNormLinear(OpNormLinear, act, out, h, resid, x, norm, w, bias)
 }
@@ -256,7 +255,8 @@ func CheckAddRMSNormLinear(act DType, out, h, resid, x, norm, w, bias *Tensor) {
 func checkAddRMSNormLinear(op Op, act DType, out, h, resid, x, norm, w, bias *Tensor) {
 	checkNormIn(op, act, h, resid, x, norm)
 	need(IsFloat(w) && w.Cols() == h.Cols(), op, "w %v for rows of %d", w, h.Cols())
-	need((isAct(out, act) || out.DType == F32) && rowsCols(out, h.Rows(), w.Rows()), op, "out %v for h %v, w %v", out, h, w)
+	needActs(op, act, "out", out)
+	need(rowsCols(out, h.Rows(), w.Rows()), op, "out %v for h %v, w %v", out, h, w)
 	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
 	need(!same(out, h) && !same(out, resid) && !same(out, x), op, "out aliases h, resid or x")
 }
@@ -523,23 +523,6 @@ func (k costOf) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *
 	c := moeCost(out, idx, gateUp, down)
 	c.Bytes += size(logits) + size(idx) + size(weight)
 	*k.c = c
-}
-
-// CheckAddRMSNormLinearRoute: AddRMSNormLinear's operands with logits its
-// out (f32) and no bias, and MoERoute's over those logits.
-func CheckAddRMSNormLinearRoute(act DType, idx, weight, logits, h, resid, x, norm, w *Tensor, r *Routing) {
-	op := OpNormRoute
-	need(logits.DType == F32, op, "logits are %v, want f32", logits)
-	checkAddRMSNormLinear(op, act, logits, h, resid, x, norm, w, nil)
-	CheckMoERoute(idx, weight, logits, r)
-	need(!same(idx, logits) && !same(weight, logits), op, "idx or weight aliases logits")
-}
-
-// The cost of AddRMSNormLinearRoute is AddRMSNormLinear's and the routes
-// written.
-func (k costOf) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing) {
-	k.AddRMSNormLinear(logits, h, resid, x, norm, eps, w, nil)
-	k.c.Bytes += size(idx) + size(weight)
 }
 
 // CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;

@@ -212,21 +212,6 @@ func (d *Dispatch) moERoutedParts(out, idx, weight, x, logits, gateUp, down *Ten
 	d.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
-// addRMSNormLinearRouteParts is AddRMSNormLinearRoute as its parts, each
-// on the set the spec runs it on.
-func (d *Dispatch) addRMSNormLinearRouteParts(idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing) {
-	AddRMSNormLinearRouteParts(d, idx, weight, logits, h, resid, x, norm, eps, w, r)
-}
-
-// AddRMSNormLinearRouteParts runs AddRMSNormLinearRoute's work on o as the
-// calls it replaces: AddRMSNormLinear into logits (on a Dispatch itself
-// whole or its parts, as the spec runs it), then MoERoute of them. The
-// sets that do not fuse it run it so.
-func AddRMSNormLinearRouteParts(o Ops, idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing) {
-	o.AddRMSNormLinear(logits, h, resid, x, norm, eps, w, nil)
-	o.MoERoute(idx, weight, logits, r)
-}
-
 // addAddRMSNormParts is AddAddRMSNorm as its parts, each on the set the
 // spec runs it on.
 func (d *Dispatch) addAddRMSNormParts(out, resid, x, y, w *Tensor, eps float32) {

@@ -32,7 +32,6 @@ const (
 	OpMoERoute         Op = "moe_route"
 	OpMoEExperts       Op = "moe_experts"
 	OpMoERouted        Op = "moe_routed"
-	OpNormRoute        Op = "add_rms_norm_linear_route"
 	OpGroupGemm        Op = "group_gemm"
 	OpArgmax           Op = "argmax"
 	OpDecodeAdvance    Op = "decode_advance"
@@ -98,8 +97,6 @@ var opTable = []OpInfo{
 	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
 	{Op: OpMoERouted, Method: "MoERouted", Parts: []Op{OpMoERoute, OpMoEExperts},
 		Doc: "MoE router and routed experts: moe_route then moe_experts, one kernel chain where a set has it (every gate/up block routing the tokens itself)"},
-	{Op: OpNormRoute, Method: "AddRMSNormLinearRoute", Parts: []Op{OpAddRMSNorm, OpLinear, OpMoERoute},
-		Doc: "the residual add and the norm before a MoE, its router's f32 logits and the routes: one kernel routing each row in the block that finishes it where a set has it"},
 	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
 	{Op: OpArgmax, Method: "Argmax", Doc: "index of each row's largest logit"},
 	{Op: OpDecodeAdvance, Method: "DecodeAdvance",
@@ -250,11 +247,11 @@ type Ops interface {
 	// layer's residual connection, the norm before the next block and that
 	// block's first projection. out [N,M] act, pitched; h, resid, x [N,K]
 	// act, h aliasing neither; norm [K] weight; w [M,K] weight; bias [M]
-	// weight or nil; out may be f32 instead (a router's logits). h, out
-	// and resid are its results: a set that runs the op as one kernel
-	// writes the norm's output into h too. It is a composite op
-	// (OpInfo.Parts): a Dispatch runs AddRMSNorm and Linear where the spec
-	// puts them on other sets.
+	// weight or nil. h is where the parts leave the norm's output; a set
+	// that runs the op as one kernel may leave it unwritten, so that only
+	// out and resid are results. It is a composite op (OpInfo.Parts): a
+	// Dispatch runs AddRMSNorm and Linear where the spec puts them on other
+	// sets.
 	AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor)
 	// AddRMSNormLinearSwiGLU is AddRMSNorm(h, resid, x, norm, eps) then
 	// LinearSwiGLU(out, h, w), as AddRMSNormLinear is with Linear: the
@@ -352,17 +349,6 @@ type Ops interface {
 	// (OpInfo.Parts): a Dispatch runs MoERoute and MoEExperts instead where
 	// the spec puts them on other sets.
 	MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing)
-
-	// AddRMSNormLinearRoute is AddRMSNormLinear(logits, h, resid, x, norm,
-	// eps, w, nil) then MoERoute(idx, weight, logits, r): the residual
-	// connection and the norm before a MoE, its router and the routes, each
-	// rounded as that op rounds (the logits' sums in the set's own order).
-	// idx [N,K] i32, weight [N,K] f32 (K = r.TopK); logits [N,E] f32; h,
-	// resid, x [N,H] act, h aliasing neither; norm [H] weight; w [E,H]
-	// weight. It is a composite op (OpInfo.Parts): a Dispatch runs
-	// AddRMSNorm, Linear and MoERoute where the spec puts them on other
-	// sets.
-	AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing)
 
 	// GroupGemm is the MoE experts' grouped GEMM: for every group g,
 	// out[r] = x[r] · w[g]ᵀ for the rows r in [first[g], first[g+1]). The

@@ -138,12 +138,6 @@ func (d *Dispatch) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, 
 	d.callWhole(OpMoERouted, func(o Ops) { o.MoERouted(out, idx, weight, x, logits, gateUp, down, r) }, func() { d.moERoutedParts(out, idx, weight, x, logits, gateUp, down, r) })
 }
 
-// AddRMSNormLinearRoute runs OpNormRoute on the set the spec chose for it, or as its parts
-// (addRMSNormLinearRouteParts) where the spec runs them on other sets.
-func (d *Dispatch) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing) {
-	d.callWhole(OpNormRoute, func(o Ops) { o.AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm, eps, w, r) }, func() { d.addRMSNormLinearRouteParts(idx, weight, logits, h, resid, x, norm, eps, w, r) })
-}
-
 // GroupGemm runs OpGroupGemm on the set the spec chose for it.
 func (d *Dispatch) GroupGemm(out, x, w, first *Tensor) {
 	d.call(OpGroupGemm, func(o Ops) { o.GroupGemm(out, x, w, first) })
@@ -245,11 +239,6 @@ func (n NotOwned) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) { n.pani
 // MoERouted panics: the set runs OpMoERouted on its fallback.
 func (n NotOwned) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
 	n.panic(OpMoERouted)
-}
-
-// AddRMSNormLinearRoute panics: the set runs OpNormRoute on its fallback.
-func (n NotOwned) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *Tensor, eps float32, w *Tensor, r *Routing) {
-	n.panic(OpNormRoute)
 }
 
 // GroupGemm panics: the set runs OpGroupGemm on its fallback.

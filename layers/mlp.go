@@ -1,10 +1,6 @@
 package layers
 
-import (
-	"os"
-
-	"github.com/fuselm/fuselm/kernels"
-)
+import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -154,49 +150,10 @@ func (m *MoE) Forward(s *Step, out, x *kernels.Tensor) {
 // asideMinTokens, or without shared experts, it writes out whole and
 // returns nil.
 func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
-	var shared *kernels.Tensor
-	if m.routesWithNorm(s, in) {
-		shared = m.normRouted(s, out, in)
-	} else {
-		shared = m.forward(s, out, in.Ready(s))
-	}
-	if shared != nil {
+	if shared := m.forward(s, out, in.Ready(s)); shared != nil {
 		return &Pending{Also: shared}
 	}
 	return nil
-}
-
-// xpRouterNorm (experiment, FUSELM_XP_ROUTER_NORM=1) makes ForwardDefer
-// take the residual add and the norm with the router and the routes
-// (normRouted), where add_rms_norm, the router's linear and the routes ran
-// apart.
-var xpRouterNorm = os.Getenv("FUSELM_XP_ROUTER_NORM") == "1"
-
-// routesWithNorm reports whether ForwardDefer runs normRouted: with
-// xpRouterNorm, where the shared experts run aside (asideMinTokens) and
-// the input is a residual add with no projection pending, and the router
-// has no bias.
-func (m *MoE) routesWithNorm(s *Step, in NormIn) bool {
-	return xpRouterNorm && m.SharedExperts != nil && s.Tokens() >= asideMinTokens && in.Add != nil &&
-		in.Pending == nil && m.Gate.Bias == nil
-}
-
-// normRouted is ForwardDefer's work where routesWithNorm: the residual
-// add, the norm, the router's logits and the routes as one op
-// (add_rms_norm_linear_route), the norm's output in.H the experts' input;
-// then the shared experts aside and the routed experts. It returns the
-// shared experts' output, as forward does.
-func (m *MoE) normRouted(s *Step, out *kernels.Tensor, in NormIn) (shared *kernels.Tensor) {
-	T, K := s.Tokens(), m.Routing.TopK
-	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
-	idx := s.WS.Get(bufTopkIdx, T, K)
-	weight := s.WS.Get(bufTopkWeight, T, K)
-	s.Ops.AddRMSNormLinearRoute(idx, weight, logits, in.H, in.Resid, in.Add, in.Norm.Weight, in.Norm.Eps, m.Gate.Weight, &m.Routing)
-	shared = s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
-	join := s.Aside(func() { m.SharedExperts.Forward(s, shared, in.H) })
-	s.Ops.MoEExperts(out, in.H, idx, weight, m.ExpertsGateUp, m.ExpertsDown)
-	join()
-	return shared
 }
 
 // forward is Forward but for the add of the shared experts' output where

@@ -19,7 +19,7 @@ import (
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
 // rms_norm_rope, rope_attn_decode, moe_routed, add_add_rms_norm,
-// add_rms_norm_linear, add_rms_norm_linear_route, add_rms_norm_linear_swiglu,
+// add_rms_norm_linear, add_rms_norm_linear_swiglu,
 // linear_add_rms_norm_linear and linear_add_rms_norm_linear_swiglu run as
 // their parts through this when one of those is named (below), so that
 // part alone is left out.
@@ -254,20 +254,6 @@ func (s *skipping) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.
 		s.Ops.MoERoute(idx, weight, logits, r)
 	case experts:
 		s.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
-	}
-}
-
-// AddRMSNormLinearRoute is left out when named; where add_rms_norm,
-// linear, add_rms_norm_linear or moe_route is named, it runs as its parts
-// through s, so that the one named alone is left out as before the layers
-// called them as one op.
-func (s *skipping) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor, r *kernels.Routing) {
-	switch {
-	case s.skip[kernels.OpNormRoute]:
-	case s.skip[kernels.OpAddRMSNorm] || s.skip[kernels.OpLinear] || s.skip[kernels.OpNormLinear] || s.skip[kernels.OpMoERoute]:
-		kernels.AddRMSNormLinearRouteParts(s, idx, weight, logits, h, resid, x, norm, eps, w, r)
-	default:
-		s.Ops.AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm, eps, w, r)
 	}
 }
 

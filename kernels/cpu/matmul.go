@@ -254,13 +254,6 @@ func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float
 	kernels.AddRMSNormLinearParts(o, out, h, resid, x, norm, eps, w, bias)
 }
 
-// AddRMSNormLinearRoute is the set's AddRMSNormLinear into logits, then
-// its MoERoute of them.
-func (o *ops) AddRMSNormLinearRoute(idx, weight, logits, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor, r *kernels.Routing) {
-	kernels.CheckAddRMSNormLinearRoute(o.dev.ActDType(), idx, weight, logits, h, resid, x, norm, w, r)
-	kernels.AddRMSNormLinearRouteParts(o, idx, weight, logits, h, resid, x, norm, eps, w, r)
-}
-
 // AddRMSNormLinearSwiGLU is the set's AddRMSNorm into h, then its
 // LinearSwiGLU of h.
 func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {

@@ -40,13 +40,13 @@ var owned = []kernels.Op{
 	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpMLADecodeRoPE, kernels.OpArgmax, kernels.OpAdd,
-	kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU, kernels.OpNormRoute,
+	kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
 		Fuses: []kernels.Op{kernels.OpAddAddRMSNorm, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
-			kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU, kernels.OpNormRoute},
+			kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU},
 		New: New, Variants: variants})
 }
 
@@ -150,7 +150,7 @@ func modules() []cudaset.Module {
 // elementwiseModule is elementwise.cu's module: the norms (add_add_rms_norm
 // among them), ropes, swiglu, add and argmax.
 func elementwiseModule() cudaset.Module {
-	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), addAddRMSNormInstances(), normGemvInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
+	return module("elementwise.cu", cudaset.Names(rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(),
 		addInstances(), argmaxInstances()))
 }
 
@@ -208,7 +208,6 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
 	o.decodeCounters = newCounters(o.Kit, decodeCountersN)
-	o.gemvCounters = newCounters(o.Kit, 2*normGemvMaxRows)
 	if err := o.initMoE(); err != nil {
 		return nil, err
 	}
@@ -257,7 +256,6 @@ type ops struct {
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
-	gemvCounters   *kernels.Tensor // i32 [2·normGemvMaxRows]: add_rms_norm_gemv's blocks that have read each row, then that have written its logits, zero between launches
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

@@ -82,9 +82,6 @@
 	X(add_add_rms_norm_f32_v8_n4, float, 8, 4) \
 	X(add_add_rms_norm_f32_v8_n8, float, 8, 8)
 
-#define ADD_RMS_NORM_GEMV_INSTANCES(X) \
-	X(add_rms_norm_gemv_bf16_v8_n1, bf16, 8, 1)
-
 #define ROPE_INSTANCES(X) \
 	X(rope_half_v1, false, 1) \
 	X(rope_interleaved_v1, true, 1) \
@@ -298,10 +295,8 @@
 	X(linear_stream_add_n2, 2)
 
 #define LINEAR_STREAM_NORM_INSTANCES(X) \
-	X(linear_stream_norm_n1_bf16, 1, bf16) \
-	X(linear_stream_norm_n2_bf16, 2, bf16) \
-	X(linear_stream_norm_n1_f32, 1, float) \
-	X(linear_stream_norm_n2_f32, 2, float)
+	X(linear_stream_norm_n1, 1) \
+	X(linear_stream_norm_n2, 2)
 
 #define LINEAR_STREAM_NORM_SWIGLU_INSTANCES(X) \
 	X(linear_stream_norm_swiglu_n1, 1) \

@@ -23,7 +23,7 @@ const instancesRegen = "go test ./kernels/fused -run TestInstancesHeader -update
 // instances are every table, in the order of instances.cuh.
 func instances() []cudaset.Instances {
 	return []cudaset.Instances{
-		rmsNormInstances(), addAddRMSNormInstances(), normGemvInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
+		rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
 		mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
@@ -64,13 +64,6 @@ func addAddRMSNormInstances() cudaset.Instances {
 		}
 	}
 	return f
-}
-
-// normGemvInstances are add_rms_norm_gemv's: add_rms_norm's row of
-// 16-byte accesses, one a thread, bf16 norm weights (normGemv).
-func normGemvInstances() cudaset.Instances {
-	return cudaset.Instances{Macro: "ADD_RMS_NORM_GEMV", Kernels: []cudaset.Instance{
-		cudaset.Of(normGemvKernel, cudaset.CType(kernels.BF16), cudaset.VecWidth, 1)}}
 }
 
 func ropeInstances() cudaset.Instances {
@@ -339,7 +332,7 @@ func lsAddInstances() cudaset.Instances {
 // add_rms_norm_linear_swiglu's): bf16 out, n-tiles of 8 rows up to
 // linMaxRows.
 func lsNormInstances() cudaset.Instances {
-	return decodeLinearInstances("LINEAR_STREAM_NORM", linearStreamNormKernel)
+	return lsEpilogueInstances("LINEAR_STREAM_NORM", linearStreamNormKernel)
 }
 func lsNormSwiGLUInstances() cudaset.Instances {
 	return lsEpilogueInstances("LINEAR_STREAM_NORM_SWIGLU", linearStreamNormSwiGLUKernel)

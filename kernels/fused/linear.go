@@ -459,19 +459,14 @@ func (o *ops) normSwiGLUFor(k linearKey) string {
 }
 
 // AddRMSNormLinear is the residual add, the norm and a projection in one
-// kernel: for a router's f32 logits add_rms_norm_gemv (normGemv: h and
-// resid add_rms_norm's bit for bit, the logits summed in the kernel's own
-// order); on sm_90a linear_stream normalising x as it loads it where the
+// kernel on sm_90a: linear_stream normalising x as it loads it where the
 // variant for the problem is linStream and it takes the operands
-// (streamNorm), whose results are the parts' bit for bit, h among them.
-// Elsewhere it declines the call, and the Dispatch runs the parts, the
-// set's AddRMSNorm and Linear, as they ran before this op and in their own
-// profile rows.
+// (streamNorm). Elsewhere it declines the call, and the Dispatch runs the
+// parts, the set's AddRMSNorm and Linear, as they ran before this op and in
+// their own profile rows. Its results are the parts' bit for bit; h is
+// left unwritten.
 func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
 	kernels.CheckAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, norm, w, bias)
-	if o.normGemv(out, h, resid, x, norm, eps, w, bias, nil, nil, nil) {
-		return
-	}
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	v := o.normLinearFor(linearKey{m, n, k})
 	o.Need(v == linStream && o.streamNorm(out, h, resid, x, norm, eps, w, bias, false), kernels.OpNormLinear,
@@ -491,7 +486,7 @@ func (o *ops) LinearAddRMSNormLinear(mid, x, w0, bias0, out, h, resid, norm *ker
 	kernels.CheckLinearAddRMSNormLinear(o.D.ActDType(), mid, x, w0, bias0, out, h, resid, norm, w, bias)
 	m, k0, n0, n := x.Rows(), x.Cols(), w0.Rows(), w.Rows()
 	v0, v := o.linearFor(linearKey{m, n0, k0}), o.linearFor(linearKey{m, n, n0})
-	o.Need(v0 == linSwap && v == linSwap && out.DType == kernels.BF16 && o.swapChain(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias, false),
+	o.Need(v0 == linSwap && v == linSwap && o.swapChain(mid, x, w0, bias0, out, h, resid, norm, eps, w, bias, false),
 		kernels.OpLinearNormLinear, "variants %s then %s at M=%d,N0=%d,K0=%d,N=%d: linear then add_rms_norm_linear run it", v0, v, m, n0, k0, n)
 }
 

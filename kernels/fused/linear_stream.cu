@@ -102,9 +102,8 @@ enum LsEpilogue { LS_PLAIN, LS_SWIGLU, LS_ADD };
 __device__ __forceinline__ int ls_xrow(int K) { return K % 64 == 0 ? K + 32 : K; }
 
 // LsNorm is a NORM kernel's norm: the residual (pitch rp), the norm's
-// weights, its eps, add_rms_norm's block (normT threads), the count of
-// blocks that have read resid, and h (pitch hp), which takes the GEMM's
-// input, the norm's output (add_rms_norm's out), where it is set.
+// weights, its eps, add_rms_norm's block (normT threads) and the count of
+// blocks that have read resid.
 struct LsNorm {
 	bf16* resid;
 	int rp;
@@ -112,8 +111,6 @@ struct LsNorm {
 	float eps;
 	int normT;
 	int* counter;
-	bf16* h;
-	int hp;
 };
 
 // LS_NORM_VECS is the 8-element accesses of a row a thread takes at most:
@@ -273,15 +270,6 @@ __device__ __forceinline__ void linear_stream(TO* out, int op, const bf16* x, in
 	int counted = 0; // thread 0's: the blocks that had read resid before this one
 	if (NORM) {
 		counted = ls_norm_x(xs, xrow, x, xp, nm, gv, M, K, red);
-		// Every block holds the whole input; each writes its share of h,
-		// the 16-byte chunks i ≡ its index (mod the grid).
-		if (nm.h != nullptr) {
-			const int chunks = K / 8;
-			for (int i = blockIdx.x * LS_THREADS + threadIdx.x; i < M * chunks; i += gridDim.x * LS_THREADS) {
-				const int r = i / chunks, c = (i - r * chunks) * 8;
-				*reinterpret_cast<uint4*>(nm.h + (long long)r * nm.hp + c) = *reinterpret_cast<const uint4*>(xs + r * xrow + c);
-			}
-		}
 	} else {
 		if (warp == 0) {
 			if (lane == 0) mbar_expect_tx(xbar, M * K * 2);
@@ -399,16 +387,15 @@ LINEAR_STREAM_SWIGLU_INSTANCES(LINEAR_STREAM_SWIGLU)
 LINEAR_STREAM_ADD_INSTANCES(LINEAR_STREAM_ADD)
 
 // linear_stream_norm: NORM with the plain epilogue (add_rms_norm_linear's),
-// bf16 or f32 out (the router's logits); x is what is added to resid
-// before the norm; h, where not null, takes the norm's output.
-#define LINEAR_STREAM_NORM(NAME, NT, TO)                                                                    \
+// bf16 out; x is what is added to resid before the norm.
+#define LINEAR_STREAM_NORM(NAME, NT)                                                                        \
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
-	    NAME(TO* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,     \
-	         int normT, int* counter, bf16* h, int hp, const bf16* w, const void* bias, int biasType, int M, \
-	         int N, int K, int ks, int stages, int* status) {                                               \
-		const LsNorm nm{resid, rp, gamma, eps, normT, counter, h, hp};                                      \
-		linear_stream<NT, TO, LS_PLAIN, true>(out, op, x, xp, w, bias, biasType, nullptr, 0, nm, M, N, K,   \
-		                                      ks, stages, status);                                          \
+	    NAME(bf16* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,   \
+	         int normT, int* counter, const bf16* w, const void* bias, int biasType, int M, int N, int K,    \
+	         int ks, int stages, int* status) {                                                             \
+		const LsNorm nm{resid, rp, gamma, eps, normT, counter};                                             \
+		linear_stream<NT, bf16, LS_PLAIN, true>(out, op, x, xp, w, bias, biasType, nullptr, 0, nm, M, N, K, \
+		                                        ks, stages, status);                                        \
 	}
 LINEAR_STREAM_NORM_INSTANCES(LINEAR_STREAM_NORM)
 
@@ -416,9 +403,8 @@ LINEAR_STREAM_NORM_INSTANCES(LINEAR_STREAM_NORM)
 #define LINEAR_STREAM_NORM_SWIGLU(NAME, NT)                                                                 \
 	extern "C" __global__ void __launch_bounds__(LS_THREADS, 1)                                             \
 	    NAME(bf16* out, int op, const bf16* x, int xp, bf16* resid, int rp, const bf16* gamma, float eps,   \
-	         int normT, int* counter, bf16* h, int hp, const bf16* w, int M, int N, int K, int ks, int stages, \
-	         int* status) {                                                                                 \
-		const LsNorm nm{resid, rp, gamma, eps, normT, counter, h, hp};                                      \
+	         int normT, int* counter, const bf16* w, int M, int N, int K, int ks, int stages, int* status) { \
+		const LsNorm nm{resid, rp, gamma, eps, normT, counter};                                             \
 		linear_stream<NT, bf16, LS_SWIGLU, true>(out, op, x, xp, w, nullptr, 0, nullptr, 0, nm, M, N, K,    \
 		                                         ks, stages, status);                                       \
 	}

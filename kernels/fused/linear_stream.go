@@ -164,10 +164,8 @@ func linearStreamAddKernel(nt int) string    { return fmt.Sprintf("linear_stream
 
 // linearStreamNormKernel and linearStreamNormSwiGLUKernel are
 // linear_stream's instances that normalise x as they load it, with the
-// plain epilogue (bf16 or f32 out) and with SwiGLU.
-func linearStreamNormKernel(nt int, out kernels.DType) string {
-	return fmt.Sprintf("linear_stream_norm_n%d_%s", nt, out)
-}
+// plain epilogue and with SwiGLU.
+func linearStreamNormKernel(nt int) string { return fmt.Sprintf("linear_stream_norm_n%d", nt) }
 func linearStreamNormSwiGLUKernel(nt int) string {
 	return fmt.Sprintf("linear_stream_norm_swiglu_n%d", nt)
 }
@@ -283,12 +281,11 @@ func (o *ops) streamAdd(out, x, w, bias, addend *kernels.Tensor) bool {
 // x, then RMSNorm by norm, the GEMM over that; with swiglu SwiGLU in the
 // epilogue, w the gate rows then the up rows), as planStream (or
 // planStreamSwiGLU) cuts the problem, or reports false, launching nothing,
-// where it cannot: bf16 out (or f32 without swiglu: a router's logits) and
-// norm weights only, and only where fused's add_rms_norm would take the
-// rows in one 16-byte access a thread (K up to lsNormMaxK), whose shape
-// (the order of its sum of squares) the kernel then follows, so that its
-// results are add_rms_norm's then linear's (or linear_swiglu's) bit for
-// bit, h (the norm's output, each block writing its share) among them.
+// where it cannot: bf16 out and norm weights only, and only where fused's
+// add_rms_norm would take the rows in one 16-byte access a thread (K up to
+// lsNormMaxK), whose shape (the order of its sum of squares) the kernel
+// then follows, so that its results are add_rms_norm's then linear's (or
+// linear_swiglu's) bit for bit. h is left unwritten.
 func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor, swiglu bool) bool {
 	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	sms, shared := streamTarget(o)
@@ -299,7 +296,7 @@ func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w,
 	} else {
 		p, err = planStream(m, n, k, sms, shared)
 	}
-	if err != nil || (out.DType != kernels.BF16 && (swiglu || out.DType != kernels.F32)) || norm.DType != kernels.BF16 || !o.streamTakes(out, x, w) {
+	if err != nil || out.DType != kernels.BF16 || norm.DType != kernels.BF16 || !o.streamTakes(out, x, w) {
 		return false
 	}
 	om, hm, rm, xm, nm := o.Mat(out), o.Mat(h), o.Mat(resid), o.Mat(x), o.Mat(norm)
@@ -313,14 +310,13 @@ func (o *ops) streamNorm(out, h, resid, x, norm *kernels.Tensor, eps float32, w,
 	if swiglu {
 		o.LaunchShared(linearStreamNormSwiGLUKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
 			om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads),
-			o.D.Ptr(o.ls.counter), hm.P, int32(hm.Pitch), o.D.Ptr(w), int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages),
-			o.D.Ptr(o.ls.status))
+			o.D.Ptr(o.ls.counter), o.D.Ptr(w), int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
 		return true
 	}
 	bp, biasType := o.linBias(bias)
-	o.LaunchShared(linearStreamNormKernel((m+7)/8, out.DType), p.blocks, lsWarps*32, p.shared,
+	o.LaunchShared(linearStreamNormKernel((m+7)/8), p.blocks, lsWarps*32, p.shared,
 		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), rm.P, int32(rm.Pitch), nm.P, eps, int32(ns.threads),
-		o.D.Ptr(o.ls.counter), hm.P, int32(hm.Pitch), o.D.Ptr(w), bp, biasType, int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
+		o.D.Ptr(o.ls.counter), o.D.Ptr(w), bp, biasType, int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
 	return true
 }
 
