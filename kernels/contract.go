@@ -525,35 +525,6 @@ func (k costOf) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *
 	*k.c = c
 }
 
-// CheckMoEExpertsShared: MoEExperts' contract, and LinearSwiGLU's (act
-// its out, sharedGateUp its w) and Linear's (shared its out, act its x,
-// sharedDown its w) over the same x; shared and act aliasing none of the
-// others.
-func CheckMoEExpertsShared(act DType, out, shared, mid, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor) {
-	op := OpMoEShared
-	CheckMoEExperts(act, out, x, idx, weight, gateUp, down)
-	needActs(op, act, "shared", shared, "act", mid)
-	n, h := x.Rows(), x.Cols()
-	need(IsFloat(sharedGateUp) && sharedGateUp.Cols() == h && sharedGateUp.Rows()%2 == 0 && sharedGateUp.Rows() > 0, op,
-		"sharedGateUp %v for rows of %d (gate and up rows)", sharedGateUp, h)
-	si := sharedGateUp.Rows() / 2
-	need(IsFloat(sharedDown) && rowsCols(sharedDown, h, si), op, "sharedDown %v for %d outputs of %d", sharedDown, h, si)
-	need(rowsCols(mid, n, si) && rowsCols(shared, n, h), op, "act %v, shared %v for %d tokens of %d", mid, shared, n, h)
-	need(!same(shared, out) && !same(shared, x) && !same(shared, mid) && !same(mid, out) && !same(mid, x), op,
-		"shared or act aliases out, x or each other")
-}
-
-// The cost of MoEExpertsShared is MoEExperts' and the shared MLP's: its
-// two projections' FLOPs and weights, x read, act written and read, shared
-// written.
-func (k costOf) MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor) {
-	c := moeCost(out, idx, gateUp, down)
-	n := float64(x.Rows())
-	c.FLOPs += 2 * n * float64(sharedGateUp.Numel()+sharedDown.Numel())
-	c.Bytes += size(sharedGateUp) + size(sharedDown) + 2*size(act) + size(shared)
-	*k.c = c
-}
-
 // CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;
 // first [E+1] i32.
 func CheckGroupGemm(act DType, out, x, w, first *Tensor) {

@@ -212,37 +212,6 @@ func (d *Dispatch) moERoutedParts(out, idx, weight, x, logits, gateUp, down *Ten
 	d.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
-// moEExpertsSharedParts is MoEExpertsShared as its parts, each on the set
-// the spec runs it on.
-func (d *Dispatch) moEExpertsSharedParts(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor) {
-	MoEExpertsSharedParts(d, out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-}
-
-// MoEExpertsSharedParts runs MoEExpertsShared's work on o as the calls it
-// replaces: MoEExperts, then the shared MLP's LinearSwiGLU into act and
-// Linear of act. The sets that do not fuse it run it so.
-func MoEExpertsSharedParts(o Ops, out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor) {
-	o.MoEExperts(out, x, idx, weight, gateUp, down)
-	o.LinearSwiGLU(act, x, sharedGateUp)
-	o.Linear(shared, act, sharedDown, nil)
-}
-
-// RunsWhole reports whether o, a Dispatch, runs the composite op as one
-// call of its set (the spec puts all its parts on a set that fuses it; the
-// set may still decline a call's shapes): a caller that would otherwise
-// overlap the parts itself asks it first. False for every other Ops.
-func RunsWhole(o Ops, op Op) bool {
-	w, ok := o.(interface{ RunsWhole(Op) bool })
-	return ok && w.RunsWhole(op)
-}
-
-// RunsWhole reports whether d runs the composite op as one call (see the
-// function RunsWhole).
-func (d *Dispatch) RunsWhole(op Op) bool {
-	i, ok := opPos[op]
-	return ok && d.whole[i]
-}
-
 // addAddRMSNormParts is AddAddRMSNorm as its parts, each on the set the
 // spec runs it on.
 func (d *Dispatch) addAddRMSNormParts(out, resid, x, y, w *Tensor, eps float32) {

@@ -32,7 +32,6 @@ const (
 	OpMoERoute         Op = "moe_route"
 	OpMoEExperts       Op = "moe_experts"
 	OpMoERouted        Op = "moe_routed"
-	OpMoEShared        Op = "moe_experts_shared"
 	OpGroupGemm        Op = "group_gemm"
 	OpArgmax           Op = "argmax"
 	OpDecodeAdvance    Op = "decode_advance"
@@ -98,8 +97,6 @@ var opTable = []OpInfo{
 	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
 	{Op: OpMoERouted, Method: "MoERouted", Parts: []Op{OpMoERoute, OpMoEExperts},
 		Doc: "MoE router and routed experts: moe_route then moe_experts, one kernel chain where a set has it (every gate/up block routing the tokens itself)"},
-	{Op: OpMoEShared, Method: "MoEExpertsShared", Parts: []Op{OpMoEExperts, OpLinearSwiGLU, OpLinear},
-		Doc: "MoE routed experts and the shared experts' MLP (gate/up with SwiGLU, down) over the same tokens, outputs apart: one persistent kernel taking both GEMMs' tiles where a set has it"},
 	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
 	{Op: OpArgmax, Method: "Argmax", Doc: "index of each row's largest logit"},
 	{Op: OpDecodeAdvance, Method: "DecodeAdvance",
@@ -352,18 +349,6 @@ type Ops interface {
 	// (OpInfo.Parts): a Dispatch runs MoERoute and MoEExperts instead where
 	// the spec puts them on other sets.
 	MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing)
-
-	// MoEExpertsShared is MoEExperts(out, x, idx, weight, gateUp, down) and
-	// the shared experts' MLP over the same x, its output apart:
-	// LinearSwiGLU(act, x, sharedGateUp) then Linear(shared, act,
-	// sharedDown, nil), each rounded as that op rounds. shared [N,H] act;
-	// act [N,SI] act, the MLP's intermediate, written as the parts write
-	// it; sharedGateUp
-	// [2·SI,H] weight (gate rows, then up rows); sharedDown [H,SI] weight;
-	// the rest as MoEExperts'. It is a composite op (OpInfo.Parts): a
-	// Dispatch runs MoEExperts, LinearSwiGLU and Linear where the spec puts
-	// them on other sets.
-	MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor)
 
 	// GroupGemm is the MoE experts' grouped GEMM: for every group g,
 	// out[r] = x[r] · w[g]ᵀ for the rows r in [first[g], first[g+1]). The

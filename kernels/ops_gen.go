@@ -138,16 +138,6 @@ func (d *Dispatch) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, 
 	d.callWhole(OpMoERouted, func(o Ops) { o.MoERouted(out, idx, weight, x, logits, gateUp, down, r) }, func() { d.moERoutedParts(out, idx, weight, x, logits, gateUp, down, r) })
 }
 
-// MoEExpertsShared runs OpMoEShared on the set the spec chose for it, or as its parts
-// (moEExpertsSharedParts) where the spec runs them on other sets.
-func (d *Dispatch) MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor) {
-	d.callWhole(OpMoEShared, func(o Ops) {
-		o.MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-	}, func() {
-		d.moEExpertsSharedParts(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-	})
-}
-
 // GroupGemm runs OpGroupGemm on the set the spec chose for it.
 func (d *Dispatch) GroupGemm(out, x, w, first *Tensor) {
 	d.call(OpGroupGemm, func(o Ops) { o.GroupGemm(out, x, w, first) })
@@ -249,11 +239,6 @@ func (n NotOwned) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) { n.pani
 // MoERouted panics: the set runs OpMoERouted on its fallback.
 func (n NotOwned) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
 	n.panic(OpMoERouted)
-}
-
-// MoEExpertsShared panics: the set runs OpMoEShared on its fallback.
-func (n NotOwned) MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *Tensor) {
-	n.panic(OpMoEShared)
 }
 
 // GroupGemm panics: the set runs OpGroupGemm on its fallback.

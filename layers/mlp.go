@@ -1,10 +1,6 @@
 package layers
 
-import (
-	"os"
-
-	"github.com/fuselm/fuselm/kernels"
-)
+import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -160,12 +156,6 @@ func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	return nil
 }
 
-// xpSharedInOne (experiment, FUSELM_XP_SHARED_IN_ONE=1) makes a decode
-// step's MoE run the shared experts in the routed experts' op
-// (moe_experts_shared: one persistent kernel on fused) where the set runs
-// that op whole, instead of beside them on the second stream.
-var xpSharedInOne = os.Getenv("FUSELM_XP_SHARED_IN_ONE") == "1"
-
 // forward is Forward but for the add of the shared experts' output where
 // they ran aside: it returns that output (in the workspace, ready once the
 // ops it queued after the join run), else nil, out then whole.
@@ -173,13 +163,8 @@ func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) 
 	T, K := s.Tokens(), m.Routing.TopK
 	var act *kernels.Tensor
 	join := func() {}
-	inOne := false // the shared experts in the routed experts' op (moe_experts_shared)
 	switch {
 	case m.SharedExperts == nil:
-	case T >= asideMinTokens && xpSharedInOne && s.Decode && m.SharedExperts.DownProj.Bias == nil &&
-		kernels.RunsWhole(s.Ops, kernels.OpMoEShared):
-		shared = s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
-		inOne = true
 	case T >= asideMinTokens:
 		shared = s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
 		join = s.Aside(func() { m.SharedExperts.Forward(s, shared, x) })
@@ -190,13 +175,6 @@ func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) 
 	m.Gate.Forward(s, logits, x)
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
-	if inOne {
-		s.Ops.MoERoute(idx, weight, logits, &m.Routing)
-		se := m.SharedExperts
-		s.Ops.MoEExpertsShared(out, shared, se.actBuf(s), x, idx, weight, m.ExpertsGateUp, m.ExpertsDown,
-			se.GateUpProj.Weight, se.DownProj.Weight)
-		return shared
-	}
 	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	join()
 	if act != nil {

@@ -18,8 +18,8 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope, rope_attn_decode, moe_routed, moe_experts_shared,
-// add_add_rms_norm, add_rms_norm_linear, add_rms_norm_linear_swiglu,
+// rms_norm_rope, rope_attn_decode, moe_routed, add_add_rms_norm,
+// add_rms_norm_linear, add_rms_norm_linear_swiglu,
 // linear_add_rms_norm_linear and linear_add_rms_norm_linear_swiglu run as
 // their parts through this when one of those is named (below), so that
 // part alone is left out.
@@ -255,34 +255,6 @@ func (s *skipping) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.
 	case experts:
 		s.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
 	}
-}
-
-// MoEExpertsShared is left out when named; where moe_experts,
-// linear_swiglu or linear is named, it runs as its parts through s, so
-// that the one named alone is left out as before the layers called them
-// as one op.
-func (s *skipping) MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor) {
-	switch {
-	case s.skip[kernels.OpMoEShared]:
-	case s.skip[kernels.OpMoEExperts] || s.skip[kernels.OpLinearSwiGLU] || s.skip[kernels.OpLinear]:
-		kernels.MoEExpertsSharedParts(s, out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-	default:
-		s.Ops.MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-	}
-}
-
-// RunsWhole passes the question on (kernels.RunsWhole), but for a
-// composite op with a part left out, which runs as its parts here.
-func (s *skipping) RunsWhole(op kernels.Op) bool {
-	if s.skip[op] {
-		return false
-	}
-	for _, p := range kernels.PartsOf(op) {
-		if s.skip[p] {
-			return false
-		}
-	}
-	return kernels.RunsWhole(s.Ops, op)
 }
 
 func (s *skipping) GroupGemm(out, x, w, first *kernels.Tensor) {

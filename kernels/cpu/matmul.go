@@ -254,13 +254,6 @@ func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float
 	kernels.AddRMSNormLinearParts(o, out, h, resid, x, norm, eps, w, bias)
 }
 
-// MoEExpertsShared is the set's MoEExperts, then its LinearSwiGLU and
-// Linear of the shared experts.
-func (o *ops) MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor) {
-	kernels.CheckMoEExpertsShared(o.dev.ActDType(), out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-	kernels.MoEExpertsSharedParts(o, out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-}
-
 // AddRMSNormLinearSwiGLU is the set's AddRMSNorm into h, then its
 // LinearSwiGLU of h.
 func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {

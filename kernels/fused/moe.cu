@@ -834,24 +834,13 @@ MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 //   out bf16 [N, outp]; weight f32 [N, wp]; counters i32 [≥ ceil(KK /
 //   BN)] (the n-tiles'), done i32 [≥ the m-tiles], tickets i32 [2]: zero
 //   between launches, and the grid's last block leaves them so.
-// With SI > 0 the grid runs the shared experts too (moe_experts_shared):
-// an MLP of SI intermediate columns over every token, sGateUp bf16 [2·SI,
-// KK] (gate rows, then up rows), sDown bf16 [KK, SI]: its gate/up tiles
-// (SwiGLU in the epilogue, into sAct bf16 [N, sap]) take the first
-// tickets, before the routed experts' gate/up tiles, and its down tiles
-// (into sOut bf16 [N, sop], each output rounded once) the tickets after
-// those, before the routed experts' down tiles, each waiting on its
-// m-tile's count of gate/up tiles as the routed ones do (done[mtiles +
-// m]); the same tiles, products and roundings as linear_swiglu then
-// linear on this tiling. SI 0 leaves them out (the pointers unread).
 // Launch: 1-D, the blocks an SM holds times the SMs (at most the tiles of
-// every GEMM); group_gemm_tile's block and GemmRing's shared memory.
+// both GEMMs); group_gemm_tile's block and GemmRing's shared memory.
 template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
-                        int* done, int* tickets, int SI, const bf16* sGateUp, const bf16* sDown, bf16* sAct, int sap,
-                        bf16* sOut, int sop) {
+                        int* done, int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1];
@@ -869,43 +858,14 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	__syncthreads();
 	moe_stamp(0, MOE_COUNTED);
 	const int mtiles = start[E], upTiles = (I + BN / 2 - 1) / (BN / 2), downTiles = (KK + BN - 1) / BN;
-	// The shared experts' m-tiles (of tokens) and gate/up n-tiles; 0 without.
-	const int sM = SI > 0 ? (N + BM - 1) / BM : 0, sUp = (SI + BN / 2 - 1) / (BN / 2);
-	const int t0 = sM * sUp, t1 = t0 + mtiles * upTiles, ts = t1 + sM * downTiles, t2 = ts + mtiles * downTiles;
+	const int t1 = mtiles * upTiles, t2 = t1 + mtiles * downTiles;
 	for (;;) {
 		if (tid == 0) ticket = atomicAdd(&tickets[0], 1);
 		__syncthreads(); // the ticket is written
 		const int t = ticket;
 		if (t >= t2) break;
-		if (t < t0) {
-			// A shared gate/up tile: tokens [mt·BM, +BM), SwiGLU columns nt.
-			const int mt = t / sUp, nt = t - mt * sUp;
-			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, false>(sAct, sap, x, xp, nullptr, 1, sGateUp, sFirst, 2 * SI, KK, 0,
-			                                                     0, mt * BM, N, nt, aRow, bRow);
-			__syncthreads(); // every thread's rows of sAct stored
-			if (tid == 0) {
-				__threadfence();
-				atomicAdd(&done[mtiles + mt], 1);
-			}
-		} else if (t >= t1 && t < ts) {
-			// A shared down tile: waits for its tokens' gate/up tiles.
-			const int u = t - t1, mt = u / downTiles, nt = u - mt * downTiles;
-			int* ready = &done[mtiles + mt];
-			auto wait = [ready, sUp] {
-				if (threadIdx.x == 0) {
-					int n;
-					for (;;) {
-						asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(ready) : "memory");
-						if (n >= sUp) break;
-						__nanosleep(64);
-					}
-				}
-				__syncthreads(); // every shared gate/up tile of the m-tile has written its rows
-			};
-			group_gemm_tile<BM, BN, WM, WN, BK, ST, false, false, decltype(wait)>(
-			    sOut, sop, sAct, sap, nullptr, 1, sDown, sFirst, KK, SI, 0, 0, mt * BM, N, nt, aRow, bRow, true, wait);
-		} else if (t < t1) {
-			const int v = t - t0, mt = v / upTiles, nt = v - mt * upTiles, g = group_of_tile(start, E, mt);
+		if (t < t1) {
+			const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups);
 			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true>(act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices,
@@ -918,7 +878,7 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 				atomicAdd(&done[mt], 1);
 			}
 		} else {
-			const int u = t - ts, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
+			const int u = t - t1, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
 			int* ready = &done[mt];
 			if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs);
@@ -945,7 +905,7 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		__syncthreads(); // every thread has read the ticket; the tiles and row tables are free
 	}
 	if (tickets_done(tickets))
-		for (int m = 0; m < mtiles + sM; m++) done[m] = 0; // every block has counted itself out: none reads them any more
+		for (int m = 0; m < mtiles; m++) done[m] = 0; // every block has counted itself out: none reads them any more
 #ifdef MOE_PROBE
 	unsigned sm;
 	asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -962,11 +922,9 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
 	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
-	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets, int SI,    \
-	         const bf16* sGateUp, const bf16* sDown, bf16* sAct, int sap, bf16* sOut, int sop) {                 \
+	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
 		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
-		                                y, yp, down, out, outp, weight, wp, counters, done, tickets, SI, sGateUp, \
-		                                sDown, sAct, sap, sOut, sop);                                             \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
 

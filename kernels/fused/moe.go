@@ -511,78 +511,18 @@ func (o *ops) expertsFolded(c gemmConfig, dyn, one bool, tiles int, out, x, idx,
 	args := []any{act.P, int32(act.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
 		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2 * inter), int32(hidden)}
 	if one {
-		o.launchOne(args, tiles, inter, out, weight, down, y, nil)
+		d := dynConfig()
+		name := d.oneKernel()
+		upTiles, downTiles := (inter+d.BN/2-1)/(d.BN/2), (hidden+d.BN-1)/d.BN
+		grid := o.dynGrid(name, cuda.Dim3{X: uint32(upTiles + downTiles), Y: uint32(tiles)})
+		om := o.Mat(out)
+		args = append(args, y.P, int32(y.Pitch), o.D.Ptr(down), om.P, int32(om.Pitch), o.D.Ptr(weight),
+			int32(weight.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone), o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair))
+		o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(d.threads())}, d.shared(), args...)
 		return
 	}
 	o.launchFolded(c, dyn, gemmConfig.foldGateUpKernel, gemmConfig.foldDynGateUpKernel, tiles, inter, args,
 		out, weight, down, first, slot, act, y, rows)
-}
-
-// oneShared is moe_one's shared experts (MoEExpertsShared): their
-// weights, intermediate and output, and n the tokens.
-type oneShared struct {
-	gateUp, down, act, out *kernels.Tensor
-	n                      int
-}
-
-// launchOne launches moe_one: args are moe_gate_up_fold's (expertsFolded),
-// tiles the bound of the routed m-tiles; with sh the shared experts' tiles
-// too (SI > 0), else none.
-func (o *ops) launchOne(args []any, tiles, inter int, out, weight, down *kernels.Tensor, y cudaset.Mat, sh *oneShared) {
-	hidden := down.Shape[1]
-	d := dynConfig()
-	name := d.oneKernel()
-	upTiles, downTiles := (inter+d.BN/2-1)/(d.BN/2), (hidden+d.BN-1)/d.BN
-	bound := (upTiles + downTiles) * tiles
-	om := o.Mat(out)
-	args = append(args, y.P, int32(y.Pitch), o.D.Ptr(down), om.P, int32(om.Pitch), o.D.Ptr(weight),
-		int32(weight.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone), o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair))
-	if sh != nil {
-		si := sh.gateUp.Rows() / 2
-		bound += ((si+d.BN/2-1)/(d.BN/2) + downTiles) * ((sh.n + d.BM - 1) / d.BM)
-		am, sm := o.Mat(sh.act), o.Mat(sh.out)
-		args = append(args, int32(si), o.D.Ptr(sh.gateUp), o.D.Ptr(sh.down), am.P, int32(am.Pitch), sm.P, int32(sm.Pitch))
-	} else {
-		var none uintptr
-		args = append(args, int32(0), none, none, none, int32(0), none, int32(0))
-	}
-	grid := o.dynGrid(name, cuda.Dim3{X: uint32(bound), Y: 1})
-	o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(d.threads())}, d.shared(), args...)
-}
-
-// MoEExpertsShared runs the routed experts and the shared experts' MLP in
-// one launch, moe_one taking the shared MLP's gate/up and down tiles
-// beside the routed ones (moe.cu), where MoEExperts would run moe_one (the
-// folded path on the persistent grid in one launch) and the shared MLP's
-// weights are bf16, packed, with dims in whole 16-byte chunks: the routed
-// experts' output is MoEExperts' bit for bit, the shared output that of
-// the same tiles as linear_swiglu's then linear's on this tiling.
-// Elsewhere it declines, and the Dispatch runs MoEExperts, LinearSwiGLU
-// and Linear.
-func (o *ops) MoEExpertsShared(out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor) {
-	op := kernels.OpMoEShared
-	kernels.CheckMoEExpertsShared(o.D.ActDType(), out, shared, act, x, idx, weight, gateUp, down, sharedGateUp, sharedDown)
-	n, hidden, k := x.Rows(), x.Cols(), idx.Cols()
-	experts, inter := gateUp.Shape[0], gateUp.Shape[1]/2
-	o.checkGemm(op, gateUp, 2*inter, hidden, out, x)
-	o.checkGemm(op, down, hidden, inter)
-	si := sharedGateUp.Rows() / 2
-	o.Need(cudaset.IsBF16(sharedGateUp) && cudaset.IsBF16(sharedDown) && sharedGateUp.Packed() && sharedDown.Packed(), op,
-		"shared weights %v, %v: moe_one reads them bf16 and packed", sharedGateUp, sharedDown)
-	o.Need(si%cudaset.VecWidth == 0, op, "%d shared intermediate columns, a multiple of %d", si, cudaset.VecWidth)
-	o.Need(o.rowsAligned(shared, act), op, "rows of shared or act do not all start on 16-byte boundaries")
-	choices := n * k
-	c := configFor(choices, experts)
-	variant := o.variantFor(kernels.OpMoEExperts, wgmmaKey(c))
-	fold, dyn := o.foldPath(variant, c, n, choices, hidden)
-	o.Need(n > 0 && fold && oneRuns(variant, dyn), op,
-		"%d tokens, %s (moe_experts' variant %s): moe_experts, then linear_swiglu and linear run it", n, c.Name, variant)
-	tiles, rows, first, sorted, slot, a, y := o.moeScratch(c, choices, experts, inter, hidden)
-	d := dynConfig()
-	o.Need(tiles+(n+d.BM-1)/d.BM <= oneDoneN, op, "%d routed and %d shared m-tiles, at most %d", tiles, (n+d.BM-1)/d.BM, oneDoneN)
-	args := []any{a.P, int32(a.Pitch), o.D.Ptr(x), int32(x.Pitch), o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
-		o.D.Ptr(gateUp), first.P, sorted.P, slot.P, int32(experts), int32(rows), int32(2 * inter), int32(hidden)}
-	o.launchOne(args, tiles, inter, out, weight, down, y, &oneShared{gateUp: sharedGateUp, down: sharedDown, act: act, out: shared, n: n})
 }
 
 // launchFolded launches the folded path's gate/up kernel (name's, a block

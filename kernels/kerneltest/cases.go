@@ -595,66 +595,6 @@ func moeExpertsChecks(l *caseList) {
 	}
 }
 
-// moeSharedChecks are moe_experts_shared's: the routed experts beside a
-// shared MLP at decode's 16 tokens and at 20 (120 choices), dims of no
-// tile (an intermediate of no gate/up tile, a hidden size of no n-tile, a
-// shared intermediate of no k-tile), 3 tokens, and DeepSeek-V2-Lite's own
-// at 16 (1.1 GB of expert weights: GPUs only). A set that fuses the op
-// for some token counts only declines the others (the Dispatch then runs
-// its parts, whose own cases hold them): those cases are skipped for it.
-func moeSharedChecks(l *caseList) {
-	for _, c := range []sharedCase{
-		{expertsCase{n: 16, h: 264, inter: 176, e: 64, k: 6}, 352},
-		{expertsCase{n: 20, h: 264, inter: 176, e: 64, k: 6}, 352},
-		{expertsCase{n: 3, h: 96, inter: 72, e: 8, k: 2}, 144},
-	} {
-		l.addWDeclinable(c.String(), false, func(e *env) { moeShared(e, c) })
-	}
-	lite := sharedCase{expertsCase{n: 16, h: 2048, inter: 1408, e: 64, k: 6}, 2816}
-	l.addCase(opCase{name: "v2-lite dims," + lite.String(), wdt: kernels.BF16, long: true, declinable: true,
-		run: func(e *env) { moeShared(e, lite) }})
-}
-
-// sharedCase is moe_experts_shared: expertsCase's routed experts and a
-// shared MLP of si intermediate columns.
-type sharedCase struct {
-	expertsCase
-	si int
-}
-
-func (c sharedCase) String() string {
-	return fmt.Sprintf("N=%d,H=%d,I=%d,E=%d,K=%d,SI=%d", c.n, c.h, c.inter, c.e, c.k, c.si)
-}
-
-// moeShared routes c's tokens at random (as moeExperts does) and holds
-// the routed experts' out, the shared MLP's intermediate act and its
-// output shared to the reference.
-func moeShared(e *env, c sharedCase) {
-	x := e.random(actK, 1, c.n, c.h)
-	ids := make([]int32, 0, c.n*c.k)
-	ws := make([]float32, 0, c.n*c.k)
-	for range c.n {
-		for _, ex := range e.rng.Perm(c.e)[:c.k] {
-			ids = append(ids, int32(ex))
-			ws = append(ws, float32(0.05+0.95*e.rng.Float64()))
-		}
-	}
-	idx, w := e.ints(ids, c.n, c.k), e.tensor(f32K, ws, c.n, c.k)
-	gateUp := e.patterned(weightK, 1/math.Sqrt(float64(c.h)), c.e, 2*c.inter, c.h)
-	down := e.patterned(weightK, 1/math.Sqrt(float64(c.inter)), c.e, c.h, c.inter)
-	sGateUp := e.random(weightK, 1/math.Sqrt(float64(c.h)), 2*c.si, c.h)
-	sDown := e.random(weightK, 1/math.Sqrt(float64(c.si)), c.h, c.si)
-	out := e.poisoned(actK, c.n, c.h)
-	shared := e.poisoned(actK, c.n, c.h)
-	act := e.poisoned(actK, c.n, c.si)
-	e.run(func(o kernels.Ops, s int) {
-		o.MoEExpertsShared(out[s], shared[s], act[s], x[s], idx[s], w[s], gateUp[s], down[s], sGateUp[s], sDown[s])
-	})
-	e.check("out", out, all)
-	e.check("act", act, all)
-	e.check("shared", shared, all)
-}
-
 // argmaxChecks are rows of one largest value, ties and NaNs, the chosen
 // value beside the index.
 func argmaxChecks(l *caseList) {
