@@ -2,7 +2,6 @@ package fused
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -52,7 +51,7 @@ var gwConfigs = []gwConfig{{256, 4}, {128, 6}}
 // wgmmaGather makes moe_experts' grouped_wgmma gather the tokens inside
 // gate/up's producer (cp.async) rather than into a packed buffer first
 // (CopyRows, then tensor copies); which is faster is for the device to say.
-var wgmmaGather = os.Getenv("FUSELM_XP_GW_PACKED") != "1" // experiment: FUSELM_XP_GW_PACKED=1 packs the rows first
+var wgmmaGather = true
 
 // prefillWgmma makes group_gemm and moe_experts run group_wgmma at the
 // prefill tiling where it can: 610 and 576 TFLOP/s on W3's gate/up and down
@@ -79,11 +78,7 @@ func newGroupWgmma(k *cudaset.Kit) *gwKit {
 		return g
 	}
 	var why []string
-	configs := gwConfigs
-	if os.Getenv("FUSELM_XP_GW_N128") == "1" { // experiment: the 128-column instance first
-		configs = configs[1:]
-	}
-	for _, c := range configs {
+	for _, c := range gwConfigs {
 		p, gu, x := c.kernels()
 		var err error
 		for _, name := range []string{p, gu, x} {
