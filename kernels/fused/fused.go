@@ -16,6 +16,7 @@ package fused
 import (
 	"embed"
 	"fmt"
+	"os"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -31,8 +32,20 @@ var sources embed.FS
 // instances.cuh made from the Go tables (cudaset.InstancesModule): the
 // kernels are compiled with the tilings the launchers size them by.
 func module(file string, funcs []string) cudaset.Module {
-	return cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
+	m := cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
+	if releaseFirst {
+		m.Opts = append(m.Opts, "-DGRID_RELEASE_FIRST=1")
+	}
+	return m
 }
+
+// releaseFirst (experiment, FUSELM_XP_RELEASE_FIRST=1, off by default)
+// builds every module with GRID_RELEASE_FIRST (common.cuh's grid_wait):
+// a kernel of the decode chain lets the kernel after it launch before it
+// waits for the one before, so that launches and pre-wait prologues (the
+// weights' first stages) run two kernels ahead, not one. Its modules are
+// other cubins in the kernel cache (their options differ).
+var releaseFirst = os.Getenv("FUSELM_XP_RELEASE_FIRST") == "1"
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
