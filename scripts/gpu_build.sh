@@ -26,10 +26,17 @@ git rev-parse --short HEAD >bin/COMMIT 2>/dev/null || true
 # gpu_check.sh copy into the machine's kernel cache: its first run loads
 # them instead of compiling them, if this NVRTC and its headers are the
 # machine's (scripts/nvrtc_pack.sh). Without NVRTC here the machine
-# compiles them as before.
+# compiles them as before. XP_CACHE_ENV (e.g. "FUSELM_XP_RELEASE_FIRST=1")
+# adds the cubins of an experiment that builds its modules with other
+# options, compiled under that environment beside the default ones.
 nv=()
 [ -n "${FUSELM_NVRTC:-}" ] && nv=(--nvrtc "$FUSELM_NVRTC")
 if ! bin/infer kernels --cache bin/kernel-cache --prune "${nv[@]}" 2>bin/kernel-cache.log; then
 	echo "gpu_build.sh: no kernel cache built (the GPU machine compiles on its first run): $(tail -1 bin/kernel-cache.log)" >&2
+elif [ -n "${XP_CACHE_ENV:-}" ]; then
+	read -ra xp <<<"$XP_CACHE_ENV"
+	if ! env "${xp[@]}" bin/infer kernels --cache bin/kernel-cache "${nv[@]}" 2>>bin/kernel-cache.log; then
+		echo "gpu_build.sh: the experiment's kernels ($XP_CACHE_ENV) not built: $(tail -1 bin/kernel-cache.log)" >&2
+	fi
 fi
 ls -la bin
