@@ -153,7 +153,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		elementwiseModule(),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
-		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances())),
+		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaMergeAbsorbInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		moeModule(),
 		module("linear.cu", linearKernels()),
@@ -177,6 +177,7 @@ var vname = cudaset.VName
 func overlapKernels() []string {
 	ks := append([]string{"attn_merge"}, moeFuncs()...)
 	ks = append(ks, mlaAbsorbKernels...)
+	ks = append(ks, mlaMergeAbsorbKernel)
 	ks = append(ks, linearKernels()...)
 	for _, m := range modules() {
 		if m.File == "elementwise.cu" {
@@ -221,6 +222,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
 	o.decodeCounters = newCounters(o.Kit, decodeCountersN)
+	if mergeAbsorbOn {
+		o.mergeAbsorbCounters = newCounters(o.Kit, 2*mergeAbsorbHeads)
+	}
 	if err := o.initMoE(); err != nil {
 		return nil, err
 	}
@@ -269,6 +273,8 @@ type ops struct {
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
+
+	mergeAbsorbCounters *kernels.Tensor // i32 [2·mergeAbsorbHeads]: mla_merge_absorb's per head, zero between launches (nil unless mergeAbsorbOn)
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

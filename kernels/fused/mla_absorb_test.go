@@ -130,3 +130,67 @@ func TestMLAAbsorbTakes(t *testing.T) {
 		t.Errorf("the out projection's shared memory at rank %d: %d bytes, past 48 KiB", rank, got)
 	}
 }
+
+// TestMLAMergeAbsorbExact holds mla_merge_absorb (FUSELM_XP_MERGE_ABSORB's
+// experiment) to attn_merge then mla_absorb on the same splits, bit for
+// bit: o_lat and the out projection, at DeepSeek-V2-Lite's dims (16 rows,
+// 16 heads, rank 512, v 128) with 6 and 3 splits, some of them empty,
+// three calls back to back (its counters back at zero after each). It
+// logs both paths' time alone.
+func TestMLAMergeAbsorbExact(t *testing.T) {
+	dev := kerneltest.OpenCUDA(t)
+	defer func(v bool) { mergeAbsorbOn = v }(mergeAbsorbOn)
+	mergeAbsorbOn = true // New allocates its counters
+	o := newSet(t, dev)
+	rng := rand.New(rand.NewSource(41))
+	random := normalOn(t, dev, rng)
+	const rows, heads, nope, v, rank = 16, 16, 128, 128, 512
+	perHead := int64((nope + v) * rank)
+	wkvb := random(kernels.BF16, 0.05, heads*(nope+v), rank)
+	w := o.Mat(wkvb).Sub(nope, 0)
+	for _, splits := range []int{6, 3} {
+		part := random(kernels.F32, 1, rows*heads*splits, rank)
+		st := make([]float32, 2*rows*heads*splits)
+		for i := 0; i < len(st); i += 2 {
+			st[i] = float32(rng.NormFloat64() * 4) // the split's scaled max
+			if rng.Intn(5) > 0 {                   // a fifth of the splits hold no keys
+				st[i+1] = float32(1 + 30*rng.Float64())
+			}
+		}
+		stats := tensorOn(t, dev, kernels.F32, st, rows*heads*splits, 2)
+		olat := [2]*kernels.Tensor{dev.Alloc(kernels.BF16, rows, heads*rank), dev.Alloc(kernels.BF16, rows, heads*rank)}
+		out := [2]*kernels.Tensor{dev.Alloc(kernels.BF16, rows, heads*v), dev.Alloc(kernels.BF16, rows, heads*v)}
+		parts := func() {
+			o.mergeSplits(o.Mat(olat[0]), o.Mat(part), o.Mat(stats), rows, heads, splits, rank)
+			o.absorb(true, rows, v, rank, o.Mat(olat[0]), int64(rank), w, perHead, o.Mat(out[0]), int64(v), heads)
+		}
+		one := func() bool {
+			return o.mergeAbsorb(o.Mat(olat[1]), o.Mat(part), o.Mat(stats), rows, heads, splits, rank, v, w, perHead, o.Mat(out[1]))
+		}
+		parts()
+		for call := range 3 {
+			dev.Zero(olat[1])
+			dev.Zero(out[1])
+			if !one() {
+				t.Fatalf("%d splits: mla_merge_absorb declined V2-Lite's dims", splits)
+			}
+			for _, p := range []struct {
+				what      string
+				want, got *kernels.Tensor
+			}{{"o_lat", olat[0], olat[1]}, {"out", out[0], out[1]}} {
+				want, got := read(t, dev, p.want), read(t, dev, p.got)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%d splits, call %d: %s[%d] = %g, attn_merge then mla_absorb %g", splits, call, p.what, i, got[i], want[i])
+					}
+				}
+			}
+		}
+		t.Logf("%d splits: attn_merge then mla_absorb %.2f µs, mla_merge_absorb %.2f µs (alone, back to back)", splits,
+			msPerCall(t, dev, parts)*1e3, msPerCall(t, dev, func() { one() })*1e3)
+		for _, x := range []*kernels.Tensor{part, stats, olat[0], olat[1], out[0], out[1]} {
+			dev.Free(x)
+		}
+	}
+	dev.Free(wkvb)
+}
