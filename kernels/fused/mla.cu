@@ -402,18 +402,8 @@ __device__ void mla_merge_absorb(bf16* olat, int olp, const float* part, const f
 		return;
 	}
 	const int nx = (N + NT - 1) / NT, j = (int)blockIdx.x - mergeBlocks, h = j / nx, n0 = (j - h * nx) * NT;
-	int* ready = &counters[h];
-	auto wait = [ready, perHead] {
-		if (threadIdx.x == 0) {
-			int n;
-			for (;;) {
-				asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(ready) : "memory");
-				if (n >= perHead) break;
-				__nanosleep(32);
-			}
-		}
-		__syncthreads(); // every merge of the head has written its rows
-	};
+	const int* ready = &counters[h];
+	auto wait = [ready, perHead] { wait_count(ready, perHead, 32); }; // every merge of the head has written its rows
 	mla_absorb_block<BT, NT, KSPLIT, true>(h, n0, c, cp, sc, olat, olp, R, w, wp, sw, M, N, R, wait);
 	if (threadIdx.x == 0 && atomicAdd(&counters[heads + h], 1) == nx - 1) {
 		counters[h] = 0; // every absorb block of the head has passed its wait

@@ -13,6 +13,22 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+// wait_count holds the block until *counter reaches target: thread 0 reads
+// it with acquire (ns nanoseconds between tries), then the block syncs, so
+// that every thread sees what the counted blocks wrote before they counted
+// (each after a barrier and its thread 0's fence).
+__device__ __forceinline__ void wait_count(const int* counter, int target, unsigned ns) {
+	if (threadIdx.x == 0) {
+		int n;
+		for (;;) {
+			asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(counter) : "memory");
+			if (n >= target) break;
+			__nanosleep(ns);
+		}
+	}
+	__syncthreads();
+}
+
 // st_shared16 stores 16 bytes at a shared address.
 __device__ __forceinline__ void st_shared16(unsigned dst, uint4 v) {
 	asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");

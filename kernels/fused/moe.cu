@@ -885,15 +885,7 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 			if (downs == 0) moe_stamp(1, MOE_ENTRY); // the first down ticket
 			const bool firstDown = downs == 0;
 			auto wait = [ready, upTiles, firstDown] {
-				if (threadIdx.x == 0) {
-					int n;
-					for (;;) {
-						asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(ready) : "memory");
-						if (n >= upTiles) break;
-						__nanosleep(64);
-					}
-				}
-				__syncthreads(); // every gate/up tile of the m-tile has written its rows
+				wait_count(ready, upTiles, 64); // every gate/up tile of the m-tile has written its rows
 				if (firstDown) moe_stamp(1, MOE_WAITED);
 			};
 			group_gemm_tile<BM, BN, WM, WN, BK, ST, false, false, decltype(wait)>(
