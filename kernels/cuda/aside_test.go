@@ -45,10 +45,16 @@ func newAsideBufs(t *testing.T, d *Device) *asideBufs {
 // captureRound records one round on d as a graph.
 func (x *asideBufs) captureRound(t *testing.T, d *Device) kernels.Graph {
 	t.Helper()
+	return capture(t, d, x.round)
+}
+
+// capture records what record queues on d as a graph.
+func capture(t *testing.T, d *Device, record func()) kernels.Graph {
+	t.Helper()
 	if err := d.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
-	x.round()
+	record()
 	g, err := d.EndCapture()
 	if err != nil {
 		t.Fatal(err)

@@ -121,14 +121,7 @@ func TestChainBoundaryProbe(t *testing.T) {
 			if err := d.WriteI32(arrive, []int32{0, 0}); err != nil {
 				t.Fatal(err)
 			}
-			if err := d.BeginCapture(); err != nil {
-				t.Fatal(err)
-			}
-			c.record()
-			g, err := d.EndCapture()
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := capture(t, d, c.record)
 			var ms []float64
 			for i := range replays {
 				from := d.Mark()
