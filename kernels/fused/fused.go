@@ -223,7 +223,9 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
 	o.decodeCounters = newCounters(o.Kit, decodeCountersN)
 	if mergeAbsorbOn {
-		o.mergeAbsorbCounters = newCounters(o.Kit, 2*mergeAbsorbHeads)
+		if err := o.initMergeAbsorb(); err != nil {
+			return nil, err
+		}
 	}
 	if err := o.initMoE(); err != nil {
 		return nil, err
@@ -275,6 +277,7 @@ type ops struct {
 	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
 
 	mergeAbsorbCounters *kernels.Tensor // i32 [2·mergeAbsorbHeads]: mla_merge_absorb's per head, zero between launches (nil unless mergeAbsorbOn)
+	mergeAbsorbPerSM    int             // blocks of mla_merge_absorb an SM holds (0 unless mergeAbsorbOn)
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

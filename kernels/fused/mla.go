@@ -327,14 +327,32 @@ const (
 	mergeAbsorbHeads     = 128
 )
 
+// mergeAbsorbRank is the rank whose shared memory initMergeAbsorb sizes
+// mla_merge_absorb's room by (DeepSeek-V2's kv_lora_rank); mergeAbsorb
+// declines others.
+const mergeAbsorbRank = 512
+
+// initMergeAbsorb allocates mla_merge_absorb's counters, zeroed once here
+// (every launch leaves them at zero, so that a captured graph replays it
+// with no memset), and reads how many of its blocks an SM holds.
+func (o *ops) initMergeAbsorb() error {
+	a, err := o.Func(mlaMergeAbsorbKernel).Attrs()
+	if err != nil {
+		return fmt.Errorf("fused: %s: %w", mlaMergeAbsorbKernel, err)
+	}
+	o.mergeAbsorbPerSM = o.residentBlocks(a, mergeWarps*32, mlaAbsorbFor(true).shared(mergeAbsorbRank))
+	o.mergeAbsorbCounters = newCounters(o.Kit, 2*mergeAbsorbHeads)
+	return nil
+}
+
 // mergeAbsorb launches mla_merge_absorb for attn_merge of the splits into
 // olat then absorb's out projection (out = W_UV[h]·o_lat, w the W_UV rows
 // at stride sw a head), and reports whether it did: with mergeAbsorbOn,
 // where mla_absorb takes the projection, at most mergeAbsorbHeads heads,
 // and every block of the grid fits on the SMs at once beside the others
 // (its merge blocks one an SM at most), so that no absorb block's wait
-// holds the room a merge block needs. Its counters are allocated by New
-// where the experiment is on.
+// holds the room a merge block needs (initMergeAbsorb, at New where the
+// experiment is on, allocated its counters and read that room).
 func (o *ops) mergeAbsorb(olat, part, stats cudaset.Mat, rows, heads, splits, r, dv int, w cudaset.Mat, sw int64, out cudaset.Mat) bool {
 	if !mergeAbsorbOn || absorbCuBLAS || heads > mergeAbsorbHeads ||
 		!absorbTakes(true, rows, dv, r, olat, int64(r), w, sw, out, int64(dv)) {
@@ -344,8 +362,7 @@ func (o *ops) mergeAbsorb(olat, part, stats cudaset.Mat, rows, heads, splits, r,
 	items := rows * heads * ((r + mergeDims - 1) / mergeDims)
 	mergeBlocks := min(items, o.SMs)
 	blocks := mergeBlocks + heads*((dv+ac.cols-1)/ac.cols)
-	attrs, err := o.Func(mlaMergeAbsorbKernel).Attrs()
-	if err != nil || o.mergeAbsorbCounters == nil || blocks > o.residentBlocks(attrs, mergeWarps*32, ac.shared(r))*o.SMs {
+	if o.mergeAbsorbCounters == nil || r != mergeAbsorbRank || blocks > o.mergeAbsorbPerSM*o.SMs {
 		return false
 	}
 	o.LaunchGrid(mlaMergeAbsorbKernel, cuda.Dim3{X: uint32(blocks)}, cuda.Dim3{X: mergeWarps * 32}, ac.shared(r),

@@ -13,6 +13,7 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+
 // wait_count holds the block until *counter reaches target: thread 0 reads
 // it with acquire (ns nanoseconds between tries), then the block syncs, so
 // that every thread sees what the counted blocks wrote before they counted
