@@ -26,7 +26,7 @@ git rev-parse --short HEAD >bin/COMMIT 2>/dev/null || true
 # gpu_check.sh copy into the machine's kernel cache: its first run loads
 # them instead of compiling them, if this NVRTC and its headers are the
 # machine's (scripts/nvrtc_pack.sh). Without NVRTC here the machine
-# compiles them as before. XP_CACHE_ENV (e.g. "FUSELM_XP_RELEASE_FIRST=1")
+# compiles them as before. XP_CACHE_ENV (e.g. "FUSELM_XP_NAME=1")
 # adds the cubins of an experiment that builds its modules with other
 # options, compiled under that environment beside the default ones.
 nv=()

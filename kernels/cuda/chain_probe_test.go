@@ -14,7 +14,8 @@ import (
 // what the next reads (v + 1).
 //   - link: a kernel of its own, its wait before its release (the fused
 //     set's kernels: grid_wait, then grid_release);
-//   - link_rf: the same with the release first (GRID_RELEASE_FIRST);
+//   - link_rf: the same with the release first (tried in the fused set
+//     as GRID_RELEASE_FIRST and withdrawn);
 //   - phases: steps links in one persistent grid, a link's blocks waiting
 //     for every block's arrival of the link before on a counter (after a
 //     fence), the last block putting the counters back to zero.

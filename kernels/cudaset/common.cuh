@@ -178,14 +178,9 @@ __device__ __forceinline__ int row_of(const int* start, int B, int t) {
 // SMs this grid leaves free and run up to their own grid_wait). Work before
 // grid_wait overlaps the previous kernel's tail: address arithmetic, and
 // loads of weights, which no kernel writes. Launched without overlap, or
-// below sm_90, both return at once. Built with GRID_RELEASE_FIRST (an
-// experiment's modules), grid_wait releases the next kernel first: it may
-// then launch while this one waits, its own wait still for this grid's end.
+// below sm_90, both return at once.
 __device__ __forceinline__ void grid_wait() {
 #if __CUDA_ARCH__ >= 900
-#ifdef GRID_RELEASE_FIRST
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }

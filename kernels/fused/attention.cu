@@ -91,7 +91,52 @@ FLASH_DECODE_ROPE_INSTANCES(FLASH_DECODE_ROPE)
 // Launch: grid (B·heads, ceil(D / MERGE_DIMS)), MERGE_WARPS·32 threads.
 extern "C" __global__ void __launch_bounds__(MERGE_WARPS * 32) attn_merge(bf16* out, int op, const float* part,
                                                                           const float* stats, int heads, int splits, int D) {
+	__shared__ float4 acc_s[MERGE_WARPS][MERGE_DIMS / 4];
+	__shared__ float l_s[MERGE_WARPS];
 	grid_wait();
 	grid_release();
-	merge_splits_block(out, op, part, stats, heads, splits, D, blockIdx.x, blockIdx.y);
+	const long long bh = blockIdx.x;
+	const float* st = stats + bh * splits * 2;
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int d = blockIdx.y * MERGE_DIMS + 4 * lane;
+	float M = NEG_INF;
+	for (int s = lane; s < splits; s += 32)
+		if (st[2 * s + 1] > 0.0f) M = fmaxf(M, st[2 * s]);
+	M = warp_reduce<MaxOp>(M);
+	float L = 0.0f;
+	float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	for (int s = warp; s < splits; s += MERGE_WARPS) {
+		const float l = st[2 * s + 1];
+		if (l <= 0.0f) continue; // a split with no keys
+		const float f = exp2f(st[2 * s] - M);
+		L += l * f;
+		if (d < D) {
+			const float4 p = *reinterpret_cast<const float4*>(part + (bh * splits + s) * D + d);
+			acc.x += p.x * f;
+			acc.y += p.y * f;
+			acc.z += p.z * f;
+			acc.w += p.w * f;
+		}
+	}
+	acc_s[warp][lane] = acc;
+	if (lane == 0) l_s[warp] = L;
+	__syncthreads();
+	if (warp != 0 || d >= D) return;
+	float4 sum = acc_s[0][lane];
+	L = l_s[0];
+#pragma unroll
+	for (int w = 1; w < MERGE_WARPS; w++) {
+		const float4 p = acc_s[w][lane];
+		sum.x += p.x;
+		sum.y += p.y;
+		sum.z += p.z;
+		sum.w += p.w;
+		L += l_s[w];
+	}
+	const int b = (int)(bh / heads), h = (int)(bh - (long long)b * heads);
+	bf16* o = out + (long long)b * op + h * D + d;
+	o[0] = __float2bfloat16_rn(sum.x / L);
+	o[1] = __float2bfloat16_rn(sum.y / L);
+	o[2] = __float2bfloat16_rn(sum.z / L);
+	o[3] = __float2bfloat16_rn(sum.w / L);
 }

@@ -17,59 +17,6 @@ __device__ void cluster_merge(bf16* out, long long out0, const float* po, const 
 #define MERGE_DIMS 128 // attn_merge: dims of a block
 #define MERGE_WARPS 8  // attn_merge: warps of a block, each every MERGE_WARPS-th split
 
-// merge_splits_block is attn_merge's block (bh, y) (attention.cu): MERGE_DIMS
-// dims from y·MERGE_DIMS of (row, head) pair bh merged over its splits. The
-// MERGE_WARPS·32 threads of a block call it (it syncs once); it leaves its
-// shared sums in use, so a caller that calls it again syncs between.
-__device__ __forceinline__ void merge_splits_block(bf16* out, int op, const float* part, const float* stats, int heads,
-                                                   int splits, int D, long long bh, unsigned y) {
-	__shared__ float4 acc_s[MERGE_WARPS][MERGE_DIMS / 4];
-	__shared__ float l_s[MERGE_WARPS];
-	const float* st = stats + bh * splits * 2;
-	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	const int d = y * MERGE_DIMS + 4 * lane;
-	float M = NEG_INF;
-	for (int s = lane; s < splits; s += 32)
-		if (st[2 * s + 1] > 0.0f) M = fmaxf(M, st[2 * s]);
-	M = warp_reduce<MaxOp>(M);
-	float L = 0.0f;
-	float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-	for (int s = warp; s < splits; s += MERGE_WARPS) {
-		const float l = st[2 * s + 1];
-		if (l <= 0.0f) continue; // a split with no keys
-		const float f = exp2f(st[2 * s] - M);
-		L += l * f;
-		if (d < D) {
-			const float4 p = *reinterpret_cast<const float4*>(part + (bh * splits + s) * D + d);
-			acc.x += p.x * f;
-			acc.y += p.y * f;
-			acc.z += p.z * f;
-			acc.w += p.w * f;
-		}
-	}
-	acc_s[warp][lane] = acc;
-	if (lane == 0) l_s[warp] = L;
-	__syncthreads();
-	if (warp != 0 || d >= D) return;
-	float4 sum = acc_s[0][lane];
-	L = l_s[0];
-#pragma unroll
-	for (int w = 1; w < MERGE_WARPS; w++) {
-		const float4 p = acc_s[w][lane];
-		sum.x += p.x;
-		sum.y += p.y;
-		sum.z += p.z;
-		sum.w += p.w;
-		L += l_s[w];
-	}
-	const int b = (int)(bh / heads), h = (int)(bh - (long long)b * heads);
-	bf16* o = out + (long long)b * op + h * D + d;
-	o[0] = __float2bfloat16_rn(sum.x / L);
-	o[1] = __float2bfloat16_rn(sum.y / L);
-	o[2] = __float2bfloat16_rn(sum.z / L);
-	o[3] = __float2bfloat16_rn(sum.w / L);
-}
-
 // merge_last ends a split block of flash_decode_keys that has written its
 // part and stats: the block counts itself on counter, the (row, kv head)'s,
 // and the last of its splits to count merges the group's rows there, so

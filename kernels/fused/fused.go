@@ -16,7 +16,6 @@ package fused
 import (
 	"embed"
 	"fmt"
-	"os"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cudaset"
@@ -32,20 +31,8 @@ var sources embed.FS
 // instances.cuh made from the Go tables (cudaset.InstancesModule): the
 // kernels are compiled with the tilings the launchers size them by.
 func module(file string, funcs []string) cudaset.Module {
-	m := cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
-	if releaseFirst {
-		m.Opts = append(m.Opts, "-DGRID_RELEASE_FIRST=1")
-	}
-	return m
+	return cudaset.InstancesModule(file, sources, "instances.cuh", instancesRegen, instances(), funcs)
 }
-
-// releaseFirst (experiment, FUSELM_XP_RELEASE_FIRST=1, off by default)
-// builds every module with GRID_RELEASE_FIRST (common.cuh's grid_wait):
-// a kernel of the decode chain lets the kernel after it launch before it
-// waits for the one before, so that launches and pre-wait prologues (the
-// weights' first stages) run two kernels ahead, not one. Its modules are
-// other cubins in the kernel cache (their options differ).
-var releaseFirst = os.Getenv("FUSELM_XP_RELEASE_FIRST") == "1"
 
 // owned are the ops fused has kernels of its own for.
 var owned = []kernels.Op{
@@ -153,7 +140,7 @@ func modules() []cudaset.Module {
 	return []cudaset.Module{
 		elementwiseModule(),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
-		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaMergeAbsorbInstances())),
+		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances())),
 		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
 		moeModule(),
 		module("linear.cu", linearKernels()),
@@ -177,7 +164,6 @@ var vname = cudaset.VName
 func overlapKernels() []string {
 	ks := append([]string{"attn_merge"}, moeFuncs()...)
 	ks = append(ks, mlaAbsorbKernels...)
-	ks = append(ks, mlaMergeAbsorbKernel)
 	ks = append(ks, linearKernels()...)
 	for _, m := range modules() {
 		if m.File == "elementwise.cu" {
@@ -222,11 +208,6 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.Overlap(overlapKernels()...)
 	o.argmaxCounters = newCounters(o.Kit, argmaxMaxRows)
 	o.decodeCounters = newCounters(o.Kit, decodeCountersN)
-	if mergeAbsorbOn {
-		if err := o.initMergeAbsorb(); err != nil {
-			return nil, err
-		}
-	}
 	if err := o.initMoE(); err != nil {
 		return nil, err
 	}
@@ -275,9 +256,6 @@ type ops struct {
 	oneDone        *kernels.Tensor // i32 [oneDoneN]: moe_one's finished gate/up tiles per m-tile, zero between launches
 	dynPerSM       map[string]int  // blocks of each group_gemm_dyn kernel an SM holds
 	absorbRuns     int             // MLADecode's projections mla_absorb ran (tests)
-
-	mergeAbsorbCounters *kernels.Tensor // i32 [2·mergeAbsorbHeads]: mla_merge_absorb's per head, zero between launches (nil unless mergeAbsorbOn)
-	mergeAbsorbPerSM    int             // blocks of mla_merge_absorb an SM holds (0 unless mergeAbsorbOn)
 }
 
 // Modules are every NVRTC module of the set: the ones New cannot do without,

@@ -194,9 +194,6 @@
 	X(mla_absorb_n64, 0, 64, 1) \
 	X(mla_absorb_t16, 1, 16, 4)
 
-#define MLA_MERGE_ABSORB_INSTANCES(X) \
-	X(mla_merge_absorb_t16, 1, 16, 4)
-
 #define MLA_DECODE_KEYS_INSTANCES(X) \
 	X(mla_decode_keys_r512_p64_s2, 512, 64, 2) \
 	X(mla_decode_keys_r512_p64_s3, 512, 64, 3) \

@@ -25,7 +25,7 @@ func instances() []cudaset.Instances {
 	return []cudaset.Instances{
 		rmsNormInstances(), addAddRMSNormInstances(), ropeInstances(), rmsNormRopeInstances(), swigluInstances(), addInstances(), argmaxInstances(),
 		flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances(), flashDecodeRopeClusterInstances(),
-		mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaMergeAbsorbInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
+		mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances(), mlaKeysInstances(), mlaFlatInstances(), mlaQLatRopeInstances(),
 		groupGemmInstances(), groupGemmDynInstances(), moeFoldInstances(), moeFoldDynInstances(), moeOneInstances(), linearInstances(),
 		hopperInstances(), mlaHopperInstances(), gwInstances(), lwInstances(), lsInstances(),
 		lsSwiGLUInstances(), lsAddInstances(), lsNormInstances(), lsNormSwiGLUInstances(), swInstances(), swNormInstances(), swClusterInstances(),
@@ -210,13 +210,6 @@ func mlaAbsorbInstances() cudaset.Instances {
 		f.Kernels = append(f.Kernels, cudaset.Of(c.name, bt, c.cols, c.ksplit))
 	}
 	return f
-}
-
-// mlaMergeAbsorbInstances are mla_merge_absorb's: attn_merge with the out
-// projection's mla_absorb instance (mlaMergeAbsorbKernel).
-func mlaMergeAbsorbInstances() cudaset.Instances {
-	c := mlaAbsorbFor(true)
-	return cudaset.Instances{Macro: "MLA_MERGE_ABSORB", Kernels: []cudaset.Instance{cudaset.Of(mlaMergeAbsorbKernel, 1, c.cols, c.ksplit)}}
 }
 
 func mlaKeysInstances() cudaset.Instances {

@@ -7,7 +7,6 @@
 // head h, W_UK[h] (DN rows) then W_UV[h] (DV rows). Head h's key of
 // position s is (W_UK[h]·c_s, k_pe_s), its value W_UV[h]·c_s.
 
-#include "flash_decode.cuh"
 #include "mla.cuh"
 #include "instances.cuh"
 
@@ -232,11 +231,6 @@ __device__ void mla_decode(bf16* olat, float* part, float* stats, const bf16* ql
 	}
 MLA_DECODE_INSTANCES(MLA_DECODE)
 
-// NoWait is mla_absorb_block's default Wait: nothing before a's rows.
-struct NoWait {
-	__device__ void operator()() const {}
-};
-
 // mla_absorb is absorbed MLA decode's per-head projections on tensor cores,
 // a kernel launched to overlap the one before it (no cuBLAS batched GEMM,
 // which cannot): for every head h and row b < M ≤ 16
@@ -256,18 +250,13 @@ struct NoWait {
 //   and N of 8.
 // Launch: grid (ceil(N / NT), heads), 128 threads, shared
 // mla_absorb_shared (host: mlaAbsorbConfig.shared).
-// mla_absorb_block is the block for head h and columns from n0, which
-// runs wait() after its grid wait, before its rows of a; with WIDE its
-// block has more than the 4 warps that multiply (mla_merge_absorb's 8),
-// the others loading and syncing only.
-template <int BT, int NT, int KSPLIT, bool WIDE = false, class Wait = NoWait>
-__device__ __forceinline__ void mla_absorb_block(int h, int n0, bf16* c, int cp, long long sc, const bf16* a, int ap,
-                                                 long long sa, const bf16* w, int wp, long long sw, int M, int N, int K,
-                                                 Wait wait = {}) {
+template <int BT, int NT, int KSPLIT>
+__device__ void mla_absorb(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,
+                           long long sw, int M, int N, int K) {
 	extern __shared__ __align__(16) unsigned char smem[];
 	constexpr int WARPS = 4, NW = WARPS / KSPLIT, NPW = NT / 8 / NW; // warps along n; n-tiles of a warp
 	static_assert(NPW * NW * 8 == NT && NW * KSPLIT == WARPS, "NT is 8·(warps along n)·(n-tiles a warp)");
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int h = blockIdx.y, n0 = blockIdx.x * NT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int ka = K + 8, nb = NT + 8; // rows in shared memory, padded by 16 bytes: no bank conflicts below
 	bf16* As = reinterpret_cast<bf16*>(smem); // [16][ka]
 	bf16* Bs = As + 16 * ka;                  // BT: [NT][ka]; else [K][nb]
@@ -290,7 +279,6 @@ __device__ __forceinline__ void mla_absorb_block(int h, int n0, bf16* c, int cp,
 	cp_commit();
 	grid_wait();
 	grid_release();
-	wait();
 	const bf16* ah = a + h * sa;
 	for (int i = tid; i < 16 * kChunks; i += blockDim.x) {
 		const int r = i / kChunks, ch = i - r * kChunks;
@@ -304,7 +292,7 @@ __device__ __forceinline__ void mla_absorb_block(int h, int n0, bf16* c, int cp,
 	const int g = lane >> 2, t = lane & 3, wn = warp % NW, wk = warp / NW;
 	const unsigned short* Bu = reinterpret_cast<const unsigned short*>(Bs);
 	float acc[NPW][4] = {};
-	for (int k0 = wk * 16; k0 < K && (!WIDE || warp < WARPS); k0 += 16 * KSPLIT) {
+	for (int k0 = wk * 16; k0 < K; k0 += 16 * KSPLIT) {
 		unsigned af[4];
 		af[0] = *reinterpret_cast<const unsigned*>(As + g * ka + k0 + 2 * t);
 		af[1] = *reinterpret_cast<const unsigned*>(As + (g + 8) * ka + k0 + 2 * t);
@@ -330,7 +318,7 @@ __device__ __forceinline__ void mla_absorb_block(int h, int n0, bf16* c, int cp,
 #pragma unroll
 		for (int j = 0; j < NPW; j++) {
 			const int col = (wn * NPW + j) * 8 + 2 * t;
-			if (n0 + col >= N || WIDE && warp >= WARPS) continue;
+			if (n0 + col >= N) continue;
 			if (g < M) *reinterpret_cast<unsigned*>(ch + (long long)g * cp + col) = pack2(acc[j][0], acc[j][1]);
 			if (g + 8 < M) *reinterpret_cast<unsigned*>(ch + (long long)(g + 8) * cp + col) = pack2(acc[j][2], acc[j][3]);
 		}
@@ -338,7 +326,7 @@ __device__ __forceinline__ void mla_absorb_block(int h, int n0, bf16* c, int cp,
 		__syncthreads(); // every warp is done with As: its bytes take the split sums
 		float* red = reinterpret_cast<float*>(smem); // [KSPLIT][16][NT]
 #pragma unroll
-		for (int j = 0; j < NPW && (!WIDE || warp < WARPS); j++) {
+		for (int j = 0; j < NPW; j++) {
 			const int col = (wn * NPW + j) * 8 + 2 * t;
 			float* r = red + wk * 16 * NT;
 			r[g * NT + col] = acc[j][0];
@@ -361,66 +349,6 @@ __device__ __forceinline__ void mla_absorb_block(int h, int n0, bf16* c, int cp,
 	}
 }
 
-// mla_merge_absorb is attn_merge of mla_decode's splits and the out
-// projection (mla_absorb of the merged o_lat) in one launch, an
-// experiment (FUSELM_XP_MERGE_ABSORB): the grid's first mergeBlocks blocks
-// take attn_merge's blocks (merge_splits_block: its sums, order included)
-// in turn, each counting itself on its head's counter once its rows of
-// olat are written (a barrier, then thread 0's fence and add); the other
-// blocks are mla_absorb's blocks (head h, columns n0) of the out
-// projection, which request their W_UV rows before the grid wait as
-// mla_absorb does, then wait until every merge of their head has counted
-// (thread 0 reads the counter with acquire, then a barrier) instead of for
-// a kernel boundary, and read o_lat through L2. So olat and c are attn_merge
-// then mla_absorb's bit for bit. The last absorb block of a head puts its
-// two counters back to zero for the next launch. Every block is resident
-// at once (the host sizes the grid within the SMs' room), so no wait
-// holds a slot a merge needs.
-//   olat bf16 [M, heads·R], pitch olp; part, stats: attn_merge's; c, w,
-//   cp, sc, wp, sw, N: mla_absorb's out projection (a = olat, sa = R, K =
-//   R); counters i32 [2·heads], zero between launches.
-// Launch: grid mergeBlocks + heads·ceil(N / NT), MERGE_WARPS·32 threads,
-// mla_absorb's shared memory.
-template <int BT, int NT, int KSPLIT>
-__device__ void mla_merge_absorb(bf16* olat, int olp, const float* part, const float* stats, int heads, int splits,
-                                 int R, bf16* c, int cp, long long sc, const bf16* w, int wp, long long sw, int M, int N,
-                                 int* counters, int mergeBlocks) {
-	const int chunks = (R + MERGE_DIMS - 1) / MERGE_DIMS, perHead = M * chunks;
-	if ((int)blockIdx.x < mergeBlocks) {
-		grid_wait();
-		grid_release();
-		const int items = M * heads * chunks;
-		for (int i = blockIdx.x; i < items; i += mergeBlocks) {
-			const int bh = i / chunks, y = i - bh * chunks;
-			merge_splits_block(olat, olp, part, stats, heads, splits, R, bh, (unsigned)y);
-			__syncthreads(); // the block's rows of olat written; its shared sums free for the next
-			if (threadIdx.x == 0) {
-				__threadfence();
-				atomicAdd(&counters[bh % heads], 1);
-			}
-		}
-		return;
-	}
-	const int nx = (N + NT - 1) / NT, j = (int)blockIdx.x - mergeBlocks, h = j / nx, n0 = (j - h * nx) * NT;
-	const int* ready = &counters[h];
-	auto wait = [ready, perHead] { wait_count(ready, perHead, 32); }; // every merge of the head has written its rows
-	mla_absorb_block<BT, NT, KSPLIT, true>(h, n0, c, cp, sc, olat, olp, R, w, wp, sw, M, N, R, wait);
-	if (threadIdx.x == 0 && atomicAdd(&counters[heads + h], 1) == nx - 1) {
-		counters[h] = 0; // every absorb block of the head has passed its wait
-		counters[heads + h] = 0;
-	}
-}
-
-#define MLA_MERGE_ABSORB(NAME, BT, NT, KSPLIT)                                                                  \
-	extern "C" __global__ void __launch_bounds__(MERGE_WARPS * 32)                                             \
-	    NAME(bf16* olat, int olp, const float* part, const float* stats, int heads, int splits, int R, bf16* c, \
-	         int cp, long long sc, const bf16* w, int wp, long long sw, int M, int N, int* counters,            \
-	         int mergeBlocks) {                                                                                 \
-		mla_merge_absorb<BT, NT, KSPLIT>(olat, olp, part, stats, heads, splits, R, c, cp, sc, w, wp, sw, M, N,   \
-		                                 counters, mergeBlocks);                                                \
-	}
-MLA_MERGE_ABSORB_INSTANCES(MLA_MERGE_ABSORB)
-
 // mla_absorb_t16: BT (1), 16 columns a block, four warps splitting K (out =
 // W_UV[h]·o_lat: K = rank); mla_absorb_n64: w's rows are k, 64 columns a
 // block, a warp 16 of them over all of K (q_lat = W_UK[h]ᵀ·q_nope: K =
@@ -429,6 +357,6 @@ MLA_MERGE_ABSORB_INSTANCES(MLA_MERGE_ABSORB)
 	extern "C" __global__ void __launch_bounds__(128)                                                          \
 	    NAME(bf16* c, int cp, long long sc, const bf16* a, int ap, long long sa, const bf16* w, int wp,         \
 	         long long sw, int M, int N, int K) {                                                               \
-		mla_absorb_block<BT, NT, KSPLIT>(blockIdx.y, blockIdx.x * NT, c, cp, sc, a, ap, sa, w, wp, sw, M, N, K);  \
+		mla_absorb<BT, NT, KSPLIT>(c, cp, sc, a, ap, sa, w, wp, sw, M, N, K);                                    \
 	}
 MLA_ABSORB_INSTANCES(MLA_ABSORB)

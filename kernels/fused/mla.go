@@ -3,7 +3,6 @@ package fused
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -305,71 +304,10 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 		olat.P, part.P, stats.P, qlat.P, q.Sub(0, dn).P, int32(q.Pitch), int32(dn+dr),
 		o.D.Ptr(a.KV), int32(a.KV.Pitch), o.D.Ptr(a.Cache), o.D.Ptr(b.PastDev), int32(h), int32(b.MaxSeq),
 		int32(chunk), scaleLog2(a.Scale))
-	out, wv := o.Mat(a.Out), w.Sub(dn, 0)
-	if splits > 1 && o.mergeAbsorb(olat, part, stats, b.Rows, h, splits, r, dv, wv, perHead, out) {
-		return
-	}
 	if splits > 1 {
 		o.mergeSplits(olat, part, stats, b.Rows, h, splits, r)
 	}
-	o.absorb(true, b.Rows, dv, r, olat, int64(r), wv, perHead, out, int64(dv), h)
-}
-
-// mergeAbsorbOn (experiment, FUSELM_XP_MERGE_ABSORB=1, off by default)
-// makes the keys variant merge its splits and project the merged o_lat in
-// one launch, mla_merge_absorb, where attn_merge then mla_absorb ran.
-var mergeAbsorbOn = os.Getenv("FUSELM_XP_MERGE_ABSORB") == "1"
-
-// mlaMergeAbsorbKernel is mla.cu's mla_merge_absorb instance, and
-// mergeAbsorbHeads the most heads its counters serve.
-const (
-	mlaMergeAbsorbKernel = "mla_merge_absorb_t16"
-	mergeAbsorbHeads     = 128
-)
-
-// mergeAbsorbRank is the rank whose shared memory initMergeAbsorb sizes
-// mla_merge_absorb's room by (DeepSeek-V2's kv_lora_rank); mergeAbsorb
-// declines others.
-const mergeAbsorbRank = 512
-
-// initMergeAbsorb allocates mla_merge_absorb's counters, zeroed once here
-// (every launch leaves them at zero, so that a captured graph replays it
-// with no memset), and reads how many of its blocks an SM holds.
-func (o *ops) initMergeAbsorb() error {
-	a, err := o.Func(mlaMergeAbsorbKernel).Attrs()
-	if err != nil {
-		return fmt.Errorf("fused: %s: %w", mlaMergeAbsorbKernel, err)
-	}
-	o.mergeAbsorbPerSM = o.residentBlocks(a, mergeWarps*32, mlaAbsorbFor(true).shared(mergeAbsorbRank))
-	o.mergeAbsorbCounters = newCounters(o.Kit, 2*mergeAbsorbHeads)
-	return nil
-}
-
-// mergeAbsorb launches mla_merge_absorb for attn_merge of the splits into
-// olat then absorb's out projection (out = W_UV[h]·o_lat, w the W_UV rows
-// at stride sw a head), and reports whether it did: with mergeAbsorbOn,
-// where mla_absorb takes the projection, at most mergeAbsorbHeads heads,
-// and every block of the grid fits on the SMs at once beside the others
-// (its merge blocks one an SM at most), so that no absorb block's wait
-// holds the room a merge block needs (initMergeAbsorb, at New where the
-// experiment is on, allocated its counters and read that room).
-func (o *ops) mergeAbsorb(olat, part, stats cudaset.Mat, rows, heads, splits, r, dv int, w cudaset.Mat, sw int64, out cudaset.Mat) bool {
-	if !mergeAbsorbOn || absorbCuBLAS || heads > mergeAbsorbHeads ||
-		!absorbTakes(true, rows, dv, r, olat, int64(r), w, sw, out, int64(dv)) {
-		return false
-	}
-	ac := mlaAbsorbFor(true)
-	items := rows * heads * ((r + mergeDims - 1) / mergeDims)
-	mergeBlocks := min(items, o.SMs)
-	blocks := mergeBlocks + heads*((dv+ac.cols-1)/ac.cols)
-	if o.mergeAbsorbCounters == nil || r != mergeAbsorbRank || blocks > o.mergeAbsorbPerSM*o.SMs {
-		return false
-	}
-	o.LaunchGrid(mlaMergeAbsorbKernel, cuda.Dim3{X: uint32(blocks)}, cuda.Dim3{X: mergeWarps * 32}, ac.shared(r),
-		olat.P, int32(olat.Pitch), part.P, stats.P, int32(heads), int32(splits), int32(r),
-		out.P, int32(out.Pitch), int64(dv), w.P, int32(w.Pitch), sw, int32(rows), int32(dv),
-		o.D.Ptr(o.mergeAbsorbCounters), int32(mergeBlocks))
-	return true
+	o.absorb(true, b.Rows, dv, r, olat, int64(r), w.Sub(dn, 0), perHead, o.Mat(a.Out), int64(dv), h)
 }
 
 // absorbCuBLAS makes absorb run cuBLAS's strided-batched GEMMs always (the

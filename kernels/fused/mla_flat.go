@@ -69,7 +69,7 @@ var mlaFlatOpts []string
 // mlaFlatModule is the variant's NVRTC module.
 func mlaFlatModule() cudaset.Module {
 	m := module("mla_flat.cu", append([]string{"mla_qlat", "mla_out"}, cudaset.Names(mlaFlatInstances(), mlaQLatRopeInstances())...))
-	m.Opts = append(m.Opts, mlaFlatOpts...)
+	m.Opts = slices.Clone(mlaFlatOpts)
 	return m
 }
 

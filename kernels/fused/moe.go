@@ -692,7 +692,7 @@ var moeOpts []string
 // moeModule is moe.cu's NVRTC module.
 func moeModule() cudaset.Module {
 	m := module("moe.cu", moeFuncs())
-	m.Opts = append(m.Opts, moeOpts...)
+	m.Opts = slices.Clone(moeOpts)
 	return m
 }
 
