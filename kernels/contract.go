@@ -525,34 +525,6 @@ func (k costOf) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *
 	*k.c = c
 }
 
-// CheckMoERoutedShared: MoERouted's contract, and LinearSwiGLU's (act its
-// out, sharedGateUp its w) and LinearAdd's (out its out and addend, act
-// its x, sharedDown its w) over the same x; act aliasing none of the
-// others.
-func CheckMoERoutedShared(act DType, out, idx, weight, mid, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing) {
-	op := OpMoERoutedShared
-	CheckMoERouted(act, out, idx, weight, x, logits, gateUp, down, r)
-	needActs(op, act, "act", mid)
-	n, h := x.Rows(), x.Cols()
-	need(IsFloat(sharedGateUp) && sharedGateUp.Cols() == h && sharedGateUp.Rows()%2 == 0 && sharedGateUp.Rows() > 0, op,
-		"sharedGateUp %v for rows of %d (gate and up rows)", sharedGateUp, h)
-	si := sharedGateUp.Rows() / 2
-	need(IsFloat(sharedDown) && rowsCols(sharedDown, h, si), op, "sharedDown %v for %d outputs of %d", sharedDown, h, si)
-	need(rowsCols(mid, n, si), op, "act %v for %d tokens of %d", mid, n, si)
-	need(!same(mid, out) && !same(mid, x), op, "act aliases out or x")
-}
-
-// The cost of MoERoutedShared is MoERouted's and the shared MLP's: its two
-// projections' FLOPs and weights, act written and read, out read again.
-func (k costOf) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing) {
-	c := moeCost(out, idx, gateUp, down)
-	c.Bytes += size(logits) + size(idx) + size(weight)
-	n := float64(x.Rows())
-	c.FLOPs += 2 * n * float64(sharedGateUp.Numel()+sharedDown.Numel())
-	c.Bytes += size(sharedGateUp) + size(sharedDown) + 2*size(act) + size(out)
-	*k.c = c
-}
-
 // CheckGroupGemm: out [M,N] act; x [M,K] act; w [E,N,K] packed float;
 // first [E+1] i32.
 func CheckGroupGemm(act DType, out, x, w, first *Tensor) {

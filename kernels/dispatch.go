@@ -212,37 +212,6 @@ func (d *Dispatch) moERoutedParts(out, idx, weight, x, logits, gateUp, down *Ten
 	d.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
-// moERoutedSharedParts is MoERoutedShared as its parts, each on the set
-// the spec runs it on.
-func (d *Dispatch) moERoutedSharedParts(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing) {
-	MoERoutedSharedParts(d, out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-}
-
-// MoERoutedSharedParts runs MoERoutedShared's work on o as the calls it
-// replaces: the shared MLP's LinearSwiGLU into act, MoERouted, then
-// LinearAdd of act into out. The sets that do not fuse it run it so.
-func MoERoutedSharedParts(o Ops, out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing) {
-	o.LinearSwiGLU(act, x, sharedGateUp)
-	o.MoERouted(out, idx, weight, x, logits, gateUp, down, r)
-	o.LinearAdd(out, act, sharedDown, nil, out)
-}
-
-// RunsWhole reports whether o, a Dispatch, runs the composite op as one
-// call of its set (the spec puts all its parts on a set that fuses it; the
-// set may still decline a call's shapes): a caller that would otherwise
-// order the parts itself asks it first. False for every other Ops.
-func RunsWhole(o Ops, op Op) bool {
-	w, ok := o.(interface{ RunsWhole(Op) bool })
-	return ok && w.RunsWhole(op)
-}
-
-// RunsWhole reports whether d runs the composite op as one call (see the
-// function RunsWhole).
-func (d *Dispatch) RunsWhole(op Op) bool {
-	i, ok := opPos[op]
-	return ok && d.whole[i]
-}
-
 // addAddRMSNormParts is AddAddRMSNorm as its parts, each on the set the
 // spec runs it on.
 func (d *Dispatch) addAddRMSNormParts(out, resid, x, y, w *Tensor, eps float32) {

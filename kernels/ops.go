@@ -32,7 +32,6 @@ const (
 	OpMoERoute         Op = "moe_route"
 	OpMoEExperts       Op = "moe_experts"
 	OpMoERouted        Op = "moe_routed"
-	OpMoERoutedShared  Op = "moe_routed_shared"
 	OpGroupGemm        Op = "group_gemm"
 	OpArgmax           Op = "argmax"
 	OpDecodeAdvance    Op = "decode_advance"
@@ -98,8 +97,6 @@ var opTable = []OpInfo{
 	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
 	{Op: OpMoERouted, Method: "MoERouted", Parts: []Op{OpMoERoute, OpMoEExperts},
 		Doc: "MoE router and routed experts: moe_route then moe_experts, one kernel chain where a set has it (every gate/up block routing the tokens itself)"},
-	{Op: OpMoERoutedShared, Method: "MoERoutedShared", Parts: []Op{OpLinearSwiGLU, OpMoERouted, OpLinearAdd},
-		Doc: "MoE router, routed experts and the shared experts' MLP added to their output: linear_swiglu, moe_routed, linear_add, one kernel where a set has it (the shared weights streaming while it routes)"},
 	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
 	{Op: OpArgmax, Method: "Argmax", Doc: "index of each row's largest logit"},
 	{Op: OpDecodeAdvance, Method: "DecodeAdvance",
@@ -352,16 +349,6 @@ type Ops interface {
 	// (OpInfo.Parts): a Dispatch runs MoERoute and MoEExperts instead where
 	// the spec puts them on other sets.
 	MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing)
-
-	// MoERoutedShared is MoERouted(out, idx, weight, x, logits, gateUp,
-	// down, r) and the shared experts' MLP over the same x added to out:
-	// LinearSwiGLU(act, x, sharedGateUp), then LinearAdd(out, act,
-	// sharedDown, nil, out), each rounded as that op rounds. act [N,SI]
-	// act, the MLP's intermediate, written as the parts write it;
-	// sharedGateUp [2·SI,H] weight (gate rows, then up rows); sharedDown
-	// [H,SI] weight. It is a composite op (OpInfo.Parts): a Dispatch runs
-	// the parts where the spec puts them on other sets.
-	MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing)
 
 	// GroupGemm is the MoE experts' grouped GEMM: for every group g,
 	// out[r] = x[r] · w[g]ᵀ for the rows r in [first[g], first[g+1]). The

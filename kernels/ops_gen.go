@@ -138,16 +138,6 @@ func (d *Dispatch) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, 
 	d.callWhole(OpMoERouted, func(o Ops) { o.MoERouted(out, idx, weight, x, logits, gateUp, down, r) }, func() { d.moERoutedParts(out, idx, weight, x, logits, gateUp, down, r) })
 }
 
-// MoERoutedShared runs OpMoERoutedShared on the set the spec chose for it, or as its parts
-// (moERoutedSharedParts) where the spec runs them on other sets.
-func (d *Dispatch) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing) {
-	d.callWhole(OpMoERoutedShared, func(o Ops) {
-		o.MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	}, func() {
-		d.moERoutedSharedParts(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	})
-}
-
 // GroupGemm runs OpGroupGemm on the set the spec chose for it.
 func (d *Dispatch) GroupGemm(out, x, w, first *Tensor) {
 	d.call(OpGroupGemm, func(o Ops) { o.GroupGemm(out, x, w, first) })
@@ -249,11 +239,6 @@ func (n NotOwned) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) { n.pani
 // MoERouted panics: the set runs OpMoERouted on its fallback.
 func (n NotOwned) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
 	n.panic(OpMoERouted)
-}
-
-// MoERoutedShared panics: the set runs OpMoERoutedShared on its fallback.
-func (n NotOwned) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *Tensor, r *Routing) {
-	n.panic(OpMoERoutedShared)
 }
 
 // GroupGemm panics: the set runs OpGroupGemm on its fallback.

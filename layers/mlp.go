@@ -1,10 +1,6 @@
 package layers
 
-import (
-	"os"
-
-	"github.com/fuselm/fuselm/kernels"
-)
+import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -160,13 +156,6 @@ func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	return nil
 }
 
-// xpRoutedShared (experiment, FUSELM_XP_ROUTED_SHARED=1, off by default)
-// makes a MoE below asideMinTokens run its shared MLP in the routed
-// experts' op (moe_routed_shared: one kernel on fused, the shared weights
-// streaming while it routes) where the set runs that op whole, instead of
-// linear_swiglu before the router and linear_add after the experts.
-var xpRoutedShared = os.Getenv("FUSELM_XP_ROUTED_SHARED") == "1"
-
 // forward is Forward but for the add of the shared experts' output where
 // they ran aside: it returns that output (in the workspace, ready once the
 // ops it queued after the join run), else nil, out then whole.
@@ -179,13 +168,6 @@ func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) 
 	case T >= asideMinTokens:
 		shared = s.WS.Get(bufSharedOut, T, m.SharedExperts.DownProj.OutFeatures())
 		join = s.Aside(func() { m.SharedExperts.Forward(s, shared, x) })
-	case xpRoutedShared && m.SharedExperts.DownProj.Bias == nil && kernels.RunsWhole(s.Ops, kernels.OpMoERoutedShared):
-		logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
-		m.Gate.Forward(s, logits, x)
-		se := m.SharedExperts
-		s.Ops.MoERoutedShared(out, s.WS.Get(bufTopkIdx, T, K), s.WS.Get(bufTopkWeight, T, K), se.actBuf(s), x, logits,
-			m.ExpertsGateUp, m.ExpertsDown, se.GateUpProj.Weight, se.DownProj.Weight, &m.Routing)
-		return nil
 	default:
 		act = m.SharedExperts.act(s, x)
 	}

@@ -18,7 +18,7 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope, rope_attn_decode, moe_routed, moe_routed_shared, add_add_rms_norm,
+// rms_norm_rope, rope_attn_decode, moe_routed, add_add_rms_norm,
 // add_rms_norm_linear, add_rms_norm_linear_swiglu,
 // linear_add_rms_norm_linear and linear_add_rms_norm_linear_swiglu run as
 // their parts through this when one of those is named (below), so that
@@ -255,35 +255,6 @@ func (s *skipping) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.
 	case experts:
 		s.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
 	}
-}
-
-// MoERoutedShared is left out when named; where one of its parts
-// (linear_swiglu, moe_routed, linear_add) or moe_routed's (moe_route,
-// moe_experts) is named, it runs as its parts through s, so that the one
-// named alone is left out as before the layers called them as one op.
-func (s *skipping) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor, r *kernels.Routing) {
-	switch {
-	case s.skip[kernels.OpMoERoutedShared]:
-	case s.skip[kernels.OpLinearSwiGLU] || s.skip[kernels.OpMoERouted] || s.skip[kernels.OpLinearAdd] ||
-		s.skip[kernels.OpMoERoute] || s.skip[kernels.OpMoEExperts]:
-		kernels.MoERoutedSharedParts(s, out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	default:
-		s.Ops.MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	}
-}
-
-// RunsWhole passes the question on (kernels.RunsWhole), but for a
-// composite op with a part left out, which runs as its parts here.
-func (s *skipping) RunsWhole(op kernels.Op) bool {
-	if s.skip[op] {
-		return false
-	}
-	for _, p := range kernels.PartsOf(op) {
-		if s.skip[p] {
-			return false
-		}
-	}
-	return kernels.RunsWhole(s.Ops, op)
 }
 
 func (s *skipping) GroupGemm(out, x, w, first *kernels.Tensor) {

@@ -140,10 +140,3 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	o.MoERoute(idx, weight, logits, r)
 	o.MoEExperts(out, x, idx, weight, gateUp, down)
 }
-
-// MoERoutedShared is the set's LinearSwiGLU of the shared experts, its
-// MoERouted, then its LinearAdd of the shared down projection.
-func (o *ops) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor, r *kernels.Routing) {
-	kernels.CheckMoERoutedShared(o.dev.ActDType(), out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	kernels.MoERoutedSharedParts(o, out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-}

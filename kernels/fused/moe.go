@@ -627,21 +627,6 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 		out, weight, down, first, slot, act, y, rows)
 }
 
-// MoERoutedShared runs one token's router, routed experts and shared MLP
-// as moe_routed_split_shared (moe_split.cu): the shared weights stream
-// from before its grid wait while it routes. It declines (the Dispatch
-// then runs linear_swiglu, moe_routed and linear_add) past one token and
-// where moe_routed_split cannot take the shapes or the tensors.
-func (o *ops) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor, r *kernels.Routing) {
-	op := kernels.OpMoERoutedShared
-	kernels.CheckMoERoutedShared(o.D.ActDType(), out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	experts := gateUp.Shape[0]
-	o.needRoute(op, experts, r)
-	o.Need(x.Rows() == 1, op, "%d tokens: moe_routed_split_shared takes one", x.Rows())
-	o.Need(o.routedSplitShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r), op,
-		"moe_routed_split_shared cannot take these shapes or tensors (%v)", o.ms.ready())
-}
-
 // prefillTiling is the tiling of prefill's hundreds of rows per expert, where
 // the grouped GEMM on mma.sync (about 270 TFLOP/s on W3's shapes) loses to
 // cuBLAS's per-expert GEMMs on Hopper's wgmma (about 450; bench/RESULTS.md,

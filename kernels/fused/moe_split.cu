@@ -61,23 +61,7 @@
 //
 // Shared memory (dynamic; the host's msShared): MS_HEAD bytes of small
 // arrays (the slots' mbarriers, the routes, the router's scratch, the
-// warps' sums), x (H bf16), act (I bf16), with SHARED the shared MLP's
-// act (IS bf16), then the ring.
-//
-// moe_routed_split_shared (SHARED) is the op moe_routed_shared: the same
-// and the shared experts' MLP of IS intermediate columns over the same x,
-// added as linear_add adds it (out = bf16(routed + bf16(down_s · act_s))),
-// its act_s = bf16(silu(gate_s · x)) · bf16(up_s · x) as linear_swiglu
-// rounds it, written to sact. Its weights need no route: a block's first
-// stages are its shared gate/up tiles (MS_ROWS/2 columns, their gate rows
-// then their up rows, tile u = block, + grid, ...), requested before the
-// grid wait, so that the stream runs while the block waits and routes.
-// Then its routed stages as above, then its shared down tiles: each
-// slice's rows of H in tiles of MS_ROWS/2 whole rows of IS (tile u = block,
-// + grid, ... of them in slice order), which wait until every shared
-// gate/up tile has counted (a counter, then act_s read from L2), write
-// ys = bf16(the rows' sums) and count on their slice's counter with the
-// slice's K routed items: the last of them sums the slice.
+// warps' sums), x (H bf16), act (I bf16), then the ring.
 
 #include "hopper.cuh"
 #include "linear.cuh"
@@ -92,7 +76,7 @@
 #define MS_MAX_H 8192
 #define MS_MAX_I 4096
 #define MS_MAX_S 192
-#define MS_COUNTERS (64 + MS_MAX_S + 2) // and the shared MLP's: its finished gate/up tiles, its blocks past their wait
+#define MS_COUNTERS (64 + MS_MAX_S)
 // The head of shared memory: byte offsets.
 #define MS_BARS 0                                     // u64 [MS_MAX_STAGES]
 #define MS_EX (MS_BARS + 8 * MS_MAX_STAGES)           // i32 [MS_MAX_K]: the routes' experts
@@ -145,17 +129,11 @@ __device__ bool ms_wait_count(const int* c, int want, int* status, int item) {
 // Launch: grid min(K·S, SMs) blocks (every one resident at once),
 // MS_THREADS threads, msShared bytes of dynamic shared memory (slots of
 // MS_ROWS·max(H, I) elements); 2 ≤ stages ≤ MS_MAX_STAGES.
-// SHARED's operands: sgu bf16 [2·IS, H] (gate rows, then up rows), sdown
-// bf16 [H, IS], packed, 16-byte aligned; sact bf16 [IS] (the op's act),
-// ys bf16 [H] scratch. IS a multiple of 64, (MS_ROWS/2)·IS ≤
-// MS_ROWS·max(H, I) (a down tile fits a slot).
-template <bool SHARED>
-__device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const float* logits, int E, int K,
-                                             int groupLimited, int groups, int topkGroups, int norm, float scale,
-                                             int* idx, float* weight, const bf16* gateUp, const bf16* down,
-                                             bf16* actg, bf16* yg, int H, int I, int stages, int* counters,
-                                             int* status, long long* trace, const bf16* sgu, const bf16* sdown,
-                                             bf16* sact, bf16* ys, int IS) {
+extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
+    moe_routed_split(bf16* out, const bf16* x, const float* logits, int E, int K, int groupLimited, int groups,
+                     int topkGroups, int norm, float scale, int* idx, float* weight, const bf16* gateUp,
+                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages, int* counters, int* status,
+                     long long* trace) {
 	extern __shared__ __align__(128) unsigned char smem[];
 	const unsigned bars = smem_addr(smem) + MS_BARS;
 	int* sEx = reinterpret_cast<int*>(smem + MS_EX);
@@ -164,14 +142,10 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 	volatile int* flag = reinterpret_cast<int*>(smem + MS_FLAG);
 	bf16* xs = reinterpret_cast<bf16*>(smem + MS_HEAD);
 	bf16* act = xs + H;
-	bf16* acts = act + I; // SHARED: the shared MLP's act
-	const int IW = SHARED ? IS : 0;
-	bf16* ring = reinterpret_cast<bf16*>(smem + (MS_HEAD + 2 * (H + I + IW) + 127) / 128 * 128);
+	bf16* ring = reinterpret_cast<bf16*>(smem + (MS_HEAD + 2 * (H + I) + 127) / 128 * 128);
 	int* doneA = counters;      // [K]
 	int* passed = counters + 32; // [K]
 	int* doneB = counters + 64;  // [S]
-	int* doneS = counters + 64 + MS_MAX_S; // SHARED: the shared gate/up tiles finished
-	int* passedS = doneS + 1;              // and the blocks past their wait for them
 
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int S = I / MS_COLS, items = K * S;
@@ -183,55 +157,20 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 		const int s = itemOf(m) % S;
 		return (rows0(s + 1) - rows0(s) + MS_ROWS - 1) / MS_ROWS;
 	};
-	// SHARED: the shared gate/up tiles (TG of MS_ROWS/2 columns) and down
-	// tiles (TD, each slice's rows of H in tiles of MS_ROWS/2), block b
-	// taking tiles b, b + grid, ... of each; tilesD(s) of slice s.
-	const int TG = SHARED ? IS / (MS_ROWS / 2) : 0;
-	auto tilesD = [&](int s) { return (rows0(s + 1) - rows0(s) + MS_ROWS / 2 - 1) / (MS_ROWS / 2); };
-	int TD = 0;
-	if constexpr (SHARED)
-		for (int s = 0; s < S; s++) TD += tilesD(s);
-	const int grid = gridDim.x, blk = blockIdx.x;
-	const int nG = SHARED ? (TG - blk + grid - 1) / grid : 0, nD = SHARED ? max(0, (TD - blk + grid - 1) / grid) : 0;
-	int nAB = mine * perA;
-	for (int m = 0; m < mine; m++) nAB += tilesB(m);
-	const int total = nG + nAB + nD;
+	int total = mine * perA;
+	for (int m = 0; m < mine; m++) total += tilesB(m);
 
-	// Stage q of the block: its phase (G shared gate/up, A, B, D shared
-	// down), item m and tile (G and D: the shared tile's index u, and for D
-	// its slice m and first row).
-	enum Phase { PG, PA, PB, PD };
+	// Stage q of the block: its phase (A or B), item m and tile.
 	struct Stage {
-		Phase p;
+		bool a;
 		int m, tile;
 	};
 	auto stageOf = [&](int q) {
-		if (SHARED && q < nG) return Stage{PG, 0, blk + q * grid};
-		q -= nG;
-		if (q < mine * perA) return Stage{PA, q / perA, q % perA};
+		if (q < mine * perA) return Stage{true, q / perA, q % perA};
 		q -= mine * perA;
-		if (!SHARED || q < nAB - mine * perA) {
-			int m = 0;
-			for (; m < mine - 1 && q >= tilesB(m); m++) q -= tilesB(m);
-			return Stage{PB, m, q};
-		}
-		q -= nAB - mine * perA;
-		int u = blk + q * grid, s = 0;
-		for (; s < S - 1 && u >= tilesD(s); s++) u -= tilesD(s);
-		return Stage{PD, s, rows0(s) + u * (MS_ROWS / 2)};
-	};
-	// need(s) is what counts on slice s's counter before it is summed.
-	auto need = [&](int s) { return SHARED ? K + tilesD(s) : K; };
-
-	const int slotElems = MS_ROWS * max(H, I);
-	// issueShared, by warp 0, requests a shared gate/up stage q < nG
-	// (lanes 0 and 1: its gate rows and its up rows) into its slot.
-	auto issueShared = [&](int q) {
-		const int j = stageOf(q).tile * (MS_ROWS / 2), half = MS_ROWS / 2 * H, slot = q % stages;
-		const unsigned bar = bars + 8 * slot, dst = smem_addr(ring + slot * slotElems);
-		if (lane == 0) mbar_expect_tx(bar, MS_ROWS * H * 2);
-		__syncwarp();
-		if (lane < 2) bulk_load(dst + lane * half * 2, sgu + ((long long)lane * IS + j) * H, half * 2, bar);
+		int m = 0;
+		for (; m < mine - 1 && q >= tilesB(m); m++) q -= tilesB(m);
+		return Stage{false, m, q};
 	};
 
 	ms_mark(trace, 0);
@@ -241,10 +180,6 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 		mbar_init_fence();
 	}
 	__syncthreads();
-	// The shared weights need no route and no kernel before: under that
-	// kernel.
-	if (SHARED && warp == 0)
-		for (int q = 0; q < min(stages, nG); q++) issueShared(q);
 	grid_wait();
 	grid_release();
 	ms_mark(trace, 1);
@@ -271,25 +206,13 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 
 	// issue, by warp 0, requests stage q into its slot: the tile's gate
 	// rows and its up rows (two copies, H elements a row, by lanes 0 and 1),
-	// or its down rows (one copy, I a row; a shared down tile's IS).
+	// or its down rows (one copy, I a row).
+	const int slotElems = MS_ROWS * max(H, I);
 	auto issue = [&](int q) {
 		const Stage st = stageOf(q);
-		if (SHARED && st.p == PG) {
-			issueShared(q);
-			return;
-		}
-		const int slot = q % stages;
+		const int it = itemOf(st.m), k = it / S, s = it % S, e = sEx[k], slot = q % stages;
 		const unsigned bar = bars + 8 * slot, dst = smem_addr(ring + slot * slotElems);
-		if (SHARED && st.p == PD) {
-			if (lane == 0) {
-				const int rows = min(MS_ROWS / 2, rows0(st.m + 1) - st.tile);
-				mbar_expect_tx(bar, rows * IS * 2);
-				bulk_load(dst, sdown + (long long)st.tile * IS, rows * IS * 2, bar);
-			}
-			return;
-		}
-		const int it = itemOf(st.m), k = it / S, s = it % S, e = sEx[k];
-		if (st.p == PA) {
+		if (st.a) {
 			const int j = s * MS_COLS + st.tile * (MS_ROWS / 2), half = MS_ROWS / 2 * H;
 			if (lane == 0) mbar_expect_tx(bar, MS_ROWS * H * 2);
 			__syncwarp();
@@ -302,54 +225,14 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 	};
 	ms_mark(trace, 2);
 	if (warp == 0)
-		for (int q = SHARED ? min(stages, nG) : 0; q < min(stages, total); q++) issue(q);
+		for (int q = 0; q < min(stages, total); q++) issue(q);
 	ms_mark(trace, 3);
-
-	// combineIfLast counts the block's finished rows of slice s (a routed
-	// item's, or with SHARED a shared down tile's); the last of the slice's
-	// need(s) sums it: the K choices' y in choice order, with SHARED plus
-	// ys as linear_add adds (the routed sum rounded, then the sum).
-	auto combineIfLast = [&](int s) {
-		__syncthreads();
-		if (tid == 0) {
-			__threadfence(); // publishes the block's rows (cumulative, after the barrier)
-			flag[1] = atomicAdd(&doneB[s], 1) == need(s) - 1;
-			__threadfence(); // and orders the other blocks' rows, read below, after the count
-		}
-		__syncthreads();
-		if (flag[1]) {
-			for (int n = rows0(s) + tid; n < rows0(s + 1); n += MS_THREADS) {
-				float v = 0.0f;
-				for (int c = 0; c < K; c++) v += sW[c] * __bfloat162float(__ldcg(yg + (long long)c * H + n));
-				if constexpr (SHARED) v = round_bf16(v) + __bfloat162float(__ldcg(ys + n));
-				out[n] = __float2bfloat16_rn(v);
-			}
-			if (tid == 0) doneB[s] = 0; // ready for the next launch
-		}
-	};
 
 	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 	for (int q = 0; q < total; q++) {
 		const Stage st = stageOf(q);
 		const int slot = q % stages, it = itemOf(st.m), k = it / S, s = it % S;
-		if (SHARED && st.p == PD && q == nG + nAB) {
-			// The block's first shared down tile: every block's shared
-			// gate/up tiles done, then act_s into shared memory.
-			if (tid == 0) {
-				if (!ms_wait_count(doneS, TG, status, -1)) flag[0] = 1;
-				else if (atomicAdd(passedS, 1) == min(grid, TD) - 1) {
-					*doneS = 0; // every block with a down tile is past its wait: ready for the next launch
-					*passedS = 0;
-				}
-				__threadfence();
-			}
-			__syncthreads();
-			if (flag[0]) return;
-			for (int i = tid; i < IS / 8; i += MS_THREADS)
-				reinterpret_cast<uint4*>(acts)[i] = __ldcg(reinterpret_cast<const uint4*>(sact) + i);
-			__syncthreads();
-		}
-		if (st.p == PB && st.tile == 0) {
+		if (!st.a && st.tile == 0) {
 			// The first of an item's B stages: the first of all counts this
 			// block's A items done, and every one waits for its choice's
 			// act (the copies already run).
@@ -384,13 +267,10 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 		ms_mark(trace, 4 + 2 * q);
 		if (!mbar_wait(bars + 8 * slot, (q / stages) & 1, status, 1, q)) return;
 		ms_mark(trace, 5 + 2 * q);
-		const bool gu = st.p == PA || (SHARED && st.p == PG), sd = SHARED && st.p == PD;
-		const int kn = gu ? H : sd ? IS : I; // a row's k: its pitch in the slot too
-		const bf16* vec = gu ? xs : sd ? acts : act;
+		const int kn = st.a ? H : I; // a row's k: its pitch in the slot too
+		const bf16* vec = st.a ? xs : act;
 		const bf16* wa = ring + slot * slotElems + g * kn + 8 * t;
-		// A shared down tile has MS_ROWS/2 rows: the mma's rows g + 8 read
-		// rows g again (not past the slot) and are not used.
-		const bf16* wb = sd ? wa : wa + 8 * kn;
+		const bf16* wb = wa + 8 * kn;
 		const int kw = (kn / MS_WARPS + 31) / 32 * 32, kb = warp * kw, ke = min(kb + kw, kn);
 		for (int c = kb; c < ke; c += 32) {
 			const uint4 a = lin_lds(wa + c), b = lin_lds(wb + c);
@@ -409,7 +289,7 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 		acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
 		__syncthreads(); // every warp is done with the slot (and has written its sums)
 		if (warp == 0 && q + stages < total) issue(q + stages);
-		if (gu) {
+		if (st.a) {
 			// Threads 0-7: a column's gate (row tid) and up (row tid + 8).
 			if (tid < MS_ROWS / 2) {
 				float gt = 0.0f, up = 0.0f;
@@ -418,28 +298,9 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 					gt += red[w * MS_ROWS + tid];
 					up += red[w * MS_ROWS + tid + MS_ROWS / 2];
 				}
-				const bf16 a = __float2bfloat16_rn(lin_swiglu(round_bf16(gt), round_bf16(up)));
-				if (SHARED && st.p == PG) sact[st.tile * (MS_ROWS / 2) + tid] = a;
-				else actg[(long long)k * I + s * MS_COLS + st.tile * (MS_ROWS / 2) + tid] = a;
+				const int j = s * MS_COLS + st.tile * (MS_ROWS / 2) + tid;
+				actg[(long long)k * I + j] = __float2bfloat16_rn(lin_swiglu(round_bf16(gt), round_bf16(up)));
 			}
-			if (SHARED && st.p == PG && q == nG - 1) {
-				// The block's shared gate/up tiles are written: counted
-				// (thread 0's fence after the barrier publishes them all).
-				__syncthreads();
-				if (tid == 0) {
-					__threadfence();
-					atomicAdd(doneS, nG);
-				}
-			}
-		} else if (sd) {
-			const int n = st.tile + tid, sl = st.m;
-			if (tid < MS_ROWS / 2 && n < rows0(sl + 1)) {
-				float v = 0.0f;
-#pragma unroll
-				for (int w = 0; w < MS_WARPS; w++) v += red[w * MS_ROWS + tid];
-				ys[n] = __float2bfloat16_rn(v);
-			}
-			combineIfLast(sl);
 		} else {
 			const int n = rows0(s) + st.tile * MS_ROWS + tid;
 			if (tid < MS_ROWS && n < rows0(s + 1)) {
@@ -448,28 +309,27 @@ __device__ __forceinline__ void routed_split(bf16* out, const bf16* x, const flo
 				for (int w = 0; w < MS_WARPS; w++) v += red[w * MS_ROWS + tid];
 				yg[(long long)k * H + n] = __float2bfloat16_rn(v);
 			}
-			if (st.tile == tilesB(st.m) - 1) combineIfLast(s); // the item's rows are done
+			if (st.tile == tilesB(st.m) - 1) {
+				// The item's rows are done: the last of the slice's K items
+				// sums them in choice order.
+				__syncthreads();
+				if (tid == 0) {
+					__threadfence(); // publishes the block's y (cumulative, after the barrier)
+					flag[1] = atomicAdd(&doneB[s], 1) == K - 1;
+					__threadfence(); // and orders the other blocks' y, read below, after the count
+				}
+				__syncthreads();
+				if (flag[1]) {
+					for (int n = rows0(s) + tid; n < rows0(s + 1); n += MS_THREADS) {
+						float v = 0.0f;
+						for (int c = 0; c < K; c++) v += sW[c] * __bfloat162float(__ldcg(yg + (long long)c * H + n));
+						out[n] = __float2bfloat16_rn(v);
+					}
+					if (tid == 0) doneB[s] = 0; // ready for the next launch
+				}
+			}
 		}
 		__syncthreads(); // the sums are read before the next tile writes them
 	}
 	ms_mark(trace, MS_TRACE - 1);
-}
-
-extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
-    moe_routed_split(bf16* out, const bf16* x, const float* logits, int E, int K, int groupLimited, int groups,
-                     int topkGroups, int norm, float scale, int* idx, float* weight, const bf16* gateUp,
-                     const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages, int* counters, int* status,
-                     long long* trace) {
-	routed_split<false>(out, x, logits, E, K, groupLimited, groups, topkGroups, norm, scale, idx, weight, gateUp, down,
-	                    actg, yg, H, I, stages, counters, status, trace, nullptr, nullptr, nullptr, nullptr, 0);
-}
-
-extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
-    moe_routed_split_shared(bf16* out, const bf16* x, const float* logits, int E, int K, int groupLimited,
-                            int groups, int topkGroups, int norm, float scale, int* idx, float* weight,
-                            const bf16* gateUp, const bf16* down, bf16* actg, bf16* yg, int H, int I, int stages,
-                            int* counters, int* status, long long* trace, const bf16* sgu, const bf16* sdown,
-                            bf16* sact, bf16* ys, int IS) {
-	routed_split<true>(out, x, logits, E, K, groupLimited, groups, topkGroups, norm, scale, idx, weight, gateUp, down,
-	                   actg, yg, H, I, stages, counters, status, trace, sgu, sdown, sact, ys, IS);
 }

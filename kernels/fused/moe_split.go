@@ -32,14 +32,12 @@ const (
 	msMaxH         = 8192            // MS_MAX_H
 	msMaxI         = 4096            // MS_MAX_I
 	msMaxS         = 192             // MS_MAX_S: slices of an expert
-	msCounters     = 64 + msMaxS + 2 // MS_COUNTERS
+	msCounters     = 64 + msMaxS     // MS_COUNTERS
 	msTrace        = 128             // MS_TRACE: marks of a timeline
 	msHead         = 2048            // MS_HEAD: bytes of the small arrays before x
 	msWaitOthers   = 2               // status code of a wait for the other blocks' activations
 	scrMoESplitAct = "moe.split.act" // moe_routed_split: each choice's activations bf16 [K, I]
 	scrMoESplitY   = "moe.split.y"   // moe_routed_split: each choice's output bf16 [K, H]
-	scrMoESplitYS  = "moe.split.ys"  // moe_routed_split_shared: the shared MLP's output bf16 [H]
-	msSharedKernel = "moe_routed_split_shared"
 )
 
 // routeSplitTokens is the most tokens the default moe_routed runs
@@ -67,19 +65,7 @@ func msSlot(hidden, inter int) int { return msRows * max(hidden, inter) * 2 }
 // slots of whole rows as fit up to msMaxStages, two at least. An error says
 // why it cannot run.
 func planSplit(hidden, inter, topk, experts, sms, maxShared int) (msPlan, error) {
-	return planSplitShared(hidden, inter, 0, topk, experts, sms, maxShared)
-}
-
-// planSplitShared is planSplit with a shared MLP of sharedInter
-// intermediate columns (moe_routed_split_shared; 0: none): its act in
-// shared memory beside x and the routed act, a down tile of msRows/2 of
-// its rows in a slot.
-func planSplitShared(hidden, inter, sharedInter, topk, experts, sms, maxShared int) (msPlan, error) {
 	switch {
-	case sharedInter < 0 || sharedInter%msCols != 0 || sharedInter > msMaxI:
-		return msPlan{}, fmt.Errorf("shared I=%d is not a multiple of %d up to %d", sharedInter, msCols, msMaxI)
-	case msRows/2*sharedInter > msRows*max(hidden, inter):
-		return msPlan{}, fmt.Errorf("shared I=%d: a down tile of %d rows does not fit a slot of %d rows of %d", sharedInter, msRows/2, msRows, max(hidden, inter))
 	case inter < msCols || inter%msCols != 0 || inter > msMaxI || inter/msCols > msMaxS:
 		return msPlan{}, fmt.Errorf("I=%d is not a positive multiple of %d up to %d (whole items)", inter, msCols, msMaxI)
 	case hidden < msCols || hidden%msCols != 0 || hidden > msMaxH:
@@ -91,7 +77,7 @@ func planSplitShared(hidden, inter, sharedInter, topk, experts, sms, maxShared i
 	}
 	items := topk * inter / msCols
 	blocks := min(items, max(1, sms))
-	fixed := msHead + (2*(hidden+inter+sharedInter)+127)/128*128
+	fixed := msHead + (2*(hidden+inter)+127)/128*128
 	slot := msSlot(hidden, inter)
 	stages := min(msMaxStages, (maxShared-fixed)/slot)
 	if stages < 2 {
@@ -102,9 +88,7 @@ func planSplitShared(hidden, inter, sharedInter, topk, experts, sms, maxShared i
 }
 
 // msModule is moe_routed_split's NVRTC module.
-func msModule() cudaset.Module {
-	return module("moe_split.cu", []string{"moe_routed_split", msSharedKernel})
-}
+func msModule() cudaset.Module { return module("moe_split.cu", []string{"moe_routed_split"}) }
 
 // msKit is moe_routed_split on one device.
 type msKit struct {
@@ -124,11 +108,9 @@ func newMoESplit(k *cudaset.Kit) *msKit {
 	if m.err = addHopperModule(k, "moe_routed "+splitVariant, "moe_routed_split", msModule()); m.err != nil {
 		return m
 	}
-	for _, f := range msModule().Funcs {
-		if err := k.FitShared(f, k.MaxShared); err != nil {
-			m.err = fmt.Errorf("fused: moe_routed %s: %w", splitVariant, err)
-			return m
-		}
+	if err := k.FitShared("moe_routed_split", k.MaxShared); err != nil {
+		m.err = fmt.Errorf("fused: moe_routed %s: %w", splitVariant, err)
+		return m
 	}
 	k.Overlap(msModule().Funcs...)
 	m.status = newWaitStatus(k)
@@ -164,41 +146,6 @@ func (o *ops) routedSplit(out, idx, weight, x, logits, gateUp, down *kernels.Ten
 	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
 		act.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status), o.ms.trace)
 	o.LaunchShared("moe_routed_split", p.blocks, msThreads, p.shared, args...)
-	return true
-}
-
-// routedSplitShared launches moe_routed_split_shared for one token (the
-// op moe_routed_shared: the routed experts as routedSplit, and the shared
-// MLP of sharedGateUp [2·SI, H] and sharedDown [H, SI] over the same x,
-// act [1, SI] its intermediate, its output added into out), or reports
-// false, launching nothing, where it cannot.
-func (o *ops) routedSplitShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor, r *kernels.Routing) bool {
-	n, hidden := x.Rows(), x.Cols()
-	experts, inter, si := gateUp.Shape[0], gateUp.Shape[1]/2, sharedDown.Cols()
-	aligned := func(ts ...*kernels.Tensor) bool {
-		for _, t := range ts {
-			if !cudaset.IsBF16(t) || o.D.Ptr(t)%16 != 0 {
-				return false
-			}
-		}
-		return true
-	}
-	if n != 1 || o.ms.ready() != nil || !aligned(x, out, gateUp, down, sharedGateUp, sharedDown, act) ||
-		gateUp.Pitch != hidden || down.Pitch != inter || sharedGateUp.Pitch != hidden || sharedDown.Pitch != si {
-		return false
-	}
-	p, err := planSplitShared(hidden, inter, si, r.TopK, experts, o.SMs, o.MaxShared)
-	if err != nil {
-		return false
-	}
-	y := o.Scratch(scrMoESplitY, kernels.BF16, r.TopK, hidden)
-	ra := o.Scratch(scrMoESplitAct, kernels.BF16, r.TopK, inter)
-	ys := o.Scratch(scrMoESplitYS, kernels.BF16, 1, hidden)
-	args := []any{o.D.Ptr(out), o.D.Ptr(x), o.D.Ptr(logits)}
-	args = append(append(args, routeArgs(experts, r)...), o.D.Ptr(idx), o.D.Ptr(weight), o.D.Ptr(gateUp), o.D.Ptr(down),
-		ra.P, y.P, int32(hidden), int32(inter), int32(p.stages), o.D.Ptr(o.ms.counters), o.D.Ptr(o.ms.status), o.ms.trace,
-		o.D.Ptr(sharedGateUp), o.D.Ptr(sharedDown), o.D.Ptr(act), ys.P, int32(si))
-	o.LaunchShared(msSharedKernel, p.blocks, msThreads, p.shared, args...)
 	return true
 }
 

@@ -87,66 +87,6 @@ func moeRouted(e *env, c routedCase) {
 	e.check("out", out, all)
 }
 
-// moeRoutedSharedChecks are moe_routed_shared's: one token with dims a
-// one-launch kernel takes (multiples of 64) and with dims of no tile, both
-// routings, ties, three tokens (a set that fuses the op for one token only
-// declines them: the Dispatch runs the parts, which their own cases hold),
-// and DeepSeek-V2-Lite's own (1.1 GB of expert weights: GPUs only).
-func moeRoutedSharedChecks(l *caseList) {
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
-	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
-	add := func(c routedSharedCase, long bool) {
-		for _, w := range l.wdts {
-			l.addCase(opCase{name: c.String() + ",w=" + w.String(), wdt: w, long: long, declinable: true,
-				run: func(e *env) { moeRoutedShared(e, c) }})
-		}
-	}
-	for _, c := range []routedSharedCase{
-		{routedCase{routeCase: routeCase{name: "v2-lite routing", n: 1, e: 64, r: lite}, h: 256, inter: 128}, 256},
-		{routedCase{routeCase: routeCase{name: "v2-lite routing", n: 1, e: 64, r: lite}, h: 384, inter: 192}, 640},
-		{routedCase{routeCase: routeCase{name: "group-limited 8 groups top 3", n: 1, e: 64, r: limited}, h: 256, inter: 128}, 192},
-		{routedCase{routeCase: routeCase{name: "ties, v2-lite routing", n: 1, e: 64, r: lite, ties: true}, h: 256, inter: 128}, 256},
-		{routedCase{routeCase: routeCase{name: "v2-lite routing", n: 1, e: 64, r: lite}, h: 264, inter: 176}, 352},
-		{routedCase{routeCase: routeCase{name: "v2-lite routing", n: 3, e: 64, r: lite}, h: 256, inter: 128}, 256},
-	} {
-		add(c, false)
-	}
-	add(routedSharedCase{routedCase{routeCase: routeCase{name: "v2-lite", n: 1, e: 64, r: lite}, h: 2048, inter: 1408}, 2816}, true)
-}
-
-// routedSharedCase is moe_routed_shared: routedCase's router and experts
-// and a shared MLP of si intermediate columns.
-type routedSharedCase struct {
-	routedCase
-	si int
-}
-
-func (c routedSharedCase) String() string { return fmt.Sprintf("%s,SI=%d", c.routedCase, c.si) }
-
-// moeRoutedShared routes c's logits (routeLogits) and runs the experts and
-// the shared MLP: idx and weight held to the reference as moe_route's,
-// act and out.
-func moeRoutedShared(e *env, c routedSharedCase) {
-	logits := routeLogits(e, c.routeCase)
-	lg := e.tensor(f32K, logits, c.n, c.e)
-	x := e.random(actK, 1, c.n, c.h)
-	gateUp := e.patterned(weightK, 1/math.Sqrt(float64(c.h)), c.e, 2*c.inter, c.h)
-	down := e.patterned(weightK, 1/math.Sqrt(float64(c.inter)), c.e, c.h, c.inter)
-	sGateUp := e.random(weightK, 1/math.Sqrt(float64(c.h)), 2*c.si, c.h)
-	sDown := e.random(weightK, 1/math.Sqrt(float64(c.si)), c.h, c.si)
-	k := c.r.TopK
-	idx := e.ints(filled(c.n*k, -1), c.n, k)
-	w := e.poisoned(f32K, c.n, k)
-	act := e.poisoned(actK, c.n, c.si)
-	out := e.poisoned(actK, c.n, c.h)
-	e.run(func(o kernels.Ops, s int) {
-		o.MoERoutedShared(out[s], idx[s], w[s], act[s], x[s], lg[s], gateUp[s], down[s], sGateUp[s], sDown[s], &c.r)
-	})
-	checkRoutes(e, c.routeCase, logits, idx, w)
-	e.check("act", act, all)
-	e.check("out", out, all)
-}
-
 func routeName(r kernels.Routing) string {
 	s := "greedy"
 	if r.Method == kernels.RouteGroupLimited {

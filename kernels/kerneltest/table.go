@@ -33,7 +33,6 @@ var table = []opCases{
 	{kernels.OpMoERoute, moeRouteChecks, nil},
 	{kernels.OpMoEExperts, moeExpertsChecks, moeExpertsBench},
 	{kernels.OpMoERouted, moeRoutedChecks, moeRoutedBench},
-	{kernels.OpMoERoutedShared, moeRoutedSharedChecks, nil},
 	{kernels.OpGroupGemm, groupGemmChecks, groupGemmBench},
 	{kernels.OpArgmax, argmaxChecks, nil},
 	{kernels.OpDecodeAdvance, decodeAdvanceChecks, nil},

@@ -96,13 +96,6 @@ func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tenso
 	o.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
-// MoERoutedShared is the set's LinearSwiGLU of the shared experts, its
-// MoERouted, then its LinearAdd of the shared down projection.
-func (o *ops) MoERoutedShared(out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown *kernels.Tensor, r *kernels.Routing) {
-	kernels.CheckMoERoutedShared(o.D.ActDType(), out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-	kernels.MoERoutedSharedParts(o, out, idx, weight, act, x, logits, gateUp, down, sharedGateUp, sharedDown, r)
-}
-
 // expertGemm is moe_expert_gemm: y = x·w[e]ᵀ over every expert's rows of the
 // sorted x [rows, kk], y [rows, n], w [E, n, kk], offsets i32 [E+1] on the
 // device.
