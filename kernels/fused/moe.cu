@@ -132,7 +132,7 @@ template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWI
 __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,
                                                 const bf16* w, const int* first, int N, int K, int choices, int g,
                                                 int row0, int rowEnd, int nt0, int* aRow, int* bRow,
-                                                bool early = false, Pre pre = {}) {
+                                                bool early = false, Pre pre = {}, const int* slots = nullptr) {
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
@@ -154,7 +154,7 @@ __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x
 		__syncthreads();
 		for (int i = tid; i < choices; i += THREADS) {
 			if (gather[i] != g) continue;
-			const int r = first[g] + fold_rank(gather, i) - row0;
+			const int r = (slots != nullptr ? slots[i] : first[g] + fold_rank(gather, i)) - row0;
 			if (r >= 0 && r < BM) aRow[r] = i / gdiv;
 		}
 	} else {
@@ -840,7 +840,7 @@ template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
-                        int* done, int* tickets) {
+                        int* done, int* tickets, int ahead, int slotRows) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1];
@@ -859,17 +859,22 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	moe_stamp(0, MOE_COUNTED);
 	const int mtiles = start[E], upTiles = (I + BN / 2 - 1) / (BN / 2), downTiles = (KK + BN - 1) / BN;
 	const int t1 = mtiles * upTiles, t2 = t1 + mtiles * downTiles;
+	int held = -1; // thread 0: the next ticket, taken as the tile before it started; -1 for none
 	for (;;) {
-		if (tid == 0) ticket = atomicAdd(&tickets[0], 1);
+		if (tid == 0) ticket = held >= 0 ? held : atomicAdd(&tickets[0], 1);
 		__syncthreads(); // the ticket is written
 		const int t = ticket;
 		if (t >= t2) break;
+		// While more than ahead tickets of work remain, thread 0 takes the
+		// next one now: its round trip runs under the tile.
+		if (tid == 0) held = ahead > 0 && t + ahead < t2 ? atomicAdd(&tickets[0], 1) : -1;
 		if (t < t1) {
 			const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups);
 			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true>(act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices,
-			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow);
+			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow, false, NoPre{},
+			                                                    slotRows ? sSlot : nullptr);
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups + 1);
 			ups++;
 			__syncthreads(); // every thread's rows of act stored
@@ -914,9 +919,11 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
 	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
-	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
+	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets, int ahead, \
+	         int slotRows) {                                                                                       \
 		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
-		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets, ahead,       \
+		                                slotRows);                                                                \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
 
