@@ -128,6 +128,8 @@ struct NoPre {
 // of x, a group a stage: the weights stream in under the wait. The groups
 // complete in order, so the loop's wait for stage 0's rows of x covers
 // the weights' group too.
+// With FOLD and slots (each choice's row, shared, as moe_one's blocks hold
+// them), a tile finds its rows there instead of ranking every choice again.
 template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD, class Pre = NoPre>
 __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,
                                                 const bf16* w, const int* first, int N, int K, int choices, int g,
@@ -824,9 +826,13 @@ MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 // its rows of act through L2 and goes on as group_gemm_fold's tile: its
 // n-tile's last tile sums the n-tile (fold_combine, with each choice's row
 // from the block's own ranks, sSlot, where the tables block 0 writes may
-// not yet be visible). No wait can block forever: a down ticket comes
-// after every gate/up ticket, and a gate/up tile, once taken, runs on a
-// block that waits on nothing. The same tiles, rows and sums as the two
+// not yet be visible). A gate/up tile finds its rows from the block's
+// sSlot. While plenty of work remains a block takes its next ticket as a
+// tile starts, so that the round trip runs under the tile. No wait can
+// block forever: a down ticket comes after every gate/up ticket, a block's
+// ticket held ahead comes after the one it runs (so a block in a down
+// tile's wait holds no gate/up ticket), and a gate/up tile, once taken,
+// runs on a block that waits on nothing. The same tiles, rows and sums as the two
 // launches, so bit for bit their outputs.
 //   act bf16 [M, ap]; x bf16 [N, xp]; idx i32 [N, ip] (K columns);
 //   gateUp bf16 [E, NN, KK] (NN = 2I, KK = H); first i32 [E+1], sorted i32
@@ -840,7 +846,7 @@ template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
-                        int* done, int* tickets, int ahead, int slotRows) {
+                        int* done, int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1];
@@ -865,16 +871,17 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		__syncthreads(); // the ticket is written
 		const int t = ticket;
 		if (t >= t2) break;
-		// While more than ahead tickets of work remain, thread 0 takes the
-		// next one now: its round trip runs under the tile.
-		if (tid == 0) held = ahead > 0 && t + ahead < t2 ? atomicAdd(&tickets[0], 1) : -1;
+		// While more than two tickets a block remain after this one, thread
+		// 0 takes the next one now: its round trip runs under the tile. Near
+		// the end a ticket held ahead would be a tile no idle block can
+		// take, so the last ones go to whichever block asks first.
+		if (tid == 0) held = t + 2 * (int)gridDim.x < t2 ? atomicAdd(&tickets[0], 1) : -1;
 		if (t < t1) {
 			const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups);
 			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true>(act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices,
-			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow, false, NoPre{},
-			                                                    slotRows ? sSlot : nullptr);
+			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow, false, NoPre{}, sSlot);
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups + 1);
 			ups++;
 			__syncthreads(); // every thread's rows of act stored
@@ -919,11 +926,9 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
 	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
-	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets, int ahead, \
-	         int slotRows) {                                                                                       \
+	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
 		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
-		                                y, yp, down, out, outp, weight, wp, counters, done, tickets, ahead,       \
-		                                slotRows);                                                                \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
 
