@@ -25,6 +25,12 @@
 #define ROUTE_WARPS 4
 #define ALIGN_THREADS 1024
 
+// ALIGN_WARPS is moe_align's warps, each the owner of a chunk of the
+// choices; ALIGN_STEPS the steps of 32 choices whose experts a warp loads
+// at once before it takes them.
+#define ALIGN_WARPS (ALIGN_THREADS / 32)
+#define ALIGN_STEPS 8
+
 // ---------------------------------------------------------------- routing
 
 // moe_route routes each token (route_token), a warp a token.
@@ -525,8 +531,8 @@ template <int BM> __device__ void fold_starts(int* first, const int* count, int 
 // fold_count is the first half of moe_align in one block's shared memory:
 // ex[i] is choice i's expert and first[e] expert e's first padded row
 // (fold_starts). A choice's row within its expert is its rank (fold_rank),
-// so the order within an expert is choice order (moe_align's is an
-// atomic's). An expert outside [0, E) traps.
+// so the order within an expert is choice order, as moe_align's. An expert
+// outside [0, E) traps.
 //   idx i32 [N, ip] (K columns); first [E+1], ex [≥ N·K], count [E]:
 //   shared. N·K ≤ MOE_FOLD_MAX, E ≤ MAX_GROUPS.
 template <int BM> __device__ void fold_count(int* first, int* ex, int* count, const int* idx, int ip, int N, int K, int E) {
@@ -934,42 +940,117 @@ MOE_ONE_INSTANCES(MOE_ONE)
 
 // -------------------------------------------------- permutation and sum
 
+// align_walk is one warp's walk over its chunk [lo, hi) of moe_align's
+// choices, a step of 32 at a time in choice order: it calls step(i, e)
+// with all 32 lanes, lane l's choice i = s + l of the step at s and its
+// expert e, or -1 past hi. The lanes load ALIGN_STEPS steps' experts
+// before they take the first (the loads in flight together), and move
+// from choice to choice without a division: choice i = t·K + k is
+// idx[t·ip + k], and a step of 32 choices is dt tokens and dk columns on.
+// An expert outside [0, E) traps.
+template <typename Step>
+__device__ __forceinline__ void align_walk(const int* idx, int ip, int K, int E, int lo, int hi, Step step) {
+	const int lane = threadIdx.x & 31;
+	const int dt = 32 / K, dk = 32 - dt * K;
+	int t = (lo + lane) / K, k = lo + lane - t * K;
+	const int* at = idx + (long long)t * ip + k;
+	const long long next = (long long)dt * ip + dk;
+	for (int s = lo; s < hi; s += 32 * ALIGN_STEPS) {
+		int e[ALIGN_STEPS];
+#pragma unroll
+		for (int u = 0; u < ALIGN_STEPS; u++) {
+			e[u] = s + 32 * u + lane < hi ? *at : -1;
+			at += next;
+			k += dk;
+			if (k >= K) {
+				k -= K;
+				at += ip - K;
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < ALIGN_STEPS; u++) {
+			if (s + 32 * u >= hi) break; // the warp's last steps are past its chunk
+			if (s + 32 * u + lane < hi && (e[u] < 0 || e[u] >= E)) __trap();
+			step(s + 32 * u + lane, e[u]);
+		}
+	}
+}
+
 // moe_align sorts the N·K choices by expert, in one block: expert e's
 // choices get rows [first[e], first[e] + count[e]) of the sorted order and
 // its rows run on to first[e+1], the count rounded up to whole m-tiles of
 // BM rows; sorted[r] = t·K + k for the row of choice (t, k) and -1 for a
-// padding row, slot[t·K + k] = its row. The order within an expert is the
-// order its choices win a shared-memory atomic: arbitrary, and harmless,
-// since every row is computed on its own and moe_combine sums in k order.
+// padding row, slot[t·K + k] = its row. The order within an expert is
+// ascending choice index (stable; fold_tables' order too).
 // An expert outside [0, E) traps.
+//
+// Warp-private counting, no atomics: warp w owns the choices of chunk
+// [w·C, (w+1)·C), C the choices over ALIGN_WARPS rounded up to whole steps
+// of 32, and walks it twice (align_walk). In a step, the lanes that chose
+// the same expert find each other (__match_any_sync) and the lowest of
+// them (the group's leader) acts for them on the warp's own row of cnt:
+// the first walk counts the warp's choices of each expert; a scan over
+// the warps, an expert a thread, turns each count into the warp's first
+// row of that expert (first[e] plus the counts of the warps before it);
+// the second walk gives a choice the warp's next row of its expert plus
+// the number of lower lanes in the step that chose it, and the leader
+// moves the warp's next row on by the group. Each sorted entry is written
+// once: the choices' rows by the second walk, the padding rows by a warp
+// an expert.
 //   first i32 [E+1]; sorted i32 [≥ first[E]]; slot i32 [N·K]; idx i32
 //   [N, ip] (K columns). E ≤ MAX_GROUPS.
 // Launch: one block of ALIGN_THREADS threads.
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
     moe_align(int* first, int* sorted, int* slot, const int* idx, int ip, int N, int K, int E, int BM) {
-	__shared__ int count[MAX_GROUPS], cursor[MAX_GROUPS];
+	// cnt[w][e]: warp w's choices of expert e, then its next row of e
+	__shared__ int cnt[ALIGN_WARPS][MAX_GROUPS], count[MAX_GROUPS], start[MAX_GROUPS + 1];
 	grid_wait();
 	grid_release();
-	const int tid = threadIdx.x;
-	const int choices = N * K;
-	for (int e = tid; e < E; e += ALIGN_THREADS) count[e] = 0;
-	__syncthreads();
-	auto expert = [&](int i) {
-		const int t = i / K, e = idx[(long long)t * ip + (i - t * K)];
-		if (e < 0 || e >= E) __trap();
-		return e;
-	};
-	for (int i = tid; i < choices; i += ALIGN_THREADS) atomicAdd(&count[expert(i)], 1);
-	__syncthreads();
-	if (tid < 32) padded_starts(count, E, BM, first);
-	__syncthreads(); // first, in global memory, is read back by the block below
-	for (int e = tid; e < E; e += ALIGN_THREADS) cursor[e] = first[e];
-	const int total = first[E];
-	for (int r = tid; r < total; r += ALIGN_THREADS) sorted[r] = -1;
-	__syncthreads();
-	for (int i = tid; i < choices; i += ALIGN_THREADS) {
-		const int r = atomicAdd(&cursor[expert(i)], 1);
-		sorted[r] = i;
-		slot[i] = r;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const unsigned below = (1u << lane) - 1; // the lanes under this one
+	const int choices = N * K, chunk = (choices + ALIGN_THREADS - 1) / ALIGN_THREADS * 32;
+	const int lo = min(warp * chunk, choices), hi = min(lo + chunk, choices);
+	int* row = cnt[warp];
+	for (int e = lane; e < E; e += 32) row[e] = 0;
+	__syncwarp();
+	align_walk(idx, ip, K, E, lo, hi, [&](int, int e) {
+		const unsigned same = __match_any_sync(FULL_MASK, e);
+		if (e >= 0 && lane == __ffs(same) - 1) row[e] += __popc(same);
+		__syncwarp(); // the row as the next step's leaders read it
+	});
+	__syncthreads(); // every warp's counts
+	for (int e = tid; e < E; e += ALIGN_THREADS) {
+		int run = 0;
+		for (int w = 0; w < ALIGN_WARPS; w++) {
+			const int c = cnt[w][e];
+			cnt[w][e] = run;
+			run += c;
+		}
+		count[e] = run;
 	}
+	__syncthreads();
+	if (tid < 32) padded_starts(count, E, BM, start);
+	__syncthreads();
+	for (int e = tid; e <= E; e += ALIGN_THREADS) first[e] = start[e];
+	for (int e = tid; e < E; e += ALIGN_THREADS)
+		for (int w = 0; w < ALIGN_WARPS; w++) cnt[w][e] += start[e];
+	for (int e = warp; e < E; e += ALIGN_WARPS)
+		for (int r = start[e] + count[e] + lane; r < start[e + 1]; r += 32) sorted[r] = -1;
+	__syncthreads(); // every warp's first rows
+	align_walk(idx, ip, K, E, lo, hi, [&](int i, int e) {
+		const unsigned same = __match_any_sync(FULL_MASK, e);
+		const int leader = __ffs(same) - 1;
+		int base = 0; // the group's first row
+		if (e >= 0 && lane == leader) {
+			base = row[e];
+			row[e] = base + __popc(same);
+		}
+		base = __shfl_sync(FULL_MASK, base, leader);
+		if (e >= 0) {
+			const int r = base + __popc(same & below);
+			sorted[r] = i;
+			slot[i] = r;
+		}
+		__syncwarp(); // the row as the next step's leaders read it
+	});
 }

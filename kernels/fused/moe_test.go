@@ -618,6 +618,116 @@ func TestGroupGemmDynExact(t *testing.T) {
 	}
 }
 
+// TestMoEAlignStable launches moe_align alone and holds its first, sorted
+// and slot, exactly, against alignReference's stable order (expert by
+// expert, each expert's choices in ascending index, its rows padded to
+// whole m-tiles with -1). Cases: 6 choices (one token: one warp, a partial
+// step); 97 (four warps of a step, the last of one choice); 12,288 (2,048
+// tokens of top-6, idx pitched past K); 66,246 (the 11,041-token prefill
+// of top-6: the last warp's chunk shorter, a partial step at its end);
+// 32,768 of 256 experts (MAX_GROUPS); 6,000 choices all of one expert;
+// every token on 6 of the first 10 of 64 experts (54 get none). sorted and slot
+// start as 0x7f7f7f7f, so a row no thread writes shows. It logs each
+// case's median µs (alone, back to back).
+func TestMoEAlignStable(t *testing.T) {
+	dev, o := openSet(t)
+	rng := rand.New(rand.NewSource(43))
+	for _, c := range []struct {
+		n, k, experts, bm int
+		routing           string // moeRouting's "distinct"; "one": every choice expert 3; "few": 6 of the first 10
+		pad               int    // idx's columns past K
+	}{
+		{1, 6, 64, 128, "distinct", 0}, {97, 1, 16, 64, "distinct", 0}, {2048, 6, 64, 128, "distinct", 2},
+		{11041, 6, 64, 128, "distinct", 0}, {4096, 8, 256, 128, "distinct", 0}, {1000, 6, 16, 64, "one", 0},
+		{2048, 6, 64, 64, "few", 0},
+	} {
+		choices, pitch := c.n*c.k, c.k+c.pad
+		name := fmt.Sprintf("N=%d K=%d E=%d BM=%d %s pitch %d", c.n, c.k, c.experts, c.bm, c.routing, pitch)
+		var ids []int
+		switch c.routing {
+		case "one":
+			ids = slices.Repeat([]int{3}, choices)
+		case "few":
+			for range c.n {
+				ids = append(ids, rng.Perm(10)[:c.k]...)
+			}
+		default:
+			ids, _ = moeRouting(rng, c.routing, c.n, c.k, c.experts)
+		}
+		pitched := make([]int, c.n*pitch)
+		for i := range pitched {
+			pitched[i] = c.experts - 1 // the columns past K: a read of them shows in the counts
+		}
+		for i, e := range ids {
+			pitched[i/c.k*pitch+i%c.k] = e
+		}
+		idx := intsOn(t, dev, pitched)
+		rows := mTiles(choices, c.experts, c.bm) * c.bm
+		first, sorted, slot := dev.Alloc(kernels.I32, c.experts+1), dev.Alloc(kernels.I32, rows), dev.Alloc(kernels.I32, choices)
+		dev.MemsetD8(dev.Ptr(sorted), 0x7f, rows*4)
+		dev.MemsetD8(dev.Ptr(slot), 0x7f, choices*4)
+		align := func() {
+			o.Launch("moe_align", 1, alignThreads, dev.Ptr(first), dev.Ptr(sorted), dev.Ptr(slot), dev.Ptr(idx), int32(pitch),
+				int32(c.n), int32(c.k), int32(c.experts), int32(c.bm))
+		}
+		align()
+		wantFirst, wantSorted, wantSlot := alignReference(ids, c.experts, c.bm)
+		for _, out := range []struct {
+			what string
+			buf  *kernels.Tensor
+			want []int
+		}{{"first", first, wantFirst}, {"sorted", sorted, wantSorted}, {"slot", slot, wantSlot}} {
+			got, err := dev.ReadI32(out.buf)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			got = got[:len(out.want)] // sorted past first[E] is the bound's, unwritten
+			bad, at := 0, -1
+			for i, v := range out.want {
+				if int(got[i]) != v {
+					if bad == 0 {
+						at = i
+					}
+					bad++
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%s: %d of %d entries of %s differ from the stable order's, first at %d: %d, want %d",
+					name, bad, len(out.want), out.what, at, got[at], out.want[at])
+			}
+		}
+		t.Logf("%s: %d choices, %d rows, %.2f µs (median, alone, back to back)", name, choices, wantFirst[c.experts],
+			medianUs(t, dev, align))
+		for _, a := range []*kernels.Tensor{idx, first, sorted, slot} {
+			dev.Free(a)
+		}
+	}
+}
+
+// alignReference is moe_align's output for the choices ids of experts, in
+// the stable order: first [E+1], each expert's first row, its count rounded
+// up to whole m-tiles of bm rows; sorted [first[E]], each row's choice (an
+// expert's in ascending index) or -1 for padding; slot, each choice's row.
+func alignReference(ids []int, experts, bm int) (first, sorted, slot []int) {
+	count := make([]int, experts)
+	for _, e := range ids {
+		count[e]++
+	}
+	first = make([]int, experts+1)
+	for e, n := range count {
+		first[e+1] = first[e] + (n+bm-1)/bm*bm
+	}
+	sorted = slices.Repeat([]int{-1}, first[experts])
+	slot = make([]int, len(ids))
+	next := slices.Clone(first[:experts])
+	for i, e := range ids {
+		slot[i] = next[e]
+		sorted[next[e]] = i
+		next[e]++
+	}
+	return first, sorted, slot
+}
+
 // checkCounters fails t unless every counter of the persistent grids, of
 // the folded path's n-tiles and of moe_one's m-tiles is zero, as each
 // launch must leave them.
