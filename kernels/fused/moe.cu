@@ -20,16 +20,22 @@
 #include "instances.cuh"
 
 // ROUTE_WARPS tokens per block of moe_route, a warp each (route.cuh's
-// route_token). ALIGN_THREADS is moe_align's block. MAX_GROUPS (groups.cuh) is
-// the most groups group_gemm schedules (and experts moe_align sorts into).
+// route_token). MAX_GROUPS (groups.cuh) is the most groups group_gemm
+// schedules (and experts moe_align sorts into).
 #define ROUTE_WARPS 4
-#define ALIGN_THREADS 1024
 
-// ALIGN_WARPS is moe_align's warps, each the owner of a chunk of the
-// choices; ALIGN_STEPS the steps of 32 choices whose experts a warp loads
-// at once before it takes them.
+// moe_align_count and moe_align run ALIGN_BLOCKS blocks of ALIGN_THREADS
+// threads (one expert a thread where they scan: MAX_GROUPS at most); each
+// of their ALIGN_CHUNKS warps owns a chunk of the choices. ALIGN_STEPS is
+// the steps of 32 choices whose experts a warp loads at once before it
+// takes them.
+#define ALIGN_THREADS 256
+#define ALIGN_BLOCKS 16
 #define ALIGN_WARPS (ALIGN_THREADS / 32)
+#define ALIGN_CHUNKS (ALIGN_BLOCKS * ALIGN_WARPS)
 #define ALIGN_STEPS 8
+static_assert(ALIGN_THREADS >= MAX_GROUPS, "a thread an expert");
+static_assert(ALIGN_CHUNKS % 4 == 0, "a scan reads a chunk's counts four at a time");
 
 // ---------------------------------------------------------------- routing
 
@@ -976,40 +982,30 @@ __device__ __forceinline__ void align_walk(const int* idx, int ip, int K, int E,
 	}
 }
 
-// moe_align sorts the N·K choices by expert, in one block: expert e's
-// choices get rows [first[e], first[e] + count[e]) of the sorted order and
-// its rows run on to first[e+1], the count rounded up to whole m-tiles of
-// BM rows; sorted[r] = t·K + k for the row of choice (t, k) and -1 for a
-// padding row, slot[t·K + k] = its row. The order within an expert is
-// ascending choice index (stable; fold_tables' order too).
-// An expert outside [0, E) traps.
-//
-// Warp-private counting, no atomics: warp w owns the choices of chunk
-// [w·C, (w+1)·C), C the choices over ALIGN_WARPS rounded up to whole steps
-// of 32, and walks it twice (align_walk). In a step, the lanes that chose
-// the same expert find each other (__match_any_sync) and the lowest of
-// them (the group's leader) acts for them on the warp's own row of cnt:
-// the first walk counts the warp's choices of each expert; a scan over
-// the warps, an expert a thread, turns each count into the warp's first
-// row of that expert (first[e] plus the counts of the warps before it);
-// the second walk gives a choice the warp's next row of its expert plus
-// the number of lower lanes in the step that chose it, and the leader
-// moves the warp's next row on by the group. Each sorted entry is written
-// once: the choices' rows by the second walk, the padding rows by a warp
-// an expert.
-//   first i32 [E+1]; sorted i32 [≥ first[E]]; slot i32 [N·K]; idx i32
-//   [N, ip] (K columns). E ≤ MAX_GROUPS.
-// Launch: one block of ALIGN_THREADS threads.
+// align_chunk is warp chunk c's choices [lo, hi) of moe_align's: the
+// choices over ALIGN_CHUNKS, rounded up to whole steps of 32, in order.
+__device__ __forceinline__ void align_chunk(int choices, int c, int& lo, int& hi) {
+	const int size = (choices + ALIGN_CHUNKS * 32 - 1) / (ALIGN_CHUNKS * 32) * 32;
+	lo = min(c * size, choices);
+	hi = min(lo + size, choices);
+}
+
+// moe_align_count is the first half of moe_align: warp chunk c (block b's
+// warp w, c = b·ALIGN_WARPS + w) counts its choices of each expert into
+// counts[e·ALIGN_CHUNKS + c]. In a step, the lanes that chose the same
+// expert find each other (__match_any_sync) and the lowest of them (the
+// group's leader) adds the group to the warp's own row of shared counts:
+// no atomics. An expert outside [0, E) traps.
+//   counts i32 [E·ALIGN_CHUNKS]; idx i32 [N, ip] (K columns). E ≤ MAX_GROUPS.
+// Launch: ALIGN_BLOCKS blocks of ALIGN_THREADS threads.
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
-    moe_align(int* first, int* sorted, int* slot, const int* idx, int ip, int N, int K, int E, int BM) {
-	// cnt[w][e]: warp w's choices of expert e, then its next row of e
-	__shared__ int cnt[ALIGN_WARPS][MAX_GROUPS], count[MAX_GROUPS], start[MAX_GROUPS + 1];
+    moe_align_count(int* counts, const int* idx, int ip, int N, int K, int E) {
+	__shared__ int cnt[ALIGN_WARPS][MAX_GROUPS];
 	grid_wait();
 	grid_release();
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const unsigned below = (1u << lane) - 1; // the lanes under this one
-	const int choices = N * K, chunk = (choices + ALIGN_THREADS - 1) / ALIGN_THREADS * 32;
-	const int lo = min(warp * chunk, choices), hi = min(lo + chunk, choices);
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * ALIGN_WARPS + warp;
+	int lo, hi;
+	align_chunk(N * K, c, lo, hi);
 	int* row = cnt[warp];
 	for (int e = lane; e < E; e += 32) row[e] = 0;
 	__syncwarp();
@@ -1018,25 +1014,63 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 		if (e >= 0 && lane == __ffs(same) - 1) row[e] += __popc(same);
 		__syncwarp(); // the row as the next step's leaders read it
 	});
-	__syncthreads(); // every warp's counts
-	for (int e = tid; e < E; e += ALIGN_THREADS) {
+	for (int e = lane; e < E; e += 32) counts[e * ALIGN_CHUNKS + c] = row[e];
+}
+
+// moe_align sorts the N·K choices by expert, after moe_align_count: expert
+// e's choices get rows [first[e], first[e] + count[e]) of the sorted order
+// and its rows run on to first[e+1], the count rounded up to whole m-tiles
+// of BM rows; sorted[r] = t·K + k for the row of choice (t, k) and -1 for a
+// padding row, slot[t·K + k] = its row. The order within an expert is
+// ascending choice index (stable; fold_tables' order too).
+// Every block scans the chunks' counts, an expert a thread, into each
+// expert's total and its first row in each of the block's warps' chunks
+// (first[e] plus the counts of the chunks before it); block 0 writes
+// first, and block b the padding rows of experts b, b + ALIGN_BLOCKS, ....
+// Then each warp walks its chunk again: a choice gets the warp's next row
+// of its expert plus the number of lower lanes in the step that chose it,
+// and the group's leader moves the warp's next row on by the group. Each
+// sorted entry is written once, and nothing by an atomic.
+//   first i32 [E+1]; sorted i32 [≥ first[E]]; slot i32 [N·K]; counts:
+//   moe_align_count's, 16-byte aligned; idx i32 [N, ip] (K columns). E ≤
+//   MAX_GROUPS.
+// Launch: ALIGN_BLOCKS blocks of ALIGN_THREADS threads.
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
+    moe_align(int* first, int* sorted, int* slot, const int* counts, const int* idx, int ip, int N, int K, int E, int BM) {
+	// next[w][e]: this block's warp w's next row of expert e
+	__shared__ int next[ALIGN_WARPS][MAX_GROUPS], count[MAX_GROUPS], start[MAX_GROUPS + 1];
+	grid_wait();
+	grid_release();
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c0 = blockIdx.x * ALIGN_WARPS;
+	const unsigned below = (1u << lane) - 1; // the lanes under this one
+	if (tid < E) {
+		const int4* row = reinterpret_cast<const int4*>(counts + tid * ALIGN_CHUNKS);
 		int run = 0;
-		for (int w = 0; w < ALIGN_WARPS; w++) {
-			const int c = cnt[w][e];
-			cnt[w][e] = run;
-			run += c;
+#pragma unroll 8
+		for (int q = 0; q < ALIGN_CHUNKS / 4; q++) {
+			const int4 v = row[q];
+			const int n[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int w = 4 * q + j - c0;
+				if (w >= 0 && w < ALIGN_WARPS) next[w][tid] = run;
+				run += n[j];
+			}
 		}
-		count[e] = run;
+		count[tid] = run;
 	}
-	__syncthreads();
+	__syncthreads(); // the counts and the chunks' offsets
 	if (tid < 32) padded_starts(count, E, BM, start);
-	__syncthreads();
-	for (int e = tid; e <= E; e += ALIGN_THREADS) first[e] = start[e];
-	for (int e = tid; e < E; e += ALIGN_THREADS)
-		for (int w = 0; w < ALIGN_WARPS; w++) cnt[w][e] += start[e];
-	for (int e = warp; e < E; e += ALIGN_WARPS)
-		for (int r = start[e] + count[e] + lane; r < start[e + 1]; r += 32) sorted[r] = -1;
-	__syncthreads(); // every warp's first rows
+	__syncthreads(); // start
+	if (blockIdx.x == 0)
+		for (int e = tid; e <= E; e += ALIGN_THREADS) first[e] = start[e];
+	for (int e = blockIdx.x; e < E; e += gridDim.x)
+		for (int r = start[e] + count[e] + tid; r < start[e + 1]; r += ALIGN_THREADS) sorted[r] = -1;
+	int* row = next[warp];
+	for (int e = lane; e < E; e += 32) row[e] += start[e];
+	__syncwarp();
+	int lo, hi;
+	align_chunk(N * K, c0 + warp, lo, hi);
 	align_walk(idx, ip, K, E, lo, hi, [&](int i, int e) {
 		const unsigned same = __match_any_sync(FULL_MASK, e);
 		const int leader = __ffs(same) - 1;

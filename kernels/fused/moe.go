@@ -18,8 +18,12 @@ const (
 	// maxGroups is MAX_GROUPS: the most groups group_gemm schedules and
 	// experts moe_align sorts.
 	maxGroups = 256
-	// alignThreads is ALIGN_THREADS, moe_align's one block.
-	alignThreads = 1024
+	// alignBlocks and alignThreads are ALIGN_BLOCKS and ALIGN_THREADS,
+	// moe_align_count's and moe_align's grid and block; alignChunks is
+	// ALIGN_CHUNKS, their warps (a chunk of the choices each).
+	alignBlocks  = 16
+	alignThreads = 256
+	alignChunks  = alignBlocks * alignThreads / 32
 	// foldMax is MOE_FOLD_MAX: the most choices (tokens × top-k) the folded
 	// decode path ranks in each block.
 	foldMax = 128
@@ -231,6 +235,7 @@ func mTiles(rows, groups, bm int) int {
 const (
 	scrMoESorted = "moe.sorted" // moe_align: the choice t·K+k of each padded row, -1 for padding, i32 [rows]
 	scrMoESlot   = "moe.slot"   // moe_align: the padded row of each choice i32 [N·K]
+	scrMoECounts = "moe.counts" // moe_align_count: each warp chunk's choices of each expert i32 [E, alignChunks]
 	scrMoEAct    = "moe.act"    // moe_gate_up: silu(gate)·up of every row bf16 [rows, I]
 	scrMoEY      = "moe.y"      // group_gemm (down): every row's expert output bf16 [rows, H]
 	scrMoEH      = "moe.h"      // prefill (expertsCuBLAS): gate and up projections bf16 [rows, 2I]
@@ -419,8 +424,7 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 		o.expertsFolded(c, dyn, oneRuns(variant, dyn), tiles, out, x, idx, weight, gateUp, down, first, sorted, slot, act, y, rows)
 		return
 	}
-	o.Launch("moe_align", 1, alignThreads, first.P, sorted.P, slot.P, o.D.Ptr(idx), int32(idx.Pitch), int32(n), int32(k),
-		int32(experts), int32(c.BM))
+	o.align(first, sorted, slot, o.D.Ptr(idx), idx.Pitch, n, k, experts, c.BM)
 	if variant == wgmmaVariant {
 		// group_wgmma: gate/up over the rows gathered by its producer, or
 		// packed first (into y, spent before down writes it), then down.
@@ -442,6 +446,17 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 		o.groupGemm(c, "group_gemm", dyn, tiles, y, act, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	}
 	o.CombineRows(o.Mat(out), y, slot.P, weight, n, k, hidden)
+}
+
+// align launches moe_align_count, then moe_align: the choices of idx (i32
+// [n, k] of pitch ip) over experts sorted by expert into first, sorted and
+// slot, each expert's rows padded to whole m-tiles of bm rows, in
+// ascending choice order within an expert.
+func (o *ops) align(first, sorted, slot cudaset.Mat, idx uintptr, ip, n, k, experts, bm int) {
+	counts := o.Scratch(scrMoECounts, kernels.I32, experts, alignChunks)
+	o.Launch("moe_align_count", alignBlocks, alignThreads, counts.P, idx, int32(ip), int32(n), int32(k), int32(experts))
+	o.Launch("moe_align", alignBlocks, alignThreads, first.P, sorted.P, slot.P, counts.P, idx, int32(ip), int32(n), int32(k),
+		int32(experts), int32(bm))
 }
 
 // foldTokens is the most tokens the folded path takes by default: alone
@@ -698,7 +713,7 @@ func moeModule() cudaset.Module {
 
 // moeFuncs are moe.cu's kernels.
 func moeFuncs() []string {
-	return append(append([]string{"moe_route", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
+	return append(append([]string{"moe_route", "moe_align_count", "moe_align"}, cudaset.Names(groupGemmInstances(), groupGemmDynInstances())...),
 		cudaset.Names(moeFoldInstances(), moeFoldDynInstances(), moeOneInstances())...)
 }
 

@@ -618,13 +618,14 @@ func TestGroupGemmDynExact(t *testing.T) {
 	}
 }
 
-// TestMoEAlignStable launches moe_align alone and holds its first, sorted
-// and slot, exactly, against alignReference's stable order (expert by
-// expert, each expert's choices in ascending index, its rows padded to
-// whole m-tiles with -1). Cases: 6 choices (one token: one warp, a partial
-// step); 97 (four warps of a step, the last of one choice); 12,288 (2,048
-// tokens of top-6, idx pitched past K); 66,246 (the 11,041-token prefill
-// of top-6: the last warp's chunk shorter, a partial step at its end);
+// TestMoEAlignStable launches moe_align_count and moe_align alone (align)
+// and holds their first, sorted and slot, exactly, against
+// alignReference's stable order (expert by expert, each expert's choices
+// in ascending index, its rows padded to whole m-tiles with -1). Cases: 6
+// choices (one token: one warp chunk, a partial step); 97 (four chunks of
+// a step, the last of one choice); 12,288 (2,048 tokens of top-6, idx
+// pitched past K); 66,246 (the 11,041-token prefill of top-6: the last
+// chunk shorter, a partial step at its end);
 // 32,768 of 256 experts (MAX_GROUPS); 6,000 choices all of one expert;
 // every token on 6 of the first 10 of 64 experts (54 get none). sorted and slot
 // start as 0x7f7f7f7f, so a row no thread writes shows. It logs each
@@ -667,8 +668,7 @@ func TestMoEAlignStable(t *testing.T) {
 		dev.MemsetD8(dev.Ptr(sorted), 0x7f, rows*4)
 		dev.MemsetD8(dev.Ptr(slot), 0x7f, choices*4)
 		align := func() {
-			o.Launch("moe_align", 1, alignThreads, dev.Ptr(first), dev.Ptr(sorted), dev.Ptr(slot), dev.Ptr(idx), int32(pitch),
-				int32(c.n), int32(c.k), int32(c.experts), int32(c.bm))
+			o.align(o.Mat(first), o.Mat(sorted), o.Mat(slot), dev.Ptr(idx), pitch, c.n, c.k, c.experts, c.bm)
 		}
 		align()
 		wantFirst, wantSorted, wantSlot := alignReference(ids, c.experts, c.bm)
