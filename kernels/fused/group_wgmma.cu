@@ -186,6 +186,9 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 						const float up = round_bf16(acc[n + HALF / 8][2 * h + e]);
 						v[e] = round_bf16(gt / (1.0f + expf(-gt))) * up;
 					}
+#ifdef GW_NO_STORE
+					if (!isnan(v[0])) continue; // a diagnostic build (TestWgmmaProbe): the stores left out
+#endif
 					*reinterpret_cast<unsigned*>(dst + col) = pack2(v[0], v[1]);
 				}
 			} else {
@@ -193,6 +196,9 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 				for (int n = 0; n < BN / 8; n++) {
 					const int col = nt * BN + 8 * n + 2 * (lane & 3);
 					if (col >= N) continue;
+#ifdef GW_NO_STORE
+					if (!isnan(acc[n][2 * h])) continue;
+#endif
 					*reinterpret_cast<unsigned*>(dst + col) = pack2(acc[n][2 * h], acc[n][2 * h + 1]);
 				}
 			}

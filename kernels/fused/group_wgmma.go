@@ -61,7 +61,15 @@ var wgmmaGather = true
 var prefillWgmma = true
 
 // gwModule is group_wgmma's NVRTC module.
-func gwModule() cudaset.Module { return module("group_wgmma.cu", cudaset.Names(gwInstances())) }
+func gwModule() cudaset.Module {
+	m := module("group_wgmma.cu", cudaset.Names(gwInstances()))
+	m.Opts = append(m.Opts, gwOpts...)
+	return m
+}
+
+// gwOpts are extra NVRTC options of group_wgmma's module, empty but in
+// tests: TestWgmmaProbe builds it with what FUSELM_GW_PROBE_OPTS names.
+var gwOpts []string
 
 // gwKit is group_wgmma on one device.
 type gwKit struct {

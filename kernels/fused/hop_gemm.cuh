@@ -117,9 +117,11 @@ __device__ __forceinline__ bool hop_gemm_steps(float (&acc)[BN / 8][4], const Ho
 		if (FENCE) fence_async_shared();
 		__syncwarp();
 		wg_fence();
+#ifndef HG_NO_MMA
 #pragma unroll
 		for (int kk = 0; kk < HG_BK / 16; kk++)
 			Wgmma<BN>::ss(acc, sw128_desc(a(s) + kk * 32, 16), sw128_desc(b(s) + kk * 32, 16), 1);
+#endif // a diagnostic build (TestWgmmaProbe) leaves the products out
 		wg_commit();
 		if (kt > 0) {
 			wg_wait<1>(); // the previous step's wgmmas are done
