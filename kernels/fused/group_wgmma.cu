@@ -35,6 +35,17 @@
 // and not written; columns past N likewise (weight rows past the map are
 // zeros). K is covered in 64-column steps, the tail zero-filled by the copy
 // engine (and by cp.async's zero fill with GATHER).
+// With OUT_TMA (the plain GEMM over groups padded to whole m-tiles, as
+// moe_align pads the routed experts' rows: no tile crosses a group's end)
+// the epilogue stages the output through shared memory instead: a
+// consumer warpgroup puts its 64 rows by GW_BOX columns at a time into
+// one of its two boxes by stmatrix, in the layout omap's 128-byte swizzle
+// reads, and one thread stores the box by a tensor copy, which runs on
+// while the warpgroup fills the next box and starts the next tile's
+// wgmmas; before a box is written again, its last store has read it. The
+// direct stores (two columns of eight rows an instruction, 16-byte pieces)
+// cost the down projection about a third of its time at the prefill's
+// shapes (TestWgmmaProbe).
 //
 // A wait that lasts HOP_WAIT_CYCLES records what it waited for in status
 // (HG_WAIT_*, block, thread, k-step counter, parity) and the kernel winds
@@ -51,34 +62,61 @@
 #define GW_PRODUCER_REGS 56    // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
 #define GW_CONSUMER_REGS 224   // and of the consumers
 #define GW_ROW_BYTES HG_ROW_BYTES // bytes of a stage row: GW_BK bf16
+#define GW_BOX 64              // OUT_TMA: columns of an output box, 128 bytes of bf16 (the swizzle's span)
+#define GW_OUT_BUFS 2          // OUT_TMA: output boxes a consumer warpgroup stages at once
+#define GW_WG_BAR 1            // OUT_TMA: named barrier of consumer warpgroup w: GW_WG_BAR + w
 static_assert(HG_REGS_FIT(GW_PRODUCER_REGS, GW_CONSUMER_REGS, GW_THREADS), "setmaxnreg asks for more registers than the block has");
 
 // GwLayout is the shared memory of group_wgmma<BN, STAGES>: per stage the
-// A tile (GW_BM rows) then the B tile (BN rows), rows of 128 bytes.
+// A tile (GW_BM rows) then the B tile (BN rows), rows of 128 bytes; with
+// OUT_TMA then each consumer's output boxes (SMEM_TMA in all).
 template <int BN, int STAGES> struct GwLayout {
 	static constexpr int A_BYTES = GW_BM * GW_ROW_BYTES;
 	static constexpr int B_BYTES = BN * GW_ROW_BYTES;
 	static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 	static constexpr int ALIGN = 1024; // the 128-byte swizzle's period; the dynamic base is rounded up to it
 	static constexpr int SMEM = STAGES * STAGE_BYTES + ALIGN;
+	static constexpr int OUT = STAGES * STAGE_BYTES; // OUT_TMA: the first output box
+	static constexpr int OUT_BYTES = 64 * GW_BOX * 2; // a box: a consumer's 64 rows
+	static constexpr int SMEM_TMA = SMEM + GW_CONSUMERS * GW_OUT_BUFS * OUT_BYTES;
 };
+
+// gw_box writes output box c of a consumer warpgroup's tile (its columns
+// [c·GW_BOX, + GW_BOX)) from acc into the box at shared address buf, in
+// the layout of the 128-byte swizzle: this lane gives stmatrix the address
+// of the box's row srow, 16-byte chunk pair schunk (lanes 8i..8i+7 give
+// matrix i's rows: i odd the lower 8 of the warp's 16).
+template <int NB>
+__device__ __forceinline__ void gw_box(const float (&acc)[NB][4], int c, unsigned buf, int srow, int schunk) {
+#pragma unroll
+	for (int p = 0; p < GW_BOX / 16; p++) {
+		const int j = c * (GW_BOX / 8) + 2 * p; // output blocks j and j + 1
+		const unsigned r[4] = {pack2(acc[j][0], acc[j][1]), pack2(acc[j][2], acc[j][3]), pack2(acc[j + 1][0], acc[j + 1][1]),
+		                       pack2(acc[j + 1][2], acc[j + 1][3])};
+		stsm_x4(buf + srow * GW_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
+	}
+}
 
 // group_wgmma: see the top of this file.
 //   xmap: x bf16 [rows, K] (pitch xp), 2-D, box {64, GW_BM}, read when not
 //   GATHER; x, xp: the same matrix, read through gather when GATHER;
 //   wmap: w bf16 [E, N, K] packed, 3-D, box {64, BN/2, 1}; both maps with
 //   the 128-byte swizzle, out-of-bounds elements zero.
+//   omap (OUT_TMA): out's tensor map, 2-D, box {GW_BOX, 64}, the 128-byte
+//   swizzle;
 //   out bf16 [M, op] (N columns, N/2 with SWIGLU); gather i32 [M]: the
 //   choice t·gdiv + k of each row, negative for padding (GATHER only);
 //   first i32 [E+1], ascending in [0, M]; status i32 [8], zero.
 //   K and N are multiples of 8, N even with SWIGLU; E ≤ MAX_GROUPS.
 // Launch: a persistent grid (the SMs), GW_THREADS threads,
-// GwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory.
-template <int BN, int STAGES, bool SWIGLU, bool GATHER>
+// GwLayout<BN, STAGES>::SMEM bytes of dynamic shared memory (SMEM_TMA with
+// OUT_TMA).
+template <int BN, int STAGES, bool SWIGLU, bool GATHER, bool OUT_TMA = false>
 __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wmap, bf16* out, int op, const bf16* x,
                                             int xp, const int* gather, int gdiv, const int* first, int E, int M, int N,
-                                            int K, int* status) {
+                                            int K, int* status, const TmaMap* omap = nullptr) {
 	typedef GwLayout<BN, STAGES> L;
+	static_assert(!OUT_TMA || (!SWIGLU && BN % GW_BOX == 0), "tensor stores: the plain GEMM's whole boxes");
 	constexpr int HALF = BN / 2; // rows of a weight box; with SWIGLU the tile's output columns
 	extern __shared__ unsigned char smem_raw[];
 	__shared__ int start[MAX_GROUPS + 1];
@@ -158,13 +196,35 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GW_CONSUMER_REGS));
 	const int w = wg - 1, wi = tid / 32, lane = tid % 32;
 	auto a = [&](int s) { return sA(s) + 64 * w * GW_ROW_BYTES; }; // this warpgroup's rows of the stage
+	// OUT_TMA: the warpgroup's boxes, and the row and chunk of a box whose
+	// address this lane gives to stmatrix.
+	auto sOut = [&](int b) { return base + L::OUT + (w * GW_OUT_BUFS + b) * L::OUT_BYTES; };
+	const int srow = 16 * wi + 8 * ((lane >> 3) & 1) + (lane & 7), schunk = lane >> 4;
 	float acc[BN / 8][4];
-	int it = 0;
+	int it = 0, box = 0;
 	for (int t = blockIdx.x; t < total; t += gridDim.x) {
 		int g, row0, rowEnd, nt;
 		tile(t, g, row0, rowEnd, nt);
 		// With GATHER the fence makes the producer's cp.async rows seen by wgmma.
-		if (!hop_gemm_steps<BN, STAGES, GATHER>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL)) return;
+		const bool ok = hop_gemm_steps<BN, STAGES, GATHER>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL);
+		if constexpr (OUT_TMA) {
+			if (!bar_all(GW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
+#pragma unroll
+			for (int c = 0; c < BN / GW_BOX; c++) {
+				const unsigned buf = sOut(box % GW_OUT_BUFS);
+				gw_box(acc, c, buf, srow, schunk);
+				fence_async_shared();
+				if (tid == 0) tma_store_wait(); // the earlier boxes are read: the next box's buffer is free
+				bar_sync(GW_WG_BAR + w, 128);
+				if (tid == 0) {
+					tma_store_2d(omap, buf, nt * BN + c * GW_BOX, row0 + 64 * w);
+					tma_store_commit();
+				}
+				box++;
+			}
+			continue;
+		}
+		if (!ok) return;
 
 		// Epilogue: this thread's rows r and r + 8, columns 8n + 2·(lane%4)
 		// and the next of each 8-column slice n.
@@ -204,17 +264,25 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 			}
 		}
 	}
+	if (OUT_TMA && tid == 0) tma_store_wait(); // shared memory outlives the stores' reads
 }
 
 // The instances (named as in group_wgmma.go's gwConfigs): tiles of BN
-// columns through STAGES stages, the plain GEMM (group_gemm, down), gate/up
+// columns through STAGES stages, the plain GEMM (group_gemm, down) and
+// with tensor stores (moe_experts' down, over padded groups), gate/up
 // with SwiGLU over rows gathered beforehand (A by tensor copies) and over
 // rows gathered by the producer (cp.async).
-#define GROUP_WGMMA(PLAIN, GATE_UP, GATHER, BN, ST)                                                                  \
+#define GROUP_WGMMA(PLAIN, PLAIN_TMA, GATE_UP, GATHER, BN, ST)                                                       \
 	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) PLAIN(                                           \
 	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const int* first, \
 	    int E, int M, int N, int K, int* status) {                                                                 \
 		group_wgmma<BN, ST, false, false>(&xmap, &wmap, out, op, nullptr, 0, nullptr, 1, first, E, M, N, K, status);  \
+	}                                                                                                                \
+	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) PLAIN_TMA(                                       \
+	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap omap, \
+	    const int* first, int E, int M, int N, int K, int* status) {                                               \
+		group_wgmma<BN, ST, false, false, true>(&xmap, &wmap, nullptr, 0, nullptr, 0, nullptr, 1, first, E, M, N, K,   \
+		                                        status, &omap);                                                        \
 	}                                                                                                                \
 	extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) GATE_UP(                                         \
 	    const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, bf16* out, int op, const int* first, \

@@ -25,6 +25,8 @@ const (
 	gwThreads      = 384 // GW_THREADS
 	gwProducerRegs = 56  // GW_PRODUCER_REGS
 	gwConsumerRegs = 224 // GW_CONSUMER_REGS
+	gwConsumers    = 2   // GW_CONSUMERS: consumer warpgroups
+	gwBox          = 64  // GW_BOX: columns of an output box of the tensor stores
 )
 
 // gwConfig is an instance of group_wgmma: BN columns a tile through Stages
@@ -36,11 +38,17 @@ func (c gwConfig) suffix() string { return fmt.Sprintf("n%d_s%d", c.BN, c.Stages
 // shared is GwLayout<BN, STAGES>::SMEM.
 func (c gwConfig) shared() int { return c.Stages*(gwRows+c.BN)*gwK*2 + hopperAlign }
 
-// kernels are the instance's three kernels: the plain GEMM, gate/up with
+// kernels are the instance's four kernels: the plain GEMM, the plain GEMM
+// with tensor stores (over groups padded to whole m-tiles), gate/up with
 // SwiGLU over packed rows, and gate/up gathering its rows.
-func (c gwConfig) kernels() (plain, gateUp, gather string) {
-	return "group_wgmma_" + c.suffix(), "gate_up_wgmma_" + c.suffix(), "gate_up_wgmma_gather_" + c.suffix()
+func (c gwConfig) kernels() (plain, plainTMA, gateUp, gather string) {
+	s := c.suffix()
+	return "group_wgmma_" + s, "group_wgmma_tma_" + s, "gate_up_wgmma_" + s, "gate_up_wgmma_gather_" + s
 }
+
+// sharedTMA is GwLayout<BN, STAGES>::SMEM_TMA: shared plus each consumer
+// warpgroup's two output boxes of 64 rows by gwBox columns.
+func (c gwConfig) sharedTMA() int { return c.shared() + gwConsumers*2*64*gwBox*2 }
 
 // gwConfigs are the instances compiled (GROUP_WGMMA in group_wgmma.cu),
 // best first: the first that fits the device's shared memory per block
@@ -52,6 +60,11 @@ var gwConfigs = []gwConfig{{256, 4}, {128, 6}}
 // gate/up's producer (cp.async) rather than into a packed buffer first
 // (CopyRows, then tensor copies); which is faster is for the device to say.
 var wgmmaGather = true
+
+// wgmmaTMAOut makes moe_experts' down projection on group_wgmma (over
+// moe_align's padded rows) leave by tensor stores from shared memory
+// rather than by stores from registers; tests set it both ways.
+var wgmmaTMAOut = true
 
 // prefillWgmma makes group_gemm and moe_experts run group_wgmma at the
 // prefill tiling where it can: 610 and 576 TFLOP/s on W3's gate/up and down
@@ -87,10 +100,14 @@ func newGroupWgmma(k *cudaset.Kit) *gwKit {
 	}
 	var why []string
 	for _, c := range gwConfigs {
-		p, gu, x := c.kernels()
+		p, pt, gu, x := c.kernels()
 		var err error
-		for _, name := range []string{p, gu, x} {
-			if err = k.FitShared(name, c.shared()); err != nil {
+		for _, name := range []string{p, pt, gu, x} {
+			size := c.shared()
+			if name == pt {
+				size = c.sharedTMA()
+			}
+			if err = k.FitShared(name, size); err != nil {
 				why = append(why, fmt.Sprintf("%s: %v", name, err))
 				break
 			}
@@ -121,7 +138,7 @@ func wgmmaVariantOf(t kernels.Target, gather bool) (v kernels.Variant, ok bool) 
 	}
 	v.Name = wgmmaVariant
 	for _, c := range gwConfigs {
-		if c.shared() <= t.SharedPerBlock {
+		if c.sharedTMA() <= t.SharedPerBlock {
 			a := "x rows by tensor copies"
 			if gather {
 				a = "gate/up gathers its x rows by cp.async in the producer"
@@ -145,6 +162,17 @@ func (o *ops) xMap(op kernels.Op, x cudaset.Mat, rows, k int) *cuda.TensorMap {
 	return m
 }
 
+// outMap is the tensor map of group_wgmma's output out (bf16 [rows, n] of
+// pitch elements) for its tensor stores: boxes of gwBox columns by a
+// consumer warpgroup's 64 rows.
+func (o *ops) outMap(op kernels.Op, out cudaset.Mat, rows, n int) *cuda.TensorMap {
+	const es = 2
+	m, err := o.D.EncodeTiled(cuda.Tiled{Addr: out.P, Elem: es, Dims: []uint64{uint64(n), uint64(rows)},
+		Strides: []uint64{uint64(out.Pitch * es)}, Box: []uint32{gwBox, 64}, Swizzle: hopperSwizzle})
+	o.Need(err == nil, op, "the output's tensor map: %v", err)
+	return m
+}
+
 // wMap is the tensor map of the weights w bf16 [groups, n, k] packed:
 // boxes of gwK columns by half a tile's weight rows.
 func (o *ops) wMap(op kernels.Op, w uintptr, groups, n, k int, c gwConfig) *cuda.TensorMap {
@@ -158,11 +186,13 @@ func (o *ops) wMap(op kernels.Op, w uintptr, groups, n, k int, c gwConfig) *cuda
 // wgmmaGemm launches group_wgmma's plain or gate/up kernel: out [m, ·] =
 // the rows of x (xRows of them; through gather when not 0) times their
 // group's w [groups, n, k]. A persistent grid of one block per SM walks the
-// m-tiles the device offsets make.
-func (o *ops) wgmmaGemm(op kernels.Op, swiglu bool, out, x cudaset.Mat, xRows int, gather uintptr, gdiv int, w, first uintptr,
+// m-tiles the device offsets make. With padded (the plain GEMM only), every
+// group's rows are whole m-tiles (as moe_align pads them), and the output
+// leaves by tensor stores.
+func (o *ops) wgmmaGemm(op kernels.Op, swiglu, padded bool, out, x cudaset.Mat, xRows int, gather uintptr, gdiv int, w, first uintptr,
 	groups, m, n, k int) {
 	c := o.gw.config
-	plain, gateUp, gath := c.kernels()
+	plain, plainTMA, gateUp, gath := c.kernels()
 	wm := o.wMap(op, w, groups, n, k, c)
 	grid := cuda.Dim3{X: uint32(o.SMs)}
 	block := cuda.Dim3{X: gwThreads}
@@ -171,6 +201,9 @@ func (o *ops) wgmmaGemm(op kernels.Op, swiglu bool, out, x cudaset.Mat, xRows in
 	case gather != 0:
 		o.LaunchGrid(gath, grid, block, c.shared(), append([]any{wm, out.P, int32(out.Pitch), x.P, int32(x.Pitch), gather,
 			int32(gdiv), first, int32(groups), int32(m), int32(n), int32(k)}, tail...)...)
+	case padded && !swiglu:
+		o.LaunchGrid(plainTMA, grid, block, c.sharedTMA(), append([]any{o.xMap(op, x, xRows, k), wm, o.outMap(op, out, m, n), first,
+			int32(groups), int32(m), int32(n), int32(k)}, tail...)...)
 	default:
 		name := plain
 		if swiglu {

@@ -53,17 +53,21 @@ func TestWgmmaProbe(t *testing.T) {
 		}
 		padded := int(starts[experts])
 		gu := func() {
-			o.wgmmaGemm(op, true, act, o.Mat(x), n, sorted.P, k, dev.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+			o.wgmmaGemm(op, true, false, act, o.Mat(x), n, sorted.P, k, dev.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
 		}
 		dn := func() {
-			o.wgmmaGemm(op, false, y, act, rows, 0, 1, dev.Ptr(down), first.P, experts, rows, hidden, inter)
+			o.wgmmaGemm(op, false, false, y, act, rows, 0, 1, dev.Ptr(down), first.P, experts, rows, hidden, inter)
+		}
+		dnTMA := func() {
+			o.wgmmaGemm(op, false, true, y, act, rows, 0, 1, dev.Ptr(down), first.P, experts, rows, hidden, inter)
 		}
 		whole := func() { o.MoEExperts(out, x, idx, weight, gateUp, down) }
 		for _, g := range []struct {
 			name string
 			call func()
 			n, k int
-		}{{"gate/up", gu, 2 * inter, hidden}, {"down", dn, hidden, inter}, {"moe_experts", whole, 3 * inter, hidden}} {
+		}{{"gate/up", gu, 2 * inter, hidden}, {"down", dn, hidden, inter}, {"down (tensor stores)", dnTMA, hidden, inter},
+			{"moe_experts", whole, 3 * inter, hidden}} {
 			us := medianUs(t, dev, g.call)
 			real, pad := 2*float64(n*k)*float64(g.n)*float64(g.k), 2*float64(padded)*float64(g.n)*float64(g.k)
 			t.Logf("N=%d (%d choices, %d padded rows) %s: %.1f µs, %.0f TFLOP/s of the real rows, %.0f of the padded (opts %q)",

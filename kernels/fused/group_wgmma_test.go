@@ -2,6 +2,8 @@ package fused
 
 import (
 	"fmt"
+	"math"
+	"math/rand"
 	"strings"
 	"testing"
 
@@ -17,8 +19,9 @@ import (
 func TestWgmmaHost(t *testing.T) {
 	h200 := kernels.Targets["sm_90a"]
 	for _, c := range gwConfigs {
-		if c.shared() > h200.SharedPerBlock {
-			t.Errorf("%+v: %d bytes of shared memory, an sm_90a block gets %d", c, c.shared(), h200.SharedPerBlock)
+		if c.sharedTMA() > h200.SharedPerBlock {
+			t.Errorf("%+v: %d bytes of shared memory with the output boxes, an sm_90a block gets %d", c, c.sharedTMA(),
+				h200.SharedPerBlock)
 		}
 	}
 	if gwProducerRegs*128+gwConsumerRegs*256 > 65536 || gwProducerRegs%8 != 0 || gwConsumerRegs%8 != 0 {
@@ -93,5 +96,53 @@ func TestWgmmaKernels(t *testing.T) {
 		t.Run(fmt.Sprintf("gather=%v", gather), func(t *testing.T) {
 			kerneltest.RunOps(t, dev, "fused", kerneltest.DefaultTolerances(), kernels.OpGroupGemm, kernels.OpMoEExperts)
 		})
+	}
+}
+
+// TestWgmmaTMAOutExact runs moe_experts on group_wgmma at the prefill's
+// tiling with the down projection's output by tensor stores and by stores
+// from registers, and holds the two outputs equal bit for bit: 300 tokens
+// at DeepSeek-V2-Lite's dims and 2,048 at dims of partial tiles (hidden
+// 200: a last box of 8 columns, rows past the bound), distinct routing.
+func TestWgmmaTMAOutExact(t *testing.T) {
+	dev, o := openHopperSet(t, "group_wgmma", func(o *ops) error { return o.gw.ready() })
+	defer func(on, tma bool) { prefillWgmma, wgmmaTMAOut = on, tma }(prefillWgmma, wgmmaTMAOut)
+	prefillWgmma = true
+	rng := rand.New(rand.NewSource(5))
+	random := normalOn(t, dev, rng)
+	for _, c := range []struct{ n, hidden, inter, experts, k int }{{300, 2048, 1408, 64, 6}, {2048, 200, 96, 16, 4}} {
+		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), c.experts, 2*c.inter, c.hidden)
+		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), c.experts, c.hidden, c.inter)
+		x := random(kernels.BF16, 1, c.n, c.hidden)
+		ids, ws := moeRouting(rng, "distinct", c.n, c.k, c.experts)
+		idx := intsOn(t, dev, ids)
+		idx.Shape, idx.Pitch = []int{c.n, c.k}, c.k
+		weight := tensorOn(t, dev, kernels.F32, ws, c.n, c.k)
+		if cfg := configFor(c.n*c.k, c.experts); cfg.Name != prefillTiling {
+			t.Fatalf("%d tokens run tiling %s, not %s", c.n, cfg.Name, prefillTiling)
+		}
+		var outs [2][]float32
+		for i, tma := range []bool{false, true} {
+			wgmmaTMAOut = tma
+			out := dev.Alloc(kernels.BF16, c.n, c.hidden)
+			o.MoEExperts(out, x, idx, weight, gateUp, down)
+			if err := o.wgmmaWaits(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := dev.ReadF32(out) // bf16 widened exactly
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs[i] = got
+		}
+		bad := 0
+		for i := range outs[0] {
+			if math.Float32bits(outs[0][i]) != math.Float32bits(outs[1][i]) {
+				bad++
+			}
+		}
+		if bad > 0 {
+			t.Errorf("N=%d H=%d I=%d E=%d K=%d: %d of %d outputs differ between the two stores", c.n, c.hidden, c.inter, c.experts, c.k, bad, len(outs[0]))
+		}
 	}
 }

@@ -269,8 +269,8 @@
 	X(mla_hopper_n128_r64_v128_k64_s3, 128, 64, 128, 64, 3)
 
 #define GROUP_WGMMA_INSTANCES(X) \
-	X(group_wgmma_n256_s4, gate_up_wgmma_n256_s4, gate_up_wgmma_gather_n256_s4, 256, 4) \
-	X(group_wgmma_n128_s6, gate_up_wgmma_n128_s6, gate_up_wgmma_gather_n128_s6, 128, 6)
+	X(group_wgmma_n256_s4, group_wgmma_tma_n256_s4, gate_up_wgmma_n256_s4, gate_up_wgmma_gather_n256_s4, 256, 4) \
+	X(group_wgmma_n128_s6, group_wgmma_tma_n128_s6, gate_up_wgmma_n128_s6, gate_up_wgmma_gather_n128_s6, 128, 6)
 
 #define LINEAR_WGMMA_INSTANCES(X) \
 	X(linear_wgmma_n256_s4, linear_wgmma_swiglu_n256_s4, 256, 4, 1, 0) \

@@ -307,8 +307,8 @@ func mlaHopperInstances() cudaset.Instances {
 func gwInstances() cudaset.Instances {
 	f := cudaset.Instances{Macro: "GROUP_WGMMA"}
 	for _, c := range gwConfigs {
-		p, g, x := c.kernels()
-		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{p, g, x}, Args: []any{c.BN, c.Stages}})
+		p, pt, g, x := c.kernels()
+		f.Kernels = append(f.Kernels, cudaset.Instance{Names: []string{p, pt, g, x}, Args: []any{c.BN, c.Stages}})
 	}
 	return f
 }

@@ -307,7 +307,7 @@ func (o *ops) GroupGemm(out, x, w, first *kernels.Tensor) {
 	o.checkGemm(op, w, n, k, out, x)
 	c := configFor(m, groups)
 	if o.variantFor(op, wgmmaKey(c)) == wgmmaVariant {
-		o.wgmmaGemm(op, false, o.Mat(out), o.Mat(x), m, 0, 1, o.D.Ptr(w), o.D.Ptr(first), groups, m, n, k)
+		o.wgmmaGemm(op, false, false, o.Mat(out), o.Mat(x), m, 0, 1, o.D.Ptr(w), o.D.Ptr(first), groups, m, n, k)
 		return
 	}
 	dyn := o.variantFor(op, wgmmaKey(c)) == dynVariant && o.dynTakes(c)
@@ -429,12 +429,12 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 		// group_wgmma: gate/up over the rows gathered by its producer, or
 		// packed first (into y, spent before down writes it), then down.
 		if wgmmaGather {
-			o.wgmmaGemm(op, true, act, o.Mat(x), n, sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+			o.wgmmaGemm(op, true, false, act, o.Mat(x), n, sorted.P, k, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
 		} else {
 			o.CopyRows(y, slot.P, o.Mat(x), 0, k, n, choices, hidden)
-			o.wgmmaGemm(op, true, act, y, rows, 0, 1, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+			o.wgmmaGemm(op, true, false, act, y, rows, 0, 1, o.D.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
 		}
-		o.wgmmaGemm(op, false, y, act, rows, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
+		o.wgmmaGemm(op, false, wgmmaTMAOut, y, act, rows, 0, 1, o.D.Ptr(down), first.P, experts, rows, hidden, inter)
 	} else if c.Name == prefillTiling {
 		if !o.expertsCuBLAS(slot, act, y, x, gateUp, down, n, k, rows) {
 			return
