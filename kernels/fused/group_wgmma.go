@@ -143,8 +143,9 @@ func wgmmaVariantOf(t kernels.Target, gather bool) (v kernels.Variant, ok bool) 
 			if gather {
 				a = "gate/up gathers its x rows by cp.async in the producer"
 			}
-			v.Params = fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle; %s",
-				gwRows, c.BN, gwK, c.Stages, c.shared(), gwProducerRegs, gwConsumerRegs, c.BN, a)
+			v.Params = fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle; %s; "+
+				"moe_experts' down stores %dx64 boxes by tensor copies (shared=%d)",
+				gwRows, c.BN, gwK, c.Stages, c.shared(), gwProducerRegs, gwConsumerRegs, c.BN, a, gwBox, c.sharedTMA())
 			return v, true
 		}
 	}
