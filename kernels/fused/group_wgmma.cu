@@ -217,7 +217,9 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 				if (tid == 0) tma_store_wait(); // the earlier boxes are read: the next box's buffer is free
 				bar_sync(GW_WG_BAR + w, 128);
 				if (tid == 0) {
+#ifndef GW_NO_STORE // a diagnostic build (TestWgmmaProbe): the stores left out
 					tma_store_2d(omap, buf, nt * BN + c * GW_BOX, row0 + 64 * w);
+#endif
 					tma_store_commit();
 				}
 				box++;
