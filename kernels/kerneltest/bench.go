@@ -801,6 +801,7 @@ var moeExpertsBench = &Bench{
 		sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6),            // batch 16
 		sh("N", 16, "H", 2048, "I", 1408, "E", 64, "topk", 6, "same", 1), // batch 16 of one prompt (W4): six experts
 		sh("N", 300, "H", 2048, "I", 1408, "E", 64, "topk", 6),           // a few hundred tokens: a short prompt
+		sh("N", 2048, "H", 2048, "I", 1408, "E", 64, "topk", 6),          // W4's and W5's prefills: 16 rows of ~128 tokens
 		sh("N", 11041, "H", 2048, "I", 1408, "E", 64, "topk", 6),         // W3's prefill
 	},
 	FLOPs: moeFLOPs,
