@@ -38,7 +38,7 @@
 // With OUT_TMA (the plain GEMM over groups padded to whole m-tiles, as
 // moe_align pads the routed experts' rows: no tile crosses a group's end)
 // the epilogue stages the output through shared memory instead: a
-// consumer warpgroup puts its 64 rows by GW_BOX columns at a time into
+// consumer warpgroup puts its 64 rows by HG_BOX columns at a time into
 // one of its two boxes by stmatrix, in the layout omap's 128-byte swizzle
 // reads, and one thread stores the box by a tensor copy, which runs on
 // while the warpgroup fills the next box and starts the next tile's
@@ -62,7 +62,6 @@
 #define GW_PRODUCER_REGS 56    // setmaxnreg of the producer warpgroup (it holds 8 gathered rows)
 #define GW_CONSUMER_REGS 224   // and of the consumers
 #define GW_ROW_BYTES HG_ROW_BYTES // bytes of a stage row: GW_BK bf16
-#define GW_BOX 64              // OUT_TMA: columns of an output box, 128 bytes of bf16 (the swizzle's span)
 #define GW_OUT_BUFS 2          // OUT_TMA: output boxes a consumer warpgroup stages at once
 #define GW_WG_BAR 1            // OUT_TMA: named barrier of consumer warpgroup w: GW_WG_BAR + w
 static_assert(HG_REGS_FIT(GW_PRODUCER_REGS, GW_CONSUMER_REGS, GW_THREADS), "setmaxnreg asks for more registers than the block has");
@@ -77,32 +76,26 @@ template <int BN, int STAGES> struct GwLayout {
 	static constexpr int ALIGN = 1024; // the 128-byte swizzle's period; the dynamic base is rounded up to it
 	static constexpr int SMEM = STAGES * STAGE_BYTES + ALIGN;
 	static constexpr int OUT = STAGES * STAGE_BYTES; // OUT_TMA: the first output box
-	static constexpr int OUT_BYTES = 64 * GW_BOX * 2; // a box: a consumer's 64 rows
+	static constexpr int OUT_BYTES = 64 * HG_BOX * 2; // a box: a consumer's 64 rows
 	static constexpr int SMEM_TMA = SMEM + GW_CONSUMERS * GW_OUT_BUFS * OUT_BYTES;
 };
 
-// gw_box writes output box c of a consumer warpgroup's tile (its columns
-// [c·GW_BOX, + GW_BOX)) from acc into the box at shared address buf, in
-// the layout of the 128-byte swizzle: this lane gives stmatrix the address
-// of the box's row srow, 16-byte chunk pair schunk (lanes 8i..8i+7 give
-// matrix i's rows: i odd the lower 8 of the warp's 16).
-template <int NB>
-__device__ __forceinline__ void gw_box(const float (&acc)[NB][4], int c, unsigned buf, int srow, int schunk) {
-#pragma unroll
-	for (int p = 0; p < GW_BOX / 16; p++) {
-		const int j = c * (GW_BOX / 8) + 2 * p; // output blocks j and j + 1
-		const unsigned r[4] = {pack2(acc[j][0], acc[j][1]), pack2(acc[j][2], acc[j][3]), pack2(acc[j + 1][0], acc[j + 1][1]),
-		                       pack2(acc[j + 1][2], acc[j + 1][3])};
-		stsm_x4(buf + srow * GW_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
+// GwPlain is the plain GEMM's epilogue for hg_box: output block j of
+// this thread's two rows, rounded once.
+struct GwPlain {
+	template <int NB>
+	__device__ __forceinline__ void frag(const float (&acc)[NB][4], int j, int, int, unsigned& lo, unsigned& hi) const {
+		lo = pack2(acc[j][0], acc[j][1]);
+		hi = pack2(acc[j][2], acc[j][3]);
 	}
-}
+};
 
 // group_wgmma: see the top of this file.
 //   xmap: x bf16 [rows, K] (pitch xp), 2-D, box {64, GW_BM}, read when not
 //   GATHER; x, xp: the same matrix, read through gather when GATHER;
 //   wmap: w bf16 [E, N, K] packed, 3-D, box {64, BN/2, 1}; both maps with
 //   the 128-byte swizzle, out-of-bounds elements zero.
-//   omap (OUT_TMA): out's tensor map, 2-D, box {GW_BOX, 64}, the 128-byte
+//   omap (OUT_TMA): out's tensor map, 2-D, box {HG_BOX, 64}, the 128-byte
 //   swizzle;
 //   out bf16 [M, op] (N columns, N/2 with SWIGLU); gather i32 [M]: the
 //   choice t·gdiv + k of each row, negative for padding (GATHER only);
@@ -116,7 +109,7 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
                                             int xp, const int* gather, int gdiv, const int* first, int E, int M, int N,
                                             int K, int* status, const TmaMap* omap = nullptr) {
 	typedef GwLayout<BN, STAGES> L;
-	static_assert(!OUT_TMA || (!SWIGLU && BN % GW_BOX == 0), "tensor stores: the plain GEMM's whole boxes");
+	static_assert(!OUT_TMA || (!SWIGLU && BN % HG_BOX == 0), "tensor stores: the plain GEMM's whole boxes");
 	constexpr int HALF = BN / 2; // rows of a weight box; with SWIGLU the tile's output columns
 	extern __shared__ unsigned char smem_raw[];
 	__shared__ int start[MAX_GROUPS + 1];
@@ -210,15 +203,15 @@ __device__ __forceinline__ void group_wgmma(const TmaMap* xmap, const TmaMap* wm
 		if constexpr (OUT_TMA) {
 			if (!bar_all(GW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
 #pragma unroll
-			for (int c = 0; c < BN / GW_BOX; c++) {
+			for (int c = 0; c < BN / HG_BOX; c++) {
 				const unsigned buf = sOut(box % GW_OUT_BUFS);
-				gw_box(acc, c, buf, srow, schunk);
+				hg_box(GwPlain{}, acc, c, buf, row0 + 64 * w + 16 * wi + lane / 4, nt * BN, lane, srow, schunk);
 				fence_async_shared();
 				if (tid == 0) tma_store_wait(); // the earlier boxes are read: the next box's buffer is free
 				bar_sync(GW_WG_BAR + w, 128);
 				if (tid == 0) {
 #ifndef GW_NO_STORE // a diagnostic build (TestWgmmaProbe): the stores left out
-					tma_store_2d(omap, buf, nt * BN + c * GW_BOX, row0 + 64 * w);
+					tma_store_2d(omap, buf, nt * BN + c * HG_BOX, row0 + 64 * w);
 #endif
 					tma_store_commit();
 				}

@@ -26,7 +26,6 @@ const (
 	gwProducerRegs = 56  // GW_PRODUCER_REGS
 	gwConsumerRegs = 224 // GW_CONSUMER_REGS
 	gwConsumers    = 2   // GW_CONSUMERS: consumer warpgroups
-	gwBox          = 64  // GW_BOX: columns of an output box of the tensor stores
 )
 
 // gwConfig is an instance of group_wgmma: BN columns a tile through Stages
@@ -47,8 +46,8 @@ func (c gwConfig) kernels() (plain, plainTMA, gateUp, gather string) {
 }
 
 // sharedTMA is GwLayout<BN, STAGES>::SMEM_TMA: shared plus each consumer
-// warpgroup's two output boxes of 64 rows by gwBox columns.
-func (c gwConfig) sharedTMA() int { return c.shared() + gwConsumers*2*64*gwBox*2 }
+// warpgroup's two output boxes of 64 rows by hopperBox columns.
+func (c gwConfig) sharedTMA() int { return c.shared() + gwConsumers*2*64*hopperBox*2 }
 
 // gwConfigs are the instances compiled (GROUP_WGMMA in group_wgmma.cu),
 // best first: the first that fits the device's shared memory per block
@@ -145,7 +144,7 @@ func wgmmaVariantOf(t kernels.Target, gather bool) (v kernels.Variant, ok bool) 
 			}
 			v.Params = fmt.Sprintf("persistent warpgroups=1+2 tile=%dx%dx%d stages=%d shared=%d regs=%d/%d wgmma=m64n%dk16 tma=128B-swizzle; %s; "+
 				"moe_experts' down stores %dx64 boxes by tensor copies (shared=%d)",
-				gwRows, c.BN, gwK, c.Stages, c.shared(), gwProducerRegs, gwConsumerRegs, c.BN, a, gwBox, c.sharedTMA())
+				gwRows, c.BN, gwK, c.Stages, c.shared(), gwProducerRegs, gwConsumerRegs, c.BN, a, hopperBox, c.sharedTMA())
 			return v, true
 		}
 	}
@@ -164,12 +163,12 @@ func (o *ops) xMap(op kernels.Op, x cudaset.Mat, rows, k int) *cuda.TensorMap {
 }
 
 // outMap is the tensor map of group_wgmma's output out (bf16 [rows, n] of
-// pitch elements) for its tensor stores: boxes of gwBox columns by a
+// pitch elements) for its tensor stores: boxes of hopperBox columns by a
 // consumer warpgroup's 64 rows.
 func (o *ops) outMap(op kernels.Op, out cudaset.Mat, rows, n int) *cuda.TensorMap {
 	const es = 2
 	m, err := o.D.EncodeTiled(cuda.Tiled{Addr: out.P, Elem: es, Dims: []uint64{uint64(n), uint64(rows)},
-		Strides: []uint64{uint64(out.Pitch * es)}, Box: []uint32{gwBox, 64}, Swizzle: hopperSwizzle})
+		Strides: []uint64{uint64(out.Pitch * es)}, Box: []uint32{hopperBox, 64}, Swizzle: hopperSwizzle})
 	o.Need(err == nil, op, "the output's tensor map: %v", err)
 	return m
 }

@@ -83,6 +83,32 @@ template <int STAGES, int CLUSTER = 1> struct HopRing {
 	}
 };
 
+// HG_BOX is the columns of an output box the consumers stage for a tensor
+// store: 128 bytes of bf16, the swizzle's span.
+#define HG_BOX 64
+
+// hg_box writes output box c of a consumer warpgroup's tile (columns
+// [col0 + c·HG_BOX, + HG_BOX) of its 64 rows) from acc into the box at
+// shared address buf, in the layout of the store map's 128-byte swizzle:
+// epi.frag(acc, j, row, col, lo, hi) gives output 8-column block j as this
+// thread's bf16 pairs (columns col and col + 1 of rows row and row + 8);
+// this thread's rows are frow and frow + 8, and it gives stmatrix the
+// address of the box's row srow, 16-byte chunk pair schunk (lanes
+// 8i..8i+7 give matrix i's rows: i odd the lower 8 of the warp's 16).
+template <typename E, int NB>
+__device__ __forceinline__ void hg_box(const E& epi, const float (&acc)[NB][4], int c, unsigned buf, int frow, int col0, int lane,
+                                       int srow, int schunk) {
+#pragma unroll
+	for (int p = 0; p < HG_BOX / 16; p++) {
+		const int j = c * (HG_BOX / 8) + 2 * p; // output blocks j and j + 1
+		const int col = col0 + 8 * j + 2 * (lane & 3);
+		unsigned r[4];
+		epi.frag(acc, j, frow, col, r[0], r[1]);
+		epi.frag(acc, j + 1, frow, col + 8, r[2], r[3]);
+		stsm_x4(buf + srow * HG_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
+	}
+}
+
 // HopNoStep is hop_gemm_steps' default per-step hook: nothing.
 struct HopNoStep {
 	__device__ __forceinline__ void operator()(int) const {}

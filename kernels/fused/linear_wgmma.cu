@@ -12,7 +12,7 @@
 //   wmap  w bf16 [N, K], box {64, BN} (LwPlain); with LwSwiGLU w [2N, K],
 //         the gate rows then the up rows, box {64, BN/2}; in clusters
 //         (CLUSTER = 2, below) box {64, BN/2} for both
-//   omap  out bf16 [M, N], box {LW_BOX, 64}
+//   omap  out bf16 [M, N], box {HG_BOX, 64}
 //   all three with the 128-byte swizzle; elements past a map's bounds read
 //   as zeros and are not written.
 //   bias bf16 [N], or null for none, on a 4-byte boundary and readable up to
@@ -32,7 +32,7 @@
 //     hop_gemm_steps, four wgmma m64nBNk16 a stage, one stage in flight
 //     while the next is issued. The epilogue E turns the accumulators into
 //     output columns 8 at a time; stmatrix puts them into one of the
-//     warpgroup's LW_OUT_BUFS boxes of 64 rows × LW_BOX columns in the
+//     warpgroup's LW_OUT_BUFS boxes of 64 rows × HG_BOX columns in the
 //     layout the tensor copies swizzle, and one thread stores each box by a
 //     tensor copy, which runs on while the warpgroup fills the next box and
 //     starts the next tile's wgmmas (the producer has its stages loaded
@@ -73,7 +73,7 @@
 // a block that has exited).
 //
 // The epilogue is a type, chosen when the kernel is instantiated:
-//   E::COLS      the output columns of a tile (a multiple of LW_BOX): N
+//   E::COLS      the output columns of a tile (a multiple of HG_BOX): N
 //                is out's columns, tiles cover them COLS at a time;
 //   E::W_BOXES   the tensor copies of w rows a stage takes (BN / W_BOXES
 //                rows each, wmap's box), and e.w_row(nt, b) where copy b
@@ -102,7 +102,6 @@
 #define LW_THREADS (128 * (1 + HG_CONSUMERS))
 #define LW_PRODUCER_REGS 40       // setmaxnreg of the producer warpgroup
 #define LW_CONSUMER_REGS 232      // and of the consumers
-#define LW_BOX 64                 // columns of an output box: 128 bytes of bf16, the swizzle's span
 #define LW_OUT_BUFS 2             // output boxes a consumer warpgroup stages at once
 #define LW_WG_BAR 1               // named barrier of consumer warpgroup w: LW_WG_BAR + w
 #define LW_BOTH_BAR (LW_WG_BAR + HG_CONSUMERS) // named barrier of all the consumer warpgroups (HOLD)
@@ -116,7 +115,7 @@ template <int BN, int STAGES> struct LwLayout {
 	static constexpr int B_BYTES = BN * HG_ROW_BYTES;
 	static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 	static constexpr int OUT = STAGES * STAGE_BYTES;  // the first output box
-	static constexpr int OUT_BYTES = 64 * LW_BOX * 2; // a box: a consumer's 64 rows
+	static constexpr int OUT_BYTES = 64 * HG_BOX * 2; // a box: a consumer's 64 rows
 	static constexpr int ALIGN = 1024;                // the 128-byte swizzle's period; the dynamic base is rounded up to it
 	static constexpr int SMEM = OUT + HG_CONSUMERS * LW_OUT_BUFS * OUT_BYTES + ALIGN;
 };
@@ -203,25 +202,6 @@ template <int BN> struct LwSwiGLU {
 	}
 };
 
-// lw_box writes output box c of a consumer warpgroup's tile (columns
-// [col0 + c·LW_BOX, + LW_BOX) of its 64 rows) from acc into the box at
-// shared address buf, in the layout of omap's 128-byte swizzle: this
-// thread's rows are frow and frow + 8, and it gives stmatrix the address
-// of the box's row srow, 16-byte chunk pair schunk.
-template <typename E, int NB>
-__device__ __forceinline__ void lw_box(const E& epi, const float (&acc)[NB][4], int c, unsigned buf, int frow, int col0, int lane,
-                                       int srow, int schunk) {
-#pragma unroll
-	for (int p = 0; p < LW_BOX / 16; p++) {
-		const int j = c * (LW_BOX / 8) + 2 * p; // output blocks j and j + 1
-		const int col = col0 + 8 * j + 2 * (lane & 3);
-		unsigned r[4];
-		epi.frag(acc, j, frow, col, r[0], r[1]);
-		epi.frag(acc, j + 1, frow, col + 8, r[2], r[3]);
-		stsm_x4(buf + srow * HG_ROW_BYTES + (((2 * p + schunk) ^ (srow & 7)) << 4), r);
-	}
-}
-
 // lw_first is the first unit of work of this block (of its cluster, with
 // CLUSTER > 1), lw_stride the grid's blocks (clusters) between its units.
 template <int CLUSTER> __device__ __forceinline__ int lw_first() { return CLUSTER == 1 ? (int)blockIdx.x : cluster_id(); }
@@ -240,10 +220,10 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 	// has blocks; block rank issues copies rank, rank + CLUSTER, ...
 	constexpr int W_COPIES = E::W_BOXES > CLUSTER ? E::W_BOXES : CLUSTER;
 	constexpr int W_CUT = W_COPIES / E::W_BOXES, W_ROWS = BN / W_COPIES; // copies of an E box; rows of a copy (wmap's box)
-	static_assert(OUT_COLS % LW_BOX == 0, "a tile's output is whole boxes");
+	static_assert(OUT_COLS % HG_BOX == 0, "a tile's output is whole boxes");
 	// With HOLD, a warpgroup's boxes past its LW_OUT_BUFS go into the
 	// stage of the tile's last k-step, HELD of them a warpgroup.
-	constexpr int BOXES = OUT_COLS / LW_BOX, HELD = HOLD && BOXES > LW_OUT_BUFS ? BOXES - LW_OUT_BUFS : 0;
+	constexpr int BOXES = OUT_COLS / HG_BOX, HELD = HOLD && BOXES > LW_OUT_BUFS ? BOXES - LW_OUT_BUFS : 0;
 	static_assert(HELD * HG_CONSUMERS * L::OUT_BYTES <= L::STAGE_BYTES, "the held boxes fit in a stage");
 	static_assert(W_COPIES % E::W_BOXES == 0 && W_COPIES % CLUSTER == 0 && BN % W_COPIES == 0 && W_ROWS % 8 == 0,
 	              "w's copies are whole 8-row core matrices, as many for each block of a cluster");
@@ -354,14 +334,14 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 #pragma unroll
 			for (int c = 0; c < BOXES; c++) {
 				const unsigned buf = c < LW_OUT_BUFS ? sOut(w, c) : sHeld(ring.stage(it - 1), w, c - LW_OUT_BUFS);
-				lw_box(epi, acc, c, buf, row + 16 * wi + lane / 4, col0, lane, srow, schunk);
+				hg_box(epi, acc, c, buf, row + 16 * wi + lane / 4, col0, lane, srow, schunk);
 			}
 			fence_async_shared();
 			bar_sync(LW_WG_BAR + w, 128);
 			if (tid == 0) {
 #pragma unroll
 				for (int c = 0; c < BOXES; c++)
-					tma_store_2d(omap, c < LW_OUT_BUFS ? sOut(w, c) : sHeld(ring.stage(it - 1), w, c - LW_OUT_BUFS), col0 + c * LW_BOX,
+					tma_store_2d(omap, c < LW_OUT_BUFS ? sOut(w, c) : sHeld(ring.stage(it - 1), w, c - LW_OUT_BUFS), col0 + c * HG_BOX,
 					             row);
 				tma_store_commit();
 			}
@@ -371,17 +351,17 @@ __device__ __forceinline__ void linear_wgmma(const TmaMap* xmap, const TmaMap* w
 		const bool ok = hop_gemm_steps<BN, STAGES, false>(acc, ring, it, ktiles, a, sB, status, HG_WAIT_FULL);
 		if (!bar_all(LW_WG_BAR + w, 128, ok)) break; // a wait gave up: the warpgroup stops together
 
-		// Epilogue: the warpgroup's 64 rows from row, in boxes of LW_BOX
+		// Epilogue: the warpgroup's 64 rows from row, in boxes of HG_BOX
 		// output columns.
 #pragma unroll
-		for (int c = 0; c < OUT_COLS / LW_BOX; c++) {
+		for (int c = 0; c < OUT_COLS / HG_BOX; c++) {
 			const unsigned buf = sOut(w, box % LW_OUT_BUFS);
-			lw_box(epi, acc, c, buf, row + 16 * wi + lane / 4, col0, lane, srow, schunk);
+			hg_box(epi, acc, c, buf, row + 16 * wi + lane / 4, col0, lane, srow, schunk);
 			fence_async_shared();
 			if (tid == 0) tma_store_wait(); // the earlier boxes are read: the next box's buffer is free
 			bar_sync(LW_WG_BAR + w, 128);
 			if (tid == 0) {
-				tma_store_2d(omap, buf, col0 + c * LW_BOX, row);
+				tma_store_2d(omap, buf, col0 + c * HG_BOX, row);
 				tma_store_commit();
 			}
 			box++;
