@@ -25,7 +25,7 @@ const (
 	gwThreads      = 384 // GW_THREADS
 	gwProducerRegs = 56  // GW_PRODUCER_REGS
 	gwConsumerRegs = 224 // GW_CONSUMER_REGS
-	gwConsumers    = 2   // GW_CONSUMERS: consumer warpgroups
+	gwOutBufs      = 2   // GW_OUT_BUFS: output boxes a consumer warpgroup stages at once (OUT_TMA)
 )
 
 // gwConfig is an instance of group_wgmma: BN columns a tile through Stages
@@ -45,9 +45,10 @@ func (c gwConfig) kernels() (plain, plainTMA, gateUp, gather string) {
 	return "group_wgmma_" + s, "group_wgmma_tma_" + s, "gate_up_wgmma_" + s, "gate_up_wgmma_gather_" + s
 }
 
-// sharedTMA is GwLayout<BN, STAGES>::SMEM_TMA: shared plus each consumer
-// warpgroup's two output boxes of 64 rows by hopperBox columns.
-func (c gwConfig) sharedTMA() int { return c.shared() + gwConsumers*2*64*hopperBox*2 }
+// sharedTMA is GwLayout<BN, STAGES>::SMEM_TMA: shared plus gwOutBufs output
+// boxes for each of the HG_CONSUMERS consumer warpgroups, each box 64 rows
+// of hopperBox columns (lwOutBox, linear_wgmma's).
+func (c gwConfig) sharedTMA() int { return c.shared() + lwConsumers*gwOutBufs*lwOutBox }
 
 // gwConfigs are the instances compiled (GROUP_WGMMA in group_wgmma.cu),
 // best first: the first that fits the device's shared memory per block
