@@ -101,6 +101,8 @@ func TestSourceConstants(t *testing.T) {
 		{"linear_wgmma.cu", "LW_CONSUMER_REGS", lwConsumerRegs},
 		{"linear_wgmma.cu", "LW_OUT_BUFS", lwOutBufs},
 		{"group_wgmma.cu", "GW_OUT_BUFS", gwOutBufs},
+		{"moe.cu", "ALIGN_THREADS", alignThreads},
+		{"moe.cu", "ALIGN_BLOCKS", alignBlocks},
 		{"hop_gemm.cuh", "HG_BOX", hopperBox},
 		{"moe_split.cu", "MS_ROWS", msRows},
 		{"moe_split.cu", "MS_COLS", msCols},
