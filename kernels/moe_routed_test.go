@@ -64,3 +64,56 @@ func TestMoERoutedParts(t *testing.T) {
 		t.Errorf("moe_routed whole: %v, as its parts: %v", outs[0], outs[1])
 	}
 }
+
+// TestLinearRouteParts checks where the Dispatch runs linear_route as one
+// call (RunsWhole): where the spec names it (no set fuses it on the cpu);
+// else as linear then moe_route, each in its own profile row, with the
+// same logits and routes.
+func TestLinearRouteParts(t *testing.T) {
+	dev := cpu.NewDevice()
+	const n, hidden, experts, topK = 3, 16, 8, 2
+	x, w := patterned(dev.Alloc(kernels.F32, n, hidden), 0), patterned(dev.Alloc(kernels.F32, experts, hidden), 1)
+	r := &kernels.Routing{Method: kernels.RouteGreedy, TopK: topK, NormTopK: true, Scale: 1}
+	var outs [][]float32
+	for _, c := range []struct {
+		spec  string
+		whole bool
+		rows  map[kernels.Op]string
+	}{
+		{"cpu,linear_route=cpu", true, map[kernels.Op]string{kernels.OpLinearRoute: "cpu"}},
+		{"cpu", false, map[kernels.Op]string{kernels.OpLinear: "cpu", kernels.OpMoERoute: "cpu"}},
+	} {
+		s, err := kernels.ParseSpec(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.Build(dev, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kernels.RunsWhole(d, kernels.OpLinearRoute); got != c.whole {
+			t.Errorf("%s: RunsWhole(linear_route) = %v, want %v", c.spec, got, c.whole)
+		}
+		logits, idx, weight := dev.Alloc(kernels.F32, n, experts), dev.Alloc(kernels.I32, n, topK), dev.Alloc(kernels.F32, n, topK)
+		got, _ := profiledRun(t, dev, c.spec, func(ops kernels.Ops) { ops.LinearRoute(idx, weight, logits, x, w, r) })
+		if fmt.Sprint(got) != fmt.Sprint(c.rows) {
+			t.Errorf("%s: profile rows %v, want %v", c.spec, got, c.rows)
+		}
+		ids := cpu.I32(idx)
+		routes := make([]float32, len(ids))
+		for i, e := range ids {
+			routes[i] = float32(e)
+		}
+		outs = append(outs, slices.Concat(cpu.F32(logits), routes, cpu.F32(weight)))
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Errorf("linear_route whole: %v, as its parts: %v", outs[0], outs[1])
+	}
+	set, err := cpu.New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kernels.RunsWhole(set, kernels.OpLinearRoute) {
+		t.Errorf("RunsWhole of the cpu set itself, no Dispatch: true, want false")
+	}
+}

@@ -32,6 +32,7 @@ var table = []opCases{
 	{kernels.OpMLADecodeRoPE, mlaDecodeRoPEChecks, mlaDecodeRoPEBench},
 	{kernels.OpMoERoute, moeRouteChecks, nil},
 	{kernels.OpMoEExperts, moeExpertsChecks, moeExpertsBench},
+	{kernels.OpLinearRoute, linearRouteChecks, nil},
 	{kernels.OpMoERouted, moeRoutedChecks, moeRoutedBench},
 	{kernels.OpGroupGemm, groupGemmChecks, groupGemmBench},
 	{kernels.OpArgmax, argmaxChecks, nil},
