@@ -82,11 +82,7 @@ func (k costOf) Embedding(out, table, ids *Tensor) { *k.c = Cost{Bytes: 2 * size
 // CheckLinear: out [N,M] act or f32; x [N,K] act; w [M,K] float; bias [M]
 // float or nil.
 func CheckLinear(act DType, out, x, w, bias *Tensor) {
-	checkLinear(OpLinear, act, out, x, w, bias)
-}
-
-// checkLinear is CheckLinear for op, which does Linear's work.
-func checkLinear(op Op, act DType, out, x, w, bias *Tensor) {
+	op := OpLinear
 	needActs(op, act, "x", x)
 	need(IsFloat(w) && w.Cols() == x.Cols(), op, "w %v for x %v", w, x)
 	need((isAct(out, act) || out.DType == F32) && rowsCols(out, x.Rows(), w.Rows()), op,
@@ -511,24 +507,6 @@ func CheckMoEExperts(act DType, out, x, idx, weight, gateUp, down *Tensor) {
 
 func (k costOf) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
 	*k.c = moeCost(out, idx, gateUp, down)
-}
-
-// CheckLinearRoute: Linear's operands with logits its out (f32) and no
-// bias, and MoERoute's over those logits; neither idx nor weight aliasing
-// logits.
-func CheckLinearRoute(act DType, idx, weight, logits, x, w *Tensor, r *Routing) {
-	op := OpLinearRoute
-	need(logits.DType == F32, op, "logits are %v, want f32", logits)
-	checkLinear(op, act, logits, x, w, nil)
-	CheckMoERoute(idx, weight, logits, r)
-	need(!same(idx, logits) && !same(weight, logits), op, "idx or weight aliases logits")
-}
-
-// The cost of LinearRoute is Linear's and the routes written; the logits
-// read back by the routing are no part of its floor.
-func (k costOf) LinearRoute(idx, weight, logits, x, w *Tensor, r *Routing) {
-	k.Linear(logits, x, w, nil)
-	k.c.Bytes += size(idx) + size(weight)
 }
 
 // CheckMoERouted: MoERoute's contract and MoEExperts', over the same E

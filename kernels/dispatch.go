@@ -212,37 +212,6 @@ func (d *Dispatch) moERoutedParts(out, idx, weight, x, logits, gateUp, down *Ten
 	d.MoEExperts(out, x, idx, weight, gateUp, down)
 }
 
-// linearRouteParts is LinearRoute as its parts, Linear into logits then
-// MoERoute of them, each on the set the spec runs it on.
-func (d *Dispatch) linearRouteParts(idx, weight, logits, x, w *Tensor, r *Routing) {
-	LinearRouteParts(d, idx, weight, logits, x, w, r)
-}
-
-// LinearRouteParts runs LinearRoute's work on o as the calls it replaces:
-// Linear into logits, then MoERoute of them. The sets that do not fuse it
-// run it so, and so does a Dispatch where the spec splits its parts.
-func LinearRouteParts(o Ops, idx, weight, logits, x, w *Tensor, r *Routing) {
-	o.Linear(logits, x, w, nil)
-	o.MoERoute(idx, weight, logits, r)
-}
-
-// RunsWhole reports whether o, a Dispatch, runs the composite op as one
-// call of its set (Spec.Whole: the spec puts every part on a set that
-// fuses it, or names the op; the set may still decline a call's shapes):
-// a caller that has a better way than the op's parts where it would run
-// as them asks it first. False for every other Ops.
-func RunsWhole(o Ops, op Op) bool {
-	w, ok := o.(interface{ RunsWhole(Op) bool })
-	return ok && w.RunsWhole(op)
-}
-
-// RunsWhole reports whether d runs the composite op as one call (see the
-// function RunsWhole).
-func (d *Dispatch) RunsWhole(op Op) bool {
-	i, ok := opPos[op]
-	return ok && d.whole[i]
-}
-
 // addAddRMSNormParts is AddAddRMSNorm as its parts, each on the set the
 // spec runs it on.
 func (d *Dispatch) addAddRMSNormParts(out, resid, x, y, w *Tensor, eps float32) {

@@ -31,7 +31,6 @@ const (
 	OpMLADecodeRoPE    Op = "mla_decode_rope"
 	OpMoERoute         Op = "moe_route"
 	OpMoEExperts       Op = "moe_experts"
-	OpLinearRoute      Op = "linear_route"
 	OpMoERouted        Op = "moe_routed"
 	OpGroupGemm        Op = "group_gemm"
 	OpArgmax           Op = "argmax"
@@ -96,8 +95,6 @@ var opTable = []OpInfo{
 		Doc: "a decode step's MLA from its projection on: rms_norm_rope then mla_decode, with q_lat's work in the norm and ropes' launch where a set has it"},
 	{Op: OpMoERoute, Method: "MoERoute", Group: "moe", Doc: "MoE router: softmax and top-k of the router logits"},
 	{Op: OpMoEExperts, Method: "MoEExperts", Group: "moe", Doc: "MoE routed experts, weighted and summed"},
-	{Op: OpLinearRoute, Method: "LinearRoute", Parts: []Op{OpLinear, OpMoERoute},
-		Doc: "a MoE router's f32 logits and the routes chosen from them: one kernel where a set has it"},
 	{Op: OpMoERouted, Method: "MoERouted", Parts: []Op{OpMoERoute, OpMoEExperts},
 		Doc: "MoE router and routed experts: moe_route then moe_experts, one kernel chain where a set has it (every gate/up block routing the tokens itself)"},
 	{Op: OpGroupGemm, Method: "GroupGemm", Doc: "grouped GEMM: each group of rows times its own weight matrix"},
@@ -343,15 +340,6 @@ type Ops interface {
 	// out, x [N,H] act; idx, weight [N,K]; gateUp [E,2I,H] weight;
 	// down [E,H,I] weight.
 	MoEExperts(out, x, idx, weight, gateUp, down *Tensor)
-
-	// LinearRoute is Linear(logits, x, w, nil) then MoERoute(idx, weight,
-	// logits, r): a MoE's router and the routes it chooses, each rounded as
-	// that op rounds (the logits' sums in the set's own order). idx [N,K]
-	// i32, weight [N,K] f32 (K = r.TopK); logits [N,E] f32, a result as
-	// idx and weight are; x [N,H] act; w [E,H] weight. It is a composite
-	// op (OpInfo.Parts): a Dispatch runs Linear and MoERoute where the spec
-	// puts them on other sets.
-	LinearRoute(idx, weight, logits, x, w *Tensor, r *Routing)
 
 	// MoERouted is MoERoute then MoEExperts over its routes: idx and weight
 	// are written as MoERoute writes them, and out as MoEExperts computes

@@ -132,12 +132,6 @@ func (d *Dispatch) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) {
 	d.call(OpMoEExperts, func(o Ops) { o.MoEExperts(out, x, idx, weight, gateUp, down) })
 }
 
-// LinearRoute runs OpLinearRoute on the set the spec chose for it, or as its parts
-// (linearRouteParts) where the spec runs them on other sets.
-func (d *Dispatch) LinearRoute(idx, weight, logits, x, w *Tensor, r *Routing) {
-	d.callWhole(OpLinearRoute, func(o Ops) { o.LinearRoute(idx, weight, logits, x, w, r) }, func() { d.linearRouteParts(idx, weight, logits, x, w, r) })
-}
-
 // MoERouted runs OpMoERouted on the set the spec chose for it, or as its parts
 // (moERoutedParts) where the spec runs them on other sets.
 func (d *Dispatch) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {
@@ -241,9 +235,6 @@ func (n NotOwned) MoERoute(idx, weight, logits *Tensor, r *Routing) { n.panic(Op
 
 // MoEExperts panics: the set runs OpMoEExperts on its fallback.
 func (n NotOwned) MoEExperts(out, x, idx, weight, gateUp, down *Tensor) { n.panic(OpMoEExperts) }
-
-// LinearRoute panics: the set runs OpLinearRoute on its fallback.
-func (n NotOwned) LinearRoute(idx, weight, logits, x, w *Tensor, r *Routing) { n.panic(OpLinearRoute) }
 
 // MoERouted panics: the set runs OpMoERouted on its fallback.
 func (n NotOwned) MoERouted(out, idx, weight, x, logits, gateUp, down *Tensor, r *Routing) {

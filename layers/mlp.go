@@ -1,10 +1,6 @@
 package layers
 
-import (
-	"os"
-
-	"github.com/fuselm/fuselm/kernels"
-)
+import "github.com/fuselm/fuselm/kernels"
 
 // Workspace buffers of MLP and MoE.
 const (
@@ -160,35 +156,6 @@ func (m *MoE) ForwardDefer(s *Step, out *kernels.Tensor, in NormIn) *Pending {
 	return nil
 }
 
-// xpLinearRoute (experiment, FUSELM_XP_LINEAR_ROUTE=1, off by default)
-// makes a decode step of asideMinTokens to linearRouteMaxTokens tokens
-// compute the router's logits and the routes in one op (linear_route),
-// then the routed experts alone (moe_experts), where the Dispatch runs
-// linear_route whole; otherwise the router's linear then moe_routed
-// (which fused, untuned, declines at these steps: moe_route then
-// moe_experts). It measures, by the decode step's time against the same
-// build without it (W4's and W5's 16 rows), whether routing in the
-// router's kernel costs the step less than the routes' launch of their
-// own between the router and the experts.
-var xpLinearRoute = os.Getenv("FUSELM_XP_LINEAR_ROUTE") == "1"
-
-// linearRouteMaxTokens is the most tokens of a step that xpLinearRoute
-// covers: W4's and W5's decode steps of 16 rows; larger steps are not
-// measured.
-const linearRouteMaxTokens = 16
-
-// routesWithGate reports whether forward runs the router and the routes
-// as one op (linear_route): with xpLinearRoute, at a decode step whose
-// shared experts run aside, of at most linearRouteMaxTokens tokens, where
-// the router has no bias (linear_route takes none) and the Dispatch runs
-// the op whole (as its parts it would be linear, moe_route and moe_experts
-// apart: neither the op under test nor moe_routed).
-func (m *MoE) routesWithGate(s *Step) bool {
-	T := s.Tokens()
-	return xpLinearRoute && s.Decode && m.SharedExperts != nil && T >= asideMinTokens && T <= linearRouteMaxTokens &&
-		m.Gate.Bias == nil && kernels.RunsWhole(s.Ops, kernels.OpLinearRoute)
-}
-
 // forward is Forward but for the add of the shared experts' output where
 // they ran aside: it returns that output (in the workspace, ready once the
 // ops it queued after the join run), else nil, out then whole.
@@ -205,15 +172,10 @@ func (m *MoE) forward(s *Step, out, x *kernels.Tensor) (shared *kernels.Tensor) 
 		act = m.SharedExperts.act(s, x)
 	}
 	logits := s.WS.Get(bufRouterLogits, T, m.Gate.OutFeatures())
+	m.Gate.Forward(s, logits, x)
 	idx := s.WS.Get(bufTopkIdx, T, K)
 	weight := s.WS.Get(bufTopkWeight, T, K)
-	if m.routesWithGate(s) {
-		s.Ops.LinearRoute(idx, weight, logits, x, m.Gate.Weight, &m.Routing)
-		s.Ops.MoEExperts(out, x, idx, weight, m.ExpertsGateUp, m.ExpertsDown)
-	} else {
-		m.Gate.Forward(s, logits, x)
-		s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
-	}
+	s.Ops.MoERouted(out, idx, weight, x, logits, m.ExpertsGateUp, m.ExpertsDown, &m.Routing)
 	join()
 	if act != nil {
 		down := m.SharedExperts.DownProj

@@ -18,8 +18,8 @@ import (
 // so the cache and the first token are right. linear_swiglu and
 // linear_add are left out whole or not at all: where a set does not fuse
 // them their parts run inside the Dispatch, which this does not reach.
-// rms_norm_rope, rope_attn_decode, linear_route, moe_routed,
-// add_add_rms_norm, add_rms_norm_linear, add_rms_norm_linear_swiglu,
+// rms_norm_rope, rope_attn_decode, moe_routed, add_add_rms_norm,
+// add_rms_norm_linear, add_rms_norm_linear_swiglu,
 // linear_add_rms_norm_linear and linear_add_rms_norm_linear_swiglu run as
 // their parts through this when one of those is named (below), so that
 // part alone is left out.
@@ -241,19 +241,6 @@ func (s *skipping) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor)
 	}
 }
 
-// LinearRoute is left out when named; where linear or moe_route is named,
-// it runs as its parts through s, so that the one named alone is left out
-// as before the layers called them as one op.
-func (s *skipping) LinearRoute(idx, weight, logits, x, w *kernels.Tensor, r *kernels.Routing) {
-	switch {
-	case s.skip[kernels.OpLinearRoute]:
-	case s.skip[kernels.OpLinear] || s.skip[kernels.OpMoERoute]:
-		kernels.LinearRouteParts(s, idx, weight, logits, x, w, r)
-	default:
-		s.Ops.LinearRoute(idx, weight, logits, x, w, r)
-	}
-}
-
 // MoERouted leaves out the whole op where skip names it, else the part
 // skip names (the Dispatch runs a composite's parts out of reach of this
 // wrapper), so that moe_route and moe_experts are left out as before the
@@ -268,20 +255,6 @@ func (s *skipping) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.
 	case experts:
 		s.Ops.MoEExperts(out, x, idx, weight, gateUp, down)
 	}
-}
-
-// RunsWhole passes the question on (kernels.RunsWhole), but for a
-// composite op with a part named, which runs here as its parts: a layer
-// that asks then calls the parts its own way, the named one left out as
-// before. An op named itself is passed on, so that a layer calls it and
-// it is left out.
-func (s *skipping) RunsWhole(op kernels.Op) bool {
-	for _, p := range kernels.PartsOf(op) {
-		if s.skip[p] {
-			return false
-		}
-	}
-	return kernels.RunsWhole(s.Ops, op)
 }
 
 func (s *skipping) GroupGemm(out, x, w, first *kernels.Tensor) {

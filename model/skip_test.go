@@ -130,47 +130,6 @@ func (c *moeCounting) MoERouted(_, _, _, _, _, _, _ *kernels.Tensor, _ *kernels.
 func (c *moeCounting) MoERoute(_, _, _ *kernels.Tensor, _ *kernels.Routing)              { c.route++ }
 func (c *moeCounting) MoEExperts(_, _, _, _, _, _ *kernels.Tensor)                       { c.experts++ }
 
-// TestSkipLinearRoute: leaving out linear or moe_route leaves out that
-// part of a linear_route call and runs the other; linear_route leaves out
-// both. RunsWhole says false where a part is named (the layer then calls
-// the parts its own way), and passes the question on otherwise.
-func TestSkipLinearRoute(t *testing.T) {
-	for _, c := range []struct {
-		skip                 []kernels.Op
-		whole, linear, route int
-		runsWhole            bool
-	}{
-		{nil, 1, 0, 0, true},
-		{[]kernels.Op{kernels.OpLinear}, 0, 0, 1, false},
-		{[]kernels.Op{kernels.OpMoERoute}, 0, 1, 0, false},
-		{[]kernels.Op{kernels.OpLinearRoute}, 0, 0, 0, true},
-		{[]kernels.Op{kernels.OpMoEExperts}, 1, 0, 0, true},
-	} {
-		var m routeCounting
-		s := newSkipping(&m, c.skip)
-		s.LinearRoute(nil, nil, nil, nil, nil, nil)
-		if m.whole != c.whole || m.linear != c.linear || m.route != c.route {
-			t.Errorf("skipping %v: linear_route, linear, moe_route ran %d, %d, %d times, want %d, %d, %d",
-				c.skip, m.whole, m.linear, m.route, c.whole, c.linear, c.route)
-		}
-		if got := kernels.RunsWhole(s, kernels.OpLinearRoute); got != c.runsWhole {
-			t.Errorf("skipping %v: RunsWhole(linear_route) = %v, want %v", c.skip, got, c.runsWhole)
-		}
-	}
-}
-
-// routeCounting counts the calls of linear_route and its parts, and says
-// it runs every composite op whole; the other ops are not called.
-type routeCounting struct {
-	kernels.Ops
-	whole, linear, route int
-}
-
-func (c *routeCounting) LinearRoute(_, _, _, _, _ *kernels.Tensor, _ *kernels.Routing) { c.whole++ }
-func (c *routeCounting) Linear(_, _, _, _ *kernels.Tensor)                             { c.linear++ }
-func (c *routeCounting) MoERoute(_, _, _ *kernels.Tensor, _ *kernels.Routing)          { c.route++ }
-func (c *routeCounting) RunsWhole(kernels.Op) bool                                     { return true }
-
 // TestSkipRoPEAttnDecode: leaving out rope or attn_decode leaves out that
 // part of Qwen2's rope_attn_decode and runs the other (rope as the layer
 // called it before, one call over the q and k heads); rope_attn_decode

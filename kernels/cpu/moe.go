@@ -133,13 +133,6 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	commit()
 }
 
-// LinearRoute is the set's Linear into logits, then its MoERoute of them,
-// as the Dispatch runs the op's parts.
-func (o *ops) LinearRoute(idx, weight, logits, x, w *kernels.Tensor, r *kernels.Routing) {
-	kernels.CheckLinearRoute(o.dev.ActDType(), idx, weight, logits, x, w, r)
-	kernels.LinearRouteParts(o, idx, weight, logits, x, w, r)
-}
-
 // MoERouted is MoERoute then MoEExperts over its routes, as the Dispatch
 // runs the op's parts: idx, weight and out as the two calls write them.
 func (o *ops) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {

@@ -38,14 +38,14 @@ func module(file string, funcs []string) cudaset.Module {
 var owned = []kernels.Op{
 	kernels.OpRMSNorm, kernels.OpAddRMSNorm, kernels.OpAddAddRMSNorm, kernels.OpRoPE, kernels.OpSwiGLU, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpLinearAdd,
 	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
-	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpLinearRoute, kernels.OpGroupGemm, kernels.OpLinear,
+	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpMLADecodeRoPE, kernels.OpArgmax, kernels.OpAdd,
 	kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
-		Fuses: []kernels.Op{kernels.OpAddAddRMSNorm, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearRoute, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
+		Fuses: []kernels.Op{kernels.OpAddAddRMSNorm, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
 			kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU},
 		New: New, Variants: variants})
 }
@@ -226,7 +226,6 @@ func New(dev kernels.Device) (kernels.Ops, error) {
 	o.sw = newLinearSwap(kit)       // nor linear_swap
 	o.ms = newMoESplit(kit)         // nor moe_routed_split
 	o.dc = newDecodeCluster(kit)    // nor flash_decode_rope's cluster kernel
-	o.rt = newRouter(kit)           // nor linear_route
 	return o, nil
 }
 
@@ -249,7 +248,6 @@ type ops struct {
 	sw        *swKit            // linear_swap, or why it is absent (linear_swap.go)
 	ms        *msKit            // moe_routed_split, or why it is absent (moe_split.go)
 	dc        *dcKit            // flash_decode_rope's cluster kernel, or why it is absent (attention_cluster.go)
-	rt        *rtKit            // linear_route, or why it is absent (router.go)
 
 	argmaxCounters *kernels.Tensor // i32: argmax_split's finished blocks per row, zero between launches
 	decodeCounters *kernels.Tensor // i32 [decodeCountersN]: flash_decode's finished splits per (row, kv head), zero between launches
@@ -276,5 +274,5 @@ func ModulesFor(arch string) []cudaset.Module {
 
 // hopperModules are the modules New adds only where the target is hopperArch.
 func hopperModules() []cudaset.Module {
-	return []cudaset.Module{hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule(), decodeClusterModule(), routerModule()}
+	return []cudaset.Module{hopperModule(), mlaHopperModule(), gwModule(), lwModule(), mlaFlatModule(), lsModule(), swModule(), msModule(), decodeClusterModule()}
 }

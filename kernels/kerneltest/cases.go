@@ -595,27 +595,6 @@ func moeExpertsChecks(l *caseList) {
 	}
 }
 
-// linearRouteChecks are linear_route's: DeepSeek-V2-Lite's router (2048
-// inputs, 64 experts, greedy top-6) at decode's 1, 9 and 16 rows, and
-// group-limited at 16; a small router of 64 inputs and 8 experts, top-2.
-// A set that fuses the op for some shapes only declines the others (the
-// Dispatch then runs its parts, whose own cases hold them): those cases
-// are skipped for it.
-func linearRouteChecks(l *caseList) {
-	lite := kernels.Routing{Method: kernels.RouteGreedy, TopK: 6, Groups: 1, TopKGroups: 1, Scale: 1}
-	limited := kernels.Routing{Method: kernels.RouteGroupLimited, TopK: 6, Groups: 8, TopKGroups: 3, NormTopK: true, Scale: 2.5}
-	small := kernels.Routing{Method: kernels.RouteGreedy, TopK: 2, NormTopK: true, Scale: 1}
-	for _, c := range []linearRouteCase{
-		{n: 1, h: 2048, e: 64, r: lite},
-		{n: 9, h: 2048, e: 64, r: lite},
-		{n: 16, h: 2048, e: 64, r: lite},
-		{n: 16, h: 2048, e: 64, r: limited},
-		{n: 5, h: 64, e: 8, r: small},
-	} {
-		l.addWDeclinable(c.String(), false, func(e *env) { linearRoute(e, c) })
-	}
-}
-
 // argmaxChecks are rows of one largest value, ties and NaNs, the chosen
 // value beside the index.
 func argmaxChecks(l *caseList) {
@@ -1404,47 +1383,6 @@ func checkRoutes(e *env, c routeCase, logits []float32, idx, w pair) {
 		}
 	}
 	e.compare("weight", ws[ref], ws[dut], k, all)
-}
-
-// linearRouteCase is linear_route over n rows of h inputs and e experts,
-// routed by r.
-type linearRouteCase struct {
-	n, h, e int
-	r       kernels.Routing
-}
-
-func (c linearRouteCase) String() string {
-	return fmt.Sprintf("N=%d,H=%d,E=%d,K=%d,%s", c.n, c.h, c.e, c.r.TopK, routeName(c.r))
-}
-
-// linearRoute is logits = x·wᵀ (f32), then the routes of the logits. The
-// logits are held to the reference as linear's f32 out; the routes to the
-// reference's routes of the set's own logits, the experts exactly and the
-// weights within the tolerance: a logit summed in another order moves by
-// a rounding, which may swap two experts that close, as it would the
-// parts'.
-func linearRoute(e *env, c linearRouteCase) {
-	x := e.random(actK, 1, c.n, c.h)
-	w := e.random(weightK, 1/math.Sqrt(float64(c.h)), c.e, c.h)
-	logits := e.poisoned(f32K, c.n, c.e)
-	k := c.r.TopK
-	idx := e.ints(filled(c.n*k, -1), c.n, k)
-	wt := e.poisoned(f32K, c.n, k)
-	e.run(func(o kernels.Ops, s int) { o.LinearRoute(idx[s], wt[s], logits[s], x[s], w[s], &c.r) })
-	e.check("logits", logits, all)
-	e.check("x", x, all)
-	got, err := e.devs[dut].ReadF32(logits[dut])
-	if err != nil {
-		e.t.Fatalf("reading %v: %v", logits[dut], err)
-	}
-	own := e.tensor(f32K, got, c.n, c.e)
-	ownIdx := e.ints(filled(c.n*k, -1), c.n, k)
-	ownWt := e.poisoned(f32K, c.n, k)
-	e.ops[ref].MoERoute(ownIdx[ref], ownWt[ref], own[ref], &c.r)
-	if err := e.devs[ref].Sync(); err != nil {
-		e.t.Fatalf("%s: %v", sideName[ref], err)
-	}
-	checkRoutes(e, routeCase{n: c.n, e: c.e, r: c.r}, got, pair{ownIdx[ref], idx[dut]}, pair{ownWt[ref], wt[dut]})
 }
 
 func sortByExpert(idx []int32, w []float32) {

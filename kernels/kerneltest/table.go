@@ -32,7 +32,6 @@ var table = []opCases{
 	{kernels.OpMLADecodeRoPE, mlaDecodeRoPEChecks, mlaDecodeRoPEBench},
 	{kernels.OpMoERoute, moeRouteChecks, nil},
 	{kernels.OpMoEExperts, moeExpertsChecks, moeExpertsBench},
-	{kernels.OpLinearRoute, linearRouteChecks, nil},
 	{kernels.OpMoERouted, moeRoutedChecks, moeRoutedBench},
 	{kernels.OpGroupGemm, groupGemmChecks, groupGemmBench},
 	{kernels.OpArgmax, argmaxChecks, nil},

@@ -87,14 +87,6 @@ func (o *ops) MoEExperts(out, x, idx, weight, gateUp, down *kernels.Tensor) {
 	o.CombineRows(o.Mat(out), ys, slots.P, weight, n, k, hidden)
 }
 
-// LinearRoute is the set's Linear into logits, then its MoERoute of them.
-// naive fuses nothing: a Dispatch runs the two as their own ops unless the
-// spec names linear_route itself.
-func (o *ops) LinearRoute(idx, weight, logits, x, w *kernels.Tensor, r *kernels.Routing) {
-	kernels.CheckLinearRoute(o.D.ActDType(), idx, weight, logits, x, w, r)
-	kernels.LinearRouteParts(o, idx, weight, logits, x, w, r)
-}
-
 // MoERouted is the set's MoERoute then its MoEExperts over the routes.
 // naive fuses nothing: a Dispatch runs the two as their own ops unless the
 // spec names moe_routed itself.
