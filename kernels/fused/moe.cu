@@ -142,13 +142,11 @@ struct NoPre {
 // the weights' group too.
 // With FOLD and slots (each choice's row, shared, as moe_one's blocks hold
 // them), a tile finds its rows there instead of ranking every choice again.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD, class Pre = NoPre,
-          class Tail = NoPre>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, bool SWIGLU, bool FOLD, class Pre = NoPre>
 __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x, int xp, const int* gather, int gdiv,
                                                 const bf16* w, const int* first, int N, int K, int choices, int g,
                                                 int row0, int rowEnd, int nt0, int* aRow, int* bRow,
-                                                bool early = false, Pre pre = {}, const int* slots = nullptr,
-                                                Tail tail = {}, int lead = 0) {
+                                                bool early = false, Pre pre = {}, const int* slots = nullptr) {
 	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 	constexpr int MT = WTM / 16, NT = WTN / 8;
 	typedef Tile<BK> T;
@@ -248,7 +246,6 @@ __device__ __forceinline__ void group_gemm_tile(bf16* out, int op, const bf16* x
 		cp_wait<STAGES - 2>();
 		__syncthreads(); // step kt has landed; the stage step kt-1 read is free
 		if (kt + STAGES - 1 < ktiles) load(kt + STAGES - 1);
-		if (lead > 0 && kt == max(0, ktiles - lead)) tail();
 		cp_commit();
 		const unsigned a = Ring::a(base, kt), b = a + Ring::A_BYTES;
 #pragma unroll
@@ -861,11 +858,11 @@ template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
-                        int* done, int* tickets, int lead) {
+                        int* done, int* tickets) {
 	__shared__ int sFirst[MAX_GROUPS + 1], sCount[MAX_GROUPS], sEx[MOE_FOLD_MAX], sSlot[MOE_FOLD_MAX];
 	__shared__ int aRow[BM], bRow[BN];
 	__shared__ int start[MAX_GROUPS + 1];
-	__shared__ int ticket, sNext;
+	__shared__ int ticket;
 	const int tid = threadIdx.x, I = NN / 2, choices = N * K;
 	int ups = 0, downs = 0; // the probe's tile counts (moe_stamp: kernel 0 the gate/up tiles, 1 the down tiles)
 	moe_stamp(0, MOE_ENTRY);
@@ -890,40 +887,13 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 		// 0 takes the next one now: its round trip runs under the tile. Near
 		// the end a ticket held ahead would be a tile no idle block can
 		// take, so the last ones go to whichever block asks first.
-		if (tid == 0) {
-			held = t + 2 * (int)gridDim.x < t2 ? atomicAdd(&tickets[0], 1) : -1;
-			sNext = held; // seen by every thread after the tile's first barrier
-		}
-		// pf asks the L2 for the first STAGES-1 k-steps of the weight rows of
-		// the ticket held ahead (lead k-steps before this tile's end, where
-		// lead > 0), so that the next tile's first loads find them there.
-		auto pf = [&] {
-			const int nx = sNext;
-			if (nx < 0 || nx >= t2 || tid >= BN) return;
-			const bf16* row = nullptr;
-			int k;
-			if (nx < t1) {
-				const int mt = nx / upTiles, nt = nx - mt * upTiles, g = group_of_tile(start, E, mt);
-				const int j = nt * (BN / 2) + tid % (BN / 2);
-				if (j < I) row = gateUp + ((long long)g * NN + (tid < BN / 2 ? j : I + j)) * KK;
-				k = KK;
-			} else {
-				const int u = nx - t1, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
-				const int j = nt * BN + tid;
-				if (j < KK) row = down + ((long long)g * KK + j) * I;
-				k = I;
-			}
-			if (row == nullptr) return;
-			const int bytes = min(k, (ST - 1) * BK) * 2;
-			for (int b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(row) + b));
-		};
+		if (tid == 0) held = t + 2 * (int)gridDim.x < t2 ? atomicAdd(&tickets[0], 1) : -1;
 		if (t < t1) {
 			const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
 			const int row0 = sFirst[g] + (mt - start[g]) * BM;
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups);
-			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true, NoPre, decltype(pf)>(
-			    act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices, g, row0, sFirst[g + 1], nt, aRow, bRow, false, NoPre{},
-			    sSlot, pf, lead);
+			group_gemm_tile<BM, BN, WM, WN, BK, ST, true, true>(act, ap, x, xp, sEx, K, gateUp, sFirst, NN, KK, choices,
+			                                                    g, row0, sFirst[g + 1], nt, aRow, bRow, false, NoPre{}, sSlot);
 			if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups + 1);
 			ups++;
 			__syncthreads(); // every thread's rows of act stored
@@ -942,9 +912,8 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 				wait_count(ready, upTiles, 64); // every gate/up tile of the m-tile has written its rows
 				if (firstDown) moe_stamp(1, MOE_WAITED);
 			};
-			group_gemm_tile<BM, BN, WM, WN, BK, ST, false, false, decltype(wait), decltype(pf)>(
-			    y, yp, act, ap, nullptr, 1, down, sFirst, KK, I, 0, g, row0, sFirst[g + 1], nt, aRow, bRow, true, wait, nullptr,
-			    pf, lead);
+			group_gemm_tile<BM, BN, WM, WN, BK, ST, false, false, decltype(wait)>(
+			    y, yp, act, ap, nullptr, 1, down, sFirst, KK, I, 0, g, row0, sFirst[g + 1], nt, aRow, bRow, true, wait);
 			if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs + 1);
 			downs++;
 			fold_finish<BN, true>(counters, nt, mtiles, out, outp, y, yp, sSlot, weight, wp, N, K, KK);
@@ -969,9 +938,9 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
 	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
-	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets, int lead) { \
+	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
 		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
-		                                y, yp, down, out, outp, weight, wp, counters, done, tickets, lead);       \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
 

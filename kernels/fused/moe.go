@@ -2,9 +2,7 @@ package fused
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
@@ -509,15 +507,6 @@ func (o *ops) foldPath(variant string, c gemmConfig, tokens, choices, hidden int
 	return false, false
 }
 
-// onePrefetchLead (experiment, FUSELM_XP_ONE_PF=n, 0 by default: off) is
-// the k-steps before a moe_one tile's end at which its block asks the L2
-// for the first stages' weight rows of the ticket it holds ahead, so that
-// the next tile's first loads find them there instead of in DRAM.
-var onePrefetchLead = func() int {
-	n, _ := strconv.Atoi(os.Getenv("FUSELM_XP_ONE_PF"))
-	return max(0, n)
-}()
-
 // oneRuns reports whether the folded path on the persistent grid (dyn)
 // runs in one launch, moe_one, under variant: by default and with
 // oneVariant chosen; in two with foldDynVariant chosen (what one launch
@@ -543,8 +532,7 @@ func (o *ops) expertsFolded(c gemmConfig, dyn, one bool, tiles int, out, x, idx,
 		grid := o.dynGrid(name, cuda.Dim3{X: uint32(upTiles + downTiles), Y: uint32(tiles)})
 		om := o.Mat(out)
 		args = append(args, y.P, int32(y.Pitch), o.D.Ptr(down), om.P, int32(om.Pitch), o.D.Ptr(weight),
-			int32(weight.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone), o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair),
-			int32(onePrefetchLead))
+			int32(weight.Pitch), o.D.Ptr(o.moeCounters), o.D.Ptr(o.oneDone), o.D.Ptr(o.dynCounters)+uintptr(4*dynOnePair))
 		o.LaunchGrid(name, grid, cuda.Dim3{X: uint32(d.threads())}, d.shared(), args...)
 		return
 	}
