@@ -37,10 +37,7 @@ func TestWgmmaProbe(t *testing.T) {
 	for _, n := range []int{2048, 11041} {
 		x := random(kernels.BF16, 1, n, hidden)
 		out := dev.Alloc(kernels.BF16, n, hidden)
-		ids, ws := moeRouting(rng, "distinct", n, k, experts)
-		idx := intsOn(t, dev, ids)
-		idx.Shape, idx.Pitch = []int{n, k}, k
-		weight := tensorOn(t, dev, kernels.F32, ws, n, k)
+		idx, weight := routesOn(t, dev, rng, "distinct", n, k, experts)
 		o.MoEExperts(out, x, idx, weight, gateUp, down) // align: first, sorted and the buffers
 		c := configFor(n*k, experts)
 		if c.Name != prefillTiling {

@@ -114,10 +114,7 @@ func TestWgmmaTMAOutExact(t *testing.T) {
 		gateUp := random(kernels.BF16, 1/math.Sqrt(float64(c.hidden)), c.experts, 2*c.inter, c.hidden)
 		down := random(kernels.BF16, 1/math.Sqrt(float64(c.inter)), c.experts, c.hidden, c.inter)
 		x := random(kernels.BF16, 1, c.n, c.hidden)
-		ids, ws := moeRouting(rng, "distinct", c.n, c.k, c.experts)
-		idx := intsOn(t, dev, ids)
-		idx.Shape, idx.Pitch = []int{c.n, c.k}, c.k
-		weight := tensorOn(t, dev, kernels.F32, ws, c.n, c.k)
+		idx, weight := routesOn(t, dev, rng, "distinct", c.n, c.k, c.experts)
 		if cfg := configFor(c.n*c.k, c.experts); cfg.Name != prefillTiling {
 			t.Fatalf("%d tokens run tiling %s, not %s", c.n, cfg.Name, prefillTiling)
 		}

@@ -74,10 +74,7 @@ func TestMoEFoldProbe(t *testing.T) {
 		}
 	}
 	for _, routing := range []string{"shared", "distinct"} {
-		ids, ws := moeRouting(rng, routing, n, k, experts)
-		idx := intsOn(t, dev, ids)
-		idx.Shape, idx.Pitch = []int{n, k}, k
-		weight := tensorOn(t, dev, kernels.F32, ws, n, k)
+		idx, weight := routesOn(t, dev, rng, routing, n, k, experts)
 		call := func() { o.MoEExperts(out, x, idx, weight, gateUp, down) }
 		for range 20 {
 			call()

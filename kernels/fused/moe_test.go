@@ -336,11 +336,8 @@ func TestMoEDynExact(t *testing.T) {
 			if c.Name != dynTiling {
 				t.Fatalf("%s: tiling %s, not %s", name, c.Name, dynTiling)
 			}
-			ids, ws := moeRouting(rng, routing, n, k, experts)
+			idx, weight := routesOn(t, dev, rng, routing, n, k, experts)
 			x := random(kernels.BF16, 1, n, hidden)
-			idx := intsOn(t, dev, ids)
-			idx.Shape, idx.Pitch = []int{n, k}, k
-			weight := tensorOn(t, dev, kernels.F32, ws, n, k)
 			out := dev.Alloc(kernels.BF16, n, hidden)
 			rows := mTiles(choices, experts, c.BM) * c.BM
 			poison := func() {
@@ -447,10 +444,7 @@ func TestMoEFoldDynExact(t *testing.T) {
 				}
 				x := random(kernels.BF16, 1, n, d.hidden)
 				routed := func(routing string) (*kernels.Tensor, *kernels.Tensor) {
-					ids, ws := moeRouting(rng, routing, n, k, d.experts)
-					idx := intsOn(t, dev, ids)
-					idx.Shape, idx.Pitch = []int{n, k}, k
-					return idx, tensorOn(t, dev, kernels.F32, ws, n, k)
+					return routesOn(t, dev, rng, routing, n, k, d.experts)
 				}
 				idx, weight := routed(routing)
 				idx2, weight2 := routed("distinct")
@@ -748,6 +742,16 @@ func checkCounters(t *testing.T, o *ops, what string) {
 			t.Errorf("%s: %s counter %d is %d after the launch, want 0", what, c.name, i, v[i])
 		}
 	}
+}
+
+// routesOn is moeRouting's routes of n tokens put on dev: idx i32 [n, k]
+// and weight f32 [n, k].
+func routesOn(t *testing.T, dev kernels.Device, rng *rand.Rand, routing string, n, k, experts int) (idx, weight *kernels.Tensor) {
+	t.Helper()
+	ids, ws := moeRouting(rng, routing, n, k, experts)
+	idx = intsOn(t, dev, ids)
+	idx.Shape, idx.Pitch = []int{n, k}, k
+	return idx, tensorOn(t, dev, kernels.F32, ws, n, k)
 }
 
 // moeRouting is n tokens' choices of k of experts and their weights,
