@@ -245,8 +245,7 @@
 	X(moe_gate_up_m16_fold_dyn, group_gemm_m16_fold_dyn, moe_gate_up_m16_route_dyn, 16, 64, 1, 4, 128, 3)
 
 #define MOE_ONE_INSTANCES(X) \
-	X(moe_one_m16, 16, 64, 1, 4, 128, 3, false) \
-	X(moe_one_pipe_m16, 16, 64, 1, 4, 128, 3, true)
+	X(moe_one_m16, 16, 64, 1, 4, 128, 3)
 
 #define LINEAR_SKINNY_INSTANCES(X) \
 	X(linear_skinny_n1_bf16, 1, bf16) \

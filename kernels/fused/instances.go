@@ -269,9 +269,8 @@ func moeFoldDynInstances() cudaset.Instances {
 // (moe.cu's MOE_ONE), at the persistent grid's tiling (dynConfig).
 func moeOneInstances() cudaset.Instances {
 	c := dynConfig()
-	return cudaset.Instances{Macro: "MOE_ONE", Kernels: []cudaset.Instance{
-		{Names: []string{c.oneKernel()}, Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages, false}},
-		{Names: []string{c.onePipeKernel()}, Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages, true}}}}
+	return cudaset.Instances{Macro: "MOE_ONE", Kernels: []cudaset.Instance{{Names: []string{c.oneKernel()},
+		Args: []any{c.BM, c.BN, c.WarpsM, c.WarpsN, c.BK, c.Stages}}}}
 }
 
 func linearInstances() cudaset.Instances { return decodeLinearInstances("LINEAR_SKINNY", linearKernel) }

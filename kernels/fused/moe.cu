@@ -826,201 +826,6 @@ MOE_FOLD_INSTANCES(MOE_FOLD)
 	}
 MOE_FOLD_DYN_INSTANCES(MOE_FOLD_DYN)
 
-// OneTile is one of moe_one's tiles as the pipelined path (PIPE) carries
-// it from the tile before: gate/up (up) or down, its weights (the group's
-// matrix, n rows of k), its x (the tokens, or act: pitch xp) and which
-// half of the block's double row tables holds its rows.
-struct OneTile {
-	const bf16* w;
-	const bf16* x;
-	int xp, n, k, half;
-	bool up;
-};
-
-// one_tables writes the row tables of moe_one's tile (ticket t) into aRow
-// and bRow as group_gemm_tile's first lines do (gate/up: its tokens' rows
-// from the block's slots; down: act's rows), and returns the tile; every
-// thread calls it (it holds a barrier).
-template <int BM, int BN, int WM, int WN>
-__device__ __forceinline__ OneTile one_tables(int t, int t1, int upTiles, int downTiles, const int* start, const int* sFirst,
-                                              const int* sEx, const int* sSlot, int E, int K, int choices, const bf16* x,
-                                              int xp, const bf16* act, int ap, const bf16* gateUp, const bf16* down, int NN,
-                                              int KK, int (*aRows)[BM], int (*bRows)[BN], int half) {
-	constexpr int THREADS = WM * WN * 32, WTN = BN / WN;
-	int* aRow = aRows[half];
-	int* bRow = bRows[half];
-	const int tid = threadIdx.x, I = NN / 2;
-	const bool up = t < t1;
-	const int u = up ? t : t - t1, per = up ? upTiles : downTiles, mt = u / per, nt = u - mt * per;
-	const int g = group_of_tile(start, E, mt), row0 = sFirst[g] + (mt - start[g]) * BM, rowEnd = sFirst[g + 1];
-	if (up) {
-		for (int r = tid; r < BM; r += THREADS) aRow[r] = -1;
-		__syncthreads();
-		for (int i = tid; i < choices; i += THREADS) {
-			if (sEx[i] != g) continue;
-			const int r = sSlot[i] - row0;
-			if (r >= 0 && r < BM) aRow[r] = i / K;
-		}
-		for (int c = tid; c < BN; c += THREADS) {
-			const int half = WTN / 2, in = c % WTN, j = nt * (BN / 2) + (c / WTN) * half + in % half;
-			bRow[c] = j < I ? (in < half ? j : I + j) : -1;
-		}
-		__syncthreads();
-		return OneTile{gateUp + (long long)g * NN * KK, x, xp, NN, KK, half, true};
-	}
-	for (int r = tid; r < BM; r += THREADS) aRow[r] = row0 + r < rowEnd ? row0 + r : -1;
-	for (int c = tid; c < BN; c += THREADS) bRow[c] = nt * BN + c < KK ? nt * BN + c : -1;
-	__syncthreads();
-	return OneTile{down + (long long)g * KK * I, act, ap, KK, I, half, false};
-}
-
-// one_tile is group_gemm_tile for moe_one's pipelined path: the ring runs
-// on from tile to tile. Its stages are counted over the block's life (g0,
-// kept by the caller), so that where the tile's own k-tiles run out, the
-// slots its last steps free take the next tile's first STAGES-1 k-tiles
-// (next, where the block holds its ticket: its weights and, for a gate/up
-// tile, its tokens; a down tile's rows of act wait for their gate/up tiles
-// and so come at its start, after pre). With ahead the tile's own first
-// stages came so from the tile before; without, it loads them as
-// group_gemm_tile does. The same products, in the same order, and the same
-// epilogue: bit for bit group_gemm_tile's.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, class Pre>
-__device__ __forceinline__ void one_tile(bf16* out, int op, const OneTile cur, int row0, int rowEnd, int nt0, int& g0,
-                                         bool ahead, Pre pre, bool hasNext, const OneTile next, int (*aRows)[BM],
-                                         int (*bRows)[BN]) {
-	constexpr int THREADS = WARPS_M * WARPS_N * 32, WTM = BM / WARPS_M, WTN = BN / WARPS_N;
-	constexpr int MT = WTM / 16, NT = WTN / 8;
-	typedef Tile<BK> T;
-	typedef GemmRing<BM, BN, BK, STAGES> Ring;
-	constexpr int A_LOADS = BM * T::CHUNKS / THREADS, B_LOADS = BN * T::CHUNKS / THREADS;
-	extern __shared__ __align__(128) unsigned char smem[];
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-	const unsigned base = smem_addr(smem);
-	auto rows = [&](int loads, unsigned dst, const int* idx, const bf16* src, long long p, int k0, int K) {
-#pragma unroll
-		for (int it = 0; it < loads; it++) {
-			const int i = tid + it * THREADS, r = i / T::CHUNKS, c = i - r * T::CHUNKS, k = k0 + c * 8;
-			const int row = idx[r];
-			const bool ok = row >= 0 && k < K;
-			cp16(T::at(dst, r, c), ok ? src + row * p + k : src, ok);
-		}
-	};
-	auto loadA = [&](const OneTile& a, int kt, int stage) {
-		rows(A_LOADS, Ring::a(base, stage), aRows[a.half], a.x, a.xp, kt * BK, a.k);
-	};
-	auto loadB = [&](const OneTile& a, int kt, int stage) {
-		rows(B_LOADS, Ring::a(base, stage) + Ring::A_BYTES, bRows[a.half], a.w, a.k, kt * BK, a.k);
-	};
-	const int ktiles = (cur.k + BK - 1) / BK;
-	if (!ahead) {
-		if (!cur.up) { // group_gemm_tile's early: the weights under pre's wait
-#pragma unroll
-			for (int s = 0; s < STAGES - 1; s++)
-				if (s < ktiles) loadB(cur, s, g0 + s);
-			cp_commit();
-			pre();
-#pragma unroll
-			for (int s = 0; s < STAGES - 1; s++) {
-				if (s < ktiles) loadA(cur, s, g0 + s);
-				cp_commit();
-			}
-		} else {
-#pragma unroll
-			for (int s = 0; s < STAGES - 1; s++) {
-				if (s < ktiles) {
-					loadA(cur, s, g0 + s);
-					loadB(cur, s, g0 + s);
-				}
-				cp_commit();
-			}
-		}
-	} else if (!cur.up) { // the weights came with the tile before; the rows of act after the wait
-		pre();
-#pragma unroll
-		for (int s = 0; s < STAGES - 1; s++) {
-			if (s < ktiles) loadA(cur, s, g0 + s);
-			cp_commit();
-		}
-	}
-	const int nextTiles = hasNext ? (next.k + BK - 1) / BK : 0;
-	float acc[MT][NT][4];
-#pragma unroll
-	for (int i = 0; i < MT; i++)
-#pragma unroll
-		for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-
-	for (int kt = 0; kt < ktiles; kt++) {
-		cp_wait<STAGES - 2>();
-		__syncthreads(); // step kt has landed; the stage step kt-1 read is free
-		const int ld = kt + STAGES - 1;
-		if (ld < ktiles) {
-			loadA(cur, ld, g0 + ld);
-			loadB(cur, ld, g0 + ld);
-		} else if (ld - ktiles < nextTiles) {
-			loadB(next, ld - ktiles, g0 + ld);
-			if (next.up) loadA(next, ld - ktiles, g0 + ld);
-		}
-		cp_commit();
-		const unsigned a = Ring::a(base, g0 + kt), b = a + Ring::A_BYTES;
-#pragma unroll
-		for (int ks = 0; ks < BK / 16; ks++) {
-			unsigned af[MT][4], bf[NT][2];
-#pragma unroll
-			for (int i = 0; i < MT; i++) ldsm_x4(af[i], T::at(a, wm * WTM + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-#pragma unroll
-			for (int j = 0; j < NT / 2; j++) {
-				unsigned r4[4];
-				ldsm_x4(r4, T::at(b, wn * WTN + j * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-				bf[2 * j][0] = r4[0];
-				bf[2 * j][1] = r4[1];
-				bf[2 * j + 1][0] = r4[2];
-				bf[2 * j + 1][1] = r4[3];
-			}
-#pragma unroll
-			for (int i = 0; i < MT; i++)
-#pragma unroll
-				for (int j = 0; j < NT; j++) mma16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
-		}
-	}
-	g0 += ktiles;
-	if (!hasNext) cp_wait<0>(); // else the next tile's stages stay in flight
-
-	// Epilogue: group_gemm_tile's.
-#pragma unroll
-	for (int i = 0; i < MT; i++) {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int row = row0 + wm * WTM + i * 16 + (lane >> 2) + 8 * h;
-			if (row >= rowEnd) continue;
-			bf16* dst = out + (long long)row * op;
-			if (cur.up) {
-				const int inter = cur.n / 2;
-#pragma unroll
-				for (int j = 0; j < NT / 2; j++) {
-					const int col = nt0 * (BN / 2) + wn * (WTN / 2) + j * 8 + 2 * (lane & 3);
-					if (col >= inter) continue;
-					float v[2];
-#pragma unroll
-					for (int e = 0; e < 2; e++) {
-						const float gt = round_bf16(acc[i][j][2 * h + e]);
-						const float up = round_bf16(acc[i][j + NT / 2][2 * h + e]);
-						v[e] = round_bf16(gt / (1.0f + expf(-gt))) * up;
-					}
-					*reinterpret_cast<unsigned*>(dst + col) = pack2(v[0], v[1]);
-				}
-			} else {
-#pragma unroll
-				for (int j = 0; j < NT; j++) {
-					const int col = nt0 * BN + wn * WTN + j * 8 + 2 * (lane & 3);
-					if (col >= cur.n) continue;
-					*reinterpret_cast<unsigned*>(dst + col) = pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-				}
-			}
-		}
-	}
-}
-
 // moe_one is the folded path in one launch on the persistent grid: every
 // block counts and ranks the choices (fold_count, as moe_gate_up_fold's
 // blocks do; block 0 also writes the tables, fold_tables), then takes
@@ -1049,7 +854,7 @@ __device__ __forceinline__ void one_tile(bf16* out, int op, const OneTile cur, i
 //   between launches, and the grid's last block leaves them so.
 // Launch: 1-D, the blocks an SM holds times the SMs (at most the tiles of
 // both GEMMs); group_gemm_tile's block and GemmRing's shared memory.
-template <int BM, int BN, int WM, int WN, int BK, int ST, bool PIPE>
+template <int BM, int BN, int WM, int WN, int BK, int ST>
 __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K,
                         const bf16* gateUp, int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y,
                         int yp, const bf16* down, bf16* out, int outp, const float* weight, int wp, int* counters,
@@ -1073,70 +878,6 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	const int mtiles = start[E], upTiles = (I + BN / 2 - 1) / (BN / 2), downTiles = (KK + BN - 1) / BN;
 	const int t1 = mtiles * upTiles, t2 = t1 + mtiles * downTiles;
 	int held = -1; // thread 0: the next ticket, taken as the tile before it started; -1 for none
-	if constexpr (PIPE) {
-		// The pipelined path: the ring runs on from a tile into the ticket
-		// the block holds ahead (one_tile), whose row tables it writes into
-		// the other half of its double tables as the tile before starts.
-		__shared__ int aRows[2][BM], bRows[2][BN];
-		__shared__ int sNext;
-		int g0 = 0, par = 0;
-		bool ahead = false;
-		OneTile cur{};
-		for (;;) {
-			if (tid == 0) ticket = held >= 0 ? held : atomicAdd(&tickets[0], 1);
-			__syncthreads(); // the ticket is written
-			const int t = ticket;
-			if (t >= t2) break;
-			if (tid == 0) {
-				held = t + 2 * (int)gridDim.x < t2 ? atomicAdd(&tickets[0], 1) : -1;
-				sNext = held;
-			}
-			if (!ahead)
-				cur = one_tables<BM, BN, WM, WN>(t, t1, upTiles, downTiles, start, sFirst, sEx, sSlot, E, K, choices, x, xp, act,
-				                                 ap, gateUp, down, NN, KK, aRows, bRows, par);
-			__syncthreads(); // sNext is written
-			const int nx = sNext;
-			const bool haveNext = nx >= 0 && nx < t2;
-			OneTile nxt{};
-			if (haveNext)
-				nxt = one_tables<BM, BN, WM, WN>(nx, t1, upTiles, downTiles, start, sFirst, sEx, sSlot, E, K, choices, x, xp,
-				                                 act, ap, gateUp, down, NN, KK, aRows, bRows, par ^ 1);
-			if (t < t1) {
-				const int mt = t / upTiles, nt = t - mt * upTiles, g = group_of_tile(start, E, mt);
-				const int row0 = sFirst[g] + (mt - start[g]) * BM;
-				if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups);
-				one_tile<BM, BN, WM, WN, BK, ST>(act, ap, cur, row0, sFirst[g + 1], nt, g0, ahead, NoPre{}, haveNext, nxt, aRows, bRows);
-				if (ups < MOE_PROBE_TILES) moe_stamp(0, MOE_TILE + 2 * ups + 1);
-				ups++;
-				__syncthreads(); // every thread's rows of act stored
-				if (tid == 0) {
-					__threadfence(); // after the barrier: the block's rows before the count (a release by thread 0)
-					atomicAdd(&done[mt], 1);
-				}
-			} else {
-				const int u = t - t1, mt = u / downTiles, nt = u - mt * downTiles, g = group_of_tile(start, E, mt);
-				const int row0 = sFirst[g] + (mt - start[g]) * BM;
-				int* ready = &done[mt];
-				if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs);
-				if (downs == 0) moe_stamp(1, MOE_ENTRY);
-				const bool firstDown = downs == 0;
-				auto wait = [ready, upTiles, firstDown] {
-					wait_count(ready, upTiles, 64);
-					if (firstDown) moe_stamp(1, MOE_WAITED);
-				};
-				one_tile<BM, BN, WM, WN, BK, ST>(y, yp, cur, row0, sFirst[g + 1], nt, g0, ahead, wait, haveNext, nxt, aRows, bRows);
-				if (downs < MOE_PROBE_TILES) moe_stamp(1, MOE_TILE + 2 * downs + 1);
-				downs++;
-				fold_finish<BN, true>(counters, nt, mtiles, out, outp, y, yp, sSlot, weight, wp, N, K, KK);
-			}
-			__syncthreads(); // every thread has read the ticket and the tile's tables
-			ahead = haveNext;
-			if (haveNext) {
-				cur = nxt;
-				par ^= 1;
-			}
-		}
-	} else
 	for (;;) {
 		if (tid == 0) ticket = held >= 0 ? held : atomicAdd(&tickets[0], 1);
 		__syncthreads(); // the ticket is written
@@ -1193,18 +934,13 @@ __device__ void moe_one(bf16* act, int ap, const bf16* x, int xp, const int* idx
 	if (downs > 0) moe_stamp(1, MOE_EXIT);
 }
 
-// The pipelined instance holds two tiles' descriptions beside its
-// accumulators: its bound keeps it within three blocks an SM's registers,
-// as moe_one's persistent grid is sized (moe.go's dynPerSM).
-#define MOE_ONE_BOUNDS_false(T) __launch_bounds__(T)
-#define MOE_ONE_BOUNDS_true(T) __launch_bounds__(T, 3)
-#define MOE_ONE(NAME, BM, BN, WM, WN, BK, ST, PIPE)                                                                     \
-	extern "C" __global__ void MOE_ONE_BOUNDS_##PIPE(WM * WN * 32)                                                \
+#define MOE_ONE(NAME, BM, BN, WM, WN, BK, ST)                                                                     \
+	extern "C" __global__ void __launch_bounds__(WM * WN * 32)                                                    \
 	    NAME(bf16* act, int ap, const bf16* x, int xp, const int* idx, int ip, int N, int K, const bf16* gateUp,  \
 	         int* first, int* sorted, int* slot, int E, int M, int NN, int KK, bf16* y, int yp, const bf16* down,  \
 	         bf16* out, int outp, const float* weight, int wp, int* counters, int* done, int* tickets) {          \
-		moe_one<BM, BN, WM, WN, BK, ST, PIPE>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, \
-		                                      KK, y, yp, down, out, outp, weight, wp, counters, done, tickets);     \
+		moe_one<BM, BN, WM, WN, BK, ST>(act, ap, x, xp, idx, ip, N, K, gateUp, first, sorted, slot, E, M, NN, KK, \
+		                                y, yp, down, out, outp, weight, wp, counters, done, tickets);             \
 	}
 MOE_ONE_INSTANCES(MOE_ONE)
 

@@ -2,7 +2,6 @@ package fused
 
 import (
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/fuselm/fuselm/kernels"
@@ -128,16 +127,6 @@ func (c gemmConfig) foldDynGemmKernel() string   { return "group_gemm_" + c.Name
 // oneKernel is the folded path in one launch on the persistent grid in
 // tiling c (moe.cu's MOE_ONE).
 func (c gemmConfig) oneKernel() string { return "moe_one_" + c.Name }
-
-// onePipeKernel is oneKernel whose ring runs on from a tile into the next
-// (moe.cu's moe_one with PIPE), run where onePipe is set.
-func (c gemmConfig) onePipeKernel() string { return "moe_one_pipe_" + c.Name }
-
-// onePipe (experiment, FUSELM_XP_MOE_PIPE=1, off by default) runs moe_one's
-// pipelined instance: each tile's last steps load the first stages of the
-// ticket its block holds ahead, so that the block's stream does not pause
-// between tiles (at W5 a block runs 9 or 10 of them).
-var onePipe = os.Getenv("FUSELM_XP_MOE_PIPE") == "1"
 
 // routeDynGateUpKernel is moe_routed's gate/up kernel on the persistent
 // grid in tiling c (moe.cu's MOE_FOLD_DYN).
@@ -539,9 +528,6 @@ func (o *ops) expertsFolded(c gemmConfig, dyn, one bool, tiles int, out, x, idx,
 	if one {
 		d := dynConfig()
 		name := d.oneKernel()
-		if onePipe {
-			name = d.onePipeKernel()
-		}
 		upTiles, downTiles := (inter+d.BN/2-1)/(d.BN/2), (hidden+d.BN-1)/d.BN
 		grid := o.dynGrid(name, cuda.Dim3{X: uint32(upTiles + downTiles), Y: uint32(tiles)})
 		om := o.Mat(out)
@@ -767,7 +753,6 @@ func gemmShared() map[string]int {
 	m[d.foldDynGemmKernel()] = d.shared()
 	m[d.routeDynGateUpKernel()] = d.shared()
 	m[d.oneKernel()] = d.shared()
-	m[d.onePipeKernel()] = d.shared()
 	c := foldConfig()
 	m[c.foldGateUpKernel()] = c.shared()
 	m[c.foldGemmKernel()] = c.shared()
