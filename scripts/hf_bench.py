@@ -87,6 +87,28 @@ def rows_of(a):
     return [read_prompt_file(a.prompt_file)] * (a.batch or 1)
 
 
+def batch_of(model_dir, texts):
+    """The rows as the checkpoint's model takes them in a batch: its config, EOS and pad ids (the
+    config's pad_token_id, else its EOS), each row's token count, and the ids and attention mask on
+    the GPU, padded on the left to the longest row (the ids infer's Go tokenizer gives)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    eos = cfg.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = cfg.get("pad_token_id")
+    pad = eos if pad is None else pad
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    tok.no_truncation()
+    lens = [len(e.ids) for e in tok.encode_batch(texts)]
+    tok.enable_padding(direction="left", pad_id=pad, pad_token=tok.id_to_token(pad) or "")
+    enc = tok.encode_batch(texts)
+    input_ids = torch.tensor([e.ids for e in enc], device="cuda")
+    mask = torch.tensor([e.attention_mask for e in enc], device="cuda")
+    return cfg, eos, pad, lens, input_ids, mask
+
+
 def gpu_and_driver():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -132,21 +154,9 @@ def main():
 
     import torch
     import transformers
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    cfg = json.load(open(os.path.join(a.model, "config.json")))
-    eos = cfg.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = cfg.get("pad_token_id")
-    pad = eos if pad is None else pad
-    tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
-    tok.no_truncation()
-    lens = [len(e.ids) for e in tok.encode_batch(texts)]
-    tok.enable_padding(direction="left", pad_id=pad, pad_token=tok.id_to_token(pad) or "")
-    enc = tok.encode_batch(texts)
-    input_ids = torch.tensor([e.ids for e in enc], device="cuda")
-    mask = torch.tensor([e.attention_mask for e in enc], device="cuda")
+    cfg, eos, pad, lens, input_ids, mask = batch_of(a.model, texts)
     log(f"hf_bench.py: {len(texts)} rows of {min(lens)}-{max(lens)} prompt tokens, padded on the left to {input_ids.shape[1]}")
 
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).cuda().eval()

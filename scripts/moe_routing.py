@@ -37,7 +37,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_bench import git_commit, gpu_and_driver, log, rows_of  # noqa: E402
+from hf_bench import batch_of, git_commit, gpu_and_driver, log, rows_of  # noqa: E402
 
 
 def main():
@@ -56,23 +56,12 @@ def main():
     texts = rows_of(a)
 
     import torch
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     if cfg.get("model_type") != "deepseek_v2":
         sys.exit(f"moe_routing.py: {a.model} is a {cfg.get('model_type')} checkpoint, not deepseek_v2")
-    eos = cfg.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = cfg.get("pad_token_id")
-    pad = eos if pad is None else pad
-    tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
-    tok.no_truncation()
-    lens = [len(e.ids) for e in tok.encode_batch(texts)]
-    tok.enable_padding(direction="left", pad_id=pad, pad_token=tok.id_to_token(pad) or "")
-    enc = tok.encode_batch(texts)
-    input_ids = torch.tensor([e.ids for e in enc], device="cuda")
-    mask = torch.tensor([e.attention_mask for e in enc], device="cuda")
+    cfg, eos, pad, lens, input_ids, mask = batch_of(a.model, texts)
     rows = len(texts)
 
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).cuda().eval()

@@ -159,7 +159,12 @@ func TestChainBoundaryProbe(t *testing.T) {
 
 // TestChainProbeCompiles compiles TestChainBoundaryProbe's kernels for
 // sm_90a without a GPU, where FUSELM_NVRTC names a libnvrtc.so.
-func TestChainProbeCompiles(t *testing.T) {
+func TestChainProbeCompiles(t *testing.T) { compileProbe(t, "chain_probe", chainProbeSrc) }
+
+// compileProbe compiles a probe's source for sm_90a by the NVRTC library
+// FUSELM_NVRTC names, failing with NVRTC's log; skipped where it is unset.
+func compileProbe(t *testing.T, name, src string) {
+	t.Helper()
 	lib := os.Getenv("FUSELM_NVRTC")
 	if lib == "" {
 		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile the probe without a GPU")
@@ -168,7 +173,7 @@ func TestChainProbeCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, log, err := c.Compile(Program{Name: "chain_probe", Src: chainProbeSrc}); err != nil {
+	if _, log, err := c.Compile(Program{Name: name, Src: src}); err != nil {
 		t.Fatalf("%v\n%s", err, log)
 	}
 }

@@ -234,16 +234,4 @@ func TestStreamPatternProbe(t *testing.T) {
 
 // TestStreamProbeCompiles compiles TestStreamPatternProbe's kernels for
 // sm_90a without a GPU, where FUSELM_NVRTC names a libnvrtc.so.
-func TestStreamProbeCompiles(t *testing.T) {
-	lib := os.Getenv("FUSELM_NVRTC")
-	if lib == "" {
-		t.Skip("FUSELM_NVRTC is unset: set it to a libnvrtc.so to compile the probe without a GPU")
-	}
-	c, err := NewCompiler(lib, "sm_90a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, log, err := c.Compile(Program{Name: "stream_probe", Src: streamProbeSrc}); err != nil {
-		t.Fatalf("%v\n%s", err, log)
-	}
-}
+func TestStreamProbeCompiles(t *testing.T) { compileProbe(t, "stream_probe", streamProbeSrc) }
