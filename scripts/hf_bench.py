@@ -136,8 +136,10 @@ def spread(xs):
             "stddev": sd, "rel_stddev": sd / mean if mean else None}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_args(description):
+    """A parser of a workload's arguments as bench.sh passes them (--model, --prompt-file or
+    --prompts, --batch, --new-tokens, --workload), for a script to add its own to."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", required=True, help="checkpoint directory (scripts/hf_checkpoint.py's --out)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt-file", help="one prompt, repeated on --batch rows")
@@ -145,6 +147,11 @@ def main():
     ap.add_argument("--batch", type=int, help="rows (default: 1, or --prompts' count)")
     ap.add_argument("--new-tokens", type=int, required=True, help="new tokens per row")
     ap.add_argument("--workload", default=None, help="the workload's name in the record (W1 ... W5)")
+    return ap
+
+
+def main():
+    ap = workload_args(__doc__.splitlines()[0])
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()

@@ -28,7 +28,6 @@ stdout is one JSON record (command, commit, date, gpu, workload, model, rows, st
 counts: per step, per layer, their mean, median, min and max, the bytes and the floors); logs go
 to stderr. It writes nothing else.
 """
-import argparse
 import datetime
 import json
 import os
@@ -37,18 +36,11 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_bench import batch_of, git_commit, gpu_and_driver, log, rows_of  # noqa: E402
+from hf_bench import batch_of, git_commit, gpu_and_driver, log, rows_of, workload_args  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="checkpoint directory (scripts/hf_checkpoint.py's --out)")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt-file", help="one prompt, repeated on --batch rows")
-    src.add_argument("--prompts", help="JSONL, one prompt a row")
-    ap.add_argument("--batch", type=int, help="rows (default: 1, or --prompts' count)")
-    ap.add_argument("--new-tokens", type=int, required=True, help="new tokens per row")
-    ap.add_argument("--workload", default=None, help="the workload's name in the record (W3 ... W5)")
+    ap = workload_args(__doc__.splitlines()[0])
     ap.add_argument("--copy-rate", type=float, default=4.23e12, help="bytes/s of the floor (default 4.23e12)")
     a = ap.parse_args()
     if a.new_tokens < 2 or (a.batch is not None and a.batch < 1) or a.copy_rate <= 0:

@@ -33,6 +33,15 @@ __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// next_tile takes the block's next ticket (tk: the block's shared copy)
+// and returns its tile of w, or null once every tile is taken.
+__device__ __forceinline__ const char* next_tile(const char* w, int tiles, int* ticket, int& tk) {
+	if (threadIdx.x == 0) tk = atomicAdd(ticket, 1);
+	__syncthreads();
+	const int t = tk;
+	return t < tiles ? w + (long long)t * 64 * 4096 : nullptr;
+}
+
 template <int ROWB, int STAGES, int XB>
 __device__ void rows_cp(const char* w, const char* x, int tiles, int* ticket, float* sink) {
 	extern __shared__ __align__(128) char sm[];
@@ -41,11 +50,8 @@ __device__ void rows_cp(const char* w, const char* x, int tiles, int* ticket, fl
 	const int tid = threadIdx.x;
 	float acc = 0.0f;
 	for (;;) {
-		if (tid == 0) tk = atomicAdd(ticket, 1);
-		__syncthreads();
-		const int t = tk;
-		if (t >= tiles) break;
-		const char* tw = w + (long long)t * 64 * 4096;
+		const char* tw = next_tile(w, tiles, ticket, tk);
+		if (tw == nullptr) break;
 		auto load = [&](int ks) {
 			const unsigned base = sm_u32(sm) + (ks % STAGES) * STAGE;
 #pragma unroll
@@ -96,11 +102,8 @@ __device__ void rows_bulk(const char* w, int tiles, int* ticket, float* sink) {
 	int issued = 0, used = 0; // stages over the block's life; slot = count % STAGES
 	float acc = 0.0f;
 	for (;;) {
-		if (tid == 0) tk = atomicAdd(ticket, 1);
-		__syncthreads();
-		const int t = tk;
-		if (t >= tiles) break;
-		const char* tw = w + (long long)t * 64 * 4096;
+		const char* tw = next_tile(w, tiles, ticket, tk);
+		if (tw == nullptr) break;
 		auto load = [&](int ks) {
 			const int slot = issued % STAGES;
 			if (tid == 0) {
