@@ -91,6 +91,9 @@ def batch_of(model_dir, texts):
     """The rows as the checkpoint's model takes them in a batch: its config, EOS and pad ids (the
     config's pad_token_id, else its EOS), each row's token count, and the ids and attention mask on
     the GPU, padded on the left to the longest row (the ids infer's Go tokenizer gives)."""
+    for f in ("config.json", "tokenizer.json"):
+        if not os.path.isfile(os.path.join(model_dir, f)):
+            sys.exit(f"{os.path.basename(sys.argv[0])}: {model_dir}: no {f} (a checkpoint of scripts/hf_checkpoint.py?)")
     import torch
     from tokenizers import Tokenizer
 

@@ -50,10 +50,9 @@ def main():
     import torch
     from transformers import AutoModelForCausalLM
 
-    cfg = json.load(open(os.path.join(a.model, "config.json")))
+    cfg, eos, pad, lens, input_ids, mask = batch_of(a.model, texts)
     if cfg.get("model_type") != "deepseek_v2":
         sys.exit(f"moe_routing.py: {a.model} is a {cfg.get('model_type')} checkpoint, not deepseek_v2")
-    cfg, eos, pad, lens, input_ids, mask = batch_of(a.model, texts)
     rows = len(texts)
 
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).cuda().eval()

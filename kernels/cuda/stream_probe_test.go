@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"fmt"
 	"os"
 	"slices"
 	"testing"
@@ -230,8 +229,8 @@ func TestStreamPatternProbe(t *testing.T) {
 		}
 		slices.Sort(ms)
 		med := ms[len(ms)/2]
-		t.Logf("%-11s %3d blocks (%d an SM), %6d bytes of shared memory: %7.1f µs, %s", k.name, blocks, k.perSM, k.shared,
-			med*1e3, fmt.Sprintf("%.2f TB/s", float64(tiles*tileBytes)/med/1e9))
+		t.Logf("%-11s %3d blocks (%d an SM), %6d bytes of shared memory: %7.1f µs, %.2f TB/s", k.name, blocks, k.perSM,
+			k.shared, med*1e3, float64(tiles*tileBytes)/med/1e9)
 	}
 }
 
