@@ -103,10 +103,14 @@ func TestCompileOptionsKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A library name no test loads: where another test of the package has
+	// loaded libnvrtc.so.13, its directory's headers would come before
+	// CUDA_HOME's (includeDirFor), and both calls would find those.
+	const lib = "libnvrtc-not-loaded.so"
 	t.Setenv("CUDA_HOME", filepath.Dir(dirs[0]))
-	opts0, key0 := compileOptions("sm_90a", "libnvrtc.so.13")
+	opts0, key0 := compileOptions("sm_90a", lib)
 	t.Setenv("CUDA_HOME", filepath.Dir(dirs[1]))
-	opts1, key1 := compileOptions("sm_90a", "libnvrtc.so.13")
+	opts1, key1 := compileOptions("sm_90a", lib)
 	if !slices.Contains(opts0, "--include-path="+dirs[0]) || !slices.Contains(opts1, "--include-path="+dirs[1]) {
 		t.Fatalf("options %q, %q name no headers' directory", opts0, opts1)
 	}
@@ -116,7 +120,7 @@ func TestCompileOptionsKey(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dirs[1], "cuda_bf16.h"), []byte("// bf16, another version"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, key2 := compileOptions("sm_90a", "libnvrtc.so.13"); slices.Equal(key1, key2) {
+	if _, key2 := compileOptions("sm_90a", lib); slices.Equal(key1, key2) {
 		t.Errorf("other headers key alike: %q", key2)
 	}
 }
