@@ -70,14 +70,7 @@ extern "C" __global__ void phases(int* v, int* sink, int* arrive, int steps) {
 // chain's count is checked before it is timed. Skipped unless
 // FUSELM_CHAIN_PROBE=1: a measurement, run on demand.
 func TestChainBoundaryProbe(t *testing.T) {
-	if os.Getenv("FUSELM_CHAIN_PROBE") != "1" {
-		t.Skip("FUSELM_CHAIN_PROBE is not 1: the probe is a measurement, run on demand")
-	}
-	d := openDevice(t)
-	m, err := d.Module("chain_probe", chainProbeSrc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, m := openProbe(t, "FUSELM_CHAIN_PROBE", "chain_probe", chainProbeSrc)
 	fn := func(name string) *Func {
 		f, err := m.Func(name)
 		if err != nil {
@@ -160,6 +153,22 @@ func TestChainBoundaryProbe(t *testing.T) {
 // TestChainProbeCompiles compiles TestChainBoundaryProbe's kernels for
 // sm_90a without a GPU, where FUSELM_NVRTC names a libnvrtc.so.
 func TestChainProbeCompiles(t *testing.T) { compileProbe(t, "chain_probe", chainProbeSrc) }
+
+// openProbe opens GPU 0 and compiles a probe's source there, skipping
+// unless the probe's variable env is 1: a probe is a measurement, run on
+// demand.
+func openProbe(t *testing.T, env, name, src string) (*Device, *Module) {
+	t.Helper()
+	if os.Getenv(env) != "1" {
+		t.Skip(env + " is not 1: the probe is a measurement, run on demand")
+	}
+	d := openDevice(t)
+	m, err := d.Module(name, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, m
+}
 
 // compileProbe compiles a probe's source for sm_90a by the NVRTC library
 // FUSELM_NVRTC names, failing with NVRTC's log; skipped where it is unset.

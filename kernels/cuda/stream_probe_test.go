@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"os"
 	"slices"
 	"testing"
 
@@ -178,14 +177,7 @@ var streamProbeKernels = []struct {
 // rate). Skipped unless FUSELM_STREAM_PROBE=1: a measurement, run on
 // demand.
 func TestStreamPatternProbe(t *testing.T) {
-	if os.Getenv("FUSELM_STREAM_PROBE") != "1" {
-		t.Skip("FUSELM_STREAM_PROBE is not 1: the probe is a measurement, run on demand")
-	}
-	d := openDevice(t)
-	m, err := d.Module("stream_probe", streamProbeSrc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, m := openProbe(t, "FUSELM_STREAM_PROBE", "stream_probe", streamProbeSrc)
 	const tiles, tileBytes, runs = 3300, 64 * 4096, 6
 	w := d.Alloc(kernels.BF16, tiles*tileBytes/2)
 	d.MemsetD8(d.Ptr(w), 1, tiles*tileBytes)
