@@ -14,19 +14,21 @@ __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) 
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
+// ld_acquire reads a counter other blocks add to, ordered before this
+// thread's later reads.
+__device__ __forceinline__ int ld_acquire(const int* p) {
+	int v;
+	asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+
 // wait_count holds the block until *counter reaches target: thread 0 reads
 // it with acquire (ns nanoseconds between tries), then the block syncs, so
 // that every thread sees what the counted blocks wrote before they counted
 // (each after a barrier and its thread 0's fence).
 __device__ __forceinline__ void wait_count(const int* counter, int target, unsigned ns) {
-	if (threadIdx.x == 0) {
-		int n;
-		for (;;) {
-			asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(counter) : "memory");
-			if (n >= target) break;
-			__nanosleep(ns);
-		}
-	}
+	if (threadIdx.x == 0)
+		while (ld_acquire(counter) < target) __nanosleep(ns);
 	__syncthreads();
 }
 

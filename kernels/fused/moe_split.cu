@@ -88,14 +88,6 @@
 #define MS_TRACE 128                                  // marks a trace holds
 static_assert(MS_FLAG + 8 <= MS_HEAD, "the head's arrays fit MS_HEAD");
 
-// ld_acquire reads a counter other blocks add to, ordered before this
-// thread's later reads.
-__device__ __forceinline__ int ld_acquire(const int* p) {
-	int v;
-	asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-	return v;
-}
-
 // ms_mark records the time (ns, the GPU's global timer) at trace[i] when
 // trace is set: block 0's thread 0 only (the probe of TestMoESplitTimeline).
 __device__ __forceinline__ void ms_mark(long long* trace, int i) {
