@@ -81,7 +81,8 @@ template <typename S> struct HopOne {
 //   load_q(dst, bar): the item's Q tile, DQK/64 boxes of HOP_BM rows;
 //   load_k(dst, bar, j), load_v(dst, bar, j): key tile j (keys [j·BN,
 //   j·BN+BN)), DQK/64 and DV/64 boxes of BN rows, out-of-range rows
-//   anything finite or zero (they are masked, and V's past kend zeroed).
+//   anything, NaN too (their scores are replaced by a select, and V's rows
+//   past kend zeroed).
 // K tiles go through a ring of KST stages, V tiles through one of VST, Q
 // through QBUF buffers (with 2, an item's Q copies while the last one
 // runs); the rings run on across items.

@@ -42,7 +42,9 @@ template <int DN, int DR, int DV> struct MlaKV {
 //   out bf16 [T, heads·DV], pitch op; q bf16 [T, heads·(DN+DR)], per head
 //   q_nope then the rotated q_pe, pitch qp; kv bf16 [keys, heads·(DN+DV)],
 //   pitch kvp: the decompressed positions 0..past[b]+n_b-1 of the rows
-//   r0.. one after another (a row with no new tokens takes none); cache
+//   r0.. one after another (a row with no new tokens takes none), or with
+//   kstride > 0 row b's at (b - r0)·kstride (rows past its keys unread);
+//   cache
 //   bf16 [B, maxSeq, rank+DR], the new latents already appended; start,
 //   past as flash_prefill's.
 // Launch: grid (ceil(max new tokens / BM), heads, rows), W·32 threads,
@@ -51,10 +53,10 @@ template <int DN, int DR, int DV> struct MlaKV {
 #define MLA_PREFILL(NAME, DN, DR, DV, W, MT)                                                                  \
 	extern "C" __global__ void __launch_bounds__(W * 32) NAME(                                                \
 	    bf16* out, int op, const bf16* q, int qp, const bf16* kv, int kvp, const bf16* cache, int rank,       \
-	    const int* start, const int* past, int r0, int maxSeq, float scale_log2) {                            \
+	    const int* start, const int* past, int r0, int maxSeq, float scale_log2, int kstride) {               \
 		const int b = r0 + blockIdx.z;                                                                       \
-		long long at = 0; /* the row's position 0 in kv */                                                   \
-		for (int r = r0; r < b; r++)                                                                         \
+		long long at = (long long)(b - r0) * kstride; /* the row's position 0 in kv */                       \
+		for (int r = r0; kstride == 0 && r < b; r++)                                                         \
 			if (start[r + 1] > start[r]) at += past[r] + start[r + 1] - start[r];                            \
 		const int pitch = rank + DR;                                                                         \
 		const MlaKV<DN, DR, DV> src{kv + at * kvp + blockIdx.y * (DN + DV),                                  \

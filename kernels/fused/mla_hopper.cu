@@ -17,9 +17,11 @@
 //     the cache's last DR columns [B, maxSeq, DR] (the same k_pe for every
 //     head), all into one K tile completing on one barrier;
 //   - V: DV/64 boxes from the same map over kv, DN columns further.
-// Rows of kv past the row's keys are the next row's (finite) or out of the
-// map (zeros); positions of the cache past the row's end may be NaN: both
-// are masked out of S, and V's rows past the end are zeroed before P·V.
+// Rows of kv past the row's keys are the next row's, a padded row's
+// decompressed positions past its end (kstride, which may be NaN: the
+// cache there is uninitialised) or out of the map (zeros); positions of the
+// cache past the row's end may be NaN: all are masked out of S by a select,
+// and V's rows past the end are zeroed before P·V.
 //
 // Registers of a consumer thread: S 64×BN f32 (BN/2), O 64×DV f32 (DV/2 =
 // 64), P as bf16 A fragments (BN/4): at BN = 128 the 160 of flash_hopper's
@@ -61,7 +63,8 @@ template <int DN, int DR, int DV, int BN> struct HopMla {
 //   qmap: q bf16 [T, heads·(DN+DR)], pitch qp, 2-D, box {64, HOP_BM};
 //   kvmap: kv bf16 [keys, heads·(DN+DV)], pitch kvp, 2-D, box {64, BN}: the
 //   decompressed positions 0..past[b]+n_b-1 of the rows r0.. one after
-//   another (a row with no new tokens takes none), per head k_nope then v;
+//   another (a row with no new tokens takes none), or with kstride > 0 row
+//   b's at (b - r0)·kstride, per head k_nope then v;
 //   pemap: the cache's k_pe, bf16 [B, maxSeq, DR] (the cache [B, maxSeq,
 //   rank+DR] from column rank on, the new latents appended), 3-D, box
 //   {64, BN, 1}; all three with the 128-byte swizzle, out-of-bounds
@@ -73,14 +76,15 @@ template <int DN, int DR, int DV, int BN> struct HopMla {
 // dynamic shared memory.
 template <int DN, int DR, int DV, int BN, int STAGES>
 __device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvmap, const TmaMap* pemap, const TmaMap* omap,
-                                           bf16* out, int op, const int* start, const int* past, int r0, float scale_log2, int* status) {
+                                           bf16* out, int op, const int* start, const int* past, int r0, float scale_log2, int kstride,
+                                           int* status) {
 	static_assert(DN % HOP_BOX == 0 && DR % HOP_BOX == 0 && DV % HOP_BOX == 0, "head dims are whole 64-column boxes");
 	const int b = r0 + blockIdx.z, h = blockIdx.y;
 	const int t0 = start[b], n = start[b + 1] - t0, p0 = past[b];
 	const int q0 = (gridDim.x - 1 - blockIdx.x) * HOP_BM; // the latest queries (most keys) first
 	if (q0 >= n) return;
-	int at = 0; // the row's position 0 in kv (mla.go's MLAPrefill counts the same)
-	for (int r = r0; r < b; r++)
+	int at = (b - r0) * kstride; // the row's position 0 in kv (mla.go's MLAPrefill counts the same)
+	for (int r = r0; kstride == 0 && r < b; r++)
 		if (start[r + 1] > start[r]) at += past[r] + start[r + 1] - start[r];
 	typedef HopMla<DN, DR, DV, BN> Src;
 	const HopOne<Src> one{{Src{qmap, kvmap, pemap, h * (DN + DR), t0 + q0, h * (DN + DV), at, b}, t0, n, p0, q0, h}};
@@ -91,8 +95,8 @@ __device__ __forceinline__ void mla_hopper(const TmaMap* qmap, const TmaMap* kvm
 	extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) NAME(                                                 \
 	    const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kvmap, const __grid_constant__ TmaMap pemap, \
 	    const __grid_constant__ TmaMap omap, int ostore, bf16* out, int op, const int* start, const int* past, int r0,  \
-	    float scale_log2, int* status) {                                                                              \
+	    float scale_log2, int kstride, int* status) {                                                                 \
 		mla_hopper<DN, DR, DV, BN, STAGES>(&qmap, &kvmap, &pemap, ostore ? &omap : nullptr, out, op, start, past, r0,   \
-		                                   scale_log2, status);                                                       \
+		                                   scale_log2, kstride, status);                                              \
 	}
 MLA_HOPPER_INSTANCES(MLA_HOPPER)

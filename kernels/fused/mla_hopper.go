@@ -136,10 +136,11 @@ func mlaHopperVariantOf(d mlaHeads, t kernels.Target) (v kernels.Variant, ok boo
 }
 
 // mlaHopperLaunch launches mla_hopper instance c over rows [r0, r1) of a's
-// batch, whose decompressed keys and values are kv's keys rows and whose longest row
+// batch, whose decompressed keys and values are kv's keys rows (packed, or
+// row r's at (r - r0)·kstride where kstride > 0) and whose longest row
 // has longest new tokens: the tensor maps of q, kv and the cache's k_pe,
 // made for this call, are the kernel's first parameters.
-func (o *ops) mlaHopperLaunch(c mlaHopperConfig, a *kernels.MLAArgs, kv cudaset.Mat, keys, r0, r1, longest int) {
+func (o *ops) mlaHopperLaunch(c mlaHopperConfig, a *kernels.MLAArgs, kv cudaset.Mat, keys, kstride, r0, r1, longest int) {
 	op := kernels.OpMLAPrefill
 	b := a.Batch
 	blocks := (longest + hopperRows - 1) / hopperRows
@@ -169,7 +170,7 @@ func (o *ops) mlaHopperLaunch(c mlaHopperConfig, a *kernels.MLAArgs, kv cudaset.
 	o.LaunchGrid(c.kernel(), cuda.Dim3{X: uint32(blocks), Y: uint32(a.Heads), Z: uint32(r1 - r0)},
 		cuda.Dim3{X: hopperThreads}, c.shared(),
 		qm, kvm, pem, om, ostore, o.D.Ptr(a.Out), int32(a.Out.Pitch), o.D.Ptr(b.StartDev), o.D.Ptr(b.PastDev), int32(r0),
-		scaleLog2(a.Scale), o.D.Ptr(o.mlaHopper.status))
+		scaleLog2(a.Scale), int32(kstride), o.D.Ptr(o.mlaHopper.status))
 }
 
 // mlaHopperWaits reports a wait of mla_hopper that timed out since the last

@@ -174,11 +174,13 @@ func (p *mlaHopperProblem) run(t *testing.T, dev *cuda.Device, o *ops, hopper bo
 func TestMLAHopperTiny(t *testing.T) {
 	dev, o := openMLAHopper(t)
 	cases := []mlaHopperCase{
-		{lens: []int{64}, past: []int{0}, heads: 1, maxSeq: 64},                    // one block, one tile
-		{lens: []int{128}, past: []int{0}, heads: 1, maxSeq: 128},                  // the diagonal of both warpgroups
-		{lens: []int{300}, past: []int{0}, heads: 2, maxSeq: 320},                  // a tail block, the cache's end inside a tile
-		{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 16, maxSeq: 400}, // ragged, past > 0, V2-Lite's heads
-		{lens: []int{70, 0, 129}, past: []int{200, 9, 33}, heads: 3, maxSeq: 300},  // a row with no new tokens between two
+		{lens: []int{64}, past: []int{0}, heads: 1, maxSeq: 64},                            // one block, one tile
+		{lens: []int{128}, past: []int{0}, heads: 1, maxSeq: 128},                          // the diagonal of both warpgroups
+		{lens: []int{300}, past: []int{0}, heads: 2, maxSeq: 320},                          // a tail block, the cache's end inside a tile
+		{lens: []int{200, 37, 1}, past: []int{37, 300, 5}, heads: 16, maxSeq: 400},         // ragged, past > 0, V2-Lite's heads
+		{lens: []int{70, 0, 129}, past: []int{200, 9, 33}, heads: 3, maxSeq: 300},          // a row with no new tokens between two
+		{lens: []int{121, 136, 128, 130}, past: []int{0, 0, 0, 0}, heads: 16, maxSeq: 190}, // W5's: padded to the longest (mlaPadded), NaN past each row's end
+		{lens: []int{40, 45, 38}, past: []int{5, 0, 9}, heads: 2, maxSeq: 60},              // padded, past > 0
 	}
 	for _, inst := range mlaHopperConfigs {
 		t.Run(inst.kernel(), func(t *testing.T) {

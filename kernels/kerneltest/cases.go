@@ -475,6 +475,10 @@ func mlaPrefillChecks(l *caseList) {
 		// Runs of rows with as many positions (one prompt repeated, as W4's
 		// rows), which a set may decompress in one batched GEMM.
 		{name: "equal rows", lens: []int{33, 33, 33, 7, 7}, past: []int{0, 0, 0, 20, 20}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 64, stacked: true},
+		// Rows of close lengths (distinct prompts, as W5's), which a set may
+		// decompress in one batched GEMM padded to the longest.
+		{name: "close rows", lens: []int{30, 33, 28, 31}, past: []int{0, 0, 0, 0}, heads: 16, nope: 128, rope: 64, v: 128, rank: 512, maxSeq: 40, stacked: true},
+		{name: "close rows after a past", lens: []int{20, 17, 19}, past: []int{10, 15, 12}, heads: 3, nope: 32, rope: 16, v: 32, rank: 96, maxSeq: 50, pitched: true},
 	} {
 		l.addW(s.String(), func(e *env) { mla(e, s, false) })
 	}
