@@ -478,6 +478,32 @@ func TestMLAPrefillConfigs(t *testing.T) {
 	})
 }
 
+// TestMLAPadded holds MLAPrefill's rule for decompressing rows of distinct
+// lengths as one GEMM padded to the longest: 16 prompts of 121 to 136
+// tokens (W5's range) pad, a long prompt beside a short one does not, nor
+// anything that pads by more than a quarter.
+func TestMLAPadded(t *testing.T) {
+	w5 := []int{121, 136, 128, 130, 125, 133, 127, 122, 131, 129, 126, 134, 124, 132, 123, 135}
+	keys, kmax := 0, 0
+	for _, k := range w5 {
+		keys, kmax = keys+k, max(kmax, k)
+	}
+	for _, c := range []struct {
+		rows, kmax, keys int
+		want             bool
+	}{
+		{len(w5), kmax, keys, true},
+		{2, 11042, 11042 + 130, false},
+		{4, 100, 320, true},  // 400 positions for 320: a quarter more
+		{4, 100, 319, false}, // just past it
+		{3, 47, 137, true},   // the kernel tests' case after a past
+	} {
+		if got := mlaPadded(c.rows, c.kmax, c.keys); got != c.want {
+			t.Errorf("mlaPadded(%d rows, longest %d, %d positions) = %v, want %v", c.rows, c.kmax, c.keys, got, c.want)
+		}
+	}
+}
+
 // TestMLAVariants checks what fused offers for MLA: DeepSeek-V2-Lite's
 // shapes on an H200, refusals for heads or dims the kernels do not take,
 // and a tuning choice of mla_prefill's tiling.

@@ -225,24 +225,25 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 				// and never count (the kernels mask them).
 				o.GemmBatched(true, kmax, perPos, a.Rank, 1, cache.Sub(r0*b.MaxSeq, 0), int64(b.MaxSeq)*int64(cache.Pitch), w, 0,
 					0, kv, int64(kmax)*int64(kv.Pitch), r1-r0)
-			}
-			at := 0
-			for r := r0; r < r1 && !padded; {
-				k, n := keysOf(r), 1
-				for r+n < r1 && keysOf(r+n) == k {
-					n++
+			} else {
+				at := 0
+				for r := r0; r < r1; {
+					k, n := keysOf(r), 1
+					for r+n < r1 && keysOf(r+n) == k {
+						n++
+					}
+					if n == 1 {
+						o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
+					} else {
+						// Rows of as many positions each are one strided-batched
+						// GEMM: their caches MaxSeq rows apart, their keys packed
+						// k apart.
+						o.GemmBatched(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), int64(b.MaxSeq)*int64(cache.Pitch), w, 0,
+							0, kv.Sub(at, 0), int64(k)*int64(kv.Pitch), n)
+					}
+					at += n * k
+					r += n
 				}
-				if n == 1 {
-					o.Gemm(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), w, 0, kv.Sub(at, 0))
-				} else {
-					// Rows of as many positions each are one strided-batched
-					// GEMM: their caches MaxSeq rows apart, their keys packed
-					// k apart.
-					o.GemmBatched(true, k, perPos, a.Rank, 1, cache.Sub(r*b.MaxSeq, 0), int64(b.MaxSeq)*int64(cache.Pitch), w, 0,
-						0, kv.Sub(at, 0), int64(k)*int64(kv.Pitch), n)
-				}
-				at += n * k
-				r += n
 			}
 			if hopper {
 				o.mlaHopperLaunch(hc, a, kv, rows, kstride, r0, r1, longest)
