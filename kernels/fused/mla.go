@@ -194,26 +194,27 @@ func (o *ops) MLAPrefill(a *kernels.MLAArgs) {
 		}
 		return 0
 	}
+	// fits is whether positions decompressed positions stay within the
+	// budget.
+	fits := func(positions int) bool {
+		return int64(positions)*int64(perPos)*int64(kernels.BF16.Size()) <= mlaPrefillBudget
+	}
 	for r0 := 0; r0 < b.Rows; {
-		r1, keys, longest := r0, 0, 0
+		r1, keys, longest, kmax := r0, 0, 0, 0
 		for ; r1 < b.Rows; r1++ {
 			k := keysOf(r1)
-			if r1 > r0 && int64(keys+k)*int64(perPos)*int64(kernels.BF16.Size()) > mlaPrefillBudget {
+			if r1 > r0 && !fits(keys+k) {
 				break
 			}
 			keys += k
 			longest = max(longest, b.Start[r1+1]-b.Start[r1])
+			kmax = max(kmax, k)
 		}
 		if keys > 0 {
-			// Rows of distinct lengths are one strided-batched GEMM too, each
-			// padded to the longest (mlaPadded), where that wastes little.
-			kmax, distinct := 0, false
-			for r := r0; r < r1; r++ {
-				distinct = distinct || r > r0 && keysOf(r) != keysOf(r0)
-				kmax = max(kmax, keysOf(r))
-			}
-			padded := distinct && mlaPadded(r1-r0, kmax, keys) &&
-				int64(r1-r0)*int64(kmax)*int64(perPos)*int64(kernels.BF16.Size()) <= mlaPrefillBudget
+			// Rows of distinct lengths (fewer positions than as many of the
+			// longest) are one strided-batched GEMM too, each padded to the
+			// longest (mlaPadded), where that wastes little.
+			padded := (r1-r0)*kmax > keys && mlaPadded(r1-r0, kmax, keys) && fits((r1-r0)*kmax)
 			kstride, rows := 0, keys
 			if padded {
 				kstride, rows = kmax, (r1-r0)*kmax
