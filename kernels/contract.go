@@ -270,6 +270,31 @@ func (k costOf) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w,
 	*k.c = Cost{FLOPs: lin.FLOPs + nc.FLOPs, Bytes: 3*size(x) + size(norm) + size(w) + size(bias) + size(out)}
 }
 
+// CheckAddAddRMSNormLinear: AddAddRMSNorm's operands (h its out) and
+// Linear's (h its x), out act; out aliasing none of h, resid, x and y.
+func CheckAddAddRMSNormLinear(act DType, out, h, resid, x, y, norm, w, bias *Tensor) {
+	op := OpAddAddNormLinear
+	checkNormIn(op, act, h, resid, x, norm)
+	needActs(op, act, "y", y)
+	need(rowsCols(y, resid.Rows(), resid.Cols()), op, "y %v for resid %v", y, resid)
+	need(!same(h, y) && !same(x, resid), op, "h aliases y, or x aliases resid")
+	need(IsFloat(w) && w.Cols() == h.Cols(), op, "w %v for rows of %d", w, h.Cols())
+	needActs(op, act, "out", out)
+	need(rowsCols(out, h.Rows(), w.Rows()), op, "out %v for h %v, w %v", out, h, w)
+	need(bias == nil || IsFloat(bias) && bias.Numel() == w.Rows(), op, "bias %v for w %v", bias, w)
+	need(!same(out, h) && !same(out, resid) && !same(out, x) && !same(out, y), op, "out aliases h, resid, x or y")
+}
+
+// The cost of AddAddRMSNormLinear is its parts' FLOPs and the bytes of one
+// pass of each: AddAddRMSNorm's (h written) and the projection's (h read
+// back, w and bias read, out written).
+func (k costOf) AddAddRMSNormLinear(out, h, resid, x, y, norm *Tensor, eps float32, w, bias *Tensor) {
+	var nc Cost
+	costOf{&nc}.AddAddRMSNorm(h, resid, x, y, norm, eps)
+	lin := linearCost(out, h, w, bias)
+	*k.c = Cost{FLOPs: nc.FLOPs + lin.FLOPs, Bytes: nc.Bytes + lin.Bytes}
+}
+
 // CheckAddRMSNormLinearSwiGLU: AddRMSNorm's operands (h its out) and
 // LinearSwiGLU's (h its x); out aliasing none of h, resid and x.
 func CheckAddRMSNormLinearSwiGLU(act DType, out, h, resid, x, norm, w *Tensor) {

@@ -327,6 +327,22 @@ func AddRMSNormLinearParts(o Ops, out, h, resid, x, norm *Tensor, eps float32, w
 	o.Linear(out, h, w, bias)
 }
 
+// addAddRMSNormLinearParts is AddAddRMSNormLinear as its parts, each on
+// the set the spec runs it on.
+func (d *Dispatch) addAddRMSNormLinearParts(out, h, resid, x, y, norm *Tensor, eps float32, w, bias *Tensor) {
+	AddAddRMSNormLinearParts(d, out, h, resid, x, y, norm, eps, w, bias)
+}
+
+// AddAddRMSNormLinearParts runs AddAddRMSNormLinear's work on o as the
+// calls it replaces: AddAddRMSNorm into h (on a Dispatch itself one op or
+// Add and AddRMSNorm, as the spec puts those), then Linear of h. The sets
+// that do not fuse it run it so, and so does a Dispatch where the spec
+// splits its parts.
+func AddAddRMSNormLinearParts(o Ops, out, h, resid, x, y, norm *Tensor, eps float32, w, bias *Tensor) {
+	o.AddAddRMSNorm(h, resid, x, y, norm, eps)
+	o.Linear(out, h, w, bias)
+}
+
 // addRMSNormLinearSwiGLUParts is AddRMSNormLinearSwiGLU as its parts, each
 // on the set the spec runs it on.
 func (d *Dispatch) addRMSNormLinearSwiGLUParts(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {

@@ -20,6 +20,7 @@ const (
 	OpRMSNormRoPE      Op = "rms_norm_rope"
 	OpLinearAdd        Op = "linear_add"
 	OpNormLinear       Op = "add_rms_norm_linear"
+	OpAddAddNormLinear Op = "add_add_rms_norm_linear"
 	OpNormSwiGLU       Op = "add_rms_norm_linear_swiglu"
 	OpLinearNormLinear Op = "linear_add_rms_norm_linear"
 	OpLinearNormSwiGLU Op = "linear_add_rms_norm_linear_swiglu"
@@ -75,6 +76,8 @@ var opTable = []OpInfo{
 		Doc: "a projection and a residual add: x·wᵀ + bias + addend, one GEMM with the add in its epilogue where a set has it"},
 	{Op: OpNormLinear, Method: "AddRMSNormLinear", Parts: []Op{OpAddRMSNorm, OpLinear},
 		Doc: "the residual add and the norm before a block, and the block's first projection (Qwen2's qkv): one GEMM normalising x as it loads it where a set has it"},
+	{Op: OpAddAddNormLinear, Method: "AddAddRMSNormLinear", Parts: []Op{OpAdd, OpAddRMSNorm, OpLinear},
+		Doc: "the MoE's two outputs added into the residual, the norm before the next block, and that block's first projection (DeepSeek's q+kv_a at decode): the projection's weights streamed under the kernel before the norm where a set has it"},
 	{Op: OpNormSwiGLU, Method: "AddRMSNormLinearSwiGLU", Parts: []Op{OpAddRMSNorm, OpLinear, OpSwiGLU},
 		Doc: "the residual add and the norm before an MLP, its gate/up projection and SwiGLU: one GEMM normalising x as it loads it, SwiGLU in its epilogue, where a set has it"},
 	{Op: OpLinearNormLinear, Method: "LinearAddRMSNormLinear", Parts: []Op{OpLinear, OpAddRMSNorm, OpLinear},
@@ -253,6 +256,18 @@ type Ops interface {
 	// Dispatch runs AddRMSNorm and Linear where the spec puts them on other
 	// sets.
 	AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor)
+	// AddAddRMSNormLinear is AddAddRMSNorm(h, resid, x, y, norm, eps) then
+	// Linear(out, h, w, bias), each rounded as that op rounds: a block's
+	// output that comes in two parts (the MoE's routed and shared experts'
+	// outputs) added into the residual, the norm before the next block and
+	// that block's first projection. y [N,K] act; x may be left holding
+	// x + y, as AddAddRMSNorm's parts leave it; h is a result, as out and
+	// resid are (the next block's attention reads only out, but a set
+	// running the op whole writes h as the norm does); the rest as
+	// AddRMSNormLinear's. It is a composite op (OpInfo.Parts): a Dispatch
+	// runs AddAddRMSNorm (itself Add and AddRMSNorm where the spec splits
+	// them) and Linear where the spec puts the parts on other sets.
+	AddAddRMSNormLinear(out, h, resid, x, y, norm *Tensor, eps float32, w, bias *Tensor)
 	// AddRMSNormLinearSwiGLU is AddRMSNorm(h, resid, x, norm, eps) then
 	// LinearSwiGLU(out, h, w), as AddRMSNormLinear is with Linear: the
 	// residual connection and the norm before an MLP, and its gate/up

@@ -72,6 +72,12 @@ func (d *Dispatch) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32,
 	d.callWhole(OpNormLinear, func(o Ops) { o.AddRMSNormLinear(out, h, resid, x, norm, eps, w, bias) }, func() { d.addRMSNormLinearParts(out, h, resid, x, norm, eps, w, bias) })
 }
 
+// AddAddRMSNormLinear runs OpAddAddNormLinear on the set the spec chose for it, or as its parts
+// (addAddRMSNormLinearParts) where the spec runs them on other sets.
+func (d *Dispatch) AddAddRMSNormLinear(out, h, resid, x, y, norm *Tensor, eps float32, w, bias *Tensor) {
+	d.callWhole(OpAddAddNormLinear, func(o Ops) { o.AddAddRMSNormLinear(out, h, resid, x, y, norm, eps, w, bias) }, func() { d.addAddRMSNormLinearParts(out, h, resid, x, y, norm, eps, w, bias) })
+}
+
 // AddRMSNormLinearSwiGLU runs OpNormSwiGLU on the set the spec chose for it, or as its parts
 // (addRMSNormLinearSwiGLUParts) where the spec runs them on other sets.
 func (d *Dispatch) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *Tensor, eps float32, w *Tensor) {
@@ -193,6 +199,11 @@ func (n NotOwned) LinearAdd(out, x, w, bias, addend *Tensor) { n.panic(OpLinearA
 // AddRMSNormLinear panics: the set runs OpNormLinear on its fallback.
 func (n NotOwned) AddRMSNormLinear(out, h, resid, x, norm *Tensor, eps float32, w, bias *Tensor) {
 	n.panic(OpNormLinear)
+}
+
+// AddAddRMSNormLinear panics: the set runs OpAddAddNormLinear on its fallback.
+func (n NotOwned) AddAddRMSNormLinear(out, h, resid, x, y, norm *Tensor, eps float32, w, bias *Tensor) {
+	n.panic(OpAddAddNormLinear)
 }
 
 // AddRMSNormLinearSwiGLU panics: the set runs OpNormSwiGLU on its fallback.

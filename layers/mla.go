@@ -74,13 +74,41 @@ func (m *MLA) Reserve(ws *Workspace, act kernels.DType) {
 // Forward computes out [T, hidden] from x [T, hidden], appending the new
 // latents to the cache.
 func (m *MLA) Forward(s *Step, out, x *kernels.Tensor) {
+	m.forward(s, out, x, nil)
+}
+
+// ForwardNorm is Forward on in.Ready(s), but where in joins a block's
+// output that comes in two parts (the MoE's, Pending.Also) and the
+// attention stacks q and kv_a in one projection, the join, the norm and
+// that projection are one op, add_add_rms_norm_linear, which a set may
+// run so that the projection's weights stream in before the norm (fused,
+// at decode's rows).
+func (m *MLA) ForwardNorm(s *Step, out *kernels.Tensor, in NormIn) {
+	p := in.Pending
+	if m.QKVAProjWithMQA == nil || in.Add == nil || p == nil || p.Also == nil || p.Proj != nil {
+		m.Forward(s, out, in.Ready(s))
+		return
+	}
+	proj := m.QKVAProjWithMQA
+	m.forward(s, out, in.H, func(qkva *kernels.Tensor) {
+		s.Ops.AddAddRMSNormLinear(qkva, in.H, in.Resid, in.Add, p.Also, in.Norm.Weight, in.Norm.Eps, proj.Weight, proj.Bias)
+	})
+}
+
+// forward is Forward of x, the stacked q and kv_a projection written by
+// project where it is set (which also leaves x), else computed from x.
+func (m *MLA) forward(s *Step, out, x *kernels.Tensor, project func(qkva *kernels.Tensor)) {
 	T := s.Tokens()
 	qk := m.NopeDim + m.RopeDim
 	qDim, kvDim := m.Heads*qk, m.Rank+m.RopeDim
 	var q, kv *kernels.Tensor
 	if m.QKVAProjWithMQA != nil {
 		qkva := s.WS.Get(bufMLAQKVA, T, qDim+kvDim)
-		m.QKVAProjWithMQA.Forward(s, qkva, x)
+		if project != nil {
+			project(qkva)
+		} else {
+			m.QKVAProjWithMQA.Forward(s, qkva, x)
+		}
 		q, kv = qkva.ColSlice(0, qDim), qkva.ColSlice(qDim, qDim+kvDim)
 	} else {
 		qa := s.WS.Get(bufMLAQA, T, m.QAProj.OutFeatures())

@@ -52,6 +52,10 @@ func (o *orderOps) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float3
 	*o.log = append(*o.log, "add_add_rms_norm")
 	o.Ops.AddAddRMSNorm(out, resid, x, y, w, eps)
 }
+func (o *orderOps) AddAddRMSNormLinear(out, h, resid, x, y, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	*o.log = append(*o.log, "add_add_rms_norm_linear")
+	o.Ops.AddAddRMSNormLinear(out, h, resid, x, y, norm, eps, w, bias)
+}
 func (o *orderOps) MoERouted(out, idx, weight, x, logits, gateUp, down *kernels.Tensor, r *kernels.Routing) {
 	*o.log = append(*o.log, "moe_routed")
 	o.Ops.MoERouted(out, idx, weight, x, logits, gateUp, down, r)
@@ -81,7 +85,8 @@ func TestMoESharedAside(t *testing.T) {
 	}
 	// One MoE layer's calls: the branch (the shared MLP), the router and
 	// the routed experts beside it, the join, then the next norm of the
-	// two outputs' sum (the next layer's, or the final norm).
+	// two outputs' sum (the next layer's, with its attention's first
+	// projection, or the final norm).
 	moe := "aside{ linear_swiglu linear } linear moe_routed join add_add_rms_norm"
 	seq := strings.Join(log, " ")
 	moeLayers := cfg.NumLayers - cfg.DeepSeek.FirstKDenseReplace

@@ -29,6 +29,10 @@ func (o *normOps) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32
 	o.n[kernels.OpAddAddRMSNorm]++
 	o.Ops.AddAddRMSNorm(out, resid, x, y, w, eps)
 }
+func (o *normOps) AddAddRMSNormLinear(out, h, resid, x, y, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	o.n[kernels.OpAddAddNormLinear]++
+	o.Ops.AddAddRMSNormLinear(out, h, resid, x, y, norm, eps, w, bias)
+}
 func (o *normOps) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
 	o.n[kernels.OpNormLinear]++
 	o.Ops.AddRMSNormLinear(out, h, resid, x, norm, eps, w, bias)
@@ -76,11 +80,11 @@ func TestNormFirst(t *testing.T) {
 		if cfg.DeepSeek != nil {
 			dense = cfg.DeepSeek.FirstKDenseReplace
 			// MLA takes its input whole (layers − 1 adds), the MoE layers
-			// too; the norm after each MoE layer (the next MLA's, or the
-			// final one) adds both its outputs.
+			// too; the norm after each MoE layer adds both its outputs: the
+			// next MLA's with its q+kv_a projection, the final one alone.
 			moe := layers - dense
 			wantN = map[kernels.Op]int{kernels.OpRMSNorm: 1, kernels.OpNormSwiGLU: dense, kernels.OpAddRMSNorm: layers - 1 + moe + 1 - moe,
-				kernels.OpAddAddRMSNorm: moe, kernels.OpNormLinear: 0, kernels.OpLinearNormLinear: 0, kernels.OpLinearNormSwiGLU: 0}
+				kernels.OpAddAddRMSNorm: 1, kernels.OpAddAddNormLinear: moe - 1, kernels.OpNormLinear: 0, kernels.OpLinearNormLinear: 0, kernels.OpLinearNormSwiGLU: 0}
 		}
 		// MLA's own norms (q_a's, kv_a's) are RMSNorm calls of its own: count
 		// the layer norms only where the model has none.

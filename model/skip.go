@@ -150,6 +150,19 @@ func (s *skipping) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps 
 	}
 }
 
+// AddAddRMSNormLinear is left out when named; where add_add_rms_norm (or
+// one of its own parts) or linear is named, it runs as its parts through
+// s, as AddRMSNormLinear does.
+func (s *skipping) AddAddRMSNormLinear(out, h, resid, x, y, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	switch {
+	case s.skip[kernels.OpAddAddNormLinear]:
+	case s.skip[kernels.OpAddAddRMSNorm] || s.skip[kernels.OpAdd] || s.skip[kernels.OpAddRMSNorm] || s.skip[kernels.OpLinear]:
+		kernels.AddAddRMSNormLinearParts(s, out, h, resid, x, y, norm, eps, w, bias)
+	default:
+		s.Ops.AddAddRMSNormLinear(out, h, resid, x, y, norm, eps, w, bias)
+	}
+}
+
 // AddRMSNormLinearSwiGLU is left out when named; where add_rms_norm or
 // linear_swiglu is named, it runs as its parts through s, as
 // AddRMSNormLinear does.

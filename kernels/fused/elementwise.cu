@@ -24,11 +24,15 @@ RMS_NORM_INSTANCES(RMS_NORM)
 // add_add_rms_norm is add_rms_norm of bf16(x + y): add's sum, then the
 // residual add and the norm, in one pass (rms_norm with ADD2). y bf16
 // [rows, cols] with pitch yp; the rest as add_rms_norm's.
-#define ADD_ADD_RMS_NORM(NAME, TW, V, NV)                                                                     \
+// With RF the kernel releases the one after it before its own grid_wait
+// (that kernel's pre-wait prologue then runs under the kernel before this
+// one: q+kv_a's weights under moe_one's tail).
+#define ADD_ADD_RMS_NORM(NAME, RF, TW, V, NV)                                                                 \
 	extern "C" __global__ void NAME(bf16* out, int op, bf16* resid, int rp, const bf16* x, int xp,          \
 	                                const bf16* y, int yp, const TW* w, int cols, float eps) {               \
+		if (RF) grid_release();                                                                            \
 		grid_wait();                                                                                       \
-		grid_release();                                                                                    \
+		if (!RF) grid_release();                                                                           \
 		rms_norm<true, TW, V, NV, true>(out, op, resid, rp, x, xp, w, cols, eps, blockIdx.x, blockDim.x, y, yp); \
 	}
 ADD_ADD_RMS_NORM_INSTANCES(ADD_ADD_RMS_NORM)

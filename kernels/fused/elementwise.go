@@ -33,11 +33,25 @@ func (o *ops) AddRMSNorm(out, resid, x, w *kernels.Tensor, eps float32) {
 func (o *ops) AddAddRMSNorm(out, resid, x, y, w *kernels.Tensor, eps float32) {
 	const op = kernels.OpAddAddRMSNorm
 	kernels.CheckAddAddRMSNorm(o.D.ActDType(), out, resid, x, y, w)
+	v, ok := o.addAddVec(out, resid, x, y, w)
+	o.Need(ok, op, "x or y not aligned for the %d-wide accesses of out, w and resid: add and add_rms_norm run it", v)
+	o.norm(op, "add_add_rms_norm", out, resid, x, y, w, eps)
+}
+
+// addAddVec is the access width add_add_rms_norm takes rows in, that of
+// out, w and resid, and whether x and y allow it.
+func (o *ops) addAddVec(out, resid, x, y, w *kernels.Tensor) (int, bool) {
 	cols := x.Cols()
 	v := cudaset.VecFor(cols, o.Mat(out), o.Mat(w), o.Mat(resid))
-	o.Need(cudaset.VecFor(cols, o.Mat(x), o.Mat(y)) >= v, op,
-		"x or y not aligned for the %d-wide accesses of out, w and resid: add and add_rms_norm run it", v)
-	o.norm(op, "add_add_rms_norm", out, resid, x, y, w, eps)
+	return v, cudaset.VecFor(cols, o.Mat(x), o.Mat(y)) >= v
+}
+
+// addAddReleasing reports whether add_add_rms_norm has an instance that
+// releases the kernel after it first (add_add_rms_norm_rf: bf16 weights,
+// 16-byte accesses) for these operands, and takes them.
+func (o *ops) addAddReleasing(out, resid, x, y, w *kernels.Tensor) bool {
+	v, ok := o.addAddVec(out, resid, x, y, w)
+	return ok && v == cudaset.VecWidth && w.DType == kernels.BF16 && normShapeOf(x.Cols(), o.Mat(out), o.Mat(w), o.Mat(resid), o.Mat(x), o.Mat(y)).items > 0
 }
 
 // norm launches kernel (rms_norm, add_rms_norm, or add_add_rms_norm where

@@ -40,13 +40,13 @@ var owned = []kernels.Op{
 	kernels.OpAttnPrefill, kernels.OpAttnDecode, kernels.OpRoPEAttnDecode,
 	kernels.OpMoERoute, kernels.OpMoEExperts, kernels.OpMoERouted, kernels.OpGroupGemm, kernels.OpLinear,
 	kernels.OpMLAPrefill, kernels.OpMLADecode, kernels.OpMLADecodeRoPE, kernels.OpArgmax, kernels.OpAdd,
-	kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU,
+	kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU, kernels.OpAddAddNormLinear,
 }
 
 func init() {
 	kernels.Register(kernels.SetInfo{Name: "fused", Device: "cuda", Own: owned, Rank: 2,
 		Fuses: []kernels.Op{kernels.OpAddAddRMSNorm, kernels.OpLinearSwiGLU, kernels.OpRMSNormRoPE, kernels.OpMoERouted, kernels.OpLinearAdd, kernels.OpMLADecodeRoPE, kernels.OpRoPEAttnDecode,
-			kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU},
+			kernels.OpNormLinear, kernels.OpNormSwiGLU, kernels.OpLinearNormLinear, kernels.OpLinearNormSwiGLU, kernels.OpAddAddNormLinear},
 		New: New, Variants: variants})
 }
 

@@ -57,30 +57,34 @@
 	X(add_rms_norm_f32_v8_n8, true, float, 8, 8)
 
 #define ADD_ADD_RMS_NORM_INSTANCES(X) \
-	X(add_add_rms_norm_bf16_v1_n1, bf16, 1, 1) \
-	X(add_add_rms_norm_bf16_v1_n2, bf16, 1, 2) \
-	X(add_add_rms_norm_bf16_v1_n4, bf16, 1, 4) \
-	X(add_add_rms_norm_bf16_v1_n8, bf16, 1, 8) \
-	X(add_add_rms_norm_f16_v1_n1, half_bits, 1, 1) \
-	X(add_add_rms_norm_f16_v1_n2, half_bits, 1, 2) \
-	X(add_add_rms_norm_f16_v1_n4, half_bits, 1, 4) \
-	X(add_add_rms_norm_f16_v1_n8, half_bits, 1, 8) \
-	X(add_add_rms_norm_f32_v1_n1, float, 1, 1) \
-	X(add_add_rms_norm_f32_v1_n2, float, 1, 2) \
-	X(add_add_rms_norm_f32_v1_n4, float, 1, 4) \
-	X(add_add_rms_norm_f32_v1_n8, float, 1, 8) \
-	X(add_add_rms_norm_bf16_v8_n1, bf16, 8, 1) \
-	X(add_add_rms_norm_bf16_v8_n2, bf16, 8, 2) \
-	X(add_add_rms_norm_bf16_v8_n4, bf16, 8, 4) \
-	X(add_add_rms_norm_bf16_v8_n8, bf16, 8, 8) \
-	X(add_add_rms_norm_f16_v8_n1, half_bits, 8, 1) \
-	X(add_add_rms_norm_f16_v8_n2, half_bits, 8, 2) \
-	X(add_add_rms_norm_f16_v8_n4, half_bits, 8, 4) \
-	X(add_add_rms_norm_f16_v8_n8, half_bits, 8, 8) \
-	X(add_add_rms_norm_f32_v8_n1, float, 8, 1) \
-	X(add_add_rms_norm_f32_v8_n2, float, 8, 2) \
-	X(add_add_rms_norm_f32_v8_n4, float, 8, 4) \
-	X(add_add_rms_norm_f32_v8_n8, float, 8, 8)
+	X(add_add_rms_norm_bf16_v1_n1, false, bf16, 1, 1) \
+	X(add_add_rms_norm_bf16_v1_n2, false, bf16, 1, 2) \
+	X(add_add_rms_norm_bf16_v1_n4, false, bf16, 1, 4) \
+	X(add_add_rms_norm_bf16_v1_n8, false, bf16, 1, 8) \
+	X(add_add_rms_norm_f16_v1_n1, false, half_bits, 1, 1) \
+	X(add_add_rms_norm_f16_v1_n2, false, half_bits, 1, 2) \
+	X(add_add_rms_norm_f16_v1_n4, false, half_bits, 1, 4) \
+	X(add_add_rms_norm_f16_v1_n8, false, half_bits, 1, 8) \
+	X(add_add_rms_norm_f32_v1_n1, false, float, 1, 1) \
+	X(add_add_rms_norm_f32_v1_n2, false, float, 1, 2) \
+	X(add_add_rms_norm_f32_v1_n4, false, float, 1, 4) \
+	X(add_add_rms_norm_f32_v1_n8, false, float, 1, 8) \
+	X(add_add_rms_norm_bf16_v8_n1, false, bf16, 8, 1) \
+	X(add_add_rms_norm_bf16_v8_n2, false, bf16, 8, 2) \
+	X(add_add_rms_norm_bf16_v8_n4, false, bf16, 8, 4) \
+	X(add_add_rms_norm_bf16_v8_n8, false, bf16, 8, 8) \
+	X(add_add_rms_norm_f16_v8_n1, false, half_bits, 8, 1) \
+	X(add_add_rms_norm_f16_v8_n2, false, half_bits, 8, 2) \
+	X(add_add_rms_norm_f16_v8_n4, false, half_bits, 8, 4) \
+	X(add_add_rms_norm_f16_v8_n8, false, half_bits, 8, 8) \
+	X(add_add_rms_norm_f32_v8_n1, false, float, 8, 1) \
+	X(add_add_rms_norm_f32_v8_n2, false, float, 8, 2) \
+	X(add_add_rms_norm_f32_v8_n4, false, float, 8, 4) \
+	X(add_add_rms_norm_f32_v8_n8, false, float, 8, 8) \
+	X(add_add_rms_norm_rf_bf16_v8_n1, true, bf16, 8, 1) \
+	X(add_add_rms_norm_rf_bf16_v8_n2, true, bf16, 8, 2) \
+	X(add_add_rms_norm_rf_bf16_v8_n4, true, bf16, 8, 4) \
+	X(add_add_rms_norm_rf_bf16_v8_n8, true, bf16, 8, 8)
 
 #define ROPE_INSTANCES(X) \
 	X(rope_half_v1, false, 1) \

@@ -59,9 +59,12 @@ func addAddRMSNormInstances() cudaset.Instances {
 	for _, v := range []int{1, cudaset.VecWidth} {
 		for _, w := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
 			for _, n := range normItems {
-				f.Kernels = append(f.Kernels, cudaset.Of(normKernel("add_add_rms_norm", w, v, n), cudaset.CType(w), v, n))
+				f.Kernels = append(f.Kernels, cudaset.Of(normKernel("add_add_rms_norm", w, v, n), false, cudaset.CType(w), v, n))
 			}
 		}
+	}
+	for _, n := range normItems {
+		f.Kernels = append(f.Kernels, cudaset.Of(normKernel("add_add_rms_norm_rf", kernels.BF16, cudaset.VecWidth, n), true, cudaset.CType(kernels.BF16), cudaset.VecWidth, n))
 	}
 	return f
 }

@@ -449,6 +449,28 @@ func (o *ops) normSwiGLUDefault(k linearKey) string {
 	return streamWhere(o.linearSwiGLUFor(k), linNormUnfused)
 }
 
+// addAddNormLinearDefault is the variant an add_add_rms_norm_linear problem
+// (k: its projection's) runs without a tuning choice: linStream, the
+// releasing norm then linear_stream, where linear runs cuBLAS or
+// linear_stream for the problem at up to linMaxRows rows and
+// linear_stream can run it (DeepSeek-V2-Lite's q+kv_a after the MoE at 16
+// rows, which linear runs on cuBLAS: W4 +0.5 and +0.9%, W5 +0.3 and +0.2%
+// on two machines, bench/RESULTS.md, Tried), else the parts.
+func (o *ops) addAddNormLinearDefault(k linearKey) string {
+	if v := o.linearFor(k); k.m <= linMaxRows && (v == linCuBLAS || v == linStream) && o.ls.ready() == nil {
+		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
+			return linStream
+		}
+	}
+	return linNormUnfused
+}
+
+// addAddNormLinearFor is the variant add_add_rms_norm_linear problems of k
+// run: the tuning choice for k, else the default.
+func (o *ops) addAddNormLinearFor(k linearKey) string {
+	return o.chosenOr(kernels.OpAddAddNormLinear, k, o.addAddNormLinearDefault)
+}
+
 // normLinearFor and normSwiGLUFor are the variants problems of k run: the
 // tuning choice for k, else the default.
 func (o *ops) normLinearFor(k linearKey) string {
@@ -471,6 +493,39 @@ func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float
 	v := o.normLinearFor(linearKey{m, n, k})
 	o.Need(v == linStream && o.streamNorm(out, h, resid, x, norm, eps, w, bias, false), kernels.OpNormLinear,
 		"variant %s at M=%d,N=%d,K=%d: add_rms_norm then linear run it", v, m, n, k)
+}
+
+// AddAddRMSNormLinear is a block's two-part output added into the
+// residual, the norm and the next block's first projection, on sm_90a
+// where the variant for the projection is linStream
+// (addAddNormLinearFor): two launches, add_add_rms_norm's instance that
+// releases the kernel after it before its own grid_wait, then
+// linear_stream, so that the projection's blocks request their weights
+// (all of them at DeepSeek-V2-Lite's q+kv_a: two 64 KB stages a block)
+// under the kernel before the norm, where SMs free up as it ends (moe_one's
+// tail), not under the norm's 2 µs. Both launches are the parts' kernels
+// (h the norm's output, the projection linear_stream's), so the results
+// are bit for bit those of the parts on this set with linear_stream.
+// Elsewhere (another variant, bf16 weights not 16-byte aligned for the
+// norm, operands linear_stream does not take) it declines, and the
+// Dispatch runs add_add_rms_norm then linear.
+func (o *ops) AddAddRMSNormLinear(out, h, resid, x, y, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	const op = kernels.OpAddAddNormLinear
+	kernels.CheckAddAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, y, norm, w, bias)
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
+	if m == 0 || n == 0 {
+		return
+	}
+	v := o.addAddNormLinearFor(linearKey{m, n, k})
+	o.Need(v == linStream, op, "variant %s at M=%d,N=%d,K=%d: add_add_rms_norm then linear run it", v, m, n, k)
+	o.Need(o.addAddReleasing(h, resid, x, y, norm), op, "no releasing add_add_rms_norm for these operands (bf16 weights, 16-byte rows): add_add_rms_norm then linear run it")
+	sms, shared := streamTarget(o)
+	_, err := planStream(m, n, k, sms, shared)
+	o.Need(err == nil && o.streamTakes(out, h, w), op, "linear_stream does not take M=%d,N=%d,K=%d here: add_add_rms_norm then linear run it", m, n, k)
+	o.norm(op, "add_add_rms_norm_rf", h, resid, x, y, norm, eps)
+	if !o.stream(out, h, w, bias) {
+		panic("fused: add_add_rms_norm_linear: linear_stream refused a plan it accepted") // planned above: cannot happen
+	}
 }
 
 // LinearAddRMSNormLinear is a block's last projection, the residual add

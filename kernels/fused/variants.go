@@ -314,6 +314,9 @@ var table = func() []variant {
 	vs = append(vs, variant{op: kernels.OpNormLinear, name: linNormUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: add_rms_norm into h, then linear (its variant for M,N,K), two ops", archWhy(t), true
 	}}, variant{op: kernels.OpNormLinear, name: linStream, valid: streamValid, use: streamUse("linear_stream normalising x")})
+	vs = append(vs, variant{op: kernels.OpAddAddNormLinear, name: linNormUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
+		return "declined to the Dispatch: add_add_rms_norm into h, then linear (its variant for M,N,K), two ops", archWhy(t), true
+	}}, variant{op: kernels.OpAddAddNormLinear, name: linStream, valid: streamValid, use: streamUse("add_add_rms_norm releasing first, then linear_stream")})
 	vs = append(vs, variant{op: kernels.OpNormSwiGLU, name: linNormUnfused, valid: func(_ kernels.Shape, t kernels.Target) (string, string, bool) {
 		return "declined to the Dispatch: add_rms_norm into h, then linear_swiglu (its variant for M,N,K), two ops or three", archWhy(t), true
 	}}, variant{op: kernels.OpNormSwiGLU, name: linStream, valid: streamSwiGLUValid, use: streamSwiGLUUse("linear_stream normalising x, SwiGLU")})
@@ -385,14 +388,15 @@ var tunings = map[kernels.Op]tuning{
 	// linearFor, linearSwiGLUFor and linearAddFor are the rules; Linear,
 	// LinearSwiGLU and LinearAdd call them with the problem's linearKey,
 	// parsing no key on every call.
-	kernels.OpLinear:       linearTuning((*ops).linearFor),
-	kernels.OpLinearSwiGLU: linearTuning((*ops).linearSwiGLUFor),
-	kernels.OpLinearAdd:    linearTuning((*ops).linearAddFor),
-	kernels.OpNormLinear:   linearTuning((*ops).normLinearFor),
-	kernels.OpNormSwiGLU:   linearTuning((*ops).normSwiGLUFor),
-	kernels.OpGroupGemm:    gemmTuning(kernels.OpGroupGemm),
-	kernels.OpMoEExperts:   gemmTuning(kernels.OpMoEExperts),
-	kernels.OpMoERouted:    routedTuning,
+	kernels.OpLinear:           linearTuning((*ops).linearFor),
+	kernels.OpLinearSwiGLU:     linearTuning((*ops).linearSwiGLUFor),
+	kernels.OpLinearAdd:        linearTuning((*ops).linearAddFor),
+	kernels.OpNormLinear:       linearTuning((*ops).normLinearFor),
+	kernels.OpAddAddNormLinear: linearTuning((*ops).addAddNormLinearFor),
+	kernels.OpNormSwiGLU:       linearTuning((*ops).normSwiGLUFor),
+	kernels.OpGroupGemm:        gemmTuning(kernels.OpGroupGemm),
+	kernels.OpMoEExperts:       gemmTuning(kernels.OpMoEExperts),
+	kernels.OpMoERouted:        routedTuning,
 }
 
 // routedTuning is moe_routed's: keyed as moe_experts' (the tiling, which

@@ -282,6 +282,25 @@ func normLinearChecks(l *caseList) {
 	}
 }
 
+// addAddNormLinearChecks are add_add_rms_norm_linear's: DeepSeek-V2-Lite's
+// q+kv_a after the MoE at 16 and 9 rows (whole, and with its outputs
+// divided by 8), a row, rows a set may decline (more than 16, x off the
+// norm's access width), and small dims of no tile.
+func addAddNormLinearChecks(l *caseList) {
+	for _, s := range []addAddNormLinearCase{
+		{n: 16, k: 2048, m: 3648},
+		{n: 9, k: 2048, m: 3648 / 8, bias: true},
+		{n: 1, k: 2048, m: 576},
+		{n: 16, k: 2048, m: 3648 / 8, pitchedOut: true},
+		{n: 3, k: 96, m: 72, bias: true},
+		{n: 5, k: 100, m: 52},
+		{n: 17, k: 256, m: 200},
+		{n: 16, k: 2048, m: 456, xCol: 1},
+	} {
+		l.addWDeclinable(s.String(), false, func(e *env) { addAddNormLinear(e, s) })
+	}
+}
+
 // normSwiGLUChecks are add_rms_norm_linear_swiglu's: normLinearChecks'
 // kinds of rows and K, m the output columns (w's gate and up rows 2m),
 // Qwen2-7B's MLP with its dims divided by 8 and DeepSeek-V2-Lite's
@@ -1111,6 +1130,54 @@ func normLinear(e *env, c normLinearCase) {
 	if c.k0 > 0 {
 		e.check("x", x0, all)
 	}
+}
+
+type addAddNormLinearCase struct {
+	n, k, m          int // rows, inputs, outputs
+	bias, pitchedOut bool
+	xCol             int // x's first column in a wider matrix (0: x packed)
+}
+
+func (c addAddNormLinearCase) String() string {
+	s := linearName(c.n, c.k, c.m, c.bias, false, c.pitchedOut, false, "")
+	if c.xCol > 0 {
+		s += fmt.Sprintf(",x at column %d", c.xCol)
+	}
+	return s
+}
+
+// addAddNormLinear holds add_add_rms_norm_linear to the cpu set: out, resid
+// and h (the norm's output, which the parts write), y unchanged. x is not
+// checked: the parts leave x + y in it, a set's one pass may leave x.
+func addAddNormLinear(e *env, c addAddNormLinearCase) {
+	const eps = 1e-6
+	norm := e.normWeight(c.k)
+	x := e.random(actK, 3, c.n, c.k)
+	if c.xCol > 0 {
+		x = e.random(actK, 3, c.n, c.k+16).cols(c.xCol, c.xCol+c.k)
+	}
+	y := e.random(actK, 3, c.n, c.k)
+	resid := e.random(actK, 1, c.n, c.k)
+	h := e.poisoned(actK, c.n, c.k)
+	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), c.m, c.k)
+	var b pair
+	if c.bias {
+		b = e.random(weightK, 0.5, c.m)
+	}
+	whole := e.poisoned(actK, c.n, c.m)
+	out, written := whole, all
+	if c.pitchedOut {
+		whole = e.poisoned(actK, c.n, c.m+32)
+		out = whole.cols(outCol, outCol+c.m)
+		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
+	}
+	e.run(func(o kernels.Ops, s int) {
+		o.AddAddRMSNormLinear(out[s], h[s], resid[s], x[s], y[s], norm[s], eps, w[s], b[s])
+	})
+	e.check("out", whole, written)
+	e.check("resid", resid, all)
+	e.check("h", h, all)
+	e.check("y", y, all)
 }
 
 type attnCase struct {

@@ -90,6 +90,14 @@ func decodeGraph(t tester, gr kernels.Grapher, dev kernels.Device, set string, o
 	state = append(state, routedSum)
 	addWhole(kernels.OpAddAddRMSNorm, func() { ops.AddAddRMSNorm(normed, resid, routedSum, sharedOut, w, 1e-6) }, normed, resid)
 
+	// The same join taken with the next block's first projection, as
+	// DeepSeek's MLA calls it after the MoE at decode.
+	joinH, joinOut := g.alloc(act, rows, hidden), g.alloc(act, rows, 96)
+	joinW := g.random(kernels.BF16, 96, hidden)
+	addWhole(kernels.OpAddAddNormLinear, func() {
+		ops.AddAddRMSNormLinear(joinOut, joinH, resid, routedSum, sharedOut, w, 1e-6, joinW, nil)
+	}, joinOut, joinH, resid)
+
 	gateUp, swi := g.random(act, rows, 2*inter), g.alloc(act, rows, inter)
 	add(kernels.OpSwiGLU, func() { ops.SwiGLU(swi, gateUp) }, swi)
 	// linear_swiglu is fused for prefill's shapes only, if at all. Its

@@ -155,6 +155,13 @@ func (o *ops) AddRMSNormLinear(out, h, resid, x, norm *kernels.Tensor, eps float
 	kernels.AddRMSNormLinearParts(o, out, h, resid, x, norm, eps, w, bias)
 }
 
+// AddAddRMSNormLinear is the set's AddAddRMSNorm into h, then its Linear
+// of h.
+func (o *ops) AddAddRMSNormLinear(out, h, resid, x, y, norm *kernels.Tensor, eps float32, w, bias *kernels.Tensor) {
+	kernels.CheckAddAddRMSNormLinear(o.D.ActDType(), out, h, resid, x, y, norm, w, bias)
+	kernels.AddAddRMSNormLinearParts(o, out, h, resid, x, y, norm, eps, w, bias)
+}
+
 // AddRMSNormLinearSwiGLU is the set's AddRMSNorm into h, then its
 // LinearSwiGLU of h.
 func (o *ops) AddRMSNormLinearSwiGLU(out, h, resid, x, norm *kernels.Tensor, eps float32, w *kernels.Tensor) {
