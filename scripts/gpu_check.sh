@@ -29,7 +29,8 @@
 #             the CUDA events of a --no-graphs run.
 #   deepseek  the same on a full-size random DeepSeek-V2-Lite ($DSV2_LITE;
 #             writing it takes minutes and 31 GB) for naive, fused and the
-#             MLA and MoE ablations, and fused at 16 rows as for qwen.
+#             MLA and MoE ablations, and fused at 16 rows as for qwen, also
+#             with add_add_rms_norm_linear (the op 16 rows fuse) on naive.
 #   kbench    the kernel benchmarks (bin/infer bench, every op and set on the
 #             default shapes: $OUT/kernel_bench.json and .png), then
 #             --optimize on attn_prefill and linear and an infer run that
@@ -165,6 +166,9 @@ if $deepseek; then
 	# fused with the prompts twice over: 16 rows (the MoE's persistent grid, mla_decode keys).
 	step dsv2-vs-hf-fused-x2 sh -c "cd model && FUSELM_TEST_KERNELS=fused FUSELM_HF_CHECKPOINT=$DSV2_LITE FUSELM_HF_BATCH_REPEAT=2 \
 		../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
+	# The same with the MoE's join, the norm and q+kv_a (fused at 16 rows) on naive.
+	step dsv2-vs-hf-fused-x2-join-naive sh -c "cd model && FUSELM_TEST_KERNELS=fused,add_add_rms_norm_linear=naive FUSELM_HF_CHECKPOINT=$DSV2_LITE \
+		FUSELM_HF_BATCH_REPEAT=2 ../bin/model.test -test.v -test.run TestHFCheckpoint -test.timeout 20m"
 fi
 tar czf "$out/gpu_check_logs.tgz" -C "$logs" . -C "$work" .
 cat "$logs/gpu.txt"
