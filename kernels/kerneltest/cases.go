@@ -750,6 +750,19 @@ const (
 	outCol = 16
 )
 
+// outOperand is an op's output [n, m] of kind k, poisoned: packed, or with
+// pitched the columns [outCol, outCol+m) of a wider matrix. whole is what
+// a check reads, out what the op writes, written which elements of whole
+// those are.
+func outOperand(e *env, k kind, n, m int, pitched bool) (whole, out pair, written func(r, col int) bool) {
+	whole = e.poisoned(k, n, m)
+	if !pitched {
+		return whole, whole, all
+	}
+	whole = e.poisoned(k, n, m+32)
+	return whole, whole.cols(outCol, outCol+m), func(r, col int) bool { return col >= outCol && col < outCol+m }
+}
+
 // linearInputs are a linear case's x [n, k] (columns of a wider matrix
 // where pitchedX), w [m, k] and, where bias, bias [m].
 func linearInputs(e *env, n, k, m int, bias, pitchedX bool) (x, w, b pair) {
@@ -770,13 +783,7 @@ func linear(e *env, c linearCase) {
 	if c.f32Out {
 		ok = f32K
 	}
-	whole := e.poisoned(ok, c.n, c.m)
-	out, written := whole, all
-	if c.pitchedOut {
-		whole = e.poisoned(ok, c.n, c.m+32)
-		out = whole.cols(outCol, outCol+c.m)
-		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
-	}
+	whole, out, written := outOperand(e, ok, c.n, c.m, c.pitchedOut)
 	e.run(func(o kernels.Ops, s int) { o.Linear(out[s], x[s], w[s], b[s]) })
 	e.check("out", whole, written)
 }
@@ -854,22 +861,25 @@ func (c addAddCase) String() string {
 	return s
 }
 
+// residAddend is an addend [n, d] of the residual, random: packed where col is
+// 0, else the columns [col, col+d) of a wider matrix (whole).
+func residAddend(e *env, n, d, col int) (whole, view pair) {
+	if col == 0 {
+		whole = e.random(actK, 3, n, d)
+		return whole, whole
+	}
+	whole = e.random(actK, 3, n, d+16)
+	return whole, whole.cols(col, col+d)
+}
+
 // addAddRMSNorm adds x + y into the residual and normalises it: out and
 // resid are its results, y must stay as it was, and x is not checked (the
 // parts leave the sum there, a set's one pass may not).
 func addAddRMSNorm(e *env, c addAddCase) {
 	const eps = 1e-6
 	w := e.normWeight(c.d)
-	operand := func(col int) (whole, view pair) {
-		if col == 0 {
-			whole = e.random(actK, 3, c.n, c.d)
-			return whole, whole
-		}
-		whole = e.random(actK, 3, c.n, c.d+16)
-		return whole, whole.cols(col, col+c.d)
-	}
-	_, x := operand(c.xCol)
-	ys, y := operand(c.yCol)
+	_, x := residAddend(e, c.n, c.d, c.xCol)
+	ys, y := residAddend(e, c.n, c.d, c.yCol)
 	resid := e.random(actK, 1, c.n, c.d)
 	out := e.poisoned(actK, c.n, c.d)
 	e.run(func(o kernels.Ops, s int) { o.AddAddRMSNorm(out[s], resid[s], x[s], y[s], w[s], eps) })
@@ -1001,13 +1011,7 @@ func linearSwiGLU(e *env, c linearSwiGLUCase) {
 		x = e.random(actK, 2, c.n, c.k+24).cols(xCol, xCol+c.k)
 	}
 	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), 2*c.i, c.k)
-	whole := e.poisoned(actK, c.n, c.i)
-	out, written := whole, all
-	if c.pitchedOut {
-		whole = e.poisoned(actK, c.n, c.i+32)
-		out = whole.cols(outCol, outCol+c.i)
-		written = func(r, col int) bool { return col >= outCol && col < outCol+c.i }
-	}
+	whole, out, written := outOperand(e, actK, c.n, c.i, c.pitchedOut)
 	e.run(func(o kernels.Ops, s int) { o.LinearSwiGLU(out[s], x[s], w[s]) })
 	e.check("out", whole, written)
 }
@@ -1039,13 +1043,9 @@ func linearAdd(e *env, c linearAddCase) {
 		return
 	}
 	addends, addend := e.random(actK, 1, c.n, c.m), pair{}
-	whole := e.poisoned(actK, c.n, c.m)
-	out, written := whole, all
+	whole, out, written := outOperand(e, actK, c.n, c.m, c.pitchedOut)
 	addend = addends
 	if c.pitchedOut {
-		whole = e.poisoned(actK, c.n, c.m+32)
-		out = whole.cols(outCol, outCol+c.m)
-		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
 		addends = e.random(actK, 1, c.n, c.m+16)
 		addend = addends.cols(xCol, xCol+c.m)
 	}
@@ -1103,13 +1103,7 @@ func normLinear(e *env, c normLinearCase) {
 	if c.bias {
 		b = e.random(weightK, 0.5, rows)
 	}
-	whole := e.poisoned(actK, c.n, c.m)
-	out, written := whole, all
-	if c.pitchedOut {
-		whole = e.poisoned(actK, c.n, c.m+32)
-		out = whole.cols(outCol, outCol+c.m)
-		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
-	}
+	whole, out, written := outOperand(e, actK, c.n, c.m, c.pitchedOut)
 	switch {
 	case c.k0 > 0 && c.swiglu:
 		e.run(func(o kernels.Ops, s int) {
@@ -1152,11 +1146,8 @@ func (c addAddNormLinearCase) String() string {
 func addAddNormLinear(e *env, c addAddNormLinearCase) {
 	const eps = 1e-6
 	norm := e.normWeight(c.k)
-	x := e.random(actK, 3, c.n, c.k)
-	if c.xCol > 0 {
-		x = e.random(actK, 3, c.n, c.k+16).cols(c.xCol, c.xCol+c.k)
-	}
-	y := e.random(actK, 3, c.n, c.k)
+	_, x := residAddend(e, c.n, c.k, c.xCol)
+	ys, y := residAddend(e, c.n, c.k, 0)
 	resid := e.random(actK, 1, c.n, c.k)
 	h := e.poisoned(actK, c.n, c.k)
 	w := e.random(weightK, 1/math.Sqrt(float64(c.k)), c.m, c.k)
@@ -1164,20 +1155,14 @@ func addAddNormLinear(e *env, c addAddNormLinearCase) {
 	if c.bias {
 		b = e.random(weightK, 0.5, c.m)
 	}
-	whole := e.poisoned(actK, c.n, c.m)
-	out, written := whole, all
-	if c.pitchedOut {
-		whole = e.poisoned(actK, c.n, c.m+32)
-		out = whole.cols(outCol, outCol+c.m)
-		written = func(r, col int) bool { return col >= outCol && col < outCol+c.m }
-	}
+	whole, out, written := outOperand(e, actK, c.n, c.m, c.pitchedOut)
 	e.run(func(o kernels.Ops, s int) {
 		o.AddAddRMSNormLinear(out[s], h[s], resid[s], x[s], y[s], norm[s], eps, w[s], b[s])
 	})
 	e.check("out", whole, written)
 	e.check("resid", resid, all)
 	e.check("h", h, all)
-	e.check("y", y, all)
+	e.check("y", ys, all)
 }
 
 type attnCase struct {
