@@ -520,12 +520,10 @@ func (o *ops) AddAddRMSNormLinear(out, h, resid, x, y, norm *kernels.Tensor, eps
 	o.Need(v == linStream, op, "variant %s at M=%d,N=%d,K=%d: add_add_rms_norm then linear run it", v, m, n, k)
 	o.Need(o.addAddReleasing(h, resid, x, y, norm), op, "no releasing add_add_rms_norm for these operands (bf16 weights, 16-byte rows): add_add_rms_norm then linear run it")
 	sms, shared := streamTarget(o)
-	_, err := planStream(m, n, k, sms, shared)
+	p, err := planStream(m, n, k, sms, shared)
 	o.Need(err == nil && o.streamTakes(out, h, w), op, "linear_stream does not take M=%d,N=%d,K=%d here: add_add_rms_norm then linear run it", m, n, k)
 	o.norm(op, "add_add_rms_norm_rf", h, resid, x, y, norm, eps)
-	if !o.stream(out, h, w, bias) {
-		panic("fused: add_add_rms_norm_linear: linear_stream refused a plan it accepted") // planned above: cannot happen
-	}
+	o.launchStream(p, out, h, w, bias)
 }
 
 // LinearAddRMSNormLinear is a block's last projection, the residual add

@@ -226,18 +226,24 @@ func (o *ops) streamTakes(out, x, w *kernels.Tensor) bool {
 // stream launches linear_stream as planStream cuts the problem, or reports
 // false where it cannot (the caller runs another variant).
 func (o *ops) stream(out, x, w, bias *kernels.Tensor) bool {
-	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	sms, shared := streamTarget(o)
-	p, err := planStream(m, n, k, sms, shared)
+	p, err := planStream(x.Rows(), w.Rows(), x.Cols(), sms, shared)
 	if err != nil {
 		return false
 	}
+	o.launchStream(p, out, x, w, bias)
+	return true
+}
+
+// launchStream launches linear_stream as p, planStream's plan for the
+// problem, cuts it.
+func (o *ops) launchStream(p lsPlan, out, x, w, bias *kernels.Tensor) {
+	m, k, n := x.Rows(), x.Cols(), w.Rows()
 	bp, biasType := o.linBias(bias)
 	om, xm := o.Mat(out), o.Mat(x)
 	o.LaunchShared(linearStreamKernel((m+7)/8, out.DType), p.blocks, lsWarps*32, p.shared,
 		om.P, int32(om.Pitch), xm.P, int32(xm.Pitch), o.D.Ptr(w), bp, biasType,
 		int32(m), int32(n), int32(k), int32(p.ks), int32(p.stages), o.D.Ptr(o.ls.status))
-	return true
 }
 
 // streamSwiGLU launches linear_stream with SwiGLU in its epilogue, out =
