@@ -454,8 +454,8 @@ func (o *ops) normSwiGLUDefault(k linearKey) string {
 // releasing norm then linear_stream, where linear runs cuBLAS or
 // linear_stream for the problem at up to linMaxRows rows and
 // linear_stream can run it (DeepSeek-V2-Lite's q+kv_a after the MoE at 16
-// rows, which linear runs on cuBLAS: W4 +0.5 and +0.9%, W5 +0.3 and +0.2%
-// on two machines, bench/RESULTS.md, Tried), else the parts.
+// rows, which linear runs on cuBLAS: W4 +1.1%, W5 ±0.0%, bench/RESULTS.md,
+// Decode), else the parts.
 func (o *ops) addAddNormLinearDefault(k linearKey) string {
 	if v := o.linearFor(k); k.m <= linMaxRows && (v == linCuBLAS || v == linStream) && o.ls.ready() == nil {
 		if sms, shared := streamTarget(o); planStreamOK(k, sms, shared) {
