@@ -32,7 +32,10 @@ import (
 //     left out of the link; its output is not checked);
 //   - link_chains4: link with four independent chains of mmas a token
 //     tile instead of one, added at the end (its first link is checked,
-//     not its chain's last output, whose rounding differs).
+//     not its chain's last output, whose rounding differs);
+//   - link_pair: link in blocks that fit two an SM, x through shared
+//     memory, so that a link's blocks load their weights beside the link
+//     before's (the same sums as link's).
 //
 // The persistent grids' last block puts the flags back to zero.
 const flowProbeSrc = `
@@ -137,6 +140,57 @@ extern "C" __global__ void __launch_bounds__(256, 1) link_chains4(const bf16raw*
 	release_next();
 	product<4>(wa, wb, x, y, blockIdx.x, red);
 }
+// link_pair is link in blocks that fit two an SM (at most 128 registers
+// a thread; x copied into shared memory by cp.async, rows 64 bytes apart,
+// then read from there), so that the next link's blocks, launched as this
+// link's pass their wait, load their weights beside this link's instead
+// of after them.
+#define FXROW (FK + 32)
+extern "C" __global__ void __launch_bounds__(256, 2) link_pair(const bf16raw* w, const bf16raw* x, bf16raw* y) {
+	extern __shared__ __align__(128) unsigned char fsm[];
+	__shared__ float red[FWARPS * 256];
+	bf16raw* xs = reinterpret_cast<bf16raw*>(fsm);
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	uint4 wa[FCH], wb[FCH];
+	load_w(wa, wb, w, blockIdx.x);
+	wait_prev();
+	release_next();
+	// x: 16 rows of 256 16-byte pieces, 16 a thread.
+	for (int i = threadIdx.x; i < FM * FK / 8; i += 256) {
+		const int r = i / (FK / 8), c = i % (FK / 8);
+		const unsigned dst = (unsigned)__cvta_generic_to_shared(xs + r * FXROW + 8 * c);
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(x + (long long)r * FK + 8 * c) : "memory");
+	}
+	asm volatile("cp.async.commit_group;" ::: "memory");
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
+	__syncthreads();
+	float acc[2][4];
+#pragma unroll
+	for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+	for (int c = 0; c < FCH; c++) {
+		uint4 xv[2];
+#pragma unroll
+		for (int j = 0; j < 2; j++) xv[j] = *reinterpret_cast<const uint4*>(xs + (8 * j + g) * FXROW + warp * FKW + 32 * c + 8 * t);
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const unsigned af[4] = {word(wa[c], 2 * h), word(wb[c], 2 * h), word(wa[c], 2 * h + 1), word(wb[c], 2 * h + 1)};
+#pragma unroll
+			for (int j = 0; j < 2; j++) mma(acc[j], af, word(xv[j], 2 * h), word(xv[j], 2 * h + 1));
+		}
+	}
+	float* mine = red + warp * 256;
+#pragma unroll
+	for (int j = 0; j < 2; j++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) mine[(j * 8 + 2 * t + (e & 1)) * 16 + g + (e < 2 ? 0 : 8)] = acc[j][e];
+	__syncthreads();
+	const int tok = threadIdx.x / 16, row = threadIdx.x % 16;
+	float s = 0.0f;
+#pragma unroll
+	for (int q = 0; q < FWARPS; q++) s += red[q * 256 + tok * 16 + row];
+	y[(long long)tok * FN + 16 * blockIdx.x + row] = f2bf(s);
+}
 // link_nox is link without x's loads (x taken as zeros): what the
 // product, the sums and the store cost a link without x's round trip.
 extern "C" __global__ void __launch_bounds__(256, 1) link_nox(const bf16raw* w, const bf16raw* x, bf16raw* y) {
@@ -211,7 +265,12 @@ func TestFlowProbe(t *testing.T) {
 		}
 		return f
 	}
-	link, linkNoX, linkChains4, flowWarp, flowAll := fn("link"), fn("link_nox"), fn("link_chains4"), fn("flow_warp"), fn("flow_all")
+	link, linkNoX, linkChains4, linkPair := fn("link"), fn("link_nox"), fn("link_chains4"), fn("link_pair")
+	flowWarp, flowAll := fn("flow_warp"), fn("flow_all")
+	const pairShared = 16 * (2048 + 32) * 2
+	if err := linkPair.SetMaxDynamicShared(pairShared); err != nil {
+		t.Fatal(err)
+	}
 	const rows, k, n, links, replays = 16, 2048, 2048, 16, 9
 	rng := rand.New(rand.NewSource(29))
 	upload := func(tn *kernels.Tensor, scale float64) []float32 {
@@ -269,6 +328,12 @@ func TestFlowProbe(t *testing.T) {
 			{"kernels, 4 chains of mmas", func() {
 				for l := range links {
 					d.LaunchOverlapped(linkChains4, grid, block, 0, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
+						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
+				}
+			}},
+			{"kernels, two an SM", func() {
+				for l := range links {
+					d.LaunchOverlapped(linkPair, grid, block, pairShared, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
 						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
 				}
 			}},
