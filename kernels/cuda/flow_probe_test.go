@@ -249,12 +249,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) flow_all(const bf16raw* w, 
 // persistent grid whose links wait on flags, each warp for the blocks
 // that wrote its k range or for all of them: the figure that says whether
 // a decode step's projections should overlap by dataflow rather than by
-// kernel boundaries; and as overlapped kernels that take x as zeros
-// instead of loading it, which leaves x's round trip out of a link. 16 links of 8 MB matrices, 16 distinct (from DRAM)
-// or 2 (from L2), each way captured in a graph and replayed. The first
-// link's output is checked against the f64 product rounded to bf16 (1e-2
-// of the largest), and the three ways' last outputs must agree bit for
-// bit (the same sums in the same order). Skipped unless
+// kernel boundaries. Beside them, three variants of the overlapped
+// kernels take a link apart: x not loaded, four chains of mmas, and
+// blocks that fit two an SM. 16 links of 8 MB matrices, 16 distinct (from
+// DRAM) or 2 (from L2), each way captured in a graph and replayed. The
+// first link's output is checked against the f64 product rounded to bf16
+// (1e-2 of the largest), and the last link's outputs of the ways that sum
+// as link does must agree with its bit for bit. Skipped unless
 // FUSELM_FLOW_PROBE=1: a measurement, run on demand.
 func TestFlowProbe(t *testing.T) {
 	d, m := openProbe(t, "FUSELM_FLOW_PROBE", "flow_probe", flowProbeSrc)
