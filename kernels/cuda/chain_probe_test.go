@@ -115,15 +115,7 @@ func TestChainBoundaryProbe(t *testing.T) {
 			if err := d.WriteI32(arrive, []int32{0, 0}); err != nil {
 				t.Fatal(err)
 			}
-			g := capture(t, d, c.record)
-			var ms []float64
-			for i := range replays {
-				from := d.Mark()
-				if err := g.Replay(); err != nil {
-					t.Fatal(err)
-				}
-				to := d.Mark()
-				mustSync(t, d)
+			med := replayMedian(t, d, capture(t, d, c.record), replays, func(i int) {
 				got, err := d.ReadI32(v)
 				if err != nil {
 					t.Fatal(err)
@@ -131,23 +123,43 @@ func TestChainBoundaryProbe(t *testing.T) {
 				if want := int32((i + 1) * chainSteps); got[0] != want {
 					t.Fatalf("%d blocks, %s: the chain counted %d after %d replays, want %d", blocks, c.name, got[0], i+1, want)
 				}
-				e, err := d.Elapsed(from, to)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if i > 0 { // the first replay loads the graph
-					ms = append(ms, e)
-				}
-			}
-			if err := g.Close(); err != nil {
-				t.Fatal(err)
-			}
-			slices.Sort(ms)
-			med := ms[len(ms)/2]
+			})
 			t.Logf("%3d blocks a link, %-36s %7.2f µs a link (median of %d replays of %d links: %.1f µs)",
-				blocks, c.name+":", med*1e3/chainSteps, len(ms), chainSteps, med*1e3)
+				blocks, c.name+":", med*1e3/chainSteps, replays-1, chainSteps, med*1e3)
 		}
 	}
+}
+
+// replayMedian replays g replays times, calling after (when not nil) once
+// each replay has finished with its index, closes g, and returns the
+// median of the replays' times in ms but the first (which loads the
+// graph).
+func replayMedian(t *testing.T, d *Device, g kernels.Graph, replays int, after func(i int)) float64 {
+	t.Helper()
+	var ms []float64
+	for i := range replays {
+		from := d.Mark()
+		if err := g.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		to := d.Mark()
+		mustSync(t, d)
+		if after != nil {
+			after(i)
+		}
+		e, err := d.Elapsed(from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			ms = append(ms, e)
+		}
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(ms)
+	return ms[len(ms)/2]
 }
 
 // TestChainProbeCompiles compiles TestChainBoundaryProbe's kernels for

@@ -122,23 +122,29 @@ __device__ __forceinline__ void product(const uint4 (&wa)[FCH], const uint4 (&wb
 	__syncthreads(); // red is read before the next link writes it
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) link(const bf16raw* w, const bf16raw* x, bf16raw* y) {
+// link_body is a link kernel's: its weights loaded, the wait, the release,
+// the product (of CHAINS chains of mmas; x as zeros without LOADX).
+template <int CHAINS, bool LOADX>
+__device__ __forceinline__ void link_body(const bf16raw* w, const bf16raw* x, bf16raw* y) {
 	__shared__ float red[FWARPS * 256];
 	uint4 wa[FCH], wb[FCH];
 	load_w(wa, wb, w, blockIdx.x);
 	wait_prev();
 	release_next();
-	product(wa, wb, x, y, blockIdx.x, red);
+	product<CHAINS>(wa, wb, x, y, blockIdx.x, red, LOADX);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) link(const bf16raw* w, const bf16raw* x, bf16raw* y) {
+	link_body<1, true>(w, x, y);
 }
 // link_chains4 is link with four chains of accumulation a token tile
 // (its sums differ from link's in rounding).
 extern "C" __global__ void __launch_bounds__(256, 1) link_chains4(const bf16raw* w, const bf16raw* x, bf16raw* y) {
-	__shared__ float red[FWARPS * 256];
-	uint4 wa[FCH], wb[FCH];
-	load_w(wa, wb, w, blockIdx.x);
-	wait_prev();
-	release_next();
-	product<4>(wa, wb, x, y, blockIdx.x, red);
+	link_body<4, true>(w, x, y);
+}
+// link_nox is link without x's loads (x taken as zeros): what the
+// product, the sums and the store cost a link without x's round trip.
+extern "C" __global__ void __launch_bounds__(256, 1) link_nox(const bf16raw* w, const bf16raw* x, bf16raw* y) {
+	link_body<1, false>(w, x, y);
 }
 // link_pair is link in blocks that fit two an SM (at most 128 registers
 // a thread; x copied into shared memory by cp.async, rows 64 bytes apart,
@@ -190,16 +196,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) link_pair(const bf16raw* w,
 #pragma unroll
 	for (int q = 0; q < FWARPS; q++) s += red[q * 256 + tok * 16 + row];
 	y[(long long)tok * FN + 16 * blockIdx.x + row] = f2bf(s);
-}
-// link_nox is link without x's loads (x taken as zeros): what the
-// product, the sums and the store cost a link without x's round trip.
-extern "C" __global__ void __launch_bounds__(256, 1) link_nox(const bf16raw* w, const bf16raw* x, bf16raw* y) {
-	__shared__ float red[FWARPS * 256];
-	uint4 wa[FCH], wb[FCH];
-	load_w(wa, wb, w, blockIdx.x);
-	wait_prev();
-	release_next();
-	product(wa, wb, x, y, blockIdx.x, red, false);
 }
 
 // flow runs links links in one grid of FTILES blocks: link l reads act's
@@ -310,34 +306,23 @@ func TestFlowProbe(t *testing.T) {
 	rowBytes := uintptr(rows * k * 2)
 	var last []float32
 	for _, wcount := range []int{links, 2} {
+		// chain queues the links as kernels f of their own, overlapped.
+		chain := func(f *Func, shared int) func() {
+			return func() {
+				for l := range links {
+					d.LaunchOverlapped(f, grid, block, shared, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
+						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
+				}
+			}
+		}
 		for _, c := range []struct {
 			name   string
 			record func()
 		}{
-			{"kernels, overlapped", func() {
-				for l := range links {
-					d.LaunchOverlapped(link, grid, block, 0, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
-						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
-				}
-			}},
-			{"kernels, no x loads", func() {
-				for l := range links {
-					d.LaunchOverlapped(linkNoX, grid, block, 0, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
-						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
-				}
-			}},
-			{"kernels, 4 chains of mmas", func() {
-				for l := range links {
-					d.LaunchOverlapped(linkChains4, grid, block, 0, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
-						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
-				}
-			}},
-			{"kernels, two an SM", func() {
-				for l := range links {
-					d.LaunchOverlapped(linkPair, grid, block, pairShared, d.Ptr(w)+uintptr(l%wcount)*uintptr(n*k*2),
-						d.Ptr(act)+uintptr(l)*rowBytes, d.Ptr(act)+uintptr(l+1)*rowBytes)
-				}
-			}},
+			{"kernels, overlapped", chain(link, 0)},
+			{"kernels, no x loads", chain(linkNoX, 0)},
+			{"kernels, 4 chains of mmas", chain(linkChains4, 0)},
+			{"kernels, two an SM", chain(linkPair, pairShared)},
 			{"one grid, a warp's flags", func() {
 				d.Launch(flowWarp, grid, block, 0, d.Ptr(w), int32(wcount), d.Ptr(act), d.Ptr(flags), int32(links))
 			}},
@@ -345,26 +330,7 @@ func TestFlowProbe(t *testing.T) {
 				d.Launch(flowAll, grid, block, 0, d.Ptr(w), int32(wcount), d.Ptr(act), d.Ptr(flags), int32(links))
 			}},
 		} {
-			g := capture(t, d, c.record)
-			var ms []float64
-			for i := range replays {
-				from := d.Mark()
-				if err := g.Replay(); err != nil {
-					t.Fatal(err)
-				}
-				to := d.Mark()
-				mustSync(t, d)
-				e, err := d.Elapsed(from, to)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if i > 0 { // the first replay loads the graph
-					ms = append(ms, e)
-				}
-			}
-			if err := g.Close(); err != nil {
-				t.Fatal(err)
-			}
+			med := replayMedian(t, d, capture(t, d, c.record), replays, nil)
 			got, err := d.ReadF32(act)
 			if err != nil {
 				t.Fatal(err)
@@ -393,10 +359,8 @@ func TestFlowProbe(t *testing.T) {
 					last = slices.Clone(out)
 				}
 			}
-			slices.Sort(ms)
-			med := ms[len(ms)/2]
 			t.Logf("%2d matrices (%3d MB), %-26s %6.2f µs a link (median of %d replays of %d links: %.1f µs; the bytes alone %.2f µs a link at 4.2 TB/s)",
-				wcount, wcount*n*k*2>>20, c.name+":", med*1e3/links, len(ms), links, med*1e3, float64(n*k*2)/4.2e6)
+				wcount, wcount*n*k*2>>20, c.name+":", med*1e3/links, replays-1, links, med*1e3, float64(n*k*2)/4.2e6)
 		}
 		last = nil
 	}
