@@ -74,6 +74,24 @@ __device__ __forceinline__ void load_w(uint4 (&wa)[FCH], uint4 (&wb)[FCH], const
 	}
 }
 
+// store_sums writes block b's 16 columns of y for the 16 rows: each
+// warp's accumulators (acc[j][e]: row g, +8 from e = 2, token 8j + 2t +
+// (e & 1)) meet in red and are added in warp order.
+__device__ __forceinline__ void store_sums(const float (&acc)[2][4], float* red, bf16raw* y, int b) {
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	float* mine = red + warp * 256;
+#pragma unroll
+	for (int j = 0; j < 2; j++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) mine[(j * 8 + 2 * t + (e & 1)) * 16 + g + (e < 2 ? 0 : 8)] = acc[j][e];
+	__syncthreads();
+	const int tok = threadIdx.x / 16, row = threadIdx.x % 16;
+	float s = 0.0f;
+#pragma unroll
+	for (int q = 0; q < FWARPS; q++) s += red[q * 256 + tok * 16 + row];
+	y[(long long)tok * FN + 16 * b + row] = f2bf(s);
+}
+
 // product writes block b's 16 columns of y = x·wᵀ for the 16 rows; x is
 // read from L2 (another block, or another kernel, wrote it).
 template <int CHAINS = 1>
@@ -108,17 +126,7 @@ __device__ __forceinline__ void product(const uint4 (&wa)[FCH], const uint4 (&wb
 		for (int j = 0; j < 2; j++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) acc[0][j][e] += acc[q][j][e];
-	float* mine = red + warp * 256;
-#pragma unroll
-	for (int j = 0; j < 2; j++)
-#pragma unroll
-		for (int e = 0; e < 4; e++) mine[(j * 8 + 2 * t + (e & 1)) * 16 + g + (e < 2 ? 0 : 8)] = acc[0][j][e];
-	__syncthreads();
-	const int tok = threadIdx.x / 16, row = threadIdx.x % 16;
-	float s = 0.0f;
-#pragma unroll
-	for (int q = 0; q < FWARPS; q++) s += red[q * 256 + tok * 16 + row];
-	y[(long long)tok * FN + 16 * b + row] = f2bf(s);
+	store_sums(acc[0], red, y, b);
 	__syncthreads(); // red is read before the next link writes it
 }
 
@@ -185,17 +193,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) link_pair(const bf16raw* w,
 			for (int j = 0; j < 2; j++) mma(acc[j], af, word(xv[j], 2 * h), word(xv[j], 2 * h + 1));
 		}
 	}
-	float* mine = red + warp * 256;
-#pragma unroll
-	for (int j = 0; j < 2; j++)
-#pragma unroll
-		for (int e = 0; e < 4; e++) mine[(j * 8 + 2 * t + (e & 1)) * 16 + g + (e < 2 ? 0 : 8)] = acc[j][e];
-	__syncthreads();
-	const int tok = threadIdx.x / 16, row = threadIdx.x % 16;
-	float s = 0.0f;
-#pragma unroll
-	for (int q = 0; q < FWARPS; q++) s += red[q * 256 + tok * 16 + row];
-	y[(long long)tok * FN + 16 * blockIdx.x + row] = f2bf(s);
+	store_sums(acc, red, y, blockIdx.x);
 }
 
 // flow runs links links in one grid of FTILES blocks: link l reads act's
