@@ -71,13 +71,7 @@ extern "C" __global__ void phases(int* v, int* sink, int* arrive, int steps) {
 // FUSELM_CHAIN_PROBE=1: a measurement, run on demand.
 func TestChainBoundaryProbe(t *testing.T) {
 	d, m := openProbe(t, "FUSELM_CHAIN_PROBE", "chain_probe", chainProbeSrc)
-	fn := func(name string) *Func {
-		f, err := m.Func(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	fn := func(name string) *Func { return probeFunc(t, m, name) }
 	link, linkRF, phases := fn("link"), fn("link_rf"), fn("phases")
 	const chainSteps, replays = 256, 9
 	v := d.Alloc(kernels.I32, 1)
@@ -180,6 +174,17 @@ func openProbe(t *testing.T, env, name, src string) (*Device, *Module) {
 		t.Fatal(err)
 	}
 	return d, m
+}
+
+// probeFunc is kernel name of a probe's module, failing the test where
+// the module has none.
+func probeFunc(t *testing.T, m *Module, name string) *Func {
+	t.Helper()
+	f, err := m.Func(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // compileProbe compiles a probe's source for sm_90a by the NVRTC library

@@ -253,13 +253,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) flow_all(const bf16raw* w, 
 // FUSELM_FLOW_PROBE=1: a measurement, run on demand.
 func TestFlowProbe(t *testing.T) {
 	d, m := openProbe(t, "FUSELM_FLOW_PROBE", "flow_probe", flowProbeSrc)
-	fn := func(name string) *Func {
-		f, err := m.Func(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	fn := func(name string) *Func { return probeFunc(t, m, name) }
 	link, linkNoX, linkChains4, linkPair := fn("link"), fn("link_nox"), fn("link_chains4"), fn("link_pair")
 	flowWarp, flowAll := fn("flow_warp"), fn("flow_all")
 	const pairShared = 16 * (2048 + 32) * 2

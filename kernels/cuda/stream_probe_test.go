@@ -187,10 +187,7 @@ func TestStreamPatternProbe(t *testing.T) {
 	sms := d.Props().SMs
 	sink := d.Alloc(kernels.F32, 3*sms*128)
 	for _, k := range streamProbeKernels {
-		f, err := m.Func(k.name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		f := probeFunc(t, m, k.name)
 		if err := f.SetMaxDynamicShared(k.shared); err != nil {
 			t.Fatalf("%s: %v", k.name, err)
 		}
