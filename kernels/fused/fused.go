@@ -141,7 +141,7 @@ func modules() []cudaset.Module {
 		elementwiseModule(),
 		module("attention.cu", append(cudaset.Names(flashPrefillInstances(), flashDecodeInstances(), flashDecodeRopeInstances()), "attn_merge")),
 		module("mla.cu", cudaset.Names(mlaPrefillInstances(), mlaDecodeInstances(), mlaAbsorbInstances())),
-		module("mla_keys.cu", cudaset.Names(mlaKeysInstances())),
+		mlaKeysModule(),
 		moeModule(),
 		module("linear.cu", linearKernels()),
 	}

@@ -38,6 +38,7 @@ const (
 	probeQlat = iota
 	probeFlat
 	probeOut
+	probeKeys
 	probeKernels
 )
 
@@ -85,8 +86,8 @@ func TestMLAProbeHeader(t *testing.T) {
 			t.Errorf("%s is %d in mla_probe.cuh, %d here", name, got, want)
 		}
 	}
-	if !bytes.Contains(src, []byte("enum MlaProbeKernel { MLA_PROBE_QLAT, MLA_PROBE_FLAT, MLA_PROBE_OUT, MLA_PROBE_KERNELS };")) {
-		t.Errorf("mla_probe.cuh's MlaProbeKernel is not (qlat, flat, out)")
+	if !bytes.Contains(src, []byte("enum MlaProbeKernel { MLA_PROBE_QLAT, MLA_PROBE_FLAT, MLA_PROBE_OUT, MLA_PROBE_KEYS, MLA_PROBE_KERNELS };")) {
+		t.Errorf("mla_probe.cuh's MlaProbeKernel is not (qlat, flat, out, keys)")
 	}
 	body := regexp.MustCompile(`(?s)enum MlaStamp \{(.*?)\};`).FindSubmatch(src)
 	if body == nil {
@@ -161,6 +162,45 @@ func TestMLAFlatProbeCompiles(t *testing.T) {
 				t.Error(err)
 			}
 		}
+	}
+}
+
+// TestMLAKeysProbeCompiles compiles mla_keys.cu with and without its probe
+// (mlaKeysOpts), as TestMLAFlatProbeCompiles does mla_flat.cu: each must
+// define every kernel, the probe build the probe's two globals and the
+// normal build neither; it logs ptxas's report of V2-Lite's instance.
+// Skipped when FUSELM_NVRTC is unset.
+func TestMLAKeysProbeCompiles(t *testing.T) {
+	c := nvrtcCompiler(t, "mla_keys.cu")
+	for _, probe := range []bool{false, true} {
+		saved := mlaKeysOpts
+		if probe {
+			mlaKeysOpts = []string{mlaProbeOpt}
+		}
+		m := mlaKeysModule()
+		mlaKeysOpts = saved
+		p, err := cudaset.Source(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Name = "fused_" + m.File
+		img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
+		if err != nil {
+			t.Fatalf("probe=%v, options %q: %v\n%s", probe, m.Opts, err, log)
+		}
+		for _, f := range m.Funcs {
+			if !strings.Contains(log, "Compiling entry function '"+f+"'") {
+				t.Errorf("probe=%v: no kernel %s in ptxas's report", probe, f)
+			}
+		}
+		for _, g := range []string{"mla_probe", "mla_probe_runs"} {
+			if has := bytes.Contains(img, []byte("\x00"+g+"\x00")); has != probe {
+				t.Errorf("probe=%v: the cubin holds the global %s: %v", probe, g, has)
+			}
+		}
+		lite := mlaKeysKernel(mlaLatent{512, 64}, 2)
+		report := regexp.MustCompile(`(?s)Compiling entry function '` + lite + `'.*?Used [^\n]*`).FindString(log)
+		t.Logf("probe=%v, options %q: %d kernels, %d bytes of cubin; %s", probe, m.Opts, len(m.Funcs), len(img), report)
 	}
 }
 
@@ -244,7 +284,7 @@ func (p *mlaProbe) read(t *testing.T) [probeCalls]probeCall {
 	return out
 }
 
-var probeKernelNames = [probeKernels]string{"mla_qlat", "mla_flat", "mla_out"}
+var probeKernelNames = [probeKernels]string{"mla_qlat", "mla_flat", "mla_out", "mla_decode_keys"}
 
 // problems are what is wrong with the stamps of n calls: every block of
 // every kernel of calls 0..n-1 must have stamped its entry, its loads, its
@@ -264,12 +304,16 @@ func (p *mlaProbe) problems(rec [probeCalls]probeCall, n int) []string {
 					continue
 				}
 				need := []int{stEntry, stPreloaded, stWaited, stExit}
-				if k == probeFlat {
+				if k == probeFlat || k == probeKeys {
 					need = []int{stEntry, stPreloaded, stWaited, stQueued}
 					for j := range min(int(blk.t[stTiles]), probeTiles) {
 						need = append(need, stReady+j, stComputed+j)
 					}
-					need = append(need, stRunDone, stSums, stSync1, stScaled, stSync2, stMerged, stExit)
+					need = append(need, stRunDone, stSums)
+					if k == probeFlat {
+						need = append(need, stSync1, stScaled, stSync2, stMerged)
+					}
+					need = append(need, stExit)
 				}
 				for i, s := range need {
 					if blk.t[s] == 0 || blk.c[s] == 0 || i > 0 && (blk.t[s] < blk.t[need[i-1]] || blk.c[s] < blk.c[need[i-1]]) {
@@ -458,65 +502,12 @@ func (p *mlaProbe) report(rec [probeCalls]probeCall, calls int) string {
 		// when its end came (first, median, last block).
 		tw = tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "  mla_flat phase\tmed ns\tmax ns\tends at µs: first\tmed\tlast\t")
-		phase := func(name string, from, to func(probeBlock) int) {
-			var dur, end []float64
-			for _, blk := range flat {
-				f, e := from(blk), to(blk)
-				if f < 0 || e < 0 {
-					continue
-				}
-				dur = append(dur, float64(blk.c[e]-blk.c[f])/ghz)
-				end = append(end, us(blk.t[e]))
-			}
-			if len(dur) == 0 {
-				return
-			}
-			_, dm, dx := spread(dur)
-			e0, em, e1 := spread(end)
-			fmt.Fprintf(tw, "  %s (%d blocks)\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t\n", name, len(dur), dm, dx, e0, em, e1)
-		}
-		at := func(s int) func(probeBlock) int { return func(probeBlock) int { return s } }
-		lastComputed := func(blk probeBlock) int {
-			n := int(blk.t[stTiles])
-			if n == 0 {
-				return stQueued
-			}
-			if n > probeTiles {
-				return -1 // the last tiles were not recorded
-			}
-			return stComputed + n - 1
-		}
+		phase := phaseTable{tw, flat, ghz, us}.row
+		at := probeAt
 		phase("entry -> stages queued", at(stEntry), at(stPreloaded))
 		phase("grid_wait", at(stPreloaded), at(stWaited))
 		phase("new latent, queries queued", at(stWaited), at(stQueued))
-		for j := range probeTiles {
-			has := func(blk probeBlock) bool { return int(blk.t[stTiles]) > j }
-			phase(fmt.Sprintf("tile %d wait", j), func(blk probeBlock) int {
-				if !has(blk) {
-					return -1
-				}
-				if j == 0 {
-					return stQueued
-				}
-				return stComputed + j - 1
-			}, func(blk probeBlock) int {
-				if !has(blk) {
-					return -1
-				}
-				return stReady + j
-			})
-			phase(fmt.Sprintf("tile %d compute", j), func(blk probeBlock) int {
-				if !has(blk) {
-					return -1
-				}
-				return stReady + j
-			}, func(blk probeBlock) int {
-				if !has(blk) {
-					return -1
-				}
-				return stComputed + j
-			})
-		}
+		tilePhases(phase)
 		phase("loop end (last wait, barrier)", lastComputed, at(stRunDone))
 		phase("tile loop in all", at(stQueued), at(stRunDone))
 		phase("row sums", at(stRunDone), at(stSums))
@@ -552,11 +543,91 @@ func (p *mlaProbe) report(rec [probeCalls]probeCall, calls int) string {
 	return sb.String()
 }
 
+// phaseTable writes rows of a probe report's phase table: each phase's
+// duration across blocks (clock64 over the SM clock ghz, ns) and when its
+// end came (globaltimer, us from the report's origin).
+type phaseTable struct {
+	tw     *tabwriter.Writer
+	blocks []probeBlock
+	ghz    float64
+	us     func(uint64) float64
+}
+
+// row is the phase from stamp from(blk) to stamp to(blk) of every block
+// where both are at least 0 (first, median, last block's end).
+func (pt phaseTable) row(name string, from, to func(probeBlock) int) {
+	var dur, end []float64
+	for _, blk := range pt.blocks {
+		f, e := from(blk), to(blk)
+		if f < 0 || e < 0 {
+			continue
+		}
+		dur = append(dur, float64(blk.c[e]-blk.c[f])/pt.ghz)
+		end = append(end, pt.us(blk.t[e]))
+	}
+	if len(dur) == 0 {
+		return
+	}
+	_, dm, dx := spread(dur)
+	e0, em, e1 := spread(end)
+	fmt.Fprintf(pt.tw, "  %s (%d blocks)\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t\n", name, len(dur), dm, dx, e0, em, e1)
+}
+
+// probeAt is the stamp s of every block.
+func probeAt(s int) func(probeBlock) int { return func(probeBlock) int { return s } }
+
+// lastComputed is a block's last tile's MLA_COMPUTED stamp (its queries'
+// MLA_QUEUED when it had none; -1 when that tile was past the recorded).
+func lastComputed(blk probeBlock) int {
+	n := int(blk.t[stTiles])
+	if n == 0 {
+		return stQueued
+	}
+	if n > probeTiles {
+		return -1 // the last tiles were not recorded
+	}
+	return stComputed + n - 1
+}
+
+// tilePhases are the rows of each recorded tile's wait (from the one
+// before's compute, or the queries queued) and compute, for the blocks
+// that have the tile (MLA_TILES).
+func tilePhases(phase func(string, func(probeBlock) int, func(probeBlock) int)) {
+	for j := range probeTiles {
+		has := func(blk probeBlock) bool { return int(blk.t[stTiles]) > j }
+		phase(fmt.Sprintf("tile %d wait", j), func(blk probeBlock) int {
+			if !has(blk) {
+				return -1
+			}
+			if j == 0 {
+				return stQueued
+			}
+			return stComputed + j - 1
+		}, func(blk probeBlock) int {
+			if !has(blk) {
+				return -1
+			}
+			return stReady + j
+		})
+		phase(fmt.Sprintf("tile %d compute", j), func(blk probeBlock) int {
+			if !has(blk) {
+				return -1
+			}
+			return stReady + j
+		}, func(blk probeBlock) int {
+			if !has(blk) {
+				return -1
+			}
+			return stComputed + j
+		})
+	}
+}
+
 // TestMLAProbeReport runs the probe's check and report, without a GPU, on
 // made-up stamps: whole ones pass and print every table, and missing,
 // disordered or stray stamps are each found.
 func TestMLAProbeReport(t *testing.T) {
-	p := &mlaProbe{grid: [probeKernels]int{4, 16, 2}, kernel: "mla_flat_test", clusters: 2, clusterN: mlfCluster, keyBytes: 1152}
+	p := &mlaProbe{grid: [probeKernels]int{4, 16, 2, 6}, kernel: "mla_flat_test", clusters: 2, clusterN: mlfCluster, keyBytes: 1152}
 	var rec [probeCalls]probeCall
 	for c := range probeCalls {
 		for k := range probeKernels {
@@ -593,6 +664,13 @@ func TestMLAProbeReport(t *testing.T) {
 		}
 	}
 	t.Logf("made-up report:\n%s", r)
+	k := p.keysReport(rec, 2)
+	for _, want := range []string{"call 0: mla_flat_test, 6 blocks", "call 1:", "tile 0 compute", "partial stores issued", "call 1 after call 0"} {
+		if !strings.Contains(k, want) {
+			t.Errorf("the keys report lacks %q:\n%s", want, k)
+		}
+	}
+	t.Logf("made-up keys report:\n%s", k)
 
 	if e := p.problems(rec, 1); len(e) != probeKernels || !strings.Contains(e[0], "not launched") {
 		t.Errorf("call 1 stamped where one call ran: %v", e)

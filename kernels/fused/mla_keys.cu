@@ -48,6 +48,10 @@
 //   MLK_BN).
 // Launch: grid (splits, 1, B), DEC_WARPS·32 threads, shared
 // (16 + STAGES·MLK_BN)·Tile<R+DR>::ROW_BYTES + MLK_EXTRA bytes.
+//
+// With -DMLF_PROBE=1 (a measurement build: mlaKeysOpts, TestMLAKeysProbe)
+// thread 0 of each block stamps its phases (MlaProbe, mla_probe.cuh); the
+// normal build has none of it.
 
 #include "mla.cuh"
 #include "instances.cuh"
@@ -64,7 +68,9 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	const Split sp(smem, kn, kp, nullptr, 0, cache, cache, past, heads, 1, maxSeq, chunk); // past: the step's input
 	const int b = sp.b, split = blockIdx.x, splits = gridDim.x;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const MlaProbe probe(MLA_PROBE_KEYS); // nothing in the normal build (mla_probe.cuh)
 	const Tiles tiles(smem, cache + sp.kvBase + (long long)sp.k0 * (R + DR), sp.kNew, sp.nkeys, sp.newAt);
+	tiles.probe = probe;
 
 	// Under the kernel before: the cached positions of the first STAGES-1
 	// tiles (earlier steps' latents; the new one is kn, not written yet).
@@ -73,7 +79,11 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 		if (j < tiles.tiles()) tiles.load(j, true);
 		cp_commit();
 	}
+	probe.stamp(MLA_PRELOADED);
+	probe.note(MLA_TILES, tiles.tiles());
+	probe.note(MLA_KEYS, sp.nkeys);
 	grid_wait();
+	probe.stamp(MLA_WAITED);
 	grid_release();
 	sp.append();
 	if (sp.newAt >= 0 && sp.newAt < sp.nkeys && sp.newAt < (STAGES - 1) * MLK_BN) tiles.newRow(sp.newAt / MLK_BN);
@@ -81,11 +91,14 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	// every group queued before it).
 	tiles.loadQ(qlat + (long long)b * heads * R, qpe + (long long)b * qp, qhs, heads);
 	cp_commit();
+	probe.stamp(MLA_QUEUED);
 	float o[2 * Tiles::DPW][4];
 	RowState st[2];
 	tiles.run(o, st, scale_log2, STAGES - 1);
+	probe.stamp(MLA_RUN_DONE);
 	float l[2];
 	tiles.sums(st, l);
+	probe.stamp(MLA_SUMS);
 	// Every warp holds the rows' max and its dims' sums; each writes its dims.
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
@@ -94,6 +107,7 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 		mla_split_out<R>(o, i, st[i].m * scale_log2, l[i], (long long)b * heads + r, splits, split, warp * Tiles::DPW, warp,
 		                 lane, olat, part, stats);
 	}
+	probe.stamp(MLA_EXIT);
 }
 
 // mla_decode_keys_r<R>_p<DR>_s<STAGES>; __launch_bounds__ asks for two

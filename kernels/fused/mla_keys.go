@@ -6,6 +6,7 @@ import (
 
 	"github.com/fuselm/fuselm/kernels"
 	"github.com/fuselm/fuselm/kernels/cuda"
+	"github.com/fuselm/fuselm/kernels/cudaset"
 )
 
 // The "keys" variant of mla_decode (mla_keys.cu): warps score their own keys
@@ -46,6 +47,18 @@ func mlaDecodeKey(rows int) string {
 		return fmt.Sprintf("B>=%d", mlaKeysMinRows)
 	}
 	return fmt.Sprintf("B<%d", mlaKeysMinRows)
+}
+
+// mlaKeysOpts are extra NVRTC options of mla_keys.cu's module, empty but
+// in tests: TestMLAKeysProbe sets -DMLF_PROBE=1 before New to build the
+// timestamp probe (mla_probe.cuh).
+var mlaKeysOpts []string
+
+// mlaKeysModule is mla_keys.cu's NVRTC module.
+func mlaKeysModule() cudaset.Module {
+	m := module("mla_keys.cu", cudaset.Names(mlaKeysInstances()))
+	m.Opts = slices.Clone(mlaKeysOpts)
+	return m
 }
 
 // mlaKeysStageCounts are the stage counts mla_decode_keys is instantiated

@@ -1,9 +1,12 @@
 // MlaProbe: in-kernel timestamps of mla_decode's flat variant (mla_flat.cu)
-// for a measurement build, compiled with -DMLF_PROBE=1 (mlaFlatOpts in
-// mla_flat.go; TestMLAFlatProbe reads them). In the normal build MlaProbe
-// is empty and every call on it compiles to nothing.
+// and of its keys variant's kernel (mla_keys.cu) for a measurement build,
+// compiled with -DMLF_PROBE=1 (mlaFlatOpts in mla_flat.go, mlaKeysOpts in
+// mla_keys.go; TestMLAFlatProbe and TestMLAKeysProbe read them). In the
+// normal build MlaProbe is empty and every call on it compiles to nothing.
+// Each module has its own globals: a module's kernels fill only their rows.
 //
-// Thread 0 of every block of mla_qlat, mla_flat and mla_out records, at each
+// Thread 0 of every block of mla_qlat, mla_flat, mla_out and
+// mla_decode_keys records, at each
 // phase boundary of MlaStamp, %globaltimer (ns, one clock for all SMs) and
 // %clock64 (its SM's cycles) into
 //   mla_probe[kernel][call][block][stamp] = {globaltimer, clock64}, u64,
@@ -24,26 +27,26 @@
 #define MLA_PROBE_TILES 8     // the key tiles whose ready and computed times a block records
 
 // The probed kernels, the first index of mla_probe.
-enum MlaProbeKernel { MLA_PROBE_QLAT, MLA_PROBE_FLAT, MLA_PROBE_OUT, MLA_PROBE_KERNELS };
+enum MlaProbeKernel { MLA_PROBE_QLAT, MLA_PROBE_FLAT, MLA_PROBE_OUT, MLA_PROBE_KEYS, MLA_PROBE_KERNELS };
 
 // A block's slots: times, then values (in the globaltimer half, clock 0).
 enum MlaStamp {
 	MLA_ENTRY,                                // the kernel's first instruction
-	MLA_PRELOADED,                            // thread 0's loads before grid_wait issued (flat: the stages; qlat, out: weights)
+	MLA_PRELOADED,                            // thread 0's loads before grid_wait issued (flat, keys: the stages; qlat, out: weights)
 	MLA_WAITED,                               // grid_wait returned
-	MLA_QUEUED,                               // flat: the new latent stored, the queries queued; the tile loop begins
-	MLA_READY,                                // flat: tile j's wait and barrier done, j < MLA_PROBE_TILES
-	MLA_COMPUTED = MLA_READY + MLA_PROBE_TILES, // flat: tile j's P·C issued (thread 0's warp)
-	MLA_RUN_DONE = MLA_COMPUTED + MLA_PROBE_TILES, // flat: the loop's last wait and barrier done
-	MLA_SUMS,                                 // flat: row sums and statistics in shared memory: cluster barrier 1 begins
+	MLA_QUEUED,                               // flat, keys: the new latent stored, the queries queued; the tile loop begins
+	MLA_READY,                                // flat, keys: tile j's wait and barrier done, j < MLA_PROBE_TILES
+	MLA_COMPUTED = MLA_READY + MLA_PROBE_TILES, // flat, keys: tile j's P·C issued (thread 0's warp)
+	MLA_RUN_DONE = MLA_COMPUTED + MLA_PROBE_TILES, // flat, keys: the loop's last wait and barrier done
+	MLA_SUMS,                                 // flat: row sums and statistics in shared memory: cluster barrier 1 begins; keys: row sums done
 	MLA_SYNC1,                                // flat: cluster barrier 1 done
 	MLA_SCALED,                               // flat: o_lat scaled into shared memory: cluster barrier 2 begins
 	MLA_SYNC2,                                // flat: cluster barrier 2 done
 	MLA_MERGED,                               // flat: the slice summed over the cluster and stored: cluster barrier 3 begins
-	MLA_EXIT,                                 // the kernel's last instruction (flat: after barrier 3)
+	MLA_EXIT,                                 // the kernel's last instruction (flat: after barrier 3; keys: its stores issued)
 	MLA_SMID,                                 // value: the SM the block ran on
-	MLA_TILES,                                // value: flat's key tiles of the block
-	MLA_KEYS,                                 // value: flat's keys of the block
+	MLA_TILES,                                // value: flat's and keys's key tiles of the block
+	MLA_KEYS,                                 // value: flat's and keys's keys of the block
 	MLA_RANK,                                 // value: flat's rank in its cluster
 };
 static_assert(MLA_RANK < MLA_PROBE_STAMPS, "a block's slots hold every stamp");
