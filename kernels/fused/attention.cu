@@ -85,7 +85,11 @@ FLASH_DECODE_ROPE_INSTANCES(FLASH_DECODE_ROPE)
 // A block takes MERGE_DIMS dims of one (row, head): each thread 4
 // consecutive dims (16-byte loads), its warp every MERGE_WARPS-th split, so
 // that the loads of the splits are in flight together; the warps' partial
-// sums then meet in shared memory, added in warp order.
+// sums then meet in shared memory, added in warp order. A warp's first
+// MERGE_EARLY splits (their stats and parts) are loaded with the stats the
+// max is taken from, so that up to MERGE_EARLY·MERGE_WARPS splits cost one
+// round trip to memory after the grid wait rather than two; the arithmetic
+// and its order are the same as one loop over them.
 //   out bf16 [B, heads·D], pitch op; part f32 [B·heads, splits, D]; stats
 //   f32 [B·heads, splits, 2] (scaled max, sum). D a multiple of 4.
 // Launch: grid (B·heads, ceil(D / MERGE_DIMS)), MERGE_WARPS·32 threads.
@@ -99,24 +103,41 @@ extern "C" __global__ void __launch_bounds__(MERGE_WARPS * 32) attn_merge(bf16* 
 	const float* st = stats + bh * splits * 2;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int d = blockIdx.y * MERGE_DIMS + 4 * lane;
+	float2 early[MERGE_EARLY];
+	float4 earlyP[MERGE_EARLY];
+#pragma unroll
+	for (int i = 0; i < MERGE_EARLY; i++) {
+		const int s = warp + i * MERGE_WARPS;
+		early[i] = make_float2(NEG_INF, 0.0f);
+		earlyP[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (s >= splits) continue;
+		early[i] = *reinterpret_cast<const float2*>(st + 2 * s);
+		if (d < D) earlyP[i] = *reinterpret_cast<const float4*>(part + (bh * splits + s) * D + d);
+	}
 	float M = NEG_INF;
 	for (int s = lane; s < splits; s += 32)
 		if (st[2 * s + 1] > 0.0f) M = fmaxf(M, st[2 * s]);
 	M = warp_reduce<MaxOp>(M);
 	float L = 0.0f;
 	float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-	for (int s = warp; s < splits; s += MERGE_WARPS) {
-		const float l = st[2 * s + 1];
-		if (l <= 0.0f) continue; // a split with no keys
-		const float f = exp2f(st[2 * s] - M);
-		L += l * f;
+	// add is split s's share: its (scaled max, sum) ml and its part's dims p.
+	const auto add = [&](float2 ml, float4 p) {
+		if (ml.y <= 0.0f) return; // a split with no keys (or none: past the splits)
+		const float f = exp2f(ml.x - M);
+		L += ml.y * f;
 		if (d < D) {
-			const float4 p = *reinterpret_cast<const float4*>(part + (bh * splits + s) * D + d);
 			acc.x += p.x * f;
 			acc.y += p.y * f;
 			acc.z += p.z * f;
 			acc.w += p.w * f;
 		}
+	};
+#pragma unroll
+	for (int i = 0; i < MERGE_EARLY; i++) add(early[i], earlyP[i]);
+	for (int s = warp + MERGE_EARLY * MERGE_WARPS; s < splits; s += MERGE_WARPS) {
+		const float2 ml = *reinterpret_cast<const float2*>(st + 2 * s);
+		if (ml.y <= 0.0f) continue;
+		add(ml, d < D ? *reinterpret_cast<const float4*>(part + (bh * splits + s) * D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
 	}
 	acc_s[warp][lane] = acc;
 	if (lane == 0) l_s[warp] = L;

@@ -16,6 +16,7 @@ __device__ void cluster_merge(bf16* out, long long out0, const float* po, const 
 
 #define MERGE_DIMS 128 // attn_merge: dims of a block
 #define MERGE_WARPS 8  // attn_merge: warps of a block, each every MERGE_WARPS-th split
+#define MERGE_EARLY 2  // attn_merge: splits a warp loads before the max (attention.cu)
 
 // merge_last ends a split block of flash_decode_keys that has written its
 // part and stats: the block counts itself on counter, the (row, kv head)'s,

@@ -66,6 +66,48 @@ __device__ __forceinline__ void mla_split_out(const float (&o)[NO][4], int i, fl
 	}
 }
 
+// mla_split_part_staged is mla_split_out of every fragment row of a split
+// of several (splits > 1) at once, for the heads of row b (bh0 = b·heads):
+// the warps' o_lat dims go to shared memory first (stage: 16 rows of R + 8
+// floats, 16-byte aligned, nothing of it in use), then every thread of the
+// block stores whole 16-byte pieces of the heads' rows of part, a warp 512
+// contiguous bytes, where mla_split_out's fragment stores put 8 bytes in
+// each of 8 rows an instruction: the same values, a sixteenth of the
+// store instructions and whole 32-byte sectors. The stats as mla_split_out
+// writes them. Ends with the stores issued; stage is free again after a
+// barrier.
+template <int R, int NO, int THREADS>
+__device__ __forceinline__ void mla_split_part_staged(const float (&o)[NO][4], const float (&m)[2], const float (&l)[2],
+                                                      long long bh0, int heads, int splits, int split, int dp0,
+                                                      int warp, int lane, float* stage, float* part, float* stats) {
+	constexpr int DP = R / 16, DPW = NO / 2, SP = R + 8; // SP: a row's floats in stage, 8 of them padding
+	static_assert(R % 4 == 0 && SP % 4 == 0, "rows of whole 16-byte pieces, 16-byte aligned");
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int r = (lane >> 2) + i * 8;
+		if (warp == 0 && (lane & 3) == 0 && r < heads) {
+			const long long at = (bh0 + r) * splits + split;
+			stats[at * 2] = m[i];
+			stats[at * 2 + 1] = l[i];
+		}
+#pragma unroll
+		for (int x = 0; x < DPW; x++) {
+			const int dp = dp0 + x;
+			if (dp >= DP) break;
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++)
+				*reinterpret_cast<float2*>(stage + r * SP + dp * 16 + hh * 8 + 2 * (lane & 3)) =
+				    make_float2(o[2 * x + hh][2 * i], o[2 * x + hh][2 * i + 1]);
+		}
+	}
+	__syncthreads();
+	for (int k = threadIdx.x; k < heads * (R / 4); k += THREADS) {
+		const int r = k / (R / 4), c = 4 * (k - r * (R / 4));
+		*reinterpret_cast<float4*>(part + ((bh0 + r) * splits + split) * R + c) =
+		    *reinterpret_cast<const float4*>(stage + r * SP + c);
+	}
+}
+
 #define MLK_BN 32 // keys per tile of MlaKeyTiles: 8 per warp
 #define MLK_PP 40 // bf16 per row of the p tile: 32 and 8 of padding, so ldmatrix meets no bank twice
 #define MLK_EXTRA (16 * MLK_PP * 2 + DEC_WARPS * 16 * 4) // the p tile, then the warps' tile maxima (and, at the end, sums)
@@ -205,6 +247,21 @@ template <int R, int DR, int STAGES, bool BULK = false> struct MlaKeyTiles {
 		const int r = newAt - j * MLK_BN;
 		for (int c = tid; c < K::CHUNKS; c += THREADS)
 			st_shared16(K::at(stage(j % STAGES), r, c), *reinterpret_cast<const uint4*>(kNew + c * 8));
+	}
+
+	// appendNew stores the new latent at dst, its row of the cache, and,
+	// when it is in one of the first `queued` tiles (queued before the grid
+	// wait without it), into its row of that tile's stage: each chunk read
+	// once. Nothing where the split does not hold it.
+	__device__ void appendNew(bf16* dst, int queued) const {
+		if (newAt < 0 || newAt >= nkeys) return;
+		const bool staged = newAt < queued * MLK_BN;
+		const int j = newAt / MLK_BN, r = newAt - j * MLK_BN;
+		for (int c = tid; c < K::CHUNKS; c += THREADS) {
+			const uint4 v = *reinterpret_cast<const uint4*>(kNew + c * 8);
+			*reinterpret_cast<uint4*>(dst + c * 8) = v;
+			if (staged) st_shared16(K::at(stage(j % STAGES), r, c), v);
+		}
 	}
 
 	// loadQ queues the query rows: q_lat then q_pe of each head, zero past

@@ -301,9 +301,7 @@ func (o *ops) MLADecode(a *kernels.MLAArgs) {
 	kernel, shared := mlaDecodeKernel(d), mlaDecodeShared(d)
 	wave := max(1, perSM/shared) * o.SMs
 	if variant == mlaKeysVariant || variant == mlaKeysOwnVariant {
-		stages := mlaKeysStages(d, perSM)
-		kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
-		wave = blocksPerSM(shared, perSM) * o.SMs
+		kernel, shared, wave = o.mlaKeysLaunch(d)
 	}
 	o.needRoom(op, kernel)
 	b := a.Batch

@@ -166,17 +166,17 @@ func TestMLAFlatProbeCompiles(t *testing.T) {
 }
 
 // TestMLAKeysProbeCompiles compiles mla_keys.cu with and without its probe
-// (mlaKeysOpts), as TestMLAFlatProbeCompiles does mla_flat.cu: each must
-// define every kernel, the probe build the probe's two globals and the
-// normal build neither; it logs ptxas's report of V2-Lite's instance.
+// (mlaKeysOpts), and its fragment-store reference build
+// (mlaKeysFragmentOpt), as TestMLAFlatProbeCompiles does mla_flat.cu: each
+// must define every kernel, the probe build the probe's two globals and
+// the others neither; it logs ptxas's report of V2-Lite's instance.
 // Skipped when FUSELM_NVRTC is unset.
 func TestMLAKeysProbeCompiles(t *testing.T) {
 	c := nvrtcCompiler(t, "mla_keys.cu")
-	for _, probe := range []bool{false, true} {
+	for _, opts := range [][]string{nil, {mlaProbeOpt}, {mlaKeysFragmentOpt}} {
+		probe := slices.Contains(opts, mlaProbeOpt)
 		saved := mlaKeysOpts
-		if probe {
-			mlaKeysOpts = []string{mlaProbeOpt}
-		}
+		mlaKeysOpts = opts
 		m := mlaKeysModule()
 		mlaKeysOpts = saved
 		p, err := cudaset.Source(m)

@@ -49,6 +49,9 @@
 // Launch: grid (splits, 1, B), DEC_WARPS·32 threads, shared
 // (16 + STAGES·MLK_BN)·Tile<R+DR>::ROW_BYTES + MLK_EXTRA bytes.
 //
+// With -DMLK_FRAGMENT_STORES=1 (the reference build of TestMLAKeysStagedExact)
+// every split's part is stored from the warps' fragments (mla_split_out),
+// as before mla_split_part_staged: the same bits by other stores.
 // With -DMLF_PROBE=1 (a measurement build: mlaKeysOpts, TestMLAKeysProbe)
 // thread 0 of each block stamps its phases (MlaProbe, mla_probe.cuh); the
 // normal build has none of it.
@@ -64,6 +67,7 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	// Only DecodeSplit's bookkeeping (its loads are of MLK_BN-key tiles);
 	// EARLY: the new latent is appended after grid_wait.
 	typedef DecodeSplit<R + DR, STAGES, true, false, true> Split;
+	static_assert(16 * (R + 8) * 4 <= Tiles::SHARED, "the staged part rows fit the block's shared memory");
 	extern __shared__ __align__(128) unsigned char smem[];
 	const Split sp(smem, kn, kp, nullptr, 0, cache, cache, past, heads, 1, maxSeq, chunk); // past: the step's input
 	const int b = sp.b, split = blockIdx.x, splits = gridDim.x;
@@ -85,12 +89,13 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	grid_wait();
 	probe.stamp(MLA_WAITED);
 	grid_release();
-	sp.append();
-	if (sp.newAt >= 0 && sp.newAt < sp.nkeys && sp.newAt < (STAGES - 1) * MLK_BN) tiles.newRow(sp.newAt / MLK_BN);
-	// The query rows, which the first tile's wait covers (run waits for
-	// every group queued before it).
+	// The query rows first, which the first tile's wait covers (run waits
+	// for every group queued before it), then the new latent, into the
+	// cache and, if queued early, its stage: its load's round trip is then
+	// not before the queries' issue.
 	tiles.loadQ(qlat + (long long)b * heads * R, qpe + (long long)b * qp, qhs, heads);
 	cp_commit();
+	tiles.appendNew(cache + sp.kvBase + (long long)(sp.len - 1) * (R + DR), STAGES - 1);
 	probe.stamp(MLA_QUEUED);
 	float o[2 * Tiles::DPW][4];
 	RowState st[2];
@@ -99,7 +104,20 @@ __device__ void mla_decode_keys(bf16* olat, float* part, float* stats, const bf1
 	float l[2];
 	tiles.sums(st, l);
 	probe.stamp(MLA_SUMS);
-	// Every warp holds the rows' max and its dims' sums; each writes its dims.
+	// Every warp holds the rows' max and its dims' sums: with several
+	// splits, the block's part rows through shared memory (the stages are
+	// free after run), with one (or in the reference build, MLK_FRAGMENT_STORES)
+	// each warp its dims.
+#ifndef MLK_FRAGMENT_STORES
+	if (splits > 1) {
+		const float m[2] = {st[0].m * scale_log2, st[1].m * scale_log2};
+		mla_split_part_staged<R, 2 * Tiles::DPW, Tiles::THREADS>(o, m, l, (long long)b * heads, heads, splits, split,
+		                                                          warp * Tiles::DPW, warp, lane,
+		                                                          reinterpret_cast<float*>(smem), part, stats);
+		probe.stamp(MLA_EXIT);
+		return;
+	}
+#endif
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		const int r = (lane >> 2) + i * 8;

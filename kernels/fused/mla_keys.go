@@ -88,6 +88,15 @@ func mlaKeysStages(d mlaLatent, perSM int) int {
 	return mlaKeysStageCounts[0]
 }
 
+// mlaKeysLaunch is mla_decode_keys's instance for d on this device, its
+// shared memory, and the wave of its blocks (the splits fill one).
+func (o *ops) mlaKeysLaunch(d mlaLatent) (kernel string, shared, wave int) {
+	perSM := o.D.Props().MaxSharedPerSM
+	stages := mlaKeysStages(d, perSM)
+	kernel, shared = mlaKeysKernel(d, stages), mlaKeysShared(d, stages)
+	return kernel, shared, blocksPerSM(shared, perSM) * o.SMs
+}
+
 // blocksPerSM is how many blocks of shared bytes an SM of perSM bytes
 // holds, at least one.
 func blocksPerSM(shared, perSM int) int { return max(1, perSM/(shared+blockReserve)) }

@@ -2,6 +2,7 @@ package fused
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -165,4 +166,88 @@ func mlaDecodeReference(t *testing.T, dev *cuda.Device, p *mlaHopperProblem) []f
 		t.Fatal(err)
 	}
 	return read(t, host, a.Out)
+}
+
+// mlaKeysFragmentOpt builds mla_keys.cu with every split's part stored
+// from the warps' fragments (mla_split_out), the reference of its staged
+// stores (mla_split_part_staged).
+const mlaKeysFragmentOpt = "-DMLK_FRAGMENT_STORES=1"
+
+// TestMLAKeysStagedExact holds mla_decode_keys's staged part stores to its
+// fragment stores bit for bit: two sets on one device, the second built
+// with MLK_FRAGMENT_STORES, run MLADecode's keys variant (attn_merge after
+// it) on the same inputs at V2-Lite's dims (16 heads, rank 512, rope 64):
+// 16 rows at W4's lengths (151 keys of 186), W5's (ragged, the new latent
+// in every tile position of the first rows), 1,024 and 4,096 keys, 9 rows
+// of 300, and 16 rows of 20 keys (one split: the bf16 path both builds
+// share). Their outputs must be the same bits, and not NaN.
+func TestMLAKeysStagedExact(t *testing.T) {
+	dev, staged := openHopperSet(t, "mla_decode_keys", func(*ops) error { return nil })
+	savedOpts, savedDefault := mlaKeysOpts, mlaDecodeDefault
+	defer func() { mlaKeysOpts, mlaDecodeDefault = savedOpts, savedDefault }()
+	mlaKeysOpts = []string{mlaKeysFragmentOpt}
+	set, err := New(dev)
+	mlaKeysOpts = savedOpts
+	if err != nil {
+		t.Fatal(err)
+	}
+	fragment := set.(*ops)
+	mlaDecodeDefault = mlaKeysVariant
+	_, _, wave := staged.mlaKeysLaunch(mlaLatent{mlaHopperDims.rank, mlaHopperDims.rope})
+	const heads = 16
+	cases := []struct {
+		name   string
+		rows   int
+		past   func(b int) int
+		maxSeq int
+	}{
+		{"W4's lengths", 16, func(int) int { return 150 }, 186},
+		{"W5's lengths", 16, func(b int) int { return 120 + 3*b }, 186},
+		{"new latent in every row of a tile", 16, func(b int) int { return 32 + 2*b }, 96},
+		{"1,024 keys", 16, func(b int) int { return 1023 - b }, 1024},
+		{"4,096 keys", 16, func(b int) int { return 4095 - 7*b }, 4096},
+		{"9 rows", 9, func(b int) int { return 299 - 11*b }, 300},
+		{"one split", 16, func(b int) int { return 19 - b }, 20},
+	}
+	for i, c := range cases {
+		lens, past := slices.Repeat([]int{1}, c.rows), make([]int, c.rows)
+		for b := range past {
+			past[b] = c.past(b)
+		}
+		prob := newMLAHopperProblem(t, dev, mlaHopperCase{lens: lens, past: past, heads: heads, maxSeq: c.maxSeq}, int64(500+i))
+		run := func(o *ops, what string) []float32 {
+			dev.MemsetD8(dev.Ptr(prob.o), 0xff, prob.o.Numel()*2) // NaN: an output not written shows
+			o.MLADecode(prob.args())
+			out, err := dev.ReadF32(prob.o)
+			if err != nil {
+				t.Fatalf("%s, %s: %v", c.name, what, err)
+			}
+			return out
+		}
+		want, got := run(fragment, "fragment stores"), run(staged, "staged stores")
+		bad := 0
+		for j := range want {
+			if math.IsNaN(float64(want[j])) || math.IsNaN(float64(got[j])) {
+				t.Fatalf("%s: output %d is NaN (fragment %g, staged %g)", c.name, j, want[j], got[j])
+			}
+			if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+				if bad < 4 {
+					t.Errorf("%s: output %d (row %d) is %g, the fragment build's %g", c.name, j, j/(heads*mlaHopperDims.v), got[j], want[j])
+				}
+				bad++
+			}
+		}
+		splits, _ := decodeSplitsAt(c.rows, c.maxSeq, wave, mlkTile)
+		if bad > 0 {
+			t.Errorf("%s (%d splits a row): %d of %d outputs differ", c.name, splits, bad, len(want))
+		} else {
+			t.Logf("%s (%d splits a row): %d outputs identical", c.name, splits, len(want))
+		}
+		for _, x := range []*kernels.Tensor{prob.q, prob.kv, prob.wkvb, prob.cache, prob.o, prob.batch.StartDev, prob.batch.PastDev} {
+			dev.Free(x)
+		}
+		if err := dev.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

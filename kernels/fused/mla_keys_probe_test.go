@@ -32,14 +32,11 @@ func TestMLAKeysProbe(t *testing.T) {
 	dev, o := openHopperSet(t, "mla_decode_keys", func(*ops) error { return nil })
 	d := mlaHopperDims
 	lat := mlaLatent{d.rank, d.rope}
-	perSM := dev.Props().MaxSharedPerSM
-	stages := mlaKeysStages(lat, perSM)
-	kernel := mlaKeysKernel(lat, stages)
-	wave := blocksPerSM(mlaKeysShared(lat, stages), perSM) * o.SMs
+	kernel, _, wave := o.mlaKeysLaunch(lat)
 	const heads, rows = 16, 16
 	p := newMLAProbe(t, dev, o.Func(kernel).Module())
 	p.kernel, p.keyBytes = kernel, (d.rank+d.rope)*2
-	t.Logf("%s, %s (%d stages), wave %d blocks; FUSELM_PDL=%q", dev.Props().Name, kernel, stages, wave, os.Getenv("FUSELM_PDL"))
+	t.Logf("%s, %s, wave %d blocks; FUSELM_PDL=%q", dev.Props().Name, kernel, wave, os.Getenv("FUSELM_PDL"))
 
 	cases := []struct {
 		name   string
