@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"regexp"
@@ -124,83 +125,71 @@ func TestMLAProbeHeader(t *testing.T) {
 // FUSELM_NVRTC is unset.
 func TestMLAFlatProbeCompiles(t *testing.T) {
 	c := nvrtcCompiler(t, "mla_flat.cu")
+	lite := mlaFlatKernel(mlaLatent{512, 64}, 4)
 	for _, build := range []struct {
-		probe bool
-		opts  []string
-		name  string
-	}{{false, nil, "probe=false"}, {true, []string{mlaProbeOpt}, "probe=true"}, {false, []string{mlaFlatCPOpt}, "cp"}} {
+		opts []string
+		name string
+	}{{nil, "probe=false"}, {[]string{mlaProbeOpt}, "probe=true"}, {[]string{mlaFlatCPOpt}, "cp"}} {
 		saved := mlaFlatOpts
 		mlaFlatOpts = build.opts
 		m := mlaFlatModule()
 		mlaFlatOpts = saved
-		p, err := cudaset.Source(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Name = "fused_" + m.File
-		img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
-		if err != nil {
-			t.Fatalf("%s, options %q: %v\n%s", build.name, m.Opts, err, log)
-		}
-		for _, f := range m.Funcs {
-			if !strings.Contains(log, "Compiling entry function '"+f+"'") {
-				t.Errorf("%s: no kernel %s in ptxas's report", build.name, f)
-			}
-		}
-		for _, g := range []string{"mla_probe", "mla_probe_runs"} {
-			has := bytes.Contains(img, []byte("\x00"+g+"\x00"))
-			if has != build.probe {
-				t.Errorf("%s: the cubin holds the global %s: %v", build.name, g, has)
-			}
-		}
-		lite := mlaFlatKernel(mlaLatent{512, 64}, 4)
-		report := regexp.MustCompile(`(?s)Compiling entry function '` + lite + `'.*?Used [^\n]*`).FindString(log)
-		t.Logf("%s, options %q: %d kernels, %d bytes of cubin; %s", build.name, m.Opts, len(m.Funcs), len(img), report)
-		if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
-			name := fmt.Sprintf("%s/%s.%s.cubin", dir, p.Name, build.name)
-			if err := os.WriteFile(name, img, 0o644); err != nil {
-				t.Error(err)
-			}
-		}
+		probeBuild(t, c, m, build.name, lite)
 	}
 }
 
 // TestMLAKeysProbeCompiles compiles mla_keys.cu with and without its probe
 // (mlaKeysOpts), and its fragment-store reference build
-// (mlaKeysFragmentOpt), as TestMLAFlatProbeCompiles does mla_flat.cu: each
-// must define every kernel, the probe build the probe's two globals and
-// the others neither; it logs ptxas's report of V2-Lite's instance.
+// (mlaKeysFragmentOpt), as TestMLAFlatProbeCompiles does mla_flat.cu.
 // Skipped when FUSELM_NVRTC is unset.
 func TestMLAKeysProbeCompiles(t *testing.T) {
 	c := nvrtcCompiler(t, "mla_keys.cu")
-	for _, opts := range [][]string{nil, {mlaProbeOpt}, {mlaKeysFragmentOpt}} {
-		probe := slices.Contains(opts, mlaProbeOpt)
+	lite := mlaKeysKernel(mlaLatent{512, 64}, 2)
+	for _, build := range []struct {
+		opts []string
+		name string
+	}{{nil, "probe=false"}, {[]string{mlaProbeOpt}, "probe=true"}, {[]string{mlaKeysFragmentOpt}, "fragment"}} {
 		saved := mlaKeysOpts
-		mlaKeysOpts = opts
+		mlaKeysOpts = build.opts
 		m := mlaKeysModule()
 		mlaKeysOpts = saved
-		p, err := cudaset.Source(m)
-		if err != nil {
-			t.Fatal(err)
+		probeBuild(t, c, m, build.name, lite)
+	}
+}
+
+// probeBuild compiles module m (a build of it, name) with ptxas's report:
+// it must define every kernel, and hold the probe's two globals exactly
+// where its options ask for the probe (mlaProbeOpt). It logs the report of
+// kernel lite; with $FUSELM_NVRTC_OUT set it writes the cubin there.
+func probeBuild(t *testing.T, c *cuda.Compiler, m cudaset.Module, name, lite string) {
+	t.Helper()
+	probe := slices.Contains(m.Opts, mlaProbeOpt)
+	p, err := cudaset.Source(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Name = "fused_" + m.File
+	img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
+	if err != nil {
+		t.Fatalf("%s, options %q: %v\n%s", name, m.Opts, err, log)
+	}
+	for _, f := range m.Funcs {
+		if !strings.Contains(log, "Compiling entry function '"+f+"'") {
+			t.Errorf("%s: no kernel %s in ptxas's report", name, f)
 		}
-		p.Name = "fused_" + m.File
-		img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
-		if err != nil {
-			t.Fatalf("probe=%v, options %q: %v\n%s", probe, m.Opts, err, log)
+	}
+	for _, g := range []string{"mla_probe", "mla_probe_runs"} {
+		if has := bytes.Contains(img, []byte("\x00"+g+"\x00")); has != probe {
+			t.Errorf("%s: the cubin holds the global %s: %v", name, g, has)
 		}
-		for _, f := range m.Funcs {
-			if !strings.Contains(log, "Compiling entry function '"+f+"'") {
-				t.Errorf("probe=%v: no kernel %s in ptxas's report", probe, f)
-			}
+	}
+	report := regexp.MustCompile(`(?s)Compiling entry function '` + lite + `'.*?Used [^\n]*`).FindString(log)
+	t.Logf("%s, options %q: %d kernels, %d bytes of cubin; %s", name, m.Opts, len(m.Funcs), len(img), report)
+	if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
+		out := fmt.Sprintf("%s/%s.%s.cubin", dir, p.Name, name)
+		if err := os.WriteFile(out, img, 0o644); err != nil {
+			t.Error(err)
 		}
-		for _, g := range []string{"mla_probe", "mla_probe_runs"} {
-			if has := bytes.Contains(img, []byte("\x00"+g+"\x00")); has != probe {
-				t.Errorf("probe=%v: the cubin holds the global %s: %v", probe, g, has)
-			}
-		}
-		lite := mlaKeysKernel(mlaLatent{512, 64}, 2)
-		report := regexp.MustCompile(`(?s)Compiling entry function '` + lite + `'.*?Used [^\n]*`).FindString(log)
-		t.Logf("probe=%v, options %q: %d kernels, %d bytes of cubin; %s", probe, m.Opts, len(m.Funcs), len(img), report)
 	}
 }
 
@@ -500,17 +489,8 @@ func (p *mlaProbe) report(rec [probeCalls]probeCall, calls int) string {
 
 		// mla_flat's phases: each one's duration across the blocks, and
 		// when its end came (first, median, last block).
-		tw = tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "  mla_flat phase\tmed ns\tmax ns\tends at µs: first\tmed\tlast\t")
-		phase := phaseTable{tw, flat, ghz, us}.row
+		tw, phase := loopPhases(&sb, "mla_flat", flat, ghz, us)
 		at := probeAt
-		phase("entry -> stages queued", at(stEntry), at(stPreloaded))
-		phase("grid_wait", at(stPreloaded), at(stWaited))
-		phase("new latent, queries queued", at(stWaited), at(stQueued))
-		tilePhases(phase)
-		phase("loop end (last wait, barrier)", lastComputed, at(stRunDone))
-		phase("tile loop in all", at(stQueued), at(stRunDone))
-		phase("row sums", at(stRunDone), at(stSums))
 		phase("cluster barrier 1", at(stSums), at(stSync1))
 		phase("cluster max, o_lat scaled", at(stSync1), at(stScaled))
 		phase("cluster barrier 2", at(stScaled), at(stSync2))
@@ -589,38 +569,42 @@ func lastComputed(blk probeBlock) int {
 	return stComputed + n - 1
 }
 
-// tilePhases are the rows of each recorded tile's wait (from the one
-// before's compute, or the queries queued) and compute, for the blocks
-// that have the tile (MLA_TILES).
-func tilePhases(phase func(string, func(probeBlock) int, func(probeBlock) int)) {
+// loopPhases starts a phase table (phaseTable) of kernel's blocks on w
+// with the rows mla_flat and mla_decode_keys share: the prologue, each
+// recorded tile's wait (from the one before's compute, or the queries
+// queued) and compute for the blocks that have it (MLA_TILES), and the
+// loop's end to the row sums. The caller adds its own rows with phase and
+// flushes tw.
+func loopPhases(w io.Writer, kernel string, blocks []probeBlock, ghz float64,
+	us func(uint64) float64) (tw *tabwriter.Writer, phase func(string, func(probeBlock) int, func(probeBlock) int)) {
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "  %s phase\tmed ns\tmax ns\tends at µs: first\tmed\tlast\t\n", kernel)
+	phase = phaseTable{tw, blocks, ghz, us}.row
+	at := probeAt
+	phase("entry -> stages queued", at(stEntry), at(stPreloaded))
+	phase("grid_wait", at(stPreloaded), at(stWaited))
+	phase("new latent, queries queued", at(stWaited), at(stQueued))
 	for j := range probeTiles {
-		has := func(blk probeBlock) bool { return int(blk.t[stTiles]) > j }
-		phase(fmt.Sprintf("tile %d wait", j), func(blk probeBlock) int {
-			if !has(blk) {
-				return -1
+		// has is stamp s for the blocks that have tile j, -1 for the others.
+		has := func(s int) func(probeBlock) int {
+			return func(blk probeBlock) int {
+				if int(blk.t[stTiles]) <= j {
+					return -1
+				}
+				return s
 			}
-			if j == 0 {
-				return stQueued
-			}
-			return stComputed + j - 1
-		}, func(blk probeBlock) int {
-			if !has(blk) {
-				return -1
-			}
-			return stReady + j
-		})
-		phase(fmt.Sprintf("tile %d compute", j), func(blk probeBlock) int {
-			if !has(blk) {
-				return -1
-			}
-			return stReady + j
-		}, func(blk probeBlock) int {
-			if !has(blk) {
-				return -1
-			}
-			return stComputed + j
-		})
+		}
+		begins := stQueued // tile j's wait begins when the queries are queued, or the tile before is computed
+		if j > 0 {
+			begins = stComputed + j - 1
+		}
+		phase(fmt.Sprintf("tile %d wait", j), has(begins), has(stReady+j))
+		phase(fmt.Sprintf("tile %d compute", j), has(stReady+j), has(stComputed+j))
 	}
+	phase("loop end (last wait, barrier)", lastComputed, at(stRunDone))
+	phase("tile loop in all", at(stQueued), at(stRunDone))
+	phase("row sums", at(stRunDone), at(stSums))
+	return tw, phase
 }
 
 // TestMLAProbeReport runs the probe's check and report, without a GPU, on

@@ -5,7 +5,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"text/tabwriter"
 
 	"github.com/fuselm/fuselm/kernels"
 )
@@ -122,17 +121,8 @@ func (p *mlaProbe) keysReport(rec [probeCalls]probeCall, calls int) string {
 			c, p.kernel, n, len(sms), most, t0, tm, t1, bytes/1e6, ghz)
 		fmt.Fprintf(&sb, "  µs: entries %.2f to %.2f; grid_wait passed %.2f / %.2f / %.2f (first, median, last); exits %.2f / %.2f / %.2f; last exit %.2f after the first wait passed\n",
 			e0, e1, w0, wm, w1, x0, xm, x1, x1-w0)
-		tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "  mla_decode_keys phase\tmed ns\tmax ns\tends at µs: first\tmed\tlast\t")
-		phase := phaseTable{tw, blocks, ghz, us}.row
+		tw, phase := loopPhases(&sb, "mla_decode_keys", blocks, ghz, us)
 		at := probeAt
-		phase("entry -> stages queued", at(stEntry), at(stPreloaded))
-		phase("grid_wait", at(stPreloaded), at(stWaited))
-		phase("new latent, queries queued", at(stWaited), at(stQueued))
-		tilePhases(phase)
-		phase("loop end (last wait, barrier)", lastComputed, at(stRunDone))
-		phase("tile loop in all", at(stQueued), at(stRunDone))
-		phase("row sums", at(stRunDone), at(stSums))
 		phase("partial stores issued", at(stSums), at(stExit))
 		phase("waited -> exit", at(stWaited), at(stExit))
 		phase("entry -> exit", at(stEntry), at(stExit))
