@@ -215,21 +215,7 @@ func TestLinearSwapCompiles(t *testing.T) { nvrtcReport(t, swModule()) }
 // set writes the cubin there (for `cuobjdump -sass`).
 func nvrtcReport(t *testing.T, m cudaset.Module) {
 	t.Helper()
-	c := nvrtcCompiler(t, m.File)
-	p, err := cudaset.Source(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Name = "fused_" + m.File
-	img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log)
-	}
-	if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
-		if err := os.WriteFile(fmt.Sprintf("%s/%s.cubin", dir, p.Name), img, 0o644); err != nil {
-			t.Error(err)
-		}
-	}
+	_, log := compileReport(t, nvrtcCompiler(t, m.File), m, "")
 	for _, f := range m.Funcs {
 		if !strings.Contains(log, "Compiling entry function '"+f+"'") {
 			t.Errorf("no kernel %s in ptxas's report", f)
@@ -248,6 +234,34 @@ func nvrtcReport(t *testing.T, m cudaset.Module) {
 			t.Log(strings.TrimSpace(line))
 		}
 	}
+}
+
+// compileReport compiles module m with c as the set names it, with
+// ptxas's report, and returns the cubin and the log; a compile error fails
+// the test. With $FUSELM_NVRTC_OUT set it writes the cubin there, as
+// fused_FILE.cubin, or fused_FILE.build.cubin where build names one of
+// several builds of m.
+func compileReport(t *testing.T, c *cuda.Compiler, m cudaset.Module, build string) (img []byte, log string) {
+	t.Helper()
+	p, err := cudaset.Source(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Name = "fused_" + m.File
+	img, log, err = c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
+	if err != nil {
+		t.Fatalf("%s %s, options %q: %v\n%s", m.File, build, m.Opts, err, log)
+	}
+	if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
+		name := p.Name
+		if build != "" {
+			name += "." + build
+		}
+		if err := os.WriteFile(fmt.Sprintf("%s/%s.cubin", dir, name), img, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	return img, log
 }
 
 // TestLinearSwapKernels runs the shared kerneltest's linear and

@@ -164,15 +164,7 @@ func TestMLAKeysProbeCompiles(t *testing.T) {
 func probeBuild(t *testing.T, c *cuda.Compiler, m cudaset.Module, name, lite string) {
 	t.Helper()
 	probe := slices.Contains(m.Opts, mlaProbeOpt)
-	p, err := cudaset.Source(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Name = "fused_" + m.File
-	img, log, err := c.Compile(p, append(slices.Clone(m.Opts), "--ptxas-options=-v")...)
-	if err != nil {
-		t.Fatalf("%s, options %q: %v\n%s", name, m.Opts, err, log)
-	}
+	img, log := compileReport(t, c, m, name)
 	for _, f := range m.Funcs {
 		if !strings.Contains(log, "Compiling entry function '"+f+"'") {
 			t.Errorf("%s: no kernel %s in ptxas's report", name, f)
@@ -185,12 +177,6 @@ func probeBuild(t *testing.T, c *cuda.Compiler, m cudaset.Module, name, lite str
 	}
 	report := regexp.MustCompile(`(?s)Compiling entry function '` + lite + `'.*?Used [^\n]*`).FindString(log)
 	t.Logf("%s, options %q: %d kernels, %d bytes of cubin; %s", name, m.Opts, len(m.Funcs), len(img), report)
-	if dir := os.Getenv("FUSELM_NVRTC_OUT"); dir != "" {
-		out := fmt.Sprintf("%s/%s.%s.cubin", dir, p.Name, name)
-		if err := os.WriteFile(out, img, 0o644); err != nil {
-			t.Error(err)
-		}
-	}
 }
 
 // probeBlock is one block's slots: %globaltimer (ns) and %clock64 (its
@@ -442,28 +428,19 @@ func (p *mlaProbe) report(rec [probeCalls]probeCall, calls int) string {
 	gap := func(to, from uint64) float64 { return float64(int64(to-from)) / 1e3 }
 	for c := range calls {
 		flat := rec[c][probeFlat][:p.grid[probeFlat]]
-		var cyc, ns float64
-		sms := map[uint64]int{}
 		var tiles, keys, loops []float64
 		bytes := 0.0
 		for _, blk := range flat {
 			loops = append(loops, float64(blk.c[stRunDone]-blk.c[stQueued]))
 			bytes += float64(blk.t[stKeys]) * float64(p.keyBytes)
-			cyc += float64(blk.c[stExit] - blk.c[stEntry])
-			ns += float64(blk.t[stExit] - blk.t[stEntry])
-			sms[blk.t[stSMID]]++
 			tiles = append(tiles, float64(blk.t[stTiles]))
 			keys = append(keys, float64(blk.t[stKeys]))
 		}
-		ghz := cyc / ns
-		most := 0
-		for _, n := range sms {
-			most = max(most, n)
-		}
+		ghz, sms, most := clockAndSMs(flat)
 		tl, tm, th := spread(tiles)
 		kl, km, kh := spread(keys)
 		fmt.Fprintf(&sb, "call %d: %s, %d clusters of %d = %d blocks on %d SMs (at most %d a SM); SM clock %.3f GHz (clock64 over globaltimer); globaltimer step %d ns\n",
-			c, p.kernel, p.clusters, p.clusterN, len(flat), len(sms), most, ghz, step)
+			c, p.kernel, p.clusters, p.clusterN, len(flat), sms, most, ghz, step)
 		_, lm, lx := spread(loops)
 		fmt.Fprintf(&sb, "  mla_flat key tiles a block min/med/max %.0f/%.0f/%.0f, keys %.0f/%.0f/%.0f; all blocks' keys over the median / longest tile loop: %.0f / %.0f GB/s\n",
 			tl, tm, th, kl, km, kh, bytes/(lm/ghz), bytes/(lx/ghz))
@@ -567,6 +544,23 @@ func lastComputed(blk probeBlock) int {
 		return -1 // the last tiles were not recorded
 	}
 	return stComputed + n - 1
+}
+
+// clockAndSMs is the SM clock the blocks show (their clock64 cycles over
+// their globaltimer spans, entry to exit, in GHz), the SMs they ran on
+// (MLA_SMID) and the most of them one SM ran.
+func clockAndSMs(blocks []probeBlock) (ghz float64, sms, most int) {
+	var cyc, ns float64
+	on := map[uint64]int{}
+	for _, blk := range blocks {
+		cyc += float64(blk.c[stExit] - blk.c[stEntry])
+		ns += float64(blk.t[stExit] - blk.t[stEntry])
+		on[blk.t[stSMID]]++
+	}
+	for _, n := range on {
+		most = max(most, n)
+	}
+	return cyc / ns, len(on), most
 }
 
 // loopPhases starts a phase table (phaseTable) of kernel's blocks on w

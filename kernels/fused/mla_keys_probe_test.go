@@ -95,30 +95,22 @@ func (p *mlaProbe) keysReport(rec [probeCalls]probeCall, calls int) string {
 	us := func(t uint64) float64 { return float64(int64(t-origin)) / 1e3 }
 	for c := range calls {
 		blocks := rec[c][probeKeys][:n]
-		var cyc, ns, bytes float64
-		sms := map[uint64]int{}
+		var bytes float64
 		var entry, waited, exit, tiles []float64
 		for _, blk := range blocks {
-			cyc += float64(blk.c[stExit] - blk.c[stEntry])
-			ns += float64(blk.t[stExit] - blk.t[stEntry])
 			bytes += float64(blk.t[stKeys]) * float64(p.keyBytes)
-			sms[blk.t[stSMID]]++
 			entry = append(entry, us(blk.t[stEntry]))
 			waited = append(waited, us(blk.t[stWaited]))
 			exit = append(exit, us(blk.t[stExit]))
 			tiles = append(tiles, float64(blk.t[stTiles]))
 		}
-		ghz := cyc / ns
-		most := 0
-		for _, k := range sms {
-			most = max(most, k)
-		}
+		ghz, sms, most := clockAndSMs(blocks)
 		e0, _, e1 := spread(entry)
 		w0, wm, w1 := spread(waited)
 		x0, xm, x1 := spread(exit)
 		t0, tm, t1 := spread(tiles)
 		fmt.Fprintf(&sb, "call %d: %s, %d blocks on %d SMs (at most %d a SM), key tiles a block %.0f/%.0f/%.0f, %.2f MB of keys; SM clock %.3f GHz\n",
-			c, p.kernel, n, len(sms), most, t0, tm, t1, bytes/1e6, ghz)
+			c, p.kernel, n, sms, most, t0, tm, t1, bytes/1e6, ghz)
 		fmt.Fprintf(&sb, "  µs: entries %.2f to %.2f; grid_wait passed %.2f / %.2f / %.2f (first, median, last); exits %.2f / %.2f / %.2f; last exit %.2f after the first wait passed\n",
 			e0, e1, w0, wm, w1, x0, xm, x1, x1-w0)
 		tw, phase := loopPhases(&sb, "mla_decode_keys", blocks, ghz, us)
