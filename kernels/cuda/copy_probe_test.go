@@ -23,7 +23,11 @@ import (
 //   - load_bulk: one cp.async.bulk of 2 KB a lane of warp 0, completing on
 //     an mbarrier (the copy engine);
 //   - store_v4: st.global of 16 bytes a thread a step, a warp 512
-//     contiguous bytes an instruction (mla_decode_keys's staged stores).
+//     contiguous bytes an instruction (mla_decode_keys's staged stores);
+//   - load_mc2, load_mc4: load_bulk's copies in clusters of 2 or 4 blocks
+//     that receive one slice each, every chunk issued once by one block
+//     and multicast to all (a decode projection's x, which every block of
+//     linear_stream loads whole after its wait, could come so).
 const copyProbeSrc = `
 __device__ __forceinline__ unsigned long long gtime() {
 	unsigned long long t;
@@ -89,6 +93,56 @@ extern "C" __global__ void load_bulk(const uint4* src, long long stride, int byt
 		stamps[blockIdx.x * 3 + 2] = gtime();
 	}
 	copy_back(buf, back, stride, bytes);
+}
+
+// load_mc<CL>: a cluster of CL blocks receives one slice (the cluster's)
+// into each block's shared memory, block r of it issuing the 2 KB chunks
+// r, r + CL, ... once, multicast to every block of the cluster (TMA
+// multicast): each block issues 1/CL of the bytes it receives.
+template <int CL>
+__device__ __forceinline__ void load_mc(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
+	extern __shared__ __align__(128) uint4 buf[];
+	__shared__ __align__(8) unsigned long long bar;
+	unsigned rank;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+	const char* s = reinterpret_cast<const char*>(src) + (blockIdx.x / CL) * stride;
+	if (threadIdx.x == 0) {
+		asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&bar)) : "memory");
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	}
+	__syncthreads();
+	asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory"); // every block's mbarrier ready
+	const unsigned long long t0 = gtime();
+	const int chunks = bytes / 2048;
+	const unsigned short mask = (1u << CL) - 1;
+	if (threadIdx.x < 32) {
+		if (threadIdx.x == 0)
+			asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(bytes) : "memory");
+		__syncwarp();
+		for (int c = rank + CL * threadIdx.x; c < chunks; c += 32 * CL)
+			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], 2048, [%2], %3;"
+			             ::"r"(saddr(reinterpret_cast<char*>(buf) + c * 2048)), "l"(s + c * 2048), "r"(saddr(&bar)), "h"(mask)
+			             : "memory");
+	}
+	const unsigned long long t1 = gtime();
+	unsigned done = 0;
+	while (!done)
+		asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+		             : "=r"(done) : "r"(saddr(&bar)) : "memory");
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		stamps[blockIdx.x * 3] = t0;
+		stamps[blockIdx.x * 3 + 1] = t1;
+		stamps[blockIdx.x * 3 + 2] = gtime();
+	}
+	copy_back(buf, back, stride, bytes);
+	asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory"); // none leaves while a copy may still write it
+}
+extern "C" __global__ void __cluster_dims__(2, 1, 1) load_mc2(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
+	load_mc<2>(src, stride, bytes, stamps, back);
+}
+extern "C" __global__ void __cluster_dims__(4, 1, 1) load_mc4(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
+	load_mc<4>(src, stride, bytes, stamps, back);
 }
 
 extern "C" __global__ void store_v4(uint4* dst, long long stride, int bytes, unsigned long long* stamps) {
@@ -162,25 +216,7 @@ func TestBlockCopyProbe(t *testing.T) {
 						}
 						d.Launch(f, Dim3{X: uint32(blocks)}, Dim3{X: uint32(threads)}, shared, args...)
 						mustSync(t, d)
-						raw, err := d.ReadI32(stamps)
-						if err != nil {
-							t.Fatal(err)
-						}
-						var landed, issued []float64
-						for b := range blocks {
-							at := func(i int) uint64 {
-								j := 2 * (3*b + i)
-								return uint64(uint32(raw[j])) | uint64(uint32(raw[j+1]))<<32
-							}
-							t0, t1, t2 := at(0), at(1), at(2)
-							if t0 == 0 || t1 < t0 || t2 < t1 {
-								t.Fatalf("%s: block %d's stamps %d, %d, %d are not in order", k, b, t0, t1, t2)
-							}
-							issued = append(issued, float64(t1-t0))
-							landed = append(landed, float64(t2-t0))
-						}
-						slices.Sort(issued)
-						slices.Sort(landed)
+						issued, landed := blockTimes(t, d, stamps, k, blocks)
 						med, worst := landed[len(landed)/2], landed[len(landed)-1]
 						t.Logf("%-9s %-4s %2d KB %3d threads %3d blocks: issued %5.0f ns, landed %5.0f ns (slowest %5.0f): %5.1f GB/s a block, %6.0f GB/s the grid",
 							k, src, bytes>>10, threads, blocks, issued[len(issued)/2], med, worst, float64(bytes)/med,
@@ -190,6 +226,32 @@ func TestBlockCopyProbe(t *testing.T) {
 			}
 		}
 	}
+	// A decode projection's x (16 rows × 2,048 bf16: 64 KB) into every
+	// block from L2: bulk copies alone against multicast in clusters.
+	const mcBytes = 64 << 10
+	x := d.Alloc(kernels.I32, maxBlocks*mcBytes/4)
+	d.MemsetD8(d.Ptr(x), 7, maxBlocks*mcBytes)
+	for _, k := range []string{"load_bulk", "load_mc2", "load_mc4"} {
+		f := probeFunc(t, m, k)
+		if err := f.SetMaxDynamicShared(mcBytes); err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		for _, bytes := range []int{32 << 10, mcBytes} {
+			for _, blocks := range []int{96, 132, 264} {
+				launch := func() {
+					d.Launch(f, Dim3{X: uint32(blocks)}, Dim3{X: 128}, bytes, d.Ptr(x), int64(mcBytes), int32(bytes), d.Ptr(stamps), uintptr(0))
+				}
+				launch() // the slices into L2
+				launch()
+				mustSync(t, d)
+				issued, landed := blockTimes(t, d, stamps, k, blocks)
+				med, worst := landed[len(landed)/2], landed[len(landed)-1]
+				t.Logf("%-9s L2   %2d KB 128 threads %3d blocks: issued %5.0f ns, landed %5.0f ns (slowest %5.0f): %5.1f GB/s into a block",
+					k, bytes>>10, blocks, issued[len(issued)/2], med, worst, float64(bytes)/med)
+			}
+		}
+	}
+	d.Free(x)
 	if err := checkCopied(d, m); err != nil {
 		t.Error(err)
 	}
@@ -198,10 +260,36 @@ func TestBlockCopyProbe(t *testing.T) {
 	}
 }
 
+// blockTimes reads the stamps of a launch of kernel k on blocks blocks and
+// returns each block's issue and landing time (ns from its start), sorted.
+func blockTimes(t *testing.T, d *Device, stamps *kernels.Tensor, k string, blocks int) (issued, landed []float64) {
+	t.Helper()
+	raw, err := d.ReadI32(stamps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b := range blocks {
+		at := func(i int) uint64 {
+			j := 2 * (3*b + i)
+			return uint64(uint32(raw[j])) | uint64(uint32(raw[j+1]))<<32
+		}
+		t0, t1, t2 := at(0), at(1), at(2)
+		if t0 == 0 || t1 < t0 || t2 < t1 {
+			t.Fatalf("%s: block %d's stamps %d, %d, %d are not in order", k, b, t0, t1, t2)
+		}
+		issued = append(issued, float64(t1-t0))
+		landed = append(landed, float64(t2-t0))
+	}
+	slices.Sort(issued)
+	slices.Sort(landed)
+	return issued, landed
+}
+
 // checkCopied checks the kernels' addressing, without which their
 // timings mean nothing: store_v4 must write each block's pattern over its
-// whole slice, and load_cp and load_bulk must bring each block's slice of
-// a source into shared memory whole (their copy_back writes it out).
+// whole slice, and the loads must bring each block's slice of a source
+// into shared memory whole (their copy_back writes it out; in clusters,
+// the cluster's slice into every block of it).
 func checkCopied(d *Device, m *Module) error {
 	const blocks, bytes = 4, 32 << 10
 	src := d.Alloc(kernels.I32, blocks*bytes/4)
@@ -228,8 +316,11 @@ func checkCopied(d *Device, m *Module) error {
 			}
 		}
 	}
-	for _, k := range []string{"load_cp", "load_bulk"} {
-		f, err := m.Func(k)
+	for _, k := range []struct {
+		name    string
+		cluster int // blocks of a cluster, which load one slice
+	}{{"load_cp", 1}, {"load_bulk", 1}, {"load_mc2", 2}, {"load_mc4", 4}} {
+		f, err := m.Func(k.name)
 		if err != nil {
 			return err
 		}
@@ -242,8 +333,11 @@ func checkCopied(d *Device, m *Module) error {
 		if err != nil {
 			return err
 		}
-		if !slices.Equal(got, want) {
-			return fmt.Errorf("%s: the bytes it loaded are not its slice of the source", k)
+		for b := range blocks {
+			slice := b / k.cluster
+			if !slices.Equal(got[b*bytes/4:(b+1)*bytes/4], want[slice*bytes/4:(slice+1)*bytes/4]) {
+				return fmt.Errorf("%s: block %d's bytes are not slice %d of the source", k.name, b, slice)
+			}
 		}
 	}
 	return nil
