@@ -27,7 +27,8 @@ import (
 //   - load_mc2, load_mc4: load_bulk's copies in clusters of 2 or 4 blocks
 //     that receive one slice each, every chunk issued once by one block
 //     and multicast to all (a decode projection's x, which every block of
-//     linear_stream loads whole after its wait, could come so).
+//     linear_stream loads whole after its wait, could come so; branch lsmc
+//     tried it: bench/RESULTS.md, Tried).
 const copyProbeSrc = `
 __device__ __forceinline__ unsigned long long gtime() {
 	unsigned long long t;
@@ -42,6 +43,15 @@ __device__ __forceinline__ void copy_back(const uint4* buf, uint4* back, long lo
 	for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x) back[blockIdx.x * stride / 16 + i] = buf[i];
 }
 
+// stamp3 is thread 0's record of the block's start, its own issue done and
+// now (the bytes landed).
+__device__ __forceinline__ void stamp3(unsigned long long* stamps, unsigned long long t0, unsigned long long t1) {
+	if (threadIdx.x != 0) return;
+	stamps[blockIdx.x * 3] = t0;
+	stamps[blockIdx.x * 3 + 1] = t1;
+	stamps[blockIdx.x * 3 + 2] = gtime();
+}
+
 extern "C" __global__ void load_cp(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
 	extern __shared__ __align__(128) uint4 buf[];
 	const uint4* s = src + blockIdx.x * stride / 16;
@@ -53,76 +63,46 @@ extern "C" __global__ void load_cp(const uint4* src, long long stride, int bytes
 	const unsigned long long t1 = gtime();
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
 	__syncthreads();
-	if (threadIdx.x == 0) {
-		stamps[blockIdx.x * 3] = t0;
-		stamps[blockIdx.x * 3 + 1] = t1;
-		stamps[blockIdx.x * 3 + 2] = gtime();
-	}
+	stamp3(stamps, t0, t1);
 	copy_back(buf, back, stride, bytes);
 }
 
-extern "C" __global__ void load_bulk(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
-	extern __shared__ __align__(128) uint4 buf[];
-	__shared__ __align__(8) unsigned long long bar;
-	const char* s = reinterpret_cast<const char*>(src) + blockIdx.x * stride;
-	if (threadIdx.x == 0) {
-		asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&bar)) : "memory");
-		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-	}
-	__syncthreads();
-	const unsigned long long t0 = gtime();
-	const int chunks = bytes / 2048;
-	if (threadIdx.x < 32) {
-		if (threadIdx.x == 0)
-			asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(bytes) : "memory");
-		__syncwarp();
-		for (int c = threadIdx.x; c < chunks; c += 32)
-			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 2048, [%2];"
-			             ::"r"(saddr(reinterpret_cast<char*>(buf) + c * 2048)), "l"(s + c * 2048), "r"(saddr(&bar))
-			             : "memory");
-	}
-	const unsigned long long t1 = gtime();
-	unsigned done = 0;
-	while (!done)
-		asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-		             : "=r"(done) : "r"(saddr(&bar)) : "memory");
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		stamps[blockIdx.x * 3] = t0;
-		stamps[blockIdx.x * 3 + 1] = t1;
-		stamps[blockIdx.x * 3 + 2] = gtime();
-	}
-	copy_back(buf, back, stride, bytes);
-}
-
-// load_mc<CL>: a cluster of CL blocks receives one slice (the cluster's)
-// into each block's shared memory, block r of it issuing the 2 KB chunks
-// r, r + CL, ... once, multicast to every block of the cluster (TMA
-// multicast): each block issues 1/CL of the bytes it receives.
+// load_chunks<CL> is load_bulk (CL 1), load_mc2 and load_mc4: the block's (or its
+// cluster's) slice in 2 KB bulk copies by warp 0's lanes onto one
+// mbarrier, each chunk issued once a cluster, multicast to every block of
+// it where CL > 1 (each block's mbarrier ready before any block copies, a
+// cluster barrier; none leaving while another's copies may land in it,
+// another).
 template <int CL>
-__device__ __forceinline__ void load_mc(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
+__device__ __forceinline__ void load_chunks(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
 	extern __shared__ __align__(128) uint4 buf[];
 	__shared__ __align__(8) unsigned long long bar;
-	unsigned rank;
-	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+	unsigned rank = 0;
+	if (CL > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
 	const char* s = reinterpret_cast<const char*>(src) + (blockIdx.x / CL) * stride;
 	if (threadIdx.x == 0) {
 		asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&bar)) : "memory");
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
 	__syncthreads();
-	asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory"); // every block's mbarrier ready
+	if (CL > 1) asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 	const unsigned long long t0 = gtime();
 	const int chunks = bytes / 2048;
-	const unsigned short mask = (1u << CL) - 1;
 	if (threadIdx.x < 32) {
 		if (threadIdx.x == 0)
 			asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(bytes) : "memory");
 		__syncwarp();
-		for (int c = rank + CL * threadIdx.x; c < chunks; c += 32 * CL)
-			asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], 2048, [%2], %3;"
-			             ::"r"(saddr(reinterpret_cast<char*>(buf) + c * 2048)), "l"(s + c * 2048), "r"(saddr(&bar)), "h"(mask)
-			             : "memory");
+		for (int c = rank + CL * threadIdx.x; c < chunks; c += 32 * CL) {
+			const unsigned dst = saddr(reinterpret_cast<char*>(buf) + c * 2048);
+			if (CL > 1)
+				asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], 2048, [%2], %3;"
+				             ::"r"(dst), "l"(s + c * 2048), "r"(saddr(&bar)), "h"((unsigned short)((1u << CL) - 1))
+				             : "memory");
+			else
+				asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 2048, [%2];"
+				             ::"r"(dst), "l"(s + c * 2048), "r"(saddr(&bar))
+				             : "memory");
+		}
 	}
 	const unsigned long long t1 = gtime();
 	unsigned done = 0;
@@ -130,19 +110,18 @@ __device__ __forceinline__ void load_mc(const uint4* src, long long stride, int 
 		asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
 		             : "=r"(done) : "r"(saddr(&bar)) : "memory");
 	__syncthreads();
-	if (threadIdx.x == 0) {
-		stamps[blockIdx.x * 3] = t0;
-		stamps[blockIdx.x * 3 + 1] = t1;
-		stamps[blockIdx.x * 3 + 2] = gtime();
-	}
+	stamp3(stamps, t0, t1);
 	copy_back(buf, back, stride, bytes);
-	asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory"); // none leaves while a copy may still write it
+	if (CL > 1) asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+extern "C" __global__ void load_bulk(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
+	load_chunks<1>(src, stride, bytes, stamps, back);
 }
 extern "C" __global__ void __cluster_dims__(2, 1, 1) load_mc2(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
-	load_mc<2>(src, stride, bytes, stamps, back);
+	load_chunks<2>(src, stride, bytes, stamps, back);
 }
 extern "C" __global__ void __cluster_dims__(4, 1, 1) load_mc4(const uint4* src, long long stride, int bytes, unsigned long long* stamps, uint4* back) {
-	load_mc<4>(src, stride, bytes, stamps, back);
+	load_chunks<4>(src, stride, bytes, stamps, back);
 }
 
 extern "C" __global__ void store_v4(uint4* dst, long long stride, int bytes, unsigned long long* stamps) {
@@ -154,11 +133,7 @@ extern "C" __global__ void store_v4(uint4* dst, long long stride, int bytes, uns
 	const unsigned long long t1 = gtime();
 	__threadfence();
 	__syncthreads();
-	if (threadIdx.x == 0) {
-		stamps[blockIdx.x * 3] = t0;
-		stamps[blockIdx.x * 3 + 1] = t1;
-		stamps[blockIdx.x * 3 + 2] = gtime();
-	}
+	stamp3(stamps, t0, t1);
 }
 `
 
