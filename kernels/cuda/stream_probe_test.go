@@ -128,6 +128,108 @@ __device__ void rows_bulk(const char* w, int tiles, int* ticket, float* sink) {
 	sink[blockIdx.x * blockDim.x + tid] = acc;
 }
 
+// The same ring of a 64-row, ROWB-byte stage and x's XB bytes, each stage
+// completing on an mbarrier instead of cp.async groups:
+//   - rows_bulk1<XB>: lanes 0-63 copy one row's 256 bytes each by a bulk
+//     copy into rows of 272 bytes (padded, as an ldmatrix reader wants),
+//     thread 64 copies x's bytes (one bulk copy);
+//   - rows_tma<BOX>: thread 0 copies the stage by tensor copies of wmap's
+//     BOX × 64 boxes (256 / 2 / BOX boxes: one unswizzled box of 128
+//     columns, or two 128-byte-swizzled boxes of 64), and x by one bulk copy.
+struct __align__(64) TmaMap {
+	unsigned long long v[16];
+};
+
+__device__ __forceinline__ void bar_init(unsigned bar) {
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_expect(unsigned bar, unsigned bytes) {
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+	             "l"(src), "r"(bytes), "r"(bar)
+	             : "memory");
+}
+__device__ __forceinline__ void tma2d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1) {
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+	             "l"(map), "r"(c0), "r"(c1), "r"(bar)
+	             : "memory");
+}
+
+// ring_mbar streams each ticket's tile in 16 k-steps of STAGE_W weight
+// bytes and XB bytes of x, issue(slot, tile, ks, bar) queueing a stage
+// (every thread calls it; it arms bar with the stage's bytes).
+template <int STAGES, int STAGE, typename Issue>
+__device__ void ring_mbar(const char* w, int tiles, int* ticket, float* sink, Issue issue) {
+	extern __shared__ __align__(1024) char sm[];
+	__shared__ __align__(8) unsigned long long bars[STAGES];
+	__shared__ int tk;
+	constexpr int KSTEPS = 16;
+	const int tid = threadIdx.x;
+	if (tid == 0) {
+		for (int s = 0; s < STAGES; s++) bar_init(sm_u32(&bars[s]));
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	}
+	__syncthreads();
+	const unsigned pad = (1024 - sm_u32(sm) % 1024) % 1024; // the 128-byte swizzle's period (1 KB more asked)
+	const unsigned base = sm_u32(sm) + pad;
+	unsigned phase = 0;
+	int issued = 0, used = 0;
+	float acc = 0.0f;
+	for (;;) {
+		const char* tw = next_tile(w, tiles, ticket, tk);
+		if (tw == nullptr) break;
+		const int t = (int)((tw - w) / (64 * 4096));
+		auto load = [&](int ks) {
+			const int slot = issued % STAGES;
+			issue(base + slot * STAGE, t, tw, ks, sm_u32(&bars[slot]));
+			issued++;
+		};
+		for (int s = 0; s < STAGES - 1; s++) load(s);
+		for (int ks = 0; ks < KSTEPS; ks++) {
+			if (ks + STAGES - 1 < KSTEPS) load(ks + STAGES - 1);
+			const int slot = used % STAGES;
+			bar_wait(sm_u32(&bars[slot]), (phase >> slot) & 1);
+			phase ^= 1u << slot;
+			used++;
+			acc += *reinterpret_cast<const float*>(sm + pad + slot * STAGE + tid * 4);
+			__syncthreads();
+		}
+	}
+	sink[blockIdx.x * blockDim.x + tid] = acc;
+}
+
+extern "C" __global__ void __launch_bounds__(128) bulk1_s3_x(const char* w, const char* x, int tiles, int* ticket, float* sink) {
+	constexpr int PITCH = 272, STAGE = 64 * PITCH + 4096;
+	ring_mbar<3, STAGE>(w, tiles, ticket, sink, [&](unsigned dst, int, const char* tw, int ks, unsigned bar) {
+		const int tid = threadIdx.x;
+		if (tid == 0) bar_expect(bar, 64 * 256 + 4096);
+		if (tid < 64) bulk(dst + tid * PITCH, tw + tid * 4096 + ks * 256, 256, bar);
+		if (tid == 64) bulk(dst + 64 * PITCH, x + ks * 4096, 4096, bar);
+	});
+}
+template <int BOX>
+__device__ void rows_tma(const TmaMap* wmap, const char* w, const char* x, int tiles, int* ticket, float* sink) {
+	constexpr int STAGE = 64 * 256 + 4096;
+	ring_mbar<3, STAGE>(w, tiles, ticket, sink, [&](unsigned dst, int t, const char*, int ks, unsigned bar) {
+		if (threadIdx.x == 0) {
+			bar_expect(bar, 64 * 256 + 4096);
+#pragma unroll
+			for (int b = 0; b < 128 / BOX; b++) tma2d(dst + b * 64 * BOX * 2, wmap, bar, ks * 128 + b * BOX, t * 64);
+			bulk(dst + 64 * 256, x + ks * 4096, 4096, bar);
+		}
+	});
+}
+extern "C" __global__ void __launch_bounds__(128) tma128_s3_x(const __grid_constant__ TmaMap wmap, const char* w, const char* x,
+                                                             int tiles, int* ticket, float* sink) {
+	rows_tma<128>(&wmap, w, x, tiles, ticket, sink);
+}
+extern "C" __global__ void __launch_bounds__(128) tma64x2_s3_x(const __grid_constant__ TmaMap wmap, const char* w, const char* x,
+                                                              int tiles, int* ticket, float* sink) {
+	rows_tma<64>(&wmap, w, x, tiles, ticket, sink);
+}
+
 extern "C" __global__ void __launch_bounds__(128) cp256_s3(const char* w, const char* x, int tiles, int* ticket, float* sink) {
 	rows_cp<256, 3, 0>(w, x, tiles, ticket, sink);
 }
@@ -151,36 +253,51 @@ extern "C" __global__ void __launch_bounds__(128) bulk16_s2(const char* w, const
 }`
 
 // streamProbeKernels are the probe's instances: the kernel, its dynamic
-// shared memory and the blocks an SM runs it with.
+// shared memory, the blocks an SM runs it with, and the box of the tensor
+// map over the weights it takes first (0: none).
 var streamProbeKernels = []struct {
 	name          string
 	shared, perSM int
+	box           int
 }{
-	{"cp256_s3", 3 * 64 * 256, 3},          // moe_one's weights alone, its 3 blocks an SM
-	{"cp256_s3_x", 3 * (64*256 + 4096), 3}, // moe_one's weights and x: its ring (60 KB)
-	{"cp256_s4_x", 4 * (64*256 + 4096), 2}, // a stage more: two blocks an SM
-	{"cp512_s3", 3 * 64 * 512, 2},          // 512 bytes a row a stage
-	{"bulk4_s4", 4 * 4 * 4096, 3},          // whole rows: 4 a stage, one bulk copy
-	{"bulk8_s3", 3 * 8 * 4096, 2},          // 8 a stage
-	{"bulk16_s2", 2 * 16 * 4096, 1},        // 16 a stage
+	{"cp256_s3", 3 * 64 * 256, 3, 0},          // moe_one's weights alone, its 3 blocks an SM
+	{"cp256_s3_x", 3 * (64*256 + 4096), 3, 0}, // moe_one's weights and x: its ring (60 KB)
+	{"cp256_s4_x", 4 * (64*256 + 4096), 2, 0}, // a stage more: two blocks an SM
+	{"cp512_s3", 3 * 64 * 512, 2, 0},          // 512 bytes a row a stage
+	{"bulk4_s4", 4 * 4 * 4096, 3, 0},          // whole rows: 4 a stage, one bulk copy
+	{"bulk8_s3", 3 * 8 * 4096, 2, 0},          // 8 a stage
+	{"bulk16_s2", 2 * 16 * 4096, 1, 0},        // 16 a stage
+	// moe_one's ring (3 stages of 64 rows × 256 bytes and 4 KB of x) on mbarriers:
+	{"bulk1_s3_x", 3*(64*272+4096) + 1024, 3, 0},    // a bulk copy a row
+	{"tma128_s3_x", 3*(64*256+4096) + 1024, 3, 128}, // one tensor copy a stage
+	{"tma64x2_s3_x", 3*(64*256+4096) + 1024, 3, 64}, // two 128-byte-swizzled boxes a stage
 }
+
+// streamProbeTiles are the tile counts the probe streams: W4's gate/up
+// tiles (one prompt on 6 experts: 264 of 256 KB, fewer than moe_one's 396
+// blocks, so each block streams one and the grid is not full) and W5's
+// (3,300: 845 MB, every block several).
+var streamProbeTiles = []int{264, 3300}
 
 // TestStreamPatternProbe measures the read bandwidth from DRAM that each
 // way of streaming a decode MoE kernel's weight tiles into shared memory
-// reaches on this GPU: streamProbeSrc's kernels over 3,300 tiles of
-// 256 KB (845 MB: what W5's 48.8 experts a layer hold), each on its
-// persistent grid of blocks an SM times the SMs taking tickets, timed by
-// events, the median of five launches after one; every launch's ticket
-// count is checked. It is the figure that says whether moe_one's 16-byte
-// copies of 256-byte row pieces cost it bandwidth against whole rows by
-// the copy engine (W5's moe_one runs at 94% of its bytes at the copy
-// rate). Skipped unless FUSELM_STREAM_PROBE=1: a measurement, run on
+// reaches on this GPU: streamProbeSrc's kernels over each count of
+// streamProbeTiles tiles of 256 KB, each on its persistent grid of blocks
+// an SM times the SMs taking tickets, timed by events, the median of five
+// launches after one; every launch's ticket count is checked. At W5's
+// count it is the figure that says whether moe_one's 16-byte copies of
+// 256-byte row pieces cost it bandwidth against whole rows by the copy
+// engine (W5's moe_one runs at 94% of its bytes at the copy rate); at W4's
+// (fewer tiles than blocks) it is what one block streams on its own when
+// DRAM is not the limit, the rate W4's gate/up tiles and W5's last tiles
+// run at. Skipped unless FUSELM_STREAM_PROBE=1: a measurement, run on
 // demand.
 func TestStreamPatternProbe(t *testing.T) {
 	d, m := openProbe(t, "FUSELM_STREAM_PROBE", "stream_probe", streamProbeSrc)
-	const tiles, tileBytes, runs = 3300, 64 * 4096, 6
-	w := d.Alloc(kernels.BF16, tiles*tileBytes/2)
-	d.MemsetD8(d.Ptr(w), 1, tiles*tileBytes)
+	const tileBytes, runs = 64 * 4096, 6
+	most := slices.Max(streamProbeTiles)
+	w := d.Alloc(kernels.BF16, most*tileBytes/2)
+	d.MemsetD8(d.Ptr(w), 1, most*tileBytes)
 	x := d.Alloc(kernels.BF16, 16*4096/2)
 	d.MemsetD8(d.Ptr(x), 1, 16*4096)
 	ticket := d.Alloc(kernels.I32, 1)
@@ -191,35 +308,53 @@ func TestStreamPatternProbe(t *testing.T) {
 		if err := f.SetMaxDynamicShared(k.shared); err != nil {
 			t.Fatalf("%s: %v", k.name, err)
 		}
-		blocks := k.perSM * sms
-		var ms []float64
-		for i := range runs {
-			if err := d.WriteI32(ticket, []int32{0}); err != nil {
-				t.Fatal(err)
+		var args []any
+		if k.box > 0 {
+			swizzle := 0
+			if k.box*2 <= 128 {
+				swizzle = k.box * 2
 			}
-			from := d.Mark()
-			d.Launch(f, Dim3{X: uint32(blocks)}, Dim3{X: 128}, k.shared, d.Ptr(w), d.Ptr(x), int32(tiles), d.Ptr(ticket), d.Ptr(sink))
-			to := d.Mark()
-			mustSync(t, d)
-			got, err := d.ReadI32(ticket)
+			wmap, err := d.EncodeTiled(Tiled{Addr: d.Ptr(w), Elem: 2, Dims: []uint64{2048, uint64(most * 64)}, Strides: []uint64{4096},
+				Box: []uint32{uint32(k.box), 64}, Swizzle: swizzle})
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s: %v", k.name, err)
 			}
-			if want := int32(tiles + blocks); got[0] != want {
-				t.Fatalf("%s: %d tickets taken, want %d (each tile once, each block one past the last)", k.name, got[0], want)
-			}
-			e, err := d.Elapsed(from, to)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if i > 0 {
-				ms = append(ms, e)
-			}
+			args = append(args, wmap)
 		}
-		slices.Sort(ms)
-		med := ms[len(ms)/2]
-		t.Logf("%-11s %3d blocks (%d an SM), %6d bytes of shared memory: %7.1f µs, %.2f TB/s", k.name, blocks, k.perSM,
-			k.shared, med*1e3, float64(tiles*tileBytes)/med/1e9)
+		blocks := k.perSM * sms
+		for _, tiles := range streamProbeTiles {
+			var ms []float64
+			for i := range runs {
+				if err := d.WriteI32(ticket, []int32{0}); err != nil {
+					t.Fatal(err)
+				}
+				from := d.Mark()
+				d.Launch(f, Dim3{X: uint32(blocks)}, Dim3{X: 128}, k.shared,
+					append(args, d.Ptr(w), d.Ptr(x), int32(tiles), d.Ptr(ticket), d.Ptr(sink))...)
+				to := d.Mark()
+				mustSync(t, d)
+				got, err := d.ReadI32(ticket)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := int32(tiles + blocks); got[0] != want {
+					t.Fatalf("%s: %d tickets taken, want %d (each tile once, each block one past the last)", k.name, got[0], want)
+				}
+				e, err := d.Elapsed(from, to)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i > 0 {
+					ms = append(ms, e)
+				}
+			}
+			slices.Sort(ms)
+			med := ms[len(ms)/2]
+			busy := min(tiles, blocks)
+			t.Logf("%-12s %4d tiles on %3d blocks (%d an SM), %6d bytes of shared memory: %7.1f µs, %.2f TB/s, %.1f GB/s a busy block",
+				k.name, tiles, blocks, k.perSM, k.shared, med*1e3, float64(tiles*tileBytes)/med/1e9,
+				float64(tiles*tileBytes)/med/1e6/float64(busy))
+		}
 	}
 }
 
