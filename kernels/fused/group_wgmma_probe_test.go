@@ -14,7 +14,10 @@ import (
 // prefill's tiling alone (median µs, back to back) at DeepSeek-V2-Lite's
 // dims and the token counts of W5's and W4's prefills (2,048) and W3's
 // (11,041), distinct random routing over 64 experts, top-6; it logs each
-// GEMM's rate over the real rows' FLOPs and over the padded rows'. The
+// GEMM's rate over the real rows' FLOPs and over the padded rows', and the
+// packed path's parts beside them (x's rows copied into expert order by
+// copy_rows, gate/up over them by tensor copies) and moe_experts whole
+// both ways. The
 // module is built with FUSELM_GW_PROBE_OPTS (space-separated NVRTC
 // options: diagnostic builds such as -DGW_NO_STORE=1, whose results are
 // wrong, so nothing is checked here). Skipped unless FUSELM_GW_PROBE=1.
@@ -58,13 +61,24 @@ func TestWgmmaProbe(t *testing.T) {
 		dnTMA := func() {
 			o.wgmmaGemm(op, false, true, y, act, rows, 0, 1, dev.Ptr(down), first.P, experts, rows, hidden, inter)
 		}
+		_, _, _, _, slot, _, _ := o.moeScratch(c, n*k, experts, inter, hidden)
+		pack := func() { o.CopyRows(y, slot.P, o.Mat(x), 0, k, n, n*k, hidden) } // moe_experts' packed path, into y
+		guPacked := func() {
+			o.wgmmaGemm(op, true, false, act, y, rows, 0, 1, dev.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
+		}
 		whole := func() { o.MoEExperts(out, x, idx, weight, gateUp, down) }
+		wholePacked := func() {
+			defer func(g bool) { wgmmaGather = g }(wgmmaGather)
+			wgmmaGather = false
+			o.MoEExperts(out, x, idx, weight, gateUp, down)
+		}
 		for _, g := range []struct {
 			name string
 			call func()
 			n, k int
-		}{{"gate/up", gu, 2 * inter, hidden}, {"down", dn, hidden, inter}, {"down (tensor stores)", dnTMA, hidden, inter},
-			{"moe_experts", whole, 3 * inter, hidden}} {
+		}{{"gate/up", gu, 2 * inter, hidden}, {"x's rows packed (copy_rows)", pack, 0, 0}, {"gate/up over the packed rows", guPacked, 2 * inter, hidden},
+			{"down", dn, hidden, inter}, {"down (tensor stores)", dnTMA, hidden, inter},
+			{"moe_experts", whole, 3 * inter, hidden}, {"moe_experts (x packed first)", wholePacked, 3 * inter, hidden}} {
 			us := medianUs(t, dev, g.call)
 			real, pad := 2*float64(n*k)*float64(g.n)*float64(g.k), 2*float64(padded)*float64(g.n)*float64(g.k)
 			t.Logf("N=%d (%d choices, %d padded rows) %s: %.1f µs, %.0f TFLOP/s of the real rows, %.0f of the padded (opts %q)",
