@@ -46,7 +46,7 @@ func TestWgmmaProbe(t *testing.T) {
 		if c.Name != prefillTiling {
 			t.Fatalf("%d tokens run tiling %s, not %s", n, c.Name, prefillTiling)
 		}
-		_, rows, first, sorted, _, act, y := o.moeScratch(c, n*k, experts, inter, hidden)
+		_, rows, first, sorted, slot, act, y := o.moeScratch(c, n*k, experts, inter, hidden)
 		starts, err := dev.ReadI32(o.moeFirst)
 		if err != nil {
 			t.Fatal(err)
@@ -61,7 +61,6 @@ func TestWgmmaProbe(t *testing.T) {
 		dnTMA := func() {
 			o.wgmmaGemm(op, false, true, y, act, rows, 0, 1, dev.Ptr(down), first.P, experts, rows, hidden, inter)
 		}
-		_, _, _, _, slot, _, _ := o.moeScratch(c, n*k, experts, inter, hidden)
 		pack := func() { o.CopyRows(y, slot.P, o.Mat(x), 0, k, n, n*k, hidden) } // moe_experts' packed path, into y
 		guPacked := func() {
 			o.wgmmaGemm(op, true, false, act, y, rows, 0, 1, dev.Ptr(gateUp), first.P, experts, rows, 2*inter, hidden)
