@@ -127,7 +127,7 @@ func (m *MoE) Reserve(ws *Workspace, act kernels.DType) {
 // after the routed experts); 9 is where the fused set's MoE leaves its block-a-tile
 // kernels for the persistent grid, which shares the SMs better. Between 1
 // and 16 rows it is not measured; at one token (W3) the whole MLP aside
-// lost too (bench/RESULTS.md, Tried).
+// lost too (bench/TRIED.md).
 const asideMinTokens = 9
 
 // Forward computes out [T, hidden] from x [T, hidden]. The shared

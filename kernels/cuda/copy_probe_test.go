@@ -28,7 +28,7 @@ import (
 //     that receive one slice each, every chunk issued once by one block
 //     and multicast to all (a decode projection's x, which every block of
 //     linear_stream loads whole after its wait, could come so; branch lsmc
-//     tried it: bench/RESULTS.md, Tried).
+//     tried it: bench/TRIED.md).
 const copyProbeSrc = `
 __device__ __forceinline__ unsigned long long gtime() {
 	unsigned long long t;

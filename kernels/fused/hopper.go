@@ -82,7 +82,7 @@ var hopperDTypes = []kernels.DType{kernels.BF16, kernels.F16}
 // 2 Q tiles take 193 KiB, 2, 2 and 1 take 161 KiB; D=64: 4, 4, 2 take 161
 // KiB, 2, 2, 1 take 81. At D=128, 2, 2, 2 ran 0–2% above 3, 2, 2 (225 KiB)
 // and 2, 3, 2, and 9–14% above 3, 3, 1 at 1K–2K, kernel alone
-// (bench/RESULTS.md, "Tried and not kept").
+// (bench/TRIED.md).
 var hopperConfigs = func() []hopperConfig {
 	var cs []hopperConfig
 	for _, dt := range hopperDTypes {
