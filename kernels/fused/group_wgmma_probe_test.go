@@ -79,6 +79,11 @@ func TestWgmmaProbe(t *testing.T) {
 			{"down", dn, hidden, inter}, {"down (tensor stores)", dnTMA, hidden, inter},
 			{"moe_experts", whole, 3 * inter, hidden}, {"moe_experts (x packed first)", wholePacked, 3 * inter, hidden}} {
 			us := medianUs(t, dev, g.call)
+			if g.n == 0 { // a copy: its rate in bytes, each choice's row read and written
+				t.Logf("N=%d (%d choices, %d padded rows) %s: %.1f µs, %.0f GB/s (opts %q)", n, n*k, padded, g.name, us,
+					2*float64(n*k)*float64(hidden)*2/us/1e3, gwOpts)
+				continue
+			}
 			real, pad := 2*float64(n*k)*float64(g.n)*float64(g.k), 2*float64(padded)*float64(g.n)*float64(g.k)
 			t.Logf("N=%d (%d choices, %d padded rows) %s: %.1f µs, %.0f TFLOP/s of the real rows, %.0f of the padded (opts %q)",
 				n, n*k, padded, g.name, us, real/us/1e6, pad/us/1e6, gwOpts)
