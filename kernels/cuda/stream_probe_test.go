@@ -18,9 +18,9 @@ import (
 //     rows, copied by the block's 128 threads in 16-byte cp.async copies
 //     (moe_one's weights at ROWB 256: BK = 128), and XB bytes of an
 //     L2-resident x beside them (moe_one's 16 rows of x: 4,096 bytes);
-//   - rows_bulk<R, STAGES>: a stage is R whole rows, R·4,096 contiguous
-//     bytes, one bulk copy by thread 0 completing on the stage's mbarrier
-//     (linear_stream's way).
+//   - the rings on mbarriers (ring_mbar, below): whole rows by one bulk
+//     copy a stage (rows_bulk, linear_stream's way), and moe_one's ring by a
+//     bulk copy a row or by tensor copies.
 //
 // sink [blocks·128] keeps each thread's reads alive.
 const streamProbeSrc = `
@@ -84,58 +84,17 @@ __device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
 		             : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
 }
 
-template <int R, int STAGES>
-__device__ void rows_bulk(const char* w, int tiles, int* ticket, float* sink) {
-	extern __shared__ __align__(128) char sm[];
-	__shared__ __align__(8) unsigned long long bars[STAGES];
-	__shared__ int tk;
-	constexpr int STAGE = R * 4096, KSTEPS = 64 / R;
-	const int tid = threadIdx.x;
-	if (tid == 0) {
-		for (int s = 0; s < STAGES; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sm_u32(&bars[s])) : "memory");
-		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-	}
-	__syncthreads();
-	unsigned phase = 0;    // bit s: the parity slot s completes next
-	int issued = 0, used = 0; // stages over the block's life; slot = count % STAGES
-	float acc = 0.0f;
-	for (;;) {
-		const char* tw = next_tile(w, tiles, ticket, tk);
-		if (tw == nullptr) break;
-		auto load = [&](int ks) {
-			const int slot = issued % STAGES;
-			if (tid == 0) {
-				const unsigned bar = sm_u32(&bars[slot]);
-				asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(STAGE) : "memory");
-				asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-				                 sm_u32(sm) + slot * STAGE),
-				             "l"(tw + (long long)ks * STAGE), "r"(STAGE), "r"(bar)
-				             : "memory");
-			}
-			issued++;
-		};
-		for (int s = 0; s < STAGES - 1 && s < KSTEPS; s++) load(s);
-		for (int ks = 0; ks < KSTEPS; ks++) {
-			if (ks + STAGES - 1 < KSTEPS) load(ks + STAGES - 1); // the slot the step before read, freed by its barrier
-			const int slot = used % STAGES;
-			bar_wait(sm_u32(&bars[slot]), (phase >> slot) & 1);
-			phase ^= 1u << slot;
-			used++;
-			acc += *reinterpret_cast<const float*>(sm + slot * STAGE + tid * 4);
-			__syncthreads();
-		}
-	}
-	sink[blockIdx.x * blockDim.x + tid] = acc;
-}
-
-// The same ring of a 64-row, ROWB-byte stage and x's XB bytes, each stage
-// completing on an mbarrier instead of cp.async groups:
-//   - rows_bulk1<XB>: lanes 0-63 copy one row's 256 bytes each by a bulk
-//     copy into rows of 272 bytes (padded, as an ldmatrix reader wants),
-//     thread 64 copies x's bytes (one bulk copy);
-//   - rows_tma<BOX>: thread 0 copies the stage by tensor copies of wmap's
-//     BOX × 64 boxes (256 / 2 / BOX boxes: one unswizzled box of 128
-//     columns, or two 128-byte-swizzled boxes of 64), and x by one bulk copy.
+// The rings whose stages complete on mbarriers rather than cp.async
+// groups (ring_mbar):
+//   - rows_bulk<R, STAGES>: a stage is R whole rows, R·4,096 contiguous
+//     bytes, one bulk copy by thread 0 (linear_stream's way);
+//   - bulk1_s3_x: moe_one's ring (64 rows of 256 bytes and x's 4,096 a
+//     stage), lanes 0-63 copying one row's 256 bytes each by a bulk copy
+//     into rows of 272 bytes (padded, as an ldmatrix reader wants) and
+//     thread 64 x's bytes;
+//   - rows_tma<BOX>: moe_one's ring by thread 0's tensor copies of wmap's
+//     BOX × 64 boxes (one unswizzled box of 128 columns, or two
+//     128-byte-swizzled boxes of 64), and x by one bulk copy.
 struct __align__(64) TmaMap {
 	unsigned long long v[16];
 };
@@ -157,22 +116,24 @@ __device__ __forceinline__ void tma2d(unsigned dst, const TmaMap* map, unsigned 
 	             : "memory");
 }
 
-// ring_mbar streams each ticket's tile in 16 k-steps of STAGE_W weight
-// bytes and XB bytes of x, issue(slot, tile, ks, bar) queueing a stage
-// (every thread calls it; it arms bar with the stage's bytes).
-template <int STAGES, int STAGE, typename Issue>
+// ring_mbar streams each ticket's tile of w (64 rows of 4,096 bytes) in
+// KSTEPS stages of STAGE bytes through a ring of STAGES, a tile's ring
+// starting empty; issue(dst, t, tw, ks, bar) queues step ks of tile t
+// (at tw) into the stage at shared address dst (every thread calls it; it
+// arms bar with the stage's bytes). The stages start on a 1,024-byte
+// boundary (the 128-byte swizzle's period): 1 KB more shared memory asked.
+template <int STAGES, int STAGE, int KSTEPS, typename Issue>
 __device__ void ring_mbar(const char* w, int tiles, int* ticket, float* sink, Issue issue) {
 	extern __shared__ __align__(1024) char sm[];
 	__shared__ __align__(8) unsigned long long bars[STAGES];
 	__shared__ int tk;
-	constexpr int KSTEPS = 16;
 	const int tid = threadIdx.x;
 	if (tid == 0) {
 		for (int s = 0; s < STAGES; s++) bar_init(sm_u32(&bars[s]));
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
 	__syncthreads();
-	const unsigned pad = (1024 - sm_u32(sm) % 1024) % 1024; // the 128-byte swizzle's period (1 KB more asked)
+	const unsigned pad = (1024 - sm_u32(sm) % 1024) % 1024;
 	const unsigned base = sm_u32(sm) + pad;
 	unsigned phase = 0;
 	int issued = 0, used = 0;
@@ -200,9 +161,20 @@ __device__ void ring_mbar(const char* w, int tiles, int* ticket, float* sink, Is
 	sink[blockIdx.x * blockDim.x + tid] = acc;
 }
 
+template <int R, int STAGES>
+__device__ void rows_bulk(const char* w, int tiles, int* ticket, float* sink) {
+	constexpr int STAGE = R * 4096;
+	ring_mbar<STAGES, STAGE, 64 / R>(w, tiles, ticket, sink, [&](unsigned dst, int, const char* tw, int ks, unsigned bar) {
+		if (threadIdx.x == 0) {
+			bar_expect(bar, STAGE);
+			bulk(dst, tw + (long long)ks * STAGE, STAGE, bar);
+		}
+	});
+}
+
 extern "C" __global__ void __launch_bounds__(128) bulk1_s3_x(const char* w, const char* x, int tiles, int* ticket, float* sink) {
 	constexpr int PITCH = 272, STAGE = 64 * PITCH + 4096;
-	ring_mbar<3, STAGE>(w, tiles, ticket, sink, [&](unsigned dst, int, const char* tw, int ks, unsigned bar) {
+	ring_mbar<3, STAGE, 16>(w, tiles, ticket, sink, [&](unsigned dst, int, const char* tw, int ks, unsigned bar) {
 		const int tid = threadIdx.x;
 		if (tid == 0) bar_expect(bar, 64 * 256 + 4096);
 		if (tid < 64) bulk(dst + tid * PITCH, tw + tid * 4096 + ks * 256, 256, bar);
@@ -212,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(128) bulk1_s3_x(const char* w, cons
 template <int BOX>
 __device__ void rows_tma(const TmaMap* wmap, const char* w, const char* x, int tiles, int* ticket, float* sink) {
 	constexpr int STAGE = 64 * 256 + 4096;
-	ring_mbar<3, STAGE>(w, tiles, ticket, sink, [&](unsigned dst, int t, const char*, int ks, unsigned bar) {
+	ring_mbar<3, STAGE, 16>(w, tiles, ticket, sink, [&](unsigned dst, int t, const char*, int ks, unsigned bar) {
 		if (threadIdx.x == 0) {
 			bar_expect(bar, 64 * 256 + 4096);
 #pragma unroll
@@ -264,9 +236,9 @@ var streamProbeKernels = []struct {
 	{"cp256_s3_x", 3 * (64*256 + 4096), 3, 0}, // moe_one's weights and x: its ring (60 KB)
 	{"cp256_s4_x", 4 * (64*256 + 4096), 2, 0}, // a stage more: two blocks an SM
 	{"cp512_s3", 3 * 64 * 512, 2, 0},          // 512 bytes a row a stage
-	{"bulk4_s4", 4 * 4 * 4096, 3, 0},          // whole rows: 4 a stage, one bulk copy
-	{"bulk8_s3", 3 * 8 * 4096, 2, 0},          // 8 a stage
-	{"bulk16_s2", 2 * 16 * 4096, 1, 0},        // 16 a stage
+	{"bulk4_s4", 4*4*4096 + 1024, 3, 0},       // whole rows: 4 a stage, one bulk copy
+	{"bulk8_s3", 3*8*4096 + 1024, 2, 0},       // 8 a stage
+	{"bulk16_s2", 2*16*4096 + 1024, 1, 0},     // 16 a stage
 	// moe_one's ring (3 stages of 64 rows × 256 bytes and 4 KB of x) on mbarriers:
 	{"bulk1_s3_x", 3*(64*272+4096) + 1024, 3, 0},    // a bulk copy a row
 	{"tma128_s3_x", 3*(64*256+4096) + 1024, 3, 128}, // one tensor copy a stage
