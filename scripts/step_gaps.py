@@ -30,13 +30,17 @@ def main():
         print(f"step_gaps.py: {sys.argv[1]}: not a --trace file ({e})", file=sys.stderr)
         sys.exit(1)
     steps = collections.defaultdict(list)
-    for e in events:
-        if e.get("ph") != "X" or e.get("pid") != GPU_PID:
-            continue
-        a = e.get("args", {})
-        span = (e["ts"], e["ts"] + e.get("dur", 0.0))
-        if e.get("cat") == "kernel" and a.get("phase") == "decode":
-            steps[a.get("step")].append(span)
+    try:
+        for e in events:
+            if e.get("ph") != "X" or e.get("pid") != GPU_PID or e.get("cat") != "kernel":
+                continue
+            a = e.get("args", {})
+            if a.get("phase") == "decode":
+                ts = float(e["ts"])
+                steps[a.get("step")].append((ts, ts + float(e.get("dur", 0.0))))
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        print(f"step_gaps.py: {sys.argv[1]}: not a --trace file (an event without a time: {err!r})", file=sys.stderr)
+        sys.exit(1)
     if not steps:
         print(f"step_gaps.py: {sys.argv[1]}: no decode kernels", file=sys.stderr)
         sys.exit(1)
