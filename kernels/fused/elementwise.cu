@@ -113,6 +113,41 @@ ADD_INSTANCES(ADD)
 #define ARGMAX_THREADS 256
 #define ARGMAX_CHUNK 4096
 
+// argmax_chunk is block_argmax_of over one whole chunk of ARGMAX_CHUNK
+// columns at a 16-byte aligned c0 of row: each thread loads its columns by
+// 16-byte loads all at once (one round trip where the element loop took
+// one every few columns), then orders them as block_argmax_of does (better
+// is a total order, so the same pair whatever the order). Other chunks
+// (the row's last, or a row not aligned) go through block_argmax_of.
+template <typename T> __device__ void argmax_chunk(const T* row, int c0, int c1, float& v, int& i) {
+	constexpr int VEC = 16 / sizeof(T), LOADS = ARGMAX_CHUNK / ARGMAX_THREADS / VEC;
+	static_assert(ARGMAX_CHUNK % (ARGMAX_THREADS * VEC) == 0, "whole 16-byte loads a thread");
+	if (c1 - c0 != ARGMAX_CHUNK || (reinterpret_cast<unsigned long long>(row + c0) & 15) != 0) {
+		block_argmax_of(row, c0, c1, v, i);
+		return;
+	}
+	uint4 raw[LOADS];
+#pragma unroll
+	for (int l = 0; l < LOADS; l++)
+		raw[l] = *reinterpret_cast<const uint4*>(row + c0 + (l * ARGMAX_THREADS + threadIdx.x) * VEC);
+	v = NEG_INF;
+	i = NO_INDEX;
+#pragma unroll
+	for (int l = 0; l < LOADS; l++) {
+		const T* e = reinterpret_cast<const T*>(&raw[l]);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) {
+			const int c = c0 + (l * ARGMAX_THREADS + threadIdx.x) * VEC + j;
+			const float xv = to_f32(e[j]);
+			if (better(xv, c, v, i)) {
+				v = xv;
+				i = c;
+			}
+		}
+	}
+	block_argmax(v, i);
+}
+
 template <typename T>
 __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int2* part, int* counters) {
 	__shared__ bool lastBlock;
@@ -120,7 +155,7 @@ __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int
 	const T* row = x + (long long)b * xp;
 	float bv;
 	int bi;
-	block_argmax_of(row, s * ARGMAX_CHUNK, min(cols, (s + 1) * ARGMAX_CHUNK), bv, bi);
+	argmax_chunk(row, s * ARGMAX_CHUNK, min(cols, (s + 1) * ARGMAX_CHUNK), bv, bi);
 	if (threadIdx.x == 0) {
 		part[(long long)b * splits + s] = make_int2(__float_as_int(bv), bi);
 		__threadfence();
@@ -140,7 +175,10 @@ __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int
 	}
 	block_argmax(bv, bi);
 	if (threadIdx.x == 0) {
-		put_choice(out, os, b, row, bi);
+		// put_choice's, without reading the chosen element back: bv is its
+		// value, to_f32 of the same bits.
+		out[b * os] = bi;
+		if (os == 2) out[b * 2 + 1] = __float_as_int(bv);
 		counters[b] = 0; // ready for the next launch
 	}
 }

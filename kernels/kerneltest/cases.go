@@ -627,7 +627,10 @@ func argmaxChecks(l *caseList) {
 		ties, nan bool
 	}{{1, 37, f32K, false, false}, {3, 1000, actK, false, false}, {16, 32003, f32K, false, false},
 		{2, 151936, actK, false, false}, {5, 100, f32K, true, false}, {4, 1001, actK, true, false},
-		{3, 500, f32K, false, true}, {2, 3000, actK, true, true}} {
+		{3, 500, f32K, false, true}, {2, 3000, actK, true, true},
+		// rows of whole 4,096-column chunks, 16-byte aligned: fused's
+		// argmax_split loads those by 16 bytes, the ties and NaNs among them
+		{3, 40960, f32K, true, true}, {4, 20480, actK, true, false}} {
 		dt := "f32"
 		if s.k == actK {
 			dt = "act"
