@@ -483,8 +483,14 @@ func (e *engine) forward(st *step, nLogits int) {
 		return
 	}
 	// Only the last new token of each row needs logits: gather those rows.
-	last := e.lastHidden.Slice(0, nLogits)
-	e.ops.Embedding(last, h, st.last)
+	// A decode step's rows hold one new token each, token b of row b, so
+	// there h's first rows are those rows already and the copy is left out
+	// (a launch on every step's chain).
+	last := h.Slice(0, nLogits)
+	if !s.Decode || T != nLogits {
+		last = e.lastHidden.Slice(0, nLogits)
+		e.ops.Embedding(last, h, st.last)
+	}
 	e.lmHead.Forward(s, e.logits.Slice(s.Row0, s.Row0+nLogits), last)
 }
 
