@@ -31,8 +31,8 @@
 # drift over a call (its clocks as it warms) falls on both alike, where one
 # binary's runs then the other's would put it on the second; the records
 # (variant LABEL or LABEL_B, "pair" i) go to bench_runs_LABEL_vs_LABEL_B.json,
-# and a line per workload gives each side's runs, their medians and the
-# change. The spec hf runs once (on neither binary).
+# and a line per workload gives each side's runs, their medians, the
+# change and each pair's own change. The spec hf runs once (on neither binary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The kernels scripts/gpu_build.sh compiled beside the binaries (infer
@@ -200,16 +200,21 @@ for rec in records:
         ops = " ".join(f"{o['op']}={o['total_ms']:.0f}" for o in rec["per_op"][:8])
         tag = rec.get("variant", "") + (f"#{rec['pair']}" if "pair" in rec else "")
         print(f"{rec['workload']} {rec['kernels']}{' [' + tag + ']' if tag else ''}: same first tokens {rec.get('leading_tokens_as_first_spec')}/20 (the fewest of any row); {ops}")
-# An A/B's summary: each side's runs in their order, their medians, the change.
+# An A/B's summary: each side's runs in their order, their medians, the change,
+# and each pair's own change (B's run against the A run just before it): pairs
+# that agree in sign say more than medians whose runs overlap.
 sides = {}
 for rec in records:
     if "pair" in rec and "tokens_per_s" in rec:
-        sides.setdefault((rec["workload"], rec["kernels"]), {}).setdefault(rec["variant"], []).append(rec["tokens_per_s"])
+        sides.setdefault((rec["workload"], rec["kernels"]), {}).setdefault(rec["variant"], {})[rec["pair"]] = rec["tokens_per_s"]
 for (workload, spec), by in sides.items():
-    a, b = by.get(label_a, []), by.get(label_b, [])
-    if not a or not b:
+    pa, pb = by.get(label_a, {}), by.get(label_b, {})
+    if not pa or not pb:
         continue
+    a, b = [pa[i] for i in sorted(pa)], [pb[i] for i in sorted(pb)]
     ma, mb = statistics.median(a), statistics.median(b)
+    each = " ".join(f"{100 * (pb[i] / pa[i] - 1):+.1f}" for i in sorted(pa) if i in pb)
     print(f"{workload} {spec} A/B: {label_a} {' '.join(f'{x:.1f}' for x in a)} (median {ma:.1f}), "
-          f"{label_b} {' '.join(f'{x:.1f}' for x in b)} (median {mb:.1f}): {100 * (mb / ma - 1):+.1f}%")
+          f"{label_b} {' '.join(f'{x:.1f}' for x in b)} (median {mb:.1f}): {100 * (mb / ma - 1):+.1f}% "
+          f"(pair by pair {each}%)")
 PY
