@@ -152,10 +152,11 @@ template <typename T> __device__ void block_argmax_of(const T* row, int c0, int 
 }
 
 // put_choice writes row b's argmax i to out[b·os] and, with os = 2, the
-// chosen element's value (as f32 bits) beside it.
-template <typename T> __device__ __forceinline__ void put_choice(int* out, int os, int b, const T* row, int i) {
+// chosen element's value v (as f32 bits) beside it: the pair's value from
+// block_argmax, to_f32 of that element's bits, so nothing is read back.
+__device__ __forceinline__ void put_choice(int* out, int os, int b, float v, int i) {
 	out[b * os] = i;
-	if (os == 2) out[b * 2 + 1] = __float_as_int(to_f32(row[i]));
+	if (os == 2) out[b * 2 + 1] = __float_as_int(v);
 }
 
 // row_of is the row b of token t in a packed batch: the last b < B with

@@ -175,10 +175,7 @@ __device__ void argmax_split(int* out, int os, const T* x, int xp, int cols, int
 	}
 	block_argmax(bv, bi);
 	if (threadIdx.x == 0) {
-		// put_choice's, without reading the chosen element back: bv is its
-		// value, to_f32 of the same bits.
-		out[b * os] = bi;
-		if (os == 2) out[b * 2 + 1] = __float_as_int(bv);
+		put_choice(out, os, b, bv, bi);
 		counters[b] = 0; // ready for the next launch
 	}
 }

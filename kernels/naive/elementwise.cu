@@ -142,7 +142,7 @@ template <typename T> __device__ void argmax(int* out, int os, const T* x, int x
 	float bv;
 	int bi;
 	block_argmax_of(row, 0, cols, bv, bi);
-	if (threadIdx.x == 0) put_choice(out, os, blockIdx.x, row, bi);
+	if (threadIdx.x == 0) put_choice(out, os, blockIdx.x, bv, bi);
 }
 
 #define ARGMAX(NAME, T)                                                                       \
